@@ -1,0 +1,5 @@
+"""``python -m gpusched``."""
+
+from gpusched.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,119 @@
+"""The solver document that the ConfigMap carries, validated.
+
+Researchers tune weights here.  Unknown keys and bad values are rejected with
+the field path and the reason; ``load_config`` never returns a half-valid
+configuration.  Example (every key optional)::
+
+    weights:
+      placedGpu: 100
+      placedPods: 2000
+      fragmentation: 100
+      activeNodes: 0
+      packing: 1
+    solver:
+      timeLimitSeconds: 1.0
+      workers: 2
+      candidatesPerPod: 24
+      relativeGap: 0.001
+    batching:
+      maxSize: 64
+      maxWaitSeconds: 0.5
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpusched.solver.params import Limits, SolverParams, Weights
+
+__all__ = ["BatchingConfig", "ConfigError", "GpuschedConfig", "load_config"]
+
+
+_W = Weights()
+_L = Limits()
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=False)
+
+
+class WeightsConfig(_Strict):
+    """Objective weights (non-negative integers)."""
+
+    placed_gpu: int = Field(default=_W.placed_gpu, ge=0, le=10**6, alias="placedGpu")
+    placed_pods: int = Field(default=_W.placed_pods, ge=0, le=10**7, alias="placedPods")
+    fragmentation: int = Field(default=_W.fragmentation, ge=0, le=10**6)
+    active_nodes: int = Field(default=_W.active_nodes, ge=0, le=10**7, alias="activeNodes")
+    packing: int = Field(default=_W.packing, ge=0, le=10**4)
+
+
+class SolverConfig(_Strict):
+    """Limits on each batch solve."""
+
+    time_limit_seconds: float = Field(default=_L.time_limit_s, gt=0, le=60, alias="timeLimitSeconds")
+    workers: int = Field(default=_L.workers, ge=1, le=64)
+    candidates_per_pod: int = Field(default=_L.candidates_per_pod, ge=1, le=10_000, alias="candidatesPerPod")
+    relative_gap: float = Field(default=_L.relative_gap, ge=0, le=1, alias="relativeGap")
+
+
+class BatchingConfig(_Strict):
+    """When a batch of pending pods closes."""
+
+    max_size: int = Field(default=64, ge=1, le=10_000, alias="maxSize")
+    max_wait_seconds: float = Field(default=0.5, gt=0, le=60, alias="maxWaitSeconds")
+
+
+class GpuschedConfig(_Strict):
+    """The whole document."""
+
+    weights: WeightsConfig = WeightsConfig()
+    solver: SolverConfig = SolverConfig()
+    batching: BatchingConfig = BatchingConfig()
+
+    def solver_params(self, seed: int = 0) -> SolverParams:
+        """The frozen parameters the solver takes."""
+        w, s = self.weights, self.solver
+        return SolverParams(
+            weights=Weights(w.placed_gpu, w.placed_pods, w.fragmentation, w.active_nodes, w.packing),
+            limits=Limits(s.time_limit_seconds, s.workers, s.candidates_per_pod, s.relative_gap),
+            seed=seed,
+        )
+
+
+class ConfigError(ValueError):
+    """A configuration document that was rejected; the message names each bad field."""
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        path = ".".join(str(x) for x in err["loc"]) or "(document)"
+        if err["type"] == "extra_forbidden":
+            parts.append(f"{path}: unknown key")
+        else:
+            parts.append(f"{path}: {err['msg']} (got {err.get('input')!r})")
+    return "; ".join(parts)
+
+
+def parse_config(data: Any, source: str = "config") -> GpuschedConfig:
+    """Validate an already-decoded document (``None`` means all defaults)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return GpuschedConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_describe(exc)}") from None
+
+
+def load_config(text: str, source: str = "config") -> GpuschedConfig:
+    """Parse and validate a YAML document."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    return parse_config(data, source)

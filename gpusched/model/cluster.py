@@ -1,0 +1,181 @@
+"""The cluster and its usage, as dense arrays.
+
+``Cluster`` is the static inventory; ``ClusterState`` is what is in use on it.
+Both are immutable: ``ClusterState.apply`` returns a new state and shares the
+static part.  Dense numpy arrays make the per-pod filters and scores that the
+greedy policies and the simulator run thousands of times cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from gpusched.model.node import GPU_MILLI, Node
+from gpusched.model.placement import Assignment
+from gpusched.model.pod import PodShape
+
+__all__ = ["BoolArray", "Cluster", "ClusterState", "IntArray"]
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+_A = TypeVar("_A", bound=npt.NDArray[Any])
+
+
+def _frozen(a: _A) -> _A:
+    a.setflags(write=False)
+    return a
+
+
+class Cluster:
+    """Static inventory: nodes, capacities and GPU models, indexed 0..N-1."""
+
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        names = [n.name for n in nodes]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})[:3]
+            raise ValueError(f"duplicate node names: {', '.join(dup)}")
+        self.nodes: tuple[Node, ...] = tuple(nodes)
+        self.index: dict[str, int] = {n.name: i for i, n in enumerate(self.nodes)}
+        self.models: tuple[str, ...] = tuple(sorted({n.gpu_model for n in nodes if n.gpu_count}))
+        model_id = {m: i for i, m in enumerate(self.models)}
+        self.max_gpus: int = max((n.gpu_count for n in nodes), default=0) or 1
+        n = len(self.nodes)
+        gpu_cap = np.zeros((n, self.max_gpus), dtype=np.int64)
+        for i, node in enumerate(self.nodes):
+            gpu_cap[i, : node.gpu_count] = GPU_MILLI
+        self.cpu_cap: IntArray = _frozen(np.array([x.cpu_milli for x in nodes], dtype=np.int64))
+        self.mem_cap: IntArray = _frozen(np.array([x.memory_mib for x in nodes], dtype=np.int64))
+        self.gpu_cap: IntArray = _frozen(gpu_cap)
+        self.gpu_count: IntArray = _frozen(np.array([x.gpu_count for x in nodes], dtype=np.int64))
+        self.model_id: IntArray = _frozen(
+            np.array([model_id[x.gpu_model] if x.gpu_count else -1 for x in nodes], dtype=np.int64)
+        )
+        self._model_masks: dict[frozenset[str], BoolArray] = {}
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @cached_property
+    def total_gpus(self) -> int:
+        """Number of GPUs in the cluster."""
+        return int(self.gpu_count.sum())
+
+    def model_mask(self, models: frozenset[str]) -> BoolArray:
+        """Nodes whose GPU model is accepted (all GPU nodes when ``models`` is empty)."""
+        mask = self._model_masks.get(models)
+        if mask is None:
+            if models:
+                ids = [i for i, m in enumerate(self.models) if m in models]
+                mask = np.isin(self.model_id, ids)
+            else:
+                mask = self.model_id >= 0
+            mask = _frozen(mask)
+            self._model_masks[models] = mask
+        return mask
+
+    def empty_state(self) -> ClusterState:
+        """A state with nothing placed."""
+        n = len(self.nodes)
+        return ClusterState(
+            self,
+            np.zeros(n, dtype=np.int64),
+            np.zeros(n, dtype=np.int64),
+            np.zeros((n, self.max_gpus), dtype=np.int64),
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class ClusterState:
+    """Resources in use on every node; GPU use is per GPU in thousandths."""
+
+    cluster: Cluster
+    cpu_used: IntArray
+    mem_used: IntArray
+    gpu_used: IntArray
+    pod_kinds: IntArray | None = None
+    """Pods per node by kind (N x max_gpus+1): column 0 fractional, column k k-GPU pods."""
+
+    def __post_init__(self) -> None:
+        if self.pod_kinds is None:
+            kinds = np.zeros((len(self.cluster), self.cluster.max_gpus + 1), dtype=np.int64)
+            object.__setattr__(self, "pod_kinds", kinds)
+        for a in (self.cpu_used, self.mem_used, self.gpu_used, self.pod_kinds):
+            assert a is not None
+            a.setflags(write=False)
+
+    @property
+    def kinds(self) -> IntArray:
+        """``pod_kinds``, never None."""
+        assert self.pod_kinds is not None
+        return self.pod_kinds
+
+    @cached_property
+    def cpu_free(self) -> IntArray:
+        """Unrequested CPU per node, millicores."""
+        return _frozen(self.cluster.cpu_cap - self.cpu_used)
+
+    @cached_property
+    def mem_free(self) -> IntArray:
+        """Unrequested memory per node, MiB."""
+        return _frozen(self.cluster.mem_cap - self.mem_used)
+
+    @cached_property
+    def gpu_free(self) -> IntArray:
+        """Free share per GPU (N x max_gpus); absent GPUs are 0."""
+        return _frozen(self.cluster.gpu_cap - self.gpu_used)
+
+    @cached_property
+    def full_free_gpus(self) -> IntArray:
+        """Number of completely idle GPUs per node."""
+        return _frozen((self.gpu_free >= GPU_MILLI).sum(axis=1).astype(np.int64))
+
+    @cached_property
+    def max_gpu_free(self) -> IntArray:
+        """Largest free share on any one GPU of each node."""
+        return _frozen(self.gpu_free.max(axis=1))
+
+    def fit_mask(self, shape: PodShape) -> BoolArray:
+        """Nodes that can host one pod of ``shape`` now."""
+        ok = (self.cpu_free >= shape.cpu_milli) & (self.mem_free >= shape.memory_mib)
+        if shape.num_gpu == 0:
+            return ok
+        ok &= self.cluster.model_mask(shape.gpu_models)
+        if shape.is_fractional:
+            return ok & (self.max_gpu_free >= shape.gpu_milli)
+        return ok & (self.full_free_gpus >= shape.num_gpu)
+
+    def apply(self, assignments: Iterable[Assignment]) -> ClusterState:
+        """A new state with ``assignments`` added (no checks: validate plans first)."""
+        return self._add(assignments, 1)
+
+    def release(self, assignments: Iterable[Assignment]) -> ClusterState:
+        """A new state with ``assignments`` removed."""
+        return self._add(assignments, -1)
+
+    def _add(self, assignments: Iterable[Assignment], sign: int) -> ClusterState:
+        cpu = self.cpu_used.copy()
+        mem = self.mem_used.copy()
+        gpu = self.gpu_used.copy()
+        kinds = self.kinds.copy()
+        for a in assignments:
+            p = a.pod
+            cpu[a.node] += sign * p.cpu_milli
+            mem[a.node] += sign * p.memory_mib
+            for g in a.gpus:
+                gpu[a.node, g] += sign * p.gpu_milli
+            if p.num_gpu:
+                kinds[a.node, 0 if p.is_fractional else min(p.num_gpu, self.cluster.max_gpus)] += sign
+        return ClusterState(self.cluster, cpu, mem, gpu, kinds)
+
+    @property
+    def gpu_allocated_milli(self) -> int:
+        """GPU share in use across the cluster."""
+        return int(self.gpu_used.sum())

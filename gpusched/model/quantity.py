@@ -1,0 +1,81 @@
+"""Kubernetes resource quantities, parsed exactly.
+
+The model keeps CPU in millicores and memory in MiB.  Requests are rounded
+*up* and capacities *down* when converted, so a rounding error can never make
+a plan over-commit a node.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal, InvalidOperation
+
+__all__ = ["QuantityError", "cpu_milli", "memory_mib", "parse_quantity"]
+
+_SUFFIXES: dict[str, Decimal] = {
+    "": Decimal(1),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+    "Ki": Decimal(2**10),
+    "Mi": Decimal(2**20),
+    "Gi": Decimal(2**30),
+    "Ti": Decimal(2**40),
+    "Pi": Decimal(2**50),
+    "Ei": Decimal(2**60),
+}
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
+_MIB = Decimal(2**20)
+
+
+class QuantityError(ValueError):
+    """A resource quantity that Kubernetes would not accept."""
+
+
+def parse_quantity(text: str | int | float) -> Decimal:
+    """Parse a Kubernetes quantity ("500m", "1.5", "16Gi", "1e3") into a Decimal."""
+    if isinstance(text, bool):
+        raise QuantityError(f"quantity must be a number or string, got {text!r}")
+    if isinstance(text, int | float):
+        value = Decimal(str(text))
+        if not value.is_finite():
+            raise QuantityError(f"invalid quantity {text!r}: must be a finite number")
+        if value < 0:
+            raise QuantityError(f"invalid quantity {text!r}: must not be negative")
+        return value
+    s = text.strip()
+    match = _QUANTITY.match(s)
+    if match is None:
+        raise QuantityError(
+            f"invalid quantity {text!r}: expected a number with an optional suffix "
+            "such as 500m, 2, 16Gi or 1e3"
+        )
+    number, suffix = match.group(1), match.group(2) or ""
+    try:
+        value = Decimal(number)
+    except InvalidOperation as exc:  # e.g. "1.2.3"
+        raise QuantityError(f"invalid quantity {text!r}: {number!r} is not a number") from exc
+    if value < 0:
+        raise QuantityError(f"invalid quantity {text!r}: must not be negative")
+    return value * _SUFFIXES[suffix]
+
+
+def _round(value: Decimal, up: bool) -> int:
+    return math.ceil(value) if up else math.floor(value)
+
+
+def cpu_milli(text: str | int | float, *, round_up: bool = True) -> int:
+    """CPU quantity in millicores (requests round up, capacities round down)."""
+    return _round(parse_quantity(text) * 1000, round_up)
+
+
+def memory_mib(text: str | int | float, *, round_up: bool = True) -> int:
+    """Memory quantity in MiB (requests round up, capacities round down)."""
+    return _round(parse_quantity(text) / _MIB, round_up)

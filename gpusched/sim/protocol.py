@@ -1,0 +1,62 @@
+"""The published replay protocol of the FGD paper, reproduced step by step.
+
+1. Pods are sorted by name, then shuffled with the run's seed.
+2. The workload is tuned to ``tune`` x cluster GPU capacity: if total GPU
+   demand is above the target, random pods are removed; if below, pods drawn
+   with replacement from the trace are appended after the shuffled originals
+   until one more would pass the target.  (Typical pods for fragmentation come
+   from the original trace, before tuning.)
+3. Pods arrive one at a time (or ``batch`` at a time, the extension gpusched
+   adds) and are never removed; a pod that does not fit fails and the run goes on.
+4. GPU allocation is recorded each time arrived GPU demand passes a whole
+   percent of capacity.
+
+Everything is deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+
+from gpusched.model import GPU_MILLI, Pod
+
+__all__ = ["prepare_workload"]
+
+
+def prepare_workload(pods: Sequence[Pod], total_gpus: int, *, seed: int, tune: float) -> list[Pod]:
+    """The arrival order of one run: sorted, shuffled with ``seed``, tuned to ``tune``."""
+    if tune <= 0:
+        raise ValueError(f"tune must be positive, got {tune}")
+    if not pods:
+        raise ValueError("the pod list is empty")
+    rng = random.Random(seed)
+    ordered = sorted(pods, key=lambda p: p.name)
+    rng.shuffle(ordered)
+    target = tune * total_gpus * GPU_MILLI
+    demand = sum(p.gpu_demand_milli for p in ordered)
+    if demand > target:
+        # Remove random pods until the remaining demand is within the target.
+        keep = list(ordered)
+        while demand > target:
+            i = rng.randrange(len(keep))
+            demand -= keep[i].gpu_demand_milli
+            del keep[i]
+        return keep
+    if demand == 0:
+        raise ValueError("no pod requests a GPU, so the workload cannot be tuned to GPU capacity")
+    # Resample with replacement from the name-sorted trace and append, unshuffled.
+    # As in the reference simulator, the stop test looks at the sampled pod's
+    # per-GPU share, so a multi-GPU pod can overshoot the target slightly.
+    by_name = sorted(pods, key=lambda p: p.name)
+    out = list(ordered)
+    copy = 0
+    while True:
+        pick = by_name[rng.randrange(len(by_name))]
+        if demand + pick.gpu_milli > target:
+            break
+        demand += pick.gpu_demand_milli
+        out.append(replace(pick, name=f"{pick.name}-tuned-{copy}"))
+        copy += 1
+    return out

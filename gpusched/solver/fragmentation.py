@@ -1,0 +1,288 @@
+"""GPU fragmentation as the FGD paper defines it, vectorised over nodes.
+
+A *typical pod* set is the most common pod shapes of a workload, each with its
+frequency ``p_t``.  Against one typical pod ``t`` a node's idle GPU share is
+fragmented in full when ``t`` cannot run there (too little CPU, GPU model not
+accepted, not enough GPU, or ``t`` asks for no GPU at all); when ``t`` can run,
+only the GPUs whose free share is below ``t``'s per-GPU request count.  A
+node's fragmentation is the frequency-weighted sum; it is 0 on a node with no
+idle GPU.  All amounts are thousandths of a GPU.
+
+Scores follow the reference simulator's conventions: a CPU request of 0
+counts as 100 millicores in scores and in fragmentation (but not in the fit
+filter), and memory plays no part in fragmentation.
+
+``FragScorer`` keeps per-shape results between calls and recomputes only the
+nodes whose usage changed since, which is what makes replaying thousands of
+arrivals cheap.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from gpusched.model import GPU_MILLI, Cluster, ClusterState, Pod, PodShape
+from gpusched.model.cluster import BoolArray, IntArray
+
+__all__ = [
+    "FloatArray",
+    "FragScorer",
+    "TypicalPods",
+    "cluster_frag_ratio",
+    "frag_of_rows",
+    "node_fragmentation",
+    "score_cpu",
+    "typical_from",
+]
+
+FloatArray = npt.NDArray[np.float64]
+
+ZERO_CPU_AS = 100
+"""Millicores a zero CPU request counts as in scores and fragmentation."""
+
+
+def score_cpu(cpu_milli: int) -> int:
+    """The CPU request as scores see it (0 counts as 100m)."""
+    return cpu_milli if cpu_milli > 0 else ZERO_CPU_AS
+
+
+@dataclass(frozen=True, slots=True)
+class TypicalShape:
+    """A pod shape as fragmentation sees it (no memory)."""
+
+    cpu_milli: int
+    gpu_milli: int
+    num_gpu: int
+    gpu_models: frozenset[str]
+
+
+@dataclass(frozen=True)
+class TypicalPods:
+    """The most common pod shapes, covering ``coverage`` of the pods, with frequencies."""
+
+    shapes: tuple[TypicalShape, ...]
+    weights: tuple[float, ...]
+
+    @classmethod
+    def from_pods(cls, pods: Iterable[Pod], coverage: float = 0.95) -> TypicalPods:
+        """Shapes by descending count until their cumulative count reaches ``coverage``."""
+        counts = Counter(
+            TypicalShape(score_cpu(p.cpu_milli), p.gpu_milli, p.num_gpu, p.gpu_models) for p in pods
+        )
+        if not counts:
+            raise ValueError("cannot derive typical pods from an empty workload")
+        total = sum(counts.values())
+
+        def order(item: tuple[TypicalShape, int]) -> tuple[int, int, int, int, tuple[str, ...]]:
+            s, c = item
+            # Descending count; equal counts put the larger shape first.
+            return (-c, -s.cpu_milli, -s.gpu_milli, -s.num_gpu, tuple(sorted(s.gpu_models, reverse=True)))
+
+        ranked = sorted(counts.items(), key=order)
+        expected = coverage * total
+        kept: list[tuple[TypicalShape, int]] = []
+        cum = 0
+        for shape, c in ranked:
+            if cum >= expected:
+                break
+            kept.append((shape, c))
+            cum += c
+        return cls(tuple(s for s, _ in kept), tuple(c / cum for _, c in kept))
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+class _TypicalArrays:
+    """Typical pods as arrays against one cluster's GPU models."""
+
+    def __init__(self, typical: TypicalPods, cluster: Cluster) -> None:
+        self.cpu: IntArray = np.array([s.cpu_milli for s in typical.shapes], dtype=np.int64)
+        self.milli: IntArray = np.array([s.gpu_milli for s in typical.shapes], dtype=np.int64)
+        self.num: IntArray = np.array([s.num_gpu for s in typical.shapes], dtype=np.int64)
+        self.weight: FloatArray = np.array(typical.weights, dtype=np.float64)
+        # access[t, model_id + 1]; column 0 stands for nodes without GPUs.
+        access = np.zeros((len(typical), len(cluster.models) + 1), dtype=np.bool_)
+        for t, s in enumerate(typical.shapes):
+            access[t, 0] = not s.gpu_models
+            for m, model in enumerate(cluster.models):
+                access[t, m + 1] = not s.gpu_models or model in s.gpu_models
+        self.access: BoolArray = access
+        self.cpu_only_weight = float(self.weight[self.milli == 0].sum())
+
+
+def frag_of_rows(cpu_free: IntArray, gpu_free: IntArray, model_id: IntArray, ta: _TypicalArrays) -> FloatArray:
+    """Fragmentation of each row (a node state): CPU left, per-GPU free share, GPU model."""
+    idle = gpu_free.sum(axis=1).astype(np.float64)  # (R,)
+    gpu_t = ta.milli > 0
+    # Which typical pods each row can host: (R, T).
+    fits_gpu = (gpu_free[:, None, :] >= ta.milli[None, :, None]).sum(axis=2) >= ta.num[None, :]
+    hosts = (
+        gpu_t[None, :]
+        & ta.access[:, model_id + 1].T
+        & fits_gpu
+        & (cpu_free[:, None] >= ta.cpu[None, :])
+    )
+    small = np.where(gpu_free[:, None, :] < ta.milli[None, :, None], gpu_free[:, None, :], 0).sum(axis=2)
+    per_t = np.where(hosts, small, idle[:, None])  # (R, T)
+    result: FloatArray = per_t @ ta.weight
+    return result
+
+
+def node_fragmentation(state: ClusterState, typical: TypicalPods) -> FloatArray:
+    """Fragmentation of every node of ``state`` (thousandths of a GPU)."""
+    ta = _TypicalArrays(typical, state.cluster)
+    return frag_of_rows(state.cpu_free, state.gpu_free, state.cluster.model_id, ta)
+
+
+def _sigmoid_score(delta: FloatArray) -> IntArray:
+    """The FGD node score: int(sigmoid((F_before - F_after) / 1000) * 100)."""
+    out: IntArray = np.trunc(100.0 / (1.0 + np.exp(-delta / 1000.0))).astype(np.int64)
+    return out
+
+
+@dataclass
+class _ShapeCache:
+    cpu_used: IntArray
+    gpu_used: IntArray
+    delta: FloatArray  # fragmentation added by one pod, +inf where it cannot go
+    score: IntArray  # FGD integer score, -1 where it cannot go
+    gpu: IntArray  # GPU index for a fractional pod (-1 otherwise)
+
+
+class FragScorer:
+    """Fragmentation added by placing one pod on each node, with per-shape caching.
+
+    ``delta(state, shape)`` gives, for every node, the increase in fragmentation
+    if one pod of ``shape`` were placed there, on its best GPU for fractional
+    pods (FGD's choice: highest integer score, lowest index on ties), along with
+    FGD's integer score and that GPU index.  Nodes that cannot host the pod by
+    GPU count, model or CPU get ``inf``; memory is left to the fit filter.
+    """
+
+    def __init__(self, cluster: Cluster, typical: TypicalPods) -> None:
+        self.cluster = cluster
+        self.typical = typical
+        self._ta = _TypicalArrays(typical, cluster)
+        self._cache: dict[PodShape, _ShapeCache] = {}
+        self._frag_cpu: IntArray | None = None
+        self._frag_gpu: IntArray | None = None
+        self._frag: FloatArray = np.zeros(len(cluster), dtype=np.float64)
+
+    def current(self, state: ClusterState) -> FloatArray:
+        """Fragmentation of every node now (cached per node)."""
+        rows = self._changed(state, self._frag_cpu, self._frag_gpu)
+        if rows is None:
+            self._frag = frag_of_rows(state.cpu_free, state.gpu_free, self.cluster.model_id, self._ta)
+        elif rows.size:
+            self._frag = self._frag.copy()
+            self._frag[rows] = frag_of_rows(
+                state.cpu_free[rows], state.gpu_free[rows], self.cluster.model_id[rows], self._ta
+            )
+        self._frag_cpu, self._frag_gpu = state.cpu_used, state.gpu_used
+        return self._frag
+
+    @staticmethod
+    def _changed(
+        state: ClusterState, cpu_used: IntArray | None, gpu_used: IntArray | None
+    ) -> npt.NDArray[np.intp] | None:
+        if cpu_used is None or gpu_used is None:
+            return None
+        if cpu_used is state.cpu_used and gpu_used is state.gpu_used:
+            return np.empty(0, dtype=np.intp)
+        diff = (cpu_used != state.cpu_used) | (gpu_used != state.gpu_used).any(axis=1)
+        return np.flatnonzero(diff)
+
+    def delta(self, state: ClusterState, shape: PodShape) -> tuple[FloatArray, IntArray, IntArray]:
+        """(fragmentation added, FGD score, GPU index) per node for one pod of ``shape``."""
+        cached = self._cache.get(shape)
+        rows = None if cached is None else self._changed(state, cached.cpu_used, cached.gpu_used)
+        n = len(self.cluster)
+        if cached is None or rows is None:
+            cached = _ShapeCache(
+                state.cpu_used,
+                state.gpu_used,
+                np.full(n, np.inf),
+                np.full(n, -1, dtype=np.int64),
+                np.full(n, -1, dtype=np.int64),
+            )
+            rows = np.arange(n)
+            self._cache[shape] = cached
+        if rows.size:
+            base = self.current(state)
+            d, s, g = self._compute(state, shape, rows, base)
+            cached.delta = cached.delta.copy()
+            cached.score = cached.score.copy()
+            cached.gpu = cached.gpu.copy()
+            cached.delta[rows], cached.score[rows], cached.gpu[rows] = d, s, g
+            cached.cpu_used, cached.gpu_used = state.cpu_used, state.gpu_used
+        return cached.delta, cached.score, cached.gpu
+
+    def _compute(
+        self, state: ClusterState, shape: PodShape, rows: npt.NDArray[np.intp], base: FloatArray
+    ) -> tuple[FloatArray, IntArray, IntArray]:
+        cpu = state.cpu_free[rows]
+        gpu = state.gpu_free[rows]
+        model = self.cluster.model_id[rows]
+        c = score_cpu(shape.cpu_milli)
+        nrows = rows.size
+        delta = np.full(nrows, np.inf)
+        score = np.full(nrows, -1, dtype=np.int64)
+        best_gpu = np.full(nrows, -1, dtype=np.int64)
+        ok = cpu >= shape.cpu_milli
+        if shape.num_gpu:
+            ok &= self.cluster.model_mask(shape.gpu_models)[rows]
+        f0 = base[rows]
+        if shape.is_fractional:
+            g_count = gpu.shape[1]
+            cand = (gpu >= shape.gpu_milli) & ok[:, None]  # (R, G)
+            r_idx, g_idx = np.nonzero(cand)
+            if r_idx.size:
+                new_gpu = gpu[r_idx].copy()
+                new_gpu[np.arange(r_idx.size), g_idx] -= shape.gpu_milli
+                f1 = frag_of_rows(cpu[r_idx] - c, new_gpu, model[r_idx], self._ta)
+                d = f1 - f0[r_idx]
+                s = _sigmoid_score(-d)
+                # Best GPU per row: highest integer score, then lowest index.
+                key = s * (g_count + 1) + (g_count - g_idx)
+                order = np.lexsort((-key, r_idx))
+                r_sorted = r_idx[order]
+                first = np.ones(r_sorted.size, dtype=np.bool_)
+                first[1:] = r_sorted[1:] != r_sorted[:-1]
+                pick = order[first]
+                delta[r_idx[pick]] = d[pick]
+                score[r_idx[pick]] = s[pick]
+                best_gpu[r_idx[pick]] = g_idx[pick]
+            return delta, score, best_gpu
+        if shape.num_gpu:
+            ok &= (gpu >= GPU_MILLI).sum(axis=1) >= shape.num_gpu
+        sel = np.flatnonzero(ok)
+        if sel.size:
+            new_gpu = gpu[sel].copy()
+            if shape.num_gpu:
+                # Whole GPUs: which idle ones does not change fragmentation.
+                full = new_gpu >= GPU_MILLI
+                take = np.cumsum(full, axis=1) <= shape.num_gpu
+                new_gpu[full & take] -= GPU_MILLI
+            f1 = frag_of_rows(cpu[sel] - c, new_gpu, model[sel], self._ta)
+            d = f1 - f0[sel]
+            delta[sel] = d
+            score[sel] = _sigmoid_score(-d)
+        return delta, score, best_gpu
+
+
+def cluster_frag_ratio(state: ClusterState, typical: TypicalPods, frag: FloatArray | None = None) -> float:
+    """Fragmented / idle GPU share across the cluster (0 when nothing is idle)."""
+    f = node_fragmentation(state, typical) if frag is None else frag
+    idle = float(state.gpu_free.sum())
+    return float(f.sum()) / idle if idle > 0 else 0.0
+
+
+def typical_from(pods: Sequence[Pod]) -> TypicalPods:
+    """Typical pods of a trace, as the reference protocol derives them (name order, 95%)."""
+    return TypicalPods.from_pods(sorted(pods, key=lambda p: p.name))

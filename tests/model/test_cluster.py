@@ -1,0 +1,202 @@
+"""Cluster inventory and usage: which nodes a pod fits on, and immutable updates."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from gpusched.model import Assignment, Cluster, ClusterState, Node, Pod
+
+
+def make_cluster() -> Cluster:
+    return Cluster(
+        [
+            Node("a100-0", 16000, 65536, gpu_count=2, gpu_model="A100"),
+            Node("v100-0", 8000, 32768, gpu_count=4, gpu_model="V100"),
+            Node("cpu-0", 32000, 131072),
+            Node("t4-0", 2000, 4096, gpu_count=1, gpu_model="T4"),
+        ]
+    )
+
+
+def nodes_of(cluster: Cluster, mask: np.ndarray) -> list[str]:  # type: ignore[type-arg]
+    return [cluster.nodes[i].name for i in np.flatnonzero(mask)]
+
+
+def pod(name: str, cpu: int = 1000, mem: int = 1024, gpus: int = 0, milli: int = 0, models: str = "") -> Pod:
+    return Pod(name, cpu, mem, gpus, milli, frozenset(m for m in models.split("|") if m))
+
+
+class TestCluster:
+    def test_inventory(self) -> None:
+        c = make_cluster()
+        assert len(c) == 4
+        assert c.models == ("A100", "T4", "V100")
+        assert c.total_gpus == 7
+        assert c.max_gpus == 4
+        assert c.index["cpu-0"] == 2
+        assert c.gpu_cap.tolist()[0] == [1000, 1000, 0, 0]
+        assert c.model_id.tolist()[2] == -1
+
+    def test_duplicate_node_names_are_rejected(self) -> None:
+        with pytest.raises(ValueError, match="duplicate node names: n1"):
+            Cluster([Node("n1", 1, 1), Node("n2", 1, 1), Node("n1", 2, 2)])
+
+    def test_cpu_only_cluster(self) -> None:
+        c = Cluster([Node("c", 1000, 1000)])
+        assert c.total_gpus == 0
+        assert c.models == ()
+        assert nodes_of(c, c.empty_state().fit_mask(pod("g", gpus=1, milli=100).shape)) == []
+
+    def test_model_mask(self) -> None:
+        c = make_cluster()
+        assert nodes_of(c, c.model_mask(frozenset())) == ["a100-0", "v100-0", "t4-0"]
+        assert nodes_of(c, c.model_mask(frozenset({"T4", "V100"}))) == ["v100-0", "t4-0"]
+        assert nodes_of(c, c.model_mask(frozenset({"H100"}))) == []
+
+
+class TestFitMask:
+    def test_cpu_only_pod_fits_any_node_with_cpu_and_memory(self) -> None:
+        c = make_cluster()
+        s = c.empty_state()
+        assert nodes_of(c, s.fit_mask(pod("p", cpu=2000, mem=4096).shape)) == [
+            "a100-0",
+            "v100-0",
+            "cpu-0",
+            "t4-0",
+        ]
+        assert nodes_of(c, s.fit_mask(pod("p", cpu=9000).shape)) == ["a100-0", "cpu-0"]
+        assert nodes_of(c, s.fit_mask(pod("p", mem=40000).shape)) == ["a100-0", "cpu-0"]
+        assert nodes_of(c, s.fit_mask(pod("p", cpu=40000).shape)) == []
+
+    def test_cpu_only_pod_ignores_a_model_list(self) -> None:
+        c = make_cluster()
+        shape = pod("p", models="A100").shape  # no GPU requested: models do not matter
+        assert "cpu-0" in nodes_of(c, c.empty_state().fit_mask(shape))
+
+    def test_gpu_pod_never_fits_a_cpu_only_node(self) -> None:
+        c = make_cluster()
+        assert "cpu-0" not in nodes_of(c, c.empty_state().fit_mask(pod("g", gpus=1, milli=100).shape))
+
+    def test_fractional_pod_needs_the_share_on_one_gpu(self) -> None:
+        c = make_cluster()
+        # 600 + 600 on the two A100s: 800 free in total on the node, but at most 400 on one GPU.
+        s = c.empty_state().apply(
+            [
+                Assignment(pod("x", gpus=1, milli=600), 0, (0,)),
+                Assignment(pod("y", gpus=1, milli=600), 0, (1,)),
+            ]
+        )
+        assert "a100-0" in nodes_of(c, s.fit_mask(pod("f", gpus=1, milli=400).shape))
+        assert "a100-0" not in nodes_of(c, s.fit_mask(pod("f", gpus=1, milli=500).shape))
+
+    def test_fractional_pod_fits_a_partly_used_gpu(self) -> None:
+        c = make_cluster()
+        s = c.empty_state().apply([Assignment(pod("x", gpus=1, milli=300), 3, (0,))])
+        assert nodes_of(c, s.fit_mask(pod("f", gpus=1, milli=700, models="T4").shape)) == ["t4-0"]
+        assert nodes_of(c, s.fit_mask(pod("f", gpus=1, milli=701, models="T4").shape)) == []
+
+    def test_whole_gpu_pod_needs_idle_gpus(self) -> None:
+        c = make_cluster()
+        s = c.empty_state().apply([Assignment(pod("x", gpus=1, milli=1), 0, (1,))])
+        # a100-0 has one idle GPU and one with 999 free: a whole GPU fits, two do not.
+        assert "a100-0" in nodes_of(c, s.fit_mask(pod("w", gpus=1, milli=1000).shape))
+        assert nodes_of(c, s.fit_mask(pod("w", gpus=2, milli=1000).shape)) == ["v100-0"]
+        assert nodes_of(c, s.fit_mask(pod("w", gpus=4, milli=1000).shape)) == ["v100-0"]
+        assert nodes_of(c, s.fit_mask(pod("w", gpus=5, milli=1000).shape)) == []
+
+    def test_gpu_pod_also_needs_cpu_and_memory(self) -> None:
+        c = make_cluster()
+        s = c.empty_state()
+        assert nodes_of(c, s.fit_mask(pod("g", cpu=3000, gpus=1, milli=100, models="T4").shape)) == []
+        assert nodes_of(c, s.fit_mask(pod("g", mem=5000, gpus=1, milli=1000, models="T4").shape)) == []
+
+    def test_model_constraint(self) -> None:
+        c = make_cluster()
+        s = c.empty_state()
+        assert nodes_of(c, s.fit_mask(pod("g", gpus=1, milli=500, models="V100").shape)) == ["v100-0"]
+        assert nodes_of(c, s.fit_mask(pod("g", gpus=1, milli=1000, models="A100|T4").shape)) == [
+            "a100-0",
+            "t4-0",
+        ]
+        assert nodes_of(c, s.fit_mask(pod("g", gpus=1, milli=1000, models="H100").shape)) == []
+        assert nodes_of(c, s.fit_mask(pod("g", gpus=2, milli=1000, models="T4").shape)) == []
+
+
+class TestApplyRelease:
+    def test_apply_adds_usage(self) -> None:
+        c = make_cluster()
+        s = c.empty_state().apply(
+            [
+                Assignment(pod("w", cpu=4000, mem=8192, gpus=2, milli=1000), 1, (0, 2)),
+                Assignment(pod("f", cpu=500, mem=512, gpus=1, milli=250), 1, (1,)),
+                Assignment(pod("c", cpu=1500, mem=100), 2),
+            ]
+        )
+        assert s.cpu_used.tolist() == [0, 4500, 1500, 0]
+        assert s.mem_used.tolist() == [0, 8704, 100, 0]
+        assert s.gpu_used[1].tolist() == [1000, 250, 1000, 0]
+        assert s.cpu_free.tolist() == [16000, 3500, 30500, 2000]
+        assert s.gpu_free[1].tolist() == [0, 750, 0, 1000]
+        assert s.full_free_gpus.tolist() == [2, 1, 0, 1]
+        assert s.max_gpu_free.tolist() == [1000, 1000, 0, 1000]
+        assert s.gpu_allocated_milli == 2250
+
+    def test_apply_then_release_round_trip(self) -> None:
+        c = make_cluster()
+        a = [
+            Assignment(pod("w", gpus=2, milli=1000), 0, (0, 1)),
+            Assignment(pod("f", gpus=1, milli=300), 3, (0,)),
+            Assignment(pod("c", cpu=7000), 2),
+        ]
+        s0 = c.empty_state()
+        s1 = s0.apply(a)
+        s2 = s1.release(a[:1])
+        assert s2.full_free_gpus[0] == 2
+        assert s2.gpu_allocated_milli == 300
+        s3 = s2.release(a[1:])
+        for used in ("cpu_used", "mem_used", "gpu_used"):
+            assert not getattr(s3, used).any()
+        assert s3.cluster is c
+
+    def test_apply_leaves_the_original_state_unchanged(self) -> None:
+        c = make_cluster()
+        s0 = c.empty_state()
+        free_before = s0.cpu_free.copy()
+        s1 = s0.apply([Assignment(pod("c", cpu=1000), 0)])
+        assert s0.cpu_used.tolist() == [0, 0, 0, 0]
+        assert s0.cpu_free.tolist() == free_before.tolist()
+        assert s1.cpu_free[0] == 15000
+        assert s1 is not s0
+
+    def test_apply_of_nothing_is_an_equal_state(self) -> None:
+        s = make_cluster().empty_state().apply([Assignment(pod("c", cpu=10), 1)])
+        t = s.apply([])
+        assert t.cpu_used.tolist() == s.cpu_used.tolist()
+
+
+class TestImmutability:
+    def test_state_arrays_are_read_only(self) -> None:
+        s = make_cluster().empty_state().apply([Assignment(pod("c", cpu=10), 1)])
+        for a in (s.cpu_used, s.mem_used, s.gpu_used, s.cpu_free, s.mem_free, s.gpu_free, s.full_free_gpus):
+            with pytest.raises(ValueError, match="read-only"):
+                a[0] = 1
+
+    def test_cluster_arrays_are_read_only(self) -> None:
+        c = make_cluster()
+        for a in (c.cpu_cap, c.mem_cap, c.gpu_cap, c.gpu_count, c.model_id, c.model_mask(frozenset())):
+            with pytest.raises(ValueError, match="read-only"):
+                a[0] = 0
+
+    def test_state_fields_cannot_be_reassigned(self) -> None:
+        s = make_cluster().empty_state()
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            s.cpu_used = np.zeros(4, dtype=np.int64)  # type: ignore[misc]
+
+    def test_states_share_the_cluster(self) -> None:
+        c = make_cluster()
+        s = c.empty_state()
+        assert isinstance(s, ClusterState)
+        assert s.apply([Assignment(pod("c"), 0)]).cluster is c
