@@ -84,7 +84,18 @@ find_go() {
 	fi
 }
 
-gorun() { nice -n 19 "$GO" "$@"; }
+# gorun DIR ARGS...: run go in DIR at the lowest CPU priority. It runs as a background
+# job that the script waits on, so an INT/TERM trap fires at once and can stop it.
+CHILD=""
+gorun() {
+	local dir="$1" rc=0
+	shift
+	nice -n 19 "$GO" -C "$dir" "$@" &
+	CHILD=$!
+	wait "$CHILD" || rc=$?
+	CHILD=""
+	return "$rc"
+}
 
 # Move freshly built binaries from $1 into the cache dir, one atomic rename each.
 install_into_cache() {
@@ -109,9 +120,9 @@ build_k8s() {
 	mkdir -p "$mod" "$out"
 
 	local upstream_mod
-	upstream_mod="$(cd "$mod" && gorun mod download -json "k8s.io/kubernetes@${K8S_VERSION}" |
-		sed -n 's/^[[:space:]]*"GoMod":[[:space:]]*"\(.*\)",\{0,1\}$/\1/p')" ||
-		die "cannot download k8s.io/kubernetes@${K8S_VERSION} from the module proxy"
+	gorun "$mod" mod download -json "k8s.io/kubernetes@${K8S_VERSION}" >"${1}/k8s-download.json" ||
+		die "cannot download k8s.io/kubernetes@${K8S_VERSION} from the module proxy: $(cat "${1}/k8s-download.json")"
+	upstream_mod="$(sed -n 's/^[[:space:]]*"GoMod":[[:space:]]*"\(.*\)",\{0,1\}$/\1/p' "${1}/k8s-download.json")"
 	[[ -n "$upstream_mod" && -f "$upstream_mod" ]] || die "no go.mod for k8s.io/kubernetes@${K8S_VERSION}"
 
 	local go_line staging
@@ -145,7 +156,7 @@ import (
 EOF
 
 	log "go mod tidy (k8s)"
-	(cd "$mod" && gorun mod tidy) || die "go mod tidy failed for the Kubernetes scratch module (${mod})"
+	gorun "$mod" mod tidy || die "go mod tidy failed for the Kubernetes scratch module"
 
 	local ldflags="-s -w" pkg
 	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -156,10 +167,10 @@ EOF
 	done
 
 	log "go build (k8s); this takes a while on a cold cache"
-	(cd "$mod" && CGO_ENABLED=0 gorun build -trimpath -buildvcs=false -ldflags "$ldflags" -o "${out}/" \
+	CGO_ENABLED=0 gorun "$mod" build -trimpath -buildvcs=false -ldflags "$ldflags" -o "${out}/" \
 		k8s.io/kubernetes/cmd/kube-apiserver \
 		k8s.io/kubernetes/cmd/kube-scheduler \
-		k8s.io/kubernetes/cmd/kubectl) || die "go build failed for Kubernetes ${K8S_VERSION}"
+		k8s.io/kubernetes/cmd/kubectl || die "go build failed for Kubernetes ${K8S_VERSION}"
 
 	local v
 	v="$("${out}/kube-apiserver" --version 2>&1)" || die "built kube-apiserver does not run: ${v}"
@@ -188,11 +199,11 @@ import (
 	_ "go.etcd.io/etcd/server/v3"
 )
 EOF
-	(cd "$mod" && gorun get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}") ||
+	gorun "$mod" get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}" ||
 		die "go get go.etcd.io/etcd/server/v3@${ETCD_VERSION} failed"
-	(cd "$mod" && gorun mod tidy) || die "go mod tidy failed for the etcd scratch module (${mod})"
-	(cd "$mod" && CGO_ENABLED=0 gorun build -trimpath -buildvcs=false -ldflags "-s -w" -o "${out}/etcd" \
-		go.etcd.io/etcd/server/v3) || die "go build failed for etcd ${ETCD_VERSION}"
+	gorun "$mod" mod tidy || die "go mod tidy failed for the etcd scratch module"
+	CGO_ENABLED=0 gorun "$mod" build -trimpath -buildvcs=false -ldflags "-s -w" -o "${out}/etcd" \
+		go.etcd.io/etcd/server/v3 || die "go build failed for etcd ${ETCD_VERSION}"
 
 	local v
 	v="$("${out}/etcd" --version 2>&1)" || die "built etcd does not run: ${v}"
@@ -208,6 +219,15 @@ cleanup() {
 		chmod -R u+w "$SCRATCH" 2>/dev/null || true
 		rm -rf "$SCRATCH"
 	fi
+}
+
+on_signal() {
+	if [[ -n "$CHILD" ]]; then
+		kill -TERM "$CHILD" 2>/dev/null || true
+		wait "$CHILD" 2>/dev/null || true
+	fi
+	log "interrupted; nothing was installed from the unfinished step"
+	exit "$1"
 }
 
 build_missing() {
@@ -234,8 +254,8 @@ build_missing() {
 	done
 	SCRATCH="$(mktemp -d "${CACHE_ROOT}/.build.XXXXXX")"
 	trap cleanup EXIT
-	trap 'exit 130' INT
-	trap 'exit 143' TERM
+	trap 'on_signal 130' INT
+	trap 'on_signal 143' TERM
 
 	local start=$SECONDS
 	if missing "${K8S_NAMES[@]}"; then
@@ -281,6 +301,7 @@ emit_dir() {
 		mkdir -p "$CACHE_ROOT"
 		local tmp i
 		tmp="$(mktemp -d "${CACHE_ROOT}/.assets.XXXXXX")"
+		chmod 0755 "$tmp"
 		for i in "${!NAMES[@]}"; do
 			ln -s "${abs[$i]}" "${tmp}/${NAMES[$i]}"
 		done

@@ -20,7 +20,7 @@ arrivals cheap.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,6 +74,11 @@ class TypicalPods:
         counts = Counter(
             TypicalShape(score_cpu(p.cpu_milli), p.gpu_milli, p.num_gpu, p.gpu_models) for p in pods
         )
+        return cls.from_counts(counts, coverage)
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[TypicalShape, int], coverage: float = 0.95) -> TypicalPods:
+        """Typical pods from shape counts (see ``from_pods``)."""
         if not counts:
             raise ValueError("cannot derive typical pods from an empty workload")
         total = sum(counts.values())
@@ -116,18 +121,15 @@ class _TypicalArrays:
         self.cpu_only_weight = float(self.weight[self.milli == 0].sum())
 
 
-def frag_of_rows(cpu_free: IntArray, gpu_free: IntArray, model_id: IntArray, ta: _TypicalArrays) -> FloatArray:
+def frag_of_rows(
+    cpu_free: IntArray, gpu_free: IntArray, model_id: IntArray, ta: _TypicalArrays
+) -> FloatArray:
     """Fragmentation of each row (a node state): CPU left, per-GPU free share, GPU model."""
     idle = gpu_free.sum(axis=1).astype(np.float64)  # (R,)
     gpu_t = ta.milli > 0
     # Which typical pods each row can host: (R, T).
     fits_gpu = (gpu_free[:, None, :] >= ta.milli[None, :, None]).sum(axis=2) >= ta.num[None, :]
-    hosts = (
-        gpu_t[None, :]
-        & ta.access[:, model_id + 1].T
-        & fits_gpu
-        & (cpu_free[:, None] >= ta.cpu[None, :])
-    )
+    hosts = gpu_t[None, :] & ta.access[:, model_id + 1].T & fits_gpu & (cpu_free[:, None] >= ta.cpu[None, :])
     small = np.where(gpu_free[:, None, :] < ta.milli[None, :, None], gpu_free[:, None, :], 0).sum(axis=2)
     per_t = np.where(hosts, small, idle[:, None])  # (R, T)
     result: FloatArray = per_t @ ta.weight
@@ -153,6 +155,7 @@ class _ShapeCache:
     delta: FloatArray  # fragmentation added by one pod, +inf where it cannot go
     score: IntArray  # FGD integer score, -1 where it cannot go
     gpu: IntArray  # GPU index for a fractional pod (-1 otherwise)
+    per_gpu: FloatArray  # fractional pods: fragmentation added per (node, GPU), +inf where it cannot go
 
 
 class FragScorer:
@@ -200,6 +203,14 @@ class FragScorer:
 
     def delta(self, state: ClusterState, shape: PodShape) -> tuple[FloatArray, IntArray, IntArray]:
         """(fragmentation added, FGD score, GPU index) per node for one pod of ``shape``."""
+        c = self._entry(state, shape)
+        return c.delta, c.score, c.gpu
+
+    def gpu_delta(self, state: ClusterState, shape: PodShape) -> FloatArray:
+        """Fragmentation added per (node, GPU) by one fractional pod of ``shape`` on that GPU."""
+        return self._entry(state, shape).per_gpu
+
+    def _entry(self, state: ClusterState, shape: PodShape) -> _ShapeCache:
         cached = self._cache.get(shape)
         rows = None if cached is None else self._changed(state, cached.cpu_used, cached.gpu_used)
         n = len(self.cluster)
@@ -210,22 +221,25 @@ class FragScorer:
                 np.full(n, np.inf),
                 np.full(n, -1, dtype=np.int64),
                 np.full(n, -1, dtype=np.int64),
+                np.full((n, self.cluster.max_gpus), np.inf),
             )
             rows = np.arange(n)
             self._cache[shape] = cached
         if rows.size:
             base = self.current(state)
-            d, s, g = self._compute(state, shape, rows, base)
+            d, s, g, pg = self._compute(state, shape, rows, base)
             cached.delta = cached.delta.copy()
             cached.score = cached.score.copy()
             cached.gpu = cached.gpu.copy()
+            cached.per_gpu = cached.per_gpu.copy()
             cached.delta[rows], cached.score[rows], cached.gpu[rows] = d, s, g
+            cached.per_gpu[rows] = pg
             cached.cpu_used, cached.gpu_used = state.cpu_used, state.gpu_used
-        return cached.delta, cached.score, cached.gpu
+        return cached
 
     def _compute(
         self, state: ClusterState, shape: PodShape, rows: npt.NDArray[np.intp], base: FloatArray
-    ) -> tuple[FloatArray, IntArray, IntArray]:
+    ) -> tuple[FloatArray, IntArray, IntArray, FloatArray]:
         cpu = state.cpu_free[rows]
         gpu = state.gpu_free[rows]
         model = self.cluster.model_id[rows]
@@ -234,6 +248,7 @@ class FragScorer:
         delta = np.full(nrows, np.inf)
         score = np.full(nrows, -1, dtype=np.int64)
         best_gpu = np.full(nrows, -1, dtype=np.int64)
+        per_gpu = np.full((nrows, gpu.shape[1]), np.inf)
         ok = cpu >= shape.cpu_milli
         if shape.num_gpu:
             ok &= self.cluster.model_mask(shape.gpu_models)[rows]
@@ -247,6 +262,7 @@ class FragScorer:
                 new_gpu[np.arange(r_idx.size), g_idx] -= shape.gpu_milli
                 f1 = frag_of_rows(cpu[r_idx] - c, new_gpu, model[r_idx], self._ta)
                 d = f1 - f0[r_idx]
+                per_gpu[r_idx, g_idx] = d
                 s = _sigmoid_score(-d)
                 # Best GPU per row: highest integer score, then lowest index.
                 key = s * (g_count + 1) + (g_count - g_idx)
@@ -258,7 +274,7 @@ class FragScorer:
                 delta[r_idx[pick]] = d[pick]
                 score[r_idx[pick]] = s[pick]
                 best_gpu[r_idx[pick]] = g_idx[pick]
-            return delta, score, best_gpu
+            return delta, score, best_gpu, per_gpu
         if shape.num_gpu:
             ok &= (gpu >= GPU_MILLI).sum(axis=1) >= shape.num_gpu
         sel = np.flatnonzero(ok)
@@ -273,7 +289,7 @@ class FragScorer:
             d = f1 - f0[sel]
             delta[sel] = d
             score[sel] = _sigmoid_score(-d)
-        return delta, score, best_gpu
+        return delta, score, best_gpu, per_gpu
 
 
 def cluster_frag_ratio(state: ClusterState, typical: TypicalPods, frag: FloatArray | None = None) -> float:

@@ -13,22 +13,23 @@ __all__ = ["Limits", "SolverParams", "Weights"]
 
 @dataclass(frozen=True, slots=True)
 class Weights:
-    """Objective weights; every term is scaled to thousandths of a GPU first.
+    """Objective weights: integer coefficients of the maximised objective.
 
-    The default order is: place GPU demand first, then avoid fragmenting, then
-    avoid waking idle GPU nodes, then pack tightly.
+    The defaults make placement dominate (a placed pod is worth more than any
+    fragmentation it can cause), then fragmentation, then waking idle GPU
+    nodes, then a best-fit tie-break.
     """
 
-    placed_gpu: int = 100
+    placed_gpu: int = 1000
     """Per thousandth of a GPU placed."""
-    placed_pods: int = 2000
-    """Per pod placed (so CPU-only pods are placed too)."""
-    fragmentation: int = 100
-    """Per thousandth of a GPU of expected fragmentation (FGD's measure) added."""
-    active_nodes: int = 0
-    """Per GPU node that the plan takes from idle to in use, in thousandths of a GPU."""
+    placed_pods: int = 100_000
+    """Per pod placed, on top of its GPU demand (so CPU-only pods count too)."""
+    fragmentation: int = 10
+    """Per thousandth of a GPU of fragmentation (FGD's measure) a placement adds; negative adds reward."""
+    active_nodes: int = 1000
+    """Per GPU node the plan takes from idle to in use."""
     packing: int = 1
-    """Tie-break per pod toward the node with the least capacity left (best fit)."""
+    """Per pod, per point (0..200) of how full its node already is (CPU and GPU)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gpusched.model import Assignment, Cluster, ClusterState, Node, Pod
+from gpusched.model.cluster import BoolArray
 
 
 def make_cluster() -> Cluster:
@@ -21,11 +22,13 @@ def make_cluster() -> Cluster:
     )
 
 
-def nodes_of(cluster: Cluster, mask: np.ndarray) -> list[str]:  # type: ignore[type-arg]
+def nodes_of(cluster: Cluster, mask: BoolArray) -> list[str]:
     return [cluster.nodes[i].name for i in np.flatnonzero(mask)]
 
 
-def pod(name: str, cpu: int = 1000, mem: int = 1024, gpus: int = 0, milli: int = 0, models: str = "") -> Pod:
+def pod(
+    name: str, *, cpu: int = 1000, mem: int = 1024, gpus: int = 0, milli: int = 0, models: str = ""
+) -> Pod:
     return Pod(name, cpu, mem, gpus, milli, frozenset(m for m in models.split("|") if m))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,13 @@ class TestNode:
 
     @pytest.mark.parametrize("field", ["cpu_milli", "memory_mib", "gpu_count", "gpu_memory_mib"])
     def test_negative_resource_is_rejected_naming_the_field(self, field: str) -> None:
-        kwargs = {"cpu_milli": 1000, "memory_mib": 1024, "gpu_count": 0, "gpu_memory_mib": 0, field: -1}
+        kwargs: dict[str, Any] = {
+            "cpu_milli": 1000,
+            "memory_mib": 1024,
+            "gpu_count": 0,
+            "gpu_memory_mib": 0,
+            field: -1,
+        }
         with pytest.raises(ValueError, match=rf"node n1: {field} must not be negative, got -1"):
             Node("n1", **kwargs)
 

@@ -1,0 +1,56 @@
+"""Shared helpers for the benchmarks: where the public trace lives, synthetic clusters."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import replace
+from pathlib import Path
+
+from gpusched.model import Cluster, ClusterState, Node, Pod
+from gpusched.sim.trace import read_nodes, read_pods
+from gpusched.solver.baselines import BestFitPolicy
+
+REPO = Path(__file__).resolve().parent.parent
+TRACE_DIR = Path(
+    os.environ.get("GPUSCHED_TRACE_DIR", REPO.parent / "shared" / "data" / "alibaba-gpu-v2023" / "csv")
+)
+
+
+def trace_path(name: str) -> Path:
+    """A file of the Alibaba GPU trace v2023 (openb); GPUSCHED_TRACE_DIR overrides the folder."""
+    path = TRACE_DIR / name
+    if not path.exists():
+        raise SystemExit(
+            f"{path} not found: set GPUSCHED_TRACE_DIR to the folder holding the openb CSV files "
+            "(cluster-trace-gpu-v2023/csv of github.com/alibaba/clusterdata)"
+        )
+    return path
+
+
+def replicated_nodes(count: int) -> list[Node]:
+    """``count`` GPU nodes drawn round-robin from the trace's 1,213-node mix."""
+    base = read_nodes(trace_path("openb_node_list_gpu_node.csv"))
+    return [replace(base[i % len(base)], name=f"node-{i:05d}") for i in range(count)]
+
+
+def trace_pods(trace: str = "default") -> list[Pod]:
+    """The pods of one trace."""
+    return read_pods(trace_path(f"openb_pod_list_{trace}.csv"))
+
+
+def partly_filled(cluster: Cluster, pods: list[Pod], fill: float, seed: int) -> ClusterState:
+    """``cluster`` with random trace pods placed best-fit until ``fill`` of its GPUs are allocated."""
+    rng = random.Random(seed)
+    state = cluster.empty_state()
+    policy = BestFitPolicy(seed)
+    target = fill * cluster.total_gpus * 1000
+    i = 0
+    while state.gpu_allocated_milli < target:
+        chunk = [replace(rng.choice(pods), name=f"fill-{i + k}") for k in range(256)]
+        i += 256
+        plan = policy.place(chunk, state)
+        if not plan.assignments:
+            break
+        state = state.apply(plan.assignments)
+    return state

@@ -1,0 +1,278 @@
+"""The ``gpusched`` command line.
+
+``gpusched simulate`` replays a trace through the placement policies, with
+no arguments on the bundled demo cluster and workload.  ``run`` and
+``explain`` are reserved for the daemon and the decision explainer.  Every
+input problem is reported on one line with what to change, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from importlib import resources
+from pathlib import Path
+from typing import NoReturn
+
+import structlog
+from rich.console import Console
+
+from gpusched import __version__, logs
+from gpusched.config import ConfigError, load_config
+from gpusched.sim.report import render_table
+from gpusched.sim.runner import SimulationError, normalize_policies, run_simulation
+from gpusched.sim.trace import TraceError
+from gpusched.solver.params import SolverParams
+from gpusched.solver.registry import POLICIES
+
+__all__ = ["main", "parse_seeds"]
+
+EXIT_USAGE = 2
+
+DEMO_POLICIES = ("cpsat", "fgd", "bestfit")
+DEMO_SEEDS = "42-43"
+DEMO_BATCH = 16
+DEMO_OUT = "gpusched-demo"
+TRACE_OUT = "gpusched-sim"
+MAX_SEEDS = 1000
+
+
+class UsageError(Exception):
+    """A bad command line; the message is one line that says how to fix it."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reports errors on one line (``prog: error: ...; see prog --help``), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``42-51``, ``42,43`` or a mix (``42-45,50``) as a list of distinct seeds, in order."""
+    seeds: list[int] = []
+    for item in text.split(","):
+        part = item.strip()
+        if not part:
+            raise ValueError(f"empty item in {text!r}")
+        lo_text, sep, hi_text = part.partition("-")
+        try:
+            lo = int(lo_text)
+            hi = int(hi_text) if sep else lo
+        except ValueError:
+            raise ValueError(f"{part!r} is not a seed or a range of seeds") from None
+        if lo > hi:
+            raise ValueError(f"range {part!r} runs backwards; write {hi}-{lo}")
+        if hi - lo + 1 + len(seeds) > MAX_SEEDS:
+            raise ValueError(f"more than {MAX_SEEDS} seeds")
+        seeds.extend(s for s in range(lo, hi + 1) if s not in seeds)
+    return seeds
+
+
+def _seeds_arg(text: str) -> list[int]:
+    try:
+        return parse_seeds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"bad seeds {text!r}: {exc}; use a range like 42-51 or a list like 42,43"
+        ) from None
+
+
+def _policies_arg(text: str) -> list[str]:
+    try:
+        return normalize_policies(text.split(","))
+    except SimulationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    parser = _Parser(prog="gpusched", description="A secondary Kubernetes scheduler that packs GPUs.")
+    parser.add_argument("--version", action="version", version=f"gpusched {__version__}")
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=logs.LEVELS,
+        help="log level for the structured log on stderr (default: %(default)s)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    sim = sub.add_parser(
+        "simulate",
+        help="replay a trace through placement policies",
+        description=(
+            "Replay an openb-format trace (Alibaba GPU trace v2023) with the FGD paper's protocol and "
+            "compare policies. With no --nodes/--pods it runs the bundled demo sample."
+        ),
+    )
+    sim.add_argument("--nodes", type=Path, metavar="CSV", help="node list (sn,cpu_milli,memory_mib,gpu,model)")
+    sim.add_argument(
+        "--pods", type=Path, metavar="CSV", help="pod list (name,cpu_milli,memory_mib,num_gpu,gpu_milli,...)"
+    )
+    sim.add_argument(
+        "--policy",
+        type=_policies_arg,
+        default=list(DEMO_POLICIES),
+        metavar="LIST",
+        help=f"comma-separated policies from {','.join(POLICIES)} (default: {','.join(DEMO_POLICIES)})",
+    )
+    sim.add_argument(
+        "--batch",
+        type=_positive_int,
+        default=DEMO_BATCH,
+        metavar="K",
+        help="pods per placement decision; 1 is the published protocol (default: %(default)s)",
+    )
+    sim.add_argument(
+        "--seeds",
+        type=_seeds_arg,
+        default=parse_seeds(DEMO_SEEDS),
+        metavar="SEEDS",
+        help=f"seeds as a range (42-51) or a list (42,43) (default: {DEMO_SEEDS})",
+    )
+    sim.add_argument(
+        "--tune",
+        type=_positive_float,
+        default=1.3,
+        help="GPU demand of the workload as a multiple of cluster capacity (default: %(default)s)",
+    )
+    sim.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help=f"output directory for summary.json and allocation.png "
+        f"(default: ./{DEMO_OUT} for the demo, ./{TRACE_OUT} otherwise)",
+    )
+    sim.add_argument("--config", type=Path, metavar="YAML", help="solver configuration (weights and limits)")
+    sim.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="runs in parallel processes (default: %(default)s)",
+    )
+    sim.add_argument(
+        "--published",
+        type=Path,
+        metavar="CSV",
+        help="published results (trace,policy,alloc_pct_at_arrival130,...) to show next to openb traces",
+    )
+    sim.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
+    sim.set_defaults(handler=_simulate)
+
+    for name, text in (("run", "run the scheduler daemon"), ("explain", "explain a placement decision")):
+        stub = sub.add_parser(name, help=f"{text} (not implemented yet)", add_help=True)
+        stub.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        stub.set_defaults(handler=_not_implemented)
+    return parser
+
+
+def _not_implemented(args: argparse.Namespace, console: Console) -> int:
+    print(f"gpusched {args.command}: not implemented yet: see docs", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _existing_file(path: Path, flag: str, what: str) -> Path:
+    if not path.exists():
+        raise UsageError(f"{flag} {path}: no such file; pass the path of {what}")
+    if not path.is_file():
+        raise UsageError(f"{flag} {path}: not a file; pass the path of {what}")
+    return path
+
+
+def _params(config: Path | None) -> SolverParams | None:
+    if config is None:
+        return None
+    path = _existing_file(config, "--config", "a solver configuration YAML file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--config {path}: cannot read: {exc}") from None
+    return load_config(text, source=str(path)).solver_params()
+
+
+def _simulate(args: argparse.Namespace, console: Console) -> int:
+    if (args.nodes is None) != (args.pods is None):
+        given = "--nodes" if args.nodes is not None else "--pods"
+        raise UsageError(f"{given} given alone; pass both --nodes and --pods, or neither to run the demo")
+    params = _params(args.config)
+    published = None
+    if args.published is not None:
+        published = _existing_file(args.published, "--published", "a published-results CSV")
+    with ExitStack() as stack:
+        if args.nodes is None:
+            demo = resources.files("gpusched.sim") / "demo"
+            nodes = stack.enter_context(resources.as_file(demo / "nodes.csv"))
+            pods = stack.enter_context(resources.as_file(demo / "pods.csv"))
+            trace: str | None = "demo"
+            out = args.out or Path(DEMO_OUT)
+        else:
+            nodes = _existing_file(args.nodes, "--nodes", "an openb node list CSV")
+            pods = _existing_file(args.pods, "--pods", "an openb pod list CSV")
+            trace = None
+            out = args.out or Path(TRACE_OUT)
+        start = time.perf_counter()
+        summaries = run_simulation(
+            nodes,
+            pods,
+            args.policy,
+            args.batch,
+            args.seeds,
+            args.tune,
+            out,
+            params,
+            progress=not args.no_progress,
+            jobs=args.jobs,
+            published=published,
+            trace=trace,
+        )
+    console.print(render_table(summaries))
+    console.print(
+        f"wrote {out / 'summary.json'} and {out / 'allocation.png'} in {time.perf_counter() - start:.1f}s"
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logs.configure(args.log_level)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    console = Console()
+    try:
+        code: int = args.handler(args, console)
+    except (UsageError, SimulationError, TraceError, ConfigError) as exc:
+        structlog.get_logger(__name__).debug("command.rejected", error=str(exc))
+        print(f"gpusched {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

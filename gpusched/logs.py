@@ -1,0 +1,70 @@
+"""The one place structured logging is configured.
+
+Logs go to stderr: JSON lines when stderr is not a terminal (for collectors),
+a readable console rendering when it is.  Context bound with
+``structlog.contextvars.bind_contextvars`` is merged into every event.  Call
+``configure`` once, from the entry point; modules only call
+``structlog.get_logger()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+
+__all__ = ["LEVELS", "configure"]
+
+LEVELS = ("debug", "info", "warning", "error", "critical")
+"""Accepted level names, most verbose first."""
+
+
+class _StderrLogger:
+    """Writes each rendered event to whatever ``sys.stderr`` is at the time.
+
+    Looking the stream up per call (instead of binding it once) keeps log
+    lines readable while a ``rich`` live display temporarily wraps stderr.
+    """
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
+
+def _factory(*_args: Any) -> _StderrLogger:
+    return _StderrLogger()
+
+
+def configure(level: str = "warning", *, json: bool | None = None) -> None:
+    """Configure structlog for the process.
+
+    ``level`` is one of ``LEVELS``; ``json`` forces the renderer (default:
+    JSON unless stderr is a terminal).
+    """
+    name = level.strip().lower()
+    if name not in LEVELS:
+        raise ValueError(f"unknown log level {level!r}; choose from {', '.join(LEVELS)}")
+    if json is None:
+        json = not sys.stderr.isatty()
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=True)
+    )
+    processors: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+    ]
+    if json:
+        processors.append(structlog.processors.dict_tracebacks)
+    processors.append(renderer)
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[name.upper()]),
+        logger_factory=_factory,
+        cache_logger_on_first_use=False,
+    )

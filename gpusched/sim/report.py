@@ -1,0 +1,226 @@
+"""Summaries, tables and plots of simulation runs.
+
+``summarize`` reduces the ``RunResult``s of one policy (one per seed) to a
+flat, JSON-ready dict; ``render_table`` turns a list of those into a ``rich``
+table; ``plot_allocation`` draws GPU allocation against arrived GPU demand
+per policy, median over seeds with the 25-75% band, as Figure 7 of the FGD
+paper does.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.table import Table
+
+from gpusched.sim.engine import RunResult
+
+__all__ = ["SUMMARY_KEYS", "group_by_policy", "plot_allocation", "render_table", "summarize"]
+
+SUMMARY_KEYS = (
+    "policy",
+    "batch",
+    "seeds",
+    "runs",
+    "total_gpus",
+    "alloc_pct_100",
+    "alloc_pct_130",
+    "alloc_pct_130_std",
+    "unallocated_gpus_130",
+    "frag_ratio_pct_70",
+    "frag_ratio_pct_90",
+    "solve_ms_p50",
+    "solve_ms_p99",
+    "gap_pct_max",
+    "placed_pods",
+    "failed_pods",
+    "trace",
+    "fgd_published_alloc_pct_130",
+)
+"""Keys of every summary, in output order; unknown values are ``None``."""
+
+PLOT_TOP = 130
+"""Right end of the allocation plot, percent of GPU capacity arrived."""
+
+ZOOM_FROM = 90
+"""Left end of the zoomed panel, percent arrived."""
+
+
+def group_by_policy(results: Iterable[RunResult]) -> dict[str, list[RunResult]]:
+    """Results per policy, policies in first-seen order, each list sorted by seed."""
+    groups: dict[str, list[RunResult]] = {}
+    for r in results:
+        groups.setdefault(r.policy, []).append(r)
+    return {k: sorted(v, key=lambda r: r.seed) for k, v in groups.items()}
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return round(statistics.fmean(values), 2) if values else None
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 2) if values else None
+
+
+def summarize(
+    runs: Sequence[RunResult],
+    total_gpus: int,
+    *,
+    trace: str | None = None,
+    published_alloc_130: float | None = None,
+) -> dict[str, Any]:
+    """One policy's runs (one per seed) as a flat summary with ``SUMMARY_KEYS``.
+
+    Allocation and fragmentation figures are means over seeds; the standard
+    deviation is the sample one (0 for a single seed); solve-time percentiles
+    pool every batch of every seed.
+    """
+    if not runs:
+        raise ValueError("no runs to summarize")
+    policies = {r.policy for r in runs}
+    if len(policies) != 1:
+        raise ValueError(f"runs of several policies: {', '.join(sorted(policies))}")
+    if total_gpus <= 0:
+        raise ValueError(f"total_gpus must be positive, got {total_gpus}")
+    a100 = [r.alloc_at(100) for r in runs]
+    a130 = [r.alloc_at(130) for r in runs]
+    mean130 = statistics.fmean(a130)
+    solve = [ms for r in runs for ms in r.solve_ms]
+    gaps = [g for r in runs for g in r.gaps if math.isfinite(g)]
+    frag = {p: [r.frag_ratio[p] for r in runs if p in r.frag_ratio] for p in (70, 90)}
+    summary: dict[str, Any] = {
+        "policy": runs[0].policy,
+        "batch": runs[0].batch,
+        "seeds": [r.seed for r in runs],
+        "runs": len(runs),
+        "total_gpus": total_gpus,
+        "alloc_pct_100": _mean(a100),
+        "alloc_pct_130": round(mean130, 2),
+        "alloc_pct_130_std": round(statistics.stdev(a130), 2) if len(a130) > 1 else 0.0,
+        "unallocated_gpus_130": round((1 - mean130 / 100) * total_gpus),
+        "frag_ratio_pct_70": _mean(frag[70]),
+        "frag_ratio_pct_90": _mean(frag[90]),
+        "solve_ms_p50": _percentile(solve, 50),
+        "solve_ms_p99": _percentile(solve, 99),
+        "gap_pct_max": round(max(gaps), 3) if gaps else None,
+        "placed_pods": _mean([r.placed for r in runs]),
+        "failed_pods": _mean([r.failed for r in runs]),
+        "trace": trace,
+        "fgd_published_alloc_pct_130": published_alloc_130,
+    }
+    return summary
+
+
+def _fmt(value: Any, digits: int = 2, suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{suffix}"
+    return f"{value}{suffix}"
+
+
+def render_table(summaries: Sequence[Mapping[str, Any]], title: str | None = None) -> Table:
+    """The summaries as a ``rich`` table, one row per policy."""
+    published = any(s.get("fgd_published_alloc_pct_130") is not None for s in summaries)
+    if title is None and summaries:
+        first = summaries[0]
+        seeds = first.get("seeds") or []
+        trace = first.get("trace")
+        title = (
+            f"{trace or 'trace'}: {first.get('total_gpus', '?')} GPUs, batch {first.get('batch')}, "
+            f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''}"
+        )
+    table = Table(title=title)
+    table.add_column("policy", style="bold")
+    table.add_column("alloc % @100", justify="right")
+    table.add_column("alloc % @130", justify="right")
+    if published:
+        table.add_column("paper @130", justify="right")
+    table.add_column("unalloc GPUs @130", justify="right")
+    table.add_column("frag % @70", justify="right")
+    table.add_column("frag % @90", justify="right")
+    table.add_column("solve p50 ms", justify="right")
+    table.add_column("solve p99 ms", justify="right")
+    for s in summaries:
+        a130 = _fmt(s.get("alloc_pct_130"))
+        std = s.get("alloc_pct_130_std")
+        if std:
+            a130 += f" ± {std:.2f}"
+        row = [str(s.get("policy")), _fmt(s.get("alloc_pct_100")), a130]
+        if published:
+            row.append(_fmt(s.get("fgd_published_alloc_pct_130")))
+        row += [
+            _fmt(s.get("unallocated_gpus_130")),
+            _fmt(s.get("frag_ratio_pct_70"), 1),
+            _fmt(s.get("frag_ratio_pct_90"), 1),
+            _fmt(s.get("solve_ms_p50"), 1),
+            _fmt(s.get("solve_ms_p99"), 1),
+        ]
+        table.add_row(*row)
+    return table
+
+
+def allocation_bands(
+    runs: Sequence[RunResult], top: int = PLOT_TOP
+) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Arrived percents and the 25th, 50th and 75th percentile of allocation over seeds.
+
+    The x axis stops at the highest arrived percent any run recorded (at most ``top``).
+    """
+    reach = min(top, max((max(r.curve, default=0) for r in runs), default=0))
+    xs = list(range(reach + 1))
+    grid = np.array([[r.alloc_at(x) for x in xs] for r in runs], dtype=float)
+    q25, q50, q75 = np.percentile(grid, [25, 50, 75], axis=0)
+    return xs, q25.tolist(), q50.tolist(), q75.tolist()
+
+
+def plot_allocation(results: Iterable[RunResult], path: str | Path, title: str | None = None) -> Path:
+    """Write a PNG of GPU allocation % vs arrived GPU demand % (0..130) per policy.
+
+    Each policy is drawn as the median over its seeds with a shaded 25-75%
+    band; the right panel zooms into the saturated region.  Returns the path.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = group_by_policy(results)
+    if not groups:
+        raise ValueError("no runs to plot")
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig, (full, zoom) = plt.subplots(1, 2, figsize=(11, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+    try:
+        lo = 100.0
+        for i, (policy, runs) in enumerate(groups.items()):
+            xs, q25, q50, q75 = allocation_bands(runs)
+            color = f"C{i % 10}"
+            for ax in (full, zoom):
+                ax.plot(xs, q50, color=color, linewidth=1.6, label=f"{policy} (n={len(runs)})")
+                ax.fill_between(xs, q25, q75, color=color, alpha=0.25, linewidth=0)
+            tail = [v for x, v in zip(xs, q25, strict=True) if x >= ZOOM_FROM]
+            lo = min([lo, *tail])
+        for ax in (full, zoom):
+            ax.plot([0, 100], [0, 100], color="0.6", linestyle=":", linewidth=1, label="_demand")
+            ax.axvline(100, color="0.8", linewidth=0.8)
+            ax.grid(visible=True, alpha=0.3)
+            ax.set_xlabel("arrived GPU demand (% of capacity)")
+        full.set_xlim(0, PLOT_TOP)
+        full.set_ylim(0, 100)
+        full.set_ylabel("GPU allocation (% of capacity)")
+        full.legend(loc="upper left", fontsize="small")
+        zoom.set_xlim(ZOOM_FROM, PLOT_TOP)
+        zoom.set_ylim(max(0.0, math.floor(lo) - 1), 100)
+        zoom.set_title("saturated region", fontsize="medium")
+        fig.suptitle(title or "GPU allocation vs arrived demand (median, 25-75% band)")
+        fig.tight_layout()
+        fig.savefig(out, dpi=120)
+    finally:
+        plt.close(fig)
+    return out

@@ -1,0 +1,46 @@
+"""Whole-GPU pods take idle GPUs of one node.
+
+Where no fractional pod may use the node, a count suffices: whole GPUs taken
+<= idle GPUs.  Where shares may also land there, each idle GPU gets a boolean
+``whole[n, g]`` so that a GPU is never both shared and taken whole.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+from ortools.sat.python import cp_model
+
+from gpusched.model import GPU_MILLI
+from gpusched.solver.instance import Instance
+from gpusched.solver.vars import Vars
+
+
+def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
+    """sum of k * x over whole-GPU candidates == taken idle GPUs <= idle GPUs."""
+    state = inst.state
+    for n, cis in v.by_node.items():
+        whole = [
+            ci
+            for ci in cis
+            if inst.groups[inst.candidates[ci].group].shape.num_gpu > 0
+            and not inst.groups[inst.candidates[ci].group].shape.is_fractional
+        ]
+        if not whole:
+            continue
+        need = sum(inst.groups[inst.candidates[ci].group].shape.num_gpu * v.x[ci] for ci in whole)
+        shared = any(inst.candidates[ci].gpus for ci in cis)
+        idle = [g for g in range(state.cluster.nodes[n].gpu_count) if state.gpu_free[n, g] >= GPU_MILLI]
+        if not shared:
+            bound = sum(
+                inst.groups[inst.candidates[ci].group].shape.num_gpu * inst.candidates[ci].ub for ci in whole
+            )
+            if bound > len(idle):
+                model.add(need <= len(idle))
+            continue
+        for g in idle:
+            v.whole[n, g] = model.new_bool_var(f"w{n}_{g}")
+        model.add(need == sum(v.whole[n, g] for g in idle))
+        # Interchangeable idle GPUs: take them in index order.
+        for a, b in pairwise(idle):
+            model.add_implication(v.whole[n, b], v.whole[n, a])

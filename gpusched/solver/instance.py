@@ -1,0 +1,166 @@
+"""A batch solve's input, fully prepared before any CP-SAT variable exists.
+
+Three reductions keep the model small:
+
+* pods of one shape are one *group* with a count (they are interchangeable);
+* nodes with the same free vector (CPU, memory, GPU model, sorted per-GPU free
+  share) are one *class*; a class contributes at most as many nodes as the
+  group has pods, so a thousand empty nodes of one type cost what a few do;
+* per group only the ``candidates_per_pod`` best classes, ranked by the
+  fragmentation a placement adds and then by fullness, are kept, plus the
+  nodes the greedy warm start used.
+
+The model size therefore grows with distinct shapes times candidates, not with
+nodes times pods.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpusched.model import GPU_MILLI, ClusterState, Plan, Pod, PodShape
+from gpusched.solver.fragmentation import FragScorer
+
+__all__ = ["Candidate", "Group", "Instance", "build_instance", "node_classes"]
+
+PACK_MAX = 200
+"""Largest packing score: 100 for a node with no CPU left plus 100 for no GPU left."""
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Interchangeable pods of one shape, highest priority first, then arrival order."""
+
+    shape: PodShape
+    pods: tuple[Pod, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """Pods of group ``group`` may go to node ``node``, at most ``ub`` of them."""
+
+    group: int
+    node: int
+    ub: int
+    frag: int
+    """Fragmentation one pod adds here (thousandths of a GPU), whole-GPU and CPU pods."""
+    pack: int
+    """How full the node is already, 0..PACK_MAX."""
+    gpus: tuple[tuple[int, int, int], ...] = ()
+    """Fractional pods: (GPU index, pods that fit on it alone, fragmentation one adds there)."""
+
+
+@dataclass(frozen=True)
+class Instance:
+    """Everything the CP-SAT model is built from."""
+
+    state: ClusterState
+    groups: tuple[Group, ...]
+    candidates: tuple[Candidate, ...]
+    nodes: tuple[int, ...]
+    hint: Plan
+
+    @property
+    def pods(self) -> int:
+        """Pods in the batch."""
+        return sum(len(g.pods) for g in self.groups)
+
+
+def node_classes(state: ClusterState) -> np.ndarray:
+    """Class id per node: equal ids have equal free CPU, memory, GPU model and GPU shares."""
+    free = np.sort(state.gpu_free, axis=1)
+    sig = np.column_stack([state.cpu_free, state.mem_free, state.cluster.model_id, free])
+    _, inverse = np.unique(sig, axis=0, return_inverse=True)
+    return inverse.reshape(-1)
+
+
+def _pack(state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+    cl = state.cluster
+    cpu = np.where(
+        cl.cpu_cap[nodes] > 0, 100 - 100 * state.cpu_free[nodes] // np.maximum(cl.cpu_cap[nodes], 1), 0
+    )
+    cap = cl.gpu_count[nodes] * GPU_MILLI
+    gpu = np.where(cap > 0, 100 - 100 * state.gpu_free[nodes].sum(axis=1) // np.maximum(cap, 1), 0)
+    return (cpu + gpu).astype(np.int64)
+
+
+def build_instance(
+    pods: Sequence[Pod],
+    state: ClusterState,
+    scorer: FragScorer,
+    hint: Plan,
+    candidates_per_pod: int,
+) -> Instance:
+    """Group, prune and describe one batch against ``state``."""
+    by_shape: dict[PodShape, list[tuple[int, Pod]]] = defaultdict(list)
+    for i, p in enumerate(pods):
+        by_shape[p.shape].append((i, p))
+    groups = tuple(
+        Group(shape, tuple(p for _, p in sorted(members, key=lambda ip: (-ip[1].priority, ip[0]))))
+        for shape, members in by_shape.items()
+    )
+    hinted: dict[PodShape, set[int]] = defaultdict(set)
+    for a in hint.assignments:
+        hinted[a.pod.shape].add(a.node)
+
+    classes = node_classes(state)
+    order = np.argsort(classes, kind="stable")
+    starts = np.searchsorted(classes[order], np.arange(classes.max() + 1 if classes.size else 0))
+    cpu_free, mem_free, gpu_free = state.cpu_free, state.mem_free, state.gpu_free
+
+    cands: list[Candidate] = []
+    for gi, group in enumerate(groups):
+        shape, count = group.shape, len(group.pods)
+        mask = state.fit_mask(shape)
+        feasible = np.flatnonzero(mask)
+        if feasible.size == 0:
+            continue
+        delta, _, _ = scorer.delta(state, shape)
+        cls = np.unique(classes[feasible])
+        reps = order[starts[cls]]  # first node of each class
+        pack = _pack(state, reps)
+        rank = np.lexsort((-pack, delta[reps]))
+        chosen: list[int] = []
+        quota = max(candidates_per_pod, count)
+        for r in rank:
+            c = cls[r]
+            size = (starts[c + 1] if c + 1 < starts.size else classes.size) - starts[c]
+            take = min(int(size), count)
+            chosen.extend(int(n) for n in order[starts[c] : starts[c] + take])
+            if len(chosen) >= quota:
+                break
+        chosen_set = set(chosen) | hinted.get(shape, set())
+        sel = np.array(sorted(chosen_set), dtype=np.int64)
+        ub = np.full(sel.size, count, dtype=np.int64)
+        if shape.cpu_milli:
+            ub = np.minimum(ub, cpu_free[sel] // shape.cpu_milli)
+        if shape.memory_mib:
+            ub = np.minimum(ub, mem_free[sel] // shape.memory_mib)
+        per_gpu = None
+        if shape.is_fractional:
+            fit = gpu_free[sel] // shape.gpu_milli
+            ub = np.minimum(ub, fit.sum(axis=1))
+            per_gpu = scorer.gpu_delta(state, shape)
+        elif shape.num_gpu:
+            ub = np.minimum(ub, state.full_free_gpus[sel] // shape.num_gpu)
+        packs = _pack(state, sel)
+        for j, n in enumerate(sel):
+            if ub[j] <= 0:
+                continue
+            gpus: tuple[tuple[int, int, int], ...] = ()
+            if per_gpu is not None:
+                gpus = tuple(
+                    (g, int(gpu_free[n, g] // shape.gpu_milli), round(float(per_gpu[n, g])))
+                    for g in range(state.cluster.nodes[n].gpu_count)
+                    if gpu_free[n, g] >= shape.gpu_milli
+                )
+            d = float(delta[n])
+            cands.append(
+                Candidate(gi, int(n), int(ub[j]), round(d) if np.isfinite(d) else 0, int(packs[j]), gpus)
+            )
+    nodes = tuple(sorted({c.node for c in cands}))
+    return Instance(state, groups, tuple(cands), nodes, hint)

@@ -1,0 +1,165 @@
+"""Reading openb node and pod traces, and the errors a bad trace gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpusched.model import Node, Pod
+from gpusched.sim.trace import TraceError, read_nodes, read_pods
+
+NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model"
+POD_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec"
+
+
+def write(tmp_path: Path, name: str, *lines: str) -> Path:
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return p
+
+
+def expect_error(path: Path, line: int, column: str | None, reason: str) -> None:
+    """Check a TraceError: it must name the file, the line and the column, and say why."""
+    reader = read_nodes if path.name.startswith("node") else read_pods
+    with pytest.raises(TraceError) as info:
+        reader(path)
+    err = info.value
+    assert (err.path, err.line, err.column) == (path, line, column)
+    message = str(err)
+    assert message.startswith(f"{path}:{line}")
+    if column is not None:
+        assert f"column {column!r}" in message
+    assert reason in message
+
+
+class TestGoodFiles:
+    def test_nodes(self, tmp_path: Path) -> None:
+        p = write(
+            tmp_path,
+            "nodes.csv",
+            NODE_HEADER + ",extra",
+            "n1,96000,786432,8,G2,x",
+            "",
+            " n2 , 32000 , 131072 , 2 , T4 ,y",
+            "cpu1,64000,262144,0,,z",
+        )
+        assert read_nodes(p) == [
+            Node("n1", 96000, 786432, gpu_count=8, gpu_model="G2"),
+            Node("n2", 32000, 131072, gpu_count=2, gpu_model="T4"),
+        ]
+
+    def test_cpu_only_nodes_on_request(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "nodes.csv", NODE_HEADER, "g,1000,1024,1,A100", "c,2000,2048,0,ignored")
+        nodes = read_nodes(p, gpu_only=False)
+        assert [n.name for n in nodes] == ["g", "c"]
+        assert nodes[1].gpu_count == 0
+        assert nodes[1].gpu_model == ""
+
+    def test_columns_in_any_order_and_str_path(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "nodes.csv", "model,gpu,memory_mib,cpu_milli,sn", "V100,4,2048,1000,n1")
+        assert read_nodes(str(p)) == [Node("n1", 1000, 2048, 4, "V100")]
+
+    def test_pods(self, tmp_path: Path) -> None:
+        p = write(
+            tmp_path,
+            "pods.csv",
+            POD_HEADER + ",qos",
+            "p-b,4000,8192,1,500,A10|T4,LS",
+            "p-a,88000,327680,8,1000,,BE",
+            "p-c,1000,2048,0,0,,BE",
+            "p-d,1000,2048,0,1000,,BE",
+            "p-e,6000,12288,1,1000, V100 | ,LS",
+        )
+        pods = read_pods(p)
+        assert [x.name for x in pods] == ["p-b", "p-a", "p-c", "p-d", "p-e"]  # file order
+        assert pods[0] == Pod("p-b", 4000, 8192, 1, 500, frozenset({"A10", "T4"}))
+        assert pods[1] == Pod("p-a", 88000, 327680, 8, 1000)
+        assert pods[2].gpu_demand_milli == 0
+        assert pods[3].gpu_milli == 0  # a CPU-only pod carries no GPU share
+        assert pods[4].gpu_models == frozenset({"V100"})
+
+    def test_gpu_spec_column_is_optional_and_short_rows_are_padded(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "pods.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli", "p,1,2,1,300")
+        assert read_pods(p) == [Pod("p", 1, 2, 1, 300)]
+        q = write(tmp_path, "pods2.csv", POD_HEADER, "p,1,2,,")
+        assert read_pods(q) == [Pod("p", 1, 2)]
+
+    def test_integral_floats_are_accepted(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "pods.csv", POD_HEADER, "p,1000.0,2048,1.0,500.0,")
+        assert read_pods(p) == [Pod("p", 1000, 2048, 1, 500)]
+
+
+class TestBadRows:
+    @pytest.mark.parametrize("value", ["abc", "1.5", "1e400", "inf", "nan", "--1"])
+    def test_non_integer(self, tmp_path: Path, value: str) -> None:
+        p = write(tmp_path, "pods.csv", POD_HEADER, "ok,1,1,0,0,", f"bad,{value},1,0,0,")
+        expect_error(p, 3, "cpu_milli", "expected an integer")
+
+    def test_non_integer_node_field(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "nodes.csv", NODE_HEADER, "n1,lots,1,1,A100")
+        expect_error(p, 2, "cpu_milli", "expected an integer, got 'lots'")
+
+    def test_negative(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "nodes.csv", NODE_HEADER, "n1,1000,-5,1,A100")
+        expect_error(p, 2, "memory_mib", "must not be negative, got -5")
+
+    def test_negative_gpu_count(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "pods.csv", POD_HEADER, "p,1,1,-1,1000,")
+        expect_error(p, 2, "num_gpu", "must not be negative")
+
+    def test_missing_column(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "pods.csv", "name,cpu_milli,memory_mib,num_gpu", "p,1,1,0")
+        expect_error(p, 1, "gpu_milli", "missing column(s) gpu_milli")
+
+    def test_missing_node_columns_are_all_listed(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "nodes.csv", "sn,cpu_milli", "n1,1")
+        expect_error(p, 1, "memory_mib", "missing column(s) memory_mib, gpu, model")
+
+    def test_duplicate_pod_name(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "pods.csv", POD_HEADER, "p,1,1,0,0,", "q,1,1,0,0,", "p,2,2,0,0,")
+        expect_error(p, 4, "name", "duplicate pod name 'p'")
+
+    def test_duplicate_node_name(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "nodes.csv", NODE_HEADER, "n1,1,1,1,A100", "n1,1,1,1,A100")
+        expect_error(p, 3, "sn", "duplicate node name 'n1'")
+
+    def test_empty_names(self, tmp_path: Path) -> None:
+        expect_error(write(tmp_path, "pods.csv", POD_HEADER, ",1,1,0,0,"), 2, "name", "pod name is empty")
+        expect_error(write(tmp_path, "nodes.csv", NODE_HEADER, ",1,1,1,A"), 2, "sn", "node name is empty")
+
+    @pytest.mark.parametrize("milli", ["0", "1001", ""])
+    def test_gpu_milli_out_of_range(self, tmp_path: Path, milli: str) -> None:
+        p = write(tmp_path, "pods.csv", POD_HEADER, f"p,1,1,1,{milli},")
+        expect_error(p, 2, "gpu_milli", "must be in 1..1000 per GPU")
+
+    def test_multi_gpu_pod_with_a_share(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "pods.csv", POD_HEADER, "p,1,1,1,1000,", "q,1,1,2,500,")
+        expect_error(p, 3, "gpu_milli", "a pod with 2 GPUs must have gpu_milli 1000, got 500")
+
+    def test_node_with_gpus_but_no_model(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "nodes.csv", NODE_HEADER, "n1,1,1,1,A100", "n2,1,1,4,")
+        expect_error(p, 3, "model", "node has 4 GPUs but no model")
+
+    def test_line_number_counts_blank_lines(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "pods.csv", POD_HEADER, "", "a,1,1,0,0,", "", "", "b,x,1,0,0,")
+        expect_error(p, 6, "cpu_milli", "expected an integer")
+
+
+class TestBadFiles:
+    def test_empty_file(self, tmp_path: Path) -> None:
+        p = tmp_path / "pods.csv"
+        p.write_text("", encoding="utf-8")
+        expect_error(p, 1, None, "file is empty")
+
+    def test_no_gpu_nodes(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "nodes.csv", NODE_HEADER, "c1,1,1,0,")
+        expect_error(p, 1, None, "no GPU nodes")
+
+    def test_missing_file(self, tmp_path: Path) -> None:
+        expect_error(tmp_path / "nodes-missing.csv", 0, None, "cannot open")
+
+    def test_trace_error_is_a_value_error(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "pods.csv", POD_HEADER, "p,1,1,2,1,")
+        with pytest.raises(ValueError, match=r"pods\.csv:2: column 'gpu_milli'"):
+            read_pods(p)

@@ -1,0 +1,190 @@
+"""Independent plan checks: a valid plan passes, and each kind of violation is reported."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusched.model import Assignment, Cluster, ClusterState, Node, Plan, Pod, SolveStats
+from gpusched.solver.validate import PlanError, plan_problems, validate_plan
+
+A100, V100, CPU = 0, 1, 2
+
+
+def make_state() -> ClusterState:
+    cluster = Cluster(
+        [
+            Node("a100-0", 8000, 32768, gpu_count=2, gpu_model="A100"),
+            Node("v100-0", 4000, 16384, gpu_count=1, gpu_model="V100"),
+            Node("cpu-0", 16000, 65536),
+        ]
+    )
+    return cluster.empty_state()
+
+
+def cpu_pod(name: str, cpu: int = 1000, mem: int = 1024) -> Pod:
+    return Pod(name, cpu, mem)
+
+
+def gpu_pod(name: str, gpus: int = 1, milli: int = 1000, models: frozenset[str] = frozenset()) -> Pod:
+    return Pod(name, 1000, 1024, num_gpu=gpus, gpu_milli=milli, gpu_models=models)
+
+
+def plan(*assignments: Assignment, unplaced: tuple[Pod, ...] = ()) -> Plan:
+    return Plan(assignments, unplaced, SolveStats(policy="test-policy"))
+
+
+def only_problem(p: Plan, state: ClusterState, pods: list[Pod] | None = None) -> str:
+    problems = plan_problems(p, state, pods)
+    assert len(problems) == 1, problems
+    return problems[0]
+
+
+def test_valid_plan_passes() -> None:
+    state = make_state()
+    f1, f2 = gpu_pod("f1", milli=600), gpu_pod("f2", milli=400)
+    w = gpu_pod("w", models=frozenset({"V100"}))
+    m = gpu_pod("m", gpus=1)
+    c = cpu_pod("c", cpu=15000)
+    u = gpu_pod("u", gpus=4)
+    p = plan(
+        Assignment(f1, A100, (0,)),
+        Assignment(f2, A100, (0,)),  # two shares filling one GPU exactly
+        Assignment(m, A100, (1,)),
+        Assignment(w, V100, (0,)),
+        Assignment(c, CPU),
+        unplaced=(u,),
+    )
+    assert plan_problems(p, state, [f1, f2, w, m, c, u]) == []
+    validate_plan(p, state, [f1, f2, w, m, c, u])
+
+
+def test_valid_plan_on_a_busy_state_passes() -> None:
+    state = make_state()
+    state = state.apply([Assignment(gpu_pod("old", milli=300), A100, (0,))])
+    p = plan(Assignment(gpu_pod("new", milli=700), A100, (0,)), Assignment(gpu_pod("w"), A100, (1,)))
+    assert plan_problems(p, state) == []
+
+
+def test_empty_plan_passes() -> None:
+    assert plan_problems(plan(), make_state(), []) == []
+
+
+def test_cpu_over_commit() -> None:
+    p = plan(Assignment(cpu_pod("a", cpu=5000), A100), Assignment(cpu_pod("b", cpu=4000), A100))
+    assert only_problem(p, make_state()) == "a100-0: CPU over-committed (9000m > 8000m free)"
+
+
+def test_cpu_over_commit_counts_what_is_already_used() -> None:
+    state = make_state().apply([Assignment(cpu_pod("old", cpu=3500), V100)])
+    p = plan(Assignment(cpu_pod("a", cpu=1000), V100))
+    assert only_problem(p, state) == "v100-0: CPU over-committed (1000m > 500m free)"
+
+
+def test_memory_over_commit() -> None:
+    p = plan(Assignment(cpu_pod("a", mem=10000), V100), Assignment(cpu_pod("b", mem=10000), V100))
+    assert only_problem(p, make_state()) == "v100-0: memory over-committed (20000Mi > 16384Mi)"
+
+
+def test_gpu_over_commit_by_shares() -> None:
+    p = plan(
+        Assignment(gpu_pod("a", milli=600), A100, (1,)),
+        Assignment(gpu_pod("b", milli=500), A100, (1,)),
+    )
+    assert only_problem(p, make_state()) == "a100-0: GPU 1 over-committed (1100 > 1000 of 1000 free)"
+
+
+def test_gpu_over_commit_against_state() -> None:
+    state = make_state().apply([Assignment(gpu_pod("old", milli=800), V100, (0,))])
+    p = plan(Assignment(gpu_pod("a", milli=300), V100, (0,)))
+    assert only_problem(p, state) == "v100-0: GPU 0 over-committed (300 > 200 of 1000 free)"
+
+
+def test_whole_gpu_on_a_busy_gpu() -> None:
+    state = make_state().apply([Assignment(gpu_pod("old", milli=100), A100, (0,))])
+    problems = plan_problems(plan(Assignment(gpu_pod("w"), A100, (0,))), state)
+    assert "pod default/w: GPU 0 on a100-0 is not idle" in problems
+    with pytest.raises(PlanError, match="not idle"):
+        validate_plan(plan(Assignment(gpu_pod("w"), A100, (0,))), state)
+
+
+def test_two_whole_pods_on_one_gpu() -> None:
+    p = plan(Assignment(gpu_pod("w1"), A100, (1,)), Assignment(gpu_pod("w2"), A100, (1,)))
+    problems = plan_problems(p, make_state())
+    assert "pod default/w2: GPU 1 on a100-0 is already taken whole" in problems
+
+
+def test_share_next_to_a_whole_gpu_in_the_same_plan() -> None:
+    p = plan(Assignment(gpu_pod("w"), V100, (0,)), Assignment(gpu_pod("f", milli=1), V100, (0,)))
+    assert only_problem(p, make_state()) == "v100-0: GPU 0 over-committed (1001 > 1000 of 1000 free)"
+
+
+@pytest.mark.parametrize(
+    ("pod", "gpus", "message"),
+    [
+        (gpu_pod("m", gpus=2), (0,), "pod default/m: asked for 2 GPUs, got indices [0]"),
+        (gpu_pod("w"), (), "pod default/w: asked for 1 GPUs, got indices []"),
+        (gpu_pod("w"), (0, 1), "pod default/w: asked for 1 GPUs, got indices [0, 1]"),
+        (cpu_pod("c"), (0,), "pod default/c: asked for 0 GPUs, got indices [0]"),
+    ],
+)
+def test_wrong_gpu_count(pod: Pod, gpus: tuple[int, ...], message: str) -> None:
+    assert message in plan_problems(plan(Assignment(pod, A100, gpus)), make_state())
+
+
+def test_repeated_gpu_index() -> None:
+    problems = plan_problems(plan(Assignment(gpu_pod("m", gpus=2), A100, (1, 1))), make_state())
+    assert "pod default/m: GPU index repeated in [1, 1]" in problems
+
+
+def test_model_not_accepted() -> None:
+    p = plan(Assignment(gpu_pod("v", models=frozenset({"V100", "T4"})), A100, (0,)))
+    assert only_problem(p, make_state()) == "pod default/v: GPU model 'A100' on a100-0 is not accepted"
+
+
+def test_duplicate_pod() -> None:
+    a = gpu_pod("a", milli=100)
+    p = plan(Assignment(a, A100, (0,)), unplaced=(a,))
+    assert only_problem(p, make_state()) == "pod default/a appears more than once in the plan"
+
+
+def test_same_name_in_another_namespace_is_not_a_duplicate() -> None:
+    p = plan(Assignment(cpu_pod("a"), CPU), Assignment(Pod("a", 1, 1, namespace="ml"), CPU))
+    assert plan_problems(p, make_state()) == []
+
+
+def test_missing_pod() -> None:
+    a, b = cpu_pod("a"), cpu_pod("b")
+    assert (
+        only_problem(plan(Assignment(a, CPU)), make_state(), [a, b])
+        == "pod default/b is missing from the plan"
+    )
+
+
+def test_pod_not_in_the_batch() -> None:
+    a, b = cpu_pod("a"), cpu_pod("b")
+    problem = only_problem(plan(Assignment(a, CPU), unplaced=(b,)), make_state(), [a])
+    assert problem == "pod default/b is in the plan but not in the batch"
+
+
+def test_unknown_gpu_index() -> None:
+    p = plan(Assignment(gpu_pod("w"), A100, (2,)))
+    assert only_problem(p, make_state()) == "pod default/w: a100-0 has no GPU 2"
+    q = plan(Assignment(gpu_pod("w"), CPU, (0,)))
+    assert "pod default/w: cpu-0 has no GPU 0" in plan_problems(q, make_state())
+
+
+@pytest.mark.parametrize("node", [3, -1])
+def test_unknown_node_index(node: int) -> None:
+    p = plan(Assignment(cpu_pod("a"), node))
+    assert only_problem(p, make_state()) == f"pod default/a: node index {node} is not in the cluster"
+
+
+def test_validate_plan_names_the_policy_and_caps_the_list() -> None:
+    pods = [cpu_pod(f"p{i}", cpu=1) for i in range(8)]
+    p = plan(*(Assignment(x, 9) for x in pods))
+    with pytest.raises(PlanError) as info:
+        validate_plan(p, make_state())
+    message = str(info.value)
+    assert message.startswith("invalid plan from test-policy: ")
+    assert message.endswith("(+3 more)")
+    assert message.count("is not in the cluster") == 5

@@ -1,0 +1,123 @@
+"""The solver configuration document: defaults, overrides and the errors a bad one gives."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from gpusched.config import ConfigError, GpuschedConfig, load_config, parse_config
+from gpusched.solver.params import Limits, SolverParams, Weights
+
+
+@pytest.mark.parametrize("text", ["", "{}", "# nothing set\n", "weights: {}\nsolver: {}\n"])
+def test_empty_document_gives_the_solver_defaults(text: str) -> None:
+    cfg = load_config(text)
+    assert cfg.solver_params() == SolverParams()
+    assert cfg.solver_params(seed=9) == SolverParams(seed=9)
+    assert (cfg.batching.max_size, cfg.batching.max_wait_seconds) == (64, 0.5)
+
+
+def test_none_means_defaults() -> None:
+    assert parse_config(None) == GpuschedConfig()
+
+
+def test_overrides_use_camel_case_keys() -> None:
+    cfg = load_config(
+        """
+weights:
+  placedGpu: 5
+  placedPods: 6
+  fragmentation: 7
+  activeNodes: 8
+  packing: 9
+solver:
+  timeLimitSeconds: 2.5
+  workers: 4
+  candidatesPerPod: 10
+  relativeGap: 0.05
+batching:
+  maxSize: 8
+  maxWaitSeconds: 0.1
+"""
+    )
+    params = cfg.solver_params(seed=42)
+    assert params == SolverParams(Weights(5, 6, 7, 8, 9), Limits(2.5, 4, 10, 0.05), seed=42)
+    assert (cfg.batching.max_size, cfg.batching.max_wait_seconds) == (8, 0.1)
+
+
+def test_partial_override_keeps_other_defaults() -> None:
+    params = load_config("weights:\n  fragmentation: 0\n").solver_params()
+    assert params.weights == Weights(fragmentation=0)
+    assert params.limits == Limits()
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        ("solvr: {}\n", "solvr"),
+        ("weights:\n  placedGPU: 1\n", "weights.placedGPU"),
+        ("solver:\n  timeLimit: 1\n", "solver.timeLimit"),
+        ("batching:\n  maxSize: 4\n  window: 2\n", "batching.window"),
+    ],
+)
+def test_unknown_key_is_rejected_naming_its_path(text: str, path: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^config: {path}: unknown key$"):
+        load_config(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "reason"),
+    [
+        ("solver:\n  workers: 0\n", "solver.workers", "greater than or equal to 1"),
+        ("solver:\n  workers: 65\n", "solver.workers", "less than or equal to 64"),
+        ("solver:\n  timeLimitSeconds: 0\n", "solver.timeLimitSeconds", "greater than 0"),
+        ("solver:\n  relativeGap: 1.5\n", "solver.relativeGap", "less than or equal to 1"),
+        ("weights:\n  placedGpu: -1\n", "weights.placedGpu", "greater than or equal to 0"),
+        ("weights:\n  packing: lots\n", "weights.packing", "valid integer"),
+        ("weights:\n  fragmentation: 1.5\n", "weights.fragmentation", "fractional part"),
+        ("batching:\n  maxWaitSeconds: 61\n", "batching.maxWaitSeconds", "less than or equal to 60"),
+        ("weights: [1, 2]\n", "weights", "valid dictionary"),
+    ],
+)
+def test_bad_value_is_rejected_naming_field_and_reason(text: str, path: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(text, source="configmap gpusched/solver")
+    message = str(info.value)
+    assert message.startswith(f"configmap gpusched/solver: {path}: ")
+    assert reason in message
+
+
+def test_bad_value_error_shows_the_input() -> None:
+    with pytest.raises(ConfigError, match=r"solver\.workers: .*\(got 0\)"):
+        load_config("solver:\n  workers: 0\n")
+
+
+def test_every_bad_field_is_reported() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config("solver:\n  workers: 0\n  extra: 1\nweights:\n  packing: -2\n")
+    message = str(info.value)
+    for path in ("solver.workers", "solver.extra: unknown key", "weights.packing"):
+        assert path in message
+
+
+@pytest.mark.parametrize("text", ["weights: [\n", "weights:\n  placedGpu: 1\n bad: 2\n", "a: b: c\n"])
+def test_yaml_syntax_error(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"^cm: not valid YAML: "):
+        load_config(text, source="cm")
+
+
+@pytest.mark.parametrize(("text", "kind"), [("- a\n- b\n", "list"), ("42\n", "int"), ("hello\n", "str")])
+def test_top_level_must_be_a_mapping(text: str, kind: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^config: expected a mapping at the top level, got {kind}$"):
+        load_config(text)
+
+
+def test_config_error_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="unknown key"):
+        parse_config({"nope": 1})
+
+
+def test_config_is_frozen() -> None:
+    cfg = load_config("")
+    with pytest.raises(pydantic.ValidationError):
+        cfg.solver.workers = 3
