@@ -76,9 +76,8 @@ def _seeds_arg(text: str) -> list[int]:
     try:
         return parse_seeds(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            f"bad seeds {text!r}: {exc}; use a range like 42-51 or a list like 42,43"
-        ) from None
+        hint = "" if "; write " in str(exc) else "; use a range like 42-51 or a list like 42,43"
+        raise argparse.ArgumentTypeError(f"bad seeds {text!r}: {exc}{hint}") from None
 
 
 def _policies_arg(text: str) -> list[str]:
@@ -128,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
             "compare policies. With no --nodes/--pods it runs the bundled demo sample."
         ),
     )
-    sim.add_argument("--nodes", type=Path, metavar="CSV", help="node list (sn,cpu_milli,memory_mib,gpu,model)")
+    sim.add_argument(
+        "--nodes", type=Path, metavar="CSV", help="node list (sn,cpu_milli,memory_mib,gpu,model)"
+    )
     sim.add_argument(
         "--pods", type=Path, metavar="CSV", help="pod list (name,cpu_milli,memory_mib,num_gpu,gpu_milli,...)"
     )
@@ -137,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_policies_arg,
         default=list(DEMO_POLICIES),
         metavar="LIST",
-        help=f"comma-separated policies from {','.join(POLICIES)} (default: {','.join(DEMO_POLICIES)})",
+        help=f"comma-separated policies from {', '.join(POLICIES)} (default: {','.join(DEMO_POLICIES)})",
     )
     sim.add_argument(
         "--batch",
@@ -181,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="published results (trace,policy,alloc_pct_at_arrival130,...) to show next to openb traces",
     )
     sim.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
+    sim.add_argument(
+        "--log-level", default=argparse.SUPPRESS, choices=logs.LEVELS, help="as gpusched --log-level"
+    )
     sim.set_defaults(handler=_simulate)
 
     for name, text in (("run", "run the scheduler daemon"), ("explain", "explain a placement decision")):

@@ -5,16 +5,18 @@ the field path and the reason; ``load_config`` never returns a half-valid
 configuration.  Example (every key optional)::
 
     weights:
-      placedGpu: 100
-      placedPods: 2000
-      fragmentation: 100
-      activeNodes: 0
+      placedGpu: 1000
+      placedPods: 100000
+      fragmentation: 10
+      activeNodes: 1000
+      leftover: 0
       packing: 1
+      workConserving: true
     solver:
       timeLimitSeconds: 1.0
       workers: 2
       candidatesPerPod: 24
-      relativeGap: 0.001
+      relativeGap: 0
     batching:
       maxSize: 64
       maxWaitSeconds: 0.5
@@ -46,8 +48,10 @@ class WeightsConfig(_Strict):
     placed_gpu: int = Field(default=_W.placed_gpu, ge=0, le=10**6, alias="placedGpu")
     placed_pods: int = Field(default=_W.placed_pods, ge=0, le=10**7, alias="placedPods")
     fragmentation: int = Field(default=_W.fragmentation, ge=0, le=10**6)
+    leftover: int = Field(default=_W.leftover, ge=0, le=10**6)
     active_nodes: int = Field(default=_W.active_nodes, ge=0, le=10**7, alias="activeNodes")
     packing: int = Field(default=_W.packing, ge=0, le=10**4)
+    work_conserving: bool = Field(default=_W.work_conserving, alias="workConserving")
 
 
 class SolverConfig(_Strict):
@@ -77,7 +81,15 @@ class GpuschedConfig(_Strict):
         """The frozen parameters the solver takes."""
         w, s = self.weights, self.solver
         return SolverParams(
-            weights=Weights(w.placed_gpu, w.placed_pods, w.fragmentation, w.active_nodes, w.packing),
+            weights=Weights(
+                placed_gpu=w.placed_gpu,
+                placed_pods=w.placed_pods,
+                fragmentation=w.fragmentation,
+                leftover=w.leftover,
+                active_nodes=w.active_nodes,
+                packing=w.packing,
+                work_conserving=w.work_conserving,
+            ),
             limits=Limits(s.time_limit_seconds, s.workers, s.candidates_per_pod, s.relative_gap),
             seed=seed,
         )

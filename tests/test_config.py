@@ -28,8 +28,10 @@ weights:
   placedGpu: 5
   placedPods: 6
   fragmentation: 7
+  leftover: 3
   activeNodes: 8
   packing: 9
+  workConserving: false
 solver:
   timeLimitSeconds: 2.5
   workers: 4
@@ -41,7 +43,16 @@ batching:
 """
     )
     params = cfg.solver_params(seed=42)
-    assert params == SolverParams(Weights(5, 6, 7, 8, 9), Limits(2.5, 4, 10, 0.05), seed=42)
+    weights = Weights(
+        placed_gpu=5,
+        placed_pods=6,
+        fragmentation=7,
+        leftover=3,
+        active_nodes=8,
+        packing=9,
+        work_conserving=False,
+    )
+    assert params == SolverParams(weights, Limits(2.5, 4, 10, 0.05), seed=42)
     assert (cfg.batching.max_size, cfg.batching.max_wait_seconds) == (8, 0.1)
 
 

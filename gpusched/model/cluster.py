@@ -92,6 +92,15 @@ class Cluster:
         )
 
 
+class _ChangeLog:
+    """Rows touched by each step of a chain of states derived one from the other."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self) -> None:
+        self.rows: list[npt.NDArray[np.intp]] = []
+
+
 @dataclass(frozen=True, eq=False)
 class ClusterState:
     """Resources in use on every node; GPU use is per GPU in thousandths."""
@@ -104,6 +113,8 @@ class ClusterState:
     """Pods per node by kind (N x max_gpus+1): column 0 fractional, column k k-GPU pods."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_log", _ChangeLog())
+        object.__setattr__(self, "_version", 0)
         if self.pod_kinds is None:
             kinds = np.zeros((len(self.cluster), self.cluster.max_gpus + 1), dtype=np.int64)
             object.__setattr__(self, "pod_kinds", kinds)
@@ -165,15 +176,68 @@ class ClusterState:
         mem = self.mem_used.copy()
         gpu = self.gpu_used.copy()
         kinds = self.kinds.copy()
+        rows: set[int] = set()
         for a in assignments:
             p = a.pod
+            rows.add(a.node)
             cpu[a.node] += sign * p.cpu_milli
             mem[a.node] += sign * p.memory_mib
             for g in a.gpus:
                 gpu[a.node, g] += sign * p.gpu_milli
             if p.num_gpu:
                 kinds[a.node, 0 if p.is_fractional else min(p.num_gpu, self.cluster.max_gpus)] += sign
-        return ClusterState(self.cluster, cpu, mem, gpu, kinds)
+        new = ClusterState(self.cluster, cpu, mem, gpu, kinds)
+        touched = np.fromiter(rows, dtype=np.intp, count=len(rows))
+        log: _ChangeLog = self.__dict__["_log"]
+        version: int = self.__dict__["_version"]
+        if version == len(log.rows):  # the newest state of its log: extend it
+            log.rows.append(touched)
+            object.__setattr__(new, "_log", log)
+            object.__setattr__(new, "_version", version + 1)
+        # Derived arrays already computed here are patched on the touched rows
+        # instead of being recomputed over the whole cluster.
+        done = self.__dict__
+        if touched.size * 8 < len(self.cluster):
+            for name in ("cpu_free", "mem_free", "gpu_free", "full_free_gpus", "max_gpu_free"):
+                if name in done:
+                    arr = done[name].copy()
+                    new.__dict__[name] = arr
+            d = new.__dict__
+            if "cpu_free" in d:
+                d["cpu_free"][touched] = self.cluster.cpu_cap[touched] - cpu[touched]
+            if "mem_free" in d:
+                d["mem_free"][touched] = self.cluster.mem_cap[touched] - mem[touched]
+            if "gpu_free" in d:
+                g_free = self.cluster.gpu_cap[touched] - gpu[touched]
+                d["gpu_free"][touched] = g_free
+                if "full_free_gpus" in d:
+                    d["full_free_gpus"][touched] = (g_free >= GPU_MILLI).sum(axis=1)
+                if "max_gpu_free" in d:
+                    d["max_gpu_free"][touched] = g_free.max(axis=1)
+            else:
+                d.pop("full_free_gpus", None)
+                d.pop("max_gpu_free", None)
+            for name in ("cpu_free", "mem_free", "gpu_free", "full_free_gpus", "max_gpu_free"):
+                if name in d:
+                    d[name].setflags(write=False)
+        return new
+
+    @property
+    def stamp(self) -> tuple[object, int]:
+        """An opaque marker of this state for ``changed_since``; it keeps no state alive."""
+        return self.__dict__["_log"], self.__dict__["_version"]
+
+    def changed_since(self, stamp: tuple[object, int]) -> npt.NDArray[np.intp] | None:
+        """Nodes whose usage may differ from the state that gave ``stamp``, if this one derives from it.
+
+        ``None`` when it does not (compare the arrays instead).
+        """
+        log: _ChangeLog = self.__dict__["_log"]
+        version: int = self.__dict__["_version"]
+        if stamp[0] is not log or stamp[1] > version:
+            return None
+        parts = log.rows[stamp[1] : version]
+        return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.intp)
 
     @property
     def gpu_allocated_milli(self) -> int:

@@ -127,6 +127,7 @@ def _fmt(value: Any, digits: int = 2, suffix: str = "") -> str:
 def render_table(summaries: Sequence[Mapping[str, Any]], title: str | None = None) -> Table:
     """The summaries as a ``rich`` table, one row per policy."""
     published = any(s.get("fgd_published_alloc_pct_130") is not None for s in summaries)
+    spread = any(len(s.get("seeds") or ()) > 1 for s in summaries)
     if title is None and summaries:
         first = summaries[0]
         seeds = first.get("seeds") or []
@@ -135,21 +136,35 @@ def render_table(summaries: Sequence[Mapping[str, Any]], title: str | None = Non
             f"{trace or 'trace'}: {first.get('total_gpus', '?')} GPUs, batch {first.get('batch')}, "
             f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''}"
         )
-    table = Table(title=title)
-    table.add_column("policy", style="bold")
-    table.add_column("alloc % @100", justify="right")
-    table.add_column("alloc % @130", justify="right")
+    table = Table(
+        title=title,
+        box=None,
+        pad_edge=False,
+        header_style="bold",
+        caption="alloc: GPU allocation % at 100/130% arrived GPU demand"
+        + (" (± std over seeds); " if spread else "; ")
+        + ("paper: the FGD paper's published allocation at 130%; " if published else "")
+        + "idle: unallocated GPUs at 130%; frag: fragmented % of idle GPU at 70/90%; "
+        "p50/p99: solve time per batch",
+    )
+    table.add_column("policy", style="bold", no_wrap=True)
+
+    def number(header: str) -> None:
+        table.add_column(header, justify="right", no_wrap=True)
+
+    number("alloc%\n@100")
+    number("alloc%\n@130")
     if published:
-        table.add_column("paper @130", justify="right")
-    table.add_column("unalloc GPUs @130", justify="right")
-    table.add_column("frag % @70", justify="right")
-    table.add_column("frag % @90", justify="right")
-    table.add_column("solve p50 ms", justify="right")
-    table.add_column("solve p99 ms", justify="right")
+        number("paper\n@130")
+    number("idle\nGPUs")
+    number("frag%\n@70")
+    number("frag%\n@90")
+    number("p50\nms")
+    number("p99\nms")
     for s in summaries:
         a130 = _fmt(s.get("alloc_pct_130"))
         std = s.get("alloc_pct_130_std")
-        if std:
+        if std is not None and len(s.get("seeds") or ()) > 1:
             a130 += f" ± {std:.2f}"
         row = [str(s.get("policy")), _fmt(s.get("alloc_pct_100")), a130]
         if published:

@@ -10,6 +10,7 @@ result does not depend on it, since every run is deterministic per seed.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import multiprocessing
@@ -108,7 +109,8 @@ def load_published(path: str | Path) -> dict[tuple[str, str], float]:
                 value = float(text)
             except ValueError:
                 raise SimulationError(
-                    f"{p}:{reader.line_num}: column 'alloc_pct_at_arrival130': expected a number, got {text!r}"
+                    f"{p}:{reader.line_num}: column 'alloc_pct_at_arrival130': "
+                    f"expected a number, got {text!r}"
                 ) from None
             out[(row["trace"].strip(), row["policy"].strip().lower())] = value
     return out
@@ -238,10 +240,8 @@ def _execute(
                 handles = [pool.apply_async(_run_in_worker, (task,)) for task in tasks]
                 waiting = list(handles)
                 while waiting:
-                    try:
+                    with contextlib.suppress(queue.Empty):
                         bar.advance(bar_id, counts.get(timeout=0.1))
-                    except queue.Empty:
-                        pass
                     still: list[Any] = []
                     for h in waiting:
                         if h.ready():

@@ -121,19 +121,63 @@ class _TypicalArrays:
         self.cpu_only_weight = float(self.weight[self.milli == 0].sum())
 
 
+def _parts(gpu_free: IntArray, ta: _TypicalArrays) -> tuple[FloatArray, IntArray, IntArray]:
+    """Per row: idle share; per (row, typical pod): GPUs that fit its share, share on GPUs too small."""
+    idle = gpu_free.sum(axis=1).astype(np.float64)
+    fits = gpu_free[:, None, :] >= ta.milli[None, :, None]
+    count = fits.sum(axis=2)
+    small = np.where(fits, 0, gpu_free[:, None, :]).sum(axis=2)
+    return idle, count, small
+
+
+def _combine(
+    cpu_free: IntArray,
+    model_id: IntArray,
+    idle: FloatArray,
+    count: IntArray,
+    small: IntArray,
+    ta: _TypicalArrays,
+) -> FloatArray:
+    hosts = (
+        (ta.milli > 0)[None, :]
+        & ta.access[:, model_id + 1].T
+        & (count >= ta.num[None, :])
+        & (cpu_free[:, None] >= ta.cpu[None, :])
+    )
+    per_t = np.where(hosts, small, idle[:, None])  # (R, T)
+    result: FloatArray = per_t @ ta.weight
+    return result
+
+
 def frag_of_rows(
     cpu_free: IntArray, gpu_free: IntArray, model_id: IntArray, ta: _TypicalArrays
 ) -> FloatArray:
     """Fragmentation of each row (a node state): CPU left, per-GPU free share, GPU model."""
-    idle = gpu_free.sum(axis=1).astype(np.float64)  # (R,)
-    gpu_t = ta.milli > 0
-    # Which typical pods each row can host: (R, T).
-    fits_gpu = (gpu_free[:, None, :] >= ta.milli[None, :, None]).sum(axis=2) >= ta.num[None, :]
-    hosts = gpu_t[None, :] & ta.access[:, model_id + 1].T & fits_gpu & (cpu_free[:, None] >= ta.cpu[None, :])
-    small = np.where(gpu_free[:, None, :] < ta.milli[None, :, None], gpu_free[:, None, :], 0).sum(axis=2)
-    per_t = np.where(hosts, small, idle[:, None])  # (R, T)
-    result: FloatArray = per_t @ ta.weight
-    return result
+    idle, count, small = _parts(gpu_free, ta)
+    return _combine(cpu_free, model_id, idle, count, small, ta)
+
+
+def _frag_after_share(
+    cpu_free: IntArray,
+    gpu_free: IntArray,
+    model_id: IntArray,
+    r_idx: npt.NDArray[np.intp],
+    g_idx: npt.NDArray[np.intp],
+    cpu: int,
+    milli: int,
+    ta: _TypicalArrays,
+) -> FloatArray:
+    """Fragmentation of rows ``r_idx`` after a share of ``milli`` lands on their GPU ``g_idx``.
+
+    Only one GPU changes, so the per-row parts are corrected instead of recomputed.
+    """
+    idle, count, small = _parts(gpu_free, ta)
+    before = gpu_free[r_idx, g_idx][:, None]  # (C, 1)
+    after = before - milli
+    m = ta.milli[None, :]
+    count_c = count[r_idx] - (before >= m) + (after >= m)
+    small_c = small[r_idx] - np.where(before < m, before, 0) + np.where(after < m, after, 0)
+    return _combine(cpu_free[r_idx] - cpu, model_id[r_idx], idle[r_idx] - milli, count_c, small_c, ta)
 
 
 def node_fragmentation(state: ClusterState, typical: TypicalPods) -> FloatArray:
@@ -156,6 +200,7 @@ class _ShapeCache:
     score: IntArray  # FGD integer score, -1 where it cannot go
     gpu: IntArray  # GPU index for a fractional pod (-1 otherwise)
     per_gpu: FloatArray  # fractional pods: fragmentation added per (node, GPU), +inf where it cannot go
+    seen: tuple[object, int] | None = None
 
 
 class FragScorer:
@@ -166,6 +211,9 @@ class FragScorer:
     pods (FGD's choice: highest integer score, lowest index on ties), along with
     FGD's integer score and that GPU index.  Nodes that cannot host the pod by
     GPU count, model or CPU get ``inf``; memory is left to the fit filter.
+
+    Returned arrays are updated in place by later calls: use them before the
+    next call, copy them to keep them.
     """
 
     def __init__(self, cluster: Cluster, typical: TypicalPods) -> None:
@@ -175,29 +223,38 @@ class FragScorer:
         self._cache: dict[PodShape, _ShapeCache] = {}
         self._frag_cpu: IntArray | None = None
         self._frag_gpu: IntArray | None = None
+        self._frag_seen: tuple[object, int] | None = None
         self._frag: FloatArray = np.zeros(len(cluster), dtype=np.float64)
 
     def current(self, state: ClusterState) -> FloatArray:
         """Fragmentation of every node now (cached per node)."""
-        rows = self._changed(state, self._frag_cpu, self._frag_gpu)
+        rows = self._changed(state, self._frag_seen, self._frag_cpu, self._frag_gpu)
         if rows is None:
             self._frag = frag_of_rows(state.cpu_free, state.gpu_free, self.cluster.model_id, self._ta)
         elif rows.size:
-            self._frag = self._frag.copy()
             self._frag[rows] = frag_of_rows(
                 state.cpu_free[rows], state.gpu_free[rows], self.cluster.model_id[rows], self._ta
             )
         self._frag_cpu, self._frag_gpu = state.cpu_used, state.gpu_used
+        self._frag_seen = state.stamp
         return self._frag
 
     @staticmethod
     def _changed(
-        state: ClusterState, cpu_used: IntArray | None, gpu_used: IntArray | None
+        state: ClusterState,
+        seen: tuple[object, int] | None,
+        cpu_used: IntArray | None,
+        gpu_used: IntArray | None,
     ) -> npt.NDArray[np.intp] | None:
+        """Rows that differ from the state last seen; None when everything must be computed."""
         if cpu_used is None or gpu_used is None:
             return None
         if cpu_used is state.cpu_used and gpu_used is state.gpu_used:
             return np.empty(0, dtype=np.intp)
+        if seen is not None:
+            rows = state.changed_since(seen)
+            if rows is not None:
+                return rows
         diff = (cpu_used != state.cpu_used) | (gpu_used != state.gpu_used).any(axis=1)
         return np.flatnonzero(diff)
 
@@ -212,7 +269,7 @@ class FragScorer:
 
     def _entry(self, state: ClusterState, shape: PodShape) -> _ShapeCache:
         cached = self._cache.get(shape)
-        rows = None if cached is None else self._changed(state, cached.cpu_used, cached.gpu_used)
+        rows = None if cached is None else self._changed(state, cached.seen, cached.cpu_used, cached.gpu_used)
         n = len(self.cluster)
         if cached is None or rows is None:
             cached = _ShapeCache(
@@ -228,13 +285,10 @@ class FragScorer:
         if rows.size:
             base = self.current(state)
             d, s, g, pg = self._compute(state, shape, rows, base)
-            cached.delta = cached.delta.copy()
-            cached.score = cached.score.copy()
-            cached.gpu = cached.gpu.copy()
-            cached.per_gpu = cached.per_gpu.copy()
             cached.delta[rows], cached.score[rows], cached.gpu[rows] = d, s, g
             cached.per_gpu[rows] = pg
-            cached.cpu_used, cached.gpu_used = state.cpu_used, state.gpu_used
+        cached.cpu_used, cached.gpu_used = state.cpu_used, state.gpu_used
+        cached.seen = state.stamp
         return cached
 
     def _compute(
@@ -258,9 +312,7 @@ class FragScorer:
             cand = (gpu >= shape.gpu_milli) & ok[:, None]  # (R, G)
             r_idx, g_idx = np.nonzero(cand)
             if r_idx.size:
-                new_gpu = gpu[r_idx].copy()
-                new_gpu[np.arange(r_idx.size), g_idx] -= shape.gpu_milli
-                f1 = frag_of_rows(cpu[r_idx] - c, new_gpu, model[r_idx], self._ta)
+                f1 = _frag_after_share(cpu, gpu, model, r_idx, g_idx, c, shape.gpu_milli, self._ta)
                 d = f1 - f0[r_idx]
                 per_gpu[r_idx, g_idx] = d
                 s = _sigmoid_score(-d)

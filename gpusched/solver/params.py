@@ -26,10 +26,14 @@ class Weights:
     """Per pod placed, on top of its GPU demand (so CPU-only pods count too)."""
     fragmentation: int = 10
     """Per thousandth of a GPU of fragmentation (FGD's measure) a placement adds; negative adds reward."""
+    leftover: int = 0
+    """Per thousandth of a GPU left free on a GPU the batch places shares on."""
     active_nodes: int = 1000
     """Per GPU node the plan takes from idle to in use."""
     packing: int = 1
     """Per pod, per point (0..200) of how full its node already is (CPU and GPU)."""
+    work_conserving: bool = True
+    """Cap each placement's fragmentation charge below the pod's worth, so a pod that fits is placed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +46,11 @@ class Limits:
     """CP-SAT search workers (threads)."""
     candidates_per_pod: int = 24
     """Candidate nodes kept per pod shape after pruning (equivalent nodes merged first)."""
-    relative_gap: float = 0.001
-    """Stop once the proven gap is below this fraction."""
+    relative_gap: float = 0.0
+    """Stop once the proven gap is below this fraction (0: only at proven optimum or the time limit).
+
+    The gap is relative to the whole objective, which the placement terms dominate, so a
+    non-zero value stops before fragmentation and packing are optimised."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,6 @@ from gpusched.solver.baselines import (
 from gpusched.solver.fragmentation import TypicalPods
 from gpusched.solver.params import SolverParams
 from gpusched.solver.policy import Policy
-from gpusched.solver.solve import CpSatPolicy
 
 __all__ = ["POLICIES", "make_policy"]
 
@@ -39,6 +38,8 @@ def make_policy(
     if key == "fgd":
         return FgdPolicy(cluster, typical, seed)
     if key == "cpsat":
+        from gpusched.solver.solve import CpSatPolicy  # ortools is slow to import; only when used
+
         p = params or SolverParams()
         return CpSatPolicy(cluster, SolverParams(p.weights, p.limits, seed))
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")

@@ -3,6 +3,11 @@
 Each placement is charged the fragmentation it would add to its node as it is
 now (for shares, on the GPU it lands on); a placement that lowers a node's
 fragmentation, such as filling a GPU's last slice, earns the difference.
+
+With ``work_conserving`` (the default) the charge is capped just below what
+placing the pod is worth, so the solver never leaves a pod pending that fits
+somewhere only because every placement fragments; without it, such pods wait
+for a better moment.
 """
 
 from __future__ import annotations
@@ -20,8 +25,13 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
         return 0
     terms: list[cp_model.LinearExprT] = []
     for ci, c in enumerate(inst.candidates):
+        cap = w.placed_gpu * inst.groups[c.group].shape.gpu_demand_milli + w.placed_pods - 1
         if c.gpus:
-            terms.extend(-w.fragmentation * d * v.y[ci, g] for g, _, d in c.gpus if d)
+            for g, _, d in c.gpus:
+                cost = min(w.fragmentation * d, cap) if w.work_conserving else w.fragmentation * d
+                if cost:
+                    terms.append(-cost * v.y[ci, g])
         elif c.frag:
-            terms.append(-w.fragmentation * c.frag * v.x[ci])
+            cost = min(w.fragmentation * c.frag, cap) if w.work_conserving else w.fragmentation * c.frag
+            terms.append(-cost * v.x[ci])
     return sum(terms)

@@ -1,0 +1,266 @@
+"""The ``gpusched`` command line: the demo simulation and its one-line input errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from gpusched import __version__, logs
+from gpusched.cli import main, parse_seeds
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = Path(str(resources.files("gpusched.sim") / "demo"))
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+REQUIRED_KEYS = {
+    "policy",
+    "batch",
+    "seeds",
+    "alloc_pct_100",
+    "alloc_pct_130",
+    "alloc_pct_130_std",
+    "unallocated_gpus_130",
+    "frag_ratio_pct_70",
+    "frag_ratio_pct_90",
+    "solve_ms_p50",
+    "solve_ms_p99",
+    "gap_pct_max",
+    "failed_pods",
+    "trace",
+    "fgd_published_alloc_pct_130",
+}
+TINY_CONFIG = "solver:\n  timeLimitSeconds: 0.2\n  workers: 1\n"
+FAST = ["--policy", "fgd,bestfit", "--seeds", "42", "--no-progress"]
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "solver.yaml"
+    path.write_text(TINY_CONFIG, encoding="utf-8")
+    return path
+
+
+def summary(out: Path) -> list[dict[str, Any]]:
+    data = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert isinstance(data, list)
+    return data
+
+
+def rejected(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """Run ``argv``, expect exit code 2 and return the single stderr line."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code  # type: ignore[assignment]
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    message = captured.err.strip()
+    assert message
+    assert "\n" not in message, message
+    assert "Traceback" not in message
+    return message
+
+
+def test_demo_files_are_bundled() -> None:
+    nodes = (DEMO / "nodes.csv").read_text(encoding="utf-8").splitlines()
+    pods = (DEMO / "pods.csv").read_text(encoding="utf-8").splitlines()
+    assert nodes[0] == "sn,cpu_milli,memory_mib,gpu,model"
+    assert pods[0] == "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec"
+    assert 100 <= len(nodes) - 1 <= 140
+    assert 900 <= len(pods) - 1 <= 1100
+    readme = (DEMO / "README.md").read_text(encoding="utf-8")
+    assert "github.com/alibaba/clusterdata" in readme
+    assert "USENIX ATC 2023" in readme
+
+
+def test_demo_runs_and_writes_summary_and_plot(
+    tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    assert main(["simulate", *FAST, "--config", str(config), "--out", str(out)]) == 0
+    data = summary(out)
+    assert [s["policy"] for s in data] == ["fgd", "bestfit"]
+    for s in data:
+        assert set(s) >= REQUIRED_KEYS, REQUIRED_KEYS - set(s)
+        assert s["seeds"] == [42]
+        assert s["batch"] == 16
+        assert s["trace"] == "demo"
+        assert isinstance(s["alloc_pct_130"], float)
+        assert 50 < s["alloc_pct_130"] <= 100
+        assert s["alloc_pct_100"] <= s["alloc_pct_130"]
+    assert (out / "allocation.png").read_bytes().startswith(PNG_MAGIC)
+    printed = capsys.readouterr().out
+    assert "fgd" in printed
+    assert "bestfit" in printed
+    assert "summary.json" in printed
+
+
+def test_cpsat_on_the_demo(tmp_path: Path, config: Path) -> None:
+    out = tmp_path / "out"
+    argv = ["simulate", "--policy", "cpsat", "--seeds", "42", "--batch", "16", "--no-progress"]
+    assert main([*argv, "--config", str(config), "--out", str(out)]) == 0
+    (s,) = summary(out)
+    assert s["policy"] == "cpsat"
+    assert s["batch"] == 16
+    assert s["solve_ms_p99"] is not None
+    assert s["gap_pct_max"] is not None
+
+
+def test_parallel_runs_give_the_same_allocation(tmp_path: Path) -> None:
+    argv = ["simulate", "--policy", "bestfit,fgd", "--seeds", "42", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "seq")]) == 0
+    assert main([*argv, "--jobs", "2", "--out", str(tmp_path / "par")]) == 0
+    timing = {"solve_ms_p50", "solve_ms_p99"}
+    seq = [{k: v for k, v in s.items() if k not in timing} for s in summary(tmp_path / "seq")]
+    par = [{k: v for k, v in s.items() if k not in timing} for s in summary(tmp_path / "par")]
+    assert seq == par
+
+
+def test_published_numbers_are_attached_for_openb_traces(tmp_path: Path) -> None:
+    nodes = shutil.copy(DEMO / "nodes.csv", tmp_path / "openb_node_list_gpu_node.csv")
+    pods = shutil.copy(DEMO / "pods.csv", tmp_path / "openb_pod_list_sample.csv")
+    published = tmp_path / "published.csv"
+    published.write_text(
+        "trace,policy,seeds,alloc_pct_at_arrival100,alloc_pct_at_arrival130\n"
+        "sample,FGD,10,95.0,95.5\nsample,BestFit,10,92.5,92.75\nother,FGD,10,1,2\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "out"
+    argv = ["simulate", "--nodes", str(nodes), "--pods", str(pods), *FAST, "--published", str(published)]
+    assert main([*argv, "--out", str(out)]) == 0
+    by_policy = {s["policy"]: s for s in summary(out)}
+    assert by_policy["fgd"]["trace"] == "sample"
+    assert by_policy["fgd"]["fgd_published_alloc_pct_130"] == 95.5
+    assert by_policy["bestfit"]["fgd_published_alloc_pct_130"] == 92.75
+
+
+def test_parse_seeds() -> None:
+    assert parse_seeds("42-45") == [42, 43, 44, 45]
+    assert parse_seeds("42,43") == [42, 43]
+    assert parse_seeds("7") == [7]
+    assert parse_seeds("42-43, 50,42") == [42, 43, 50]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["simulate", "--policy", "fgd,nosuch"], "unknown policy 'nosuch'; choose from cpsat, fgd, bestfit"),
+        (["simulate", "--policy", ","], "no policy given"),
+        (["simulate", "--seeds", "51-42"], "runs backwards; write 42-51"),
+        (["simulate", "--seeds", "forty"], "use a range like 42-51 or a list like 42,43"),
+        (["simulate", "--seeds", "42,,43"], "empty item"),
+        (["simulate", "--batch", "0"], "argument --batch: must be at least 1"),
+        (["simulate", "--jobs", "x"], "argument --jobs: expected a whole number"),
+        (["simulate", "--tune", "-1"], "argument --tune: must be a positive number"),
+        (["simulate", "--pods", "pods.csv"], "pass both --nodes and --pods"),
+        (["bogus"], "invalid choice: 'bogus'"),
+    ],
+)
+def test_bad_arguments(capsys: pytest.CaptureFixture[str], argv: list[str], expected: str) -> None:
+    assert expected in rejected(capsys, argv)
+
+
+def test_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.csv"
+    nodes = str(DEMO / "nodes.csv")
+    message = rejected(capsys, ["simulate", "--nodes", str(missing), "--pods", str(DEMO / "pods.csv")])
+    assert f"--nodes {missing}: no such file" in message
+    message = rejected(capsys, ["simulate", "--nodes", nodes, "--pods", str(missing)])
+    assert f"--pods {missing}: no such file" in message
+    message = rejected(capsys, ["simulate", "--config", str(missing)])
+    assert f"--config {missing}: no such file" in message
+    message = rejected(capsys, ["simulate", "--published", str(missing)])
+    assert f"--published {missing}: no such file" in message
+    message = rejected(capsys, ["simulate", "--nodes", str(tmp_path), "--pods", nodes])
+    assert "not a file" in message
+
+
+def test_trace_errors_name_file_line_and_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pods = tmp_path / "pods.csv"
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,1,500\np1,1000,1024,1,1500\n",
+        encoding="utf-8",
+    )
+    message = rejected(capsys, ["simulate", "--nodes", str(DEMO / "nodes.csv"), "--pods", str(pods), *FAST])
+    assert f"{pods}:3: column 'gpu_milli'" in message
+    assert "1..1000" in message
+
+
+def test_a_workload_without_gpu_demand_is_rejected(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,0,0\n", encoding="utf-8")
+    message = rejected(capsys, ["simulate", "--nodes", str(DEMO / "nodes.csv"), "--pods", str(pods), *FAST])
+    assert "no pod requests a GPU" in message
+
+
+def test_config_errors_name_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("weights:\n  placedGpu: -1\n  colour: red\n", encoding="utf-8")
+    message = rejected(capsys, ["simulate", *FAST, "--config", str(bad)])
+    assert str(bad) in message
+    assert "weights.colour: unknown key" in message
+    assert "weights.placedGpu" in message
+
+
+def test_bad_published_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "published.csv"
+    bad.write_text("trace,policy\ndefault,FGD\n", encoding="utf-8")
+    message = rejected(capsys, ["simulate", *FAST, "--published", str(bad), "--out", str(tmp_path)])
+    assert "missing column(s) alloc_pct_at_arrival130" in message
+
+
+@pytest.mark.parametrize("command", ["run", "explain"])
+def test_later_subcommands_are_stubs(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    assert "not implemented yet: see docs" in rejected(capsys, [command])
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "simulate" in capsys.readouterr().err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"gpusched {__version__}"
+
+
+def test_logs_are_json_lines_on_stderr_when_not_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure("info")
+    structlog.get_logger("test").info("hello", answer=42)
+    structlog.get_logger("test").debug("hidden")
+    line = capsys.readouterr().err.strip()
+    event = json.loads(line)
+    assert event["event"] == "hello"
+    assert event["answer"] == 42
+    assert event["level"] == "info"
+    with pytest.raises(ValueError, match="unknown log level"):
+        logs.configure("loud")
+
+
+def test_module_entry_point_exit_code() -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    bad = subprocess.run(
+        [sys.executable, "-m", "gpusched", "simulate", "--policy", "nosuch"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert bad.returncode == 2
+    assert "unknown policy 'nosuch'" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
