@@ -9,8 +9,8 @@ configuration.  Example (every key optional)::
       placedPods: 100000
       fragmentation: 10
       activeNodes: 1000
-      leftover: 0
       packing: 1
+      keepHint: 50000
       workConserving: true
     solver:
       timeLimitSeconds: 1.0
@@ -48,9 +48,9 @@ class WeightsConfig(_Strict):
     placed_gpu: int = Field(default=_W.placed_gpu, ge=0, le=10**6, alias="placedGpu")
     placed_pods: int = Field(default=_W.placed_pods, ge=0, le=10**7, alias="placedPods")
     fragmentation: int = Field(default=_W.fragmentation, ge=0, le=10**6)
-    leftover: int = Field(default=_W.leftover, ge=0, le=10**6)
     active_nodes: int = Field(default=_W.active_nodes, ge=0, le=10**7, alias="activeNodes")
     packing: int = Field(default=_W.packing, ge=0, le=10**4)
+    keep_hint: int = Field(default=_W.keep_hint, ge=0, le=10**7, alias="keepHint")
     work_conserving: bool = Field(default=_W.work_conserving, alias="workConserving")
 
 
@@ -85,9 +85,9 @@ class GpuschedConfig(_Strict):
                 placed_gpu=w.placed_gpu,
                 placed_pods=w.placed_pods,
                 fragmentation=w.fragmentation,
-                leftover=w.leftover,
                 active_nodes=w.active_nodes,
                 packing=w.packing,
+                keep_hint=w.keep_hint,
                 work_conserving=w.work_conserving,
             ),
             limits=Limits(s.time_limit_seconds, s.workers, s.candidates_per_pod, s.relative_gap),

@@ -28,7 +28,6 @@ weights:
   placedGpu: 5
   placedPods: 6
   fragmentation: 7
-  leftover: 3
   activeNodes: 8
   packing: 9
   workConserving: false
@@ -47,7 +46,6 @@ batching:
         placed_gpu=5,
         placed_pods=6,
         fragmentation=7,
-        leftover=3,
         active_nodes=8,
         packing=9,
         work_conserving=False,

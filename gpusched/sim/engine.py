@@ -73,15 +73,8 @@ def replay(
     typical: TypicalPods,
     seed: int = 0,
     on_batch: Callable[[int], None] | None = None,
-    carry: int = 0,
 ) -> RunResult:
-    """Place ``workload`` in arrival order, ``batch`` pods per solve.
-
-    ``carry`` > 0 keeps pods that the policy left unplaced although they still
-    fit somewhere pending for the next batch, as the daemon does (up to
-    ``carry`` of them, oldest first); a pod that fits nowhere fails at once,
-    as in the published protocol, since the cluster only fills up.
-    """
+    """Place ``workload`` in arrival order, ``batch`` pods per solve; unplaced pods fail."""
     if batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
     state = cluster.empty_state()
@@ -92,18 +85,13 @@ def replay(
     solve_ms: list[float] = []
     gaps: list[float] = []
     placed = failed = 0
-    pending: list[Pod] = []
     for start in range(0, len(workload), batch):
         chunk = workload[start : start + batch]
-        solve = pending + list(chunk)
-        plan = policy.place(solve, state)
-        validate_plan(plan, state, solve)
+        plan = policy.place(chunk, state)
+        validate_plan(plan, state, chunk)
         state = state.apply(plan.assignments)
         placed += len(plan.assignments)
-        pending = []
-        if carry:
-            pending = [p for p in plan.unplaced if state.fit_mask(p.shape).any()][:carry]
-        failed += len(plan.unplaced) - len(pending)
+        failed += len(plan.unplaced)
         solve_ms.append(plan.stats.wall_ms)
         gaps.append(plan.stats.gap_pct)
         alloc = round(state.gpu_allocated_milli / gpus / 10, 2)
@@ -115,7 +103,6 @@ def replay(
                 frag[point] = 100.0 * cluster_frag_ratio(state, typical)
         if on_batch is not None:
             on_batch(len(chunk))
-    failed += len(pending)  # still pending when the trace ends
     top = max((pct for pct, _ in records), default=0)
     return RunResult(
         policy=policy.name,

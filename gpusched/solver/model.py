@@ -58,5 +58,7 @@ def hint_from_plan(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
         model.add_hint(v.y[k2], val)
     for k3, val in whole.items():
         model.add_hint(v.whole[k3], val)
+    for ci, k_var in v.kept.items():
+        model.add_hint(k_var, min(x[ci], inst.candidates[ci].ub))
     for n, a_var in v.active.items():
         model.add_hint(a_var, int(any(x[ci] for ci in v.by_node[n])))

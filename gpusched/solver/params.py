@@ -26,12 +26,12 @@ class Weights:
     """Per pod placed, on top of its GPU demand (so CPU-only pods count too)."""
     fragmentation: int = 10
     """Per thousandth of a GPU of fragmentation (FGD's measure) a placement adds; negative adds reward."""
-    leftover: int = 0
-    """Per thousandth of a GPU left free on a GPU the batch places shares on."""
     active_nodes: int = 1000
     """Per GPU node the plan takes from idle to in use."""
     packing: int = 1
     """Per pod, per point (0..200) of how full its node already is (CPU and GPU)."""
+    keep_hint: int = 50_000
+    """Per pod left where the greedy warm start placed it (0: the solver rearranges freely)."""
     work_conserving: bool = True
     """Cap each placement's fragmentation charge below the pod's worth, so a pod that fits is placed."""
 

@@ -22,6 +22,7 @@ class Vars:
     y: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
     whole: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
     active: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    kept: dict[int, cp_model.IntVar] = field(default_factory=dict)
     by_node: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
     by_group: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
 

@@ -203,3 +203,31 @@ class TestImmutability:
         s = c.empty_state()
         assert isinstance(s, ClusterState)
         assert s.apply([Assignment(pod("c"), 0)]).cluster is c
+
+
+def test_derived_arrays_of_an_applied_state_match_a_fresh_computation() -> None:
+    # apply() patches the free-capacity arrays of the parent on the touched rows only;
+    # a state built from scratch with the same usage must agree everywhere.
+    nodes = [Node(f"n{i}", 16000, 65536, gpu_count=4, gpu_model="A100") for i in range(20)]
+    cluster = Cluster(nodes)
+    state = cluster.empty_state()
+    for k in range(12):
+        _ = (state.cpu_free, state.mem_free, state.gpu_free, state.full_free_gpus, state.max_gpu_free)
+        pod = Pod(f"p{k}", cpu_milli=1000, memory_mib=1024, num_gpu=1, gpu_milli=300 + 50 * k % 700)
+        state = state.apply([Assignment(pod, k % 5, ((k // 5) % 4,))])
+    fresh = ClusterState(cluster, state.cpu_used.copy(), state.mem_used.copy(), state.gpu_used.copy())
+    for name in ("cpu_free", "mem_free", "gpu_free", "full_free_gpus", "max_gpu_free"):
+        assert (getattr(state, name) == getattr(fresh, name)).all(), name
+
+
+def test_changed_since_names_exactly_the_nodes_touched_since_a_stamp() -> None:
+    cluster = Cluster([Node(f"n{i}", 8000, 8192, gpu_count=2, gpu_model="T4") for i in range(6)])
+    base = cluster.empty_state()
+    stamp = base.stamp
+    s1 = base.apply([Assignment(Pod("a", 100, 10), 1)])
+    s2 = s1.apply([Assignment(Pod("b", 100, 10), 4), Assignment(Pod("c", 100, 10), 1)])
+    changed = s2.changed_since(stamp)
+    assert changed is not None
+    assert sorted(changed.tolist()) == [1, 4]
+    sibling = base.apply([Assignment(Pod("d", 100, 10), 2)])  # a second branch from base
+    assert sibling.changed_since(s1.stamp) is None  # not derived from s1: callers must diff arrays

@@ -11,20 +11,9 @@ from gpusched.solver.fragmentation import TypicalPods
 from gpusched.solver.policy import Policy
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import validate_plan
+from tests.factories import gpu_node, pod
 
 GREEDY = ("random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd")
-
-
-def gpu_node(name: str, gpus: int = 2, cpu: int = 8000, mem: int = 32768, model: str = "A100") -> Node:
-    return Node(name, cpu, mem, gpu_count=gpus, gpu_model=model if gpus else "")
-
-
-def pod(
-    name: str, cpu: int = 1000, gpus: int = 0, milli: int = 0, models: Sequence[str] = (), mem: int = 1024
-) -> Pod:
-    if gpus and not milli:
-        milli = GPU_MILLI
-    return Pod(name, cpu, mem, num_gpu=gpus, gpu_milli=milli, gpu_models=frozenset(models))
 
 
 def policy(name: str, cluster: Cluster, typical: Sequence[Pod] = (), seed: int = 0) -> Policy:

@@ -25,22 +25,11 @@ from gpusched.solver.params import Limits, SolverParams, Weights
 from gpusched.solver.solve import CpSatPolicy
 from gpusched.solver.validate import validate_plan
 from gpusched.solver.vars import Vars
+from tests.factories import gpu_node, pod
 
 DEFAULT = Weights()
-ONLY_PLACED = Weights(fragmentation=0, active_nodes=0, packing=0)
+ONLY_PLACED = Weights(fragmentation=0, active_nodes=0, packing=0, keep_hint=0)
 SOLVED = {"OPTIMAL", "FEASIBLE"}
-
-
-def gpu_node(name: str, gpus: int = 2, cpu: int = 8000, mem: int = 32768, model: str = "A100") -> Node:
-    return Node(name, cpu, mem, gpu_count=gpus, gpu_model=model if gpus else "")
-
-
-def pod(
-    name: str, cpu: int = 1000, gpus: int = 0, milli: int = 0, models: Sequence[str] = (), mem: int = 1024
-) -> Pod:
-    if gpus and not milli:
-        milli = GPU_MILLI
-    return Pod(name, cpu, mem, num_gpu=gpus, gpu_milli=milli, gpu_models=frozenset(models))
 
 
 def old(
@@ -311,20 +300,21 @@ def test_fragmentation_fills_a_partly_used_gpu_before_an_idle_one() -> None:
     batch = [pod("f", gpus=1, milli=500)]
     typical = [pod("t", gpus=1)]  # whole-GPU work: the half GPU is fragmented until filled
     # Packing turned around (prefer emptier nodes) would send the share to the idle node ...
-    emptier = Weights(fragmentation=0, active_nodes=0, packing=-1)
+    emptier = Weights(fragmentation=0, active_nodes=0, packing=-1, keep_hint=0)
     assert where(cpsat(batch, state, emptier, typical))["f"][0] == 1
     # ... but the fragmentation term makes filling the half GPU worth more.
-    frag = Weights(fragmentation=10, active_nodes=0, packing=-1)
+    frag = Weights(fragmentation=10, active_nodes=0, packing=-1, keep_hint=0)
     assert where(cpsat(batch, state, frag, typical)) == {"f": (0, (0,))}
+    # The default weights agree: the FGD warm start fills the half GPU too, and is kept.
     assert where(cpsat(batch, state, DEFAULT, typical)) == {"f": (0, (0,))}
 
 
 def test_active_nodes_does_not_wake_an_idle_node_when_the_batch_fits_on_an_active_one() -> None:
     state = _partly_used_and_idle()
     batch = [pod("w1", gpus=1), pod("w2", gpus=1), pod("f", gpus=1, milli=300)]
-    emptier = Weights(fragmentation=0, active_nodes=0, packing=-1)
+    emptier = Weights(fragmentation=0, active_nodes=0, packing=-1, keep_hint=0)
     assert {n for n, _ in where(cpsat(batch, state, emptier)).values()} == {1}
-    awake = Weights(fragmentation=0, active_nodes=1_000_000, packing=-1)
+    awake = Weights(fragmentation=0, active_nodes=1_000_000, packing=-1, keep_hint=0)
     plan = cpsat(batch, state, awake)
     assert {n for n, _ in where(plan).values()} == {0}
     assert unplaced(plan) == []
@@ -337,7 +327,9 @@ def test_default_limits_keep_an_idle_node_asleep_when_the_batch_fits_on_an_activ
     # stop at the warm start and report it as OPTIMAL.
     state = _partly_used_and_idle()
     batch = [pod("w1", gpus=1), pod("w2", gpus=1), pod("f", gpus=1, milli=300)]
-    plan = CpSatPolicy(state.cluster, SolverParams(limits=Limits(workers=1), seed=0)).place(batch, state)
+    # keep_hint=0: with the default keep_hint the solver keeps the warm start's choice on purpose.
+    params = SolverParams(weights=Weights(keep_hint=0), limits=Limits(workers=1), seed=0)
+    plan = CpSatPolicy(state.cluster, params).place(batch, state)
     validate_plan(plan, state, batch)
     check_stats(plan)
     assert unplaced(plan) == []
@@ -347,7 +339,7 @@ def test_default_limits_keep_an_idle_node_asleep_when_the_batch_fits_on_an_activ
 def test_active_nodes_wakes_a_node_when_the_work_does_not_fit_otherwise() -> None:
     state = _partly_used_and_idle()
     batch = [pod("w", gpus=4)]
-    plan = cpsat(batch, state, Weights(active_nodes=1_000_000))
+    plan = cpsat(batch, state, Weights(active_nodes=1_000_000, keep_hint=0))
     assert where(plan) == {"w": (1, (0, 1, 2, 3))}
 
 
@@ -355,8 +347,14 @@ def test_packing_prefers_the_fuller_node() -> None:
     cluster = Cluster([Node("empty", 8000, 8192), Node("half", 8000, 8192)])
     state = old(cluster.empty_state(), 1, cpu=4000)
     batch = [pod("c", cpu=1000)]
-    assert where(cpsat(batch, state, Weights(fragmentation=0, active_nodes=0, packing=1)))["c"][0] == 1
-    assert where(cpsat(batch, state, Weights(fragmentation=0, active_nodes=0, packing=-1)))["c"][0] == 0
+    assert (
+        where(cpsat(batch, state, Weights(fragmentation=0, active_nodes=0, packing=1, keep_hint=0)))["c"][0]
+        == 1
+    )
+    assert (
+        where(cpsat(batch, state, Weights(fragmentation=0, active_nodes=0, packing=-1, keep_hint=0)))["c"][0]
+        == 0
+    )
 
 
 @pytest.mark.parametrize("gpus", [8, 16])
@@ -373,4 +371,24 @@ def test_default_weights_place_a_pod_even_if_it_fragments() -> None:
     cluster = Cluster([gpu_node("a", gpus=2)])
     typical = [pod("t", gpus=2)]
     plan = cpsat([pod("one", gpus=1)], cluster.empty_state(), DEFAULT, typical)
+    assert unplaced(plan) == []
+
+
+def test_warm_start_term_keeps_the_greedy_placement_unless_moving_places_more() -> None:
+    # The FGD warm start (seed 0) puts both whole-GPU pods on the idle node; without keep_hint the
+    # active_nodes term moves them to the active node, with a large keep_hint they stay.
+    state = _partly_used_and_idle()
+    batch = [pod("w1", gpus=1), pod("w2", gpus=1)]
+    free = where(cpsat(batch, state, Weights(keep_hint=0, active_nodes=100_000)))
+    kept = where(cpsat(batch, state, Weights(keep_hint=1_000_000, active_nodes=100_000)))
+    hint = FgdPolicy(state.cluster, TypicalPods.from_pods([pod("t", gpus=1)], coverage=1.0)).place(
+        batch, state
+    )
+    assert {n for n, _ in free.values()} == {0}
+    assert {n for n, _ in kept.values()} == {a.node for a in hint.assignments}
+    # ... but a pod the warm start could not place is worth moving for.
+    full = Cluster([gpu_node("a", gpus=1), gpu_node("b", gpus=1)])
+    busy = old(full.empty_state(), 0, [0], milli=600)
+    shares = [pod("s1", gpus=1, milli=300), pod("s2", gpus=1, milli=700)]
+    plan = cpsat(shares, busy, Weights(keep_hint=50_000))
     assert unplaced(plan) == []

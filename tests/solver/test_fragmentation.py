@@ -27,18 +27,7 @@ from gpusched.solver.fragmentation import (
     score_cpu,
 )
 from gpusched.solver.typical import TypicalTracker
-
-
-def gpu_node(name: str = "n0", gpus: int = 2, cpu: int = 8000, mem: int = 32768, model: str = "A100") -> Node:
-    return Node(name, cpu, mem, gpu_count=gpus, gpu_model=model if gpus else "")
-
-
-def pod(
-    name: str, cpu: int = 1000, gpus: int = 0, milli: int = 0, models: Sequence[str] = (), mem: int = 1024
-) -> Pod:
-    if gpus and not milli:
-        milli = GPU_MILLI
-    return Pod(name, cpu, mem, num_gpu=gpus, gpu_milli=milli, gpu_models=frozenset(models))
+from tests.factories import gpu_node, pod
 
 
 def busy(cluster: Cluster, gpu: dict[int, list[int]], cpu: dict[int, int] | None = None) -> ClusterState:
