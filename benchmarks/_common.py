@@ -12,9 +12,7 @@ from gpusched.sim.trace import read_nodes, read_pods
 from gpusched.solver.baselines import BestFitPolicy
 
 REPO = Path(__file__).resolve().parent.parent
-TRACE_DIR = Path(
-    os.environ.get("GPUSCHED_TRACE_DIR", REPO.parent / "shared" / "data" / "alibaba-gpu-v2023" / "csv")
-)
+TRACE_DIR = Path(os.environ.get("GPUSCHED_TRACE_DIR", REPO.parent / "shared" / "data" / "alibaba-gpu-v2023" / "csv"))
 
 
 def trace_path(name: str) -> Path:

@@ -158,9 +158,7 @@ same output byte for byte.
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, required=True, help="directory with the openb CSV files")
-    parser.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT, help="output directory (default: %(default)s)"
-    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default: %(default)s)")
     parser.add_argument("--nodes", type=int, default=120, help="GPU nodes to sample (default: %(default)s)")
     parser.add_argument("--pods", type=int, default=1000, help="pods to sample (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=2023, help="sampling seed (default: %(default)s)")
@@ -175,13 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     write_rows(args.out / "nodes.csv", NODE_COLUMNS, nodes)
     write_rows(args.out / "pods.csv", POD_COLUMNS, pods)
-    (args.out / "README.md").write_text(
-        readme(nodes, pods, args.seed, len(node_rows), len(pod_rows)), encoding="utf-8"
-    )
+    (args.out / "README.md").write_text(readme(nodes, pods, args.seed, len(node_rows), len(pod_rows)), encoding="utf-8")
     gpus = sum(int(n["gpu"]) for n in nodes)
     print(
-        f"wrote {args.out}: {len(nodes)} nodes ({gpus} GPUs), {len(pods)} pods "
-        f"({gpu_demand(pods):.1f} GPUs of demand)",
+        f"wrote {args.out}: {len(nodes)} nodes ({gpus} GPUs), {len(pods)} pods ({gpu_demand(pods):.1f} GPUs of demand)",
         file=sys.stderr,
     )
     return 0

@@ -20,10 +20,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import TRACE_DIR, trace_path  # noqa: E402
+from _common import TRACE_DIR, trace_path
 
-from gpusched.config import load_config  # noqa: E402
-from gpusched.sim.runner import run_simulation  # noqa: E402
+from gpusched.config import load_config
+from gpusched.sim.runner import run_simulation
 
 GREEDY = ("fgd", "bestfit", "gpupacking", "gpuclustering", "dotprod", "random")
 TRACES = (
@@ -52,9 +52,7 @@ def published(path: Path) -> dict[tuple[str, str], float]:
     if not path.exists():
         return {}
     with path.open() as f:
-        return {
-            (r["trace"], r["policy"].lower()): float(r["alloc_pct_at_arrival130"]) for r in csv.DictReader(f)
-        }
+        return {(r["trace"], r["policy"].lower()): float(r["alloc_pct_at_arrival130"]) for r in csv.DictReader(f)}
 
 
 def main() -> int:
@@ -78,9 +76,7 @@ def main() -> int:
         pods = trace_path(f"openb_pod_list_{trace}.csv")
         runs = [(args.greedy.split(","), 1, seeds_of(args.seeds))]
         runs += [
-            (["cpsat"], int(b), seeds_of(args.cpsat_seeds or args.seeds))
-            for b in args.cpsat_batches.split(",")
-            if b
+            (["cpsat"], int(b), seeds_of(args.cpsat_seeds or args.seeds)) for b in args.cpsat_batches.split(",") if b
         ]
         for policies, batch, seeds in runs:
             if not policies or not policies[0]:
@@ -115,8 +111,9 @@ def main() -> int:
         paper = r.get("published_alloc_pct_130")
         ratio = r["alloc_pct_130"] / fgd[r["trace"]] if r["trace"] in fgd else float("nan")
         print(
-            f"{r['trace']:<11} {r['policy']:<14} {r['batch']:>5} {len(r['seeds']):>5} {r['alloc_pct_130']:>9.2f} "
-            f"{r['alloc_pct_130_std']:>5.2f} {paper if paper is not None else '':>6} {ratio:>7.4f} "
+            f"{r['trace']:<11} {r['policy']:<14} {r['batch']:>5} {len(r['seeds']):>5} "
+            f"{r['alloc_pct_130']:>9.2f} {r['alloc_pct_130_std']:>5.2f} "
+            f"{paper if paper is not None else '':>6} {ratio:>7.4f} "
             f"{r['unallocated_gpus_130']:>9}"
         )
     return 0

@@ -76,9 +76,7 @@ def main() -> int:
     seeds = list(range(int(lo), int(hi or lo) + 1))
     cluster = Cluster(read_nodes(trace_path("openb_node_list_gpu_node.csv")))
     pods = read_pods(trace_path(f"openb_pod_list_{args.trace}.csv"))
-    bounds = [
-        lp_bound(cluster, prepare_workload(pods, cluster.total_gpus, seed=s, tune=args.tune)) for s in seeds
-    ]
+    bounds = [lp_bound(cluster, prepare_workload(pods, cluster.total_gpus, seed=s, tune=args.tune)) for s in seeds]
     result = {
         "trace": args.trace,
         "tune": args.tune,

@@ -127,9 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
             "compare policies. With no --nodes/--pods it runs the bundled demo sample."
         ),
     )
-    sim.add_argument(
-        "--nodes", type=Path, metavar="CSV", help="node list (sn,cpu_milli,memory_mib,gpu,model)"
-    )
+    sim.add_argument("--nodes", type=Path, metavar="CSV", help="node list (sn,cpu_milli,memory_mib,gpu,model)")
     sim.add_argument(
         "--pods", type=Path, metavar="CSV", help="pod list (name,cpu_milli,memory_mib,num_gpu,gpu_milli,...)"
     )
@@ -182,9 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="published results (trace,policy,alloc_pct_at_arrival130,...) to show next to openb traces",
     )
     sim.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
-    sim.add_argument(
-        "--log-level", default=argparse.SUPPRESS, choices=logs.LEVELS, help="as gpusched --log-level"
-    )
+    sim.add_argument("--log-level", default=argparse.SUPPRESS, choices=logs.LEVELS, help="as gpusched --log-level")
     sim.set_defaults(handler=_simulate)
 
     for name, text in (("run", "run the scheduler daemon"), ("explain", "explain a placement decision")):
@@ -254,9 +250,7 @@ def _simulate(args: argparse.Namespace, console: Console) -> int:
             trace=trace,
         )
     console.print(render_table(summaries))
-    console.print(
-        f"wrote {out / 'summary.json'} and {out / 'allocation.png'} in {time.perf_counter() - start:.1f}s"
-    )
+    console.print(f"wrote {out / 'summary.json'} and {out / 'allocation.png'} in {time.perf_counter() - start:.1f}s")
     return 0
 
 

@@ -12,9 +12,7 @@ def gpu_node(name: str = "n0", gpus: int = 2, cpu: int = 8000, mem: int = 32768,
     return Node(name, cpu, mem, gpu_count=gpus, gpu_model=model if gpus else "")
 
 
-def pod(
-    name: str, cpu: int = 1000, gpus: int = 0, milli: int = 0, models: Sequence[str] = (), mem: int = 1024
-) -> Pod:
+def pod(name: str, cpu: int = 1000, gpus: int = 0, milli: int = 0, models: Sequence[str] = (), mem: int = 1024) -> Pod:
     """A pod; ``gpus`` without ``milli`` means whole GPUs."""
     if gpus and not milli:
         milli = GPU_MILLI

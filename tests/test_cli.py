@@ -194,9 +194,7 @@ def test_trace_errors_name_file_line_and_column(tmp_path: Path, capsys: pytest.C
     assert "1..1000" in message
 
 
-def test_a_workload_without_gpu_demand_is_rejected(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_workload_without_gpu_demand_is_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pods = tmp_path / "pods.csv"
     pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,0,0\n", encoding="utf-8")
     message = rejected(capsys, ["simulate", "--nodes", str(DEMO / "nodes.csv"), "--pods", str(pods), *FAST])

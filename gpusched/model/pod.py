@@ -65,9 +65,7 @@ class Pod:
             object.__setattr__(self, "gpu_milli", 0)
         else:
             if not 0 < self.gpu_milli <= GPU_MILLI:
-                raise ValueError(
-                    f"{where}: gpu_milli must be in 1..{GPU_MILLI} per GPU, got {self.gpu_milli}"
-                )
+                raise ValueError(f"{where}: gpu_milli must be in 1..{GPU_MILLI} per GPU, got {self.gpu_milli}")
             if self.num_gpu > 1 and self.gpu_milli != GPU_MILLI:
                 raise ValueError(
                     f"{where}: a pod with {self.num_gpu} GPUs must take whole GPUs "

@@ -54,8 +54,7 @@ def parse_quantity(text: str | int | float) -> Decimal:
     match = _QUANTITY.match(s)
     if match is None:
         raise QuantityError(
-            f"invalid quantity {text!r}: expected a number with an optional suffix "
-            "such as 500m, 2, 16Gi or 1e3"
+            f"invalid quantity {text!r}: expected a number with an optional suffix such as 500m, 2, 16Gi or 1e3"
         )
     number, suffix = match.group(1), match.group(2) or ""
     try:

@@ -109,8 +109,7 @@ def load_published(path: str | Path) -> dict[tuple[str, str], float]:
                 value = float(text)
             except ValueError:
                 raise SimulationError(
-                    f"{p}:{reader.line_num}: column 'alloc_pct_at_arrival130': "
-                    f"expected a number, got {text!r}"
+                    f"{p}:{reader.line_num}: column 'alloc_pct_at_arrival130': expected a number, got {text!r}"
                 ) from None
             out[(row["trace"].strip(), row["policy"].strip().lower())] = value
     return out
@@ -160,9 +159,7 @@ def _run(task: _Task, on_batch: Callable[[int], None] | None) -> tuple[int, RunR
     workload = _workload(task)
     policy = make_policy(task.policy, cluster, typical, task.seed, task.params)
     start = time.perf_counter()
-    result = replay(
-        cluster, workload, policy, batch=task.batch, typical=typical, seed=task.seed, on_batch=on_batch
-    )
+    result = replay(cluster, workload, policy, batch=task.batch, typical=typical, seed=task.seed, on_batch=on_batch)
     return task.index, result, time.perf_counter() - start
 
 
@@ -207,9 +204,7 @@ def _progress(enabled: bool) -> Progress:
     )
 
 
-def _execute(
-    tasks: Sequence[_Task], total_pods: int, jobs: int, progress: bool
-) -> list[tuple[int, RunResult, float]]:
+def _execute(tasks: Sequence[_Task], total_pods: int, jobs: int, progress: bool) -> list[tuple[int, RunResult, float]]:
     done: list[tuple[int, RunResult, float]] = []
 
     def finished(item: tuple[int, RunResult, float]) -> None:

@@ -43,9 +43,7 @@ def _rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, 
         header = [h.strip() for h in header]
         missing = [c for c in required if c not in header]
         if missing:
-            raise TraceError(
-                path, 1, missing[0], f"missing column(s) {', '.join(missing)}; header is {header}"
-            )
+            raise TraceError(path, 1, missing[0], f"missing column(s) {', '.join(missing)}; header is {header}")
         for raw in reader:
             line = reader.line_num
             if not raw or all(not c.strip() for c in raw):

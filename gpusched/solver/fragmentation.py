@@ -71,9 +71,7 @@ class TypicalPods:
     @classmethod
     def from_pods(cls, pods: Iterable[Pod], coverage: float = 0.95) -> TypicalPods:
         """Shapes by descending count until their cumulative count reaches ``coverage``."""
-        counts = Counter(
-            TypicalShape(score_cpu(p.cpu_milli), p.gpu_milli, p.num_gpu, p.gpu_models) for p in pods
-        )
+        counts = Counter(TypicalShape(score_cpu(p.cpu_milli), p.gpu_milli, p.num_gpu, p.gpu_models) for p in pods)
         return cls.from_counts(counts, coverage)
 
     @classmethod
@@ -149,9 +147,7 @@ def _combine(
     return result
 
 
-def frag_of_rows(
-    cpu_free: IntArray, gpu_free: IntArray, model_id: IntArray, ta: _TypicalArrays
-) -> FloatArray:
+def frag_of_rows(cpu_free: IntArray, gpu_free: IntArray, model_id: IntArray, ta: _TypicalArrays) -> FloatArray:
     """Fragmentation of each row (a node state): CPU left, per-GPU free share, GPU model."""
     idle, count, small = _parts(gpu_free, ta)
     return _combine(cpu_free, model_id, idle, count, small, ta)

@@ -80,9 +80,7 @@ def node_classes(state: ClusterState) -> np.ndarray:
 
 def _pack(state: ClusterState, nodes: np.ndarray) -> np.ndarray:
     cl = state.cluster
-    cpu = np.where(
-        cl.cpu_cap[nodes] > 0, 100 - 100 * state.cpu_free[nodes] // np.maximum(cl.cpu_cap[nodes], 1), 0
-    )
+    cpu = np.where(cl.cpu_cap[nodes] > 0, 100 - 100 * state.cpu_free[nodes] // np.maximum(cl.cpu_cap[nodes], 1), 0)
     cap = cl.gpu_count[nodes] * GPU_MILLI
     gpu = np.where(cap > 0, 100 - 100 * state.gpu_free[nodes].sum(axis=1) // np.maximum(cap, 1), 0)
     return (cpu + gpu).astype(np.int64)
@@ -159,8 +157,6 @@ def build_instance(
                     if gpu_free[n, g] >= shape.gpu_milli
                 )
             d = float(delta[n])
-            cands.append(
-                Candidate(gi, int(n), int(ub[j]), round(d) if np.isfinite(d) else 0, int(packs[j]), gpus)
-            )
+            cands.append(Candidate(gi, int(n), int(ub[j]), round(d) if np.isfinite(d) else 0, int(packs[j]), gpus))
     nodes = tuple(sorted({c.node for c in cands}))
     return Instance(state, groups, tuple(cands), nodes, hint)

@@ -71,8 +71,7 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
     for (n, g), used in gpu.items():
         if g < cluster.nodes[n].gpu_count and used > state.gpu_free[n, g]:
             problems.append(
-                f"{cluster.nodes[n].name}: GPU {g} over-committed "
-                f"({used} > {state.gpu_free[n, g]} of {GPU_MILLI} free)"
+                f"{cluster.nodes[n].name}: GPU {g} over-committed ({used} > {state.gpu_free[n, g]} of {GPU_MILLI} free)"
             )
     return problems
 

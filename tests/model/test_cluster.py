@@ -26,9 +26,7 @@ def nodes_of(cluster: Cluster, mask: BoolArray) -> list[str]:
     return [cluster.nodes[i].name for i in np.flatnonzero(mask)]
 
 
-def pod(
-    name: str, *, cpu: int = 1000, mem: int = 1024, gpus: int = 0, milli: int = 0, models: str = ""
-) -> Pod:
+def pod(name: str, *, cpu: int = 1000, mem: int = 1024, gpus: int = 0, milli: int = 0, models: str = "") -> Pod:
     return Pod(name, cpu, mem, gpus, milli, frozenset(m for m in models.split("|") if m))
 
 

@@ -21,9 +21,7 @@ def policy(name: str, cluster: Cluster, typical: Sequence[Pod] = (), seed: int =
     return make_policy(name, cluster, typ, seed)
 
 
-def place(
-    name: str, pods: Sequence[Pod], state: ClusterState, typical: Sequence[Pod] = (), seed: int = 0
-) -> Plan:
+def place(name: str, pods: Sequence[Pod], state: ClusterState, typical: Sequence[Pod] = (), seed: int = 0) -> Plan:
     plan = policy(name, state.cluster, typical or pods, seed).place(pods, state)
     validate_plan(plan, state, pods)
     assert plan.stats.policy == name

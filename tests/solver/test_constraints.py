@@ -32,13 +32,9 @@ ONLY_PLACED = Weights(fragmentation=0, active_nodes=0, packing=0, keep_hint=0)
 SOLVED = {"OPTIMAL", "FEASIBLE"}
 
 
-def old(
-    state: ClusterState, node: int, gpus: Sequence[int] = (), milli: int = GPU_MILLI, cpu: int = 0
-) -> ClusterState:
+def old(state: ClusterState, node: int, gpus: Sequence[int] = (), milli: int = GPU_MILLI, cpu: int = 0) -> ClusterState:
     """``state`` with a pre-existing pod on ``node`` (``milli`` per GPU listed)."""
-    p = Pod(
-        f"old-{node}-{len(gpus)}-{milli}-{cpu}", cpu, 0, num_gpu=len(gpus), gpu_milli=milli if gpus else 0
-    )
+    p = Pod(f"old-{node}-{len(gpus)}-{milli}-{cpu}", cpu, 0, num_gpu=len(gpus), gpu_milli=milli if gpus else 0)
     return state.apply([Assignment(p, node, tuple(gpus))])
 
 
@@ -347,14 +343,8 @@ def test_packing_prefers_the_fuller_node() -> None:
     cluster = Cluster([Node("empty", 8000, 8192), Node("half", 8000, 8192)])
     state = old(cluster.empty_state(), 1, cpu=4000)
     batch = [pod("c", cpu=1000)]
-    assert (
-        where(cpsat(batch, state, Weights(fragmentation=0, active_nodes=0, packing=1, keep_hint=0)))["c"][0]
-        == 1
-    )
-    assert (
-        where(cpsat(batch, state, Weights(fragmentation=0, active_nodes=0, packing=-1, keep_hint=0)))["c"][0]
-        == 0
-    )
+    assert where(cpsat(batch, state, Weights(fragmentation=0, active_nodes=0, packing=1, keep_hint=0)))["c"][0] == 1
+    assert where(cpsat(batch, state, Weights(fragmentation=0, active_nodes=0, packing=-1, keep_hint=0)))["c"][0] == 0
 
 
 @pytest.mark.parametrize("gpus", [8, 16])
@@ -381,9 +371,7 @@ def test_warm_start_term_keeps_the_greedy_placement_unless_moving_places_more() 
     batch = [pod("w1", gpus=1), pod("w2", gpus=1)]
     free = where(cpsat(batch, state, Weights(keep_hint=0, active_nodes=100_000)))
     kept = where(cpsat(batch, state, Weights(keep_hint=1_000_000, active_nodes=100_000)))
-    hint = FgdPolicy(state.cluster, TypicalPods.from_pods([pod("t", gpus=1)], coverage=1.0)).place(
-        batch, state
-    )
+    hint = FgdPolicy(state.cluster, TypicalPods.from_pods([pod("t", gpus=1)], coverage=1.0)).place(batch, state)
     assert {n for n, _ in free.values()} == {0}
     assert {n for n, _ in kept.values()} == {a.node for a in hint.assignments}
     # ... but a pod the warm start could not place is worth moving for.

@@ -185,9 +185,7 @@ def test_typical_pods_stop_as_soon_as_coverage_is_reached() -> None:
 
 
 def test_typical_pods_ties_put_the_larger_shape_first() -> None:
-    pods = _pods_of(
-        [(pod("small", cpu=1000), 2), (pod("big", cpu=4000), 2), (pod("gpu", cpu=1000, gpus=1), 2)]
-    )
+    pods = _pods_of([(pod("small", cpu=1000), 2), (pod("big", cpu=4000), 2), (pod("gpu", cpu=1000, gpus=1), 2)])
     typ = TypicalPods.from_pods(pods, coverage=1.0)
     assert [(s.cpu_milli, s.gpu_milli) for s in typ.shapes] == [(4000, 0), (1000, 1000), (1000, 0)]
     assert typ.weights == pytest.approx((1 / 3, 1 / 3, 1 / 3))
@@ -291,9 +289,7 @@ def _assert_scorers_agree(cached: FragScorer, state: ClusterState) -> None:
         np.testing.assert_array_equal(s1, s2)
         np.testing.assert_array_equal(g1, g2)
         if p.is_fractional:
-            np.testing.assert_allclose(
-                cached.gpu_delta(state, p.shape), fresh.gpu_delta(state, p.shape), atol=1e-9
-            )
+            np.testing.assert_allclose(cached.gpu_delta(state, p.shape), fresh.gpu_delta(state, p.shape), atol=1e-9)
 
 
 def test_delta_cache_equals_fresh_scorer_after_a_sequence_of_placements() -> None:
@@ -390,9 +386,7 @@ def test_fractional_pod_ties_go_to_lowest_gpu_index_and_unfit_gpus_are_inf() -> 
 
 
 def test_scorer_marks_nodes_that_cannot_host_as_inf() -> None:
-    cluster = Cluster(
-        [gpu_node("a100", gpus=2), gpu_node("v100", gpus=2, model="V100"), Node("cpu", 64000, 1)]
-    )
+    cluster = Cluster([gpu_node("a100", gpus=2), gpu_node("v100", gpus=2, model="V100"), Node("cpu", 64000, 1)])
     state = busy(cluster, {0: [0, 1000]})
     scorer = FragScorer(cluster, typical(pod("t", gpus=1)))
     d, s, _ = scorer.delta(state, pod("two", gpus=2).shape)

@@ -86,9 +86,7 @@ def pod_shapes(draw: st.DrawFn) -> Pod:
         milli = draw(st.one_of(st.sampled_from([100, 250, 300, 500, 700]), st.integers(1, GPU_MILLI - 1)))
     elif kind == "whole":
         num_gpu, milli = draw(st.sampled_from([1, 1, 1, 2, 2, 3, 4, 8])), GPU_MILLI
-    models = (
-        frozenset(draw(st.sets(st.sampled_from((*MODELS, "H100")), max_size=2))) if num_gpu else frozenset()
-    )
+    models = frozenset(draw(st.sets(st.sampled_from((*MODELS, "H100")), max_size=2))) if num_gpu else frozenset()
     return Pod(
         "shape",
         cpu_milli=draw(st.integers(0, 8)) * 500,

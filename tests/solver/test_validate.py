@@ -154,10 +154,7 @@ def test_same_name_in_another_namespace_is_not_a_duplicate() -> None:
 
 def test_missing_pod() -> None:
     a, b = cpu_pod("a"), cpu_pod("b")
-    assert (
-        only_problem(plan(Assignment(a, CPU)), make_state(), [a, b])
-        == "pod default/b is missing from the plan"
-    )
+    assert only_problem(plan(Assignment(a, CPU)), make_state(), [a, b]) == "pod default/b is missing from the plan"
 
 
 def test_pod_not_in_the_batch() -> None:

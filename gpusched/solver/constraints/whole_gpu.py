@@ -32,9 +32,7 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
         shared = any(inst.candidates[ci].gpus for ci in cis)
         idle = [g for g in range(state.cluster.nodes[n].gpu_count) if state.gpu_free[n, g] >= GPU_MILLI]
         if not shared:
-            bound = sum(
-                inst.groups[inst.candidates[ci].group].shape.num_gpu * inst.candidates[ci].ub for ci in whole
-            )
+            bound = sum(inst.groups[inst.candidates[ci].group].shape.num_gpu * inst.candidates[ci].ub for ci in whole)
             if bound > len(idle):
                 model.add(need <= len(idle))
             continue
