@@ -49,6 +49,7 @@ def main() -> int:
     ap.add_argument("--candidates", type=int, default=24)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--json", action="store_true", help="print the JSON object last")
+    ap.add_argument("--out", type=Path, default=None, help="also write the JSON object to this file")
     args = ap.parse_args()
 
     limit = args.time_limit if args.time_limit is not None else (0.2 if args.pods <= 100 else 1.5)
@@ -90,6 +91,9 @@ def main() -> int:
         f"{result['nodes']:>7} {result['pods']:>5} {result['p50_ms']:>8} {result['p99_ms']:>8} "
         f"{result['gap_pct']:>8} {result['variables_p50']:>7}  {','.join(result['statuses'])}"
     )
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
     if args.json:
         print(json.dumps(result))
     return 0
