@@ -191,7 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _not_implemented(args: argparse.Namespace, console: Console) -> int:
-    print(f"gpusched {args.command}: not implemented yet: see docs", file=sys.stderr)
+    print(
+        f"gpusched {args.command}: not implemented yet: this release has the placement core and the "
+        "simulator only (see README.md, Status); use gpusched simulate",
+        file=sys.stderr,
+    )
     return EXIT_USAGE
 
 
