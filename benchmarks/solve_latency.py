@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
@@ -35,7 +36,7 @@ from gpusched.solver.validate import validate_plan
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile."""
     s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))]
+    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
 
 
 def main() -> int:
@@ -82,7 +83,8 @@ def main() -> int:
         "p50_ms": round(statistics.median(ms), 1),
         "p99_ms": round(percentile(ms, 99), 1),
         "max_ms": round(max(ms), 1),
-        "gap_pct": round(max(s.gap_pct for s in rows), 4),
+        "gap_pct": round(max((s.gap_pct for s in rows if math.isfinite(s.gap_pct)), default=math.nan), 4),
+        "fallbacks": sum(1 for s in rows if not math.isfinite(s.gap_pct)),
         "variables_p50": int(statistics.median(s.variables for s in rows)),
         "statuses": sorted({s.status for s in rows}),
     }

@@ -92,6 +92,10 @@ class Cluster:
         )
 
 
+_MAX_LOG = 4096
+"""Steps one change log records before derived states start a new one (bounds its memory)."""
+
+
 class _ChangeLog:
     """Rows touched by each step of a chain of states derived one from the other."""
 
@@ -190,7 +194,7 @@ class ClusterState:
         touched = np.fromiter(rows, dtype=np.intp, count=len(rows))
         log: _ChangeLog = self.__dict__["_log"]
         version: int = self.__dict__["_version"]
-        if version == len(log.rows):  # the newest state of its log: extend it
+        if version == len(log.rows) < _MAX_LOG:  # the newest state of its log: extend it
             log.rows.append(touched)
             object.__setattr__(new, "_log", log)
             object.__setattr__(new, "_version", version + 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from gpusched.model.pod import Pod, PodShape
@@ -36,7 +37,10 @@ class SolveStats:
 
     @property
     def gap_pct(self) -> float:
-        """Relative gap between objective and bound, in percent (0 when proven optimal)."""
+        """Relative gap between objective and bound, in percent (0 when proven optimal, NaN when
+        the solver found nothing and the plan is a fallback)."""
+        if math.isnan(self.bound) or math.isnan(self.objective):
+            return math.nan
         if self.bound == self.objective:
             return 0.0
         denom = max(abs(self.bound), abs(self.objective), 1e-9)

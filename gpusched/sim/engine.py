@@ -2,7 +2,9 @@
 
 Each batch goes ``snapshot -> policy -> validate -> apply``; the replay
 records, after every arriving pod, the arrived GPU demand and the GPU
-allocation, and reduces those records the way the published analysis does:
+allocation (a pod that arrives while a batch is open sees the allocation from
+before that batch; the batch's placements count from its last pod on), and
+reduces those records the way the published analysis does:
 the arrived share is rounded to a whole percent (half to even) and the
 allocation at each percent is the mean of its records.
 """
@@ -85,8 +87,10 @@ def replay(
     solve_ms: list[float] = []
     gaps: list[float] = []
     placed = failed = 0
+    alloc = 0.0
     for start in range(0, len(workload), batch):
         chunk = workload[start : start + batch]
+        before = state
         plan = policy.place(chunk, state)
         validate_plan(plan, state, chunk)
         state = state.apply(plan.assignments)
@@ -94,13 +98,16 @@ def replay(
         failed += len(plan.unplaced)
         solve_ms.append(plan.stats.wall_ms)
         gaps.append(plan.stats.gap_pct)
-        alloc = round(state.gpu_allocated_milli / gpus / 10, 2)
-        for pod in chunk:
+        # Pods arriving while a batch is open see the cluster as it was; the batch's
+        # placements land when its last pod has arrived.
+        alloc_before, alloc = alloc, round(state.gpu_allocated_milli / gpus / 10, 2)
+        for i, pod in enumerate(chunk):
+            last = i == len(chunk) - 1
             arrived += pod.gpu_demand_milli
-            records.append((round(arrived / gpus / 10), alloc))
-        for point in FRAG_POINTS:
-            if point not in frag and arrived >= point * gpus * 10:
-                frag[point] = 100.0 * cluster_frag_ratio(state, typical)
+            records.append((round(arrived / gpus / 10), alloc if last else alloc_before))
+            for point in FRAG_POINTS:
+                if point not in frag and arrived >= point * gpus * 10:
+                    frag[point] = 100.0 * cluster_frag_ratio(state if last else before, typical)
         if on_batch is not None:
             on_batch(len(chunk))
     top = max((pct for pct, _ in records), default=0)

@@ -116,7 +116,6 @@ class _TypicalArrays:
             for m, model in enumerate(cluster.models):
                 access[t, m + 1] = not s.gpu_models or model in s.gpu_models
         self.access: BoolArray = access
-        self.cpu_only_weight = float(self.weight[self.milli == 0].sum())
 
 
 def _parts(gpu_free: IntArray, ta: _TypicalArrays) -> tuple[FloatArray, IntArray, IntArray]:
@@ -216,7 +215,8 @@ class FragScorer:
         self.cluster = cluster
         self.typical = typical
         self._ta = _TypicalArrays(typical, cluster)
-        self._cache: dict[PodShape, _ShapeCache] = {}
+        # Keyed without memory, which no score or fragmentation reads.
+        self._cache: dict[tuple[int, int, int, frozenset[str]], _ShapeCache] = {}
         self._frag_cpu: IntArray | None = None
         self._frag_gpu: IntArray | None = None
         self._frag_seen: tuple[object, int] | None = None
@@ -264,7 +264,8 @@ class FragScorer:
         return self._entry(state, shape).per_gpu
 
     def _entry(self, state: ClusterState, shape: PodShape) -> _ShapeCache:
-        cached = self._cache.get(shape)
+        key = (shape.cpu_milli, shape.num_gpu, shape.gpu_milli, shape.gpu_models)
+        cached = self._cache.get(key)
         rows = None if cached is None else self._changed(state, cached.seen, cached.cpu_used, cached.gpu_used)
         n = len(self.cluster)
         if cached is None or rows is None:
@@ -277,7 +278,7 @@ class FragScorer:
                 np.full((n, self.cluster.max_gpus), np.inf),
             )
             rows = np.arange(n)
-            self._cache[shape] = cached
+            self._cache[key] = cached
         if rows.size:
             base = self.current(state)
             d, s, g, pg = self._compute(state, shape, rows, base)

@@ -27,9 +27,6 @@ from gpusched.solver.fragmentation import FragScorer
 
 __all__ = ["Candidate", "Group", "Instance", "build_instance", "node_classes"]
 
-PACK_MAX = 200
-"""Largest packing score: 100 for a node with no CPU left plus 100 for no GPU left."""
-
 
 @dataclass(frozen=True, slots=True)
 class Group:
@@ -49,7 +46,7 @@ class Candidate:
     frag: int
     """Fragmentation one pod adds here (thousandths of a GPU), whole-GPU and CPU pods."""
     pack: int
-    """How full the node is already, 0..PACK_MAX."""
+    """How full the node is already: 0..100 for CPU plus 0..100 for GPU."""
     gpus: tuple[tuple[int, int, int], ...] = ()
     """Fractional pods: (GPU index, pods that fit on it alone, fragmentation one adds there)."""
 
@@ -63,11 +60,6 @@ class Instance:
     candidates: tuple[Candidate, ...]
     nodes: tuple[int, ...]
     hint: Plan
-
-    @property
-    def pods(self) -> int:
-        """Pods in the batch."""
-        return sum(len(g.pods) for g in self.groups)
 
 
 def node_classes(state: ClusterState) -> np.ndarray:

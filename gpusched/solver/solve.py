@@ -9,6 +9,7 @@ passes ``validate_plan``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -53,7 +54,8 @@ class CpSatPolicy:
     ) -> None:
         self.params = params or SolverParams()
         self.tracker = TypicalTracker(cluster, typical)
-        self.greedy = FgdPolicy(cluster, typical or TypicalPods((), ()), seed=self.params.seed)
+        # The warm start's scorer is replaced by the tracker's before every batch.
+        self.greedy = FgdPolicy(cluster, TypicalPods((), ()), seed=self.params.seed)
         self.last: Instance | None = None
 
     def place(self, pods: Sequence[Pod], state: ClusterState) -> Plan:
@@ -66,7 +68,7 @@ class CpSatPolicy:
         inst = build_instance(pods, state, scorer, hint, self.params.limits.candidates_per_pod)
         self.last = inst
         if not inst.candidates:
-            return self._stats(hint, "NO_CANDIDATES", 0.0, 0.0, start, 0)
+            return self._stats(hint, "NO_CANDIDATES", 0.0, 0.0, start, 0)  # nothing fits: optimal
         model, v = build_model(inst, self.params.weights)
         hint_from_plan(inst, model, v)
         solver = cp_model.CpSolver()
@@ -87,11 +89,11 @@ class CpSatPolicy:
         code = solver.solve(model)
         status = _STATUS.get(code, str(code))
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return self._stats(hint, f"{status}_FALLBACK", 0.0, 0.0, start, nvars)
+            return self._stats(hint, f"{status}_FALLBACK", math.nan, math.nan, start, nvars)
         plan = _extract(inst, v, solver, pods)
         problems = plan_problems(plan, state, pods)
         if problems:  # never bind an unchecked plan; the greedy one is valid by construction
-            return self._stats(hint, "INVALID_FALLBACK", 0.0, 0.0, start, nvars)
+            return self._stats(hint, "INVALID_FALLBACK", math.nan, math.nan, start, nvars)
         return self._stats(plan, status, solver.objective_value, solver.best_objective_bound, start, nvars)
 
     def _stats(self, plan: Plan, status: str, obj: float, bound: float, start: float, nvars: int) -> Plan:

@@ -37,7 +37,3 @@ class Vars:
             for g, fit, _ in c.gpus:
                 v.y[ci, g] = model.new_int_var(0, min(fit, c.ub), f"y{ci}_{g}")
         return v
-
-    def placed(self, ci: int) -> cp_model.IntVar:
-        """Pods placed through candidate ``ci``."""
-        return self.x[ci]

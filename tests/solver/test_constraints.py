@@ -380,3 +380,16 @@ def test_warm_start_term_keeps_the_greedy_placement_unless_moving_places_more() 
     shares = [pod("s1", gpus=1, milli=300), pod("s2", gpus=1, milli=700)]
     plan = cpsat(shares, busy, Weights(keep_hint=50_000))
     assert unplaced(plan) == []
+
+
+def test_work_conserving_cap_places_a_pod_that_fits_even_when_it_wakes_a_node() -> None:
+    # Every placement of the small share fragments all of an idle 8-GPU node against 8-GPU typical
+    # pods and wakes that node; with the cap the pod is still placed, without it it waits.
+    cluster = Cluster([gpu_node("big", gpus=8, cpu=64000, mem=262144)])
+    batch = [pod("s", gpus=1, milli=100)]
+    typical = [pod("t", gpus=8)]
+    heavy = {"fragmentation": 1000, "keep_hint": 0, "active_nodes": 1000}
+    capped = cpsat(batch, cluster.empty_state(), Weights(**heavy), typical)
+    assert unplaced(capped) == []
+    waits = cpsat(batch, cluster.empty_state(), Weights(**heavy, work_conserving=False), typical)
+    assert unplaced(waits) == ["s"]

@@ -25,7 +25,8 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
         return 0
     terms: list[cp_model.LinearExprT] = []
     for ci, c in enumerate(inst.candidates):
-        cap = w.placed_gpu * inst.groups[c.group].shape.gpu_demand_milli + w.placed_pods - 1
+        # Worth of the pod net of waking its node, so the cap holds on an idle node too.
+        cap = max(w.placed_gpu * inst.groups[c.group].shape.gpu_demand_milli + w.placed_pods - w.active_nodes - 1, 0)
         if c.gpus:
             for g, _, d in c.gpus:
                 cost = min(w.fragmentation * d, cap) if w.work_conserving else w.fragmentation * d

@@ -1,0 +1,42 @@
+"""The replay loop: what it records when pods arrive one at a time and in batches."""
+
+from __future__ import annotations
+
+from gpusched.model import Cluster
+from gpusched.sim.engine import replay
+from gpusched.solver.baselines import FgdPolicy
+from gpusched.solver.fragmentation import TypicalPods
+from tests.factories import gpu_node, pod
+
+
+def _run(batch: int) -> dict[int, float]:
+    cluster = Cluster([gpu_node(f"n{i}", gpus=1) for i in range(10)])
+    pods = [pod(f"p{i}", gpus=1) for i in range(10)]
+    typical = TypicalPods.from_pods(pods)
+    result = replay(cluster, pods, FgdPolicy(cluster, typical), batch=batch, typical=typical)
+    assert (result.placed, result.failed) == (10, 0)
+    return result.curve
+
+
+def test_one_at_a_time_allocation_follows_arrivals() -> None:
+    curve = _run(batch=1)
+    assert curve[10] == 10.0
+    assert curve[50] == 50.0
+    assert curve[100] == 100.0
+
+
+def test_a_batch_places_its_pods_only_when_it_closes() -> None:
+    # All ten pods are one batch: until the last arrives nothing is placed yet.
+    curve = _run(batch=10)
+    assert curve[10] == 0.0
+    assert curve[90] == 0.0
+    assert curve[100] == 100.0
+
+
+def test_every_pod_is_placed_or_failed_exactly_once() -> None:
+    cluster = Cluster([gpu_node("n0", gpus=2)])
+    pods = [pod(f"p{i}", gpus=1) for i in range(5)]
+    typical = TypicalPods.from_pods(pods)
+    for batch in (1, 2, 5):
+        result = replay(cluster, pods, FgdPolicy(cluster, typical), batch=batch, typical=typical)
+        assert (result.placed, result.failed) == (2, 3)
