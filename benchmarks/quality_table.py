@@ -32,7 +32,11 @@ def main() -> int:
                 name = f"cpsat ({labels[str(f)]})"
             rows.append({**r, "label": name})
     fgd = {r["trace"]: r["alloc_pct_130"] for r in rows if r["policy"] == "fgd"}
-    head = "| trace | policy | batch | seeds | alloc % @100 | alloc % @130 | ± | paper | vs our FGD | idle GPUs |"
+    paper_fgd = {r["trace"]: r.get("published_alloc_pct_130") for r in rows if r["policy"] == "fgd"}
+    head = (
+        "| trace | policy | batch | seeds | alloc % @100 | alloc % @130 | ± | paper (same policy) "
+        "| vs our FGD | vs paper FGD | idle GPUs |"
+    )
     if args.bound:
         head += " of bound |"
     print(head)
@@ -40,10 +44,13 @@ def main() -> int:
     for r in rows:
         paper = r.get("published_alloc_pct_130")
         ratio = r["alloc_pct_130"] / fgd[r["trace"]] if r["trace"] in fgd else None
+        pf = paper_fgd.get(r["trace"])
+        vs_paper = r["alloc_pct_130"] / pf if pf else None
         line = (
             f"| {r['trace']} | {r['label']} | {r['batch']} | {len(r['seeds'])} | {r['alloc_pct_100']:.2f} | "
             f"{r['alloc_pct_130']:.2f} | {r['alloc_pct_130_std']:.2f} | {paper if paper is not None else ''} | "
-            f"{f'{ratio:.4f}' if ratio else ''} | {r['unallocated_gpus_130']} |"
+            f"{f'{ratio:.4f}' if ratio else ''} | {f'{vs_paper:.4f}' if vs_paper else ''} | "
+            f"{r['unallocated_gpus_130']} |"
         )
         if args.bound:
             line += f" {r['alloc_pct_130'] / args.bound:.4f} |"
