@@ -12,7 +12,6 @@ one table with the published FGD-paper number and the ratio to FGD, and writes
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import TRACE_DIR, trace_path
 
+from gpusched.cli import parse_seeds
 from gpusched.config import load_config
 from gpusched.sim.runner import run_simulation
 
@@ -39,22 +39,6 @@ TRACES = (
 )
 
 
-def seeds_of(text: str) -> list[int]:
-    """``42-51`` or ``42,43``."""
-    if "-" in text:
-        lo, hi = text.split("-")
-        return list(range(int(lo), int(hi) + 1))
-    return [int(s) for s in text.split(",")]
-
-
-def published(path: Path) -> dict[tuple[str, str], float]:
-    """(trace, policy) -> the paper's allocation at 130 %."""
-    if not path.exists():
-        return {}
-    with path.open() as f:
-        return {(r["trace"], r["policy"].lower()): float(r["alloc_pct_at_arrival130"]) for r in csv.DictReader(f)}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default=",".join(TRACES))
@@ -69,14 +53,13 @@ def main() -> int:
 
     params = load_config(args.config.read_text(), str(args.config)).solver_params() if args.config else None
     pub_path = TRACE_DIR.parent / "fgd_published_alloc.csv"
-    pub = published(pub_path)
     rows: list[dict[str, Any]] = []
     nodes = trace_path("openb_node_list_gpu_node.csv")
     for trace in args.traces.split(","):
         pods = trace_path(f"openb_pod_list_{trace}.csv")
-        runs = [(args.greedy.split(","), 1, seeds_of(args.seeds))]
+        runs = [(args.greedy.split(","), 1, parse_seeds(args.seeds))]
         runs += [
-            (["cpsat"], int(b), seeds_of(args.cpsat_seeds or args.seeds)) for b in args.cpsat_batches.split(",") if b
+            (["cpsat"], int(b), parse_seeds(args.cpsat_seeds or args.seeds)) for b in args.cpsat_batches.split(",") if b
         ]
         for policies, batch, seeds in runs:
             if not policies or not policies[0]:
@@ -98,7 +81,6 @@ def main() -> int:
             )
             for s in summaries:
                 s["trace"] = trace
-                s["published_alloc_pct_130"] = pub.get((trace, s["policy"]))
                 rows.append(s)
             (args.out / "quality.json").parent.mkdir(parents=True, exist_ok=True)
             (args.out / "quality.json").write_text(json.dumps(rows, indent=1))
@@ -108,7 +90,7 @@ def main() -> int:
         f"{'vs FGD':>7} {'idle GPUs':>9}"
     )
     for r in rows:
-        paper = r.get("published_alloc_pct_130")
+        paper = r.get("fgd_published_alloc_pct_130")
         ratio = r["alloc_pct_130"] / fgd[r["trace"]] if r["trace"] in fgd else float("nan")
         print(
             f"{r['trace']:<11} {r['policy']:<14} {r['batch']:>5} {len(r['seeds']):>5} "

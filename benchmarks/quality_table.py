@@ -32,7 +32,7 @@ def main() -> int:
                 name = f"cpsat ({labels[str(f)]})"
             rows.append({**r, "label": name})
     fgd = {r["trace"]: r["alloc_pct_130"] for r in rows if r["policy"] == "fgd"}
-    paper_fgd = {r["trace"]: r.get("published_alloc_pct_130") for r in rows if r["policy"] == "fgd"}
+    paper_fgd = {r["trace"]: r.get("fgd_published_alloc_pct_130") for r in rows if r["policy"] == "fgd"}
     head = (
         "| trace | policy | batch | seeds | alloc % @100 | alloc % @130 | ± | paper (same policy) "
         "| vs our FGD | vs paper FGD | idle GPUs |"
@@ -42,7 +42,7 @@ def main() -> int:
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for r in rows:
-        paper = r.get("published_alloc_pct_130")
+        paper = r.get("fgd_published_alloc_pct_130")
         ratio = r["alloc_pct_130"] / fgd[r["trace"]] if r["trace"] in fgd else None
         pf = paper_fgd.get(r["trace"])
         vs_paper = r["alloc_pct_130"] / pf if pf else None

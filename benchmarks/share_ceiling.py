@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import trace_path
 
+from gpusched.cli import parse_seeds
 from gpusched.model import GPU_MILLI, Cluster
 from gpusched.sim.protocol import prepare_workload
 from gpusched.sim.trace import read_nodes, read_pods
@@ -37,13 +38,12 @@ def main() -> int:
     ap.add_argument("--share", type=int, default=810, help="shares at least this large leave the gaps")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    lo, _, hi = args.seeds.partition("-")
     cluster = Cluster(read_nodes(trace_path("openb_node_list_gpu_node.csv")))
     pods = read_pods(trace_path(f"openb_pod_list_{args.trace}.csv"))
     cap = cluster.total_gpus * GPU_MILLI
     fill = GPU_MILLI - args.share
     ceilings = []
-    for seed in range(int(lo), int(hi or lo) + 1):
+    for seed in parse_seeds(args.seeds):
         workload = prepare_workload(pods, cluster.total_gpus, seed=seed, tune=1.3)
         arrived = gaps = 0
         for p in workload:

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import trace_path
 from ortools.linear_solver import pywraplp
 
+from gpusched.cli import parse_seeds
 from gpusched.model import Cluster, Pod
 from gpusched.sim.protocol import prepare_workload
 from gpusched.sim.trace import read_nodes, read_pods
@@ -72,8 +73,7 @@ def main() -> int:
     ap.add_argument("--tune", type=float, default=1.3)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    lo, _, hi = args.seeds.partition("-")
-    seeds = list(range(int(lo), int(hi or lo) + 1))
+    seeds = parse_seeds(args.seeds)
     cluster = Cluster(read_nodes(trace_path("openb_node_list_gpu_node.csv")))
     pods = read_pods(trace_path(f"openb_pod_list_{args.trace}.csv"))
     bounds = [lp_bound(cluster, prepare_workload(pods, cluster.total_gpus, seed=s, tune=args.tune)) for s in seeds]
