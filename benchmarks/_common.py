@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from gpusched.model import Cluster, ClusterState, Node, Pod
 from gpusched.sim.trace import read_nodes, read_pods
@@ -52,3 +54,25 @@ def partly_filled(cluster: Cluster, pods: list[Pod], fill: float, seed: int) -> 
             break
         state = state.apply(plan.assignments)
     return state
+
+
+def emit(
+    result: dict[str, Any], columns: list[tuple[str, str, str]], *, as_json: bool, out: Path | None = None
+) -> None:
+    """Print ``result`` as a one-row table, then (``as_json``) as one JSON line; ``out`` also gets the JSON.
+
+    ``columns`` are (header, key, format spec), e.g. ``("p99 ms", "p99_ms", ">8")``; the header
+    takes the spec's alignment and width.
+    """
+    head = []
+    for title, _, spec in columns:
+        align = spec[0] if spec[:1] in "<>^" else ">"
+        width = "".join(ch for ch in spec.lstrip("<>^").split(".")[0] if ch.isdigit())
+        head.append(f"{title:{align}{width}}")
+    print(" ".join(head))
+    print(" ".join(f"{result[key]:{spec}}" for _, key, spec in columns))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    if as_json:
+        print(json.dumps(result))

@@ -15,14 +15,13 @@ small share in the whole workload stay idle, which caps the allocation at
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import trace_path
+from _common import emit, trace_path
 
 from gpusched.cli import parse_seeds
 from gpusched.model import GPU_MILLI, Cluster
@@ -61,13 +60,14 @@ def main() -> int:
         "ceiling_pct": round(statistics.mean(ceilings), 2),
         "ceiling_pct_max": round(max(ceilings), 2),
     }
-    print(f"{'trace':<10} {'share':>5} {'before %':>8} {'ceiling %':>9} {'max %':>6}")
-    print(
-        f"{args.trace:<10} {args.share:>5} {result['before_pct']:>8.0f} {result['ceiling_pct']:>9} "
-        f"{result['ceiling_pct_max']:>6}"
-    )
-    if args.json:
-        print(json.dumps(result))
+    columns = [
+        ("trace", "trace", "<10"),
+        ("share", "share", ">5"),
+        ("before %", "before_pct", ">8.0f"),
+        ("ceiling %", "ceiling_pct", ">9"),
+        ("max %", "ceiling_pct_max", ">6"),
+    ]
+    emit(result, columns, as_json=args.json)
     return 0
 
 

@@ -14,7 +14,6 @@ then one JSON object with ``nodes``, ``pods``, ``p50_ms``, ``p99_ms``,
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import statistics
@@ -24,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import partly_filled, replicated_nodes, trace_pods
+from _common import emit, partly_filled, replicated_nodes, trace_pods
 
 from gpusched.model import Cluster
 from gpusched.solver.fragmentation import typical_from
@@ -88,16 +87,17 @@ def main() -> int:
         "variables_p50": int(statistics.median(s.variables for s in rows)),
         "statuses": sorted({s.status for s in rows}),
     }
-    print(f"{'nodes':>7} {'pods':>5} {'p50 ms':>8} {'p99 ms':>8} {'gap %':>8} {'vars':>7}  status")
-    print(
-        f"{result['nodes']:>7} {result['pods']:>5} {result['p50_ms']:>8} {result['p99_ms']:>8} "
-        f"{result['gap_pct']:>8} {result['variables_p50']:>7}  {','.join(result['statuses'])}"
-    )
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-    if args.json:
-        print(json.dumps(result))
+    columns = [
+        ("nodes", "nodes", ">7"),
+        ("pods", "pods", ">5"),
+        ("p50 ms", "p50_ms", ">8"),
+        ("p99 ms", "p99_ms", ">8"),
+        ("gap %", "gap_pct", ">8"),
+        ("vars", "variables_p50", ">7"),
+        ("fallbacks", "fallbacks", ">9"),
+    ]
+    print("solver statuses:", ", ".join(result["statuses"]))
+    emit(result, columns, as_json=args.json, out=args.out)
     return 0
 
 

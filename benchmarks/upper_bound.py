@@ -12,7 +12,6 @@ fraction of it.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from collections import defaultdict
@@ -20,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import trace_path
+from _common import emit, trace_path
 from ortools.linear_solver import pywraplp
 
 from gpusched.cli import parse_seeds
@@ -84,13 +83,13 @@ def main() -> int:
         "alloc_pct_upper_bound": round(statistics.mean(bounds), 3),
         "alloc_pct_upper_bound_min": round(min(bounds), 3),
     }
-    print(f"{'trace':<12} {'tune':>5} {'LP bound %':>11} {'min %':>7}")
-    print(
-        f"{args.trace:<12} {args.tune:>5} {result['alloc_pct_upper_bound']:>11} "
-        f"{result['alloc_pct_upper_bound_min']:>7}"
-    )
-    if args.json:
-        print(json.dumps(result))
+    columns = [
+        ("trace", "trace", "<12"),
+        ("tune", "tune", ">5"),
+        ("LP bound %", "alloc_pct_upper_bound", ">11"),
+        ("min %", "alloc_pct_upper_bound_min", ">7"),
+    ]
+    emit(result, columns, as_json=args.json)
     return 0
 
 

@@ -341,9 +341,9 @@ class FragScorer:
         return delta, score, best_gpu, per_gpu
 
 
-def cluster_frag_ratio(state: ClusterState, typical: TypicalPods, frag: FloatArray | None = None) -> float:
+def cluster_frag_ratio(state: ClusterState, typical: TypicalPods) -> float:
     """Fragmented / idle GPU share across the cluster (0 when nothing is idle)."""
-    f = node_fragmentation(state, typical) if frag is None else frag
+    f = node_fragmentation(state, typical)
     idle = float(state.gpu_free.sum())
     return float(f.sum()) / idle if idle > 0 else 0.0
 

@@ -56,7 +56,6 @@ class CpSatPolicy:
         self.tracker = TypicalTracker(cluster, typical)
         # The warm start's scorer is replaced by the tracker's before every batch.
         self.greedy = FgdPolicy(cluster, TypicalPods((), ()), seed=self.params.seed)
-        self.last: Instance | None = None
 
     def place(self, pods: Sequence[Pod], state: ClusterState) -> Plan:
         """Solve the batch; fall back to the greedy plan if CP-SAT finds nothing better."""
@@ -66,7 +65,6 @@ class CpSatPolicy:
         self.greedy.scorer = scorer
         hint = self.greedy.place(pods, state)
         inst = build_instance(pods, state, scorer, hint, self.params.limits.candidates_per_pod)
-        self.last = inst
         if not inst.candidates:
             return self._stats(hint, "NO_CANDIDATES", 0.0, 0.0, start, 0)  # nothing fits: optimal
         model, v = build_model(inst, self.params.weights)
