@@ -9,6 +9,8 @@ input problem is reported on one line with what to change, exit code 2.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -21,7 +23,7 @@ import structlog
 from rich.console import Console
 
 from gpusched import __version__, logs
-from gpusched.config import ConfigError, load_config
+from gpusched.config import ConfigError, GpuschedConfig, load_config
 from gpusched.sim.report import render_table
 from gpusched.sim.runner import SimulationError, normalize_policies, run_simulation
 from gpusched.sim.trace import TraceError
@@ -113,9 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpusched {__version__}")
     parser.add_argument(
         "--log-level",
-        default="warning",
+        default=None,
         choices=logs.LEVELS,
-        help="log level for the structured log on stderr (default: %(default)s)",
+        help="log level for the structured log on stderr (default: info for run, warning otherwise)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -183,20 +185,119 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--log-level", default=argparse.SUPPRESS, choices=logs.LEVELS, help="as gpusched --log-level")
     sim.set_defaults(handler=_simulate)
 
-    for name, text in (("run", "run the scheduler daemon"), ("explain", "explain a placement decision")):
-        stub = sub.add_parser(name, help=f"{text} (not implemented yet)", add_help=True)
-        stub.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-        stub.set_defaults(handler=_not_implemented)
+    run = sub.add_parser(
+        "run",
+        help="run the scheduler daemon",
+        description=(
+            "Schedule pods with spec.schedulerName=gpu-scheduler: watch, batch, solve, bind. "
+            "In a pod it uses the service account; elsewhere pass --kubeconfig."
+        ),
+    )
+    _cluster_args(run)
+    run.add_argument(
+        "--config",
+        metavar="configmap/NAME|FILE",
+        help="solver configuration: a ConfigMap in --namespace (followed and hot-reloaded) or a YAML file "
+        "(read once); default: built-in defaults",
+    )
+    run.add_argument("--identity", default="", help="leader-election identity (default: $POD_NAME or host name)")
+    run.add_argument("--no-leader-elect", action="store_true", help="schedule without holding the Lease")
+    run.add_argument("--lease-name", default="gpu-scheduler", help="Lease name in --namespace (default: %(default)s)")
+    run.add_argument("--lease-duration", type=_positive_float, default=15.0, metavar="S", help="(default: 15)")
+    run.add_argument("--renew-deadline", type=_positive_float, default=10.0, metavar="S", help="(default: 10)")
+    run.add_argument("--retry-period", type=_positive_float, default=2.0, metavar="S", help="(default: 2)")
+    run.add_argument("--metrics-host", default="0.0.0.0", help="address for /metrics, /healthz, /readyz")
+    run.add_argument(
+        "--metrics-port", type=int, default=8080, help="port for /metrics, /healthz, /readyz; 0 picks a free one"
+    )
+    run.add_argument("--kube-api-qps", type=_positive_float, default=50.0, help="client request rate (default: 50)")
+    run.add_argument("--kube-api-burst", type=_positive_int, default=100, help="client burst (default: 100)")
+    run.add_argument("--policy", default="cpsat", choices=POLICIES, help="placement policy (default: %(default)s)")
+    run.add_argument("--log-level", default=argparse.SUPPRESS, choices=logs.LEVELS, help="default: info")
+    run.set_defaults(handler=_run, default_log_level="info")
+
+    exp = sub.add_parser(
+        "explain",
+        help="explain where a pending pod fits, or why it does not",
+        description="Read the cluster once and print, for one pod, the reasoning the scheduler's Events give.",
+    )
+    exp.add_argument("pod", metavar="[NAMESPACE/]POD", help="the pod (namespace defaults to 'default')")
+    _cluster_args(exp)
+    exp.set_defaults(handler=_explain)
     return parser
 
 
-def _not_implemented(args: argparse.Namespace, console: Console) -> int:
-    print(
-        f"gpusched {args.command}: not implemented yet: this release has the placement core and the "
-        "simulator only (see README.md, Status); use gpusched simulate",
-        file=sys.stderr,
+def _cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: in-cluster service account)")
+    p.add_argument("--context", help="kubeconfig context (default: its current context)")
+    p.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE", "gpusched-system"),
+        help="namespace of the Lease and the ConfigMap (default: $POD_NAMESPACE or gpusched-system)",
     )
-    return EXIT_USAGE
+    p.add_argument(
+        "--scheduler-name", default="gpu-scheduler", help="spec.schedulerName to serve (default: %(default)s)"
+    )
+
+
+def _daemon_config(value: str | None) -> tuple[str | None, GpuschedConfig]:
+    if value is None:
+        return None, GpuschedConfig()
+    if value.startswith("configmap/"):
+        name = value.removeprefix("configmap/")
+        if not name:
+            raise UsageError("--config configmap/: name the ConfigMap, e.g. configmap/gpu-scheduler-config")
+        return name, GpuschedConfig()
+    return None, _read_config(Path(value), "a solver configuration YAML file, or configmap/NAME")
+
+
+def _kubeconfig(path: Path | None) -> Path | None:
+    if path is not None:
+        return _existing_file(path, "--kubeconfig", "a kubeconfig file")
+    if not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        raise UsageError(
+            "not running in a pod (KUBERNETES_SERVICE_HOST is unset); pass --kubeconfig PATH to run outside a cluster"
+        )
+    return None
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    from gpusched.daemon import DaemonSettings, run_daemon
+
+    config_map, config = _daemon_config(args.config)
+    if not args.lease_duration > args.renew_deadline > args.retry_period:
+        raise UsageError("leader election needs --lease-duration > --renew-deadline > --retry-period")
+    settings = DaemonSettings(
+        kubeconfig=_kubeconfig(args.kubeconfig),
+        context=args.context,
+        namespace=args.namespace,
+        config_map=config_map,
+        config=config,
+        scheduler_name=args.scheduler_name,
+        identity=args.identity,
+        leader_elect=not args.no_leader_elect,
+        lease_name=args.lease_name,
+        lease_duration_s=args.lease_duration,
+        renew_deadline_s=args.renew_deadline,
+        retry_period_s=args.retry_period,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        kube_qps=args.kube_api_qps,
+        kube_burst=args.kube_api_burst,
+        policy=args.policy,
+    )
+    return asyncio.run(run_daemon(settings))
+
+
+def _explain(args: argparse.Namespace, console: Console) -> int:
+    from gpusched.daemon import explain_pod
+
+    ns, _, name = args.pod.rpartition("/")
+    text, code = asyncio.run(
+        explain_pod(_kubeconfig(args.kubeconfig), args.context, ns or "default", name, args.scheduler_name)
+    )
+    print(text)
+    return code
 
 
 def _existing_file(path: Path, flag: str, what: str) -> Path:
@@ -207,15 +308,19 @@ def _existing_file(path: Path, flag: str, what: str) -> Path:
     return path
 
 
-def _params(config: Path | None) -> SolverParams | None:
-    if config is None:
-        return None
-    path = _existing_file(config, "--config", "a solver configuration YAML file")
+def _read_config(path: Path, what: str) -> GpuschedConfig:
+    path = _existing_file(path, "--config", what)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--config {path}: cannot read: {exc}") from None
-    return load_config(text, source=str(path)).solver_params()
+    return load_config(text, source=str(path))
+
+
+def _params(config: Path | None) -> SolverParams | None:
+    if config is None:
+        return None
+    return _read_config(config, "a solver configuration YAML file").solver_params()
 
 
 def _simulate(args: argparse.Namespace, console: Console) -> int:
@@ -262,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logs.configure(args.log_level)
+    logs.configure(args.log_level or getattr(args, "default_log_level", "warning"))
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE

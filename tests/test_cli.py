@@ -217,9 +217,29 @@ def test_bad_published_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "missing column(s) alloc_pct_at_arrival130" in message
 
 
-@pytest.mark.parametrize("command", ["run", "explain"])
-def test_later_subcommands_are_stubs(capsys: pytest.CaptureFixture[str], command: str) -> None:
-    assert "not implemented yet" in rejected(capsys, [command])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run"], "pass --kubeconfig PATH to run outside a cluster"),
+        (["run", "--kubeconfig", "/nonexistent"], "--kubeconfig /nonexistent: no such file"),
+        (["run", "--config", "configmap/"], "name the ConfigMap"),
+        (["run", "--config", "/nonexistent.yaml"], "or configmap/NAME"),
+        (["run", "--lease-duration", "5", "--renew-deadline", "10"], "--lease-duration > --renew-deadline"),
+        (["explain"], "required: [NAMESPACE/]POD"),
+        (["explain", "p"], "pass --kubeconfig PATH"),
+    ],
+)
+def test_run_and_explain_reject_bad_input_with_the_fix(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str], message: str
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert message in rejected(capsys, argv)
+
+
+def test_run_rejects_a_bad_config_file_naming_the_field(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = tmp_path / "c.yaml"
+    bad.write_text("weights:\n  packing: -1\n")
+    assert "weights.packing" in rejected(capsys, ["run", "--config", str(bad), "--kubeconfig", str(bad)])
 
 
 def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:

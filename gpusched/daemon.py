@@ -1,0 +1,551 @@
+"""The scheduler process: watches, queue, batch solves, binds, leadership, health.
+
+Tasks (each named and supervised; the first to fail stops the process, so a
+Deployment restarts it rather than leaving a half-working scheduler):
+
+- ``watch-nodes``, ``watch-bound-pods``, ``watch-pending-pods``, ``watch-config``:
+  reflectors feeding the cache, the queue and the configuration;
+- ``leader``: the Lease (only the leader schedules; a standby keeps its cache warm);
+- ``schedule``: waits until every watch has listed, then draws batches from the
+  queue, solves each in a worker thread and starts its binds;
+- ``health``: ``/metrics``, ``/healthz``, ``/readyz``.
+
+Binds, Events and conditions run as short named tasks limited by a semaphore
+and the client's rate limit.  Shutdown (SIGTERM/SIGINT) stops the schedule
+loop, lets in-flight binds finish (bounded), releases the Lease and closes the
+connection, in that order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import socket
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from gpusched.config import GpuschedConfig
+from gpusched.kube.binder import Binder, BindResult
+from gpusched.kube.client import Kube, connect
+from gpusched.kube.configmap import ConfigMapHandler
+from gpusched.kube.convert import ConvertError, node_record, pod_record
+from gpusched.kube.leader import LeaderElector
+from gpusched.kube.watch import Reflector
+from gpusched.metrics.exporter import HealthServer, SchedulerMetrics
+from gpusched.model import Cluster, ClusterState, Plan, Pod
+from gpusched.queue.batcher import SchedulingQueue
+from gpusched.solver.explain import explain
+from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio, score_cpu
+from gpusched.solver.policy import Policy
+from gpusched.solver.registry import make_policy
+from gpusched.solver.validate import plan_problems
+from gpusched.state.cache import Cache, Snapshot
+from gpusched.state.records import PodRecord
+
+__all__ = ["DaemonSettings", "Scheduler", "run_daemon"]
+
+log = structlog.get_logger("gpusched.daemon")
+
+SCHEDULER_NAME = "gpu-scheduler"
+BOUND_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+"""Pods that hold resources on a node, whoever bound them."""
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """Everything ``gpusched run`` is told on its command line."""
+
+    kubeconfig: Path | None = None
+    """None: the pod's service account (in-cluster)."""
+    context: str | None = None
+    namespace: str = "gpusched-system"
+    """Where the Lease and the ConfigMap live."""
+    config_map: str | None = None
+    """Name of the ConfigMap to follow (None: ``config`` is used and never reloaded)."""
+    config: GpuschedConfig = field(default_factory=GpuschedConfig)
+    scheduler_name: str = SCHEDULER_NAME
+    identity: str = ""
+    leader_elect: bool = True
+    lease_name: str = "gpu-scheduler"
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 8080
+    kube_qps: float = 50.0
+    kube_burst: int = 100
+    policy: str = "cpsat"
+    seed: int = 0
+
+
+def default_identity() -> str:
+    """The pod name when running in a pod, else host name plus a random suffix."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+
+
+class _NodeHandler:
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def _record(self, obj: dict[str, Any]) -> Any:
+        try:
+            return node_record(obj)
+        except ConvertError as exc:
+            log.warning("node ignored", error=str(exc))
+            return None
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.s.cache.replace_nodes(r for r in map(self._record, objects) if r is not None)
+        self.s.queue.move_all()
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if kind == "DELETED":
+            changed = self.s.cache.delete_node(name)
+        else:
+            rec = self._record(obj)
+            changed = self.s.cache.delete_node(name) if rec is None else self.s.cache.upsert_node(rec)
+        if changed:
+            self.s.queue.move_all()
+
+
+class _BoundHandler:
+    """Pods with a node (any scheduler's): what is in use."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.s.cache.replace_pods(pod_record(o) for o in objects)
+        self.s.queue.move_all()
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        rec = pod_record(obj)
+        freed = self.s.cache.delete_pod(rec.key) if kind == "DELETED" else self.s.cache.observe_pod(rec)
+        if freed:
+            self.s.queue.move_all()
+
+
+class _PendingHandler:
+    """Unbound pods that name this scheduler: what to place."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        records = [pod_record(o) for o in objects]
+        live = {r.key for r in records}
+        for r in records:
+            self._take(r)
+        for key in [k for k in self.s.known_pending() if k not in live]:
+            self.s.queue.delete(key)
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        rec = pod_record(obj)
+        if kind == "DELETED":
+            self.s.queue.delete(rec.key)
+        else:
+            self._take(rec)
+
+    def _take(self, rec: PodRecord) -> None:
+        if rec.bound or rec.terminal or rec.deleting:
+            self.s.queue.delete(rec.key)
+        else:
+            self.s.queue.add(rec)
+
+
+class Scheduler:
+    """One scheduler instance (the leader schedules; the others stand by)."""
+
+    def __init__(self, settings: DaemonSettings, kube: Kube) -> None:
+        self.settings = settings
+        self.kube = kube
+        self.identity = settings.identity or default_identity()
+        self.config = settings.config
+        b = self.config.batching
+        self.queue = SchedulingQueue(b.max_size, b.max_wait_seconds)
+        self.cache = Cache()
+        self.metrics = SchedulerMetrics()
+        self.metrics.set_weights({k: float(v) for k, v in self.config.weights.model_dump(by_alias=True).items()})
+        self.binder = Binder(kube, self.identity)
+        self._bind_slots = asyncio.Semaphore(max(1, settings.kube_burst))
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._policy: Policy | None = None
+        self._policy_cluster: Cluster | None = None
+        self._shapes: Counter[TypicalShape] = Counter()
+        self._leading = asyncio.Event()
+        self._batches = 0
+        self.reflectors = [
+            Reflector(kube, "nodes", "/api/v1/nodes", _NodeHandler(self)),
+            Reflector(
+                kube,
+                "bound-pods",
+                "/api/v1/pods",
+                _BoundHandler(self),
+                field_selector=BOUND_SELECTOR,
+            ),
+            Reflector(
+                kube,
+                "pending-pods",
+                "/api/v1/pods",
+                _PendingHandler(self),
+                field_selector=f"spec.schedulerName={settings.scheduler_name},spec.nodeName=",
+            ),
+        ]
+        self.config_handler: ConfigMapHandler | None = None
+        if settings.config_map:
+            self.config_handler = ConfigMapHandler(
+                settings.namespace,
+                settings.config_map,
+                self.set_config,
+                on_rejected=self._config_rejected,
+                spawn=self.spawn,
+                on_result=self.metrics.config_reload,
+            )
+            self.reflectors.append(
+                Reflector(
+                    kube,
+                    "config",
+                    f"/api/v1/namespaces/{settings.namespace}/configmaps",
+                    self.config_handler,
+                    field_selector=f"metadata.name={settings.config_map}",
+                )
+            )
+        self.elector: LeaderElector | None = None
+        if settings.leader_elect:
+            self.elector = LeaderElector(
+                kube,
+                settings.namespace,
+                settings.lease_name,
+                self.identity,
+                lease_duration=settings.lease_duration_s,
+                renew_deadline=settings.renew_deadline_s,
+                retry_period=settings.retry_period_s,
+                on_change=self._leadership,
+            )
+        else:
+            self._leadership(True)
+
+    # -- configuration and leadership -----------------------------------------------------
+    def set_config(self, cfg: GpuschedConfig) -> None:
+        """Take a validated configuration; the next batch uses it."""
+        self.config = cfg
+        self.metrics.set_weights({k: float(v) for k, v in cfg.weights.model_dump(by_alias=True).items()})
+        self.queue.max_size = cfg.batching.max_size
+        self.queue.max_wait = cfg.batching.max_wait_seconds
+        self._policy = None  # rebuilt with the new weights
+
+    async def _config_rejected(self, involved: dict[str, str], message: str) -> None:
+        await self.binder.object_event(involved, "InvalidConfiguration", message, "Warning")
+
+    def _leadership(self, leader: bool) -> None:
+        self.metrics.set_leader(leader)
+        if leader:
+            self._leading.set()
+        else:
+            self._leading.clear()
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this instance schedules now."""
+        return self._leading.is_set()
+
+    def ready(self) -> tuple[bool, str]:
+        """For ``/readyz``: every watch has listed."""
+        waiting = [r.name for r in self.reflectors if not r.synced.is_set()]
+        return (not waiting, f"waiting for the first list of {', '.join(waiting)}" if waiting else "")
+
+    def known_pending(self) -> list[str]:
+        """Keys of every pending pod the queue holds."""
+        return list(self.queue._records)
+
+    # -- tasks -----------------------------------------------------------------------------
+    def spawn(self, coro: Awaitable[None], name: str) -> None:
+        """A short supervised task (binds, Events); its failure is logged, never lost."""
+
+        async def wrapped() -> None:
+            await coro
+
+        task = asyncio.get_running_loop().create_task(wrapped(), name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task failed", task=task.get_name(), error=repr(task.exception()))
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (bounded) for in-flight binds and Events."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)
+
+    # -- scheduling --------------------------------------------------------------------------
+    async def schedule_forever(self) -> None:
+        """Wait for the caches, then place batch after batch while leading."""
+        await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
+        log.info("caches synced", nodes=len(self.cache.nodes), bound_pods=self.cache.held_count)
+        while True:
+            await self._leading.wait()
+            batch = await self.queue.next_batch()
+            if not self.is_leader:
+                for r in batch:
+                    self.queue.requeue(r.key)
+                continue
+            await self.schedule_batch(batch)
+
+    def _policy_for(self, cluster: Cluster) -> Policy:
+        if self._policy is None or self._policy_cluster is not cluster:
+            typical = TypicalPods((), ())
+            params = self.config.solver_params(self.settings.seed)
+            self._policy = make_policy(self.settings.policy, cluster, typical, self.settings.seed, params)
+            self._policy_cluster = cluster
+        return self._policy
+
+    async def schedule_batch(self, batch: list[PodRecord]) -> None:
+        """Solve one batch and start its binds; every pod ends bound, parked or backed off."""
+        self._batches += 1
+        batch_id = self._batches
+        start = time.perf_counter()
+        invalid = [r for r in batch if r.error]
+        for r in invalid:
+            self._unschedulable(r.pod, r.error, "InvalidRequest")
+        todo: list[PodRecord] = []
+        for r in batch:
+            if r.error:
+                continue
+            if self.cache.holds(r.key):  # a bind of it is already in flight or done: never twice
+                self.queue.done(r.key)
+                continue
+            todo.append(r)
+        if not todo:
+            return
+        snap = self.cache.snapshot()
+        policy = self._policy_for(snap.cluster)
+        pods = [r.pod for r in todo]
+        for p in pods:
+            self._shapes[TypicalShape(score_cpu(p.cpu_milli), p.gpu_milli, p.num_gpu, p.gpu_models)] += 1
+        typical = TypicalPods.from_counts(self._shapes)
+        try:
+            plan, after, frag = await asyncio.to_thread(_solve, policy, pods, snap.state, typical)
+        except Exception as exc:
+            log.error("solve failed; batch requeued with backoff", batch_id=batch_id, error=repr(exc))
+            for r in todo:
+                self.queue.backoff(r.key)
+            return
+        problems = plan_problems(plan, snap.state, pods)
+        if problems:
+            log.error("plan rejected; batch requeued", batch_id=batch_id, problems=problems[:5])
+            for r in todo:
+                self.queue.backoff(r.key)
+            return
+        plan = self._recheck(plan, snap, batch_id)
+        names = snap.cluster.nodes
+        placed_keys: set[str] = set()
+        for a in plan.assignments:
+            node = names[a.node].name
+            self.cache.assume(a.pod, node, a.gpus)
+            placed_keys.add(a.pod.key)
+            self.spawn(self._bind(a.pod, node, a.gpus), f"bind:{a.pod.key}")
+        for p in plan.unplaced:
+            if p.key in placed_keys:
+                continue
+            if not self.cache.holds(p.key):
+                e = explain(p, after, snap.excluded)
+                self._unschedulable(p, e.message, e.reason)
+        stats = plan.stats
+        gap = stats.gap_pct
+        solve_s = stats.wall_ms / 1000
+        self.metrics.observe_batch(len(batch), solve_s, gap / 100 if not math.isnan(gap) else math.nan)
+        self._cluster_metrics(after, frag)
+        log.info(
+            "batch",
+            batch_id=batch_id,
+            pods=len(batch),
+            placed=len(plan.assignments),
+            unplaced=len(plan.unplaced),
+            invalid=len(invalid),
+            policy=stats.policy,
+            status=stats.status,
+            solve_ms=round(stats.wall_ms, 1),
+            gap_pct=None if math.isnan(gap) else round(gap, 3),
+            nodes=snap.node_count,
+            generation=snap.generation,
+            total_ms=round((time.perf_counter() - start) * 1000, 1),
+        )
+
+    def _recheck(self, plan: Plan, snap: Snapshot, batch_id: int) -> Plan:
+        """Events seen during the solve may have taken capacity: keep only what still fits."""
+        if self.cache.generation == snap.generation:
+            return plan
+        fresh = self.cache.snapshot()
+        if fresh.cluster is not snap.cluster:
+            problems = ["the node inventory changed during the solve"]
+        else:
+            problems = plan_problems(plan, fresh.state)
+        if not problems:
+            return plan
+        log.warning("plan no longer fits after the solve; batch requeued", batch_id=batch_id, problems=problems[:3])
+        for a in plan.assignments:
+            self.queue.requeue(a.pod.key)
+        return Plan((), (), plan.stats)
+
+    def _unschedulable(self, pod: Pod, message: str, reason: str) -> None:
+        self.metrics.unschedulable(reason)
+        self.queue.park(pod.key)
+        self.spawn(self.binder.event(pod, "FailedScheduling", message, "Warning"), f"event:{pod.key}")
+        self.spawn(self.binder.unschedulable(pod, message), f"condition:{pod.key}")
+        log.info("unschedulable", pod=pod.key, reason=reason, message=message)
+
+    async def _bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
+        start = time.perf_counter()
+        async with self._bind_slots:
+            result, why = await self.binder.bind(pod, node, gpus)
+        ms = round((time.perf_counter() - start) * 1000, 1)
+        if result is BindResult.BOUND:
+            self.cache.confirm(pod.key)
+            self.queue.done(pod.key)
+            self.metrics.scheduled()
+            gpu_text = f" (GPUs {','.join(map(str, gpus))})" if gpus else ""
+            self.spawn(
+                self.binder.event(pod, "Scheduled", f"Successfully assigned {pod.key} to {node}{gpu_text}"),
+                f"event:{pod.key}",
+            )
+        else:
+            self.cache.forget(pod.key)
+            if result is BindResult.FAILED:
+                self.metrics.bind_error("failed")
+                self.queue.backoff(pod.key)
+            else:
+                if result is BindResult.TAKEN:
+                    self.metrics.bind_error("taken")
+                self.queue.done(pod.key)
+        log.info("bind", pod=pod.key, node=node, gpus=list(gpus), result=result.value, why=why or None, ms=ms)
+
+    def _cluster_metrics(self, state: ClusterState, frag: float) -> None:
+        c = self.queue.counts()
+        self.metrics.set_pending(c.active + c.in_flight, c.backoff, c.unschedulable)
+        gpus = state.cluster.total_gpus
+        alloc = state.gpu_allocated_milli / (gpus * 1000) if gpus else 0.0
+        active = int(((state.gpu_used.sum(axis=1) > 0) & (state.cluster.gpu_count > 0)).sum())
+        self.metrics.set_cluster(gpus, alloc, frag, active)
+
+
+def _solve(
+    policy: Policy, pods: list[Pod], state: ClusterState, typical: TypicalPods
+) -> tuple[Plan, ClusterState, float]:
+    """Runs in a worker thread: the plan, the state after it and its fragmentation ratio."""
+    plan = policy.place(pods, state)
+    after = state.apply(plan.assignments)
+    frag = cluster_frag_ratio(after, typical) if len(typical) else 0.0
+    return plan, after, frag
+
+
+async def run_daemon(settings: DaemonSettings) -> int:
+    """Run until SIGTERM/SIGINT; the exit code for the process."""
+    kube = await connect(settings.kubeconfig, settings.context, settings.kube_qps, settings.kube_burst)
+    sched = Scheduler(settings, kube)
+    health = HealthServer(sched.metrics, host=settings.metrics_host, port=settings.metrics_port, ready=sched.ready)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await health.start()
+    log.info(
+        "started",
+        identity=sched.identity,
+        scheduler_name=settings.scheduler_name,
+        metrics_port=health.port,
+        leader_elect=settings.leader_elect,
+    )
+    named: dict[str, Coroutine[Any, Any, None]] = {r.name: r.run() for r in sched.reflectors}
+    named = {f"watch-{k}": v for k, v in named.items()}
+    named["schedule"] = sched.schedule_forever()
+    if sched.elector is not None:
+        named["leader"] = sched.elector.run()
+    tasks = {asyncio.create_task(coro, name=name) for name, coro in named.items()}
+    stopper = asyncio.create_task(stop.wait(), name="stop-signal")
+    code = 0
+    try:
+        done, _ = await asyncio.wait({*tasks, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            if t is not stopper:
+                exc = t.exception()
+                log.error("task ended; stopping", task=t.get_name(), error=repr(exc))
+                code = 1
+    finally:
+        schedule = [t for t in tasks if t.get_name() == "schedule"]
+        for t in schedule:  # no new batches
+            t.cancel()
+        await asyncio.gather(*schedule, return_exceptions=True)
+        await sched.drain(timeout=10.0)
+        for t in tasks:
+            t.cancel()
+        stopper.cancel()
+        await asyncio.gather(*tasks, stopper, return_exceptions=True)
+        if sched.elector is not None:
+            await sched.elector.release()
+        await health.stop()
+        await kube.close()
+        log.info("stopped", code=code)
+    return code
+
+
+async def explain_pod(
+    kubeconfig: Path | None, context: str | None, namespace: str, name: str, scheduler_name: str = SCHEDULER_NAME
+) -> tuple[str, int]:
+    """Read the cluster once and explain one pod; the text and an exit code (0 fits, 1 does not, 2 error)."""
+    kube = await connect(kubeconfig, context, 50.0, 100)
+    try:
+        r = await kube.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        if r.status == 404:
+            return f"pod {namespace}/{name} not found", 2
+        if not r.ok:
+            return f"cannot read pod {namespace}/{name}: {r.error()}", 2
+        rec = pod_record(r.body)
+        if rec.bound:
+            node_gpus = f" on GPUs {','.join(map(str, rec.gpu_indices))}" if rec.gpu_indices else ""
+            return f"pod {rec.key} is bound to {rec.node_name}{node_gpus}", 0
+        lines = []
+        if rec.scheduler != scheduler_name:
+            lines.append(f"note: pod {rec.key} names scheduler {rec.scheduler!r}, not {scheduler_name!r}")
+        if rec.error:
+            lines.append(f"pod {rec.key} cannot be scheduled as written: {rec.error}")
+            return "\n".join(lines), 1
+        cache = Cache()
+        nodes, _ = await kube.list("/api/v1/nodes")
+        recs = []
+        for obj in nodes:
+            try:
+                recs.append(node_record(obj))
+            except ConvertError as exc:
+                lines.append(f"node ignored: {exc}")
+        cache.replace_nodes(recs)
+        bound, _ = await kube.list("/api/v1/pods", {"fieldSelector": BOUND_SELECTOR})
+        cache.replace_pods(pod_record(o) for o in bound)
+        snap = cache.snapshot()
+        e = explain(rec.pod, snap.state, snap.excluded)
+        p = rec.pod
+        want = (
+            f"{p.num_gpu} GPU" if p.gpu_milli == 1000 else f"{p.gpu_milli}/1000 of one GPU" if p.num_gpu else "no GPU"
+        )
+        lines.append(f"pod {rec.key}: cpu {p.cpu_milli}m, memory {p.memory_mib}Mi, {want}")
+        if e.fits:
+            fit = [snap.cluster.nodes[i].name for i in range(len(snap.cluster)) if snap.state.fit_mask(p.shape)[i]]
+            lines.append(
+                f"{e.fits}/{e.total} nodes can take it now: {', '.join(fit[:10])}{' ...' if len(fit) > 10 else ''}"
+            )
+            return "\n".join(lines), 0
+        lines.append(e.message)
+        return "\n".join(lines), 1
+    finally:
+        await kube.close()

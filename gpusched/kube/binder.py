@@ -1,0 +1,184 @@
+"""Writes decisions to the API server: Bindings, Events and the PodScheduled condition.
+
+``bind`` is idempotent: the Binding carries the pod's UID as a precondition
+and the GPU indices as an annotation (the API server copies a Binding's
+annotations onto the pod in the same write, so the pod is never bound
+without them).  A 409 means the pod already has a node: if it is the node we
+chose the bind counts as done (a retry after a lost response), otherwise
+someone else placed it.  Transient failures (429, 5xx, a lost connection)
+are retried here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from gpusched.kube.client import STRATEGIC_PATCH, ApiError, Kube
+from gpusched.kube.convert import ANNOTATION_GPU_INDICES
+from gpusched.model import Pod
+
+__all__ = ["BindResult", "Binder"]
+
+log = structlog.get_logger("gpusched.bind")
+
+COMPONENT = "gpu-scheduler"
+
+
+class BindResult(enum.Enum):
+    """How a bind ended."""
+
+    BOUND = "bound"
+    """Bound to the node we chose (now or by an earlier attempt)."""
+    GONE = "gone"
+    """The pod was deleted or replaced (UID changed)."""
+    TAKEN = "taken"
+    """Bound elsewhere by someone else."""
+    FAILED = "failed"
+    """Refused or unreachable after retries; retry later."""
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, ApiError) and (exc.status in (0, 429) or exc.status >= 500)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Binder:
+    """Bindings, Events and conditions for one scheduler instance."""
+
+    def __init__(self, kube: Kube, identity: str, attempts: int = 4, event_repeat_s: float = 60.0) -> None:
+        self.kube = kube
+        self.identity = identity
+        self.attempts = attempts
+        self.event_repeat_s = event_repeat_s
+        self._last_event: dict[tuple[str, str], tuple[str, float]] = {}
+
+    async def _retrying(self, method: str, path: str, body: Any, content_type: str = "application/json") -> Any:
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential_jitter(initial=0.1, max=2.0),
+            retry=retry_if_exception(_transient),
+            reraise=True,
+        ):
+            with attempt:
+                r = await self.kube.request(method, path, body=body, content_type=content_type)
+                if not r.ok:
+                    raise r.error()
+                return r.body
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> tuple[BindResult, str]:
+        """Bind ``pod`` to ``node``; the second item says why when it is not BOUND."""
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding"
+        meta: dict[str, Any] = {"name": pod.name, "namespace": pod.namespace}
+        if pod.uid:
+            meta["uid"] = pod.uid
+        if gpus:
+            meta["annotations"] = {ANNOTATION_GPU_INDICES: ",".join(str(g) for g in gpus)}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": meta,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        try:
+            await self._retrying("POST", path, body)
+            return BindResult.BOUND, ""
+        except ApiError as exc:
+            if exc.status == 404:
+                return BindResult.GONE, exc.message
+            if exc.status == 409 or (exc.status == 0 and self.attempts > 1):
+                return await self._settle(pod, node, exc)
+            return BindResult.FAILED, str(exc)
+
+    async def _settle(self, pod: Pod, node: str, exc: ApiError) -> tuple[BindResult, str]:
+        """After a conflict or a lost answer: read the pod to learn what happened."""
+        try:
+            r = await self.kube.request("GET", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}")
+        except ApiError as again:
+            return BindResult.FAILED, f"{exc}; and reading the pod failed: {again}"
+        if r.status == 404:
+            return BindResult.GONE, "pod deleted"
+        if not r.ok:
+            return BindResult.FAILED, str(r.error())
+        meta = r.body.get("metadata") or {}
+        if pod.uid and meta.get("uid") != pod.uid:
+            return BindResult.GONE, "pod replaced (new UID)"
+        bound_to = (r.body.get("spec") or {}).get("nodeName") or ""
+        if bound_to == node:
+            return BindResult.BOUND, ""
+        if bound_to:
+            return BindResult.TAKEN, f"already bound to {bound_to}"
+        return BindResult.FAILED, str(exc)
+
+    async def event(self, pod: Pod, reason: str, message: str, kind: str = "Normal") -> None:
+        """An Event on the pod (repeats of one reason and message are sent at most every ``event_repeat_s``)."""
+        await self.object_event(
+            {"kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid, "apiVersion": "v1"},
+            reason,
+            message,
+            kind,
+        )
+
+    async def object_event(self, involved: dict[str, str], reason: str, message: str, kind: str = "Normal") -> None:
+        """An Event on any object; failures are logged, never raised (Events are best effort)."""
+        ns = involved.get("namespace") or "default"
+        key = (f"{involved.get('kind')}/{ns}/{involved.get('name')}", reason)
+        last = self._last_event.get(key)
+        now = time.monotonic()
+        if last is not None and last[0] == message and now - last[1] < self.event_repeat_s:
+            return
+        self._last_event[key] = (message, now)
+        if len(self._last_event) > 50_000:
+            self._last_event.clear()
+        stamp = _now()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{involved.get('name')}.", "namespace": ns},
+            "involvedObject": {k: v for k, v in involved.items() if v},
+            "reason": reason,
+            "message": message[:1024],
+            "type": kind,
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.identity,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            await self._retrying("POST", f"/api/v1/namespaces/{ns}/events", body)
+        except ApiError as exc:
+            log.warning("event not written", object=key[0], reason=reason, error=str(exc))
+
+    async def unschedulable(self, pod: Pod, message: str) -> None:
+        """``PodScheduled=False`` with reason ``Unschedulable``, as kube-scheduler sets it."""
+        body = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": message,
+                        "lastTransitionTime": _now(),
+                    }
+                ]
+            }
+        }
+        try:
+            await self._retrying(
+                "PATCH", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status", body, STRATEGIC_PATCH
+            )
+        except ApiError as exc:
+            if exc.status != 404:
+                log.warning("condition not written", pod=pod.key, error=str(exc))

@@ -1,0 +1,202 @@
+"""One API connection with a bounded request rate, speaking JSON.
+
+Requests go through kubernetes-asyncio's ``ApiClient`` (authentication, TLS,
+token refresh) with ``_preload_content=False``: the JSON is decoded here and
+handed on as plain dicts, without the generated model classes.  Every request
+but a watch's stream waits on a token bucket of ``qps`` with ``burst``, the
+same limits kube-scheduler's client takes (``--kube-api-qps``/``--kube-api-burst``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+
+__all__ = ["ApiError", "Kube", "RateLimiter", "Response", "connect"]
+
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+
+
+class ApiError(Exception):
+    """A request the API server refused or that did not reach it."""
+
+    def __init__(self, status: int, message: str, reason: str = "") -> None:
+        super().__init__(f"{status} {reason}: {message}" if reason else f"{status}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Response:
+    """Status and decoded body of one request."""
+
+    status: int
+    body: Any
+
+    @property
+    def ok(self) -> bool:
+        """2xx."""
+        return 200 <= self.status < 300
+
+    def error(self) -> ApiError:
+        """The API's own Status message as an exception."""
+        body = self.body if isinstance(self.body, Mapping) else {}
+        return ApiError(self.status, str(body.get("message") or self.body), str(body.get("reason") or ""))
+
+
+class RateLimiter:
+    """Token bucket: ``qps`` tokens a second, at most ``burst`` saved up."""
+
+    def __init__(self, qps: float, burst: int) -> None:
+        if qps <= 0 or burst < 1:
+            raise ValueError(f"client rate needs qps > 0 and burst >= 1, got qps={qps} burst={burst}")
+        self.qps = qps
+        self.burst = burst
+        self._tokens = float(burst)
+        self._stamp = time.monotonic()
+        self._lock = asyncio.Lock()
+
+    async def acquire(self) -> None:
+        """Wait for a token."""
+        async with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.qps)
+            self._stamp = now
+            if self._tokens < 1:
+                await asyncio.sleep((1 - self._tokens) / self.qps)
+                self._stamp = time.monotonic()
+                self._tokens = 0.0
+            else:
+                self._tokens -= 1
+
+
+class Kube:
+    """Requests against one API server."""
+
+    def __init__(self, api: k8s_client.ApiClient, qps: float = 50.0, burst: int = 100) -> None:
+        self.api = api
+        self.limiter = RateLimiter(qps, burst)
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        await self.api.close()
+
+    async def _raw(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = JSON,
+        timeout: float | None = 30.0,
+    ) -> aiohttp.ClientResponse:
+        headers = {"Accept": JSON, "Content-Type": content_type}
+        params = [(k, v) for k, v in (query or {}).items() if v is not None]
+        try:
+            resp: aiohttp.ClientResponse = await self.api.call_api(
+                path,
+                method,
+                query_params=params,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout,
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            raise ApiError(0, f"cannot reach the API server: {exc}", "Unreachable") from exc
+        return resp
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = JSON,
+        timeout: float | None = 30.0,
+    ) -> Response:
+        """One rate-limited request; the body is decoded JSON (or text when it is not JSON)."""
+        await self.limiter.acquire()
+        resp = await self._raw(method, path, query, body, content_type, timeout)
+        try:
+            data = await resp.read()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise ApiError(0, f"connection lost reading {path}: {exc}", "Unreachable") from exc
+        finally:
+            resp.release()
+        try:
+            decoded: Any = json.loads(data) if data else None
+        except ValueError:
+            decoded = data.decode("utf-8", "replace")
+        return Response(resp.status, decoded)
+
+    async def get(self, path: str, query: Mapping[str, Any] | None = None) -> Any:
+        """GET and raise ``ApiError`` unless 2xx."""
+        r = await self.request("GET", path, query)
+        if not r.ok:
+            raise r.error()
+        return r.body
+
+    async def list(self, path: str, query: Mapping[str, Any] | None = None, page: int = 500) -> tuple[list[Any], str]:
+        """Every item of a list, fetched in pages; with the list's resourceVersion."""
+        items: list[Any] = []
+        cont: str | None = None
+        while True:
+            body = await self.get(path, {**(query or {}), "limit": page, "continue": cont})
+            items.extend(body.get("items") or ())
+            meta: Mapping[str, Any] = body.get("metadata") or {}
+            cont = meta.get("continue") or None
+            if cont is None:
+                return items, str(meta.get("resourceVersion", ""))
+
+    async def stream(self, path: str, query: Mapping[str, Any], timeout: float) -> AsyncIterator[dict[str, Any]]:
+        """A watch: decoded events until the server ends the stream.
+
+        Raises ``ApiError`` when the watch is refused (e.g. 410 Gone for an expired
+        resourceVersion) or the connection breaks.
+        """
+        await self.limiter.acquire()
+        resp = await self._raw("GET", path, {**query, "watch": "true"}, timeout=timeout)
+        try:
+            if resp.status != 200:
+                data = await resp.read()
+                try:
+                    body = json.loads(data)
+                except ValueError:
+                    body = {"message": data.decode("utf-8", "replace")}
+                raise Response(resp.status, body).error()
+            while True:
+                try:
+                    line = await resp.content.readline()
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    raise ApiError(0, f"watch {path} broke: {exc}", "Unreachable") from exc
+                if not line:
+                    return
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            resp.release()
+
+
+async def connect(kubeconfig: Path | None, context: str | None, qps: float, burst: int) -> Kube:
+    """A client from ``kubeconfig`` (and ``context``), else from the pod's service account."""
+    if kubeconfig is None:
+        cfg = k8s_client.Configuration()
+        k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        api = k8s_client.ApiClient(configuration=cfg)
+    else:
+        api = await k8s_config.new_client_from_config(config_file=str(kubeconfig), context=context)
+    return Kube(api, qps, burst)

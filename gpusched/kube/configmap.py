@@ -1,0 +1,92 @@
+"""Follows the solver configuration in one ConfigMap and hot-reloads it.
+
+The document lives under the key ``config.yaml``.  A document that fails
+validation is rejected with the field and the reason (a log line and a
+Warning Event on the ConfigMap); the last good configuration stays in force.
+A deleted ConfigMap also leaves the last good configuration in force.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+from gpusched.config import ConfigError, GpuschedConfig, load_config
+
+__all__ = ["CONFIG_KEY", "ConfigMapHandler"]
+
+log = structlog.get_logger("gpusched.config")
+
+CONFIG_KEY = "config.yaml"
+
+
+class ConfigMapHandler:
+    """A watch handler for one ConfigMap; ``on_config`` gets each accepted document."""
+
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        on_config: Callable[[GpuschedConfig], None],
+        on_rejected: Callable[[dict[str, str], str], Awaitable[None]] | None = None,
+        spawn: Callable[[Awaitable[None], str], None] | None = None,
+        on_result: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.namespace = namespace
+        self.name = name
+        self.on_config = on_config
+        self.on_rejected = on_rejected
+        self.spawn = spawn
+        self.on_result = on_result
+        self.last_rv = ""
+        self.rejected = ""
+        """The latest rejection message ("" once a document has been accepted since)."""
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        """After a list: the ConfigMap or nothing."""
+        if not objects:
+            log.warning(
+                "configuration ConfigMap not found; keeping the current configuration",
+                configmap=f"{self.namespace}/{self.name}",
+            )
+            return
+        self.apply("ADDED", objects[0])
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        """Validate and take a new version of the document."""
+        meta = obj.get("metadata") or {}
+        if kind == "DELETED":
+            log.warning("configuration ConfigMap deleted; keeping the last good configuration", configmap=self.name)
+            return
+        rv = str(meta.get("resourceVersion", ""))
+        if rv and rv == self.last_rv:
+            return
+        self.last_rv = rv
+        text = (obj.get("data") or {}).get(CONFIG_KEY)
+        source = f"ConfigMap {self.namespace}/{self.name} key {CONFIG_KEY}"
+        try:
+            if text is None:
+                raise ConfigError(f"{source}: key missing; put the solver document under {CONFIG_KEY}")
+            cfg = load_config(text, source)
+        except ConfigError as exc:
+            self.rejected = str(exc)
+            log.error("configuration rejected; the last good configuration stays", error=str(exc), rv=rv)
+            if self.on_result is not None:
+                self.on_result(False)
+            if self.on_rejected is not None and self.spawn is not None:
+                involved = {
+                    "kind": "ConfigMap",
+                    "apiVersion": "v1",
+                    "namespace": self.namespace,
+                    "name": self.name,
+                    "uid": str(meta.get("uid", "")),
+                }
+                self.spawn(self.on_rejected(involved, str(exc)), "config-event")
+            return
+        self.rejected = ""
+        log.info("configuration applied", configmap=f"{self.namespace}/{self.name}", rv=rv)
+        if self.on_result is not None:
+            self.on_result(True)
+        self.on_config(cfg)

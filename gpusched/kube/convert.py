@@ -1,0 +1,285 @@
+"""API JSON -> typed records: resource names, GPU feature discovery labels, annotations.
+
+Objects arrive as decoded JSON (``dict``), exactly as the API server sends them;
+decoding into generated client classes is skipped because it costs more than the
+rest of the watch path together on large clusters.
+
+GPU inventory of a node
+    ``status.allocatable["nvidia.com/gpu"]`` (else the label ``nvidia.com/gpu.count``);
+    model from ``nvidia.com/gpu.product``, memory per GPU (MiB) from
+    ``nvidia.com/gpu.memory``; MIG slices from ``nvidia.com/mig-<profile>``.
+
+GPU request of a pod
+    whole GPUs: ``nvidia.com/gpu`` in the container limits (requests equal limits);
+    a fractional share of one GPU: the annotation ``gpusched.io/gpu-milli`` (1..1000
+    thousandths of a GPU) or the extended resource ``gpusched.io/gpu-milli``, with no
+    ``nvidia.com/gpu``; accepted models: the annotation ``gpusched.io/gpu-models``
+    (comma separated) and/or ``nodeSelector["nvidia.com/gpu.product"]``.
+
+The scheduler writes the GPU indices it chose to ``gpusched.io/gpu-indices`` (``"0,1"``)
+together with the Binding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from gpusched.model import GPU_MILLI, Node, Pod, QuantityError, cpu_milli, memory_mib, parse_quantity
+from gpusched.state.records import NodeRecord, PodRecord
+
+__all__ = [
+    "ANNOTATION_GPU_INDICES",
+    "ANNOTATION_GPU_MILLI",
+    "ANNOTATION_GPU_MODELS",
+    "GPU_RESOURCE",
+    "LABEL_GPU_COUNT",
+    "LABEL_GPU_MEMORY",
+    "LABEL_GPU_PRODUCT",
+    "ConvertError",
+    "node_record",
+    "pod_record",
+]
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_PREFIX = "nvidia.com/mig-"
+LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"
+LABEL_GPU_MEMORY = "nvidia.com/gpu.memory"
+LABEL_GPU_COUNT = "nvidia.com/gpu.count"
+ANNOTATION_GPU_MILLI = "gpusched.io/gpu-milli"
+ANNOTATION_GPU_MODELS = "gpusched.io/gpu-models"
+ANNOTATION_GPU_INDICES = "gpusched.io/gpu-indices"
+UNKNOWN_MODEL = "unknown"
+"""Model of GPUs on a node that has no ``nvidia.com/gpu.product`` label."""
+
+_TOLERATED_TAINT_EFFECTS = ("PreferNoSchedule",)
+
+
+class ConvertError(ValueError):
+    """An API object that cannot be read; the message names the object and the field."""
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or not meta.get("name"):
+        raise ConvertError("object without metadata.name")
+    return meta
+
+
+def _int_quantity(text: Any, where: str) -> int:
+    try:
+        value = parse_quantity(text)
+    except QuantityError as exc:
+        raise ConvertError(f"{where}: {exc}") from None
+    if value != int(value):
+        raise ConvertError(f"{where}: must be a whole number, got {text!r}")
+    return int(value)
+
+
+def node_record(obj: Mapping[str, Any]) -> NodeRecord:
+    """The node's inventory and schedulability; raises ``ConvertError`` naming the bad field."""
+    meta = _meta(obj)
+    name = str(meta["name"])
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    spec: Mapping[str, Any] = obj.get("spec") or {}
+    status: Mapping[str, Any] = obj.get("status") or {}
+    alloc: Mapping[str, Any] = status.get("allocatable") or status.get("capacity") or {}
+    where = f"node {name}"
+    try:
+        cpu = cpu_milli(alloc.get("cpu", 0), round_up=False)
+        mem = memory_mib(alloc.get("memory", 0), round_up=False)
+    except QuantityError as exc:
+        raise ConvertError(f"{where}: status.allocatable: {exc}") from None
+    if GPU_RESOURCE in alloc:
+        gpus = _int_quantity(alloc[GPU_RESOURCE], f"{where}: allocatable {GPU_RESOURCE}")
+    elif LABEL_GPU_COUNT in labels:
+        gpus = _int_quantity(labels[LABEL_GPU_COUNT], f"{where}: label {LABEL_GPU_COUNT}")
+    else:
+        gpus = 0
+    model = str(labels.get(LABEL_GPU_PRODUCT, "")) or (UNKNOWN_MODEL if gpus else "")
+    gpu_mem = 0
+    if LABEL_GPU_MEMORY in labels:
+        gpu_mem = _int_quantity(labels[LABEL_GPU_MEMORY], f"{where}: label {LABEL_GPU_MEMORY}")
+    mig = tuple(
+        sorted((k, _int_quantity(v, f"{where}: allocatable {k}")) for k, v in alloc.items() if k.startswith(MIG_PREFIX))
+    )
+    excluded = ""
+    if spec.get("unschedulable"):
+        excluded = "node(s) were unschedulable"
+    else:
+        for taint in spec.get("taints") or ():
+            if taint.get("effect") not in _TOLERATED_TAINT_EFFECTS:
+                excluded = f"node(s) had untolerated taint {{{taint.get('key', '')}: {taint.get('value', '')}}}"
+                break
+    try:
+        node = Node(name, cpu, mem, gpus, model, gpu_mem, dict(labels))
+    except ValueError as exc:
+        raise ConvertError(str(exc)) from None
+    return NodeRecord(node, excluded, tuple((k, v) for k, v in mig if v))
+
+
+def _container_requests(container: Mapping[str, Any]) -> dict[str, Any]:
+    res: Mapping[str, Any] = container.get("resources") or {}
+    merged = dict(res.get("limits") or {})  # a request defaults to its limit
+    merged.update(res.get("requests") or {})
+    return merged
+
+
+def _effective_requests(spec: Mapping[str, Any], where: str) -> dict[str, int]:
+    """Per resource: the sum over containers, at least the largest init container, plus overhead.
+
+    CPU in millicores, memory in MiB, anything else as a whole count.
+    """
+
+    def read(reqs: Mapping[str, Any]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for key, value in reqs.items():
+            try:
+                if key == "cpu":
+                    out[key] = cpu_milli(value)
+                elif key == "memory":
+                    out[key] = memory_mib(value)
+                elif "/" in key:
+                    out[key] = _int_quantity(value, f"{where}: resources {key}")
+            except QuantityError as exc:
+                raise ConvertError(f"{where}: resources {key}: {exc}") from None
+        return out
+
+    total: dict[str, int] = {}
+    for c in spec.get("containers") or ():
+        for k, v in read(_container_requests(c)).items():
+            total[k] = total.get(k, 0) + v
+    for c in spec.get("initContainers") or ():
+        for k, v in read(_container_requests(c)).items():
+            total[k] = max(total.get(k, 0), v)
+    for k, v in read(spec.get("overhead") or {}).items():
+        total[k] = total.get(k, 0) + v
+    return total
+
+
+def _epoch(ts: Any) -> float:
+    if not isinstance(ts, str) or not ts:
+        return 0.0
+    try:
+        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _indices(text: Any) -> tuple[int, ...] | None:
+    if not isinstance(text, str) or not text.strip():
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        return None
+
+
+def pod_record(obj: Mapping[str, Any]) -> PodRecord:
+    """The pod's request and state.
+
+    A pod whose request this scheduler cannot honour is still returned, with
+    ``error`` saying why, so that it can be told (Event, condition) instead of
+    silently ignored.  Raises ``ConvertError`` only without a name.
+    """
+    meta = _meta(obj)
+    name, namespace = str(meta["name"]), str(meta.get("namespace") or "default")
+    spec: Mapping[str, Any] = obj.get("spec") or {}
+    status: Mapping[str, Any] = obj.get("status") or {}
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    uid = str(meta.get("uid", ""))
+    priority = int(spec.get("priority") or 0)
+    try:
+        pod, error = _pod(name, namespace, uid, priority, spec, annotations, f"pod {namespace}/{name}")
+    except ConvertError as exc:
+        pod, error = Pod(name, 0, 0, namespace=namespace, uid=uid, priority=priority), str(exc)
+    return PodRecord(
+        pod,
+        uid=uid,
+        scheduler=str(spec.get("schedulerName") or "default-scheduler"),
+        node_name=str(spec.get("nodeName") or ""),
+        gpu_indices=_indices(annotations.get(ANNOTATION_GPU_INDICES)),
+        resource_version=str(meta.get("resourceVersion", "")),
+        created=_epoch(meta.get("creationTimestamp")),
+        terminal=status.get("phase") in ("Succeeded", "Failed"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        error=error,
+    )
+
+
+def _pod(
+    name: str,
+    namespace: str,
+    uid: str,
+    priority: int,
+    spec: Mapping[str, Any],
+    annotations: Mapping[str, str],
+    where: str,
+) -> tuple[Pod, str]:
+    """The request, and what about it cannot be honoured ("" when all can).
+
+    Bad quantities raise; unsupported placement constraints only set the error, so
+    that a pod bound by another scheduler is still counted with its real request.
+    """
+    reqs = _effective_requests(spec, where)
+    num_gpu = reqs.get(GPU_RESOURCE, 0)
+    milli = 0
+    share_text = annotations.get(ANNOTATION_GPU_MILLI)
+    if share_text is not None:
+        milli = _int_quantity(share_text, f"{where}: annotation {ANNOTATION_GPU_MILLI}")
+    elif ANNOTATION_GPU_MILLI in reqs:
+        milli = reqs[ANNOTATION_GPU_MILLI]
+    if milli:
+        if num_gpu:
+            raise ConvertError(
+                f"{where}: asks for {num_gpu} {GPU_RESOURCE} and a {ANNOTATION_GPU_MILLI} share; "
+                f"use {GPU_RESOURCE} for whole GPUs or {ANNOTATION_GPU_MILLI} for a share of one GPU, not both"
+            )
+        if not 0 < milli <= GPU_MILLI:
+            raise ConvertError(f"{where}: {ANNOTATION_GPU_MILLI} must be 1..{GPU_MILLI}, got {milli}")
+        num_gpu = 1
+    elif num_gpu:
+        milli = GPU_MILLI
+    error = ""
+    mig = sorted(k for k in reqs if k.startswith(MIG_PREFIX))
+    if mig:
+        error = f"{where}: MIG slices ({', '.join(mig)}) are not placed by this scheduler yet"
+    models: set[str] = set()
+    text = annotations.get(ANNOTATION_GPU_MODELS, "")
+    if text.strip():
+        models = {m.strip() for m in text.split(",") if m.strip()}
+    selector: Mapping[str, str] = spec.get("nodeSelector") or {}
+    other = sorted(k for k in selector if k != LABEL_GPU_PRODUCT)
+    if other:
+        error = error or (
+            f"{where}: nodeSelector keys {', '.join(other)} are not supported; "
+            f"select GPUs with {LABEL_GPU_PRODUCT} or the {ANNOTATION_GPU_MODELS} annotation"
+        )
+    if LABEL_GPU_PRODUCT in selector:
+        wanted = {str(selector[LABEL_GPU_PRODUCT])}
+        models = models & wanted if models else wanted
+        if not models:
+            error = error or (
+                f"{where}: nodeSelector {LABEL_GPU_PRODUCT}={selector[LABEL_GPU_PRODUCT]} "
+                f"excludes every model in {ANNOTATION_GPU_MODELS}"
+            )
+    affinity: Mapping[str, Any] = spec.get("affinity") or {}
+    node_aff: Mapping[str, Any] = affinity.get("nodeAffinity") or {}
+    if node_aff.get("requiredDuringSchedulingIgnoredDuringExecution"):
+        error = error or f"{where}: required node affinity is not supported; use {ANNOTATION_GPU_MODELS}"
+    try:
+        pod = Pod(
+            name,
+            reqs.get("cpu", 0),
+            reqs.get("memory", 0),
+            num_gpu,
+            milli,
+            frozenset(models),
+            priority,
+            namespace,
+            uid,
+        )
+    except ValueError as exc:
+        raise ConvertError(str(exc)) from None
+    return pod, error

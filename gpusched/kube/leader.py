@@ -1,0 +1,164 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, after client-go's leaderelection.
+
+Every replica runs ``LeaderElector.run``; the one holding the Lease schedules.
+A holder is considered alive while its record keeps changing: expiry is
+measured on *this* replica's clock from the moment it last saw the record
+change, never from the timestamps inside it, so clock skew between nodes
+cannot hand the Lease to two replicas.  Writes carry the resourceVersion they
+read, so of two replicas racing for an expired Lease exactly one wins (the
+other gets 409).  A leader that cannot renew within ``renew_deadline`` steps
+down before its Lease can expire for the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from gpusched.kube.client import ApiError, Kube
+
+__all__ = ["LeaderElector"]
+
+log = structlog.get_logger("gpusched.leader")
+
+
+def _micro_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    """Acquires and renews one Lease; calls back on every change of leadership."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        name: str,
+        identity: str,
+        *,
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+        on_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        if not lease_duration > renew_deadline > retry_period > 0:
+            raise ValueError(
+                "leader election needs lease duration > renew deadline > retry period > 0, got "
+                f"{lease_duration} / {renew_deadline} / {retry_period}"
+            )
+        self.kube = kube
+        self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self.on_change = on_change
+        self.is_leader = False
+        self.holder = ""
+        self._observed: tuple[str, str] | None = None
+        self._observed_at = 0.0
+
+    async def run(self) -> None:
+        """Forever: acquire, renew while possible, step down when not."""
+        try:
+            while True:
+                while not await self._try():
+                    await asyncio.sleep(self.retry_period)
+                self._set(True)
+                last_renew = time.monotonic()
+                while True:
+                    await asyncio.sleep(self.retry_period)
+                    if await self._try():
+                        last_renew = time.monotonic()
+                    elif time.monotonic() - last_renew >= self.renew_deadline:
+                        log.warning("leadership lost: lease not renewed in time", lease=self.name)
+                        self._set(False)
+                        break
+        finally:
+            if self.is_leader:
+                self._set(False)
+
+    async def release(self) -> None:
+        """Give the Lease up at shutdown so another replica takes over at once."""
+        if self.holder != self.identity:
+            return
+        try:
+            lease = await self.kube.get(f"{self.path}/{self.name}")
+            spec = lease.get("spec") or {}
+            if spec.get("holderIdentity") != self.identity:
+                return
+            spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _micro_now()})
+            await self.kube.request("PUT", f"{self.path}/{self.name}", body=lease)
+            log.info("lease released", lease=self.name)
+        except ApiError as exc:
+            log.warning("lease not released", lease=self.name, error=str(exc))
+
+    def _set(self, leader: bool) -> None:
+        if leader != self.is_leader:
+            self.is_leader = leader
+            log.info("leadership changed", leader=leader, identity=self.identity, lease=self.name)
+            if self.on_change is not None:
+                self.on_change(leader)
+
+    async def _try(self) -> bool:
+        """One attempt to acquire or renew; True when we hold the Lease afterwards."""
+        now = _micro_now()
+        try:
+            r = await self.kube.request("GET", f"{self.path}/{self.name}")
+            if r.status == 404:
+                body = {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": self._spec(now, now, 0),
+                }
+                c = await self.kube.request("POST", self.path, body=body)
+                return self._won(c.ok, c.status)
+            if not r.ok:
+                raise r.error()
+            lease: dict[str, Any] = r.body
+            spec: dict[str, Any] = lease.get("spec") or {}
+            holder = str(spec.get("holderIdentity") or "")
+            record = (holder, str(spec.get("renewTime") or ""))
+            if record != self._observed:
+                self._observed, self._observed_at = record, time.monotonic()
+            self.holder = holder
+            duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
+            if holder and holder != self.identity and time.monotonic() < self._observed_at + duration:
+                return False
+            transitions = int(spec.get("leaseTransitions") or 0)
+            if holder == self.identity:
+                acquired = str(spec.get("acquireTime") or now)
+            else:
+                acquired, transitions = now, transitions + 1
+            lease["spec"] = self._spec(acquired, now, transitions)
+            u = await self.kube.request("PUT", f"{self.path}/{self.name}", body=lease)
+            return self._won(u.ok, u.status)
+        except ApiError as exc:
+            log.warning("lease request failed", lease=self.name, error=str(exc))
+            return False
+
+    def _spec(self, acquired: str, renewed: str, transitions: int) -> dict[str, Any]:
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": max(1, round(self.lease_duration)),
+            "acquireTime": acquired,
+            "renewTime": renewed,
+            "leaseTransitions": transitions,
+        }
+
+    def _won(self, ok: bool, status: int) -> bool:
+        if ok:
+            self.holder = self.identity
+            self._observed_at = time.monotonic()
+            return True
+        if status != 409:
+            log.warning("lease write refused", lease=self.name, status=status)
+        return False

@@ -1,0 +1,109 @@
+"""List+watch that keeps a handler current, the way client-go's reflector does.
+
+One ``Reflector`` per kind of object: it lists (in pages), hands the full set
+to ``Handler.replace``, then watches from the list's resourceVersion with
+bookmarks on, passing each change to ``Handler.apply``.  The resourceVersion
+advances with every event and bookmark, so a dropped connection resumes
+where it stopped; a 410 Gone (the version fell out of etcd's window) or an
+unknown error relists.  ``synced`` is set after the first full list: until
+every reflector is synced the scheduler does not place anything, because it
+cannot know what is already in use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any, Protocol
+
+import structlog
+
+from gpusched.kube.client import ApiError, Kube
+
+__all__ = ["Handler", "Reflector"]
+
+log = structlog.get_logger("gpusched.watch")
+
+GONE = 410
+
+
+class Handler(Protocol):
+    """Receives a kind's objects as decoded JSON."""
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        """The complete current set (after a list)."""
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        """One change: ``ADDED``, ``MODIFIED`` or ``DELETED``."""
+
+
+class Reflector:
+    """Keeps ``handler`` in step with the objects at ``path`` matching the selectors."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        name: str,
+        path: str,
+        handler: Handler,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        page_size: int = 500,
+        watch_timeout_s: int = 300,
+    ) -> None:
+        self.kube = kube
+        self.name = name
+        self.path = path
+        self.handler = handler
+        self.selectors: dict[str, Any] = {"fieldSelector": field_selector, "labelSelector": label_selector}
+        self.page_size = page_size
+        self.watch_timeout_s = watch_timeout_s
+        self.resource_version = ""
+        self.synced = asyncio.Event()
+        self.relists = 0
+
+    async def run(self) -> None:
+        """List, then watch, forever; reconnects with backoff."""
+        delay = 0.2
+        while True:
+            try:
+                await self._list()
+                delay = 0.2
+                await self._watch()
+            except ApiError as exc:
+                if exc.status == GONE:
+                    log.info("watch expired, relisting", watch=self.name, rv=self.resource_version)
+                    self.relists += 1
+                    continue
+                log.warning("watch failed, retrying", watch=self.name, error=str(exc), retry_in_s=round(delay, 2))
+                await asyncio.sleep(delay * (1 + random.random() / 2))
+                delay = min(delay * 2, 10.0)
+
+    async def _list(self) -> None:
+        items, self.resource_version = await self.kube.list(self.path, self.selectors, self.page_size)
+        self.handler.replace(items)
+        self.synced.set()
+        log.debug("listed", watch=self.name, count=len(items), rv=self.resource_version)
+
+    async def _watch(self) -> None:
+        """Watch until an error; a stream the server closes normally is reopened from the last version."""
+        while True:
+            query = {
+                **self.selectors,
+                "resourceVersion": self.resource_version,
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": self.watch_timeout_s,
+            }
+            async for event in self.kube.stream(self.path, query, timeout=self.watch_timeout_s + 30):
+                kind = event.get("type")
+                obj = event.get("object") or {}
+                if kind == "ERROR":
+                    raise ApiError(int(obj.get("code") or 0), str(obj.get("message")), str(obj.get("reason") or ""))
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if rv:
+                    self.resource_version = str(rv)
+                if kind == "BOOKMARK":
+                    continue
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    self.handler.apply(kind, obj)

@@ -1,0 +1,9 @@
+"""Operational telemetry of the scheduler daemon: the Prometheus metrics it exports (batch sizes,
+solve times and gaps, scheduled and unschedulable pods, bind errors, queue depths, cluster GPU
+allocation and fragmentation, leadership, configuration reloads) in a registry of its own, and the
+small HTTP server that serves them on ``/metrics`` beside the ``/healthz`` and ``/readyz`` probes.
+"""
+
+from gpusched.metrics.exporter import HealthServer, ReadyCheck, SchedulerMetrics
+
+__all__ = ["HealthServer", "ReadyCheck", "SchedulerMetrics"]

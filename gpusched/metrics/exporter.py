@@ -1,0 +1,290 @@
+"""Prometheus metrics of the scheduler and the HTTP server for ``/metrics``, ``/healthz`` and ``/readyz``.
+
+``SchedulerMetrics`` keeps its metrics in a private ``CollectorRegistry`` rather than the process-wide
+default one, so that several instances (one per test, one per simulated scheduler) never collide.
+``HealthServer`` serves that registry in the Prometheus text format together with the two probes a
+Deployment points its liveness and readiness checks at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = [
+    "BATCH_SIZE_BUCKETS",
+    "PENDING_QUEUES",
+    "RELOAD_RESULTS",
+    "SOLVE_SECONDS_BUCKETS",
+    "HealthServer",
+    "ReadyCheck",
+    "SchedulerMetrics",
+]
+
+NAMESPACE = "gpusched"
+
+BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+SOLVE_SECONDS_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+PENDING_QUEUES: tuple[str, ...] = ("active", "backoff", "unschedulable")
+"""Values of the ``queue`` label of ``gpusched_pending_pods``."""
+
+RELOAD_RESULTS: tuple[str, ...] = ("ok", "rejected")
+"""Values of the ``result`` label of ``gpusched_config_reloads_total``."""
+
+ReadyCheck = Callable[[], tuple[bool, str]]
+"""Readiness callback of ``HealthServer``: ``(ready, reason)``; ``reason`` explains a ``False``."""
+
+_TEXT = "text/plain"
+
+
+class SchedulerMetrics:
+    """Every metric the scheduler exports, in a registry owned by this instance.
+
+    Label children whose values are known in advance (the three pending queues, the two reload
+    results) exist from construction, so their series show ``0`` before the first update.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        self._batch_size = Histogram(
+            "batch_size",
+            "Pods in each batch handed to the solver.",
+            namespace=NAMESPACE,
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=reg,
+        )
+        self._solve_seconds = Histogram(
+            "solve_seconds",
+            "Wall-clock seconds spent placing one batch (model build and solve).",
+            namespace=NAMESPACE,
+            buckets=SOLVE_SECONDS_BUCKETS,
+            registry=reg,
+        )
+        self._solve_gap_ratio = Gauge(
+            "solve_gap_ratio",
+            "Relative optimality gap of the last solve, 0..1; NaN when the greedy fallback was used.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._pods_scheduled = Counter(
+            "pods_scheduled",
+            "Pods bound to a node by this scheduler.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._pods_unschedulable = Counter(
+            "pods_unschedulable",
+            "Pods a batch could not place, by reason.",
+            ["reason"],
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._bind_errors = Counter(
+            "bind_errors",
+            "Binding requests that failed, by reason.",
+            ["reason"],
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._pending_pods = Gauge(
+            "pending_pods",
+            "Pods waiting in the scheduling queue, by sub-queue (active, backoff, unschedulable).",
+            ["queue"],
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._gpu_allocation_ratio = Gauge(
+            "gpu_allocation_ratio",
+            "Allocated GPU share divided by the total GPUs of the cluster, 0..1.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._gpu_fragmentation_ratio = Gauge(
+            "gpu_fragmentation_ratio",
+            "Share of the cluster's free GPU capacity that typical pods cannot use, 0..1.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._gpus_total = Gauge(
+            "gpus_total",
+            "GPUs on the nodes this scheduler manages.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._gpu_nodes_active = Gauge(
+            "gpu_nodes_active",
+            "GPU nodes running at least one pod.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._is_leader = Gauge(
+            "is_leader",
+            "1 while this replica holds the leader lease, else 0.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._config_reloads = Counter(
+            "config_reloads",
+            "Configuration reloads, by result (ok, rejected).",
+            ["result"],
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._weights = Gauge(
+            "solver_weight",
+            "Objective weights of the configuration in force, by term.",
+            ["term"],
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        for queue in PENDING_QUEUES:
+            self._pending_pods.labels(queue=queue).set(0)
+        for result in RELOAD_RESULTS:
+            self._config_reloads.labels(result=result)
+
+    def observe_batch(self, size: int, solve_seconds: float, gap_ratio: float) -> None:
+        """Record one solved batch: its pod count, its solve time and the relative gap (NaN allowed)."""
+        self._batch_size.observe(size)
+        self._solve_seconds.observe(solve_seconds)
+        self._solve_gap_ratio.set(gap_ratio)
+
+    def scheduled(self, n: int = 1) -> None:
+        """Count ``n`` pods bound."""
+        self._pods_scheduled.inc(n)
+
+    def unschedulable(self, reason: str, n: int = 1) -> None:
+        """Count ``n`` pods left unplaced for ``reason``."""
+        self._pods_unschedulable.labels(reason=reason).inc(n)
+
+    def bind_error(self, reason: str) -> None:
+        """Count one failed binding for ``reason``."""
+        self._bind_errors.labels(reason=reason).inc()
+
+    def set_pending(self, active: int, backoff: int, unschedulable: int) -> None:
+        """Set the depth of each scheduling sub-queue."""
+        for queue, depth in zip(PENDING_QUEUES, (active, backoff, unschedulable), strict=True):
+            self._pending_pods.labels(queue=queue).set(depth)
+
+    def set_cluster(
+        self, gpus_total: int, allocation_ratio: float, fragmentation_ratio: float, active_gpu_nodes: int
+    ) -> None:
+        """Set the cluster gauges: total GPUs, allocated share, fragmentation and active GPU nodes."""
+        self._gpus_total.set(gpus_total)
+        self._gpu_allocation_ratio.set(allocation_ratio)
+        self._gpu_fragmentation_ratio.set(fragmentation_ratio)
+        self._gpu_nodes_active.set(active_gpu_nodes)
+
+    def set_leader(self, leader: bool) -> None:
+        """Set ``gpusched_is_leader`` to 1 or 0."""
+        self._is_leader.set(1 if leader else 0)
+
+    def config_reload(self, ok: bool) -> None:
+        """Count one configuration reload, accepted (``ok``) or rejected."""
+        self._config_reloads.labels(result="ok" if ok else "rejected").inc()
+
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """Publish the objective weights in force (``gpusched_solver_weight{term}``)."""
+        for term, value in weights.items():
+            self._weights.labels(term=term).set(value)
+
+    def render(self) -> tuple[bytes, str]:
+        """The registry in the Prometheus text format, and its ``Content-Type``."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class HealthServer:
+    """HTTP endpoints of the daemon, on ``host``:``port``.
+
+    - ``GET /metrics``: ``metrics.render()``.
+    - ``GET /healthz``: 200 ``ok`` whenever the event loop answers (liveness).
+    - ``GET /readyz``: calls ``ready`` (a ``ReadyCheck``: ``() -> (ready, reason)``); 200 ``ok`` when
+      ``ready`` is true, else 503 with ``not ready: <reason>``.  A callback that raises counts as not
+      ready, with the exception as the reason.  Without a callback the server is ready once started.
+
+    ``port=0`` binds an ephemeral port; after ``start()``, ``port`` is the bound one.  Access logs
+    are off.  ``stop()`` may be called any number of times, also before ``start()``.
+    """
+
+    def __init__(
+        self,
+        metrics: SchedulerMetrics,
+        *,
+        host: str = "0.0.0.0",  # a pod serves its probes on every interface
+        port: int = 8080,
+        ready: ReadyCheck | None = None,
+        shutdown_timeout: float = 5.0,
+    ) -> None:
+        self.metrics = metrics
+        self.host = host
+        self._port = port
+        self._ready = ready
+        self._shutdown_timeout = shutdown_timeout
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def port(self) -> int:
+        """The configured port before ``start()``; the bound port while running."""
+        return self._port
+
+    @property
+    def running(self) -> bool:
+        """True between ``start()`` and ``stop()``."""
+        return self._runner is not None
+
+    def _app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._handle_metrics)
+        app.router.add_get("/healthz", self._handle_healthz)
+        app.router.add_get("/readyz", self._handle_readyz)
+        return app
+
+    async def start(self) -> None:
+        """Bind and begin serving; raises ``RuntimeError`` if already running, ``OSError`` if the bind fails."""
+        if self._runner is not None:
+            raise RuntimeError("HealthServer is already running")
+        runner = web.AppRunner(self._app(), access_log=None, shutdown_timeout=self._shutdown_timeout)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.host, self._port)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        addresses = runner.addresses
+        if addresses:
+            self._port = int(addresses[0][1])
+        self._runner = runner
+
+    async def stop(self) -> None:
+        """Stop serving and release the socket; a no-op when not running."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    def readiness(self) -> tuple[bool, str]:
+        """The current ``(ready, reason)`` as ``/readyz`` reports it."""
+        if self._ready is None:
+            return True, ""
+        try:
+            ready, reason = self._ready()
+        except Exception as exc:  # a broken check must not take the probe endpoint down
+            return False, f"readiness check failed: {exc!r}"
+        return bool(ready), reason
+
+    async def _handle_metrics(self, request: web.Request) -> web.Response:
+        body, content_type = self.metrics.render()
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def _handle_healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok", content_type=_TEXT)
+
+    async def _handle_readyz(self, request: web.Request) -> web.Response:
+        ready, reason = self.readiness()
+        if ready:
+            return web.Response(text="ok", content_type=_TEXT)
+        text = f"not ready: {reason}" if reason else "not ready"
+        return web.Response(status=503, text=text, content_type=_TEXT)

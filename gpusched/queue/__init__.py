@@ -1,0 +1,1 @@
+"""Pending pods between the watch and the solver: active, backoff and unschedulable."""

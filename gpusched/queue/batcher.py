@@ -1,0 +1,208 @@
+"""The scheduling queue: every pending pod is in exactly one place.
+
+::
+
+    add ──▶ active ──next_batch──▶ in flight ──bound────────▶ (gone)
+              ▲                        │ ──unschedulable──▶ parked ──cluster changed──▶ active
+              │                        │ ──bind failed────▶ backoff ──timer──────────▶ active
+              └────────────────────────┴────────────────────────────────────────────────┘
+
+A batch closes when ``max_size`` pods are active or the oldest active pod has
+waited ``max_wait`` seconds.  Higher priority pops first, then arrival order.
+A pod updated while in flight keeps its place; deleted, it is dropped when its
+batch resolves.  Parked pods also return to active every ``flush_after``
+seconds in case a change went unseen.  Nothing is forgotten: ``counts`` adds
+up to every pending pod the watch has reported and not deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpusched.state.records import PodRecord
+
+__all__ = ["QueueCounts", "SchedulingQueue"]
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    """Pods per place."""
+
+    active: int
+    backoff: int
+    unschedulable: int
+    in_flight: int
+
+
+class SchedulingQueue:
+    """Active, backoff and unschedulable pods, and the batches drawn from them."""
+
+    def __init__(
+        self,
+        max_size: int = 64,
+        max_wait: float = 0.5,
+        *,
+        initial_backoff: float = 1.0,
+        max_backoff: float = 10.0,
+        flush_after: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_size = max_size
+        self.max_wait = max_wait
+        self.initial_backoff = initial_backoff
+        self.max_backoff = max_backoff
+        self.flush_after = flush_after
+        self._clock = clock
+        self._records: dict[str, PodRecord] = {}
+        self._active: dict[str, tuple[int, float]] = {}  # key -> (seq, enqueued at)
+        self._heap: list[tuple[int, int, str]] = []  # (-priority, seq, key); stale entries skipped
+        self._backoff: dict[str, float] = {}  # key -> ready at
+        self._parked: dict[str, float] = {}  # key -> parked at
+        self._in_flight: set[str] = set()
+        self._deleted_in_flight: set[str] = set()
+        self._attempts: dict[str, int] = {}
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+
+    # -- what the watch reports ----------------------------------------------------------
+    def add(self, record: PodRecord) -> None:
+        """A pending pod, new or updated."""
+        key = record.key
+        known = key in self._records
+        self._records[key] = record
+        if not known:
+            self._activate(key)
+        elif key in self._parked:  # its spec may have changed: try again
+            del self._parked[key]
+            self._activate(key)
+
+    def delete(self, key: str) -> None:
+        """The pod is gone, or no longer pending."""
+        if key not in self._records:
+            return
+        if key in self._in_flight:
+            self._deleted_in_flight.add(key)
+            return
+        self._remove(key)
+
+    def move_all(self) -> None:
+        """The cluster changed: parked pods may fit now."""
+        for key in list(self._parked):
+            del self._parked[key]
+            self._activate(key)
+
+    # -- what the scheduler reports ------------------------------------------------------
+    def done(self, key: str) -> None:
+        """The pod was bound: it leaves the queue."""
+        self._in_flight.discard(key)
+        self._deleted_in_flight.discard(key)
+        self._remove(key)
+
+    def park(self, key: str) -> None:
+        """The pod fits nowhere now; it waits for a change in the cluster."""
+        if self._settle(key):
+            self._parked[key] = self._clock()
+
+    def backoff(self, key: str) -> None:
+        """Binding failed or was refused for a passing reason; retry after a growing delay."""
+        if self._settle(key):
+            n = self._attempts.get(key, 0) + 1
+            self._attempts[key] = n
+            delay = min(self.initial_backoff * 2 ** (n - 1), self.max_backoff)
+            self._backoff[key] = self._clock() + delay
+            self._wake.set()
+
+    def requeue(self, key: str) -> None:
+        """Return an in-flight pod to active at once (the batch was not acted on)."""
+        if self._settle(key):
+            self._activate(key)
+
+    def record(self, key: str) -> PodRecord | None:
+        """The latest record of a queued or in-flight pod."""
+        return self._records.get(key)
+
+    def counts(self) -> QueueCounts:
+        """How many pods are where."""
+        return QueueCounts(len(self._active), len(self._backoff), len(self._parked), len(self._in_flight))
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._records
+
+    # -- batches -------------------------------------------------------------------------
+    async def next_batch(self) -> list[PodRecord]:
+        """Wait for the next batch and mark its pods in flight."""
+        while True:
+            now = self._clock()
+            self._release_due(now)
+            wait: float | None = None
+            if self._active:
+                oldest = min(t for _, t in self._active.values())
+                due = oldest + self.max_wait
+                if len(self._active) >= self.max_size or now >= due:
+                    return self._pop(self.max_size)
+                wait = due - now
+            if self._backoff:
+                until = min(self._backoff.values()) - now
+                wait = until if wait is None else min(wait, until)
+            if self._parked:
+                until = min(self._parked.values()) + self.flush_after - now
+                wait = until if wait is None else min(wait, until)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=None if wait is None else max(wait, 0.0))
+
+    def _pop(self, limit: int) -> list[PodRecord]:
+        batch: list[PodRecord] = []
+        while self._heap and len(batch) < limit:
+            _, seq, key = heapq.heappop(self._heap)
+            entry = self._active.get(key)
+            if entry is None or entry[0] != seq:
+                continue  # stale
+            del self._active[key]
+            self._in_flight.add(key)
+            batch.append(self._records[key])
+        return batch
+
+    def _release_due(self, now: float) -> None:
+        for key, ready in list(self._backoff.items()):
+            if ready <= now:
+                del self._backoff[key]
+                self._activate(key)
+        for key, since in list(self._parked.items()):
+            if since + self.flush_after <= now:
+                del self._parked[key]
+                self._activate(key)
+
+    def _activate(self, key: str) -> None:
+        seq = next(self._seq)
+        self._active[key] = (seq, self._clock())
+        heapq.heappush(self._heap, (-self._records[key].pod.priority, seq, key))
+        if len(self._heap) > 4 * len(self._active) + 1024:  # drop stale entries
+            self._heap = [e for e in self._heap if self._active.get(e[2], (-1, 0.0))[0] == e[1]]
+            heapq.heapify(self._heap)
+        self._wake.set()
+
+    def _settle(self, key: str) -> bool:
+        """End the in-flight state; False when the pod was deleted meanwhile (then it is dropped)."""
+        self._in_flight.discard(key)
+        if key in self._deleted_in_flight:
+            self._deleted_in_flight.discard(key)
+            self._remove(key)
+            return False
+        return key in self._records
+
+    def _remove(self, key: str) -> None:
+        self._records.pop(key, None)
+        self._active.pop(key, None)
+        self._backoff.pop(key, None)
+        self._parked.pop(key, None)
+        self._attempts.pop(key, None)

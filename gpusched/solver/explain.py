@@ -1,0 +1,96 @@
+"""Why a pod does not fit: per node, the first unmet requirement, counted the way
+kube-scheduler reports it ("0/12 nodes are available: 8 insufficient nvidia.com/gpu,
+4 GPU model not accepted.").
+
+Checks run in a fixed order and each node is counted once, under the first
+check it fails, so the counts add up to the number of nodes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpusched.model import ClusterState, Pod
+
+__all__ = [
+    "DEFERRED",
+    "INSUFFICIENT_CPU",
+    "INSUFFICIENT_GPU",
+    "INSUFFICIENT_MEMORY",
+    "INSUFFICIENT_SHARE",
+    "MODEL_NOT_ACCEPTED",
+    "Explanation",
+    "explain",
+]
+
+MODEL_NOT_ACCEPTED = "GPU model not accepted"
+INSUFFICIENT_GPU = "insufficient nvidia.com/gpu"
+INSUFFICIENT_SHARE = "insufficient GPU share"
+INSUFFICIENT_CPU = "insufficient cpu"
+INSUFFICIENT_MEMORY = "insufficient memory"
+DEFERRED = "deferred by the solver"
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Where a pod fits now and, for the other nodes, why not."""
+
+    pod: str
+    total: int
+    fits: int
+    reasons: Mapping[str, int]
+    """Reason -> number of nodes, every node counted once."""
+
+    @property
+    def reason(self) -> str:
+        """The short, stable reason label (for metrics): the most common one."""
+        if self.fits:
+            return DEFERRED
+        if not self.reasons:
+            return "no nodes"
+        return max(self.reasons.items(), key=lambda kv: (kv[1], kv[0]))[0]
+
+    @property
+    def message(self) -> str:
+        """A kube-scheduler style message."""
+        if self.fits:
+            return (
+                f"{self.fits}/{self.total} nodes could take the pod now, but the batch solve "
+                f"left it out to keep capacity for the rest of the batch; it is retried with the next batch."
+            )
+        parts = ", ".join(f"{n} {r}" for r, n in sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+        return f"0/{self.total} nodes are available: {parts}." if parts else f"0/{self.total} nodes are available."
+
+
+def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = None) -> Explanation:
+    """Explain ``pod`` against ``state`` (the cluster after this batch's placements)."""
+    cluster = state.cluster
+    n = len(cluster)
+    left = np.ones(n, dtype=np.bool_)
+    reasons: Counter[str] = Counter()
+
+    def check(ok: np.ndarray, reason: str) -> None:
+        nonlocal left
+        failed = left & ~ok
+        if failed.any():
+            reasons[reason] += int(failed.sum())
+        left = left & ok
+
+    if pod.num_gpu:
+        has_gpu = cluster.gpu_count > 0
+        check(has_gpu, INSUFFICIENT_GPU)
+        check(cluster.model_mask(pod.gpu_models), MODEL_NOT_ACCEPTED)
+        if pod.is_fractional:
+            check(state.max_gpu_free >= pod.gpu_milli, INSUFFICIENT_SHARE)
+        else:
+            check(state.full_free_gpus >= pod.num_gpu, INSUFFICIENT_GPU)
+    check(state.cpu_free >= pod.cpu_milli, INSUFFICIENT_CPU)
+    check(state.mem_free >= pod.memory_mib, INSUFFICIENT_MEMORY)
+    for why in (excluded or {}).values():
+        reasons[why] += 1
+    total = n + len(excluded or {})
+    return Explanation(pod.key, total, int(left.sum()), dict(reasons))

@@ -1,0 +1,244 @@
+"""The scheduler's accounting of the cluster: inventory plus every pod that holds resources.
+
+Pods enter the books two ways: observed bound (any scheduler's; from the
+watch) or *assumed* (our own plan, before the API server has confirmed the
+Binding).  The state machine per pod, after kube-scheduler's cache::
+
+    (absent) --assume--> assumed --observed bound, same node--> bound
+        assumed --forget--> (absent)          forget is idempotent
+        bound   --deleted / finished--> (absent)
+
+An assumed pod counts against its node at once, so the next batch cannot
+hand its GPUs to someone else while the Binding is in flight.  ``snapshot``
+freezes the books for one batch; the arrays are copies, so later events
+never change a snapshot a solve is using.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from gpusched.model import GPU_MILLI, Cluster, ClusterState, Node, Pod
+from gpusched.model.cluster import IntArray
+from gpusched.state.records import NodeRecord, PodRecord
+
+__all__ = ["Cache", "Snapshot"]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The cluster as one batch sees it; nothing in it changes."""
+
+    generation: int
+    cluster: Cluster
+    """Nodes that take new pods, sorted by name."""
+    state: ClusterState
+    """Usage by every bound and assumed pod on those nodes."""
+    excluded: Mapping[str, str] = field(default_factory=dict)
+    """Nodes that take no new pods -> why."""
+
+    @property
+    def node_count(self) -> int:
+        """All nodes, including excluded ones."""
+        return len(self.cluster) + len(self.excluded)
+
+
+@dataclass(slots=True)
+class _Held:
+    pod: Pod
+    node: str
+    gpus: tuple[int, ...]
+    assumed: bool
+    wanted: tuple[int, ...] | None
+    """GPU indices the pod's annotation names, if any."""
+
+
+class Cache:
+    """Inventory and usage; every change goes through the methods below."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, NodeRecord] = {}
+        self._held: dict[str, _Held] = {}
+        self._cluster: Cluster | None = None
+        self._cpu: IntArray = np.zeros(0, dtype=np.int64)
+        self._mem: IntArray = np.zeros(0, dtype=np.int64)
+        self._gpu: IntArray = np.zeros((0, 1), dtype=np.int64)
+        self._kinds: IntArray = np.zeros((0, 2), dtype=np.int64)
+        self.generation = 0
+        """Bumped by every change; a snapshot carries the generation it was taken at."""
+
+    # -- inventory -------------------------------------------------------------------------
+    def upsert_node(self, record: NodeRecord) -> bool:
+        """Add or update a node; True when what it offers changed."""
+        old = self._nodes.get(record.name)
+        self._nodes[record.name] = record
+        changed = old is None or old.node != record.node or old.excluded != record.excluded
+        if changed:
+            self._cluster = None
+            self.generation += 1
+        return changed
+
+    def delete_node(self, name: str) -> bool:
+        """Forget a node; pods held on it stay on the books until they go."""
+        if self._nodes.pop(name, None) is None:
+            return False
+        self._cluster = None
+        self.generation += 1
+        return True
+
+    def replace_nodes(self, records: Iterable[NodeRecord]) -> None:
+        """Set the whole inventory at once (after a list)."""
+        self._nodes = {r.name: r for r in records}
+        self._cluster = None
+        self.generation += 1
+
+    @property
+    def nodes(self) -> Mapping[str, NodeRecord]:
+        """Every known node by name."""
+        return MappingProxyType(self._nodes)
+
+    # -- pods --------------------------------------------------------------------------------
+    def observe_pod(self, record: PodRecord) -> bool:
+        """Account a pod seen on the watch; True when it freed capacity."""
+        key = record.key
+        held = self._held.get(key)
+        if not record.bound or record.terminal:
+            if held is not None and not held.assumed:
+                self._drop(key)
+                return True
+            return False
+        if held is not None:
+            if held.node == record.node_name and held.pod.uid in ("", record.uid):
+                held.assumed = False  # confirmed
+                return False
+            self._drop(key)
+        self._add(key, _Held(record.pod, record.node_name, (), False, record.gpu_indices))
+        return held is not None
+
+    def delete_pod(self, key: str) -> bool:
+        """The pod is gone; True when it held resources."""
+        if key in self._held:
+            self._drop(key)
+            return True
+        return False
+
+    def replace_pods(self, records: Iterable[PodRecord]) -> None:
+        """Set every bound pod at once (after a list); assumed pods not in the list stay assumed."""
+        assumed = {k: h for k, h in self._held.items() if h.assumed}
+        self._held = {}
+        self._cluster = None
+        self.generation += 1
+        for r in records:
+            if r.bound and not r.terminal:
+                self._held[r.key] = _Held(r.pod, r.node_name, (), False, r.gpu_indices)
+        for k, h in assumed.items():
+            self._held.setdefault(k, h)
+
+    def assume(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
+        """Count ``pod`` on ``node`` before its Binding is confirmed."""
+        if pod.key in self._held:
+            self._drop(pod.key)
+        self._add(pod.key, _Held(pod, node, (), True, gpus))
+
+    def confirm(self, key: str) -> None:
+        """The Binding of an assumed pod succeeded: it is bound (a relist without it drops it)."""
+        held = self._held.get(key)
+        if held is not None:
+            held.assumed = False
+
+    def forget(self, key: str) -> None:
+        """Undo ``assume`` (a failed Binding); a no-op for confirmed or unknown pods."""
+        held = self._held.get(key)
+        if held is not None and held.assumed:
+            self._drop(key)
+
+    def holds(self, key: str) -> bool:
+        """Whether ``key`` is on the books, bound or assumed."""
+        return key in self._held
+
+    def is_assumed(self, key: str) -> bool:
+        """Whether ``key`` is assumed and not yet confirmed."""
+        held = self._held.get(key)
+        return held is not None and held.assumed
+
+    def placement(self, key: str) -> tuple[str, tuple[int, ...]] | None:
+        """Node and GPU indices the books hold for ``key``."""
+        held = self._held.get(key)
+        return None if held is None else (held.node, held.gpus)
+
+    @property
+    def held_count(self) -> int:
+        """Pods on the books."""
+        return len(self._held)
+
+    # -- snapshot ----------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """Freeze the books for a batch."""
+        cluster = self._ensure_cluster()
+        gpu = np.minimum(self._gpu, cluster.gpu_cap)
+        state = ClusterState(cluster, self._cpu.copy(), self._mem.copy(), gpu, self._kinds.copy())
+        excluded = {n: r.excluded for n, r in self._nodes.items() if r.excluded}
+        return Snapshot(self.generation, cluster, state, MappingProxyType(excluded))
+
+    def _ensure_cluster(self) -> Cluster:
+        if self._cluster is None:
+            nodes: list[Node] = [r.node for _, r in sorted(self._nodes.items()) if not r.excluded]
+            cluster = Cluster(nodes)
+            n = len(cluster)
+            self._cpu = np.zeros(n, dtype=np.int64)
+            self._mem = np.zeros(n, dtype=np.int64)
+            self._gpu = np.zeros((n, cluster.max_gpus), dtype=np.int64)
+            self._kinds = np.zeros((n, cluster.max_gpus + 1), dtype=np.int64)
+            self._cluster = cluster
+            for held in self._held.values():
+                self._account(held, 1)
+        return self._cluster
+
+    def _add(self, key: str, held: _Held) -> None:
+        self._held[key] = held
+        self.generation += 1
+        if self._cluster is not None:
+            self._account(held, 1)
+
+    def _drop(self, key: str) -> None:
+        held = self._held.pop(key)
+        self.generation += 1
+        if self._cluster is not None:
+            self._account(held, -1)
+
+    def _account(self, held: _Held, sign: int) -> None:
+        assert self._cluster is not None
+        i = self._cluster.index.get(held.node)
+        if i is None:  # node unknown or excluded: nothing to count against
+            held.gpus = ()
+            return
+        pod = held.pod
+        if sign > 0:
+            held.gpus = self._pick_gpus(i, pod, held.wanted)
+        self._cpu[i] += sign * pod.cpu_milli
+        self._mem[i] += sign * pod.memory_mib
+        for g in held.gpus:
+            self._gpu[i, g] += sign * pod.gpu_milli
+        if pod.num_gpu:
+            col = 0 if pod.is_fractional else min(pod.num_gpu, self._cluster.max_gpus)
+            self._kinds[i, col] += sign
+
+    def _pick_gpus(self, i: int, pod: Pod, wanted: tuple[int, ...] | None) -> tuple[int, ...]:
+        """GPU indices to count ``pod`` on: the annotated ones when valid, else the emptiest."""
+        assert self._cluster is not None
+        count = int(self._cluster.gpu_count[i])
+        if not pod.num_gpu or not count:
+            return ()
+        if wanted is not None and len(wanted) == pod.num_gpu and all(0 <= g < count for g in wanted):
+            return tuple(wanted)
+        used = self._gpu[i, :count]
+        if pod.is_fractional:
+            fits = [g for g in range(count) if used[g] + pod.gpu_milli <= GPU_MILLI]
+            if fits:  # the fullest GPU that still fits, as a device plugin packing shares would
+                return (max(fits, key=lambda g: (int(used[g]), -g)),)
+        order = sorted(range(count), key=lambda g: (int(used[g]), g))
+        return tuple(sorted(order[: min(pod.num_gpu, count)]))

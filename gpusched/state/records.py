@@ -1,0 +1,64 @@
+"""Typed views of Nodes and Pods: what the scheduler reads from each API object.
+
+``kube.convert`` builds these from the API's JSON; the cache, the queue and the
+explainer use them and never see raw API objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpusched.model import Node, Pod
+
+__all__ = ["NodeRecord", "PodRecord"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """A Node: its model view, and why it takes no new pods if it does not."""
+
+    node: Node
+    excluded: str = ""
+    """Empty when the node takes new pods; else the reason, e.g. ``node(s) were unschedulable``."""
+    mig: tuple[tuple[str, int], ...] = ()
+    """Allocatable MIG slices by resource name (``nvidia.com/mig-1g.10gb``), sorted."""
+
+    @property
+    def name(self) -> str:
+        """The node name."""
+        return self.node.name
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """A Pod as the scheduler needs it.
+
+    ``pod`` is the resource request.  ``error`` is set when the pod asks for
+    something this scheduler cannot honour (the reason goes into its Event),
+    and ``pod`` is then only good for naming it.
+    """
+
+    pod: Pod
+    uid: str
+    scheduler: str
+    node_name: str = ""
+    """Empty while pending; the node it is bound to otherwise."""
+    gpu_indices: tuple[int, ...] | None = None
+    """GPU indices from the pod's annotation, when a scheduler wrote one."""
+    resource_version: str = ""
+    created: float = 0.0
+    """Creation time, seconds since the epoch."""
+    terminal: bool = False
+    """Succeeded or Failed: holds no resources."""
+    deleting: bool = False
+    error: str = ""
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``."""
+        return self.pod.key
+
+    @property
+    def bound(self) -> bool:
+        """Whether the pod has a node."""
+        return bool(self.node_name)

@@ -1,0 +1,334 @@
+"""`gpusched run` against the real API server, with exactly the RBAC that manifests/ grants."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gpusched.kube.client import Kube
+from tests.controlplane import SCHEDULER_NAMESPACE, ControlPlane
+from tests.e2e import kit
+
+MODELS = ("A100-SXM4-80GB", "V100-SXM2-32GB", "T4", "H800")
+
+
+@pytest.fixture
+async def kube(control_plane: ControlPlane) -> AsyncIterator[Kube]:
+    """Admin client; every node is deleted after the test so tests do not share capacity."""
+    k = await kit.admin(control_plane)
+    try:
+        await kit.delete_all_nodes(k)
+        yield k
+    finally:
+        await kit.delete_all_nodes(k)
+        await k.close()
+
+
+def sched_name() -> str:
+    return f"gs-{uuid.uuid4().hex[:8]}"
+
+
+def cluster_40() -> list[dict[str, Any]]:
+    """40 nodes of mixed models: 10 x 8 A100, 10 x 4 V100, 10 x 2 T4, 10 x 8 H800 (200 GPUs)."""
+    sizes = {"A100-SXM4-80GB": 8, "V100-SXM2-32GB": 4, "T4": 2, "H800": 8}
+    return [kit.node(f"gpu-{m.split('-')[0].lower()}-{i}", sizes[m], m) for m in MODELS for i in range(10)]
+
+
+def workload_300(scheduler: str, rng: random.Random) -> tuple[list[dict[str, Any]], set[str]]:
+    """300 pods in random order asking for ~75% of the free GPUs; the ones named unfit-* fit nowhere."""
+    pods: list[dict[str, Any]] = []
+    pods += [kit.pod(f"share-{i}", scheduler, milli=(250, 500, 300)[i % 3], cpu="2") for i in range(120)]
+    pods += [kit.pod(f"one-{i}", scheduler, gpus=1, cpu="2") for i in range(40)]
+    pods += [kit.pod(f"two-{i}", scheduler, gpus=2, cpu="4", models=("A100-SXM4-80GB", "H800")) for i in range(12)]
+    pods += [kit.pod(f"four-{i}", scheduler, gpus=4, cpu="8", models=("V100-SXM2-32GB",)) for i in range(4)]
+    pods += [kit.pod(f"eight-{i}", scheduler, gpus=8, cpu="16") for i in range(2)]
+    pods += [kit.pod(f"cpu-{i}", scheduler, cpu="1") for i in range(112)]
+    rng.shuffle(pods)
+    unfit = [
+        kit.pod("unfit-16gpu-0", scheduler, gpus=16),
+        kit.pod("unfit-16gpu-1", scheduler, gpus=16),
+        kit.pod("unfit-model-0", scheduler, gpus=1, models=("B200",)),
+        kit.pod("unfit-model-1", scheduler, gpus=2, models=("B200",)),
+        kit.pod("unfit-cpu-0", scheduler, gpus=1, cpu="200"),
+        kit.pod("unfit-cpu-1", scheduler, cpu="500"),
+        kit.pod("unfit-t4x4-0", scheduler, gpus=4, models=("T4",)),
+        kit.pod("unfit-mem-0", scheduler, gpus=1, memory="4Ti"),
+        kit.pod("unfit-share-0", scheduler, milli=600, models=("B200",)),
+        kit.pod("unfit-16gpu-2", scheduler, gpus=16, models=("H800",)),
+    ]
+    return pods + unfit, {p["metadata"]["name"] for p in unfit}
+
+
+async def other_scheduler_pods(kube: Kube, ns: str) -> None:
+    """Pods bound by someone else, straight onto nodes: their GPUs and CPU must be respected."""
+    objs = [
+        kit.pod(f"other-{i}", "other-scheduler", gpus=g, cpu="8", node_name=n)
+        for i, (n, g) in enumerate([("gpu-a100-0", 6), ("gpu-h800-0", 8), ("gpu-v100-0", 3), ("gpu-t4-0", 2)])
+    ]
+    await kit.create_all(kube, f"/api/v1/namespaces/{ns}/pods", objs)
+
+
+async def test_300_pods_on_40_nodes(control_plane: ControlPlane, kube: Kube, namespace: str) -> None:
+    name = sched_name()
+    nodes = cluster_40()
+    await kit.create_all(kube, "/api/v1/nodes", nodes)
+    await other_scheduler_pods(kube, namespace)
+    pods, unfit = workload_300(name, random.Random(7))
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", pods)
+        final = await kit.wait_settled(kube, namespace, len(pods) + 4, timeout=180)
+    finally:
+        code = daemon.stop()
+    assert code == 0, "".join(daemon.raw[-30:])
+    ours = [p for p in final if p["spec"]["schedulerName"] == name]
+    bound = {p["metadata"]["name"] for p in ours if p["spec"].get("nodeName")}
+    missing = {p["metadata"]["name"] for p in pods} - unfit - bound
+    why = {
+        p["metadata"]["name"]: (kit.condition(p) or {}).get("message") for p in ours if p["metadata"]["name"] in missing
+    }
+    assert not missing, f"placeable pods left pending: {why}"
+    assert not bound & unfit
+    kit.check_placements(nodes, final)
+    events = await kit.scheduled_events(kube, namespace)
+    for p in ours:
+        n = p["metadata"]["name"]
+        if n in bound:
+            assert len(events.get(f"Scheduled/{n}", [])) == 1, n  # bound once, told once
+            assert (p["metadata"].get("annotations") or {}).get("gpusched.io/gpu-indices") or kit.milli_of(p)[0] == 0
+        else:
+            cond = kit.condition(p)
+            assert cond is not None, n
+            assert (cond["status"], cond["reason"]) == ("False", "Unschedulable"), n
+            assert cond["message"].startswith("0/40 nodes are available: "), cond["message"]
+            assert events.get(f"FailedScheduling/{n}"), n
+    by_name = {p["metadata"]["name"]: kit.condition(p) for p in ours}
+    assert "40 GPU model not accepted" in by_name["unfit-model-0"]["message"]
+    assert "insufficient nvidia.com/gpu" in by_name["unfit-16gpu-0"]["message"]
+    assert "insufficient cpu" in by_name["unfit-cpu-1"]["message"]
+    batches = daemon.events("batch")
+    assert batches
+    assert all(b["status"] in ("OPTIMAL", "FEASIBLE", "NO_CANDIDATES") for b in batches), batches[:3]
+    assert sum(b["placed"] for b in batches) == len(bound)
+
+
+async def test_unschedulable_pod_is_retried_when_the_cluster_changes(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node("small-0", 2, "T4")])
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [kit.pod("big", name, gpus=8)])
+        (p,) = await kit.wait_settled(kube, namespace, 1, timeout=30)
+        message = (kit.condition(p) or {}).get("message")
+        assert message == "0/1 nodes are available: 1 insufficient nvidia.com/gpu."
+        explained = await asyncio.to_thread(
+            subprocess.run,
+            [
+                sys.executable,
+                "-m",
+                "gpusched",
+                "explain",
+                f"{namespace}/big",
+                "--kubeconfig",
+                str(control_plane.scheduler_kubeconfig),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=kit.repo_file(),
+            timeout=60,
+        )
+        assert explained.returncode == 1, explained.stderr
+        assert message in explained.stdout
+        await kit.create_all(kube, "/api/v1/nodes", [kit.node("big-0", 8, "H800")])
+        for _ in range(100):
+            p = await kube.get(f"/api/v1/namespaces/{namespace}/pods/big")
+            if p["spec"].get("nodeName"):
+                break
+            await asyncio.sleep(0.2)
+        assert p["spec"].get("nodeName") == "big-0"
+        assert p["metadata"]["annotations"]["gpusched.io/gpu-indices"] == "0,1,2,3,4,5,6,7"
+    finally:
+        daemon.stop()
+
+
+async def test_invalid_request_gets_an_event_and_condition(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node("n-0", 8, "A100-SXM4-80GB")])
+    bad = kit.pod("both", name, gpus=1, milli=500)
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [bad])
+        (p,) = await kit.wait_settled(kube, namespace, 1, timeout=30)
+    finally:
+        daemon.stop()
+    cond = kit.condition(p)
+    assert cond is not None
+    assert "not both" in cond["message"]
+    events = await kit.scheduled_events(kube, namespace)
+    assert "not both" in events["FailedScheduling/both"][0]["message"]
+
+
+async def test_sigkill_mid_batch_then_restart(control_plane: ControlPlane, kube: Kube, namespace: str) -> None:
+    name = sched_name()
+    nodes = [kit.node(f"k-{i}", 8, "A100-SXM4-80GB") for i in range(30)]
+    await kit.create_all(kube, "/api/v1/nodes", nodes)
+    rng = random.Random(3)
+    pods = [
+        kit.pod(f"p-{i}", name, gpus=rng.choice((1, 1, 2)))
+        if rng.random() < 0.6
+        else kit.pod(f"p-{i}", name, milli=rng.choice((250, 500)))
+        for i in range(200)
+    ]
+    # A slow client makes batches long, so the kill lands while binds are in flight.
+    first = kit.Daemon.start(control_plane, name, "--no-leader-elect", "--kube-api-qps", "20", "--kube-api-burst", "5")
+    await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", pods)
+    for _ in range(300):
+        bound = [x for x in first.events("bind") if x["result"] == "bound"]
+        if len(bound) >= 20:
+            break
+        await asyncio.sleep(0.05)
+    first.kill()
+    assert first.proc.returncode == -9
+    killed_at = len([x for x in first.events("bind") if x["result"] == "bound"])
+    assert killed_at < len(pods), "the kill came too late to land mid-stream"
+    second = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        final = await kit.wait_settled(kube, namespace, len(pods), timeout=120)
+    finally:
+        second.stop()
+    assert all(p["spec"].get("nodeName") for p in final), "every pod fits, so every pod is bound"
+    kit.check_placements(nodes, final)
+    events = await kit.scheduled_events(kube, namespace)
+    assert all(len(events.get(f"Scheduled/{p['metadata']['name']}", [])) <= 1 for p in final)
+    second_bound = {x["pod"] for x in second.events("bind") if x["result"] == "bound"}
+    first_bound = {x["pod"] for x in first.events("bind") if x["result"] == "bound"}
+    assert not first_bound & second_bound, "a pod bound by the first instance was bound again"
+
+
+async def test_two_replicas_one_leader_and_failover(control_plane: ControlPlane, kube: Kube, namespace: str) -> None:
+    name = sched_name()
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node(f"l-{i}", 8, "H800") for i in range(10)])
+    timing = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5")
+    a = kit.Daemon.start(control_plane, name, *timing, identity=f"{name}-a")
+    b = kit.Daemon.start(control_plane, name, *timing, identity=f"{name}-b")
+    ns_pods = f"/api/v1/namespaces/{namespace}/pods"
+    try:
+        leader_line = None
+        for _ in range(200):
+            lines = [d.events("leadership changed") for d in (a, b)]
+            if any(lines):
+                leader_line = lines
+                break
+            await asyncio.sleep(0.05)
+        assert leader_line is not None
+        leader, standby = (a, b) if a.events("leadership changed") else (b, a)
+        await kit.create_all(kube, ns_pods, [kit.pod(f"first-{i}", name, gpus=1) for i in range(20)])
+        await kit.wait_settled(kube, namespace, 20, timeout=60)
+        assert not standby.events("bind"), "the standby must not schedule"
+        assert len([x for x in leader.events("bind") if x["result"] == "bound"]) == 20
+        leader.kill()
+        killed = asyncio.get_running_loop().time()
+        await kit.create_all(kube, ns_pods, [kit.pod(f"second-{i}", name, gpus=1) for i in range(20)])
+        await kit.wait_settled(kube, namespace, 40, timeout=60)
+        took = asyncio.get_running_loop().time() - killed
+        assert took < 4 + 3, f"takeover took {took:.1f}s (lease 4s)"
+        assert len([x for x in standby.events("bind") if x["result"] == "bound"]) == 20
+        events = await kit.scheduled_events(kube, namespace)
+        who = {e["reportingInstance"] for k, v in events.items() if k.startswith("Scheduled/second-") for e in v}
+        assert who == {standby.identity}
+    finally:
+        for d in (a, b):
+            d.stop()
+
+
+async def _metric(port: int, name: str) -> float | None:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as r:
+        text = await r.text()
+    for line in text.splitlines():
+        if line.startswith(name + " ") or (line.startswith(name + "{") and line.split(" ")[0] == name):
+            return float(line.rsplit(" ", 1)[1])
+        if line.split(" ")[0] == name:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+async def _set_config(kube: Kube, cm: str, text: str) -> None:
+    path = f"/api/v1/namespaces/{SCHEDULER_NAMESPACE}/configmaps"
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": cm}, "data": {"config.yaml": text}}
+    r = await kube.request("PUT", f"{path}/{cm}", body=body)
+    if r.status == 404:
+        r = await kube.request("POST", path, body=body)
+    assert r.ok, r.body
+
+
+async def test_bad_configmap_is_rejected_and_old_weights_stay(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    cm = "gpu-scheduler-config"  # the one the manifests' RBAC lets the scheduler read
+    await _set_config(kube, cm, "weights:\n  fragmentation: 77\n")
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node("c-0", 8, "A100-SXM4-80GB")])
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect", "--config", f"configmap/{cm}")
+    try:
+        port = daemon.metrics_port
+        weight = 'gpusched_solver_weight{term="fragmentation"}'
+        for _ in range(100):
+            if await _metric(port, weight) == 77:
+                break
+            await asyncio.sleep(0.1)
+        assert await _metric(port, weight) == 77
+        await _set_config(kube, cm, "weights:\n  fragmentation: -5\n  nosuch: 1\n")
+        line = daemon.wait_log("configuration rejected; the last good configuration stays")
+        assert "weights.fragmentation" in line["error"]
+        assert "weights.nosuch: unknown key" in line["error"]
+        assert await _metric(port, weight) == 77
+        assert await _metric(port, 'gpusched_config_reloads_total{result="rejected"}') == 1
+        for _ in range(100):
+            evs = await kit.list_all(kube, f"/api/v1/namespaces/{SCHEDULER_NAMESPACE}/events")
+            bad = [e for e in evs if e["reason"] == "InvalidConfiguration" and e["involvedObject"]["name"] == cm]
+            if bad:
+                break
+            await asyncio.sleep(0.1)
+        assert bad
+        assert "weights.fragmentation" in bad[-1]["message"]
+        assert bad[-1]["type"] == "Warning"
+        # Still scheduling, with the old configuration.
+        await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [kit.pod("after", name, gpus=1)])
+        (p,) = await kit.wait_settled(kube, namespace, 1, timeout=30)
+        assert p["spec"].get("nodeName") == "c-0"
+    finally:
+        daemon.stop()
+        await _set_config(kube, cm, "{}\n")
+
+
+async def test_metrics_health_and_readiness(control_plane: ControlPlane, kube: Kube, namespace: str) -> None:
+    name = sched_name()
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node("m-0", 8, "A100-SXM4-80GB")])
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        port = daemon.metrics_port
+        await kit.create_all(
+            kube, f"/api/v1/namespaces/{namespace}/pods", [kit.pod(f"m{i}", name, gpus=1) for i in range(3)]
+        )
+        await kit.wait_settled(kube, namespace, 3, timeout=30)
+        async with aiohttp.ClientSession() as s:
+            for path in ("/healthz", "/readyz"):
+                async with s.get(f"http://127.0.0.1:{port}{path}") as r:
+                    assert r.status == 200, path
+        assert await _metric(port, "gpusched_pods_scheduled_total") == 3
+        assert await _metric(port, "gpusched_gpus_total") == 8
+        assert await _metric(port, "gpusched_gpu_allocation_ratio") == pytest.approx(3 / 8)
+    finally:
+        daemon.stop()

@@ -1,0 +1,260 @@
+"""The scheduler's Prometheus metrics and the /metrics, /healthz and /readyz server."""
+
+from __future__ import annotations
+
+import math
+
+import aiohttp
+import prometheus_client
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpusched.metrics import HealthServer, SchedulerMetrics
+from gpusched.metrics.exporter import BATCH_SIZE_BUCKETS
+
+EXPECTED_FAMILIES = {
+    "gpusched_batch_size": "histogram",
+    "gpusched_solve_seconds": "histogram",
+    "gpusched_solve_gap_ratio": "gauge",
+    "gpusched_pods_scheduled": "counter",
+    "gpusched_pods_unschedulable": "counter",
+    "gpusched_bind_errors": "counter",
+    "gpusched_pending_pods": "gauge",
+    "gpusched_gpu_allocation_ratio": "gauge",
+    "gpusched_gpu_fragmentation_ratio": "gauge",
+    "gpusched_gpus_total": "gauge",
+    "gpusched_gpu_nodes_active": "gauge",
+    "gpusched_is_leader": "gauge",
+    "gpusched_config_reloads": "counter",
+}
+
+
+def text(metrics: SchedulerMetrics) -> str:
+    body, content_type = metrics.render()
+    assert content_type == prometheus_client.CONTENT_TYPE_LATEST
+    return body.decode()
+
+
+def lines(metrics: SchedulerMetrics) -> set[str]:
+    return set(text(metrics).splitlines())
+
+
+def test_every_metric_is_exported_with_help_and_type() -> None:
+    families = {f.name: f for f in text_string_to_metric_families(text(SchedulerMetrics()))}
+    for name, kind in EXPECTED_FAMILIES.items():
+        assert name in families, name
+        assert families[name].type == kind, name
+        assert families[name].documentation, name
+
+
+def test_counters_carry_their_labels_and_values() -> None:
+    m = SchedulerMetrics()
+    m.scheduled()
+    m.scheduled(3)
+    m.unschedulable("insufficient_gpu", 2)
+    m.unschedulable("insufficient_gpu")
+    m.unschedulable("no_matching_model")
+    m.bind_error("conflict")
+    m.bind_error("conflict")
+    m.bind_error("timeout")
+    m.config_reload(ok=True)
+    m.config_reload(ok=False)
+    m.config_reload(ok=False)
+    out = lines(m)
+    assert "gpusched_pods_scheduled_total 4.0" in out
+    assert 'gpusched_pods_unschedulable_total{reason="insufficient_gpu"} 3.0' in out
+    assert 'gpusched_pods_unschedulable_total{reason="no_matching_model"} 1.0' in out
+    assert 'gpusched_bind_errors_total{reason="conflict"} 2.0' in out
+    assert 'gpusched_bind_errors_total{reason="timeout"} 1.0' in out
+    assert 'gpusched_config_reloads_total{result="ok"} 1.0' in out
+    assert 'gpusched_config_reloads_total{result="rejected"} 2.0' in out
+
+
+def test_known_label_values_start_at_zero() -> None:
+    out = lines(SchedulerMetrics())
+    for queue in ("active", "backoff", "unschedulable"):
+        assert f'gpusched_pending_pods{{queue="{queue}"}} 0.0' in out
+    assert 'gpusched_config_reloads_total{result="ok"} 0.0' in out
+    assert 'gpusched_config_reloads_total{result="rejected"} 0.0' in out
+    assert "gpusched_pods_scheduled_total 0.0" in out
+    assert "gpusched_is_leader 0.0" in out
+
+
+def test_gauges_hold_the_last_value() -> None:
+    m = SchedulerMetrics()
+    m.set_pending(active=5, backoff=2, unschedulable=7)
+    m.set_pending(active=4, backoff=1, unschedulable=7)
+    m.set_cluster(gpus_total=64, allocation_ratio=0.75, fragmentation_ratio=0.125, active_gpu_nodes=9)
+    m.set_leader(True)
+    out = lines(m)
+    assert 'gpusched_pending_pods{queue="active"} 4.0' in out
+    assert 'gpusched_pending_pods{queue="backoff"} 1.0' in out
+    assert 'gpusched_pending_pods{queue="unschedulable"} 7.0' in out
+    assert "gpusched_gpus_total 64.0" in out
+    assert "gpusched_gpu_allocation_ratio 0.75" in out
+    assert "gpusched_gpu_fragmentation_ratio 0.125" in out
+    assert "gpusched_gpu_nodes_active 9.0" in out
+    assert "gpusched_is_leader 1.0" in out
+    m.set_leader(False)
+    assert "gpusched_is_leader 0.0" in lines(m)
+
+
+def test_observe_batch_fills_the_histograms_and_the_gap() -> None:
+    m = SchedulerMetrics()
+    m.observe_batch(size=10, solve_seconds=0.2, gap_ratio=0.05)
+    m.observe_batch(size=3, solve_seconds=1.5, gap_ratio=0.0)
+    out = lines(m)
+    assert "gpusched_batch_size_count 2.0" in out
+    assert "gpusched_batch_size_sum 13.0" in out
+    assert 'gpusched_batch_size_bucket{le="2.0"} 0.0' in out
+    assert 'gpusched_batch_size_bucket{le="4.0"} 1.0' in out
+    assert 'gpusched_batch_size_bucket{le="16.0"} 2.0' in out
+    assert 'gpusched_batch_size_bucket{le="1024.0"} 2.0' in out
+    assert 'gpusched_solve_seconds_bucket{le="0.25"} 1.0' in out
+    assert 'gpusched_solve_seconds_bucket{le="30.0"} 2.0' in out
+    assert "gpusched_solve_seconds_count 2.0" in out
+    assert "gpusched_solve_gap_ratio 0.0" in out
+
+    buckets = {
+        s.labels["le"]
+        for f in text_string_to_metric_families(text(m))
+        if f.name == "gpusched_batch_size"
+        for s in f.samples
+        if s.name.endswith("_bucket")
+    }
+    assert buckets == {str(float(b)) for b in BATCH_SIZE_BUCKETS} | {"+Inf"}
+
+
+def test_gap_may_be_nan_for_a_fallback() -> None:
+    m = SchedulerMetrics()
+    m.observe_batch(size=1, solve_seconds=0.01, gap_ratio=math.nan)
+    assert "gpusched_solve_gap_ratio NaN" in lines(m)
+    value = m.registry.get_sample_value("gpusched_solve_gap_ratio")
+    assert value is not None
+    assert math.isnan(value)
+
+
+def test_instances_do_not_collide_or_touch_the_global_registry() -> None:
+    a, b = SchedulerMetrics(), SchedulerMetrics()
+    a.scheduled(3)
+    b.scheduled(1)
+    b.bind_error("conflict")
+    assert "gpusched_pods_scheduled_total 3.0" in lines(a)
+    assert "gpusched_pods_scheduled_total 1.0" in lines(b)
+    assert not any(line.startswith("gpusched_bind_errors_total{") for line in lines(a))
+    assert a.registry is not b.registry
+    assert prometheus_client.REGISTRY.get_sample_value("gpusched_pods_scheduled_total") is None
+
+
+async def test_server_on_port_zero_serves_metrics_and_probes() -> None:
+    state = {"ready": False}
+
+    def ready() -> tuple[bool, str]:
+        return (True, "") if state["ready"] else (False, "informer caches not synced")
+
+    metrics = SchedulerMetrics()
+    server = HealthServer(metrics, host="127.0.0.1", port=0, ready=ready)
+    await server.start()
+    try:
+        assert server.running
+        assert server.port > 0
+        base = f"http://127.0.0.1:{server.port}"
+        metrics.scheduled(3)
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{base}/metrics") as resp:
+                assert resp.status == 200
+                assert resp.headers["Content-Type"] == prometheus_client.CONTENT_TYPE_LATEST
+                body = await resp.text()
+            assert "gpusched_pods_scheduled_total 3.0" in body.splitlines()
+
+            async with session.get(f"{base}/healthz") as resp:
+                assert resp.status == 200
+                assert await resp.text() == "ok"
+
+            async with session.get(f"{base}/readyz") as resp:
+                assert resp.status == 503
+                body = await resp.text()
+            assert "not ready" in body
+            assert "informer caches not synced" in body
+
+            state["ready"] = True
+            async with session.get(f"{base}/readyz") as resp:
+                assert resp.status == 200
+                assert await resp.text() == "ok"
+
+            async with session.get(f"{base}/nope") as resp:
+                assert resp.status == 404
+    finally:
+        await server.stop()
+    assert not server.running
+
+
+async def test_readiness_check_that_raises_is_not_ready() -> None:
+    def broken() -> tuple[bool, str]:
+        raise RuntimeError("lease client gone")
+
+    server = HealthServer(SchedulerMetrics(), host="127.0.0.1", port=0, ready=broken)
+    await server.start()
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{server.port}/readyz") as resp,
+        ):
+            assert resp.status == 503
+            assert "lease client gone" in await resp.text()
+    finally:
+        await server.stop()
+
+
+async def test_without_a_check_the_server_is_ready() -> None:
+    server = HealthServer(SchedulerMetrics(), host="127.0.0.1", port=0)
+    await server.start()
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{server.port}/readyz") as resp,
+        ):
+            assert resp.status == 200
+    finally:
+        await server.stop()
+
+
+async def test_stop_is_idempotent_and_the_server_restarts() -> None:
+    server = HealthServer(SchedulerMetrics(), host="127.0.0.1", port=0)
+    await server.stop()
+    await server.start()
+    with pytest.raises(RuntimeError, match="already running"):
+        await server.start()
+    await server.stop()
+    await server.stop()
+    assert not server.running
+    await server.start()
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{server.port}/healthz") as resp,
+        ):
+            assert resp.status == 200
+    finally:
+        await server.stop()
+        await server.stop()
+
+
+async def test_two_servers_with_their_own_metrics() -> None:
+    a, b = SchedulerMetrics(), SchedulerMetrics()
+    a.scheduled(2)
+    b.scheduled(5)
+    sa = HealthServer(a, host="127.0.0.1", port=0)
+    sb = HealthServer(b, host="127.0.0.1", port=0)
+    await sa.start()
+    await sb.start()
+    try:
+        assert sa.port != sb.port
+        async with aiohttp.ClientSession() as session:
+            for server, expected in ((sa, "2.0"), (sb, "5.0")):
+                async with session.get(f"http://127.0.0.1:{server.port}/metrics") as resp:
+                    body = await resp.text()
+                assert f"gpusched_pods_scheduled_total {expected}" in body.splitlines()
+    finally:
+        await sa.stop()
+        await sb.stop()

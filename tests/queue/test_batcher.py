@@ -1,0 +1,101 @@
+"""The queue: batches close on size or time; every pod is somewhere; backoff and parking."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gpusched.queue.batcher import SchedulingQueue
+from gpusched.state.records import PodRecord
+from tests.factories import pod
+
+
+def rec(name: str, priority: int = 0) -> PodRecord:
+    p = pod(name)
+    if priority:
+        from dataclasses import replace
+
+        p = replace(p, priority=priority)
+    return PodRecord(p, uid=name, scheduler="gpu-scheduler")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def test_batch_closes_on_size_at_once() -> None:
+    q = SchedulingQueue(max_size=3, max_wait=60)
+    for i in range(5):
+        q.add(rec(f"p{i}"))
+    batch = await asyncio.wait_for(q.next_batch(), 1)
+    assert [r.pod.name for r in batch] == ["p0", "p1", "p2"]
+    assert q.counts().in_flight == 3
+    assert q.counts().active == 2
+
+
+async def test_batch_closes_on_time() -> None:
+    q = SchedulingQueue(max_size=100, max_wait=0.05)
+    q.add(rec("a"))
+    batch = await asyncio.wait_for(q.next_batch(), 1)
+    assert [r.pod.name for r in batch] == ["a"]
+
+
+async def test_priority_first_then_arrival() -> None:
+    q = SchedulingQueue(max_size=3, max_wait=60)
+    q.add(rec("low"))
+    q.add(rec("high", priority=10))
+    q.add(rec("low2"))
+    batch = await q.next_batch()
+    assert [r.pod.name for r in batch] == ["high", "low", "low2"]
+
+
+async def test_parked_pods_return_on_cluster_change() -> None:
+    q = SchedulingQueue(max_size=1, max_wait=0.01)
+    q.add(rec("a"))
+    (r,) = await q.next_batch()
+    q.park(r.pod.key)
+    assert q.counts().unschedulable == 1
+    q.move_all()
+    (again,) = await asyncio.wait_for(q.next_batch(), 1)
+    assert again.pod.key == r.pod.key
+
+
+async def test_backoff_grows_and_releases() -> None:
+    clock = Clock()
+    q = SchedulingQueue(max_size=1, max_wait=0.0, initial_backoff=1.0, max_backoff=4.0, clock=clock)
+    q.add(rec("a"))
+    (r,) = await q.next_batch()
+    q.backoff(r.pod.key)
+    assert q.counts().backoff == 1
+    clock.t = 0.5
+    q._release_due(clock.t)
+    assert q.counts().backoff == 1
+    clock.t = 1.0
+    (r,) = await asyncio.wait_for(q.next_batch(), 1)
+    q.backoff(r.pod.key)  # second failure: 2 s
+    assert q._backoff[r.pod.key] == 3.0
+
+
+async def test_pod_deleted_in_flight_is_dropped_when_its_batch_resolves() -> None:
+    q = SchedulingQueue(max_size=1, max_wait=0.0)
+    q.add(rec("a"))
+    (r,) = await q.next_batch()
+    q.delete(r.pod.key)
+    assert r.pod.key in q  # still in flight
+    q.park(r.pod.key)
+    assert r.pod.key not in q
+    assert q.counts().unschedulable == 0
+
+
+async def test_update_of_in_flight_pod_does_not_duplicate_it() -> None:
+    q = SchedulingQueue(max_size=10, max_wait=0.0)
+    q.add(rec("a"))
+    await q.next_batch()
+    q.add(rec("a"))
+    assert q.counts().active == 0
+    assert q.counts().in_flight == 1
+    q.done("default/a")
+    assert len(q) == 0

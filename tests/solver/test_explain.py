@@ -1,0 +1,40 @@
+"""Explanations count every node once, under its first unmet requirement."""
+
+from __future__ import annotations
+
+from gpusched.model import Assignment, Cluster
+from gpusched.solver.explain import explain
+from tests.factories import gpu_node, pod
+
+
+def test_message_counts_reasons_like_kube_scheduler() -> None:
+    nodes = [gpu_node(f"a{i}", gpus=2, model="A100") for i in range(8)] + [
+        gpu_node(f"h{i}", gpus=8, model="H800") for i in range(4)
+    ]
+    cluster = Cluster(nodes)
+    state = cluster.empty_state()
+    e = explain(pod("big", gpus=4, models=["A100"]), state)
+    assert e.fits == 0
+    assert e.message == "0/12 nodes are available: 8 insufficient nvidia.com/gpu, 4 GPU model not accepted."
+    assert e.reason == "insufficient nvidia.com/gpu"
+
+
+def test_cpu_memory_share_and_excluded_nodes() -> None:
+    cluster = Cluster([gpu_node("a", gpus=1, cpu=1000), gpu_node("b", gpus=1), gpu_node("c", gpus=0)])
+    state = cluster.empty_state().apply([Assignment(pod("x", gpus=1, milli=800), 1, (0,))])
+    e = explain(pod("p", cpu=2000, gpus=1, milli=500), state, {"d": "node(s) were unschedulable"})
+    assert dict(e.reasons) == {
+        "insufficient cpu": 1,
+        "insufficient GPU share": 1,
+        "insufficient nvidia.com/gpu": 1,
+        "node(s) were unschedulable": 1,
+    }
+    assert e.total == 4
+    assert sum(e.reasons.values()) == 4
+
+
+def test_a_pod_that_fits_is_reported_as_deferred() -> None:
+    cluster = Cluster([gpu_node("a", gpus=2)])
+    e = explain(pod("p", gpus=1), cluster.empty_state())
+    assert e.fits == 1
+    assert e.message.startswith("1/1 nodes could take the pod now")

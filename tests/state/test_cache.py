@@ -1,0 +1,111 @@
+"""The books: bound and assumed pods against the inventory."""
+
+from __future__ import annotations
+
+from gpusched.model import Pod
+from gpusched.state.cache import Cache
+from gpusched.state.records import NodeRecord, PodRecord
+from tests.factories import gpu_node, pod
+
+
+def bound(p: Pod, node: str, gpus: tuple[int, ...] | None = None, *, terminal: bool = False) -> PodRecord:
+    return PodRecord(p, uid=p.uid, scheduler="x", node_name=node, gpu_indices=gpus, terminal=terminal)
+
+
+def cache_with(*nodes: NodeRecord) -> Cache:
+    c = Cache()
+    c.replace_nodes(nodes)
+    return c
+
+
+def test_pods_of_other_schedulers_take_idle_gpus_and_cpu() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=4)))
+    c.observe_pod(bound(pod("x", cpu=2000, gpus=2), "a"))
+    s = c.snapshot().state
+    assert s.cpu_used[0] == 2000
+    assert list(s.gpu_used[0]) == [1000, 1000, 0, 0]
+
+
+def test_annotated_indices_are_respected() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=4)))
+    c.observe_pod(bound(pod("x", gpus=1), "a", (3,)))
+    assert list(c.snapshot().state.gpu_used[0]) == [0, 0, 0, 1000]
+
+
+def test_assume_counts_at_once_forget_undoes_and_is_idempotent() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    p = pod("x", gpus=1, milli=500)
+    c.assume(p, "a", (1,))
+    assert c.snapshot().state.gpu_used[0, 1] == 500
+    c.forget(p.key)
+    c.forget(p.key)
+    assert c.snapshot().state.gpu_used.sum() == 0
+    assert not c.holds(p.key)
+
+
+def test_confirmed_pod_is_not_forgotten() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    p = pod("x", gpus=1)
+    c.assume(p, "a", (0,))
+    c.observe_pod(bound(p, "a", (0,)))
+    c.forget(p.key)  # a late failure report must not free a bound pod's GPU
+    assert c.snapshot().state.gpu_used[0, 0] == 1000
+
+
+def test_pod_bound_elsewhere_replaces_the_assumption() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=1)), NodeRecord(gpu_node("b", gpus=1)))
+    p = pod("x", gpus=1)
+    c.assume(p, "a", (0,))
+    c.observe_pod(bound(p, "b"))
+    s = c.snapshot()
+    assert s.state.gpu_used[s.cluster.index["a"], 0] == 0
+    assert s.state.gpu_used[s.cluster.index["b"], 0] == 1000
+
+
+def test_finished_and_deleted_pods_free_capacity() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=1)))
+    p = pod("x", gpus=1)
+    c.observe_pod(bound(p, "a"))
+    assert c.observe_pod(bound(p, "a", terminal=True)) is True
+    assert c.snapshot().state.gpu_used.sum() == 0
+    c.observe_pod(bound(pod("y", gpus=1), "a"))
+    assert c.delete_pod("default/y") is True
+    assert c.snapshot().state.gpu_used.sum() == 0
+
+
+def test_excluded_nodes_leave_the_cluster_and_say_why() -> None:
+    c = cache_with(NodeRecord(gpu_node("a")), NodeRecord(gpu_node("b"), excluded="node(s) were unschedulable"))
+    s = c.snapshot()
+    assert [n.name for n in s.cluster.nodes] == ["a"]
+    assert dict(s.excluded) == {"b": "node(s) were unschedulable"}
+    assert s.node_count == 2
+
+
+def test_node_change_rebuilds_and_keeps_pod_accounting() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    c.observe_pod(bound(pod("x", gpus=1), "a", (1,)))
+    before = c.snapshot()
+    assert c.upsert_node(NodeRecord(gpu_node("b", gpus=2))) is True
+    after = c.snapshot()
+    assert after.cluster is not before.cluster
+    assert after.state.gpu_used[after.cluster.index["a"], 1] == 1000
+    assert c.upsert_node(NodeRecord(gpu_node("b", gpus=2))) is False  # nothing changed
+
+
+def test_snapshot_is_frozen_against_later_events() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    snap = c.snapshot()
+    c.observe_pod(bound(pod("x", gpus=2), "a"))
+    assert snap.state.gpu_used.sum() == 0
+    assert c.generation > snap.generation
+
+
+def test_relist_keeps_assumed_pods_and_drops_vanished_bound_ones() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=4)))
+    c.observe_pod(bound(pod("gone", gpus=1), "a"))
+    c.assume(pod("inflight", gpus=1), "a", (2,))
+    c.replace_pods([bound(pod("still", gpus=1), "a", (0,))])
+    assert not c.holds("default/gone")
+    assert c.holds("default/inflight")
+    assert c.holds("default/still")
+    assert c.snapshot().state.gpu_used[0].sum() == 2000
