@@ -1,0 +1,99 @@
+"""The reflector against the real API server: list, watch, resume, and relist on 410 Gone."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gpusched.kube.client import ApiError
+from gpusched.kube.watch import Reflector
+from tests.controlplane import ControlPlane
+from tests.e2e import kit
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.replaced = 0
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.replaced += 1
+        self.names = {o["metadata"]["name"] for o in objects}
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "DELETED":
+            self.names.discard(name)
+        else:
+            self.names.add(name)
+
+
+async def _until(cond: Any, timeout: float = 10.0) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if cond():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
+async def test_list_then_watch_pages_and_changes(control_plane: ControlPlane, namespace: str) -> None:
+    kube = await kit.admin(control_plane)
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    try:
+        await kit.create_all(kube, path, [{"metadata": {"name": f"c{i}"}, "data": {}} for i in range(7)])
+        rec = Recorder()
+        r = Reflector(kube, "cm", path, rec, page_size=3)  # the list takes three pages
+        task = asyncio.create_task(r.run())
+        try:
+            await asyncio.wait_for(r.synced.wait(), 10)
+            assert rec.names == {f"c{i}" for i in range(7)}
+            await kit.create_all(kube, path, [{"metadata": {"name": "late"}, "data": {}}])
+            r2 = await kube.request("DELETE", f"{path}/c0")
+            assert r2.ok
+            await _until(lambda: "late" in rec.names and "c0" not in rec.names)
+            assert rec.replaced == 1
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    finally:
+        await kube.close()
+
+
+async def _compact(cp: ControlPlane, revision: int) -> None:
+    """etcd's JSON gateway: drop history before ``revision``."""
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{cp.etcd_url}/v3/kv/compaction", json={"revision": str(revision), "physical": True}) as r,
+    ):
+        assert r.status == 200, await r.text()
+
+
+async def test_expired_resource_version_relists(control_plane: ControlPlane, namespace: str) -> None:
+    kube = await kit.admin(control_plane)
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    try:
+        for i in range(30):  # move the cluster's resourceVersion well past "1"
+            await kit.create_all(kube, path, [{"metadata": {"name": f"x{i}"}, "data": {}}])
+        _, rv = await kube.list(path)
+        await _compact(control_plane, int(rv))  # what etcd does every few minutes in a real cluster
+        rec = Recorder()
+        r = Reflector(kube, "cm", path, rec)
+        r.resource_version = "1"
+        with pytest.raises(ApiError) as info:
+            await asyncio.wait_for(r._watch(), 20)
+        assert info.value.status == 410
+        task = asyncio.create_task(r.run())
+        try:
+            await asyncio.wait_for(r.synced.wait(), 10)
+            assert len(rec.names) == 30
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    finally:
+        await kube.close()
