@@ -172,11 +172,12 @@ class Scheduler:
         self.identity = settings.identity or default_identity()
         self.config = settings.config
         b = self.config.batching
-        self.queue = SchedulingQueue(b.max_size, b.max_wait_seconds)
+        self.queue = SchedulingQueue(b.max_size, b.max_wait_seconds, busy=self._busy)
+        self._binds_in_flight = 0
         self.cache = Cache()
         self.metrics = SchedulerMetrics()
         self.metrics.set_weights({k: float(v) for k, v in self.config.weights.model_dump(by_alias=True).items()})
-        self.binder = Binder(kube, self.identity)
+        self.binder = Binder(kube, self.identity, events=kube.sibling())
         self._bind_slots = asyncio.Semaphore(max(1, settings.kube_burst))
         self._tasks: set[asyncio.Task[None]] = set()
         self._policy: Policy | None = None
@@ -264,6 +265,10 @@ class Scheduler:
         waiting = [r.name for r in self.reflectors if not r.synced.is_set()]
         return (not waiting, f"waiting for the first list of {', '.join(waiting)}" if waiting else "")
 
+    def _busy(self) -> bool:
+        """Binds in flight: the next batch may gather pods until they are done."""
+        return self._binds_in_flight > 0
+
     def known_pending(self) -> list[str]:
         """Keys of every pending pod the queue holds."""
         return list(self.queue._records)
@@ -294,6 +299,8 @@ class Scheduler:
         """Wait for the caches, then place batch after batch while leading."""
         await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
         log.info("caches synced", nodes=len(self.cache.nodes), bound_pods=self.cache.held_count)
+        # Build the policy (and import the solver) now rather than inside the first batch.
+        await asyncio.to_thread(self._policy_for, self.cache.snapshot().cluster)
         while True:
             await self._leading.wait()
             batch = await self.queue.next_batch()
@@ -355,6 +362,7 @@ class Scheduler:
             node = names[a.node].name
             self.cache.assume(a.pod, node, a.gpus)
             placed_keys.add(a.pod.key)
+            self._binds_in_flight += 1
             self.spawn(self._bind(a.pod, node, a.gpus), f"bind:{a.pod.key}")
         for p in plan.unplaced:
             if p.key in placed_keys:
@@ -408,8 +416,13 @@ class Scheduler:
 
     async def _bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
         start = time.perf_counter()
-        async with self._bind_slots:
-            result, why = await self.binder.bind(pod, node, gpus)
+        try:
+            async with self._bind_slots:
+                result, why = await self.binder.bind(pod, node, gpus)
+        finally:
+            self._binds_in_flight -= 1
+            if not self._binds_in_flight:
+                self.queue.nudge()
         ms = round((time.perf_counter() - start) * 1000, 1)
         if result is BindResult.BOUND:
             self.cache.confirm(pod.key)

@@ -54,14 +54,21 @@ def _now() -> str:
 class Binder:
     """Bindings, Events and conditions for one scheduler instance."""
 
-    def __init__(self, kube: Kube, identity: str, attempts: int = 4, event_repeat_s: float = 60.0) -> None:
+    def __init__(
+        self, kube: Kube, identity: str, attempts: int = 4, event_repeat_s: float = 60.0, events: Kube | None = None
+    ) -> None:
         self.kube = kube
+        self.events = events or kube
+        """Client for Events (a sibling with its own rate limit, as kube-scheduler's event client)."""
         self.identity = identity
         self.attempts = attempts
         self.event_repeat_s = event_repeat_s
         self._last_event: dict[tuple[str, str], tuple[str, float]] = {}
 
-    async def _retrying(self, method: str, path: str, body: Any, content_type: str = "application/json") -> Any:
+    async def _retrying(
+        self, method: str, path: str, body: Any, content_type: str = "application/json", kube: Kube | None = None
+    ) -> Any:
+        client = kube or self.kube
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
             wait=wait_exponential_jitter(initial=0.1, max=2.0),
@@ -69,7 +76,7 @@ class Binder:
             reraise=True,
         ):
             with attempt:
-                r = await self.kube.request(method, path, body=body, content_type=content_type)
+                r = await client.request(method, path, body=body, content_type=content_type)
                 if not r.ok:
                     raise r.error()
                 return r.body
@@ -156,7 +163,7 @@ class Binder:
             "count": 1,
         }
         try:
-            await self._retrying("POST", f"/api/v1/namespaces/{ns}/events", body)
+            await self._retrying("POST", f"/api/v1/namespaces/{ns}/events", body, kube=self.events)
         except ApiError as exc:
             log.warning("event not written", object=key[0], reason=reason, error=str(exc))
 

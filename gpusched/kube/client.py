@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,27 +59,28 @@ class Response:
 class RateLimiter:
     """Token bucket: ``qps`` tokens a second, at most ``burst`` saved up."""
 
-    def __init__(self, qps: float, burst: int) -> None:
+    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
         if qps <= 0 or burst < 1:
             raise ValueError(f"client rate needs qps > 0 and burst >= 1, got qps={qps} burst={burst}")
         self.qps = qps
         self.burst = burst
         self._tokens = float(burst)
-        self._stamp = time.monotonic()
-        self._lock = asyncio.Lock()
+        self._clock = clock
+        self._stamp = clock()
 
     async def acquire(self) -> None:
-        """Wait for a token."""
-        async with self._lock:
-            now = time.monotonic()
-            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.qps)
-            self._stamp = now
-            if self._tokens < 1:
-                await asyncio.sleep((1 - self._tokens) / self.qps)
-                self._stamp = time.monotonic()
-                self._tokens = 0.0
-            else:
-                self._tokens -= 1
+        """Wait for a token.
+
+        Each caller reserves its token at once (the balance may go negative) and then
+        sleeps until the token exists, so the long-run rate is exactly ``qps`` and no
+        lock is held while waiting.
+        """
+        now = self._clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.qps)
+        self._stamp = now
+        self._tokens -= 1
+        if self._tokens < 0:
+            await asyncio.sleep(-self._tokens / self.qps)
 
 
 class Kube:
@@ -88,6 +89,14 @@ class Kube:
     def __init__(self, api: k8s_client.ApiClient, qps: float = 50.0, burst: int = 100) -> None:
         self.api = api
         self.limiter = RateLimiter(qps, burst)
+
+    def sibling(self) -> Kube:
+        """The same connection with a rate limiter of its own (same qps and burst).
+
+        kube-scheduler sends Events through a client of their own; so do we, so that
+        Events never delay Bindings and the two compare at equal client limits.
+        """
+        return Kube(self.api, self.limiter.qps, self.limiter.burst)
 
     async def close(self) -> None:
         """Close the connection pool."""

@@ -8,7 +8,9 @@
               └────────────────────────┴────────────────────────────────────────────────┘
 
 A batch closes when ``max_size`` pods are active or the oldest active pod has
-waited ``max_wait`` seconds.  Higher priority pops first, then arrival order.
+waited ``max_wait`` seconds; while the scheduler is idle (``busy`` says no
+solve or bind is in flight) it closes after only ``idle_wait``, so a lone pod
+is not held back, while under load pods gather into full batches.  Higher priority pops first, then arrival order.
 A pod updated while in flight keeps its place; deleted, it is dropped when its
 batch resolves.  Parked pods also return to active every ``flush_after``
 seconds in case a change went unseen.  Nothing is forgotten: ``counts`` adds
@@ -51,6 +53,8 @@ class SchedulingQueue:
         initial_backoff: float = 1.0,
         max_backoff: float = 10.0,
         flush_after: float = 60.0,
+        idle_wait: float = 0.02,
+        busy: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_size = max_size
@@ -58,6 +62,8 @@ class SchedulingQueue:
         self.initial_backoff = initial_backoff
         self.max_backoff = max_backoff
         self.flush_after = flush_after
+        self.idle_wait = idle_wait
+        self.busy = busy
         self._clock = clock
         self._records: dict[str, PodRecord] = {}
         self._active: dict[str, tuple[int, float]] = {}  # key -> (seq, enqueued at)
@@ -123,6 +129,10 @@ class SchedulingQueue:
         if self._settle(key):
             self._activate(key)
 
+    def nudge(self) -> None:
+        """Something ``busy`` depends on changed: re-check whether the batch can close."""
+        self._wake.set()
+
     def record(self, key: str) -> PodRecord | None:
         """The latest record of a queued or in-flight pod."""
         return self._records.get(key)
@@ -147,6 +157,8 @@ class SchedulingQueue:
             if self._active:
                 oldest = min(t for _, t in self._active.values())
                 due = oldest + self.max_wait
+                if self.busy is not None and not self.busy():
+                    due = min(due, oldest + self.idle_wait)
                 if len(self._active) >= self.max_size or now >= due:
                     return self._pop(self.max_size)
                 wait = due - now

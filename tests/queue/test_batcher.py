@@ -99,3 +99,18 @@ async def test_update_of_in_flight_pod_does_not_duplicate_it() -> None:
     assert q.counts().in_flight == 1
     q.done("default/a")
     assert len(q) == 0
+
+
+async def test_idle_scheduler_closes_a_small_batch_at_once_busy_one_waits() -> None:
+    clock = Clock()
+    busy = [True]
+    q = SchedulingQueue(max_size=64, max_wait=0.5, idle_wait=0.02, busy=lambda: busy[0], clock=clock)
+    q.add(rec("a"))
+    clock.t = 0.03
+    waiting = asyncio.ensure_future(q.next_batch())
+    await asyncio.sleep(0)
+    assert not waiting.done()  # busy: gather more pods, up to max_wait
+    busy[0] = False
+    q.nudge()
+    batch = await asyncio.wait_for(waiting, 1)
+    assert [r.pod.name for r in batch] == ["a"]

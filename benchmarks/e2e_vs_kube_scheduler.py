@@ -1,0 +1,342 @@
+"""gpusched and kube-scheduler side by side on one real kube-apiserver, with the same pod stream.
+
+    python benchmarks/e2e_vs_kube_scheduler.py --nodes 1000 --pods 5000 --json
+
+One control plane (etcd + kube-apiserver, as the tests start it) gets N fake GPU
+nodes of the Alibaba trace's node mix.  The same P-pod stream (trace pods that
+ask for whole GPUs or none, in a seeded random order) is created twice, in a
+fresh namespace each time, once for kube-scheduler and once for gpusched, and
+the pods are deleted in between.  Each scheduler runs as its own process with
+the same client limits (``--qps``/``--burst``, kube-scheduler's defaults 50/100).
+
+kube-scheduler runs its best bin-packing: one profile with its own
+``schedulerName``, NodeResourcesFit with the ``MostAllocated`` strategy over
+``nvidia.com/gpu`` (weight 3), CPU and memory, and every node scored
+(``percentageOfNodesToScore: 100``).  Fractional pods are left out of both
+runs: kube-scheduler has no way to express a share of one GPU (``nvidia.com/gpu``
+is a whole-device count), so the stream is the one both can place.
+
+Measured per scheduler: pods bound per second over the whole stream (first
+pod created to last pod bound), latency from creation (the API's answer to the
+create) to binding (the watch seeing ``spec.nodeName``) p50/p99, pods left
+unschedulable, GPU allocation %, GPU nodes in use and the scheduler's peak RSS
+(``VmHWM``).  Prints a side-by-side table with ratios; ``--json`` prints the
+JSON object last, ``--out`` writes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _common import replicated_nodes, trace_pods
+
+from gpusched.kube.client import Kube
+from gpusched.kube.watch import Reflector
+from gpusched.model import Node, Pod
+from tests.controlplane import REPO_ROOT, ControlPlane, _free_ports, control_plane, find_assets
+
+GPU = "nvidia.com/gpu"
+
+
+def node_obj(n: Node) -> dict[str, Any]:
+    alloc = {"cpu": f"{n.cpu_milli}m", "memory": f"{n.memory_mib}Mi", "pods": "500", GPU: str(n.gpu_count)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": n.name,
+            "labels": {"kubernetes.io/hostname": n.name, "nvidia.com/gpu.product": n.gpu_model},
+        },
+        "status": {"capacity": alloc, "allocatable": alloc},
+    }
+
+
+def pod_obj(p: Pod, scheduler: str) -> dict[str, Any]:
+    limits = {"cpu": f"{max(p.cpu_milli, 1)}m", "memory": f"{max(p.memory_mib, 1)}Mi"}
+    if p.num_gpu:
+        limits[GPU] = str(p.num_gpu)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": p.name},
+        "spec": {
+            "schedulerName": scheduler,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}}],
+        },
+    }
+
+
+def stream(count: int, seed: int) -> list[Pod]:
+    """``count`` trace pods that ask for whole GPUs or none, drawn with replacement, in random order."""
+    pool = [p for p in trace_pods("default") if not p.is_fractional]
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        p = rng.choice(pool)
+        out.append(Pod(f"p-{i:05d}", p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, p.gpu_models))
+    return out
+
+
+@dataclass
+class Tracker:
+    """Watch handler: when each pod of the run was seen bound, and which are marked unschedulable."""
+
+    bound_at: dict[str, float] = field(default_factory=dict)
+    node_of: dict[str, str] = field(default_factory=dict)
+    unschedulable: set[str] = field(default_factory=set)
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        for o in objects:
+            self.apply("ADDED", o)
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        node = (obj.get("spec") or {}).get("nodeName")
+        if kind == "DELETED":
+            return
+        if node and name not in self.bound_at:
+            self.bound_at[name] = time.monotonic()
+            self.node_of[name] = node
+            self.unschedulable.discard(name)
+        elif not node:
+            for c in (obj.get("status") or {}).get("conditions") or ():
+                if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                    self.unschedulable.add(name)
+
+
+def peak_rss_mib(pid: int) -> float:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def start_kube_scheduler(cp: ControlPlane, work: Path, name: str, qps: float, burst: int) -> subprocess.Popen[bytes]:
+    cfg = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(cp.admin_kubeconfig), "qps": qps, "burst": burst},
+        "leaderElection": {"leaderElect": False},
+        "percentageOfNodesToScore": 100,
+        "profiles": [
+            {
+                "schedulerName": name,
+                "pluginConfig": [
+                    {
+                        "name": "NodeResourcesFit",
+                        "args": {
+                            "scoringStrategy": {
+                                "type": "MostAllocated",
+                                "resources": [
+                                    {"name": "cpu", "weight": 1},
+                                    {"name": "memory", "weight": 1},
+                                    {"name": GPU, "weight": 3},
+                                ],
+                            }
+                        },
+                    }
+                ],
+            }
+        ],
+    }
+    path = work / "kube-scheduler.yaml"
+    path.write_text(json.dumps(cfg))
+    (port,) = _free_ports(1)
+    log = (work / "kube-scheduler.log").open("wb")
+    return subprocess.Popen(
+        [str(cp.assets / "kube-scheduler"), f"--config={path}", "--bind-address=127.0.0.1", f"--secure-port={port}"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def start_gpusched(cp: ControlPlane, work: Path, name: str, qps: float, burst: int) -> subprocess.Popen[bytes]:
+    log = (work / "gpusched.log").open("wb")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    argv = [sys.executable, "-m", "gpusched", "run", "--kubeconfig", str(cp.scheduler_kubeconfig)]
+    argv += ["--scheduler-name", name, "--no-leader-elect", "--metrics-host", "127.0.0.1", "--metrics-port", "0"]
+    argv += ["--kube-api-qps", str(qps), "--kube-api-burst", str(burst)]
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+async def run_one(
+    kube: Kube, cp: ControlPlane, work: Path, who: str, pods: list[Pod], nodes: list[Node], qps: float, burst: int
+) -> dict[str, Any]:
+    ns = f"bench-{who.replace('_', '-')}"
+    sched_name = f"{who.replace('_', '-')}-bench"
+    r = await kube.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    assert r.ok, r.body
+    proc = (start_kube_scheduler if who == "kube_scheduler" else start_gpusched)(cp, work, sched_name, qps, burst)
+    tracker = Tracker()
+    watch = Reflector(kube, ns, f"/api/v1/namespaces/{ns}/pods", tracker)
+    watch_task = asyncio.create_task(watch.run(), name=f"watch-{ns}")
+    await asyncio.wait_for(watch.synced.wait(), 30)
+    await asyncio.sleep(3.0)  # let the scheduler list the nodes and settle before the stream
+    created: dict[str, float] = {}
+    sem = asyncio.Semaphore(64)
+    path = f"/api/v1/namespaces/{ns}/pods"
+
+    async def create(p: Pod) -> None:
+        async with sem:
+            resp = await kube.request("POST", path, body=pod_obj(p, sched_name))
+            assert resp.status == 201, resp.body
+            created[p.name] = time.monotonic()
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(create(p) for p in pods))
+    last_change, seen = time.monotonic(), -1
+    while True:
+        done = len(tracker.bound_at) + len(tracker.unschedulable)
+        if done != seen:
+            seen, last_change = done, time.monotonic()
+        if done >= len(pods) or time.monotonic() - last_change > 60:
+            break
+        if proc.poll() is not None:
+            raise SystemExit(f"{who} exited with {proc.returncode}; see {work}")
+        await asyncio.sleep(0.2)
+    rss = peak_rss_mib(proc.pid)
+    proc.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(20)
+    if proc.poll() is None:
+        proc.kill()
+    watch_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watch_task
+    bound = tracker.bound_at
+    end = max(bound.values(), default=t0)
+    lat = sorted((bound[k] - created[k]) * 1000 for k in bound if k in created)
+    gpus_by_name = {p.name: p.num_gpu for p in pods}
+    used: dict[str, int] = {}
+    for pod_name, node_name in tracker.node_of.items():
+        if gpus_by_name[pod_name]:
+            used[node_name] = used.get(node_name, 0) + gpus_by_name[pod_name]
+    total_gpus = sum(n.gpu_count for n in nodes)
+
+    def pct(q: float) -> float:
+        return lat[max(0, math.ceil(q / 100 * len(lat)) - 1)] if lat else math.nan
+
+    # Empty the cluster for the next run.
+    await kube.request("DELETE", path, query={"gracePeriodSeconds": 0})
+    for _ in range(300):
+        items, _ = await kube.list(path)
+        if not items:
+            break
+        await asyncio.sleep(0.5)
+    return {
+        "pods_per_s": round(len(bound) / (end - t0), 2) if bound else 0.0,
+        "p50_ms": round(pct(50), 1),
+        "p99_ms": round(pct(99), 1),
+        "alloc_pct": round(100 * sum(used.values()) / total_gpus, 2),
+        "gpu_nodes_used": len(used),
+        "unschedulable": len(pods) - len(bound),
+        "rss_mib": round(rss, 1),
+        "bound": len(bound),
+        "stream_s": round(end - t0, 1),
+    }
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    nodes = replicated_nodes(args.nodes)
+    pods = stream(args.pods, args.seed)
+    work = Path(tempfile.mkdtemp(prefix="gpusched-e2e-"))
+    with control_plane(work / "cp", find_assets()) as cp:
+        cp.kubectl("apply", "-k", str(REPO_ROOT / "manifests"))
+        kube = await _admin(cp)
+        try:
+            sem = asyncio.Semaphore(64)
+
+            async def create(n: Node) -> None:
+                async with sem:
+                    r = await kube.request("POST", "/api/v1/nodes", body=node_obj(n))
+                    assert r.status == 201, r.body
+
+            await asyncio.gather(*(create(n) for n in nodes))
+            result: dict[str, Any] = {
+                "nodes": args.nodes,
+                "pods": args.pods,
+                "gpus": sum(n.gpu_count for n in nodes),
+                "gpu_demand": sum(p.num_gpu for p in pods),
+                "qps": args.qps,
+                "burst": args.burst,
+            }
+            for who in ("kube_scheduler", "gpusched"):
+                print(f"running {who} ...", file=sys.stderr, flush=True)
+                result[who] = await run_one(kube, cp, work, who, pods, nodes, args.qps, args.burst)
+        finally:
+            await kube.close()
+    result["logs"] = str(work)
+    return result
+
+
+async def _admin(cp: ControlPlane) -> Kube:
+    from kubernetes_asyncio import config
+
+    api = await config.new_client_from_config(config_file=str(cp.admin_kubeconfig))
+    return Kube(api, qps=1000, burst=1000)
+
+
+def table(r: dict[str, Any]) -> str:
+    k, g = r["kube_scheduler"], r["gpusched"]
+    rows = [
+        ("pods bound per s", "pods_per_s", True),
+        ("latency p50 ms", "p50_ms", False),
+        ("latency p99 ms", "p99_ms", False),
+        ("unschedulable", "unschedulable", False),
+        ("GPU allocation %", "alloc_pct", True),
+        ("GPU nodes in use", "gpu_nodes_used", False),
+        ("peak RSS MiB", "rss_mib", False),
+    ]
+    out = [
+        f"{r['nodes']} nodes ({r['gpus']} GPUs), {r['pods']} pods ({r['gpu_demand']} GPUs), "
+        f"client qps {r['qps']} burst {r['burst']}",
+        f"{'':<18} {'kube-scheduler':>15} {'gpusched':>10} {'gpusched/kube':>14}",
+    ]
+    for title, key, _ in rows:
+        ratio = g[key] / k[key] if k[key] else math.nan
+        out.append(f"{title:<18} {k[key]:>15} {g[key]:>10} {ratio:>14.3f}")
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--pods", type=int, default=5000)
+    ap.add_argument("--qps", type=float, default=50.0, help="client QPS of both schedulers (default 50)")
+    ap.add_argument("--burst", type=int, default=100, help="client burst of both schedulers (default 100)")
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--json", action="store_true", help="print the JSON object last")
+    ap.add_argument("--out", type=Path, default=None, help="also write the JSON object to this file")
+    args = ap.parse_args()
+    result = asyncio.run(bench(args))
+    print(table(result))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
