@@ -236,14 +236,7 @@ async def run_one(
     def pct(q: float) -> float:
         return lat[max(0, math.ceil(q / 100 * len(lat)) - 1)] if lat else math.nan
 
-    # Empty the cluster for the next run.
-    await kube.request("DELETE", path, query={"gracePeriodSeconds": 0})
-    for _ in range(300):
-        items, _ = await kube.list(path)
-        if not items:
-            break
-        await asyncio.sleep(0.5)
-    return {
+    result = {
         "pods_per_s": round(len(bound) / (end - t0), 2) if bound else 0.0,
         "p50_ms": round(pct(50), 1),
         "p99_ms": round(pct(99), 1),
@@ -254,6 +247,19 @@ async def run_one(
         "bound": len(bound),
         "stream_s": round(end - t0, 1),
     }
+    print(f"{who}: {json.dumps(result)}", file=sys.stderr, flush=True)
+    # Empty the cluster for the next run. A collection delete of 20,000 pods can outlast the
+    # server's request timeout (504); it is repeated until the namespace is empty.
+    for _ in range(120):
+        left = await kube.get(path, {"limit": 1})
+        if not left.get("items"):
+            break
+        gone = await kube.request("DELETE", path, query={"gracePeriodSeconds": 0}, timeout=120)
+        if not gone.ok and gone.status != 504:
+            raise SystemExit(f"could not delete the pods of {ns}: {gone.error()}")
+    else:
+        raise SystemExit(f"the pods of {ns} were not deleted")
+    return result
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:

@@ -174,6 +174,11 @@ class Scheduler:
         b = self.config.batching
         self.queue = SchedulingQueue(b.max_size, b.max_wait_seconds, busy=self._busy)
         self._binds_in_flight = 0
+        self._bind_room = asyncio.Event()
+        self._bind_room.set()
+        self.max_binds_in_flight = max(2 * b.max_size, settings.kube_burst)
+        """Backpressure: no new batch is drawn while this many binds wait, so decisions stay fresh
+        (made against the cluster as it is, not minutes ahead of the binder) and memory stays flat."""
         self.cache = Cache()
         self.metrics = SchedulerMetrics()
         self.metrics.set_weights({k: float(v) for k, v in self.config.weights.model_dump(by_alias=True).items()})
@@ -303,6 +308,7 @@ class Scheduler:
         await asyncio.to_thread(self._policy_for, self.cache.snapshot().cluster)
         while True:
             await self._leading.wait()
+            await self._bind_room.wait()
             batch = await self.queue.next_batch()
             if not self.is_leader:
                 for r in batch:
@@ -364,6 +370,8 @@ class Scheduler:
             placed_keys.add(a.pod.key)
             self._binds_in_flight += 1
             self.spawn(self._bind(a.pod, node, a.gpus), f"bind:{a.pod.key}")
+        if self._binds_in_flight >= self.max_binds_in_flight:
+            self._bind_room.clear()
         for p in plan.unplaced:
             if p.key in placed_keys:
                 continue
@@ -421,6 +429,8 @@ class Scheduler:
                 result, why = await self.binder.bind(pod, node, gpus)
         finally:
             self._binds_in_flight -= 1
+            if self._binds_in_flight < self.max_binds_in_flight:
+                self._bind_room.set()
             if not self._binds_in_flight:
                 self.queue.nudge()
         ms = round((time.perf_counter() - start) * 1000, 1)

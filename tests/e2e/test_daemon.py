@@ -8,6 +8,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -239,11 +240,13 @@ async def test_two_replicas_one_leader_and_failover(control_plane: ControlPlane,
         assert not standby.events("bind"), "the standby must not schedule"
         assert len([x for x in leader.events("bind") if x["result"] == "bound"]) == 20
         leader.kill()
-        killed = asyncio.get_running_loop().time()
+        killed = datetime.now(UTC)
         await kit.create_all(kube, ns_pods, [kit.pod(f"second-{i}", name, gpus=1) for i in range(20)])
         await kit.wait_settled(kube, namespace, 40, timeout=60)
-        took = asyncio.get_running_loop().time() - killed
-        assert took < 4 + 3, f"takeover took {took:.1f}s (lease 4s)"
+        took_over = standby.wait_log("leadership changed", where=lambda x: x["leader"] is True)
+        took = (datetime.fromisoformat(took_over["timestamp"]) - killed).total_seconds()
+        # Within the lease duration, plus one retry period to notice it has run out.
+        assert took <= 4 + 0.5 + 0.5, f"takeover took {took:.1f}s (lease 4s, retry 0.5s)"
         assert len([x for x in standby.events("bind") if x["result"] == "bound"]) == 20
         events = await kit.scheduled_events(kube, namespace)
         who = {e["reportingInstance"] for k, v in events.items() if k.startswith("Scheduled/second-") for e in v}
