@@ -44,7 +44,7 @@ from gpusched.metrics.exporter import HealthServer, SchedulerMetrics
 from gpusched.model import Cluster, ClusterState, Plan, Pod
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.solver.explain import explain
-from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio, score_cpu
+from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.policy import Policy
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
@@ -346,7 +346,7 @@ class Scheduler:
         policy = self._policy_for(snap.cluster)
         pods = [r.pod for r in todo]
         for p in pods:
-            self._shapes[TypicalShape(score_cpu(p.cpu_milli), p.gpu_milli, p.num_gpu, p.gpu_models)] += 1
+            self._shapes[TypicalShape.of(p)] += 1
         typical = TypicalPods.from_counts(self._shapes)
         try:
             plan, after, frag = await asyncio.to_thread(_solve, policy, pods, snap.state, typical)

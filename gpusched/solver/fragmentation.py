@@ -60,6 +60,11 @@ class TypicalShape:
     num_gpu: int
     gpu_models: frozenset[str]
 
+    @classmethod
+    def of(cls, pod: Pod) -> TypicalShape:
+        """The shape of ``pod`` (CPU bucketed the way FGD scores it)."""
+        return cls(score_cpu(pod.cpu_milli), pod.gpu_milli, pod.num_gpu, pod.gpu_models)
+
 
 @dataclass(frozen=True)
 class TypicalPods:
@@ -71,7 +76,7 @@ class TypicalPods:
     @classmethod
     def from_pods(cls, pods: Iterable[Pod], coverage: float = 0.95) -> TypicalPods:
         """Shapes by descending count until their cumulative count reaches ``coverage``."""
-        counts = Counter(TypicalShape(score_cpu(p.cpu_milli), p.gpu_milli, p.num_gpu, p.gpu_models) for p in pods)
+        counts = Counter(TypicalShape.of(p) for p in pods)
         return cls.from_counts(counts, coverage)
 
     @classmethod

@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from gpusched.model import Cluster, Pod
-from gpusched.solver.fragmentation import FragScorer, TypicalPods, TypicalShape, score_cpu
+from gpusched.solver.fragmentation import FragScorer, TypicalPods, TypicalShape
 
 __all__ = ["TypicalTracker"]
 
@@ -31,7 +31,7 @@ class TypicalTracker:
     def observe(self, pods: Iterable[Pod]) -> None:
         """Count ``pods`` as seen."""
         for p in pods:
-            self.counts[TypicalShape(score_cpu(p.cpu_milli), p.gpu_milli, p.num_gpu, p.gpu_models)] += 1
+            self.counts[TypicalShape.of(p)] += 1
             self.seen += 1
 
     @property
