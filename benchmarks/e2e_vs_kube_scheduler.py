@@ -50,6 +50,7 @@ from gpusched.kube.client import Kube
 from gpusched.kube.watch import Reflector
 from gpusched.model import Node, Pod
 from tests.controlplane import REPO_ROOT, ControlPlane, _free_ports, control_plane, find_assets
+from tests.e2e import kit
 
 GPU = "nvidia.com/gpu"
 
@@ -268,16 +269,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="gpusched-e2e-"))
     with control_plane(work / "cp", find_assets()) as cp:
         cp.kubectl("apply", "-k", str(REPO_ROOT / "manifests"))
-        kube = await _admin(cp)
+        kube = await kit.admin(cp, qps=1000)
         try:
-            sem = asyncio.Semaphore(64)
-
-            async def create(n: Node) -> None:
-                async with sem:
-                    r = await kube.request("POST", "/api/v1/nodes", body=node_obj(n))
-                    assert r.status == 201, r.body
-
-            await asyncio.gather(*(create(n) for n in nodes))
+            await kit.create_all(kube, "/api/v1/nodes", [node_obj(n) for n in nodes], parallel=64)
             result: dict[str, Any] = {
                 "nodes": args.nodes,
                 "pods": args.pods,
@@ -293,13 +287,6 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             await kube.close()
     result["logs"] = str(work)
     return result
-
-
-async def _admin(cp: ControlPlane) -> Kube:
-    from kubernetes_asyncio import config
-
-    api = await config.new_client_from_config(config_file=str(cp.admin_kubeconfig))
-    return Kube(api, qps=1000, burst=1000)
 
 
 def table(r: dict[str, Any]) -> str:

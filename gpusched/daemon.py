@@ -26,7 +26,7 @@ import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,7 +146,7 @@ class _PendingHandler:
         live = {r.key for r in records}
         for r in records:
             self._take(r)
-        for key in [k for k in self.s.known_pending() if k not in live]:
+        for key in [k for k in self.s.queue.pending_keys() if k not in live]:
             self.s.queue.delete(key)
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
@@ -181,7 +181,6 @@ class Scheduler:
         (made against the cluster as it is, not minutes ahead of the binder) and memory stays flat."""
         self.cache = Cache()
         self.metrics = SchedulerMetrics()
-        self.metrics.set_weights({k: float(v) for k, v in self.config.weights.model_dump(by_alias=True).items()})
         self.binder = Binder(kube, self.identity, events=kube.sibling())
         self._bind_slots = asyncio.Semaphore(max(1, settings.kube_burst))
         self._tasks: set[asyncio.Task[None]] = set()
@@ -190,6 +189,7 @@ class Scheduler:
         self._shapes: Counter[TypicalShape] = Counter()
         self._leading = asyncio.Event()
         self._batches = 0
+        self.set_config(self.config)
         self.reflectors = [
             Reflector(kube, "nodes", "/api/v1/nodes", _NodeHandler(self)),
             Reflector(
@@ -274,18 +274,10 @@ class Scheduler:
         """Binds in flight: the next batch may gather pods until they are done."""
         return self._binds_in_flight > 0
 
-    def known_pending(self) -> list[str]:
-        """Keys of every pending pod the queue holds."""
-        return list(self.queue._records)
-
     # -- tasks -----------------------------------------------------------------------------
-    def spawn(self, coro: Awaitable[None], name: str) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """A short supervised task (binds, Events); its failure is logged, never lost."""
-
-        async def wrapped() -> None:
-            await coro
-
-        task = asyncio.get_running_loop().create_task(wrapped(), name=name)
+        task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 
@@ -363,19 +355,15 @@ class Scheduler:
             return
         plan = self._recheck(plan, snap, batch_id)
         names = snap.cluster.nodes
-        placed_keys: set[str] = set()
         for a in plan.assignments:
             node = names[a.node].name
             self.cache.assume(a.pod, node, a.gpus)
-            placed_keys.add(a.pod.key)
             self._binds_in_flight += 1
             self.spawn(self._bind(a.pod, node, a.gpus), f"bind:{a.pod.key}")
         if self._binds_in_flight >= self.max_binds_in_flight:
             self._bind_room.clear()
         for p in plan.unplaced:
-            if p.key in placed_keys:
-                continue
-            if not self.cache.holds(p.key):
+            if not self.cache.holds(p.key):  # bound by someone else during the solve
                 e = explain(p, after, snap.excluded)
                 self._unschedulable(p, e.message, e.reason)
         stats = plan.stats

@@ -8,7 +8,7 @@ A deleted ConfigMap also leaves the last good configuration in force.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import structlog
@@ -30,8 +30,8 @@ class ConfigMapHandler:
         namespace: str,
         name: str,
         on_config: Callable[[GpuschedConfig], None],
-        on_rejected: Callable[[dict[str, str], str], Awaitable[None]] | None = None,
-        spawn: Callable[[Awaitable[None], str], None] | None = None,
+        on_rejected: Callable[[dict[str, str], str], Coroutine[Any, Any, None]] | None = None,
+        spawn: Callable[[Coroutine[Any, Any, None], str], None] | None = None,
         on_result: Callable[[bool], None] | None = None,
     ) -> None:
         self.namespace = namespace

@@ -61,7 +61,6 @@ class Reflector:
         self.watch_timeout_s = watch_timeout_s
         self.resource_version = ""
         self.synced = asyncio.Event()
-        self.relists = 0
 
     async def run(self) -> None:
         """List, then watch, forever; reconnects with backoff."""
@@ -74,7 +73,6 @@ class Reflector:
             except ApiError as exc:
                 if exc.status == GONE:
                     log.info("watch expired, relisting", watch=self.name, rv=self.resource_version)
-                    self.relists += 1
                     continue
                 log.warning("watch failed, retrying", watch=self.name, error=str(exc), retry_in_s=round(delay, 2))
                 await asyncio.sleep(delay * (1 + random.random() / 2))

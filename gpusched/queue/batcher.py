@@ -141,6 +141,10 @@ class SchedulingQueue:
         """How many pods are where."""
         return QueueCounts(len(self._active), len(self._backoff), len(self._parked), len(self._in_flight))
 
+    def pending_keys(self) -> list[str]:
+        """Every pending pod the queue holds, wherever it is."""
+        return list(self._records)
+
     def __len__(self) -> int:
         return len(self._records)
 
@@ -155,7 +159,7 @@ class SchedulingQueue:
             self._release_due(now)
             wait: float | None = None
             if self._active:
-                oldest = min(t for _, t in self._active.values())
+                oldest = next(iter(self._active.values()))[1]  # insertion order is activation order
                 due = oldest + self.max_wait
                 if self.busy is not None and not self.busy():
                     due = min(due, oldest + self.idle_wait)
@@ -166,7 +170,7 @@ class SchedulingQueue:
                 until = min(self._backoff.values()) - now
                 wait = until if wait is None else min(wait, until)
             if self._parked:
-                until = min(self._parked.values()) + self.flush_after - now
+                until = next(iter(self._parked.values())) + self.flush_after - now  # parked in time order
                 wait = until if wait is None else min(wait, until)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):

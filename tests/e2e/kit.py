@@ -116,11 +116,12 @@ class Daemon:
         return self.proc.returncode
 
 
-async def admin(cp: ControlPlane) -> Kube:
+async def admin(cp: ControlPlane, qps: float = 500) -> Kube:
+    """A client as cluster admin (system:masters), rate-limited only to keep the server responsive."""
     from kubernetes_asyncio import config
 
     api = await config.new_client_from_config(config_file=str(cp.admin_kubeconfig))
-    return Kube(api, qps=500, burst=500)
+    return Kube(api, qps=qps, burst=int(qps))
 
 
 def node(name: str, gpus: int, model: str, cpu: str = "64", memory: str = "256Gi", **labels: str) -> dict[str, Any]:
@@ -174,9 +175,9 @@ async def create_all(kube: Kube, path: str, objs: Sequence[dict[str, Any]], para
     await asyncio.gather(*(one(o) for o in objs))
 
 
-async def list_all(kube: Kube, path: str, **query: str) -> list[dict[str, Any]]:
-    body = await kube.get(path, query)
-    return list(body.get("items") or [])
+async def list_all(kube: Kube, path: str) -> list[dict[str, Any]]:
+    items, _ = await kube.list(path)
+    return items
 
 
 async def delete_all_nodes(kube: Kube) -> None:

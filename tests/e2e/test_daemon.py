@@ -260,8 +260,6 @@ async def _metric(port: int, name: str) -> float | None:
     async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as r:
         text = await r.text()
     for line in text.splitlines():
-        if line.startswith(name + " ") or (line.startswith(name + "{") and line.split(" ")[0] == name):
-            return float(line.rsplit(" ", 1)[1])
         if line.split(" ")[0] == name:
             return float(line.rsplit(" ", 1)[1])
     return None
