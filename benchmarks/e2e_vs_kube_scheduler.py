@@ -3,25 +3,31 @@
     python benchmarks/e2e_vs_kube_scheduler.py --nodes 1000 --pods 5000 --json
 
 One control plane (etcd + kube-apiserver, as the tests start it) gets N fake GPU
-nodes of the Alibaba trace's node mix.  The same P-pod stream (trace pods that
-ask for whole GPUs or none, in a seeded random order) is created twice, in a
-fresh namespace each time, once for kube-scheduler and once for gpusched, and
-the pods are deleted in between.  Each scheduler runs as its own process with
-the same client limits (``--qps``/``--burst``, kube-scheduler's defaults 50/100).
+nodes of the Alibaba trace's node mix.  The same P-pod stream (trace pods drawn
+with replacement in a seeded random order) is created twice, in a fresh
+namespace each time, once for kube-scheduler and once for gpusched, and the pods
+are deleted in between.  Each scheduler runs as its own process with the same
+client limits (``--qps``/``--burst``, kube-scheduler's defaults 50/100).
 
 kube-scheduler runs its best bin-packing: one profile with its own
 ``schedulerName``, NodeResourcesFit with the ``MostAllocated`` strategy over
 ``nvidia.com/gpu`` (weight 3), CPU and memory, and every node scored
-(``percentageOfNodesToScore: 100``).  Fractional pods are left out of both
-runs: kube-scheduler has no way to express a share of one GPU (``nvidia.com/gpu``
-is a whole-device count), so the stream is the one both can place.
+(``percentageOfNodesToScore: 100``).  The stream's fractional pods (a share of
+one GPU, about 38% of the trace) are left out of kube-scheduler's run, because
+it cannot express them: ``nvidia.com/gpu`` is a whole-device count, and a
+node-level extended resource could not keep a share within one GPU.  gpusched's
+run has the whole stream, the fractional pods asking through the
+``gpusched.io/gpu-milli`` annotation.  ``--whole-only`` leaves them out of both
+runs, for a like-for-like comparison on the pods both can place.
 
 Measured per scheduler: pods bound per second over the whole stream (first
 pod created to last pod bound), latency from creation (the API's answer to the
 create) to binding (the watch seeing ``spec.nodeName``) p50/p99, pods left
-unschedulable, GPU allocation %, GPU nodes in use and the scheduler's peak RSS
-(``VmHWM``).  Prints a side-by-side table with ratios; ``--json`` prints the
-JSON object last, ``--out`` writes it.
+unschedulable, GPU allocation % (GPU demand bound, fractional shares counted as
+their fraction, over all GPUs), GPU nodes in use (nodes holding any GPU pod)
+and the scheduler's peak RSS (``VmHWM``).  Prints a side-by-side table with
+ratios; ``--json`` prints the JSON object last, ``--out`` writes it.
+``--only gpusched`` runs one scheduler (for profiling).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import replicated_nodes, trace_pods
 
 from gpusched.kube.client import Kube
+from gpusched.kube.convert import ANNOTATION_GPU_MILLI
 from gpusched.kube.watch import Reflector
 from gpusched.model import Node, Pod
 from tests.controlplane import REPO_ROOT, ControlPlane, _free_ports, control_plane, find_assets
@@ -68,14 +75,22 @@ def node_obj(n: Node) -> dict[str, Any]:
     }
 
 
+def gpu_milli(p: Pod) -> int:
+    """GPU demand in thousandths: a fractional pod's share, else 1000 per whole GPU."""
+    return p.gpu_milli if p.is_fractional else 1000 * p.num_gpu
+
+
 def pod_obj(p: Pod, scheduler: str) -> dict[str, Any]:
     limits = {"cpu": f"{max(p.cpu_milli, 1)}m", "memory": f"{max(p.memory_mib, 1)}Mi"}
-    if p.num_gpu:
+    meta: dict[str, Any] = {"name": p.name}
+    if p.is_fractional:
+        meta["annotations"] = {ANNOTATION_GPU_MILLI: str(p.gpu_milli)}
+    elif p.num_gpu:
         limits[GPU] = str(p.num_gpu)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": p.name},
+        "metadata": meta,
         "spec": {
             "schedulerName": scheduler,
             "terminationGracePeriodSeconds": 0,
@@ -84,9 +99,9 @@ def pod_obj(p: Pod, scheduler: str) -> dict[str, Any]:
     }
 
 
-def stream(count: int, seed: int) -> list[Pod]:
-    """``count`` trace pods that ask for whole GPUs or none, drawn with replacement, in random order."""
-    pool = [p for p in trace_pods("default") if not p.is_fractional]
+def stream(count: int, seed: int, whole_only: bool) -> list[Pod]:
+    """``count`` trace pods (only those asking for whole GPUs or none if ``whole_only``), drawn with replacement."""
+    pool = [p for p in trace_pods("default") if not (whole_only and p.is_fractional)]
     rng = random.Random(seed)
     out = []
     for i in range(count):
@@ -227,12 +242,12 @@ async def run_one(
     bound = tracker.bound_at
     end = max(bound.values(), default=t0)
     lat = sorted((bound[k] - created[k]) * 1000 for k in bound if k in created)
-    gpus_by_name = {p.name: p.num_gpu for p in pods}
+    milli_by_name = {p.name: gpu_milli(p) for p in pods}
     used: dict[str, int] = {}
     for pod_name, node_name in tracker.node_of.items():
-        if gpus_by_name[pod_name]:
-            used[node_name] = used.get(node_name, 0) + gpus_by_name[pod_name]
-    total_gpus = sum(n.gpu_count for n in nodes)
+        if milli_by_name[pod_name]:
+            used[node_name] = used.get(node_name, 0) + milli_by_name[pod_name]
+    total_milli = 1000 * sum(n.gpu_count for n in nodes)
 
     def pct(q: float) -> float:
         return lat[max(0, math.ceil(q / 100 * len(lat)) - 1)] if lat else math.nan
@@ -241,10 +256,11 @@ async def run_one(
         "pods_per_s": round(len(bound) / (end - t0), 2) if bound else 0.0,
         "p50_ms": round(pct(50), 1),
         "p99_ms": round(pct(99), 1),
-        "alloc_pct": round(100 * sum(used.values()) / total_gpus, 2),
+        "alloc_pct": round(100 * sum(used.values()) / total_milli, 2),
         "gpu_nodes_used": len(used),
         "unschedulable": len(pods) - len(bound),
         "rss_mib": round(rss, 1),
+        "submitted": len(pods),
         "bound": len(bound),
         "stream_s": round(end - t0, 1),
     }
@@ -265,7 +281,8 @@ async def run_one(
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     nodes = replicated_nodes(args.nodes)
-    pods = stream(args.pods, args.seed)
+    pods = stream(args.pods, args.seed, args.whole_only)
+    whole = [p for p in pods if not p.is_fractional]
     work = Path(tempfile.mkdtemp(prefix="gpusched-e2e-"))
     with control_plane(work / "cp", find_assets()) as cp:
         cp.kubectl("apply", "-k", str(REPO_ROOT / "manifests"))
@@ -276,13 +293,17 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 "nodes": args.nodes,
                 "pods": args.pods,
                 "gpus": sum(n.gpu_count for n in nodes),
-                "gpu_demand": sum(p.num_gpu for p in pods),
+                "gpu_demand": round(sum(map(gpu_milli, pods)) / 1000, 1),
+                "fractional_pods": len(pods) - len(whole),
                 "qps": args.qps,
                 "burst": args.burst,
             }
             for who in ("kube_scheduler", "gpusched"):
+                if args.only and who != args.only:
+                    continue
                 print(f"running {who} ...", file=sys.stderr, flush=True)
-                result[who] = await run_one(kube, cp, work, who, pods, nodes, args.qps, args.burst)
+                mine = whole if who == "kube_scheduler" else pods
+                result[who] = await run_one(kube, cp, work, who, mine, nodes, args.qps, args.burst)
         finally:
             await kube.close()
     result["logs"] = str(work)
@@ -290,8 +311,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(r: dict[str, Any]) -> str:
-    k, g = r["kube_scheduler"], r["gpusched"]
+    k, g = r.get("kube_scheduler"), r.get("gpusched")
+    if k is None or g is None:
+        return json.dumps(k or g)
     rows = [
+        ("pods submitted", "submitted", True),
         ("pods bound per s", "pods_per_s", True),
         ("latency p50 ms", "p50_ms", False),
         ("latency p99 ms", "p99_ms", False),
@@ -301,8 +325,8 @@ def table(r: dict[str, Any]) -> str:
         ("peak RSS MiB", "rss_mib", False),
     ]
     out = [
-        f"{r['nodes']} nodes ({r['gpus']} GPUs), {r['pods']} pods ({r['gpu_demand']} GPUs), "
-        f"client qps {r['qps']} burst {r['burst']}",
+        f"{r['nodes']} nodes ({r['gpus']} GPUs), {r['pods']} pods ({r['gpu_demand']} GPUs, "
+        f"{r['fractional_pods']} fractional), client qps {r['qps']} burst {r['burst']}",
         f"{'':<18} {'kube-scheduler':>15} {'gpusched':>10} {'gpusched/kube':>14}",
     ]
     for title, key, _ in rows:
@@ -318,6 +342,8 @@ def main() -> int:
     ap.add_argument("--qps", type=float, default=50.0, help="client QPS of both schedulers (default 50)")
     ap.add_argument("--burst", type=int, default=100, help="client burst of both schedulers (default 100)")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--whole-only", action="store_true", help="leave fractional pods out of both runs")
+    ap.add_argument("--only", choices=("kube_scheduler", "gpusched"), help="run one scheduler only")
     ap.add_argument("--json", action="store_true", help="print the JSON object last")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON object to this file")
     args = ap.parse_args()

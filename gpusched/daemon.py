@@ -57,6 +57,8 @@ log = structlog.get_logger("gpusched.daemon")
 
 SCHEDULER_NAME = "gpu-scheduler"
 BOUND_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+RAMP_MIN = 8
+"""Smallest batch the ramp allows (see ``Scheduler._batch_limit``)."""
 """Pods that hold resources on a node, whoever bound them."""
 
 
@@ -270,6 +272,16 @@ class Scheduler:
         waiting = [r.name for r in self.reflectors if not r.synced.is_set()]
         return (not waiting, f"waiting for the first list of {', '.join(waiting)}" if waiting else "")
 
+    def _batch_limit(self) -> int:
+        """Small batches while few binds wait, full ones once the binder has a backlog.
+
+        A solve takes longer the more pods it holds.  With nothing waiting to be bound,
+        a full batch would leave the client's request budget unused for the length of
+        its solve, so the batch may only be about twice the binds still in flight
+        (at least ``RAMP_MIN``): 8, 16, 32, 64 as the backlog builds.
+        """
+        return max(RAMP_MIN, 2 * self._binds_in_flight)
+
     def _busy(self) -> bool:
         """Binds in flight: the next batch may gather pods until they are done."""
         return self._binds_in_flight > 0
@@ -301,7 +313,7 @@ class Scheduler:
         while True:
             await self._leading.wait()
             await self._bind_room.wait()
-            batch = await self.queue.next_batch()
+            batch = await self.queue.next_batch(self._batch_limit())
             if not self.is_leader:
                 for r in batch:
                     self.queue.requeue(r.key)

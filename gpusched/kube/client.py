@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio import config as k8s_config
+
+from gpusched.kube._k8s import ApiClient, Configuration, load_incluster_config, new_client_from_config
 
 __all__ = ["ApiError", "Kube", "RateLimiter", "Response", "connect"]
 
@@ -86,7 +86,7 @@ class RateLimiter:
 class Kube:
     """Requests against one API server."""
 
-    def __init__(self, api: k8s_client.ApiClient, qps: float = 50.0, burst: int = 100) -> None:
+    def __init__(self, api: ApiClient, qps: float = 50.0, burst: int = 100) -> None:
         self.api = api
         self.limiter = RateLimiter(qps, burst)
 
@@ -203,9 +203,9 @@ class Kube:
 async def connect(kubeconfig: Path | None, context: str | None, qps: float, burst: int) -> Kube:
     """A client from ``kubeconfig`` (and ``context``), else from the pod's service account."""
     if kubeconfig is None:
-        cfg = k8s_client.Configuration()
-        k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        api = k8s_client.ApiClient(configuration=cfg)
+        cfg = Configuration()
+        load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        api = ApiClient(configuration=cfg)
     else:
-        api = await k8s_config.new_client_from_config(config_file=str(kubeconfig), context=context)
+        api = await new_client_from_config(config_file=str(kubeconfig), context=context)
     return Kube(api, qps, burst)

@@ -152,8 +152,9 @@ class SchedulingQueue:
         return key in self._records
 
     # -- batches -------------------------------------------------------------------------
-    async def next_batch(self) -> list[PodRecord]:
-        """Wait for the next batch and mark its pods in flight."""
+    async def next_batch(self, limit: int | None = None) -> list[PodRecord]:
+        """Wait for the next batch (at most ``limit`` pods, default ``max_size``) and mark its pods in flight."""
+        size = self.max_size if limit is None else max(1, min(limit, self.max_size))
         while True:
             now = self._clock()
             self._release_due(now)
@@ -163,8 +164,8 @@ class SchedulingQueue:
                 due = oldest + self.max_wait
                 if self.busy is not None and not self.busy():
                     due = min(due, oldest + self.idle_wait)
-                if len(self._active) >= self.max_size or now >= due:
-                    return self._pop(self.max_size)
+                if len(self._active) >= size or now >= due:
+                    return self._pop(size)
                 wait = due - now
             if self._backoff:
                 until = min(self._backoff.values()) - now
