@@ -75,11 +75,6 @@ def node_obj(n: Node) -> dict[str, Any]:
     }
 
 
-def gpu_milli(p: Pod) -> int:
-    """GPU demand in thousandths: a fractional pod's share, else 1000 per whole GPU."""
-    return p.gpu_milli if p.is_fractional else 1000 * p.num_gpu
-
-
 def pod_obj(p: Pod, scheduler: str) -> dict[str, Any]:
     limits = {"cpu": f"{max(p.cpu_milli, 1)}m", "memory": f"{max(p.memory_mib, 1)}Mi"}
     meta: dict[str, Any] = {"name": p.name}
@@ -242,7 +237,7 @@ async def run_one(
     bound = tracker.bound_at
     end = max(bound.values(), default=t0)
     lat = sorted((bound[k] - created[k]) * 1000 for k in bound if k in created)
-    milli_by_name = {p.name: gpu_milli(p) for p in pods}
+    milli_by_name = {p.name: p.gpu_demand_milli for p in pods}
     used: dict[str, int] = {}
     for pod_name, node_name in tracker.node_of.items():
         if milli_by_name[pod_name]:
@@ -293,7 +288,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 "nodes": args.nodes,
                 "pods": args.pods,
                 "gpus": sum(n.gpu_count for n in nodes),
-                "gpu_demand": round(sum(map(gpu_milli, pods)) / 1000, 1),
+                "gpu_demand": round(sum(p.gpu_demand_milli for p in pods) / 1000, 1),
                 "fractional_pods": len(pods) - len(whole),
                 "qps": args.qps,
                 "burst": args.burst,

@@ -57,9 +57,9 @@ log = structlog.get_logger("gpusched.daemon")
 
 SCHEDULER_NAME = "gpu-scheduler"
 BOUND_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+"""Pods that hold resources on a node, whoever bound them."""
 RAMP_MIN = 8
 """Smallest batch the ramp allows (see ``Scheduler._batch_limit``)."""
-"""Pods that hold resources on a node, whoever bound them."""
 
 
 @dataclass(frozen=True)
