@@ -64,6 +64,6 @@ _load()
 
 from kubernetes_asyncio.client.api_client import ApiClient  # noqa: E402
 from kubernetes_asyncio.client.configuration import Configuration  # noqa: E402
-from kubernetes_asyncio.config import load_incluster_config, new_client_from_config  # noqa: E402
+from kubernetes_asyncio.config import load_incluster_config, load_kube_config  # noqa: E402
 
-__all__ = ["ApiClient", "Configuration", "load_incluster_config", "new_client_from_config"]
+__all__ = ["ApiClient", "Configuration", "load_incluster_config", "load_kube_config"]

@@ -123,12 +123,22 @@ class _TypicalArrays:
         self.access: BoolArray = access
 
 
+CHUNK_ROWS = 2048
+"""Rows per pass: the temporaries are (rows x typical pods x GPUs), so a 5,000-node cluster with
+a hundred typical shapes would otherwise allocate tens of MiB for a moment in every pass."""
+
+
 def _parts(gpu_free: IntArray, ta: _TypicalArrays) -> tuple[FloatArray, IntArray, IntArray]:
     """Per row: idle share; per (row, typical pod): GPUs that fit its share, share on GPUs too small."""
     idle = gpu_free.sum(axis=1).astype(np.float64)
-    fits = gpu_free[:, None, :] >= ta.milli[None, :, None]
-    count = fits.sum(axis=2)
-    small = np.where(fits, 0, gpu_free[:, None, :]).sum(axis=2)
+    rows = gpu_free.shape[0]
+    count = np.empty((rows, len(ta.milli)), dtype=np.int64)
+    small = np.empty((rows, len(ta.milli)), dtype=np.int64)
+    for i in range(0, rows, CHUNK_ROWS):
+        g = gpu_free[i : i + CHUNK_ROWS, None, :]
+        fits = g >= ta.milli[None, :, None]
+        count[i : i + CHUNK_ROWS] = fits.sum(axis=2)
+        small[i : i + CHUNK_ROWS] = np.where(fits, 0, g).sum(axis=2)
     return idle, count, small
 
 
@@ -154,7 +164,11 @@ def _combine(
 def frag_of_rows(cpu_free: IntArray, gpu_free: IntArray, model_id: IntArray, ta: _TypicalArrays) -> FloatArray:
     """Fragmentation of each row (a node state): CPU left, per-GPU free share, GPU model."""
     idle, count, small = _parts(gpu_free, ta)
-    return _combine(cpu_free, model_id, idle, count, small, ta)
+    out = np.empty(len(cpu_free), dtype=np.float64)
+    for i in range(0, len(cpu_free), CHUNK_ROWS):
+        j = slice(i, i + CHUNK_ROWS)
+        out[j] = _combine(cpu_free[j], model_id[j], idle[j], count[j], small[j], ta)
+    return out
 
 
 def _frag_after_share(
@@ -172,12 +186,16 @@ def _frag_after_share(
     Only one GPU changes, so the per-row parts are corrected instead of recomputed.
     """
     idle, count, small = _parts(gpu_free, ta)
-    before = gpu_free[r_idx, g_idx][:, None]  # (C, 1)
-    after = before - milli
     m = ta.milli[None, :]
-    count_c = count[r_idx] - (before >= m) + (after >= m)
-    small_c = small[r_idx] - np.where(before < m, before, 0) + np.where(after < m, after, 0)
-    return _combine(cpu_free[r_idx] - cpu, model_id[r_idx], idle[r_idx] - milli, count_c, small_c, ta)
+    out = np.empty(r_idx.size, dtype=np.float64)
+    for i in range(0, r_idx.size, CHUNK_ROWS):
+        r, j = r_idx[i : i + CHUNK_ROWS], slice(i, i + CHUNK_ROWS)
+        before = gpu_free[r, g_idx[j]][:, None]  # (C, 1)
+        after = before - milli
+        count_c = count[r] - (before >= m) + (after >= m)
+        small_c = small[r] - np.where(before < m, before, 0) + np.where(after < m, after, 0)
+        out[j] = _combine(cpu_free[r] - cpu, model_id[r], idle[r] - milli, count_c, small_c, ta)
+    return out
 
 
 def node_fragmentation(state: ClusterState, typical: TypicalPods) -> FloatArray:
@@ -199,7 +217,7 @@ class _ShapeCache:
     delta: FloatArray  # fragmentation added by one pod, +inf where it cannot go
     score: IntArray  # FGD integer score, -1 where it cannot go
     gpu: IntArray  # GPU index for a fractional pod (-1 otherwise)
-    per_gpu: FloatArray  # fractional pods: fragmentation added per (node, GPU), +inf where it cannot go
+    per_gpu: FloatArray  # fractional pods: fragmentation added per (node, GPU), +inf where it cannot go; (n, 0) else
     seen: tuple[object, int] | None = None
 
 
@@ -265,7 +283,10 @@ class FragScorer:
         return c.delta, c.score, c.gpu
 
     def gpu_delta(self, state: ClusterState, shape: PodShape) -> FloatArray:
-        """Fragmentation added per (node, GPU) by one fractional pod of ``shape`` on that GPU."""
+        """Fragmentation added per (node, GPU) by one fractional pod of ``shape`` on that GPU.
+
+        Only for fractional shapes; for the others the array has no columns.
+        """
         return self._entry(state, shape).per_gpu
 
     def _entry(self, state: ClusterState, shape: PodShape) -> _ShapeCache:
@@ -280,7 +301,7 @@ class FragScorer:
                 np.full(n, np.inf),
                 np.full(n, -1, dtype=np.int64),
                 np.full(n, -1, dtype=np.int64),
-                np.full((n, self.cluster.max_gpus), np.inf),
+                np.full((n, self.cluster.max_gpus if shape.is_fractional else 0), np.inf),
             )
             rows = np.arange(n)
             self._cache[key] = cached
@@ -304,7 +325,7 @@ class FragScorer:
         delta = np.full(nrows, np.inf)
         score = np.full(nrows, -1, dtype=np.int64)
         best_gpu = np.full(nrows, -1, dtype=np.int64)
-        per_gpu = np.full((nrows, gpu.shape[1]), np.inf)
+        per_gpu = np.full((nrows, gpu.shape[1] if shape.is_fractional else 0), np.inf)
         ok = cpu >= shape.cpu_milli
         if shape.num_gpu:
             ok &= self.cluster.model_mask(shape.gpu_models)[rows]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +40,38 @@ async def test_burst_then_steady_rate(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bad_limits_are_rejected() -> None:
     with pytest.raises(ValueError, match="qps > 0"):
         RateLimiter(0, 1)
+
+
+async def test_available_tokens_refill_up_to_the_burst(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [0.0]
+    limiter = RateLimiter(10, 5, clock=lambda: now[0])
+    monkeypatch.setattr(client.asyncio, "sleep", _no_sleep)
+    for _ in range(4):
+        await limiter.acquire()
+    assert limiter.available() == pytest.approx(1.0)
+    now[0] = 0.2
+    assert limiter.available() == pytest.approx(3.0)
+    now[0] = 10.0
+    assert limiter.available() == 5.0
+
+
+async def _no_sleep(_: float) -> None:
+    return None
+
+
+async def test_connect_keeps_a_pool_sized_to_the_request_rate(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    kube = await client.connect(kubeconfig, None, 50, 100)
+    try:
+        assert client.connection_limit(50) == 48
+        connector = kube.api.rest_client.pool_manager.connector
+        assert connector is not None
+        assert connector.limit == 48
+    finally:
+        await kube.close()

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Pod
+from gpusched.solver import fragmentation
 from gpusched.solver.baselines import FgdPolicy
 from gpusched.solver.fragmentation import (
     FragScorer,
@@ -264,7 +265,10 @@ SCORER_SHAPES = [
 ]
 
 
-def test_delta_matches_recomputation_from_scratch() -> None:
+@pytest.mark.parametrize("chunk", [fragmentation.CHUNK_ROWS, 2])
+def test_delta_matches_recomputation_from_scratch(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rows and candidate GPUs are processed CHUNK_ROWS at a time; chunk boundaries must not show.
+    monkeypatch.setattr(fragmentation, "CHUNK_ROWS", chunk)
     state = busy(SCORER_CLUSTER, {0: [0, 250, 600, 1000], 1: [500, 0], 2: [0] * 7 + [900]}, cpu={0: 5000})
     scorer = FragScorer(SCORER_CLUSTER, SCORER_TYPICAL)
     for p in SCORER_SHAPES:
