@@ -247,8 +247,14 @@ async def run_one(
     def pct(q: float) -> float:
         return lat[max(0, math.ceil(q / 100 * len(lat)) - 1)] if lat else math.nan
 
+    offsets = sorted(t - t0 for t in bound.values())
+    (work / f"{who}-bind-offsets.json").write_text(json.dumps([round(t, 4) for t in offsets]))
     result = {
         "pods_per_s": round(len(bound) / (end - t0), 2) if bound else 0.0,
+        # The client's token bucket allows at most burst + qps * t binds by t: the best rate.
+        "ceiling_pods_per_s": round(len(bound) / max((len(bound) - burst) / qps, 1e-9), 2) if bound else 0.0,
+        "first_bind_ms": round(1000 * offsets[0], 1) if offsets else math.nan,
+        "created_s": round(max(created.values(), default=t0) - t0, 1),
         "p50_ms": round(pct(50), 1),
         "p99_ms": round(pct(99), 1),
         "alloc_pct": round(100 * sum(used.values()) / total_milli, 2),

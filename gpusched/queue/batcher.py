@@ -8,9 +8,10 @@
               └────────────────────────┴────────────────────────────────────────────────┘
 
 A batch closes when ``max_size`` pods are active or the oldest active pod has
-waited ``max_wait`` seconds; while the scheduler is idle (``busy`` says no
-solve or bind is in flight) it closes after only ``idle_wait``, so a lone pod
-is not held back, while under load pods gather into full batches.  Higher priority pops first, then arrival order.
+waited ``max_wait`` seconds; while the scheduler is not busy (``busy`` says
+so: the daemon counts it busy while binds wait on its client) it closes after
+only ``idle_wait``, so a lone pod is not held back, while under load pods
+gather into full batches.  Higher priority pops first, then arrival order.
 A pod updated while in flight keeps its place; deleted, it is dropped when its
 batch resolves.  Parked pods also return to active every ``flush_after``
 seconds in case a change went unseen.  Nothing is forgotten: ``counts`` adds
@@ -152,9 +153,9 @@ class SchedulingQueue:
         return key in self._records
 
     # -- batches -------------------------------------------------------------------------
-    async def next_batch(self, limit: int | None = None) -> list[PodRecord]:
-        """Wait for the next batch (at most ``limit`` pods, default ``max_size``) and mark its pods in flight."""
-        size = self.max_size if limit is None else max(1, min(limit, self.max_size))
+    async def next_batch(self) -> list[PodRecord]:
+        """Wait for the next batch (at most ``max_size`` pods) and mark its pods in flight."""
+        size = self.max_size
         while True:
             now = self._clock()
             self._release_due(now)

@@ -117,8 +117,42 @@ async def test_300_pods_on_40_nodes(control_plane: ControlPlane, kube: Kube, nam
     assert "insufficient cpu" in by_name["unfit-cpu-1"]["message"]
     batches = daemon.events("batch")
     assert batches
-    assert all(b["status"] in ("OPTIMAL", "FEASIBLE", "NO_CANDIDATES") for b in batches), batches[:3]
+    assert all(b["status"] in ("OPTIMAL", "FEASIBLE", "NO_CANDIDATES", "QUICK") for b in batches), batches[:3]
+    assert all(b["placed"] == b["pods"] for b in batches if b["status"] == "QUICK"), batches
     assert sum(b["placed"] for b in batches) == len(bound)
+
+
+async def test_a_backlog_is_started_quick_and_then_solved(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    # 150 pods wait before the scheduler starts, more than its client burst (30).  The first
+    # batch is bound as the FGD warm start placed it, while the client has tokens to spare;
+    # once the binds have spent them, batches are solved by CP-SAT again.
+    name = sched_name()
+    nodes = [kit.node(f"backlog-{i}", 8, "A100-SXM4-80GB") for i in range(20)]  # names no other test uses
+    await kit.create_all(kube, "/api/v1/nodes", nodes)
+    pods = [kit.pod(f"one-{i}", name, gpus=1) for i in range(100)]
+    pods += [kit.pod(f"share-{i}", name, milli=500) for i in range(50)]
+    await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", pods)
+    daemon = kit.Daemon.start(
+        control_plane, name, "--no-leader-elect", "--kube-api-qps", "20", "--kube-api-burst", "30"
+    )
+    try:
+        final = await kit.wait_settled(kube, namespace, len(pods), timeout=120)
+    finally:
+        code = daemon.stop()
+    assert code == 0, "".join(daemon.raw[-30:])
+    left = {
+        p["metadata"]["name"]: (kit.condition(p) or {}).get("message") for p in final if not p["spec"].get("nodeName")
+    }
+    assert not left, left
+    kit.check_placements(nodes, final)
+    events = await kit.scheduled_events(kube, namespace)
+    assert all(len(events.get(f"Scheduled/{p['metadata']['name']}", [])) == 1 for p in final)
+    batches = sorted(daemon.events("batch"), key=lambda b: b["batch_id"])
+    assert (batches[0]["status"], batches[0]["pods"], batches[0]["placed"]) == ("QUICK", 64, 64), batches[0]
+    assert batches[1]["status"] in ("OPTIMAL", "FEASIBLE"), batches[1]
+    assert sum(b["placed"] for b in batches) == len(pods)
 
 
 async def test_unschedulable_pod_is_retried_when_the_cluster_changes(

@@ -36,18 +36,6 @@ async def test_batch_closes_on_size_at_once() -> None:
     assert q.counts().active == 2
 
 
-async def test_limit_closes_a_smaller_batch_and_never_exceeds_max_size() -> None:
-    q = SchedulingQueue(max_size=4, max_wait=60)
-    for i in range(10):
-        q.add(rec(f"p{i}"))
-    small = await asyncio.wait_for(q.next_batch(limit=2), 1)
-    assert [r.pod.name for r in small] == ["p0", "p1"]
-    capped = await asyncio.wait_for(q.next_batch(limit=100), 1)
-    assert len(capped) == 4
-    assert q.counts().in_flight == 6
-    assert q.counts().active == 4
-
-
 async def test_batch_closes_on_time() -> None:
     q = SchedulingQueue(max_size=100, max_wait=0.05)
     q.add(rec("a"))

@@ -330,6 +330,21 @@ def test_default_limits_keep_an_idle_node_asleep_when_the_batch_fits_on_an_activ
     check_stats(plan)
     assert unplaced(plan) == []
     assert {n for n, _ in where(plan).values()} == {0}, (where(plan), plan.stats)
+    # The quick answer is the warm start itself, without a CP-SAT solve.
+    quick = CpSatPolicy(state.cluster, params).place_quick(batch, state)
+    validate_plan(quick, state, batch)
+    assert (quick.stats.status, quick.stats.variables) == ("QUICK", 0)
+    assert unplaced(quick) == []
+    assert where(quick)["w1"][0] == where(quick)["w2"][0] == 1
+
+
+def test_quick_placement_solves_in_full_when_the_warm_start_leaves_a_pod_out() -> None:
+    state = _partly_used_and_idle()
+    batch = [pod("w1", gpus=1), pod("too-big", gpus=16)]
+    plan = CpSatPolicy(state.cluster, SolverParams(limits=Limits(workers=1))).place_quick(batch, state)
+    validate_plan(plan, state, batch)
+    check_stats(plan)
+    assert unplaced(plan) == ["too-big"]
 
 
 def test_active_nodes_wakes_a_node_when_the_work_does_not_fit_otherwise() -> None:
