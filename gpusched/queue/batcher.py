@@ -155,7 +155,6 @@ class SchedulingQueue:
     # -- batches -------------------------------------------------------------------------
     async def next_batch(self) -> list[PodRecord]:
         """Wait for the next batch (at most ``max_size`` pods) and mark its pods in flight."""
-        size = self.max_size
         while True:
             now = self._clock()
             self._release_due(now)
@@ -165,8 +164,8 @@ class SchedulingQueue:
                 due = oldest + self.max_wait
                 if self.busy is not None and not self.busy():
                     due = min(due, oldest + self.idle_wait)
-                if len(self._active) >= size or now >= due:
-                    return self._pop(size)
+                if len(self._active) >= self.max_size or now >= due:
+                    return self._pop(self.max_size)
                 wait = due - now
             if self._backoff:
                 until = min(self._backoff.values()) - now
