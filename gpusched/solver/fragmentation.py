@@ -163,11 +163,10 @@ def _combine(
 
 def frag_of_rows(cpu_free: IntArray, gpu_free: IntArray, model_id: IntArray, ta: _TypicalArrays) -> FloatArray:
     """Fragmentation of each row (a node state): CPU left, per-GPU free share, GPU model."""
-    idle, count, small = _parts(gpu_free, ta)
     out = np.empty(len(cpu_free), dtype=np.float64)
     for i in range(0, len(cpu_free), CHUNK_ROWS):
         j = slice(i, i + CHUNK_ROWS)
-        out[j] = _combine(cpu_free[j], model_id[j], idle[j], count[j], small[j], ta)
+        out[j] = _combine(cpu_free[j], model_id[j], *_parts(gpu_free[j], ta), ta)
     return out
 
 
