@@ -90,6 +90,18 @@ class Daemon:
             time.sleep(0.05)
         raise AssertionError(f"no {name!r} log line in {timeout}s:\n{''.join(self.raw[-40:])}")
 
+    def wait_count(
+        self, name: str, count: int, timeout: float = 30.0, where: Callable[[dict[str, Any]], bool] | None = None
+    ) -> list[dict[str, Any]]:
+        """The matching log lines once there are at least ``count``: the API shows a binding before the
+        daemon has written its line about it, so a count read straight after ``wait_settled`` can be short."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [x for x in self.events(name) if where is None or where(x)]
+            if len(found) >= count or time.monotonic() >= deadline or self.proc.poll() is not None:
+                return found
+            time.sleep(0.05)
+
     @property
     def metrics_port(self) -> int:
         return int(self.wait_log("started")["metrics_port"])

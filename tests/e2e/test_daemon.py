@@ -252,6 +252,10 @@ async def test_sigkill_mid_batch_then_restart(control_plane: ControlPlane, kube:
     assert not first_bound & second_bound, "a pod bound by the first instance was bound again"
 
 
+def _bound(line: dict[str, Any]) -> bool:
+    return bool(line["result"] == "bound")
+
+
 async def test_two_replicas_one_leader_and_failover(control_plane: ControlPlane, kube: Kube, namespace: str) -> None:
     name = sched_name()
     await kit.create_all(kube, "/api/v1/nodes", [kit.node(f"l-{i}", 8, "H800") for i in range(10)])
@@ -272,7 +276,7 @@ async def test_two_replicas_one_leader_and_failover(control_plane: ControlPlane,
         await kit.create_all(kube, ns_pods, [kit.pod(f"first-{i}", name, gpus=1) for i in range(20)])
         await kit.wait_settled(kube, namespace, 20, timeout=60)
         assert not standby.events("bind"), "the standby must not schedule"
-        assert len([x for x in leader.events("bind") if x["result"] == "bound"]) == 20
+        assert len(leader.wait_count("bind", 20, where=_bound)) == 20
         leader.kill()
         killed = datetime.now(UTC)
         await kit.create_all(kube, ns_pods, [kit.pod(f"second-{i}", name, gpus=1) for i in range(20)])
@@ -281,7 +285,7 @@ async def test_two_replicas_one_leader_and_failover(control_plane: ControlPlane,
         took = (datetime.fromisoformat(took_over["timestamp"]) - killed).total_seconds()
         # Within the lease duration, plus one retry period to notice it has run out.
         assert took <= 4 + 0.5 + 0.5, f"takeover took {took:.1f}s (lease 4s, retry 0.5s)"
-        assert len([x for x in standby.events("bind") if x["result"] == "bound"]) == 20
+        assert len(standby.wait_count("bind", 20, where=_bound)) == 20
         events = await kit.scheduled_events(kube, namespace)
         who = {e["reportingInstance"] for k, v in events.items() if k.startswith("Scheduled/second-") for e in v}
         assert who == {standby.identity}
@@ -367,3 +371,4 @@ async def test_metrics_health_and_readiness(control_plane: ControlPlane, kube: K
         assert await _metric(port, "gpusched_gpu_allocation_ratio") == pytest.approx(3 / 8)
     finally:
         daemon.stop()
+
