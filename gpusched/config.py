@@ -52,6 +52,9 @@ class WeightsConfig(_Strict):
     active_nodes: int = Field(default=_W.active_nodes, ge=0, le=10**7, alias="activeNodes")
     packing: int = Field(default=_W.packing, ge=0, le=10**4)
     keep_hint: int = Field(default=_W.keep_hint, ge=0, le=10**7, alias="keepHint")
+    mig_partition: int = Field(default=_W.mig_partition, ge=0, le=10**8, alias="migPartition")
+    island_spill: int = Field(default=_W.island_spill, ge=0, le=10**8, alias="islandSpill")
+    gang_domains: int = Field(default=_W.gang_domains, ge=0, le=10**8, alias="gangDomains")
     work_conserving: bool = Field(default=_W.work_conserving, alias="workConserving")
 
 
@@ -93,6 +96,9 @@ class GpuschedConfig(_Strict):
                 active_nodes=w.active_nodes,
                 packing=w.packing,
                 keep_hint=w.keep_hint,
+                mig_partition=w.mig_partition,
+                island_spill=w.island_spill,
+                gang_domains=w.gang_domains,
                 work_conserving=w.work_conserving,
             ),
             limits=Limits(s.time_limit_seconds, s.workers, s.candidates_per_pod, s.relative_gap),

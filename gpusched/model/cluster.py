@@ -16,8 +16,9 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from gpusched.model.mig import MigGeometry, MigLayout, geometry_for
 from gpusched.model.node import GPU_MILLI, Node
-from gpusched.model.placement import Assignment
+from gpusched.model.placement import Assignment, MigPartition
 from gpusched.model.pod import PodShape
 
 __all__ = ["BoolArray", "Cluster", "ClusterState", "IntArray"]
@@ -59,6 +60,39 @@ class Cluster:
             np.array([model_id[x.gpu_model] if x.gpu_count else -1 for x in nodes], dtype=np.int64)
         )
         self._model_masks: dict[frozenset[str], BoolArray] = {}
+        islands = np.full((n, self.max_gpus), -1, dtype=np.int64)
+        for i, node in enumerate(self.nodes):
+            islands[i, : node.gpu_count] = node.islands
+        self.islands: IntArray = _frozen(islands)
+        """Island id per GPU (N x max_gpus), -1 where a node has no such GPU."""
+        self.island_count: int = int(islands.max()) + 1 if n else 0
+        self.geometry: tuple[MigGeometry | None, ...] = tuple(
+            geometry_for(x.gpu_model) if x.mig_repartition and x.gpu_count else None for x in nodes
+        )
+        """MIG geometry of the nodes whose idle GPUs may be re-partitioned (None elsewhere)."""
+        profiles = {p for x in nodes for p, _ in x.mig_slices}
+        profiles |= {p for g in self.geometry if g is not None for p in g.profiles}
+        self.mig_profiles: tuple[str, ...] = tuple(sorted(profiles))
+        self.mig_index: dict[str, int] = {p: i for i, p in enumerate(self.mig_profiles)}
+        mig_cap = np.zeros((n, len(self.mig_profiles)), dtype=np.int64)
+        mig_can = np.zeros((n, len(self.mig_profiles)), dtype=np.bool_)
+        for i, node in enumerate(self.nodes):
+            for p, c in node.mig_slices:
+                mig_cap[i, self.mig_index[p]] = c
+            geom = self.geometry[i]
+            if geom is not None:
+                mig_can[i, [self.mig_index[p] for p in geom.profiles]] = True
+        self.mig_cap: IntArray = _frozen(mig_cap)
+        """MIG instances each node advertises, per profile of ``mig_profiles``."""
+        self.mig_can: BoolArray = _frozen(mig_can)
+        """Profiles that a re-partitioned idle GPU of each node could offer."""
+
+    def layout_counts(self, layout: MigLayout) -> IntArray:
+        """Instances per profile of ``mig_profiles`` that ``layout`` offers."""
+        out = np.zeros(len(self.mig_profiles), dtype=np.int64)
+        for p, c in layout.counts.items():
+            out[self.mig_index[p]] += c
+        return out
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -91,6 +125,10 @@ class Cluster:
             np.zeros((n, self.max_gpus), dtype=np.int64),
         )
 
+    def mig_id(self, profile: str) -> int:
+        """Column of ``profile`` in the MIG arrays, -1 when no node offers it."""
+        return self.mig_index.get(profile, -1)
+
 
 _MAX_LOG = 4096
 """Steps one change log records before derived states start a new one (bounds its memory)."""
@@ -115,6 +153,10 @@ class ClusterState:
     gpu_used: IntArray
     pod_kinds: IntArray | None = None
     """Pods per node by kind (N x max_gpus+1): column 0 fractional, column k k-GPU pods."""
+    mig_used: IntArray | None = None
+    """MIG instances in use per node and profile (N x len(cluster.mig_profiles))."""
+    partitions: tuple[MigPartition, ...] = ()
+    """Layouts chosen for re-partitionable GPUs; such a GPU counts as fully used for other pods."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_log", _ChangeLog())
@@ -122,7 +164,11 @@ class ClusterState:
         if self.pod_kinds is None:
             kinds = np.zeros((len(self.cluster), self.cluster.max_gpus + 1), dtype=np.int64)
             object.__setattr__(self, "pod_kinds", kinds)
-        for a in (self.cpu_used, self.mem_used, self.gpu_used, self.pod_kinds):
+        if self.mig_used is None:
+            object.__setattr__(
+                self, "mig_used", np.zeros((len(self.cluster), len(self.cluster.mig_profiles)), dtype=np.int64)
+            )
+        for a in (self.cpu_used, self.mem_used, self.gpu_used, self.pod_kinds, self.mig_used):
             assert a is not None
             a.setflags(write=False)
 
@@ -131,6 +177,28 @@ class ClusterState:
         """``pod_kinds``, never None."""
         assert self.pod_kinds is not None
         return self.pod_kinds
+
+    @property
+    def mig(self) -> IntArray:
+        """``mig_used``, never None."""
+        assert self.mig_used is not None
+        return self.mig_used
+
+    @cached_property
+    def mig_free(self) -> IntArray:
+        """Free MIG instances per node and profile: advertised plus re-partitioned, less in use."""
+        cap = self.cluster.mig_cap.copy()
+        for n, _, layout in self.partitions:
+            cap[n] += self.cluster.layout_counts(layout)
+        return _frozen(cap - self.mig)
+
+    @cached_property
+    def island_idle(self) -> IntArray:
+        """Completely idle GPUs per node and island (N x island_count)."""
+        idle = self.gpu_free >= GPU_MILLI
+        isl = self.cluster.islands
+        cols = [((isl == i) & idle).sum(axis=1) for i in range(self.cluster.island_count)]
+        return _frozen(np.column_stack(cols).astype(np.int64) if cols else np.zeros((len(isl), 0), np.int64))
 
     @cached_property
     def cpu_free(self) -> IntArray:
@@ -159,13 +227,27 @@ class ClusterState:
 
     def fit_mask(self, shape: PodShape) -> BoolArray:
         """Nodes that can host one pod of ``shape`` now."""
+        if shape.mig_profile:
+            return self._mig_mask(shape)
         ok = (self.cpu_free >= shape.cpu_milli) & (self.mem_free >= shape.memory_mib)
         if shape.num_gpu == 0:
             return ok
         ok &= self.cluster.model_mask(shape.gpu_models)
         if shape.is_fractional:
             return ok & (self.max_gpu_free >= shape.gpu_milli)
+        if shape.island == "required":
+            best: IntArray = self.island_idle.max(axis=1, initial=0)
+            return ok & (best >= shape.num_gpu)
         return ok & (self.full_free_gpus >= shape.num_gpu)
+
+    def _mig_mask(self, shape: PodShape) -> BoolArray:
+        col = self.cluster.mig_id(shape.mig_profile)
+        ok = (self.cpu_free >= shape.cpu_milli) & (self.mem_free >= shape.memory_mib)
+        if shape.gpu_models:
+            ok &= self.cluster.model_mask(shape.gpu_models)
+        if col < 0:
+            return np.zeros(len(self.cluster), dtype=np.bool_)
+        return ok & ((self.mig_free[:, col] > 0) | (self.cluster.mig_can[:, col] & (self.full_free_gpus > 0)))
 
     def apply(self, assignments: Iterable[Assignment]) -> ClusterState:
         """A new state with ``assignments`` added (no checks: validate plans first)."""
@@ -175,12 +257,22 @@ class ClusterState:
         """A new state with ``assignments`` removed."""
         return self._add(assignments, -1)
 
-    def _add(self, assignments: Iterable[Assignment], sign: int) -> ClusterState:
+    def partition(self, partitions: Iterable[MigPartition]) -> ClusterState:
+        """A new state with MIG layouts applied to idle re-partitionable GPUs (no checks: validate first)."""
+        return self._add((), 1, tuple(partitions))
+
+    def _add(
+        self, assignments: Iterable[Assignment], sign: int, partitions: tuple[MigPartition, ...] = ()
+    ) -> ClusterState:
         cpu = self.cpu_used.copy()
         mem = self.mem_used.copy()
         gpu = self.gpu_used.copy()
         kinds = self.kinds.copy()
+        mig = self.mig
         rows: set[int] = set()
+        for n, g, _ in partitions:
+            rows.add(n)
+            gpu[n, g] = GPU_MILLI
         for a in assignments:
             p = a.pod
             rows.add(a.node)
@@ -190,7 +282,11 @@ class ClusterState:
                 gpu[a.node, g] += sign * p.gpu_milli
             if p.num_gpu:
                 kinds[a.node, 0 if p.is_fractional else min(p.num_gpu, self.cluster.max_gpus)] += sign
-        new = ClusterState(self.cluster, cpu, mem, gpu, kinds)
+            elif p.mig_profile:
+                if mig is self.mig_used:
+                    mig = mig.copy()
+                mig[a.node, self.cluster.mig_index[p.mig_profile]] += sign
+        new = ClusterState(self.cluster, cpu, mem, gpu, kinds, mig, self.partitions + partitions)
         touched = np.fromiter(rows, dtype=np.intp, count=len(rows))
         log: _ChangeLog = self.__dict__["_log"]
         version: int = self.__dict__["_version"]

@@ -29,6 +29,14 @@ class Node:
     gpu_model: str = ""
     gpu_memory_mib: int = 0
     labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY, compare=False)
+    gpu_islands: tuple[int, ...] = ()
+    """Island id per GPU (GPUs of one NVLink domain or PCIe switch / NUMA node share an id);
+    empty means one island of every GPU.  See ``gpusched.model.topology``."""
+    mig_slices: tuple[tuple[str, int], ...] = ()
+    """MIG instances the node advertises (``nvidia.com/mig-<profile>`` counts), on GPUs in MIG
+    mode; those GPUs are not in ``gpu_count``."""
+    mig_repartition: bool = False
+    """Idle GPUs may be re-partitioned: the solver may choose a MIG layout for them."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -41,7 +49,25 @@ class Node:
         ):
             if value < 0:
                 raise ValueError(f"node {self.name}: {what} must not be negative, got {value}")
-        if self.gpu_count and not self.gpu_model:
+        if (self.gpu_count or self.mig_slices) and not self.gpu_model:
             raise ValueError(f"node {self.name}: has {self.gpu_count} GPUs but no GPU model")
+        if self.gpu_islands and len(self.gpu_islands) != self.gpu_count:
+            raise ValueError(
+                f"node {self.name}: {len(self.gpu_islands)} island ids for {self.gpu_count} GPUs"
+                " (give one island id per GPU)"
+            )
+        if any(i < 0 for i in self.gpu_islands):
+            raise ValueError(f"node {self.name}: island ids must not be negative, got {list(self.gpu_islands)}")
+        ids: dict[int, int] = {}
+        object.__setattr__(self, "gpu_islands", tuple(ids.setdefault(i, len(ids)) for i in self.gpu_islands))
+        for profile, count in self.mig_slices:
+            if count < 0:
+                raise ValueError(f"node {self.name}: MIG {profile} count must not be negative, got {count}")
+        object.__setattr__(self, "mig_slices", tuple(sorted((p, c) for p, c in self.mig_slices if c)))
         if not isinstance(self.labels, MappingProxyType):
             object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
+
+    @property
+    def islands(self) -> tuple[int, ...]:
+        """Island id per GPU, all 0 when the node describes none."""
+        return self.gpu_islands or (0,) * self.gpu_count

@@ -5,9 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gpusched.model.mig import MigLayout
 from gpusched.model.pod import Pod, PodShape
 
-__all__ = ["Assignment", "Plan", "SolveStats"]
+__all__ = ["Assignment", "MigPartition", "Plan", "SolveStats"]
+
+MigPartition = tuple[int, int, MigLayout]
+"""A MIG layout chosen for idle GPU ``g`` of node ``n``: ``(n, g, layout)``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +58,8 @@ class Plan:
     assignments: tuple[Assignment, ...]
     unplaced: tuple[Pod, ...]
     stats: SolveStats = field(default_factory=lambda: SolveStats(policy="none"))
+    partitions: tuple[MigPartition, ...] = ()
+    """MIG layouts the plan needs on idle re-partitionable GPUs, applied before its assignments."""
 
     @property
     def placed_gpu_milli(self) -> int:

@@ -6,7 +6,47 @@ from dataclasses import dataclass
 
 from gpusched.model.node import GPU_MILLI
 
-__all__ = ["Pod", "PodShape"]
+__all__ = ["ISLAND_MODES", "Gang", "Pod", "PodShape", "mig_milli"]
+
+ISLAND_MODES = ("", "required", "preferred")
+"""How a multi-GPU pod asks for its GPUs within one island: not at all, as a must, as a wish."""
+
+_MIG_COMPUTE_SLICES = 7
+
+
+def mig_milli(profile: str) -> int:
+    """GPU demand of one MIG instance in thousandths of a GPU: its share of the 7 compute slices."""
+    head = profile.split("g.", 1)[0]
+    if not head.isdigit() or "g." not in profile:
+        raise ValueError(f"MIG profile {profile!r} is not of the form <compute>g.<memory>gb, e.g. 1g.10gb")
+    return round(GPU_MILLI * int(head) / _MIG_COMPUTE_SLICES)
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    """A pod group placed all together or not at all.
+
+    ``min_members`` is how many members must be present before any is placed;
+    ``topology_key`` names a node label (rack, zone, ``nvidia.com/gpu.clique``)
+    whose values are domains, and ``topology`` says whether all members must
+    share one domain (``required``) or should use as few as possible
+    (``preferred``).
+    """
+
+    name: str
+    min_members: int = 1
+    topology_key: str = ""
+    topology: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a gang needs a name")
+        if self.min_members < 1:
+            raise ValueError(f"gang {self.name}: min_members must be at least 1, got {self.min_members}")
+        if self.topology not in ("", "required", "preferred"):
+            raise ValueError(f"gang {self.name}: topology must be 'required' or 'preferred', got {self.topology!r}")
+        if bool(self.topology) != bool(self.topology_key):
+            raise ValueError(f"gang {self.name}: give both a topology key and a topology mode, or neither")
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,10 +58,14 @@ class PodShape:
     num_gpu: int
     gpu_milli: int
     gpu_models: frozenset[str]
+    mig_profile: str = ""
+    island: str = ""
 
     @property
     def gpu_demand_milli(self) -> int:
-        """Total GPU demand in thousandths of a GPU."""
+        """Total GPU demand in thousandths of a GPU (a MIG slice counts its compute share)."""
+        if self.mig_profile:
+            return mig_milli(self.mig_profile)
         return self.num_gpu * self.gpu_milli
 
     @property
@@ -52,9 +96,20 @@ class Pod:
     priority: int = 0
     namespace: str = "default"
     uid: str = ""
+    mig_profile: str = ""
+    """One MIG instance of this profile (``1g.10gb``) instead of GPUs."""
+    island: str = ""
+    """``required`` or ``preferred``: all GPUs of the pod within one island of its node."""
+    gang: Gang | None = None
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"
+        if self.island not in ISLAND_MODES:
+            raise ValueError(f"{where}: island must be 'required' or 'preferred', got {self.island!r}")
+        if self.mig_profile:
+            mig_milli(self.mig_profile)
+            if self.num_gpu:
+                raise ValueError(f"{where}: a pod takes whole GPUs, a GPU share or one MIG slice, not GPUs and a slice")
         if self.cpu_milli < 0 or self.memory_mib < 0:
             raise ValueError(f"{where}: CPU and memory requests must not be negative")
         if self.num_gpu < 0:
@@ -82,11 +137,16 @@ class Pod:
     @property
     def shape(self) -> PodShape:
         """The resource shape that placement depends on."""
-        return PodShape(self.cpu_milli, self.memory_mib, self.num_gpu, self.gpu_milli, self.gpu_models)
+        island = self.island if self.num_gpu > 1 else ""
+        return PodShape(
+            self.cpu_milli, self.memory_mib, self.num_gpu, self.gpu_milli, self.gpu_models, self.mig_profile, island
+        )
 
     @property
     def gpu_demand_milli(self) -> int:
-        """Total GPU demand in thousandths of a GPU."""
+        """Total GPU demand in thousandths of a GPU (a MIG slice counts its compute share)."""
+        if self.mig_profile:
+            return mig_milli(self.mig_profile)
         return self.num_gpu * self.gpu_milli
 
     @property

@@ -59,11 +59,14 @@ class TypicalShape:
     gpu_milli: int
     num_gpu: int
     gpu_models: frozenset[str]
+    island: bool = False
+    """A multi-GPU pod that needs its GPUs within one island: idle GPUs count for it per island."""
 
     @classmethod
     def of(cls, pod: Pod) -> TypicalShape:
         """The shape of ``pod`` (CPU bucketed the way FGD scores it)."""
-        return cls(score_cpu(pod.cpu_milli), pod.gpu_milli, pod.num_gpu, pod.gpu_models)
+        island = pod.island == "required" and pod.num_gpu > 1
+        return cls(score_cpu(pod.cpu_milli), pod.gpu_milli, pod.num_gpu, pod.gpu_models, island)
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,19 @@ class _TypicalArrays:
             for m, model in enumerate(cluster.models):
                 access[t, m + 1] = not s.gpu_models or model in s.gpu_models
         self.access: BoolArray = access
+        self.island: BoolArray = np.array([s.island for s in typical.shapes], dtype=np.bool_)
+        self.islands: IntArray | None = cluster.islands if cluster.island_count > 1 and self.island.any() else None
+        """Island id per GPU of every node, only when some typical pod needs one island."""
+
+
+def _island_best(gpu_free: IntArray, islands: IntArray) -> IntArray:
+    """Most idle GPUs within one island, per row."""
+    idle = gpu_free >= GPU_MILLI
+    count = int(islands.max(initial=-1)) + 1
+    best = np.zeros(len(gpu_free), dtype=np.int64)
+    for i in range(count):
+        np.maximum(best, (idle & (islands == i)).sum(axis=1), out=best)
+    return best
 
 
 CHUNK_ROWS = 2048
@@ -149,7 +165,10 @@ def _combine(
     count: IntArray,
     small: IntArray,
     ta: _TypicalArrays,
+    best: IntArray | None = None,
 ) -> FloatArray:
+    if best is not None:  # island pods count idle GPUs of one island, not of the node
+        count = np.where(ta.island[None, :], best[:, None], count)
     hosts = (
         (ta.milli > 0)[None, :]
         & ta.access[:, model_id + 1].T
@@ -161,12 +180,20 @@ def _combine(
     return result
 
 
-def frag_of_rows(cpu_free: IntArray, gpu_free: IntArray, model_id: IntArray, ta: _TypicalArrays) -> FloatArray:
-    """Fragmentation of each row (a node state): CPU left, per-GPU free share, GPU model."""
+def frag_of_rows(
+    cpu_free: IntArray,
+    gpu_free: IntArray,
+    model_id: IntArray,
+    ta: _TypicalArrays,
+    islands: IntArray | None = None,
+) -> FloatArray:
+    """Fragmentation of each row (a node state): CPU left, per-GPU free share, GPU model (and the
+    rows' island ids per GPU, read when some typical pod needs one island)."""
     out = np.empty(len(cpu_free), dtype=np.float64)
     for i in range(0, len(cpu_free), CHUNK_ROWS):
         j = slice(i, i + CHUNK_ROWS)
-        out[j] = _combine(cpu_free[j], model_id[j], *_parts(gpu_free[j], ta), ta)
+        best = _island_best(gpu_free[j], islands[j]) if islands is not None and ta.islands is not None else None
+        out[j] = _combine(cpu_free[j], model_id[j], *_parts(gpu_free[j], ta), ta, best)
     return out
 
 
@@ -179,6 +206,7 @@ def _frag_after_share(
     cpu: int,
     milli: int,
     ta: _TypicalArrays,
+    islands: IntArray | None = None,
 ) -> FloatArray:
     """Fragmentation of rows ``r_idx`` after a share of ``milli`` lands on their GPU ``g_idx``.
 
@@ -193,14 +221,19 @@ def _frag_after_share(
         after = before - milli
         count_c = count[r] - (before >= m) + (after >= m)
         small_c = small[r] - np.where(before < m, before, 0) + np.where(after < m, after, 0)
-        out[j] = _combine(cpu_free[r] - cpu, model_id[r], idle[r] - milli, count_c, small_c, ta)
+        best = None
+        if ta.islands is not None and islands is not None:
+            after_gpu = gpu_free[r].copy()
+            after_gpu[np.arange(r.size), g_idx[j]] -= milli
+            best = _island_best(after_gpu, islands[r])
+        out[j] = _combine(cpu_free[r] - cpu, model_id[r], idle[r] - milli, count_c, small_c, ta, best)
     return out
 
 
 def node_fragmentation(state: ClusterState, typical: TypicalPods) -> FloatArray:
     """Fragmentation of every node of ``state`` (thousandths of a GPU)."""
     ta = _TypicalArrays(typical, state.cluster)
-    return frag_of_rows(state.cpu_free, state.gpu_free, state.cluster.model_id, ta)
+    return frag_of_rows(state.cpu_free, state.gpu_free, state.cluster.model_id, ta, state.cluster.islands)
 
 
 def _sigmoid_score(delta: FloatArray) -> IntArray:
@@ -248,10 +281,11 @@ class FragScorer:
         """Fragmentation of every node now (cached per node)."""
         rows = self._changed(state, self._frag_seen, self._frag_cpu, self._frag_gpu)
         if rows is None:
-            self._frag = frag_of_rows(state.cpu_free, state.gpu_free, self.cluster.model_id, self._ta)
+            self._frag = frag_of_rows(state.cpu_free, state.gpu_free, self.cluster.model_id, self._ta, self._ta.islands)
         elif rows.size:
+            isl = self._ta.islands[rows] if self._ta.islands is not None else None
             self._frag[rows] = frag_of_rows(
-                state.cpu_free[rows], state.gpu_free[rows], self.cluster.model_id[rows], self._ta
+                state.cpu_free[rows], state.gpu_free[rows], self.cluster.model_id[rows], self._ta, isl
             )
         self._frag_cpu, self._frag_gpu = state.cpu_used, state.gpu_used
         self._frag_seen = state.stamp
@@ -334,7 +368,8 @@ class FragScorer:
             cand = (gpu >= shape.gpu_milli) & ok[:, None]  # (R, G)
             r_idx, g_idx = np.nonzero(cand)
             if r_idx.size:
-                f1 = _frag_after_share(cpu, gpu, model, r_idx, g_idx, c, shape.gpu_milli, self._ta)
+                isl = self._ta.islands[rows] if self._ta.islands is not None else None
+                f1 = _frag_after_share(cpu, gpu, model, r_idx, g_idx, c, shape.gpu_milli, self._ta, isl)
                 d = f1 - f0[r_idx]
                 per_gpu[r_idx, g_idx] = d
                 s = _sigmoid_score(-d)
@@ -359,7 +394,8 @@ class FragScorer:
                 full = new_gpu >= GPU_MILLI
                 take = np.cumsum(full, axis=1) <= shape.num_gpu
                 new_gpu[full & take] -= GPU_MILLI
-            f1 = frag_of_rows(cpu[sel] - c, new_gpu, model[sel], self._ta)
+            isl = self._ta.islands[rows[sel]] if self._ta.islands is not None else None
+            f1 = frag_of_rows(cpu[sel] - c, new_gpu, model[sel], self._ta, isl)
             d = f1 - f0[sel]
             delta[sel] = d
             score[sel] = _sigmoid_score(-d)

@@ -23,17 +23,25 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpusched.model import GPU_MILLI, ClusterState, Plan, Pod, PodShape
+from gpusched.model.cluster import IntArray
+from gpusched.model.pod import Gang
 from gpusched.solver.fragmentation import FragScorer
 
-__all__ = ["Candidate", "Group", "Instance", "build_instance", "node_classes"]
+__all__ = ["Candidate", "Group", "Instance", "build_instance", "domain_of", "group_key", "node_classes"]
 
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """Interchangeable pods of one shape, highest priority first, then arrival order."""
+    """Interchangeable pods of one shape (and one gang), highest priority first, then arrival order."""
 
     shape: PodShape
     pods: tuple[Pod, ...]
+    gang: Gang | None = None
+
+    @property
+    def key(self) -> tuple[PodShape, str]:
+        """What makes pods interchangeable: shape and gang name."""
+        return self.shape, self.gang.name if self.gang is not None else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,13 +69,58 @@ class Instance:
     nodes: tuple[int, ...]
     hint: Plan
 
+    def group_of(self) -> dict[tuple[PodShape, str], int]:
+        """Group index by ``Group.key``."""
+        return {g.key: gi for gi, g in enumerate(self.groups)}
 
-def node_classes(state: ClusterState) -> np.ndarray:
-    """Class id per node: equal ids have equal free CPU, memory, GPU model and GPU shares."""
+
+def group_key(pod: Pod) -> tuple[PodShape, str]:
+    """The ``Group.key`` of the group ``pod`` belongs to."""
+    return pod.shape, pod.gang.name if pod.gang is not None else ""
+
+
+def node_classes(state: ClusterState, extra: Sequence[IntArray] = ()) -> np.ndarray:
+    """Class id per node: equal ids have equal free CPU, memory, GPU model and GPU shares
+    (and equal ``extra`` columns: free islands, MIG instances, topology domains)."""
     free = np.sort(state.gpu_free, axis=1)
-    sig = np.column_stack([state.cpu_free, state.mem_free, state.cluster.model_id, free])
+    sig = np.column_stack([state.cpu_free, state.mem_free, state.cluster.model_id, free, *extra])
     _, inverse = np.unique(sig, axis=0, return_inverse=True)
     return inverse.reshape(-1)
+
+
+def _class_extras(state: ClusterState, groups: Sequence[Group]) -> list[IntArray]:
+    """Signature columns that only batches asking for islands, MIG or gang domains need."""
+    cl = state.cluster
+    extra: list[IntArray] = []
+    shapes = [g.shape for g in groups]
+    if cl.island_count > 1 and any(s.island for s in shapes):
+        extra.append(np.sort(state.island_idle, axis=1) * 64 + (cl.islands.max(axis=1) + 1)[:, None])
+    if any(s.mig_profile for s in shapes) and cl.mig_profiles:
+        extra.extend([state.mig_free, cl.mig_can.astype(np.int64)])
+    keys = sorted({g.gang.topology_key for g in groups if g.gang is not None and g.gang.topology_key})
+    for key in keys:
+        values = [n.labels.get(key, "") for n in cl.nodes]
+        ids = {v: i for i, v in enumerate(sorted(set(values)))}
+        extra.append(np.array([ids[v] for v in values], dtype=np.int64))
+    return extra
+
+
+def domain_of(state: ClusterState, node: int, gang: Gang) -> str | None:
+    """The gang's topology domain of ``node``: its label value, None when the label is missing."""
+    return state.cluster.nodes[node].labels.get(gang.topology_key) or None
+
+
+def _mig_ub(state: ClusterState, shape: PodShape, sel: IntArray) -> IntArray:
+    """Instances of the shape's profile that each node could offer: free ones, plus those of
+    partitioning every idle GPU with the layout richest in the profile."""
+    col = state.cluster.mig_index[shape.mig_profile]
+    ub: IntArray = state.mig_free[sel, col].copy()
+    for j, n in enumerate(sel):
+        geom = state.cluster.geometry[int(n)]
+        if geom is not None and state.cluster.mig_can[n, col]:
+            most = max(lay.counts.get(shape.mig_profile, 0) for lay in geom.layouts())
+            ub[j] += most * int(state.full_free_gpus[n])
+    return ub
 
 
 def _pack(state: ClusterState, nodes: np.ndarray) -> np.ndarray:
@@ -86,18 +139,18 @@ def build_instance(
     candidates_per_pod: int,
 ) -> Instance:
     """Group, prune and describe one batch against ``state``."""
-    by_shape: dict[PodShape, list[tuple[int, Pod]]] = defaultdict(list)
+    by_shape: dict[tuple[PodShape, str], list[tuple[int, Pod]]] = defaultdict(list)
     for i, p in enumerate(pods):
-        by_shape[p.shape].append((i, p))
+        by_shape[group_key(p)].append((i, p))
     groups = tuple(
-        Group(shape, tuple(p for _, p in sorted(members, key=lambda ip: (-ip[1].priority, ip[0]))))
-        for shape, members in by_shape.items()
+        Group(key[0], tuple(p for _, p in sorted(members, key=lambda ip: (-ip[1].priority, ip[0]))), members[0][1].gang)
+        for key, members in by_shape.items()
     )
-    hinted: dict[PodShape, set[int]] = defaultdict(set)
+    hinted: dict[tuple[PodShape, str], set[int]] = defaultdict(set)
     for a in hint.assignments:
-        hinted[a.pod.shape].add(a.node)
+        hinted[group_key(a.pod)].add(a.node)
 
-    classes = node_classes(state)
+    classes = node_classes(state, _class_extras(state, groups))
     order = np.argsort(classes, kind="stable")
     starts = np.searchsorted(classes[order], np.arange(classes.max() + 1 if classes.size else 0))
     cpu_free, mem_free, gpu_free = state.cpu_free, state.mem_free, state.gpu_free
@@ -106,6 +159,9 @@ def build_instance(
     for gi, group in enumerate(groups):
         shape, count = group.shape, len(group.pods)
         mask = state.fit_mask(shape)
+        gang = group.gang
+        if gang is not None and gang.topology == "required":
+            mask = mask & np.array([bool(n.labels.get(gang.topology_key)) for n in state.cluster.nodes])
         feasible = np.flatnonzero(mask)
         if feasible.size == 0:
             continue
@@ -116,6 +172,8 @@ def build_instance(
         rank = np.lexsort((-pack, delta[reps]))
         chosen: list[int] = []
         quota = max(candidates_per_pod, count)
+        if gang is not None and gang.topology_key:
+            quota = feasible.size  # a gang needs enough candidates inside one domain: keep them all
         for r in rank:
             c = cls[r]
             size = (starts[c + 1] if c + 1 < starts.size else classes.size) - starts[c]
@@ -123,7 +181,7 @@ def build_instance(
             chosen.extend(int(n) for n in order[starts[c] : starts[c] + take])
             if len(chosen) >= quota:
                 break
-        chosen_set = set(chosen) | hinted.get(shape, set())
+        chosen_set = set(chosen) | hinted.get(group.key, set())
         sel = np.array(sorted(chosen_set), dtype=np.int64)
         ub = np.full(sel.size, count, dtype=np.int64)
         if shape.cpu_milli:
@@ -135,6 +193,10 @@ def build_instance(
             fit = gpu_free[sel] // shape.gpu_milli
             ub = np.minimum(ub, fit.sum(axis=1))
             per_gpu = scorer.gpu_delta(state, shape)
+        elif shape.mig_profile:
+            ub = np.minimum(ub, _mig_ub(state, shape, sel))
+        elif shape.island == "required":
+            ub = np.minimum(ub, (state.island_idle[sel] // shape.num_gpu).sum(axis=1))
         elif shape.num_gpu:
             ub = np.minimum(ub, state.full_free_gpus[sel] // shape.num_gpu)
         packs = _pack(state, sel)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ortools.sat.python import cp_model
 
 from gpusched.solver import constraints, objectives
-from gpusched.solver.instance import Instance
+from gpusched.solver.instance import Instance, domain_of, group_key
 from gpusched.solver.params import Weights
 from gpusched.solver.vars import Vars
 
@@ -25,40 +25,84 @@ def build_model(inst: Instance, weights: Weights) -> tuple[cp_model.CpModel, Var
 def hint_from_plan(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
     """Warm start: hint every variable with the value it takes in ``inst.hint``."""
     index = {(c.group, c.node): ci for ci, c in enumerate(inst.candidates)}
-    group_of = {g.shape: gi for gi, g in enumerate(inst.groups)}
+    group_of = inst.group_of()
+    islands = inst.state.cluster.islands
     x: dict[int, int] = dict.fromkeys(v.x, 0)
     y: dict[tuple[int, int], int] = dict.fromkeys(v.y, 0)
     whole: dict[tuple[int, int], int] = dict.fromkeys(v.whole, 0)
+    inside: dict[tuple[int, int], int] = dict.fromkeys(v.island, 0)
+    spill: dict[int, int] = dict.fromkeys(v.spill, 0)
+    taken: dict[tuple[int, int], int] = dict.fromkeys(v.island_taken, 0)
+    layout: dict[tuple[int, int], int] = dict.fromkeys(v.layout, 0)
+    gang: dict[str, int] = dict.fromkeys(v.gang, 0)
+    domain: dict[tuple[str, str], int] = dict.fromkeys(v.domain, 0)
     for a in inst.hint.assignments:
-        ci = index.get((group_of[a.pod.shape], a.node))
+        ci = index.get((group_of[group_key(a.pod)], a.node))
         if ci is None:
             return  # the hint is not expressible; solve cold rather than hint part of it
         x[ci] += 1
+        if a.pod.gang is not None:
+            gang[a.pod.gang.name] = 1
+            dom = domain_of(inst.state, a.node, a.pod.gang) or f"node/{inst.state.cluster.nodes[a.node].name}"
+            if (a.pod.gang.name, dom) in domain:
+                domain[a.pod.gang.name, dom] = 1
         if a.pod.is_fractional:
             y[ci, a.gpus[0]] += 1
-        else:
-            for g in a.gpus:
-                if (a.node, g) in whole:
-                    whole[a.node, g] = 1
-    # The model takes idle GPUs whole in index order; relabel interchangeable idle
-    # GPUs in the hint so that it does the same (swap loads between the pairs).
-    for n in {n for n, _ in whole}:
-        idle = sorted(g for m, g in whole if m == n)
-        used = [g for g in idle if whole[n, g]]
-        target = idle[: len(used)]
-        for src, dst in zip(sorted(set(used) - set(target)), sorted(set(target) - set(used)), strict=True):
-            whole[n, src], whole[n, dst] = 0, 1
-            for ci in v.by_node[n]:
-                ys, yd = y.get((ci, src)), y.get((ci, dst))
-                if ys is not None or yd is not None:
-                    y[ci, src], y[ci, dst] = yd or 0, ys or 0
-    for k, val in x.items():
-        model.add_hint(v.x[k], val)
-    for k2, val in y.items():
-        model.add_hint(v.y[k2], val)
-    for k3, val in whole.items():
-        model.add_hint(v.whole[k3], val)
+            continue
+        for g in a.gpus:
+            if (a.node, g) in whole:
+                whole[a.node, g] = 1
+            if (a.node, int(islands[a.node, g])) in taken:
+                taken[a.node, int(islands[a.node, g])] += 1
+        ids = {int(islands[a.node, g]) for g in a.gpus}
+        if len(ids) == 1 and (ci, next(iter(ids))) in inside:
+            inside[ci, next(iter(ids))] += 1
+        elif ci in spill:
+            spill[ci] += 1
+    for n, g, lay in inst.hint.partitions:
+        if (n, g) in whole:
+            whole[n, g] = 1
+        if (n, int(islands[n, g])) in taken:
+            taken[n, int(islands[n, g])] += 1
+        wanted = v.layout_profiles.get(n, ())
+        key = tuple(lay.counts.get(p, 0) for p in wanted)
+        for k, cand in enumerate(v.layouts.get(n, ())):
+            if tuple(cand.counts.get(p, 0) for p in wanted) == key:
+                layout[n, k] += 1
+                break
+    _relabel_idle(inst, v, whole, y)
+    for ci, val in x.items():
+        model.add_hint(v.x[ci], val)
+    for ci, val in spill.items():
+        model.add_hint(v.spill[ci], val)
+    for pairs, var_of in ((y, v.y), (whole, v.whole), (inside, v.island), (taken, v.island_taken), (layout, v.layout)):
+        for k2, val in pairs.items():
+            model.add_hint(var_of[k2], val)
+    for name, val in gang.items():
+        model.add_hint(v.gang[name], val)
+    for dk, val in domain.items():
+        model.add_hint(v.domain[dk], val)
     for ci, k_var in v.kept.items():
         model.add_hint(k_var, min(x[ci], inst.candidates[ci].ub))
     for n, a_var in v.active.items():
         model.add_hint(a_var, int(any(x[ci] for ci in v.by_node[n])))
+
+
+def _relabel_idle(inst: Instance, v: Vars, whole: dict[tuple[int, int], int], y: dict[tuple[int, int], int]) -> None:
+    """The model takes idle GPUs of one island whole in index order; relabel interchangeable idle
+    GPUs in the hint so that it does the same (swap loads between the pairs)."""
+    islands = inst.state.cluster.islands
+    for n in {n for n, _ in whole}:
+        per_island: dict[int, list[int]] = {}
+        for m, g in sorted(whole):
+            if m == n:
+                per_island.setdefault(int(islands[n, g]), []).append(g)
+        for idle in per_island.values():
+            used = [g for g in idle if whole[n, g]]
+            target = idle[: len(used)]
+            for src, dst in zip(sorted(set(used) - set(target)), sorted(set(target) - set(used)), strict=True):
+                whole[n, src], whole[n, dst] = 0, 1
+                for ci in v.by_node[n]:
+                    ys, yd = y.get((ci, src)), y.get((ci, dst))
+                    if ys is not None or yd is not None:
+                        y[ci, src], y[ci, dst] = yd or 0, ys or 0

@@ -32,6 +32,12 @@ class Weights:
     """Per pod, per point (0..200) of how full its node already is (CPU and GPU)."""
     keep_hint: int = 50_000
     """Per pod left where the greedy warm start placed it (0: the solver rearranges freely)."""
+    mig_partition: int = 150_000
+    """Per idle GPU the batch partitions into MIG instances (a GPU no whole-GPU pod can use then)."""
+    island_spill: int = 200_000
+    """Per pod that prefers its GPUs within one island and gets them across islands."""
+    gang_domains: int = 100_000
+    """Per topology domain beyond the first that a gang preferring one domain spans."""
     work_conserving: bool = True
     """Cap each placement's fragmentation charge below the pod's worth, so a pod that fits is placed."""
 

@@ -18,6 +18,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
+from gpusched.model.placement import MigPartition
 from gpusched.solver.baselines.fgd import FgdPolicy
 from gpusched.solver.fragmentation import TypicalPods
 from gpusched.solver.instance import Instance, build_instance
@@ -98,7 +99,7 @@ class CpSatPolicy:
         # cost more than they save when the warm start is already complete.
         solver.parameters.symmetry_level = 0
         solver.parameters.cp_model_probing_level = 0
-        nvars = len(v.x) + len(v.y) + len(v.whole) + len(v.active)
+        nvars = len(v.x) + len(v.y) + len(v.whole) + len(v.active) + len(v.layout) + len(v.island)
         if remaining < max(SHORT_SOLVE_S, PRESOLVE_S_PER_VAR * nvars):
             # Too little time for presolve to pay off: search from the hint at once.
             solver.parameters.cp_model_presolve = False
@@ -114,18 +115,15 @@ class CpSatPolicy:
 
     def _stats(self, plan: Plan, status: str, obj: float, bound: float, start: float, nvars: int) -> Plan:
         ms = (time.perf_counter() - start) * 1000
-        return Plan(plan.assignments, plan.unplaced, SolveStats(self.name, status, obj, bound, ms, nvars))
+        stats = SolveStats(self.name, status, obj, bound, ms, nvars)
+        return Plan(plan.assignments, plan.unplaced, stats, plan.partitions)
 
 
 def _extract(inst: Instance, v: Vars, solver: cp_model.CpSolver, pods: Sequence[Pod]) -> Plan:
-    state = inst.state
     queue = {gi: list(g.pods) for gi, g in enumerate(inst.groups)}
-    idle_left: dict[int, list[int]] = {}
-    taken: dict[int, list[int]] = defaultdict(list)
-    for (n, g), var in v.whole.items():
-        if solver.boolean_value(var):
-            taken[n].append(g)
     assignments: list[Assignment] = []
+    partitions: list[MigPartition] = []
+    whole: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for ci, c in enumerate(inst.candidates):
         count = int(solver.value(v.x[ci]))
         if not count:
@@ -136,21 +134,54 @@ def _extract(inst: Instance, v: Vars, solver: cp_model.CpSolver, pods: Sequence[
             for g, _, _ in c.gpus:
                 for _ in range(int(solver.value(v.y[ci, g]))):
                     assignments.append(Assignment(members.pop(0), c.node, (g,)))
-            continue
-        if shape.num_gpu == 0:
+        elif shape.num_gpu == 0:
             assignments.extend(Assignment(members.pop(0), c.node) for _ in range(count))
-            continue
-        if c.node not in idle_left:
-            idle_left[c.node] = (
-                sorted(taken[c.node])
-                if c.node in taken
-                else [int(g) for g in np.flatnonzero(state.gpu_free[c.node] >= GPU_MILLI)]
-            )
-        free = idle_left[c.node]
-        for _ in range(count):
-            gpus, idle_left[c.node] = tuple(free[: shape.num_gpu]), free[shape.num_gpu :]
-            free = idle_left[c.node]
-            assignments.append(Assignment(members.pop(0), c.node, gpus))
+        else:
+            whole[c.node].append((ci, count))
+    for n in sorted(set(whole) | {n for n, lays in v.layouts.items() if lays}):
+        pools = _taken_gpus(inst, v, solver, n)
+        rest: list[tuple[int, int]] = []
+        for ci, count in whole.get(n, []):
+            k = inst.groups[inst.candidates[ci].group].shape.num_gpu
+            members = queue[inst.candidates[ci].group]
+            inside = 0
+            for i in pools:
+                var = v.island.get((ci, i))
+                for _ in range(int(solver.value(var)) if var is not None else 0):
+                    gpus, pools[i] = tuple(pools[i][:k]), pools[i][k:]
+                    assignments.append(Assignment(members.pop(0), n, gpus))
+                    inside += 1
+            rest.append((ci, count - inside))
+        left = sorted(g for pool in pools.values() for g in pool)
+        for ci, count in rest:
+            k = inst.groups[inst.candidates[ci].group].shape.num_gpu
+            members = queue[inst.candidates[ci].group]
+            for _ in range(count):
+                gpus, left = tuple(left[:k]), left[k:]
+                assignments.append(Assignment(members.pop(0), n, gpus))
+        for li, lay in enumerate(v.layouts.get(n, ())):
+            for _ in range(int(solver.value(v.layout[n, li]))):
+                partitions.append((n, left.pop(0), lay))
     placed = {a.pod.key for a in assignments}
     unplaced = tuple(p for p in pods if p.key not in placed)
-    return Plan(tuple(assignments), unplaced)
+    return Plan(tuple(assignments), unplaced, partitions=tuple(partitions))
+
+
+def _taken_gpus(inst: Instance, v: Vars, solver: cp_model.CpSolver, n: int) -> dict[int, list[int]]:
+    """The idle GPUs of node ``n`` that the solution takes whole, per island, lowest index first."""
+    state = inst.state
+    islands = state.cluster.islands[n]
+    idle = [int(g) for g in np.flatnonzero(state.gpu_free[n] >= GPU_MILLI)]
+    pools: dict[int, list[int]] = defaultdict(list)
+    if any((n, g) in v.whole for g in idle):
+        for g in idle:
+            if solver.boolean_value(v.whole[n, g]):
+                pools[int(islands[g])].append(g)
+        return pools
+    for g in idle:
+        pools[int(islands[g])].append(g)
+    for i, pool in pools.items():
+        t = v.island_taken.get((n, i))
+        if t is not None:
+            pools[i] = pool[: int(solver.value(t))]
+    return pools

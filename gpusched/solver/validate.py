@@ -62,6 +62,9 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
                 whole.add((a.node, g))
                 if state.gpu_used[a.node, g] != 0:
                     problems.append(f"pod {p.key}: GPU {g} on {node.name} is not idle")
+    problems.extend(_mig_problems(plan, state, {(a.node, g) for a in plan.assignments for g in a.gpus}))
+    problems.extend(_island_problems(plan, state))
+    problems.extend(_gang_problems(plan, state, pods))
     for n, c in cpu.items():
         if c > state.cpu_free[n]:
             problems.append(f"{cluster.nodes[n].name}: CPU over-committed ({c}m > {state.cpu_free[n]}m free)")
@@ -73,6 +76,77 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
             problems.append(
                 f"{cluster.nodes[n].name}: GPU {g} over-committed ({used} > {state.gpu_free[n, g]} of {GPU_MILLI} free)"
             )
+    return problems
+
+
+def _mig_problems(plan: Plan, state: ClusterState, used_gpus: set[tuple[int, int]]) -> list[str]:
+    """Partitions only on idle re-partitionable GPUs, in valid layouts, never used otherwise; MIG
+    pods within the instances free plus those partitioned."""
+    problems: list[str] = []
+    cluster = state.cluster
+    free: dict[tuple[int, str], int] = {}
+    seen: set[tuple[int, int]] = set()
+    for n, g, layout in plan.partitions:
+        node = cluster.nodes[n] if 0 <= n < len(cluster) else None
+        geom = cluster.geometry[n] if node is not None else None
+        if node is None or geom is None:
+            problems.append(f"MIG layout on node index {n}, which may not be re-partitioned")
+            continue
+        if not 0 <= g < node.gpu_count or state.gpu_used[n, g] != 0:
+            problems.append(f"{node.name}: GPU {g} is not an idle GPU to partition")
+        if (n, g) in seen or (n, g) in used_gpus:
+            problems.append(f"{node.name}: GPU {g} is partitioned twice or also used whole/shared")
+        seen.add((n, g))
+        if not geom.valid(layout.placements):
+            problems.append(f"{node.name}: GPU {g} layout {dict(layout.counts)} is not a valid {geom.model} layout")
+        for p, c in layout.counts.items():
+            free[n, p] = free.get((n, p), 0) + c
+    used: dict[tuple[int, str], int] = defaultdict(int)
+    for a in plan.assignments:
+        if a.pod.mig_profile and 0 <= a.node < len(cluster):
+            used[a.node, a.pod.mig_profile] += 1
+    for (n, p), count in used.items():
+        col = cluster.mig_id(p)
+        have = (int(state.mig_free[n, col]) if col >= 0 else 0) + free.get((n, p), 0)
+        if count > have:
+            problems.append(f"{cluster.nodes[n].name}: MIG {p} over-committed ({count} > {have} instances)")
+    return problems
+
+
+def _island_problems(plan: Plan, state: ClusterState) -> list[str]:
+    """Pods that require one island have every GPU in one island."""
+    islands = state.cluster.islands
+    return [
+        f"pod {a.pod.key}: GPUs {list(a.gpus)} on {state.cluster.nodes[a.node].name} span islands"
+        for a in plan.assignments
+        if a.pod.island == "required"
+        and 0 <= a.node < len(state.cluster)
+        and len({int(islands[a.node, g]) for g in a.gpus if 0 <= g < islands.shape[1]}) > 1
+    ]
+
+
+def _gang_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None) -> list[str]:
+    """Gangs placed whole or not at all (and with enough members); one domain when required."""
+    problems: list[str] = []
+    members: dict[str, list[Pod]] = defaultdict(list)
+    for p in pods if pods is not None else [a.pod for a in plan.assignments] + list(plan.unplaced):
+        if p.gang is not None:
+            members[p.gang.name].append(p)
+    where: dict[str, list[int]] = defaultdict(list)
+    for a in plan.assignments:
+        if a.pod.gang is not None:
+            where[a.pod.gang.name].append(a.node)
+    for name, nodes in where.items():
+        total = len(members.get(name, []))
+        gang = members[name][0].gang if members.get(name) else None
+        if len(nodes) != total:
+            problems.append(f"gang {name}: {len(nodes)} of {total} members placed (all or none)")
+        if gang is not None and total < gang.min_members:
+            problems.append(f"gang {name}: placed with {total} members, fewer than its minimum {gang.min_members}")
+        if gang is not None and gang.topology == "required":
+            doms = {state.cluster.nodes[n].labels.get(gang.topology_key) for n in nodes if 0 <= n < len(state.cluster)}
+            if len(doms) > 1 or None in doms:
+                problems.append(f"gang {name}: members span {gang.topology_key} domains {sorted(map(str, doms))}")
     return problems
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
+from gpusched.model.mig import MigLayout
 from gpusched.solver.instance import Instance
 
 __all__ = ["Vars"]
@@ -15,8 +16,11 @@ __all__ = ["Vars"]
 @dataclass
 class Vars:
     """``x[c]``: pods placed by candidate ``c``; ``y[c, g]``: of those, on GPU ``g`` (shares);
-    ``whole[n, g]``: idle GPU ``g`` of node ``n`` taken by a whole-GPU pod; ``active[n]``: an
-    idle node is woken."""
+    ``whole[n, g]``: idle GPU ``g`` of node ``n`` taken by a whole-GPU pod (or a MIG layout);
+    ``active[n]``: an idle node is woken; ``layout[n, k]``: idle GPUs of ``n`` partitioned with
+    the ``k``-th layout of ``layouts[n]``; ``island[c, i]``: of ``x[c]``, pods inside island ``i``;
+    ``spill[c]``: pods preferring one island placed across islands; ``gang[name]``: the gang is
+    placed; ``domain[name, value]``: it uses that topology domain."""
 
     x: dict[int, cp_model.IntVar] = field(default_factory=dict)
     y: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
@@ -25,6 +29,18 @@ class Vars:
     kept: dict[int, cp_model.IntVar] = field(default_factory=dict)
     by_node: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
     by_group: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
+    layout: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    layouts: dict[int, list[MigLayout]] = field(default_factory=dict)
+    layout_profiles: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    island: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    island_taken: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    spill: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    gang: dict[str, cp_model.IntVar] = field(default_factory=dict)
+    domain: dict[tuple[str, str], cp_model.IntVar] = field(default_factory=dict)
+
+    def partitioned(self, n: int) -> list[cp_model.IntVar]:
+        """Per layout, the idle GPUs of node ``n`` that the batch partitions with it."""
+        return [self.layout[n, k] for k in range(len(self.layouts.get(n, ())))]
 
     @classmethod
     def create(cls, inst: Instance, model: cp_model.CpModel) -> Vars:

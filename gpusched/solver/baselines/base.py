@@ -22,9 +22,11 @@ import numpy as np
 import numpy.typing as npt
 
 from gpusched.model import GPU_MILLI, Assignment, ClusterState, Plan, Pod, SolveStats
-from gpusched.model.cluster import IntArray
+from gpusched.model.cluster import BoolArray, IntArray
+from gpusched.model.mig import MigLayout
+from gpusched.model.placement import MigPartition
 
-__all__ = ["GreedyPolicy", "lowest_idle_gpus", "tightest_gpu"]
+__all__ = ["GreedyPolicy", "domains_of", "island_gpus", "lowest_idle_gpus", "mig_layout_for", "tightest_gpu"]
 
 Nodes = npt.NDArray[np.intp]
 
@@ -33,6 +35,33 @@ def lowest_idle_gpus(state: ClusterState, node: int, count: int) -> tuple[int, .
     """The ``count`` lowest-indexed completely idle GPUs of ``node``."""
     idle = np.flatnonzero(state.gpu_free[node] >= GPU_MILLI)
     return tuple(int(g) for g in idle[:count])
+
+
+def island_gpus(state: ClusterState, node: int, count: int) -> tuple[int, ...] | None:
+    """``count`` idle GPUs of ``node`` within one island, from the island with the fewest idle GPUs
+    that still has enough (lowest indices there); None when no island has ``count`` idle GPUs."""
+    idle = state.gpu_free[node] >= GPU_MILLI
+    islands = state.cluster.islands[node]
+    best: tuple[int, ...] | None = None
+    for i in range(int(islands.max(initial=-1)) + 1):
+        gpus = np.flatnonzero(idle & (islands == i))
+        if gpus.size >= count and (best is None or gpus.size < len(best)):
+            best = tuple(int(g) for g in gpus)
+    return best[:count] if best is not None else None
+
+
+def mig_layout_for(state: ClusterState, node: int, profile: str) -> MigLayout:
+    """The layout a greedy policy gives a freshly partitioned GPU for ``profile``: the most
+    instances of that profile, then the most instances in all (as MIG manager's all-<profile>)."""
+    geom = state.cluster.geometry[node]
+    assert geom is not None
+    return max(geom.layouts(), key=lambda lay: (lay.counts.get(profile, 0), sum(lay.counts.values())))
+
+
+def domains_of(state: ClusterState, key: str) -> dict[str, BoolArray]:
+    """Nodes per value of label ``key``; nodes without the label are in no domain."""
+    values = np.array([n.labels.get(key, "") for n in state.cluster.nodes], dtype=object)
+    return {str(v): values == v for v in sorted(set(values.tolist()) - {""})}
 
 
 def tightest_gpu(state: ClusterState, node: int, milli: int) -> int:
@@ -69,6 +98,10 @@ class GreedyPolicy:
             return ()
         if pod.is_fractional:
             return (tightest_gpu(state, node, pod.gpu_milli),)
+        if pod.island and pod.num_gpu > 1:
+            inside = island_gpus(state, node, pod.num_gpu)
+            if inside is not None:
+                return inside
         return lowest_idle_gpus(state, node, pod.num_gpu)
 
     def choose(self, pod: Pod, state: ClusterState, nodes: Nodes) -> int:
@@ -80,19 +113,103 @@ class GreedyPolicy:
         return int(ties[np.argmin(self.rank(state)[ties])]) if ties.size > 1 else int(ties[0])
 
     def place(self, pods: Sequence[Pod], state: ClusterState) -> Plan:
-        """Place ``pods`` one after another in the given order."""
+        """Place ``pods`` one after another in the given order; a gang's members all at once, where
+        its first member comes, and all of them or none."""
         start = time.perf_counter()
         placed: list[Assignment] = []
+        partitions: list[MigPartition] = []
         failed: list[Pod] = []
+        gangs: dict[str, list[Pod]] = {}
         for pod in pods:
-            nodes = np.flatnonzero(state.fit_mask(pod.shape))
-            if nodes.size == 0:
-                failed.append(pod)
+            if pod.gang is not None:
+                gangs.setdefault(pod.gang.name, []).append(pod)
+        done: set[str] = set()
+        for pod in pods:
+            if pod.gang is None:
+                step = self._step(pod, state, None)
+                if step is None:
+                    failed.append(pod)
+                    continue
+                state = self._commit(step, state, placed, partitions)
                 continue
-            node = self.choose(pod, state, nodes)
-            a = Assignment(pod, node, self.gpus(pod, state, node))
-            placed.append(a)
-            state = state.apply((a,))
+            if pod.gang.name in done:
+                continue
+            done.add(pod.gang.name)
+            members = gangs[pod.gang.name]
+            steps, new_state = self._place_gang(members, state)
+            if steps is None:
+                failed.extend(members)
+                continue
+            for st in steps:
+                placed.append(st[0])
+                partitions.extend(st[1])
+            state = new_state
         ms = (time.perf_counter() - start) * 1000
         gpu = float(sum(a.pod.gpu_demand_milli for a in placed))
-        return Plan(tuple(placed), tuple(failed), SolveStats(self.name, "HEURISTIC", gpu, gpu, ms))
+        return Plan(tuple(placed), tuple(failed), SolveStats(self.name, "HEURISTIC", gpu, gpu, ms), tuple(partitions))
+
+    def _commit(
+        self,
+        step: tuple[Assignment, tuple[MigPartition, ...]],
+        state: ClusterState,
+        placed: list[Assignment],
+        partitions: list[MigPartition],
+    ) -> ClusterState:
+        a, parts = step
+        if parts:
+            partitions.extend(parts)
+            state = state.partition(parts)
+        placed.append(a)
+        return state.apply((a,))
+
+    def _step(
+        self, pod: Pod, state: ClusterState, allowed: BoolArray | None
+    ) -> tuple[Assignment, tuple[MigPartition, ...]] | None:
+        mask = state.fit_mask(pod.shape)
+        if allowed is not None:
+            mask = mask & allowed
+        nodes = np.flatnonzero(mask)
+        if nodes.size == 0:
+            return None
+        if pod.mig_profile:
+            # Use an existing free instance before partitioning another GPU.
+            col = state.cluster.mig_index[pod.mig_profile]
+            free = nodes[state.mig_free[nodes, col] > 0]
+            node = self.choose(pod, state, free if free.size else nodes)
+            parts: tuple[MigPartition, ...] = ()
+            if state.mig_free[node, col] <= 0:
+                gpu = lowest_idle_gpus(state, node, 1)[0]
+                parts = ((node, gpu, mig_layout_for(state, node, pod.mig_profile)),)
+            return Assignment(pod, node), parts
+        node = self.choose(pod, state, nodes)
+        return Assignment(pod, node, self.gpus(pod, state, node)), ()
+
+    def _place_gang(
+        self, members: Sequence[Pod], state: ClusterState
+    ) -> tuple[list[tuple[Assignment, tuple[MigPartition, ...]]] | None, ClusterState]:
+        """Every member or none; within one domain of the gang's topology key when it asks."""
+        gang = members[0].gang
+        assert gang is not None
+        if len(members) < gang.min_members:
+            return None, state  # the rest of the gang has not arrived
+        tries: list[BoolArray | None] = []
+        if gang.topology_key:
+            doms = domains_of(state, gang.topology_key)
+            free = {d: int(state.gpu_free[m].sum()) for d, m in doms.items()}
+            tries.extend(doms[d] for d in sorted(doms, key=lambda d: (free[d], d)))  # tightest first
+        if gang.topology != "required":
+            tries.append(None)
+        for allowed in tries:
+            trial = state
+            steps: list[tuple[Assignment, tuple[MigPartition, ...]]] = []
+            for pod in members:
+                step = self._step(pod, trial, allowed)
+                if step is None:
+                    break
+                steps.append(step)
+                if step[1]:
+                    trial = trial.partition(step[1])
+                trial = trial.apply((step[0],))
+            else:
+                return steps, trial
+        return None, state

@@ -6,7 +6,7 @@ import numpy as np
 
 from gpusched.model import ClusterState, Pod
 from gpusched.model.cluster import IntArray
-from gpusched.solver.baselines.base import GreedyPolicy, Nodes, lowest_idle_gpus
+from gpusched.solver.baselines.base import GreedyPolicy, Nodes
 
 __all__ = ["RandomPolicy"]
 
@@ -26,4 +26,4 @@ class RandomPolicy(GreedyPolicy):
         if pod.is_fractional:
             fits = np.flatnonzero(state.gpu_free[node] >= pod.gpu_milli)
             return (int(fits[self.rng.randrange(fits.size)]),)
-        return lowest_idle_gpus(state, node, pod.num_gpu)
+        return super().gpus(pod, state, node)

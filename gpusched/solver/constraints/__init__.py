@@ -5,9 +5,10 @@ exists: a candidate is only created where one pod of its shape fits alone
 (``solver.instance``).
 """
 
-from gpusched.solver.constraints import capacity, demand, share, whole_gpu
+from gpusched.solver.constraints import capacity, demand, gang, island, mig, share, whole_gpu
 
-ALL = (demand, capacity, whole_gpu, share)
-"""Every constraint module, in build order (whole_gpu before share: share uses its variables)."""
+ALL = (demand, capacity, mig, whole_gpu, island, share, gang)
+"""Every constraint module, in build order: mig before whole_gpu (which counts the GPUs layouts
+take), whole_gpu before island and share (which use its variables)."""
 
-__all__ = ["ALL", "capacity", "demand", "share", "whole_gpu"]
+__all__ = ["ALL", "capacity", "demand", "gang", "island", "mig", "share", "whole_gpu"]

@@ -21,7 +21,12 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
     for n, cis in v.by_node.items():
         if state.cluster.gpu_count[n] == 0 or state.gpu_used[n].any():
             continue
-        gpu_cis = [ci for ci in cis if inst.groups[inst.candidates[ci].group].shape.num_gpu]
+        gpu_cis = [
+            ci
+            for ci in cis
+            if inst.groups[inst.candidates[ci].group].shape.num_gpu
+            or inst.groups[inst.candidates[ci].group].shape.mig_profile
+        ]
         if not gpu_cis:
             continue
         a = model.new_bool_var(f"a{n}")

@@ -15,7 +15,7 @@ from collections import Counter
 
 from ortools.sat.python import cp_model
 
-from gpusched.solver.instance import Instance
+from gpusched.solver.instance import Instance, group_key
 from gpusched.solver.params import Weights
 from gpusched.solver.vars import Vars
 
@@ -24,8 +24,8 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
     """keep_hint * pods placed on the node the warm start chose for their shape."""
     if not w.keep_hint:
         return 0
-    group_of = {g.shape: gi for gi, g in enumerate(inst.groups)}
-    hinted = Counter((group_of[a.pod.shape], a.node) for a in inst.hint.assignments)
+    group_of = inst.group_of()
+    hinted = Counter((group_of[group_key(a.pod)], a.node) for a in inst.hint.assignments)
     terms: list[cp_model.LinearExprT] = []
     for ci, c in enumerate(inst.candidates):
         count = hinted.get((c.group, c.node), 0)
