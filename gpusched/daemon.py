@@ -46,7 +46,7 @@ from gpusched.kube.watch import Reflector
 from gpusched.metrics.exporter import HealthServer, SchedulerMetrics
 from gpusched.model import Cluster, ClusterState, Plan, Pod
 from gpusched.queue.batcher import SchedulingQueue
-from gpusched.solver.explain import explain
+from gpusched.solver.explain import explain, explain_gang
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.policy import Policy, place_quick
 from gpusched.solver.registry import make_policy
@@ -381,10 +381,15 @@ class Scheduler:
             self.spawn(self._bind(a.pod, node, a.gpus), f"bind:{a.pod.key}")
         if self._binds_in_flight >= self.max_binds_in_flight:
             self._bind_room.clear()
+        members = Counter(p.gang.name for p in pods if p.gang is not None)
         for p in plan.unplaced:
-            if not self.cache.holds(p.key):  # bound by someone else during the solve
-                e = explain(p, after, snap.excluded)
-                self._unschedulable(p, e.message, e.reason)
+            if self.cache.holds(p.key):  # bound by someone else during the solve
+                continue
+            if p.gang is not None:
+                self._unschedulable(p, explain_gang(p, members[p.gang.name], after, snap.excluded), "Gang")
+                continue
+            e = explain(p, after, snap.excluded)
+            self._unschedulable(p, e.message, e.reason)
         stats = plan.stats
         gap = stats.gap_pct
         solve_s = stats.wall_ms / 1000

@@ -16,6 +16,21 @@ GPU request of a pod
     ``nvidia.com/gpu``; accepted models: the annotation ``gpusched.io/gpu-models``
     (comma separated) and/or ``nodeSelector["nvidia.com/gpu.product"]``.
 
+One MIG slice: ``nvidia.com/mig-<profile>: 1`` (NVIDIA's mixed strategy), alone.
+
+GPU islands of a node
+    the annotation ``gpusched.io/gpu-islands`` (``0-3;4-7``), else a default from
+    ``nvidia.com/gpu.product`` (``gpusched.model.topology``); a multi-GPU pod asks
+    for one island with the annotation ``gpusched.io/gpu-island: required|preferred``.
+
+Gangs
+    the coscheduling label ``scheduling.x-k8s.io/pod-group`` names the group (within
+    the pod's namespace); ``gpusched.io/gang-min-members`` says how many members
+    must be pending before any is placed (default 1: the members pending together),
+    ``gpusched.io/gang-topology-key`` (a node label such as ``rack`` or
+    ``nvidia.com/gpu.clique``) with ``gpusched.io/gang-topology: required|preferred``
+    keeps the gang within one domain of it.
+
 The scheduler writes the GPU indices it chose to ``gpusched.io/gpu-indices`` (``"0,1"``)
 together with the Binding.
 """
@@ -27,16 +42,24 @@ from datetime import datetime
 from typing import Any
 
 from gpusched.model import GPU_MILLI, Node, Pod, QuantityError, cpu_milli, memory_mib, parse_quantity
+from gpusched.model.mig import profile_of
+from gpusched.model.pod import Gang
+from gpusched.model.topology import ISLANDS_ANNOTATION, default_islands, parse_islands
 from gpusched.state.records import NodeRecord, PodRecord
 
 __all__ = [
+    "ANNOTATION_GANG_KEY",
+    "ANNOTATION_GANG_MIN",
+    "ANNOTATION_GANG_TOPOLOGY",
     "ANNOTATION_GPU_INDICES",
+    "ANNOTATION_GPU_ISLAND",
     "ANNOTATION_GPU_MILLI",
     "ANNOTATION_GPU_MODELS",
     "GPU_RESOURCE",
     "LABEL_GPU_COUNT",
     "LABEL_GPU_MEMORY",
     "LABEL_GPU_PRODUCT",
+    "LABEL_POD_GROUP",
     "ConvertError",
     "node_record",
     "pod_record",
@@ -50,6 +73,11 @@ LABEL_GPU_COUNT = "nvidia.com/gpu.count"
 ANNOTATION_GPU_MILLI = "gpusched.io/gpu-milli"
 ANNOTATION_GPU_MODELS = "gpusched.io/gpu-models"
 ANNOTATION_GPU_INDICES = "gpusched.io/gpu-indices"
+ANNOTATION_GPU_ISLAND = "gpusched.io/gpu-island"
+LABEL_POD_GROUP = "scheduling.x-k8s.io/pod-group"
+ANNOTATION_GANG_MIN = "gpusched.io/gang-min-members"
+ANNOTATION_GANG_KEY = "gpusched.io/gang-topology-key"
+ANNOTATION_GANG_TOPOLOGY = "gpusched.io/gang-topology"
 UNKNOWN_MODEL = "unknown"
 """Model of GPUs on a node that has no ``nvidia.com/gpu.product`` label."""
 
@@ -104,6 +132,22 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     mig = tuple(
         sorted((k, _int_quantity(v, f"{where}: allocatable {k}")) for k, v in alloc.items() if k.startswith(MIG_PREFIX))
     )
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    islands: tuple[int, ...] = ()
+    if gpus:
+        try:
+            text = annotations.get(ISLANDS_ANNOTATION)
+            islands = parse_islands(text, gpus) if text else default_islands(model, gpus)
+        except ValueError as exc:
+            raise ConvertError(f"{where}: annotation {exc}") from None
+    slices: list[tuple[str, int]] = []
+    for k, v in mig:
+        try:
+            profile = profile_of(k)
+        except ValueError as exc:
+            raise ConvertError(f"{where}: allocatable {k}: {exc}") from None
+        if profile is not None and v:
+            slices.append((profile, v))
     excluded = ""
     if spec.get("unschedulable"):
         excluded = "node(s) were unschedulable"
@@ -112,8 +156,10 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
             if taint.get("effect") not in _TOLERATED_TAINT_EFFECTS:
                 excluded = f"node(s) had untolerated taint {{{taint.get('key', '')}: {taint.get('value', '')}}}"
                 break
+    if slices and not model:
+        model = UNKNOWN_MODEL
     try:
-        node = Node(name, cpu, mem, gpus, model, gpu_mem, dict(labels))
+        node = Node(name, cpu, mem, gpus, model, gpu_mem, dict(labels), islands, tuple(slices))
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
     return NodeRecord(node, excluded, tuple((k, v) for k, v in mig if v))
@@ -190,8 +236,9 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
     annotations: Mapping[str, str] = meta.get("annotations") or {}
     uid = str(meta.get("uid", ""))
     priority = int(spec.get("priority") or 0)
+    labels: Mapping[str, str] = meta.get("labels") or {}
     try:
-        pod, error = _pod(name, namespace, uid, priority, spec, annotations, f"pod {namespace}/{name}")
+        pod, error = _pod(name, namespace, uid, priority, spec, annotations, labels, f"pod {namespace}/{name}")
     except ConvertError as exc:
         pod, error = Pod(name, 0, 0, namespace=namespace, uid=uid, priority=priority), str(exc)
     return PodRecord(
@@ -215,6 +262,7 @@ def _pod(
     priority: int,
     spec: Mapping[str, Any],
     annotations: Mapping[str, str],
+    labels: Mapping[str, str],
     where: str,
 ) -> tuple[Pod, str]:
     """The request, and what about it cannot be honoured ("" when all can).
@@ -242,9 +290,11 @@ def _pod(
     elif num_gpu:
         milli = GPU_MILLI
     error = ""
-    mig = sorted(k for k in reqs if k.startswith(MIG_PREFIX))
-    if mig:
-        error = f"{where}: MIG slices ({', '.join(mig)}) are not placed by this scheduler yet"
+    mig_profile = _mig_request(reqs, num_gpu, where)
+    island = annotations.get(ANNOTATION_GPU_ISLAND, "").strip()
+    if island not in ("", "required", "preferred"):
+        raise ConvertError(f"{where}: annotation {ANNOTATION_GPU_ISLAND} must be required or preferred, got {island!r}")
+    gang = _gang(namespace, labels, annotations, where)
     models: set[str] = set()
     text = annotations.get(ANNOTATION_GPU_MODELS, "")
     if text.strip():
@@ -279,7 +329,49 @@ def _pod(
             priority,
             namespace,
             uid,
+            mig_profile,
+            island,
+            gang,
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
     return pod, error
+
+
+def _mig_request(reqs: Mapping[str, int], num_gpu: int, where: str) -> str:
+    """The one MIG profile the pod asks for ("" when none)."""
+    asked = {k: v for k, v in reqs.items() if k.startswith(MIG_PREFIX) and v}
+    if not asked:
+        return ""
+    if len(asked) > 1 or next(iter(asked.values())) != 1 or num_gpu:
+        raise ConvertError(
+            f"{where}: asks for {', '.join(f'{v} {k}' for k, v in sorted(asked.items()))}"
+            f"{f' and {num_gpu} {GPU_RESOURCE}' if num_gpu else ''}; a pod takes one MIG slice "
+            f"(one {MIG_PREFIX}<profile>: 1) or GPUs, so split it into one pod per slice"
+        )
+    resource = next(iter(asked))
+    try:
+        profile = profile_of(resource)
+    except ValueError as exc:
+        raise ConvertError(f"{where}: resources {resource}: {exc}") from None
+    assert profile is not None
+    return profile
+
+
+def _gang(namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str], where: str) -> Gang | None:
+    group = str(labels.get(LABEL_POD_GROUP, "")).strip()
+    if not group:
+        return None
+    text = annotations.get(ANNOTATION_GANG_MIN, "1")
+    try:
+        minimum = int(text)
+    except ValueError:
+        raise ConvertError(f"{where}: annotation {ANNOTATION_GANG_MIN} must be a whole number, got {text!r}") from None
+    key = annotations.get(ANNOTATION_GANG_KEY, "").strip()
+    topology = annotations.get(ANNOTATION_GANG_TOPOLOGY, "").strip() or ("required" if key else "")
+    try:
+        return Gang(f"{namespace}/{group}", minimum, key, topology)
+    except ValueError as exc:
+        raise ConvertError(
+            f"{where}: {exc} (annotations {ANNOTATION_GANG_MIN}, {ANNOTATION_GANG_KEY}, {ANNOTATION_GANG_TOPOLOGY})"
+        ) from None

@@ -16,6 +16,11 @@ A pod updated while in flight keeps its place; deleted, it is dropped when its
 batch resolves.  Parked pods also return to active every ``flush_after``
 seconds in case a change went unseen.  Nothing is forgotten: ``counts`` adds
 up to every pending pod the watch has reported and not deleted.
+
+Members of a gang travel together: a batch that draws one draws every active
+member of its gang (it may then exceed ``max_size``), and a member that
+arrives wakes its parked or backed-off peers, so the solver always sees a
+gang whole.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class SchedulingQueue:
         self._in_flight: set[str] = set()
         self._deleted_in_flight: set[str] = set()
         self._attempts: dict[str, int] = {}
+        self._gangs: dict[str, set[str]] = {}  # gang name -> keys of its pending members
         self._seq = itertools.count()
         self._wake = asyncio.Event()
 
@@ -82,7 +88,16 @@ class SchedulingQueue:
         """A pending pod, new or updated."""
         key = record.key
         known = key in self._records
+        old = self._records.get(key)
         self._records[key] = record
+        gang = record.pod.gang.name if record.pod.gang is not None else ""
+        if old is not None and old.pod.gang is not None and old.pod.gang.name != gang:
+            self._leave_gang(key, old.pod.gang.name)
+        if gang and key not in self._gangs.setdefault(gang, set()):
+            self._gangs[gang].add(key)
+            for peer in self._gangs[gang] - {key}:  # a new member: retry the gang together
+                if self._parked.pop(peer, None) is not None or self._backoff.pop(peer, None) is not None:
+                    self._activate(peer)
         if not known:
             self._activate(key)
         elif key in self._parked:  # its spec may have changed: try again
@@ -184,10 +199,25 @@ class SchedulingQueue:
             entry = self._active.get(key)
             if entry is None or entry[0] != seq:
                 continue  # stale
-            del self._active[key]
-            self._in_flight.add(key)
-            batch.append(self._records[key])
+            self._take(key, batch)
+            gang = self._records[key].pod.gang
+            if gang is not None:
+                for peer in sorted(self._gangs.get(gang.name, ())):
+                    if peer in self._active:
+                        self._take(peer, batch)
         return batch
+
+    def _take(self, key: str, batch: list[PodRecord]) -> None:
+        del self._active[key]
+        self._in_flight.add(key)
+        batch.append(self._records[key])
+
+    def _leave_gang(self, key: str, gang: str) -> None:
+        members = self._gangs.get(gang)
+        if members is not None:
+            members.discard(key)
+            if not members:
+                del self._gangs[gang]
 
     def _release_due(self, now: float) -> None:
         for key, ready in list(self._backoff.items()):
@@ -218,6 +248,9 @@ class SchedulingQueue:
         return key in self._records
 
     def _remove(self, key: str) -> None:
+        record = self._records.get(key)
+        if record is not None and record.pod.gang is not None:
+            self._leave_gang(key, record.pod.gang.name)
         self._records.pop(key, None)
         self._active.pop(key, None)
         self._backoff.pop(key, None)

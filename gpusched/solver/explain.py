@@ -20,11 +20,14 @@ __all__ = [
     "DEFERRED",
     "INSUFFICIENT_CPU",
     "INSUFFICIENT_GPU",
+    "INSUFFICIENT_ISLAND",
     "INSUFFICIENT_MEMORY",
     "INSUFFICIENT_SHARE",
     "MODEL_NOT_ACCEPTED",
     "Explanation",
     "explain",
+    "explain_gang",
+    "insufficient_mig",
 ]
 
 MODEL_NOT_ACCEPTED = "GPU model not accepted"
@@ -33,6 +36,12 @@ INSUFFICIENT_SHARE = "insufficient GPU share"
 INSUFFICIENT_CPU = "insufficient cpu"
 INSUFFICIENT_MEMORY = "insufficient memory"
 DEFERRED = "deferred by the solver"
+INSUFFICIENT_ISLAND = "no GPU island with enough idle GPUs"
+
+
+def insufficient_mig(profile: str) -> str:
+    """The reason for nodes without a free (or partitionable) instance of ``profile``."""
+    return f"insufficient nvidia.com/mig-{profile}"
 
 
 @dataclass(frozen=True)
@@ -88,9 +97,36 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
             check(state.max_gpu_free >= pod.gpu_milli, INSUFFICIENT_SHARE)
         else:
             check(state.full_free_gpus >= pod.num_gpu, INSUFFICIENT_GPU)
+            if pod.island == "required" and pod.num_gpu > 1:
+                check(state.island_idle.max(axis=1, initial=0) >= pod.num_gpu, INSUFFICIENT_ISLAND)
+    elif pod.mig_profile:
+        if pod.gpu_models:
+            check(cluster.model_mask(pod.gpu_models), MODEL_NOT_ACCEPTED)
+        col = cluster.mig_id(pod.mig_profile)
+        if col < 0:
+            check(np.zeros(n, dtype=np.bool_), insufficient_mig(pod.mig_profile))
+        else:
+            free = state.mig_free[:, col] > 0
+            check(free | (cluster.mig_can[:, col] & (state.full_free_gpus > 0)), insufficient_mig(pod.mig_profile))
     check(state.cpu_free >= pod.cpu_milli, INSUFFICIENT_CPU)
     check(state.mem_free >= pod.memory_mib, INSUFFICIENT_MEMORY)
     for why in (excluded or {}).values():
         reasons[why] += 1
     total = n + len(excluded or {})
     return Explanation(pod.key, total, int(left.sum()), dict(reasons))
+
+
+def explain_gang(pod: Pod, members: int, state: ClusterState, excluded: Mapping[str, str] | None = None) -> str:
+    """Why ``pod``'s gang (``members`` of it in the batch) was not placed: too few members, or
+    not all of them fit at once (within one topology domain when the gang requires one)."""
+    gang = pod.gang
+    assert gang is not None
+    if members < gang.min_members:
+        return (
+            f"gang {gang.name}: {members} of at least {gang.min_members} members are pending; "
+            "no member is placed until all of them can be, together."
+        )
+    where = f" within one {gang.topology_key} domain" if gang.topology == "required" else ""
+    e = explain(pod, state, excluded)
+    detail = e.message if not e.fits else f"{e.fits}/{e.total} nodes could take this member alone"
+    return f"gang {gang.name}: its {members} members do not all fit at once{where}; {detail}"

@@ -68,6 +68,7 @@ class Cache:
         self._mem: IntArray = np.zeros(0, dtype=np.int64)
         self._gpu: IntArray = np.zeros((0, 1), dtype=np.int64)
         self._kinds: IntArray = np.zeros((0, 2), dtype=np.int64)
+        self._mig: IntArray = np.zeros((0, 0), dtype=np.int64)
         self.generation = 0
         """Bumped by every change; a snapshot carries the generation it was taken at."""
 
@@ -180,7 +181,8 @@ class Cache:
         """Freeze the books for a batch."""
         cluster = self._ensure_cluster()
         gpu = np.minimum(self._gpu, cluster.gpu_cap)
-        state = ClusterState(cluster, self._cpu.copy(), self._mem.copy(), gpu, self._kinds.copy())
+        mig = np.minimum(self._mig, cluster.mig_cap)  # slices counted on a node that no longer offers them
+        state = ClusterState(cluster, self._cpu.copy(), self._mem.copy(), gpu, self._kinds.copy(), mig)
         excluded = {n: r.excluded for n, r in self._nodes.items() if r.excluded}
         return Snapshot(self.generation, cluster, state, MappingProxyType(excluded))
 
@@ -193,6 +195,7 @@ class Cache:
             self._mem = np.zeros(n, dtype=np.int64)
             self._gpu = np.zeros((n, cluster.max_gpus), dtype=np.int64)
             self._kinds = np.zeros((n, cluster.max_gpus + 1), dtype=np.int64)
+            self._mig = np.zeros((n, len(cluster.mig_profiles)), dtype=np.int64)
             self._cluster = cluster
             for held in self._held.values():
                 self._account(held, 1)
@@ -226,6 +229,8 @@ class Cache:
         if pod.num_gpu:
             col = 0 if pod.is_fractional else min(pod.num_gpu, self._cluster.max_gpus)
             self._kinds[i, col] += sign
+        elif pod.mig_profile and (m := self._cluster.mig_id(pod.mig_profile)) >= 0:
+            self._mig[i, m] += sign
 
     def _pick_gpus(self, i: int, pod: Pod, wanted: tuple[int, ...] | None) -> tuple[int, ...]:
         """GPU indices to count ``pod`` on: the annotated ones when valid, else the emptiest."""

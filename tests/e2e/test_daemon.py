@@ -372,3 +372,57 @@ async def test_metrics_health_and_readiness(control_plane: ControlPlane, kube: K
     finally:
         daemon.stop()
 
+
+def _member(name: str, scheduler: str, group: str, minimum: int, gpus: int = 8, **annotations: str) -> dict[str, Any]:
+    p = kit.pod(name, scheduler, gpus=gpus)
+    p["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": group}
+    p["metadata"]["annotations"].update({"gpusched.io/gang-min-members": str(minimum), **annotations})
+    return p
+
+
+async def test_gangs_mig_slices_and_gpu_islands(control_plane: ControlPlane, kube: Kube, namespace: str) -> None:
+    name = sched_name()
+    nodes = [kit.node(f"h-{i}", 8, "NVIDIA-H100-80GB-HBM3", rack=f"r{i // 2}") for i in range(4)]
+    nodes.append(kit.node("l4-0", 4, "NVIDIA-L4"))  # PCIe: islands 0-1 and 2-3 by default
+    mig = kit.node("a100-mig", 0, "NVIDIA-A100-SXM4-80GB")
+    for part in ("capacity", "allocatable"):
+        mig["status"][part]["nvidia.com/mig-1g.10gb"] = "3"
+    nodes.append(mig)
+    await kit.create_all(kube, "/api/v1/nodes", nodes)
+    rack = {"gpusched.io/gang-topology-key": "rack", "gpusched.io/gang-topology": "required"}
+    pods = [_member(f"big-{i}", name, "big", 3, **rack) for i in range(3)]  # no rack has three nodes
+    pods += [_member(f"pair-{i}", name, "pair", 2, **rack) for i in range(2)]
+    pods += [_member("early-0", name, "early", 2)]  # its second member has not been created
+    for i in range(2):
+        p = kit.pod(f"isl-{i}", name, gpus=2, models=("NVIDIA-L4",))
+        p["metadata"]["annotations"]["gpusched.io/gpu-island"] = "required"
+        pods.append(p)
+    for i in range(4):
+        p = kit.pod(f"slice-{i}", name)
+        p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"] = "1"
+        pods.append(p)
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", pods)
+        final = {p["metadata"]["name"]: p for p in await kit.wait_settled(kube, namespace, len(pods), timeout=60)}
+        events = await kit.scheduled_events(kube, namespace)
+    finally:
+        daemon.stop()
+    bound = {n: p["spec"].get("nodeName") for n, p in final.items() if p["spec"].get("nodeName")}
+    # Gangs: whole or not at all; the pair in one rack.
+    assert not any(n.startswith("big-") for n in bound)
+    assert "do not all fit at once within one rack domain" in events["FailedScheduling/big-0"][0]["message"]
+    assert {bound["pair-0"], bound["pair-1"]} in ({"h-0", "h-1"}, {"h-2", "h-3"})
+    assert "early-0" not in bound
+    assert "1 of at least 2 members are pending" in events["FailedScheduling/early-0"][0]["message"]
+    # Islands: each 2-GPU pod inside one PCIe island of the L4 node.
+    for i in range(2):
+        assert bound[f"isl-{i}"] == "l4-0"
+        gpus = final[f"isl-{i}"]["metadata"]["annotations"]["gpusched.io/gpu-indices"]
+        assert gpus in ("0,1", "2,3"), gpus
+    # MIG: three slices advertised, three pods bound there, the fourth told why.
+    slices = [n for n in bound if n.startswith("slice-")]
+    assert len(slices) == 3
+    assert all(bound[n] == "a100-mig" for n in slices)
+    (left,) = {f"slice-{i}" for i in range(4)} - set(slices)
+    assert "insufficient nvidia.com/mig-1g.10gb" in (kit.condition(final[left]) or {}).get("message", "")

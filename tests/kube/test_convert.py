@@ -20,6 +20,7 @@ def pod_obj(
     limits: dict[str, str] | None = None,
     requests: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
     **spec: Any,
 ) -> Any:
     res: dict[str, Any] = {}
@@ -28,7 +29,13 @@ def pod_obj(
     if requests:
         res["requests"] = requests
     return {
-        "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "annotations": annotations or {}},
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "u1",
+            "annotations": annotations or {},
+            "labels": labels or {},
+        },
         "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "c", "resources": res}], **spec},
         "status": {"phase": "Pending"},
     }
@@ -61,9 +68,45 @@ def test_cordoned_and_tainted_nodes_are_excluded_with_a_reason() -> None:
 
 
 def test_mig_slices_are_read() -> None:
-    obj = node_obj()
+    obj = node_obj(gpus="6", labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})
     obj["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] = "7"
-    assert node_record(obj).mig == (("nvidia.com/mig-1g.10gb", 7),)
+    obj["status"]["allocatable"]["nvidia.com/mig-3g.40gb"] = "2"
+    rec = node_record(obj)
+    assert rec.mig == (("nvidia.com/mig-1g.10gb", 7), ("nvidia.com/mig-3g.40gb", 2))
+    assert rec.node.mig_slices == (("1g.10gb", 7), ("3g.40gb", 2))
+    assert rec.node.gpu_count == 6, "GPUs in MIG mode are not in nvidia.com/gpu"
+
+
+def test_gpu_islands_from_the_annotation_or_the_product_default() -> None:
+    sxm = node_record(node_obj(labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})).node
+    assert sxm.islands == (0,) * 8, "an NVSwitch board is one island"
+    pcie = node_record(node_obj(gpus="4", labels={"nvidia.com/gpu.product": "NVIDIA-L4"})).node
+    assert pcie.islands == (0, 0, 1, 1), "PCIe cards split by CPU socket"
+    obj = node_obj(gpus="4")
+    obj["metadata"]["annotations"] = {"gpusched.io/gpu-islands": "0,3;1,2"}
+    assert node_record(obj).node.islands == (0, 1, 1, 0)
+    obj["metadata"]["annotations"] = {"gpusched.io/gpu-islands": "0-2"}
+    with pytest.raises(
+        ConvertError, match=r"node n1: annotation gpusched.io/gpu-islands=.*GPUs \[3\] are in no island"
+    ):
+        node_record(obj)
+
+
+def test_mig_island_and_gang_requests() -> None:
+    mig = pod_record(pod_obj(limits={"nvidia.com/mig-3g.40gb": "1", "cpu": "2"})).pod
+    assert (mig.mig_profile, mig.num_gpu, mig.gpu_demand_milli) == ("3g.40gb", 0, 429)
+    island = pod_record(pod_obj(limits={"nvidia.com/gpu": "4"}, annotations={"gpusched.io/gpu-island": "required"}))
+    assert (island.pod.island, island.error) == ("required", "")
+    rec = pod_record(
+        pod_obj(
+            limits={"nvidia.com/gpu": "8"},
+            labels={"scheduling.x-k8s.io/pod-group": "train"},
+            annotations={"gpusched.io/gang-min-members": "4", "gpusched.io/gang-topology-key": "rack"},
+        )
+    )
+    assert rec.pod.gang is not None
+    assert (rec.pod.gang.name, rec.pod.gang.min_members) == ("ns/train", 4)
+    assert (rec.pod.gang.topology_key, rec.pod.gang.topology) == ("rack", "required")
 
 
 def test_bad_node_quantity_names_the_node_and_field() -> None:
@@ -112,7 +155,24 @@ def test_init_containers_and_overhead_count() -> None:
         (pod_obj(annotations={"gpusched.io/gpu-milli": "1500"}), "must be 1..1000"),
         (pod_obj(requests={"cpu": "lots"}), "invalid quantity"),
         (pod_obj(nodeSelector={"zone": "a"}), "nodeSelector keys zone are not supported"),
-        (pod_obj(limits={"nvidia.com/mig-1g.10gb": "1"}), "MIG slices"),
+        (pod_obj(limits={"nvidia.com/mig-1g.10gb": "2"}), "one MIG slice"),
+        (pod_obj(limits={"nvidia.com/mig-1g.10gb": "1", "nvidia.com/gpu": "1"}), "one MIG slice"),
+        (pod_obj(limits={"nvidia.com/mig-lots": "1"}), "nvidia.com/mig-lots"),
+        (pod_obj(annotations={"gpusched.io/gpu-island": "maybe"}), "required or preferred"),
+        (
+            pod_obj(
+                annotations={"gpusched.io/gang-min-members": "many"},
+                labels={"scheduling.x-k8s.io/pod-group": "g"},
+            ),
+            "gang-min-members must be a whole number",
+        ),
+        (
+            pod_obj(
+                annotations={"gpusched.io/gang-min-members": "0"},
+                labels={"scheduling.x-k8s.io/pod-group": "g"},
+            ),
+            "min_members must be at least 1",
+        ),
         (
             pod_obj(
                 annotations={"gpusched.io/gpu-models": "A100"},

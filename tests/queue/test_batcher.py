@@ -114,3 +114,40 @@ async def test_idle_scheduler_closes_a_small_batch_at_once_busy_one_waits() -> N
     q.nudge()
     batch = await asyncio.wait_for(waiting, 1)
     assert [r.pod.name for r in batch] == ["a"]
+
+
+def gang_rec(name: str, gang: str) -> PodRecord:
+    from dataclasses import replace
+
+    from gpusched.model.pod import Gang
+
+    return PodRecord(replace(pod(name), gang=Gang(gang, 3)), uid=name, scheduler="gpu-scheduler")
+
+
+async def test_a_batch_draws_every_active_member_of_a_gang() -> None:
+    q = SchedulingQueue(max_size=2, max_wait=0.05)
+    q.add(gang_rec("g-0", "g"))
+    q.add(rec("solo"))
+    q.add(gang_rec("g-1", "g"))
+    q.add(gang_rec("g-2", "g"))
+    batch = await asyncio.wait_for(q.next_batch(), 1)
+    assert sorted(r.pod.name for r in batch) == ["g-0", "g-1", "g-2"], "the gang is drawn whole, past max_size"
+    assert q.counts().active == 1
+    batch = await asyncio.wait_for(q.next_batch(), 1)
+    assert [r.pod.name for r in batch] == ["solo"]
+
+
+async def test_a_new_member_brings_its_parked_peers_back() -> None:
+    q = SchedulingQueue(max_size=10, max_wait=0.01)
+    q.add(gang_rec("g-0", "g"))
+    q.add(gang_rec("g-1", "g"))
+    batch = await asyncio.wait_for(q.next_batch(), 1)
+    for r in batch:
+        q.park(r.key)  # two of three members: the solver left them out
+    assert q.counts().unschedulable == 2
+    q.add(gang_rec("g-2", "g"))
+    batch = await asyncio.wait_for(q.next_batch(), 1)
+    assert sorted(r.pod.name for r in batch) == ["g-0", "g-1", "g-2"]
+    for r in batch:
+        q.done(r.key)
+    assert len(q) == 0

@@ -109,3 +109,18 @@ def test_relist_keeps_assumed_pods_and_drops_vanished_bound_ones() -> None:
     assert c.holds("default/inflight")
     assert c.holds("default/still")
     assert c.snapshot().state.gpu_used[0].sum() == 2000
+
+
+def test_mig_slices_held_by_bound_and_assumed_pods_are_counted() -> None:
+    from gpusched.model import Node
+
+    node = Node("m", 64000, 65536, gpu_count=0, gpu_model="A100-SXM4-80GB", mig_slices=(("1g.10gb", 3),))
+    c = cache_with(NodeRecord(node))
+    c.observe_pod(bound(Pod("x", 100, 100, mig_profile="1g.10gb"), "m"))
+    c.assume(Pod("y", 100, 100, mig_profile="1g.10gb"), "m", ())
+    state = c.snapshot().state
+    assert int(state.mig_free[0, state.cluster.mig_id("1g.10gb")]) == 1
+    c.forget("default/y")
+    c.delete_pod("default/x")
+    state = c.snapshot().state
+    assert int(state.mig_free[0, state.cluster.mig_id("1g.10gb")]) == 3
