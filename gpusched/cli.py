@@ -24,7 +24,7 @@ from rich.console import Console
 
 from gpusched import __version__, logs
 from gpusched.config import ConfigError, GpuschedConfig, load_config
-from gpusched.sim.report import render_table
+from gpusched.sim.report import render_extended_table, render_table
 from gpusched.sim.runner import SimulationError, normalize_policies, run_simulation
 from gpusched.sim.trace import TraceError
 from gpusched.solver.params import SolverParams
@@ -359,6 +359,9 @@ def _simulate(args: argparse.Namespace, console: Console) -> int:
             trace=trace,
         )
     console.print(render_table(summaries))
+    extended = render_extended_table(summaries)
+    if extended is not None:
+        console.print(extended)
     console.print(f"wrote {out / 'summary.json'} and {out / 'allocation.png'} in {time.perf_counter() - start:.1f}s")
     return 0
 

@@ -7,21 +7,29 @@ before that batch; the batch's placements count from its last pod on), and
 reduces those records the way the published analysis does:
 the arrived share is rounded to a whole percent (half to even) and the
 allocation at each percent is the mean of its records.
+
+The members of a gang arrive together, where its first member comes in the
+arrival order, and always go into one solve: a batch is closed once it holds
+at least ``batch`` pods, so a batch that takes a gang may hold more.  A
+plan's MIG partitions are applied before its assignments.  Besides the
+allocation the replay counts MIG instances in use and offered at the end,
+assignments that break a required GPU island, and gangs placed whole,
+rejected whole or placed in part (the last two checks must stay at 0).
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gpusched.model import Cluster, Pod
+from gpusched.model import Assignment, Cluster, ClusterState, Pod
 from gpusched.solver.fragmentation import TypicalPods, cluster_frag_ratio
 from gpusched.solver.policy import Policy
 from gpusched.solver.validate import validate_plan
 
-__all__ = ["RunResult", "allocation_curve", "replay"]
+__all__ = ["RunResult", "allocation_curve", "arrival_units", "batches", "gang_outcomes", "island_violations", "replay"]
 
 FRAG_POINTS = (70, 90)
 """Arrived-demand percentages at which the fragmentation ratio is recorded."""
@@ -42,6 +50,25 @@ class RunResult:
     failed: int
     solve_ms: list[float] = field(repr=False)
     gaps: list[float] = field(repr=False, default_factory=list)
+    extended: bool = False
+    """The cluster or the workload uses MIG, GPU islands or gangs (the counters below matter)."""
+    mig_in_use: int = 0
+    """MIG instances taken by pods at the end of the run."""
+    mig_offered: int = 0
+    """MIG instances on offer at the end: advertised plus those of re-partitioned GPUs."""
+    island_violations: int = 0
+    """Placed pods that require one GPU island but got GPUs of several (must be 0)."""
+    gangs_placed: int = 0
+    """Gangs with every member placed."""
+    gangs_rejected: int = 0
+    """Gangs with no member placed."""
+    gangs_partial: int = 0
+    """Gangs with some but not all members placed (must be 0)."""
+
+    @property
+    def mig_util_pct(self) -> float | None:
+        """MIG instances in use as a percentage of those offered; None when none are offered."""
+        return 100.0 * self.mig_in_use / self.mig_offered if self.mig_offered else None
 
     def alloc_at(self, pct: int) -> float:
         """Allocation at ``pct`` arrived, or at the nearest recorded point below it."""
@@ -66,6 +93,67 @@ def allocation_curve(records: Sequence[tuple[int, float]], top: int) -> dict[int
     return curve
 
 
+def arrival_units(workload: Sequence[Pod]) -> list[list[Pod]]:
+    """The workload as units that arrive together: one pod, or every member of a gang where its
+    first member comes (members in arrival order)."""
+    units: list[list[Pod]] = []
+    gangs: dict[str, list[Pod]] = {}
+    for pod in workload:
+        if pod.gang is None:
+            units.append([pod])
+        elif pod.gang.name in gangs:
+            gangs[pod.gang.name].append(pod)
+        else:
+            gangs[pod.gang.name] = [pod]
+            units.append(gangs[pod.gang.name])
+    return units
+
+
+def batches(workload: Sequence[Pod], batch: int) -> list[list[Pod]]:
+    """The solves of a replay: whole arrival units, each batch closed once it holds ``batch`` pods."""
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1, got {batch}")
+    out: list[list[Pod]] = []
+    current: list[Pod] = []
+    for unit in arrival_units(workload):
+        current.extend(unit)
+        if len(current) >= batch:
+            out.append(current)
+            current = []
+    if current:
+        out.append(current)
+    return out
+
+
+def island_violations(assignments: Iterable[Assignment], state: ClusterState) -> int:
+    """Assignments of pods that require one island whose GPUs lie in more than one."""
+    islands = state.cluster.islands
+    return sum(
+        1 for a in assignments if a.pod.island == "required" and len({int(islands[a.node, g]) for g in a.gpus}) > 1
+    )
+
+
+def gang_outcomes(pods: Iterable[Pod], placed: Iterable[Assignment]) -> tuple[int, int, int]:
+    """Gangs of ``pods`` with every member placed, with none placed, and with some but not all."""
+    size: dict[str, int] = defaultdict(int)
+    done: dict[str, int] = defaultdict(int)
+    for pod in pods:
+        if pod.gang is not None:
+            size[pod.gang.name] += 1
+    for a in placed:
+        if a.pod.gang is not None:
+            done[a.pod.gang.name] += 1
+    whole = sum(1 for name, n in size.items() if done[name] == n)
+    rejected = sum(1 for name in size if not done[name])
+    return whole, rejected, len(size) - whole - rejected
+
+
+def _extended(cluster: Cluster, workload: Sequence[Pod]) -> bool:
+    return any(p.mig_profile or p.island or p.gang is not None for p in workload) or any(
+        n.gpu_islands or n.mig_slices or n.mig_repartition for n in cluster.nodes
+    )
+
+
 def replay(
     cluster: Cluster,
     workload: Sequence[Pod],
@@ -76,9 +164,9 @@ def replay(
     seed: int = 0,
     on_batch: Callable[[int], None] | None = None,
 ) -> RunResult:
-    """Place ``workload`` in arrival order, ``batch`` pods per solve; unplaced pods fail."""
-    if batch < 1:
-        raise ValueError(f"batch must be at least 1, got {batch}")
+    """Place ``workload`` in arrival order, ``batch`` pods per solve (a gang whole in one solve);
+    unplaced pods fail."""
+    chunks = batches(workload, batch)
     state = cluster.empty_state()
     gpus = cluster.total_gpus
     arrived = 0
@@ -86,14 +174,20 @@ def replay(
     frag: dict[int, float] = {}
     solve_ms: list[float] = []
     gaps: list[float] = []
-    placed = failed = 0
+    placed = failed = violations = 0
+    gang_pods: list[Pod] = []
+    gang_assignments: list[Assignment] = []
     alloc = 0.0
-    for start in range(0, len(workload), batch):
-        chunk = workload[start : start + batch]
+    for chunk in chunks:
         before = state
         plan = policy.place(chunk, state)
         validate_plan(plan, state, chunk)
+        if plan.partitions:
+            state = state.partition(plan.partitions)
         state = state.apply(plan.assignments)
+        violations += island_violations(plan.assignments, state)
+        gang_pods.extend(p for p in chunk if p.gang is not None)
+        gang_assignments.extend(a for a in plan.assignments if a.pod.gang is not None)
         placed += len(plan.assignments)
         failed += len(plan.unplaced)
         solve_ms.append(plan.stats.wall_ms)
@@ -111,6 +205,8 @@ def replay(
         if on_batch is not None:
             on_batch(len(chunk))
     top = max((pct for pct, _ in records), default=0)
+    in_use = int(state.mig.sum())
+    whole, rejected, partial = gang_outcomes(gang_pods, gang_assignments)
     return RunResult(
         policy=policy.name,
         seed=seed,
@@ -121,4 +217,11 @@ def replay(
         failed=failed,
         solve_ms=solve_ms,
         gaps=gaps,
+        extended=_extended(cluster, workload),
+        mig_in_use=in_use,
+        mig_offered=int(state.mig_free.sum()) + in_use,
+        island_violations=violations,
+        gangs_placed=whole,
+        gangs_rejected=rejected,
+        gangs_partial=partial,
     )

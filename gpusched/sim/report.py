@@ -2,9 +2,10 @@
 
 ``summarize`` reduces the ``RunResult``s of one policy (one per seed) to a
 flat, JSON-ready dict; ``render_table`` turns a list of those into a ``rich``
-table; ``plot_allocation`` draws GPU allocation against arrived GPU demand
-per policy, median over seeds with the 25-75% band, as Figure 7 of the FGD
-paper does.
+table, and ``render_extended_table`` their MIG, island and gang counters into
+a second one for traces that use them; ``plot_allocation`` draws GPU
+allocation against arrived GPU demand per policy, median over seeds with the
+25-75% band, as Figure 7 of the FGD paper does.
 """
 
 from __future__ import annotations
@@ -16,11 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.table import Table
 
 from gpusched.sim.engine import RunResult
 
-__all__ = ["SUMMARY_KEYS", "group_by_policy", "plot_allocation", "render_table", "summarize"]
+__all__ = [
+    "EXTENDED_KEYS",
+    "SUMMARY_KEYS",
+    "group_by_policy",
+    "plot_allocation",
+    "render_extended_table",
+    "render_table",
+    "summarize",
+]
 
 SUMMARY_KEYS = (
     "policy",
@@ -43,6 +53,15 @@ SUMMARY_KEYS = (
     "fgd_published_alloc_pct_130",
 )
 """Keys of every summary, in output order; unknown values are ``None``."""
+
+EXTENDED_KEYS = (
+    "mig_slice_util_pct",
+    "island_violations",
+    "gangs_placed",
+    "gangs_rejected",
+    "gangs_partial",
+)
+"""Keys added after ``SUMMARY_KEYS`` when the runs use MIG, GPU islands or gangs."""
 
 PLOT_TOP = 130
 """Right end of the allocation plot, percent of GPU capacity arrived."""
@@ -78,7 +97,10 @@ def summarize(
 
     Allocation and fragmentation figures are means over seeds; the standard
     deviation is the sample one (0 for a single seed); solve-time percentiles
-    pool every batch of every seed.
+    pool every batch of every seed.  When the runs use MIG, GPU islands or
+    gangs, ``EXTENDED_KEYS`` follow: the MIG instance utilization (in use /
+    offered at the end, %, mean over the seeds that offer any) and the island
+    and gang counters, means over seeds.
     """
     if not runs:
         raise ValueError("no runs to summarize")
@@ -113,6 +135,12 @@ def summarize(
         "trace": trace,
         "fgd_published_alloc_pct_130": published_alloc_130,
     }
+    if any(r.extended for r in runs):
+        summary["mig_slice_util_pct"] = _mean([u for r in runs if (u := r.mig_util_pct) is not None])
+        summary["island_violations"] = _mean([r.island_violations for r in runs])
+        summary["gangs_placed"] = _mean([r.gangs_placed for r in runs])
+        summary["gangs_rejected"] = _mean([r.gangs_rejected for r in runs])
+        summary["gangs_partial"] = _mean([r.gangs_partial for r in runs])
     return summary
 
 
@@ -178,6 +206,65 @@ def render_table(summaries: Sequence[Mapping[str, Any]], title: str | None = Non
         ]
         table.add_row(*row)
     return table
+
+
+EXTENDED_COLUMNS = (
+    ("mig_util_pct", "mig_slice_util_pct"),
+    ("island_violations", "island_violations"),
+    ("gangs_whole", "gangs_placed"),
+    ("gangs_rejected", "gangs_rejected"),
+    ("gangs_partial", "gangs_partial"),
+)
+"""Columns of the MIG, island and gang table: (header, summary key)."""
+
+
+def _split(header: str) -> str:
+    """``island_violations`` as ``island_`` over ``violations``: broken at the underscore nearest
+    the middle, so a narrow terminal shows every header whole."""
+    cuts = [i + 1 for i, c in enumerate(header[:-1]) if c == "_"]
+    if not cuts:
+        return header
+    cut = min(cuts, key=lambda i: max(i, len(header) - i))
+    return header[:cut] + "\n" + header[cut:]
+
+
+class _ExtendedTable:
+    """The counters table, with one-line headers where they fit and two-line ones where not."""
+
+    def __init__(self, summaries: Sequence[Mapping[str, Any]]) -> None:
+        self.rows = [[str(s.get("policy")), *(_fmt(s.get(key), 1) for _, key in EXTENDED_COLUMNS)] for s in summaries]
+
+    def width(self) -> int:
+        """Columns the table needs with one-line headers (cells are plain text)."""
+        headers = ["policy", *(h for h, _ in EXTENDED_COLUMNS)]
+        cols = [max([len(h), *(len(r[i]) for r in self.rows)]) for i, h in enumerate(headers)]
+        return sum(cols) + 2 * (len(cols) - 1)
+
+    def table(self, split: bool) -> Table:
+        table = Table(
+            box=None,
+            pad_edge=False,
+            header_style="bold",
+            caption="mig_util_pct: MIG instances in use / offered at the end; island_violations, gangs_whole, "
+            "gangs_rejected, gangs_partial: per run, mean over seeds (violations and partial gangs must be 0)",
+        )
+        table.add_column("policy", style="bold", no_wrap=True)
+        for header, _ in EXTENDED_COLUMNS:
+            table.add_column(_split(header) if split else header, justify="right", no_wrap=True)
+        for row in self.rows:
+            table.add_row(*row)
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.table(split=self.width() > options.max_width)
+
+
+def render_extended_table(summaries: Sequence[Mapping[str, Any]]) -> RenderableType | None:
+    """The MIG, island and gang counters as a ``rich`` table, one row per policy; None when no
+    summary has them (a trace without MIG pods, GPU islands or gangs)."""
+    if not any(key in s for s in summaries for _, key in EXTENDED_COLUMNS):
+        return None
+    return _ExtendedTable(summaries)
 
 
 def allocation_bands(

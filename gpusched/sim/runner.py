@@ -210,6 +210,15 @@ def _execute(tasks: Sequence[_Task], total_pods: int, jobs: int, progress: bool)
     def finished(item: tuple[int, RunResult, float]) -> None:
         _, r, seconds = item
         done.append(item)
+        extra: dict[str, Any] = {}
+        if r.extended:
+            extra = {
+                "mig_util_pct": None if r.mig_util_pct is None else round(r.mig_util_pct, 2),
+                "island_violations": r.island_violations,
+                "gangs_placed": r.gangs_placed,
+                "gangs_rejected": r.gangs_rejected,
+                "gangs_partial": r.gangs_partial,
+            }
         log.info(
             "run.done",
             policy=r.policy,
@@ -219,6 +228,7 @@ def _execute(tasks: Sequence[_Task], total_pods: int, jobs: int, progress: bool)
             failed=r.failed,
             seconds=round(seconds, 3),
             run=f"{len(done)}/{len(tasks)}",
+            **extra,
         )
 
     with _progress(progress) as bar:
@@ -287,6 +297,10 @@ def run_simulation(
     nodes_path, pods_path = str(Path(nodes_csv)), str(Path(pods_csv))
 
     cluster, pods, typical = _load(nodes_path, pods_path)
+    if cluster.total_gpus == 0:
+        raise SimulationError(
+            f"{nodes_csv}: no node has GPUs outside MIG mode, so there is no GPU capacity to measure allocation against"
+        )
     tasks = [
         _Task(i, nodes_path, pods_path, name, seed, batch, tune, params)
         for i, (name, seed) in enumerate((n, s) for n in names for s in seed_list)

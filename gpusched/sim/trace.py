@@ -5,6 +5,15 @@ Nodes: ``sn,cpu_milli,memory_mib,gpu,model``.  Pods:
 ``gpu_spec`` is a ``|``-separated list of accepted GPU models (empty: any).
 Extra columns are ignored.  A bad row raises ``TraceError`` naming the file,
 the line and the column, so the trace can be fixed at once.
+
+Optional columns describe topology, MIG and gangs; an absent column or an
+empty cell means what the Alibaba trace means (no islands, no MIG, no gang).
+Nodes: ``gpu_islands`` (``0-3;4-7`` or ``auto``), ``mig_slices``
+(``1g.10gb=7;3g.40gb=2``), ``mig_repartition`` (``true``/``false``),
+``labels`` (``rack=r1;zone=z``).  Pods: ``mig_profile`` (``1g.10gb``),
+``gpu_island`` (``required``/``preferred``), ``gang``, ``gang_min``,
+``gang_topology_key``, ``gang_topology`` (``required``/``preferred``).
+See ``docs/trace-format.md``.
 """
 
 from __future__ import annotations
@@ -14,11 +23,19 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from gpusched.model import Node, Pod
+from gpusched.model.mig import resource_name
+from gpusched.model.pod import Gang
+from gpusched.model.topology import default_islands, parse_islands
 
 __all__ = ["TraceError", "read_nodes", "read_pods"]
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+NODE_OPTIONAL = ("gpu_islands", "mig_slices", "mig_repartition", "labels")
+"""Optional node columns; an absent column or an empty cell keeps the plain openb meaning."""
+POD_OPTIONAL = ("mig_profile", "gpu_island", "gang", "gang_min", "gang_topology_key", "gang_topology")
+"""Optional pod columns; an absent column or an empty cell keeps the plain openb meaning."""
+_MODES = ("required", "preferred")
 
 
 class TraceError(ValueError):
@@ -71,8 +88,73 @@ def _int(path: Path, line: int, row: dict[str, str], column: str, default: int |
     return value
 
 
+def _profile(path: Path, line: int, column: str, text: str) -> str:
+    try:
+        resource_name(text)
+    except ValueError:
+        raise TraceError(path, line, column, f"expected a MIG profile such as 1g.10gb, got {text!r}") from None
+    return text
+
+
+def _mode(path: Path, line: int, row: dict[str, str], column: str) -> str:
+    text = row.get(column, "").lower()
+    if text and text not in _MODES:
+        raise TraceError(path, line, column, f"expected 'required' or 'preferred', got {row[column]!r}")
+    return text
+
+
+def _islands(path: Path, line: int, row: dict[str, str], gpus: int, model: str) -> tuple[int, ...]:
+    text = row.get("gpu_islands", "")
+    if not text:
+        return ()
+    if text.lower() == "auto":
+        return default_islands(model, gpus)
+    try:
+        return parse_islands(text, gpus)
+    except ValueError as exc:
+        raise TraceError(path, line, "gpu_islands", str(exc)) from None
+
+
+def _pairs(path: Path, line: int, row: dict[str, str], column: str, example: str) -> list[tuple[str, str]]:
+    """``key=value;key=value`` as pairs in order; a key given twice is an error."""
+    out: list[tuple[str, str]] = []
+    for item in row.get(column, "").split(";"):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise TraceError(path, line, column, f"expected key=value items such as {example}, got {item.strip()!r}")
+        if any(k == key for k, _ in out):
+            raise TraceError(path, line, column, f"{key!r} is given twice")
+        out.append((key, value))
+    return out
+
+
+def _mig_slices(path: Path, line: int, row: dict[str, str]) -> tuple[tuple[str, int], ...]:
+    out: list[tuple[str, int]] = []
+    for profile, count in _pairs(path, line, row, "mig_slices", "1g.10gb=7;3g.40gb=2"):
+        _profile(path, line, "mig_slices", profile)
+        if not count.isdigit():
+            raise TraceError(path, line, "mig_slices", f"{profile}: expected a count of instances, got {count!r}")
+        out.append((profile, int(count)))
+    return tuple(out)
+
+
+def _flag(path: Path, line: int, row: dict[str, str], column: str) -> bool:
+    text = row.get(column, "").lower()
+    if text in ("", "false"):
+        return False
+    if text == "true":
+        return True
+    raise TraceError(path, line, column, f"expected 'true' or 'false', got {row[column]!r}")
+
+
 def read_nodes(path: str | Path, *, gpu_only: bool = True) -> list[Node]:
-    """Read a node list; CPU-only rows are skipped unless ``gpu_only`` is False."""
+    """Read a node list; CPU-only rows are skipped unless ``gpu_only`` is False.
+
+    A node whose GPUs are all in MIG mode (``gpu`` 0 and ``mig_slices``) is a GPU node.
+    """
     p = Path(path)
     nodes: list[Node] = []
     seen: set[str] = set()
@@ -87,28 +169,51 @@ def read_nodes(path: str | Path, *, gpu_only: bool = True) -> list[Node]:
         model = row.get("model", "")
         if gpus and not model:
             raise TraceError(p, line, "model", f"node has {gpus} GPUs but no model")
-        if gpu_only and gpus == 0:
+        slices = _mig_slices(p, line, row)
+        if any(c for _, c in slices) and not model:
+            raise TraceError(p, line, "model", "node has MIG slices but no model")
+        has_gpu = gpus > 0 or any(c for _, c in slices)
+        if gpu_only and not has_gpu:
             continue
-        nodes.append(
-            Node(
+        cpu_milli = _int(p, line, row, "cpu_milli")
+        memory_mib = _int(p, line, row, "memory_mib")
+        labels = dict(_pairs(p, line, row, "labels", "rack=r1;zone=z1"))
+        islands = _islands(p, line, row, gpus, model)
+        repartition = _flag(p, line, row, "mig_repartition")
+        try:
+            node = Node(
                 name=name,
-                cpu_milli=_int(p, line, row, "cpu_milli"),
-                memory_mib=_int(p, line, row, "memory_mib"),
+                cpu_milli=cpu_milli,
+                memory_mib=memory_mib,
                 gpu_count=gpus,
-                gpu_model=model if gpus else "",
+                gpu_model=model if has_gpu else "",
+                labels=labels,
+                gpu_islands=islands,
+                mig_slices=slices,
+                mig_repartition=repartition,
             )
-        )
+        except ValueError as exc:  # the row's cells are each well-formed, but do not fit together
+            raise TraceError(p, line, None, str(exc)) from None
+        nodes.append(node)
     if not nodes:
         raise TraceError(p, 1, None, "no GPU nodes in file")
     return nodes
 
 
 def read_pods(path: str | Path) -> list[Pod]:
-    """Read a pod list, in file order."""
+    """Read a pod list, in file order.
+
+    The members of a gang are the rows with the same ``gang`` name; its
+    ``gang_min``, ``gang_topology_key`` and ``gang_topology`` may be given on
+    any of them (members that give one must agree), and ``gang_min``
+    defaults to the number of members in the file.
+    """
     p = Path(path)
     pods: list[Pod] = []
     seen: set[str] = set()
-    for line, row in _rows(p, POD_COLUMNS):
+    rows = list(_rows(p, POD_COLUMNS))
+    gangs = _gangs(p, rows)
+    for line, row in rows:
         name = row["name"]
         if not name:
             raise TraceError(p, line, "name", "pod name is empty")
@@ -127,14 +232,76 @@ def read_pods(path: str | Path) -> list[Pod]:
             )
         spec = row.get("gpu_spec", "")
         models = frozenset(m.strip() for m in spec.split("|") if m.strip())
-        pods.append(
-            Pod(
+        profile = row.get("mig_profile", "")
+        if profile:
+            _profile(p, line, "mig_profile", profile)
+            if num_gpu:
+                raise TraceError(
+                    p, line, "mig_profile", f"a pod takes GPUs or one MIG slice, not both (num_gpu={num_gpu})"
+                )
+        cpu_milli = _int(p, line, row, "cpu_milli")
+        memory_mib = _int(p, line, row, "memory_mib")
+        island = _mode(p, line, row, "gpu_island")
+        try:
+            pod = Pod(
                 name=name,
-                cpu_milli=_int(p, line, row, "cpu_milli"),
-                memory_mib=_int(p, line, row, "memory_mib"),
+                cpu_milli=cpu_milli,
+                memory_mib=memory_mib,
                 num_gpu=num_gpu,
                 gpu_milli=gpu_milli,
                 gpu_models=models,
+                mig_profile=profile,
+                island=island,
+                gang=gangs.get(row.get("gang", "")),
             )
-        )
+        except ValueError as exc:  # the row's cells are each well-formed, but do not fit together
+            raise TraceError(p, line, None, str(exc)) from None
+        pods.append(pod)
     return pods
+
+
+_GANG_FIELDS = ("gang_min", "gang_topology_key", "gang_topology")
+
+
+def _gangs(path: Path, rows: Sequence[tuple[int, dict[str, str]]]) -> dict[str, Gang]:
+    """Every gang of a pod list by name, from the cells its members give."""
+    members: dict[str, int] = {}
+    given: dict[str, dict[str, tuple[int, str]]] = {}
+    for line, row in rows:
+        name = row.get("gang", "")
+        if not name:
+            for column in _GANG_FIELDS:
+                if row.get(column, ""):
+                    raise TraceError(path, line, column, "given without a 'gang' name")
+            continue
+        members[name] = members.get(name, 0) + 1
+        cells = given.setdefault(name, {})
+        for column in _GANG_FIELDS:
+            text = row.get(column, "")
+            if column == "gang_min" and text:
+                text = str(_int(path, line, row, column))
+            elif column == "gang_topology":
+                text = _mode(path, line, row, column)
+            if not text:
+                continue
+            first = cells.setdefault(column, (line, text))
+            if first[1] != text:
+                raise TraceError(
+                    path, line, column, f"gang {name!r} has {first[1]!r} on line {first[0]}, here {text!r}"
+                )
+    gangs: dict[str, Gang] = {}
+    for name, count in members.items():
+        cells = given[name]
+        line, text = cells.get("gang_min", (0, ""))
+        minimum = int(text) if text else count
+        if text and not 1 <= minimum <= count:
+            raise TraceError(
+                path, line, "gang_min", f"gang {name!r} has {count} member(s) in the file, needs 1..{count}, got {text}"
+            )
+        key_line, key = cells.get("gang_topology_key", (0, ""))
+        mode_line, mode = cells.get("gang_topology", (0, ""))
+        if bool(key) != bool(mode):
+            column, at = ("gang_topology", key_line) if key else ("gang_topology_key", mode_line)
+            raise TraceError(path, at, column, f"gang {name!r}: give both gang_topology_key and gang_topology")
+        gangs[name] = Gang(name, minimum, key, mode)
+    return gangs
