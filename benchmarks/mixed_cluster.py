@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpusched.model import GPU_MILLI, Cluster, ClusterState, Node, Plan, Pod
+import yaml
+
+from gpusched.model import GPU_MILLI, Cluster, ClusterState, Node, Plan, Pod, mig_plan
 from gpusched.model.pod import Gang
 from gpusched.model.topology import format_islands
 from gpusched.sim.engine import batches, gang_outcomes, island_violations
@@ -152,6 +154,7 @@ class Outcome:
     mig_used: int = 0
     mig_offered: int = 0
     solve_ms: list[float] | None = None
+    final: ClusterState | None = None
 
     def row(self, capacity: int) -> dict[str, Any]:
         ms = sorted(self.solve_ms or [0.0])
@@ -240,6 +243,7 @@ def run(name: str, cluster: Cluster, arrivals: list[list[Pod]], typical: Typical
         state = state.partition(plan.partitions).apply(plan.assignments)
     offered = state.mig_free + state.mig
     out.mig_used, out.mig_offered = int(state.mig.sum()), int(offered.sum())
+    out.final = state
     return out
 
 
@@ -254,6 +258,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--json", action="store_true", help="end with one JSON object")
     ap.add_argument("--out", type=Path, help="also write the JSON here")
+    ap.add_argument("--mig-plan", type=Path, help="write CP-SAT's MIG layouts as a MIG manager config here")
     ap.add_argument("--export", type=Path, help="write the cluster and workload as simulator CSVs here, then stop")
     args = ap.parse_args()
 
@@ -274,7 +279,11 @@ def main() -> int:
     )
     rows = []
     for name in [p.strip() for p in args.policies.split(",") if p.strip()]:
-        rows.append(run(name, cluster, arrivals, typical, params).row(cluster.total_gpus))
+        outcome = run(name, cluster, arrivals, typical, params)
+        rows.append(outcome.row(cluster.total_gpus))
+        if name == "cpsat" and args.mig_plan and outcome.final is not None:
+            args.mig_plan.parent.mkdir(parents=True, exist_ok=True)
+            args.mig_plan.write_text(yaml.safe_dump(mig_plan(cluster, outcome.final.partitions), sort_keys=False))
         print(f"  {name}: done", file=sys.stderr)
     cols = list(rows[0])
     print(" ".join(f"{c:>14}" for c in cols))

@@ -3,7 +3,7 @@
 No I/O and no asyncio here; everything is hashable or read-only.
 """
 
-from gpusched.model.cluster import Cluster, ClusterState
+from gpusched.model.cluster import Cluster, ClusterState, mig_plan
 from gpusched.model.node import GPU_MILLI, Node
 from gpusched.model.placement import Assignment, Plan, SolveStats
 from gpusched.model.pod import Pod, PodShape
@@ -22,5 +22,6 @@ __all__ = [
     "SolveStats",
     "cpu_milli",
     "memory_mib",
+    "mig_plan",
     "parse_quantity",
 ]

@@ -16,12 +16,12 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from gpusched.model.mig import MigGeometry, MigLayout, geometry_for
+from gpusched.model.mig import MigGeometry, MigLayout, geometry_for, mig_config
 from gpusched.model.node import GPU_MILLI, Node
 from gpusched.model.placement import Assignment, MigPartition
 from gpusched.model.pod import PodShape
 
-__all__ = ["BoolArray", "Cluster", "ClusterState", "IntArray"]
+__all__ = ["BoolArray", "Cluster", "ClusterState", "IntArray", "mig_plan"]
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -343,3 +343,18 @@ class ClusterState:
     def gpu_allocated_milli(self) -> int:
         """GPU share in use across the cluster."""
         return int(self.gpu_used.sum())
+
+
+def mig_plan(cluster: Cluster, partitions: Iterable[MigPartition]) -> dict[str, Any]:
+    """The MIG layouts of ``partitions`` as one mig-parted (NVIDIA MIG manager) v1 document: one
+    named configuration per node, named after the node (its ``nvidia.com/mig.config`` label value),
+    listing the partitioned GPUs with their instances and the node's other GPUs with MIG off."""
+    per_node: dict[int, dict[int, MigLayout]] = {}
+    for n, g, layout in partitions:
+        per_node.setdefault(n, {})[g] = layout
+    configs: dict[str, Any] = {}
+    for n in sorted(per_node):
+        node = cluster.nodes[n]
+        gpus = {g: (dict(per_node[n][g].counts) if g in per_node[n] else None) for g in range(node.gpu_count)}
+        configs.update(mig_config(node.name, gpus)["mig-configs"])
+    return {"version": "v1", "mig-configs": configs}

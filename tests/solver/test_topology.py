@@ -298,3 +298,20 @@ def test_the_greedy_warm_start_is_a_complete_feasible_hint_with_topology(
 ) -> None:
     state, pods = case
     hinted_model_solves(pods, state, TypicalPods.from_pods(pods), 0)
+
+
+def test_chosen_layouts_render_as_a_mig_manager_document() -> None:
+    import yaml
+
+    from gpusched.model import mig_plan
+
+    cluster = Cluster([mig_node("m0", gpus=2)])
+    pods = [mig_pod("big", "3g.40gb")] + [mig_pod(f"small{i}", "1g.10gb") for i in range(4)]
+    plan = cpsat(pods, cluster.empty_state())
+    doc = yaml.safe_load(yaml.safe_dump(mig_plan(cluster, plan.partitions)))
+    (entries,) = doc["mig-configs"].values()
+    enabled = [e for e in entries if e["mig-enabled"]]
+    assert len(enabled) == 1, "one GPU partitioned, the other left whole"
+    assert enabled[0]["mig-devices"]["3g.40gb"] >= 1
+    assert enabled[0]["mig-devices"]["1g.10gb"] >= 4
+    assert [e["devices"] for e in entries if not e["mig-enabled"]] == [[1 - enabled[0]["devices"][0]]]
