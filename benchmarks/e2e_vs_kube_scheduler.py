@@ -24,7 +24,8 @@ Measured per scheduler: pods bound per second over the whole stream (first
 pod created to last pod bound), latency from creation (the API's answer to the
 create) to binding (the watch seeing ``spec.nodeName``) p50/p99, pods left
 unschedulable, GPU allocation % (GPU demand bound, fractional shares counted as
-their fraction, over all GPUs), GPU nodes in use (nodes holding any GPU pod)
+their fraction, over all GPUs, and over the GPUs of the nodes in use), GPU nodes in use
+(nodes holding any GPU pod)
 and the scheduler's peak RSS (``VmHWM``); also the share of the client limit reached (at most
 ``burst + qps x t`` binds by ``t``) and the time of the first bind.  Prints a side-by-side table with
 ratios; ``--json`` prints the JSON object last, ``--out`` writes it.
@@ -252,6 +253,8 @@ async def run_one(
         if milli_by_name[pod_name]:
             used[node_name] = used.get(node_name, 0) + milli_by_name[pod_name]
     total_milli = 1000 * sum(n.gpu_count for n in nodes)
+    gpus_of = {n.name: n.gpu_count for n in nodes}
+    used_milli = 1000 * sum(gpus_of.get(name, 0) for name in used)
 
     def pct(q: float) -> float:
         return lat[max(0, math.ceil(q / 100 * len(lat)) - 1)] if lat else math.nan
@@ -270,6 +273,7 @@ async def run_one(
         "p50_ms": round(pct(50), 1),
         "p99_ms": round(pct(99), 1),
         "alloc_pct": round(100 * sum(used.values()) / total_milli, 2),
+        "alloc_used_pct": round(100 * sum(used.values()) / used_milli, 2) if used_milli else 0.0,
         "gpu_nodes_used": len(used),
         "unschedulable": len(pods) - len(bound),
         "rss_mib": round(rss, 1),
@@ -348,6 +352,7 @@ def table(r: dict[str, Any]) -> str:
         ("latency p99 ms", "p99_ms"),
         ("unschedulable", "unschedulable"),
         ("GPU allocation %", "alloc_pct"),
+        ("  of nodes in use", "alloc_used_pct"),
         ("GPU nodes in use", "gpu_nodes_used"),
         ("peak RSS MiB", "rss_mib"),
     ]
