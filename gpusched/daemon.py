@@ -285,6 +285,12 @@ class Scheduler:
         limiter = self.kube.limiter
         return limiter.available() - self._binds_unstarted > limiter.burst / 2
 
+    def _burst(self) -> bool:
+        """More pods wait, or a batch's worth arrived within the last second: a burst is on, and
+        the first batches of it are drawn before the rest of it has arrived."""
+        q = self.queue
+        return q.counts().active > 0 or q.arrived_within(1.0) >= q.max_size
+
     def _busy(self) -> bool:
         """Binds in flight and the client busy with them: the next batch may gather pods."""
         return self._binds_in_flight > 0 and not self._client_idle()
@@ -357,7 +363,7 @@ class Scheduler:
         typical = TypicalPods.from_counts(self._shapes)
         # At the start of a burst the client is idle and more pods wait: bind the greedy
         # plan at once when it places every pod, rather than leave the client idle.
-        quick = self.config.batching.quick_start and self._client_idle() and self.queue.counts().active > 0
+        quick = self.config.batching.quick_start and self._client_idle() and self._burst()
         try:
             plan, after, frag = await asyncio.to_thread(_solve, policy, pods, snap.state, typical, quick)
         except Exception as exc:

@@ -26,6 +26,7 @@ gang whole.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import heapq
 import itertools
@@ -80,6 +81,7 @@ class SchedulingQueue:
         self._deleted_in_flight: set[str] = set()
         self._attempts: dict[str, int] = {}
         self._gangs: dict[str, set[str]] = {}  # gang name -> keys of its pending members
+        self._arrivals: collections.deque[float] = collections.deque()  # when new pods came, oldest first
         self._seq = itertools.count()
         self._wake = asyncio.Event()
 
@@ -99,6 +101,9 @@ class SchedulingQueue:
                 if self._parked.pop(peer, None) is not None or self._backoff.pop(peer, None) is not None:
                     self._activate(peer)
         if not known:
+            self._arrivals.append(self._clock())
+            if len(self._arrivals) > 4 * self.max_size:
+                self._arrivals.popleft()
             self._activate(key)
         elif key in self._parked:  # its spec may have changed: try again
             del self._parked[key]
@@ -148,6 +153,13 @@ class SchedulingQueue:
     def nudge(self) -> None:
         """Something ``busy`` depends on changed: re-check whether the batch can close."""
         self._wake.set()
+
+    def arrived_within(self, seconds: float) -> int:
+        """New pods that arrived in the last ``seconds`` (counted up to ``4 x max_size``)."""
+        since = self._clock() - seconds
+        while self._arrivals and self._arrivals[0] < since:
+            self._arrivals.popleft()
+        return len(self._arrivals)
 
     def record(self, key: str) -> PodRecord | None:
         """The latest record of a queued or in-flight pod."""

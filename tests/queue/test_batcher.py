@@ -151,3 +151,16 @@ async def test_a_new_member_brings_its_parked_peers_back() -> None:
     for r in batch:
         q.done(r.key)
     assert len(q) == 0
+
+
+async def test_arrivals_are_counted_over_a_sliding_window() -> None:
+    clock = Clock()
+    q = SchedulingQueue(max_size=4, max_wait=60, clock=clock)
+    for i in range(3):
+        q.add(rec(f"p{i}"))
+    q.add(rec("p0"))  # an update, not an arrival
+    assert q.arrived_within(1.0) == 3
+    clock.t = 0.6
+    q.add(rec("p3"))
+    clock.t = 1.2
+    assert q.arrived_within(1.0) == 1, "the first three are older than a second"
