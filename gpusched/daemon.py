@@ -286,10 +286,11 @@ class Scheduler:
         return limiter.available() - self._binds_unstarted > limiter.burst / 2
 
     def _burst(self) -> bool:
-        """More pods wait, or a batch's worth arrived within the last second: a burst is on, and
-        the first batches of it are drawn before the rest of it has arrived."""
+        """More pods wait, or more than an eighth of a batch arrived within the last second: a
+        burst is on, and its first batches are drawn before the rest of it has arrived.  A quiet
+        cluster's pods, one or a few at a time, are still solved."""
         q = self.queue
-        return q.counts().active > 0 or q.arrived_within(1.0) >= q.max_size
+        return q.counts().active > 0 or q.arrived_within(1.0) > q.max_size // 8
 
     def _busy(self) -> bool:
         """Binds in flight and the client busy with them: the next batch may gather pods."""
