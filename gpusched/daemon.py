@@ -599,12 +599,22 @@ async def explain_pod(
         snap = cache.snapshot()
         e = explain(rec.pod, snap.state, snap.excluded)
         p = rec.pod
-        want = (
-            f"{p.num_gpu} GPU" if p.gpu_milli == 1000 else f"{p.gpu_milli}/1000 of one GPU" if p.num_gpu else "no GPU"
-        )
+        if p.mig_profile:
+            want = f"one MIG {p.mig_profile} slice"
+        elif p.num_gpu:
+            want = f"{p.num_gpu} GPU" if p.gpu_milli == 1000 else f"{p.gpu_milli}/1000 of one GPU"
+        else:
+            want = "no GPU"
+        if p.island:
+            want += f", GPUs within one island ({p.island})"
         lines.append(f"pod {rec.key}: cpu {p.cpu_milli}m, memory {p.memory_mib}Mi, {want}")
+        if p.gang is not None:
+            lines.append(
+                f"member of gang {p.gang.name} (at least {p.gang.min_members} members, placed together or not at all)"
+            )
         if e.fits:
-            fit = [snap.cluster.nodes[i].name for i in range(len(snap.cluster)) if snap.state.fit_mask(p.shape)[i]]
+            mask = snap.state.fit_mask(p.shape)
+            fit = [snap.cluster.nodes[i].name for i in range(len(snap.cluster)) if mask[i]]
             lines.append(
                 f"{e.fits}/{e.total} nodes can take it now: {', '.join(fit[:10])}{' ...' if len(fit) > 10 else ''}"
             )

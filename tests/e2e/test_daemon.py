@@ -426,3 +426,16 @@ async def test_gangs_mig_slices_and_gpu_islands(control_plane: ControlPlane, kub
     assert all(bound[n] == "a100-mig" for n in slices)
     (left,) = {f"slice-{i}" for i in range(4)} - set(slices)
     assert "insufficient nvidia.com/mig-1g.10gb" in (kit.condition(final[left]) or {}).get("message", "")
+    for pod_name, expected in ((left, "one MIG 1g.10gb slice"), ("early-0", "member of gang")):
+        out = await asyncio.to_thread(
+            subprocess.run,
+            [
+                *(sys.executable, "-m", "gpusched", "explain", f"{namespace}/{pod_name}"),
+                *("--kubeconfig", str(control_plane.scheduler_kubeconfig)),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=kit.repo_file(),
+            timeout=60,
+        )
+        assert expected in out.stdout, out.stdout + out.stderr
