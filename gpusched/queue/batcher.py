@@ -17,10 +17,10 @@ batch resolves.  Parked pods also return to active every ``flush_after``
 seconds in case a change went unseen.  Nothing is forgotten: ``counts`` adds
 up to every pending pod the watch has reported and not deleted.
 
-Members of a gang travel together: a batch that draws one draws every active
-member of its gang (it may then exceed ``max_size``), and a member that
-arrives wakes its parked or backed-off peers, so the solver always sees a
-gang whole.
+Members of a gang travel together: a batch that draws one draws every member
+of its gang that is not in flight, parked and backed-off ones too (it may then
+exceed ``max_size``), and a member that arrives wakes its parked or backed-off
+peers, so the solver always sees a gang whole.
 """
 
 from __future__ import annotations
@@ -215,6 +215,10 @@ class SchedulingQueue:
             gang = self._records[key].pod.gang
             if gang is not None:
                 for peer in sorted(self._gangs.get(gang.name, ())):
+                    # Parked and backed-off peers come too: a gang retried a member at a time
+                    # would never have its minimum in one batch.
+                    if self._parked.pop(peer, None) is not None or self._backoff.pop(peer, None) is not None:
+                        self._active[peer] = (next(self._seq), self._clock())
                     if peer in self._active:
                         self._take(peer, batch)
         return batch

@@ -164,3 +164,18 @@ async def test_arrivals_are_counted_over_a_sliding_window() -> None:
     q.add(rec("p3"))
     clock.t = 1.2
     assert q.arrived_within(1.0) == 1, "the first three are older than a second"
+
+
+async def test_members_parked_apart_are_drawn_together_again() -> None:
+    clock = Clock()
+    q = SchedulingQueue(max_size=10, max_wait=0.01, flush_after=60, clock=clock)
+    q.add(gang_rec("g-0", "g"))
+    clock.t = 1.0
+    (first,) = await asyncio.wait_for(q.next_batch(), 1)  # drawn before its peer arrived
+    q.add(gang_rec("g-1", "g"))  # arrives while g-0 is in flight
+    q.park(first.key)
+    clock.t = 2.0
+    batch = await asyncio.wait_for(q.next_batch(), 1)
+    assert sorted(r.pod.name for r in batch) == ["g-0", "g-1"], "the parked member comes along"
+    counts = q.counts()
+    assert (counts.in_flight, counts.unschedulable, counts.active) == (2, 0, 0)
