@@ -133,19 +133,25 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
         sorted((k, _int_quantity(v, f"{where}: allocatable {k}")) for k, v in alloc.items() if k.startswith(MIG_PREFIX))
     )
     annotations: Mapping[str, str] = meta.get("annotations") or {}
+    # A node is never dropped for these: an islands annotation that no longer matches the GPU
+    # count (a GPU went unhealthy, or into MIG mode) falls back to the default, and a MIG
+    # resource this scheduler does not know is left out; both are reported in ``warning``.
+    warnings: list[str] = []
     islands: tuple[int, ...] = ()
     if gpus:
+        text = annotations.get(ISLANDS_ANNOTATION)
         try:
-            text = annotations.get(ISLANDS_ANNOTATION)
             islands = parse_islands(text, gpus) if text else default_islands(model, gpus)
         except ValueError as exc:
-            raise ConvertError(f"{where}: annotation {exc}") from None
+            islands = default_islands(model, gpus)
+            warnings.append(f"{where}: annotation {exc}; using the default islands for {model}")
     slices: list[tuple[str, int]] = []
     for k, v in mig:
         try:
             profile = profile_of(k)
         except ValueError as exc:
-            raise ConvertError(f"{where}: allocatable {k}: {exc}") from None
+            warnings.append(f"{where}: allocatable {k} left out: {exc}")
+            continue
         if profile is not None and v:
             slices.append((profile, v))
     excluded = ""
@@ -162,7 +168,7 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
         node = Node(name, cpu, mem, gpus, model, gpu_mem, dict(labels), islands, tuple(slices))
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
-    return NodeRecord(node, excluded, tuple((k, v) for k, v in mig if v))
+    return NodeRecord(node, excluded, tuple((k, v) for k, v in mig if v), "; ".join(warnings))
 
 
 def _container_requests(container: Mapping[str, Any]) -> dict[str, Any]:
@@ -289,12 +295,15 @@ def _pod(
         num_gpu = 1
     elif num_gpu:
         milli = GPU_MILLI
-    error = ""
-    mig_profile = _mig_request(reqs, num_gpu, where)
+    # What this scheduler cannot honour sets ``error`` and keeps the rest of the request: a pod
+    # bound by another scheduler is still counted with its CPU, memory, GPUs and a slice.
+    mig_profile, error = _mig_request(reqs, num_gpu, where)
     island = annotations.get(ANNOTATION_GPU_ISLAND, "").strip()
     if island not in ("", "required", "preferred"):
-        raise ConvertError(f"{where}: annotation {ANNOTATION_GPU_ISLAND} must be required or preferred, got {island!r}")
-    gang = _gang(namespace, labels, annotations, where)
+        error = error or f"{where}: annotation {ANNOTATION_GPU_ISLAND} must be required or preferred, got {island!r}"
+        island = ""
+    gang, gang_error = _gang(namespace, labels, annotations, where)
+    error = error or gang_error
     models: set[str] = set()
     text = annotations.get(ANNOTATION_GPU_MODELS, "")
     if text.strip():
@@ -338,40 +347,42 @@ def _pod(
     return pod, error
 
 
-def _mig_request(reqs: Mapping[str, int], num_gpu: int, where: str) -> str:
-    """The one MIG profile the pod asks for ("" when none)."""
-    asked = {k: v for k, v in reqs.items() if k.startswith(MIG_PREFIX) and v}
+def _mig_request(reqs: Mapping[str, int], num_gpu: int, where: str) -> tuple[str, str]:
+    """The MIG profile to count the pod on ("" when none), and why it cannot be scheduled ("" when
+    it can): one ``nvidia.com/mig-<profile>: 1`` and no GPUs is what this scheduler places."""
+    asked = {k: v for k, v in sorted(reqs.items()) if k.startswith(MIG_PREFIX) and v}
     if not asked:
-        return ""
-    if len(asked) > 1 or next(iter(asked.values())) != 1 or num_gpu:
-        raise ConvertError(
-            f"{where}: asks for {', '.join(f'{v} {k}' for k, v in sorted(asked.items()))}"
+        return "", ""
+    resource = next(iter(asked))
+    try:
+        profile = profile_of(resource) or ""
+    except ValueError as exc:
+        return "", f"{where}: resources {resource}: {exc}"
+    if len(asked) > 1 or asked[resource] != 1 or num_gpu:
+        error = (
+            f"{where}: asks for {', '.join(f'{v} {k}' for k, v in asked.items())}"
             f"{f' and {num_gpu} {GPU_RESOURCE}' if num_gpu else ''}; a pod takes one MIG slice "
             f"(one {MIG_PREFIX}<profile>: 1) or GPUs, so split it into one pod per slice"
         )
-    resource = next(iter(asked))
-    try:
-        profile = profile_of(resource)
-    except ValueError as exc:
-        raise ConvertError(f"{where}: resources {resource}: {exc}") from None
-    assert profile is not None
-    return profile
+        return ("" if num_gpu else profile), error
+    return profile, ""
 
 
-def _gang(namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str], where: str) -> Gang | None:
+def _gang(
+    namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str], where: str
+) -> tuple[Gang | None, str]:
     group = str(labels.get(LABEL_POD_GROUP, "")).strip()
     if not group:
-        return None
+        return None, ""
+    names = f"(annotations {ANNOTATION_GANG_MIN}, {ANNOTATION_GANG_KEY}, {ANNOTATION_GANG_TOPOLOGY})"
     text = annotations.get(ANNOTATION_GANG_MIN, "1")
     try:
         minimum = int(text)
     except ValueError:
-        raise ConvertError(f"{where}: annotation {ANNOTATION_GANG_MIN} must be a whole number, got {text!r}") from None
+        return None, f"{where}: annotation {ANNOTATION_GANG_MIN} must be a whole number, got {text!r}"
     key = annotations.get(ANNOTATION_GANG_KEY, "").strip()
     topology = annotations.get(ANNOTATION_GANG_TOPOLOGY, "").strip() or ("required" if key else "")
     try:
-        return Gang(f"{namespace}/{group}", minimum, key, topology)
+        return Gang(f"{namespace}/{group}", minimum, key, topology), ""
     except ValueError as exc:
-        raise ConvertError(
-            f"{where}: {exc} (annotations {ANNOTATION_GANG_MIN}, {ANNOTATION_GANG_KEY}, {ANNOTATION_GANG_TOPOLOGY})"
-        ) from None
+        return None, f"{where}: {exc} {names}"

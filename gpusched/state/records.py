@@ -22,6 +22,8 @@ class NodeRecord:
     """Empty when the node takes new pods; else the reason, e.g. ``node(s) were unschedulable``."""
     mig: tuple[tuple[str, int], ...] = ()
     """Allocatable MIG slices by resource name (``nvidia.com/mig-1g.10gb``), sorted."""
+    warning: str = ""
+    """What on the node was read with a fallback (a stale islands annotation, an unknown MIG resource)."""
 
     @property
     def name(self) -> str:
