@@ -30,7 +30,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -101,10 +101,14 @@ class _NodeHandler:
 
     def _record(self, obj: dict[str, Any]) -> Any:
         try:
-            return node_record(obj)
+            rec = node_record(obj)
         except ConvertError as exc:
             log.warning("node ignored", error=str(exc))
             return None
+        old = self.s.cache.nodes.get(rec.name)
+        if rec.warning and (old is None or old.warning != rec.warning):
+            log.warning("node read with a fallback", node=rec.name, warning=rec.warning)
+        return rec
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         self.s.cache.replace_nodes(r for r in map(self._record, objects) if r is not None)
@@ -358,7 +362,7 @@ class Scheduler:
             return
         snap = self.cache.snapshot()
         policy = self._policy_for(snap.cluster)
-        pods = [r.pod for r in todo]
+        pods = self._count_running_members([r.pod for r in todo])
         for p in pods:
             self._shapes[TypicalShape.of(p)] += 1
         typical = TypicalPods.from_counts(self._shapes)
@@ -418,6 +422,24 @@ class Scheduler:
             total_ms=round((time.perf_counter() - start) * 1000, 1),
         )
 
+    def _count_running_members(self, pods: list[Pod]) -> list[Pod]:
+        """Members of a gang already bound count toward its minimum, and hold it to their
+        topology domain: a member recreated after its gang started is placed on its own, beside
+        the rest."""
+        names = {p.gang.name for p in pods if p.gang is not None}
+        if not names:
+            return pods
+        held = self.cache.gang_held(names)
+        out = []
+        for p in pods:
+            g = p.gang
+            if g is not None and held[g.name][0]:
+                count, domain = held[g.name]
+                out.append(replace(p, gang=replace(g, min_members=max(1, g.min_members - count), domain=domain)))
+            else:
+                out.append(p)
+        return out
+
     def _recheck(self, plan: Plan, snap: Snapshot, batch_id: int) -> Plan:
         """Events seen during the solve may have taken capacity: keep only what still fits."""
         if self.cache.generation == snap.generation:
@@ -430,8 +452,8 @@ class Scheduler:
         if not problems:
             return plan
         log.warning("plan no longer fits after the solve; batch requeued", batch_id=batch_id, problems=problems[:3])
-        for a in plan.assignments:
-            self.queue.requeue(a.pod.key)
+        for p in [a.pod for a in plan.assignments] + list(plan.unplaced):
+            self.queue.requeue(p.key)  # all of the batch: pods it left out are in flight too
         return Plan((), (), plan.stats)
 
     def _unschedulable(self, pod: Pod, message: str, reason: str) -> None:

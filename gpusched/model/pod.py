@@ -37,6 +37,8 @@ class Gang:
     min_members: int = 1
     topology_key: str = ""
     topology: str = ""
+    domain: str = ""
+    """The domain the gang is held to (where members already run); empty: any."""
 
     def __post_init__(self) -> None:
         if not self.name:

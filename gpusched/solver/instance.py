@@ -146,6 +146,10 @@ def build_instance(
         Group(key[0], tuple(p for _, p in sorted(members, key=lambda ip: (-ip[1].priority, ip[0]))), members[0][1].gang)
         for key, members in by_shape.items()
     )
+    gang_sizes: dict[str, int] = defaultdict(int)
+    for g in groups:
+        if g.gang is not None:
+            gang_sizes[g.gang.name] += len(g.pods)
     hinted: dict[tuple[PodShape, str], set[int]] = defaultdict(set)
     for a in hint.assignments:
         hinted[group_key(a.pod)].add(a.node)
@@ -161,7 +165,10 @@ def build_instance(
         mask = state.fit_mask(shape)
         gang = group.gang
         if gang is not None and gang.topology == "required":
-            mask = mask & np.array([bool(n.labels.get(gang.topology_key)) for n in state.cluster.nodes])
+            key, held = gang.topology_key, gang.domain
+            mask = mask & np.array(
+                [bool(n.labels.get(key)) and (not held or n.labels.get(key) == held) for n in state.cluster.nodes]
+            )
         feasible = np.flatnonzero(mask)
         if feasible.size == 0:
             continue
@@ -171,13 +178,15 @@ def build_instance(
         pack = _pack(state, reps)
         rank = np.lexsort((-pack, delta[reps]))
         chosen: list[int] = []
-        quota = max(candidates_per_pod, count)
+        # A gang's groups compete for the same nodes: each may need room for every member.
+        reach = gang_sizes[gang.name] if gang is not None else count
+        quota = max(candidates_per_pod, reach)
         if gang is not None and gang.topology_key:
             quota = feasible.size  # a gang needs enough candidates inside one domain: keep them all
         for r in rank:
             c = cls[r]
             size = (starts[c + 1] if c + 1 < starts.size else classes.size) - starts[c]
-            take = min(int(size), count)
+            take = min(int(size), reach)
             chosen.extend(int(n) for n in order[starts[c] : starts[c] + take])
             if len(chosen) >= quota:
                 break

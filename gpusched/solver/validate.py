@@ -49,7 +49,7 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
             problems.append(f"pod {p.key}: asked for {p.num_gpu} GPUs, got indices {list(a.gpus)}")
         if len(set(a.gpus)) != len(a.gpus):
             problems.append(f"pod {p.key}: GPU index repeated in {list(a.gpus)}")
-        if p.num_gpu and not p.shape.accepts(node.gpu_model):
+        if (p.num_gpu or p.mig_profile) and not p.shape.accepts(node.gpu_model):
             problems.append(f"pod {p.key}: GPU model {node.gpu_model!r} on {node.name} is not accepted")
         for g in a.gpus:
             if not 0 <= g < node.gpu_count:
@@ -145,7 +145,7 @@ def _gang_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None) 
             problems.append(f"gang {name}: placed with {total} members, fewer than its minimum {gang.min_members}")
         if gang is not None and gang.topology == "required":
             doms = {state.cluster.nodes[n].labels.get(gang.topology_key) for n in nodes if 0 <= n < len(state.cluster)}
-            if len(doms) > 1 or None in doms:
+            if len(doms) > 1 or None in doms or (gang.domain and doms != {gang.domain}):
                 problems.append(f"gang {name}: members span {gang.topology_key} domains {sorted(map(str, doms))}")
     return problems
 

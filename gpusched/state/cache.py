@@ -171,6 +171,21 @@ class Cache:
         held = self._held.get(key)
         return None if held is None else (held.node, held.gpus)
 
+    def gang_held(self, names: set[str]) -> dict[str, tuple[int, str]]:
+        """Per named gang, members already on the books (bound or assumed) and the value of the
+        gang's topology label on the node of one of them ("" when none or unlabelled)."""
+        count = dict.fromkeys(names, 0)
+        domain = dict.fromkeys(names, "")
+        for held in self._held.values():
+            gang = held.pod.gang
+            if gang is None or gang.name not in count:
+                continue
+            count[gang.name] += 1
+            node = self._nodes.get(held.node)
+            if gang.topology_key and node is not None and not domain[gang.name]:
+                domain[gang.name] = node.node.labels.get(gang.topology_key, "")
+        return {n: (count[n], domain[n]) for n in names}
+
     @property
     def held_count(self) -> int:
         """Pods on the books."""

@@ -405,9 +405,17 @@ async def test_gangs_mig_slices_and_gpu_islands(control_plane: ControlPlane, kub
     try:
         await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", pods)
         final = {p["metadata"]["name"]: p for p in await kit.wait_settled(kube, namespace, len(pods), timeout=60)}
+        # A late member of the running pair counts the two as present and is held to their rack,
+        # which is full, although the other rack has room.
+        late = [_member("pair-2", name, "pair", 2, **rack)]
+        await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", late)
+        after = await kit.wait_settled(kube, namespace, len(pods) + 1, timeout=60)
         events = await kit.scheduled_events(kube, namespace)
     finally:
         daemon.stop()
+    (pair2,) = [p for p in after if p["metadata"]["name"] == "pair-2"]
+    assert not pair2["spec"].get("nodeName")
+    assert "within one rack domain" in events["FailedScheduling/pair-2"][0]["message"]
     bound = {n: p["spec"].get("nodeName") for n, p in final.items() if p["spec"].get("nodeName")}
     # Gangs: whole or not at all; the pair in one rack.
     assert not any(n.startswith("big-") for n in bound)

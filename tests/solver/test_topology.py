@@ -315,3 +315,20 @@ def test_chosen_layouts_render_as_a_mig_manager_document() -> None:
     assert enabled[0]["mig-devices"]["3g.40gb"] >= 1
     assert enabled[0]["mig-devices"]["1g.10gb"] >= 4
     assert [e["devices"] for e in entries if not e["mig-enabled"]] == [[1 - enabled[0]["devices"][0]]]
+
+
+def test_a_gang_of_two_shapes_gets_room_for_all_members_even_when_the_greedy_misses() -> None:
+    nodes = [gpu8(f"r{i}", "a") for i in range(4)] + [gpu8("x0"), gpu8("x1")]
+    cluster = Cluster(nodes)
+    team = Gang("team", 4, "rack", "required")
+    small = [Pod(f"s{i}", 1000, 1024, 4, 1000, priority=10) for i in range(4)]
+    members = [member(f"t{i}", team, cpu=1000 + 1000 * (i // 2)) for i in range(4)]
+    plan = cpsat(small + members, cluster.empty_state())
+    assert unplaced(plan) == [], "the four 4-GPU pods fit on the two unlabelled nodes, the gang in rack a"
+
+
+def test_validator_checks_the_gpu_model_of_a_mig_pod() -> None:
+    cluster = Cluster([mig_node("fixed", gpus=0, repartition=False, slices=[("1g.10gb", 2)])])
+    p = Pod("slice", 100, 100, mig_profile="1g.10gb", gpu_models=frozenset({"H100"}))
+    problems = plan_problems(Plan((Assignment(p, 0),), ()), cluster.empty_state())
+    assert any("is not accepted" in x for x in problems)

@@ -195,6 +195,8 @@ class GreedyPolicy:
         tries: list[BoolArray | None] = []
         if gang.topology_key:
             doms = domains_of(state, gang.topology_key)
+            if gang.domain:  # members already run there
+                doms = {d: m for d, m in doms.items() if d == gang.domain}
             free = {d: int(state.gpu_free[m].sum()) for d, m in doms.items()}
             tries.extend(doms[d] for d in sorted(doms, key=lambda d: (free[d], d)))  # tightest first
         if gang.topology != "required":
