@@ -240,14 +240,19 @@ class ClusterState:
             return ok & (best >= shape.num_gpu)
         return ok & (self.full_free_gpus >= shape.num_gpu)
 
+    def mig_available(self, profile: str) -> BoolArray:
+        """Nodes with a free instance of ``profile``, or an idle GPU they may partition for one."""
+        col = self.cluster.mig_id(profile)
+        if col < 0:
+            return np.zeros(len(self.cluster), dtype=np.bool_)
+        out: BoolArray = (self.mig_free[:, col] > 0) | (self.cluster.mig_can[:, col] & (self.full_free_gpus > 0))
+        return out
+
     def _mig_mask(self, shape: PodShape) -> BoolArray:
-        col = self.cluster.mig_id(shape.mig_profile)
         ok = (self.cpu_free >= shape.cpu_milli) & (self.mem_free >= shape.memory_mib)
         if shape.gpu_models:
             ok &= self.cluster.model_mask(shape.gpu_models)
-        if col < 0:
-            return np.zeros(len(self.cluster), dtype=np.bool_)
-        return ok & ((self.mig_free[:, col] > 0) | (self.cluster.mig_can[:, col] & (self.full_free_gpus > 0)))
+        return ok & self.mig_available(shape.mig_profile)
 
     def apply(self, assignments: Iterable[Assignment]) -> ClusterState:
         """A new state with ``assignments`` added (no checks: validate plans first)."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from gpusched.model import Assignment, Cluster, ClusterState, Pod
 from gpusched.solver.fragmentation import TypicalPods, cluster_frag_ratio
 from gpusched.solver.policy import Policy
-from gpusched.solver.validate import validate_plan
+from gpusched.solver.validate import island_problems, validate_plan
 
 __all__ = ["RunResult", "allocation_curve", "arrival_units", "batches", "gang_outcomes", "island_violations", "replay"]
 
@@ -127,10 +127,7 @@ def batches(workload: Sequence[Pod], batch: int) -> list[list[Pod]]:
 
 def island_violations(assignments: Iterable[Assignment], state: ClusterState) -> int:
     """Assignments of pods that require one island whose GPUs lie in more than one."""
-    islands = state.cluster.islands
-    return sum(
-        1 for a in assignments if a.pod.island == "required" and len({int(islands[a.node, g]) for g in a.gpus}) > 1
-    )
+    return len(island_problems(assignments, state))
 
 
 def gang_outcomes(pods: Iterable[Pod], placed: Iterable[Assignment]) -> tuple[int, int, int]:

@@ -102,12 +102,7 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
     elif pod.mig_profile:
         if pod.gpu_models:
             check(cluster.model_mask(pod.gpu_models), MODEL_NOT_ACCEPTED)
-        col = cluster.mig_id(pod.mig_profile)
-        if col < 0:
-            check(np.zeros(n, dtype=np.bool_), insufficient_mig(pod.mig_profile))
-        else:
-            free = state.mig_free[:, col] > 0
-            check(free | (cluster.mig_can[:, col] & (state.full_free_gpus > 0)), insufficient_mig(pod.mig_profile))
+        check(state.mig_available(pod.mig_profile), insufficient_mig(pod.mig_profile))
     check(state.cpu_free >= pod.cpu_milli, INSUFFICIENT_CPU)
     check(state.mem_free >= pod.memory_mib, INSUFFICIENT_MEMORY)
     for why in (excluded or {}).values():

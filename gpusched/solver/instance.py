@@ -105,9 +105,11 @@ def _class_extras(state: ClusterState, groups: Sequence[Group]) -> list[IntArray
     return extra
 
 
-def domain_of(state: ClusterState, node: int, gang: Gang) -> str | None:
-    """The gang's topology domain of ``node``: its label value, None when the label is missing."""
-    return state.cluster.nodes[node].labels.get(gang.topology_key) or None
+def domain_of(state: ClusterState, node: int, gang: Gang) -> str:
+    """The gang's topology domain of ``node``: its label value, or the node on its own
+    (``node/<name>``) when the label is missing."""
+    node_obj = state.cluster.nodes[node]
+    return node_obj.labels.get(gang.topology_key) or f"node/{node_obj.name}"
 
 
 def _mig_ub(state: ClusterState, shape: PodShape, sel: IntArray) -> IntArray:
@@ -115,11 +117,13 @@ def _mig_ub(state: ClusterState, shape: PodShape, sel: IntArray) -> IntArray:
     partitioning every idle GPU with the layout richest in the profile."""
     col = state.cluster.mig_index[shape.mig_profile]
     ub: IntArray = state.mig_free[sel, col].copy()
+    most: dict[str, int] = {}  # per GPU model: instances of the profile in its richest layout
     for j, n in enumerate(sel):
         geom = state.cluster.geometry[int(n)]
         if geom is not None and state.cluster.mig_can[n, col]:
-            most = max(lay.counts.get(shape.mig_profile, 0) for lay in geom.layouts())
-            ub[j] += most * int(state.full_free_gpus[n])
+            if geom.model not in most:
+                most[geom.model] = max(lay.counts.get(shape.mig_profile, 0) for lay in geom.layouts())
+            ub[j] += most[geom.model] * int(state.full_free_gpus[n])
     return ub
 
 

@@ -43,7 +43,7 @@ def hint_from_plan(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
         x[ci] += 1
         if a.pod.gang is not None:
             gang[a.pod.gang.name] = 1
-            dom = domain_of(inst.state, a.node, a.pod.gang) or f"node/{inst.state.cluster.nodes[a.node].name}"
+            dom = domain_of(inst.state, a.node, a.pod.gang)
             if (a.pod.gang.name, dom) in domain:
                 domain[a.pod.gang.name, dom] = 1
         if a.pod.is_fractional:

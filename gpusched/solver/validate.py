@@ -7,11 +7,11 @@ from the state and the assignments alone.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from gpusched.model import GPU_MILLI, ClusterState, Plan, Pod
+from gpusched.model import GPU_MILLI, Assignment, ClusterState, Plan, Pod
 
-__all__ = ["PlanError", "plan_problems", "validate_plan"]
+__all__ = ["PlanError", "island_problems", "plan_problems", "validate_plan"]
 
 
 class PlanError(ValueError):
@@ -63,7 +63,7 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
                 if state.gpu_used[a.node, g] != 0:
                     problems.append(f"pod {p.key}: GPU {g} on {node.name} is not idle")
     problems.extend(_mig_problems(plan, state, {(a.node, g) for a in plan.assignments for g in a.gpus}))
-    problems.extend(_island_problems(plan, state))
+    problems.extend(island_problems(plan.assignments, state))
     problems.extend(_gang_problems(plan, state, pods))
     for n, c in cpu.items():
         if c > state.cpu_free[n]:
@@ -113,12 +113,12 @@ def _mig_problems(plan: Plan, state: ClusterState, used_gpus: set[tuple[int, int
     return problems
 
 
-def _island_problems(plan: Plan, state: ClusterState) -> list[str]:
-    """Pods that require one island have every GPU in one island."""
+def island_problems(assignments: Iterable[Assignment], state: ClusterState) -> list[str]:
+    """Pods that require one island and got GPUs of several, one line each."""
     islands = state.cluster.islands
     return [
         f"pod {a.pod.key}: GPUs {list(a.gpus)} on {state.cluster.nodes[a.node].name} span islands"
-        for a in plan.assignments
+        for a in assignments
         if a.pod.island == "required"
         and 0 <= a.node < len(state.cluster)
         and len({int(islands[a.node, g]) for g in a.gpus if 0 <= g < islands.shape[1]}) > 1

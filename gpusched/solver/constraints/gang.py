@@ -42,7 +42,7 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
             continue
         for ci in v.by_group.get(gi, []):
             c = inst.candidates[ci]
-            dom = domain_of(inst.state, c.node, g.gang) or f"node/{inst.state.cluster.nodes[c.node].name}"
+            dom = domain_of(inst.state, c.node, g.gang)
             d = v.domain.get((g.gang.name, dom))
             if d is None:
                 d = v.domain[g.gang.name, dom] = model.new_bool_var(f"dom_{g.gang.name}_{dom}")
