@@ -71,6 +71,11 @@ def emit(
         head.append(f"{title:{align}{width}}")
     print(" ".join(head))
     print(" ".join(f"{result[key]:{spec}}" for _, key, spec in columns))
+    save(result, as_json=as_json, out=out)
+
+
+def save(result: dict[str, Any], *, as_json: bool, out: Path | None = None) -> None:
+    """Write ``result`` to ``out`` (indented) when given, and print it as one JSON line when ``as_json``."""
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")

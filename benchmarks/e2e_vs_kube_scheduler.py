@@ -52,7 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import replicated_nodes, trace_pods
+from _common import replicated_nodes, save, trace_pods
 
 from gpusched.kube.client import ApiError, Kube
 from gpusched.kube.convert import ANNOTATION_GPU_MILLI
@@ -381,11 +381,7 @@ def main() -> int:
     args = ap.parse_args()
     result = asyncio.run(bench(args))
     print(table(result))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-    if args.json:
-        print(json.dumps(result))
+    save(result, as_json=args.json, out=args.out)
     return 0
 
 

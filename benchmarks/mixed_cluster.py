@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import random
 import sys
@@ -32,6 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import save
 
 from gpusched.model import GPU_MILLI, Cluster, ClusterState, Node, Plan, Pod, mig_plan
 from gpusched.model.pod import Gang
@@ -311,11 +314,7 @@ def main() -> int:
     }
     if cp and best:
         print(f"cpsat / best greedy ({best['policy']}): {result['cpsat_over_best_greedy']:.3f}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-    if args.json:
-        print(json.dumps(result))
+    save(result, as_json=args.json, out=args.out)
     return 0
 
 

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import signal
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import pytest
@@ -25,6 +22,7 @@ from gpusched.sim.trace import TraceError, read_nodes, read_pods
 from gpusched.solver.fragmentation import typical_from
 from gpusched.solver.params import Limits, SolverParams
 from gpusched.solver.registry import make_policy
+from tests.sim.test_protocol import time_limit
 
 DEMO = Path(str(resources.files("gpusched.sim") / "demo"))
 NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model"
@@ -42,20 +40,6 @@ def write(tmp_path: Path, name: str, *lines: str) -> Path:
 
 def gang_of(pods: Sequence[Pod], name: str) -> list[Pod]:
     return [p for p in pods if p.gang is not None and p.gang.name == name]
-
-
-@contextmanager
-def time_limit(seconds: int) -> Iterator[None]:
-    def fail(signum: int, frame: FrameType | None) -> None:
-        raise TimeoutError(f"did not finish within {seconds}s")
-
-    old = signal.signal(signal.SIGALRM, fail)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 # --- reading the optional columns ---------------------------------------------------------------
