@@ -23,7 +23,7 @@ from _common import TRACE_DIR, trace_path
 
 from gpusched.cli import parse_seeds
 from gpusched.config import load_config
-from gpusched.sim.runner import run_simulation
+from gpusched.sim.runner import TYPICAL_SOURCES, run_simulation
 
 GREEDY = ("fgd", "bestfit", "gpupacking", "gpuclustering", "dotprod", "random")
 TRACES = (
@@ -47,6 +47,7 @@ def main() -> int:
     ap.add_argument("--cpsat-batches", default="16,64")
     ap.add_argument("--greedy", default=",".join(GREEDY))
     ap.add_argument("--config", type=Path, default=None, help="solver document for CP-SAT")
+    ap.add_argument("--typical", choices=TYPICAL_SOURCES, default="online", help="CP-SAT's typical pods")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("results/quality"))
     args = ap.parse_args()
@@ -64,7 +65,10 @@ def main() -> int:
         for policies, batch, seeds in runs:
             if not policies or not policies[0]:
                 continue
-            out = args.out / trace / f"{'-'.join(policies) if len(policies) == 1 else 'greedy'}-b{batch}"
+            name = f"{'-'.join(policies) if len(policies) == 1 else 'greedy'}-b{batch}"
+            if args.typical == "trace" and policies == ["cpsat"]:
+                name += "-typical-trace"
+            out = args.out / trace / name
             summaries = run_simulation(
                 nodes,
                 pods,
@@ -78,6 +82,7 @@ def main() -> int:
                 jobs=args.jobs,
                 published=pub_path if pub_path.exists() else None,
                 trace=trace,
+                typical_source=args.typical,
             )
             for s in summaries:
                 s["trace"] = trace

@@ -25,7 +25,7 @@ from rich.console import Console
 from gpusched import __version__, logs
 from gpusched.config import ConfigError, GpuschedConfig, load_config
 from gpusched.sim.report import render_extended_table, render_table
-from gpusched.sim.runner import SimulationError, normalize_policies, run_simulation
+from gpusched.sim.runner import TYPICAL_SOURCES, SimulationError, normalize_policies, run_simulation
 from gpusched.sim.trace import TraceError
 from gpusched.solver.params import SolverParams
 from gpusched.solver.registry import POLICIES
@@ -169,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--config", type=Path, metavar="YAML", help="solver configuration (weights and limits)")
     sim.add_argument(
+        "--typical",
+        choices=TYPICAL_SOURCES,
+        default="online",
+        help="CP-SAT's typical pods: learnt from the pods placed so far, as the daemon does, or the whole "
+        "trace's, as FGD is given (default: %(default)s)",
+    )
+    sim.add_argument(
         "--jobs",
         type=_positive_int,
         default=1,
@@ -263,10 +270,14 @@ def _kubeconfig(path: Path | None) -> Path | None:
 
 def _run(args: argparse.Namespace, console: Console) -> int:
     from gpusched.daemon import DaemonSettings, run_daemon
+    from gpusched.kube.leader import timing_problem
 
     config_map, config = _daemon_config(args.config)
-    if not args.lease_duration > args.renew_deadline > args.retry_period:
-        raise UsageError("leader election needs --lease-duration > --renew-deadline > --retry-period")
+    if timing_problem(args.lease_duration, args.renew_deadline, args.retry_period):
+        raise UsageError(
+            "leader election needs --lease-duration > --renew-deadline > --retry-period, got "
+            f"{args.lease_duration:g} / {args.renew_deadline:g} / {args.retry_period:g}"
+        )
     settings = DaemonSettings(
         kubeconfig=_kubeconfig(args.kubeconfig),
         context=args.context,
@@ -357,6 +368,7 @@ def _simulate(args: argparse.Namespace, console: Console) -> int:
             jobs=args.jobs,
             published=published,
             trace=trace,
+            typical_source=args.typical,
         )
     console.print(render_table(summaries))
     extended = render_extended_table(summaries)

@@ -114,6 +114,16 @@ def test_cpsat_on_the_demo(tmp_path: Path, config: Path) -> None:
     assert s["gap_pct_max"] is not None
 
 
+def test_cpsat_can_be_given_the_trace_typical_pods(tmp_path: Path, config: Path) -> None:
+    out = tmp_path / "out"
+    argv = ["simulate", "--policy", "cpsat,fgd", "--seeds", "42", "--batch", "16", "--no-progress"]
+    assert main([*argv, "--typical", "trace", "--config", str(config), "--out", str(out)]) == 0
+    cpsat, fgd = summary(out)
+    assert cpsat["typical"] == "trace"
+    assert "typical" not in fgd  # FGD is always given the trace's typical pods
+    assert 50 < cpsat["alloc_pct_130"] <= 100
+
+
 def test_parallel_runs_give_the_same_allocation(tmp_path: Path) -> None:
     argv = ["simulate", "--policy", "bestfit,fgd", "--seeds", "42", "--no-progress"]
     assert main([*argv, "--out", str(tmp_path / "seq")]) == 0
@@ -160,6 +170,7 @@ def test_parse_seeds() -> None:
         (["simulate", "--batch", "0"], "argument --batch: must be at least 1"),
         (["simulate", "--jobs", "x"], "argument --jobs: expected a whole number"),
         (["simulate", "--tune", "-1"], "argument --tune: must be a positive number"),
+        (["simulate", "--typical", "history"], "argument --typical: invalid choice: 'history'"),
         (["simulate", "--pods", "pods.csv"], "pass both --nodes and --pods"),
         (["bogus"], "invalid choice: 'bogus'"),
     ],

@@ -27,6 +27,17 @@ __all__ = ["LeaderElector"]
 log = structlog.get_logger("gpusched.leader")
 
 
+def timing_problem(lease_duration: float, renew_deadline: float, retry_period: float) -> str | None:
+    """Why these timings cannot work, or None: a leader must renew before its lease runs out,
+    and retry more than once before it gives up."""
+    if lease_duration > renew_deadline > retry_period > 0:
+        return None
+    return (
+        "leader election needs lease duration > renew deadline > retry period > 0, got "
+        f"{lease_duration:g} / {renew_deadline:g} / {retry_period:g}"
+    )
+
+
 def _micro_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -46,11 +57,9 @@ class LeaderElector:
         retry_period: float = 2.0,
         on_change: Callable[[bool], None] | None = None,
     ) -> None:
-        if not lease_duration > renew_deadline > retry_period > 0:
-            raise ValueError(
-                "leader election needs lease duration > renew deadline > retry period > 0, got "
-                f"{lease_duration} / {renew_deadline} / {retry_period}"
-            )
+        problem = timing_problem(lease_duration, renew_deadline, retry_period)
+        if problem:
+            raise ValueError(problem)
         self.kube = kube
         self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         self.namespace = namespace

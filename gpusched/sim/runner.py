@@ -44,6 +44,7 @@ from gpusched.solver.params import SolverParams
 from gpusched.solver.registry import POLICIES, make_policy
 
 __all__ = [
+    "TYPICAL_SOURCES",
     "SimulationError",
     "load_published",
     "normalize_policies",
@@ -55,6 +56,8 @@ log = structlog.get_logger(__name__)
 
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "allocation.png"
+TYPICAL_SOURCES = ("online", "trace")
+"""Where CP-SAT's typical pods come from in a replay (``run_simulation(typical_source=...)``)."""
 PUBLISHED_COLUMNS = ("trace", "policy", "alloc_pct_at_arrival130")
 _TRACE_FILE = re.compile(r"^openb_pod_list_(?P<trace>[A-Za-z0-9_.-]+)\.csv$")
 
@@ -125,6 +128,7 @@ class _Task:
     batch: int
     tune: float
     params: SolverParams | None
+    learn_typical: bool
 
 
 def _stamp(path: str) -> tuple[int, int] | None:
@@ -157,7 +161,7 @@ def _workload(task: _Task) -> list[Pod]:
 def _run(task: _Task, on_batch: Callable[[int], None] | None) -> tuple[int, RunResult, float]:
     cluster, _, typical = _load(task.nodes_csv, task.pods_csv)
     workload = _workload(task)
-    policy = make_policy(task.policy, cluster, typical, task.seed, task.params)
+    policy = make_policy(task.policy, cluster, typical, task.seed, task.params, learn_typical=task.learn_typical)
     start = time.perf_counter()
     result = replay(cluster, workload, policy, batch=task.batch, typical=typical, seed=task.seed, on_batch=on_batch)
     return task.index, result, time.perf_counter() - start
@@ -273,6 +277,7 @@ def run_simulation(
     *,
     published: str | Path | None = None,
     trace: str | None = None,
+    typical_source: str = "online",
 ) -> list[dict[str, Any]]:
     """Replay every policy with every seed; write ``summary.json`` and ``allocation.png``.
 
@@ -280,6 +285,9 @@ def run_simulation(
     ``openb_pod_list_<trace>.csv`` file name).  With ``published`` (a CSV of
     ``trace,policy,alloc_pct_at_arrival130``) each summary also carries the
     FGD paper's allocation for that trace and policy, when it lists one.
+    ``typical_source`` is where CP-SAT's typical pods come from: ``online``, learnt from the
+    pods placed so far (as the daemon learns them), or ``trace``, the whole trace's, which is
+    what FGD is given in the published protocol.
     Returns the summaries, one per policy, in the order given.
     """
     names = normalize_policies(policies)
@@ -289,6 +297,8 @@ def run_simulation(
         raise SimulationError(f"jobs must be at least 1, got {jobs}")
     if not tune > 0:
         raise SimulationError(f"tune must be positive, got {tune}")
+    if typical_source not in TYPICAL_SOURCES:
+        raise SimulationError(f"typical pods come from one of {', '.join(TYPICAL_SOURCES)}, got {typical_source!r}")
     seed_list = list(dict.fromkeys(seeds))
     if not seed_list:
         raise SimulationError("no seed given")
@@ -302,7 +312,7 @@ def run_simulation(
             f"{nodes_csv}: no node has GPUs outside MIG mode, so there is no GPU capacity to measure allocation against"
         )
     tasks = [
-        _Task(i, nodes_path, pods_path, name, seed, batch, tune, params)
+        _Task(i, nodes_path, pods_path, name, seed, batch, tune, params, typical_source == "online")
         for i, (name, seed) in enumerate((n, s) for n in names for s in seed_list)
     ]
     try:
@@ -334,6 +344,9 @@ def run_simulation(
         )
         for name in names
     ]
+    for s in summaries:
+        if s["policy"] == "cpsat":
+            s["typical"] = typical_source
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / SUMMARY_FILE).write_text(json.dumps(summaries, indent=2) + "\n", encoding="utf-8")

@@ -22,9 +22,19 @@ POLICIES = ("cpsat", "fgd", "bestfit", "gpupacking", "gpuclustering", "dotprod",
 
 
 def make_policy(
-    name: str, cluster: Cluster, typical: TypicalPods, seed: int, params: SolverParams | None = None
+    name: str,
+    cluster: Cluster,
+    typical: TypicalPods,
+    seed: int,
+    params: SolverParams | None = None,
+    *,
+    learn_typical: bool = True,
 ) -> Policy:
-    """A fresh policy instance.  FGD uses ``typical``; CP-SAT learns typical pods online."""
+    """A fresh policy instance.
+
+    FGD scores against ``typical``.  CP-SAT learns its typical pods from the pods it has seen
+    (as the daemon does), or, with ``learn_typical=False``, is given ``typical`` as FGD is.
+    """
     key = name.strip().lower()
     simple = {
         "random": RandomPolicy,
@@ -41,5 +51,5 @@ def make_policy(
         from gpusched.solver.solve import CpSatPolicy  # ortools is slow to import; only when used
 
         p = params or SolverParams()
-        return CpSatPolicy(cluster, SolverParams(p.weights, p.limits, seed))
+        return CpSatPolicy(cluster, SolverParams(p.weights, p.limits, seed), None if learn_typical else typical)
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")

@@ -27,7 +27,10 @@ from gpusched.solver.fragmentation import (
     node_fragmentation,
     score_cpu,
 )
+from gpusched.solver.registry import make_policy
+from gpusched.solver.solve import CpSatPolicy
 from gpusched.solver.typical import TypicalTracker
+from gpusched.solver.validate import validate_plan
 from tests.factories import gpu_node, pod
 
 
@@ -494,3 +497,20 @@ def test_tracker_with_fixed_typical_pods_never_changes_them() -> None:
     tracker.observe([pod(f"c{i}", cpu=500) for i in range(10)])
     assert tracker.scorer is scorer
     assert scorer.typical == fixed
+
+
+def test_cpsat_learns_typical_pods_unless_it_is_given_them() -> None:
+    cluster = Cluster([gpu_node(gpus=2)])
+    given = TypicalPods.from_pods([pod("t", gpus=1)], coverage=1.0)
+    learning = make_policy("cpsat", cluster, given, 0)
+    fixed = make_policy("cpsat", cluster, given, 0, learn_typical=False)
+    assert isinstance(learning, CpSatPolicy)
+    assert isinstance(fixed, CpSatPolicy)
+    state = cluster.empty_state()
+    share = pod("s", gpus=1, milli=300)
+    for p in (learning, fixed):
+        validate_plan(p.place([share], state), state, [share])
+    # The learner now scores against the shape it saw; the other still against the one it was given.
+    assert [s.gpu_milli for s in learning.tracker.scorer.typical.shapes] == [300]
+    assert learning.tracker.scorer.typical != given
+    assert fixed.tracker.scorer.typical == given
