@@ -137,7 +137,7 @@ class _BoundHandler:
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         rec = pod_record(obj)
-        freed = self.s.cache.delete_pod(rec.key) if kind == "DELETED" else self.s.cache.observe_pod(rec)
+        freed = self.s.cache.delete_pod(rec.key, rec.uid) if kind == "DELETED" else self.s.cache.observe_pod(rec)
         if freed:
             self.s.queue.move_all()
 
@@ -238,7 +238,7 @@ class Scheduler:
         self.elector: LeaderElector | None = None
         if settings.leader_elect:
             self.elector = LeaderElector(
-                kube,
+                kube.sibling(),  # its own rate limit: Bindings and conditions never delay a renewal
                 settings.namespace,
                 settings.lease_name,
                 self.identity,
@@ -312,6 +312,10 @@ class Scheduler:
         if not task.cancelled() and task.exception() is not None:
             log.error("task failed", task=task.get_name(), error=repr(task.exception()))
 
+    def pending_tasks(self) -> list[asyncio.Task[None]]:
+        """Binds and Events not finished yet."""
+        return list(self._tasks)
+
     async def drain(self, timeout: float) -> None:
         """Wait (bounded) for in-flight binds and Events."""
         if self._tasks:
@@ -354,7 +358,7 @@ class Scheduler:
         for r in batch:
             if r.error:
                 continue
-            if self.cache.holds(r.key):  # a bind of it is already in flight or done: never twice
+            if self.cache.holds(r.key, r.uid):  # a bind of it is already in flight or done: never twice
                 self.queue.done(r.key)
                 continue
             todo.append(r)
@@ -382,9 +386,17 @@ class Scheduler:
             for r in todo:
                 self.queue.backoff(r.key)
             return
+        if not self.is_leader:  # lost the Lease during the solve: the new leader places these
+            log.info("leadership lost during a solve; batch requeued", batch_id=batch_id, pods=len(todo))
+            for r in todo:
+                self.queue.requeue(r.key)
+            return
         plan = self._recheck(plan, snap, batch_id)
         names = snap.cluster.nodes
         for a in plan.assignments:
+            if self.cache.holds(a.pod.key, a.pod.uid):  # bound by someone else during the solve
+                self.queue.done(a.pod.key)
+                continue
             node = names[a.node].name
             self.cache.assume(a.pod, node, a.gpus)
             self._binds_in_flight += 1
@@ -394,7 +406,8 @@ class Scheduler:
             self._bind_room.clear()
         members = Counter(p.gang.name for p in pods if p.gang is not None)
         for p in plan.unplaced:
-            if self.cache.holds(p.key):  # bound by someone else during the solve
+            if self.cache.holds(p.key, p.uid):  # bound by someone else during the solve
+                self.queue.done(p.key)
                 continue
             if p.gang is not None:
                 self._unschedulable(p, explain_gang(p, members[p.gang.name], after, snap.excluded), "Gang")
@@ -460,7 +473,9 @@ class Scheduler:
         self.metrics.unschedulable(reason)
         self.queue.park(pod.key)
         self.spawn(self.binder.event(pod, "FailedScheduling", message, "Warning"), f"event:{pod.key}")
-        self.spawn(self.binder.unschedulable(pod, message), f"condition:{pod.key}")
+        record = self.queue.record(pod.key)
+        current = record.unschedulable if record is not None else None
+        self.spawn(self.binder.unschedulable(pod, message, current), f"condition:{pod.key}")
         log.info("unschedulable", pod=pod.key, reason=reason, message=message)
 
     async def _bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
@@ -470,7 +485,13 @@ class Scheduler:
             async with self._bind_slots:
                 self._binds_unstarted -= 1
                 unstarted = False
-                result, why = await self.binder.bind(pod, node, gpus)
+                try:
+                    if self.is_leader:
+                        result, why = await self.binder.bind(pod, node, gpus)
+                    else:  # stepped down while this bind waited: the new leader places the pod
+                        result, why = BindResult.FAILED, "no longer the leader"
+                except Exception as exc:  # not the API's answer (the binder turns those into results)
+                    result, why = BindResult.FAILED, f"bind raised {exc!r}"
         finally:
             if unstarted:  # cancelled while waiting for a slot
                 self._binds_unstarted -= 1
@@ -574,7 +595,7 @@ async def run_daemon(settings: DaemonSettings) -> int:
             t.cancel()
         await asyncio.gather(*schedule, return_exceptions=True)
         await sched.drain(timeout=10.0)
-        for t in tasks:
+        for t in [*sched.pending_tasks(), *tasks]:  # binds still waiting after the drain are dropped
             t.cancel()
         stopper.cancel()
         await asyncio.gather(*tasks, stopper, return_exceptions=True)

@@ -167,21 +167,18 @@ class Binder:
         except ApiError as exc:
             log.warning("event not written", object=key[0], reason=reason, error=str(exc))
 
-    async def unschedulable(self, pod: Pod, message: str) -> None:
-        """``PodScheduled=False`` with reason ``Unschedulable``, as kube-scheduler sets it."""
-        body = {
-            "status": {
-                "conditions": [
-                    {
-                        "type": "PodScheduled",
-                        "status": "False",
-                        "reason": "Unschedulable",
-                        "message": message,
-                        "lastTransitionTime": _now(),
-                    }
-                ]
-            }
-        }
+    async def unschedulable(self, pod: Pod, message: str, current: str | None = None) -> None:
+        """``PodScheduled=False`` with reason ``Unschedulable``, as kube-scheduler sets it.
+
+        ``current`` is the message of the condition the pod already has, if any: the same
+        message is not written again, and a new one keeps the condition's transition time.
+        """
+        if current == message:
+            return
+        condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+        if current is None:
+            condition["lastTransitionTime"] = _now()
+        body = {"status": {"conditions": [condition]}}
         try:
             await self._retrying(
                 "PATCH", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status", body, STRATEGIC_PATCH

@@ -258,7 +258,17 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
         terminal=status.get("phase") in ("Succeeded", "Failed"),
         deleting=bool(meta.get("deletionTimestamp")),
         error=error,
+        unschedulable=_unschedulable(status),
     )
+
+
+def _unschedulable(status: Mapping[str, Any]) -> str | None:
+    for c in status.get("conditions") or ():
+        if isinstance(c, Mapping) and c.get("type") == "PodScheduled":
+            if c.get("status") == "False" and c.get("reason") == "Unschedulable":
+                return str(c.get("message") or "")
+            return None
+    return None
 
 
 def _pod(

@@ -84,7 +84,7 @@ class LeaderElector:
                 last_renew = time.monotonic()
                 while True:
                     await asyncio.sleep(self.retry_period)
-                    if await self._try():
+                    if await self._renew(self.renew_deadline - (time.monotonic() - last_renew)):
                         last_renew = time.monotonic()
                     elif time.monotonic() - last_renew >= self.renew_deadline:
                         log.warning("leadership lost: lease not renewed in time", lease=self.name)
@@ -93,6 +93,14 @@ class LeaderElector:
         finally:
             if self.is_leader:
                 self._set(False)
+
+    async def _renew(self, time_left: float) -> bool:
+        """One renewal, cut off when the renew deadline passes: a slow API must not keep a
+        leader scheduling after its Lease may have gone to another replica."""
+        try:
+            return await asyncio.wait_for(self._try(), timeout=max(time_left, 0.001))
+        except TimeoutError:
+            return False
 
     async def release(self) -> None:
         """Give the Lease up at shutdown so another replica takes over at once."""

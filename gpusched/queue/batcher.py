@@ -13,8 +13,12 @@ so: the daemon counts it busy while binds wait on its client) it closes after
 only ``idle_wait``, so a lone pod is not held back, while under load pods
 gather into full batches.  Higher priority pops first, then arrival order.
 A pod updated while in flight keeps its place; deleted, it is dropped when its
-batch resolves.  Parked pods also return to active every ``flush_after``
-seconds in case a change went unseen.  Nothing is forgotten: ``counts`` adds
+batch resolves; deleted and created again under the same name (a new UID), the
+new pod is queued afresh when the old one's batch resolves, whatever became of
+the old one.  A parked pod returns to active when its request changes, not when
+only its status does (as when its own PodScheduled condition is written).
+Parked pods also return to active every ``flush_after`` seconds in case a
+change went unseen.  Nothing is forgotten: ``counts`` adds
 up to every pending pod the watch has reported and not deleted.
 
 Members of a gang travel together: a batch that draws one draws every member
@@ -77,7 +81,7 @@ class SchedulingQueue:
         self._heap: list[tuple[int, int, str]] = []  # (-priority, seq, key); stale entries skipped
         self._backoff: dict[str, float] = {}  # key -> ready at
         self._parked: dict[str, float] = {}  # key -> parked at
-        self._in_flight: set[str] = set()
+        self._in_flight: dict[str, str] = {}  # key -> UID of the pod that was drawn
         self._deleted_in_flight: set[str] = set()
         self._attempts: dict[str, int] = {}
         self._gangs: dict[str, set[str]] = {}  # gang name -> keys of its pending members
@@ -89,8 +93,10 @@ class SchedulingQueue:
     def add(self, record: PodRecord) -> None:
         """A pending pod, new or updated."""
         key = record.key
-        known = key in self._records
         old = self._records.get(key)
+        replaced = old is not None and old.uid != record.uid  # deleted and created again: a new pod
+        if replaced:
+            self._deleted_in_flight.discard(key)  # the deletion was the old pod's, not this one's
         self._records[key] = record
         gang = record.pod.gang.name if record.pod.gang is not None else ""
         if old is not None and old.pod.gang is not None and old.pod.gang.name != gang:
@@ -100,12 +106,13 @@ class SchedulingQueue:
             for peer in self._gangs[gang] - {key}:  # a new member: retry the gang together
                 if self._parked.pop(peer, None) is not None or self._backoff.pop(peer, None) is not None:
                     self._activate(peer)
-        if not known:
+        if old is None or (replaced and key not in self._in_flight):  # (in flight: settled later)
+            self._forget(key)
             self._arrivals.append(self._clock())
             if len(self._arrivals) > 4 * self.max_size:
                 self._arrivals.popleft()
             self._activate(key)
-        elif key in self._parked:  # its spec may have changed: try again
+        elif key in self._parked and (old.pod, old.error) != (record.pod, record.error):  # may fit now
             del self._parked[key]
             self._activate(key)
 
@@ -126,10 +133,9 @@ class SchedulingQueue:
 
     # -- what the scheduler reports ------------------------------------------------------
     def done(self, key: str) -> None:
-        """The pod was bound: it leaves the queue."""
-        self._in_flight.discard(key)
-        self._deleted_in_flight.discard(key)
-        self._remove(key)
+        """The pod was bound (or needs nothing more): it leaves the queue."""
+        if self._settle(key):
+            self._remove(key)
 
     def park(self, key: str) -> None:
         """The pod fits nowhere now; it waits for a change in the cluster."""
@@ -225,8 +231,9 @@ class SchedulingQueue:
 
     def _take(self, key: str, batch: list[PodRecord]) -> None:
         del self._active[key]
-        self._in_flight.add(key)
-        batch.append(self._records[key])
+        record = self._records[key]
+        self._in_flight[key] = record.uid
+        batch.append(record)
 
     def _leave_gang(self, key: str, gang: str) -> None:
         members = self._gangs.get(gang)
@@ -255,19 +262,34 @@ class SchedulingQueue:
         self._wake.set()
 
     def _settle(self, key: str) -> bool:
-        """End the in-flight state; False when the pod was deleted meanwhile (then it is dropped)."""
-        self._in_flight.discard(key)
+        """End the in-flight state; True when the outcome applies to the pod now queued.
+
+        False when the pod was deleted meanwhile (it is dropped) or replaced by a new pod of
+        the same name (that one is queued afresh).
+        """
+        uid = self._in_flight.pop(key, None)
         if key in self._deleted_in_flight:
             self._deleted_in_flight.discard(key)
             self._remove(key)
             return False
-        return key in self._records
+        record = self._records.get(key)
+        if record is None:
+            return False
+        if uid is not None and record.uid != uid:
+            self._forget(key)
+            self._activate(key)
+            return False
+        return True
 
     def _remove(self, key: str) -> None:
         record = self._records.get(key)
         if record is not None and record.pod.gang is not None:
             self._leave_gang(key, record.pod.gang.name)
         self._records.pop(key, None)
+        self._forget(key)
+
+    def _forget(self, key: str) -> None:
+        """Drop where the pod waits and its retry count (not its record)."""
         self._active.pop(key, None)
         self._backoff.pop(key, None)
         self._parked.pop(key, None)

@@ -120,12 +120,14 @@ class Cache:
         self._add(key, _Held(record.pod, record.node_name, (), False, record.gpu_indices))
         return held is not None
 
-    def delete_pod(self, key: str) -> bool:
-        """The pod is gone; True when it held resources."""
-        if key in self._held:
-            self._drop(key)
-            return True
-        return False
+    def delete_pod(self, key: str, uid: str = "") -> bool:
+        """The pod is gone; True when it held resources.  With ``uid``, a pod of the same name
+        but another UID (created again since) is left alone."""
+        held = self._held.get(key)
+        if held is None or (uid and held.pod.uid and held.pod.uid != uid):
+            return False
+        self._drop(key)
+        return True
 
     def replace_pods(self, records: Iterable[PodRecord]) -> None:
         """Set every bound pod at once (after a list); assumed pods not in the list stay assumed."""
@@ -157,9 +159,11 @@ class Cache:
         if held is not None and held.assumed:
             self._drop(key)
 
-    def holds(self, key: str) -> bool:
-        """Whether ``key`` is on the books, bound or assumed."""
-        return key in self._held
+    def holds(self, key: str, uid: str = "") -> bool:
+        """Whether ``key`` is on the books, bound or assumed (with ``uid``: that pod, not an
+        earlier one of the same name)."""
+        held = self._held.get(key)
+        return held is not None and not (uid and held.pod.uid and held.pod.uid != uid)
 
     def is_assumed(self, key: str) -> bool:
         """Whether ``key`` is assumed and not yet confirmed."""

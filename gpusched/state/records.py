@@ -54,6 +54,8 @@ class PodRecord:
     """Succeeded or Failed: holds no resources."""
     deleting: bool = False
     error: str = ""
+    unschedulable: str | None = None
+    """The message of the pod's ``PodScheduled=False`` (reason ``Unschedulable``) condition, if it has one."""
 
     @property
     def key(self) -> str:

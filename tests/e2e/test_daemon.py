@@ -184,6 +184,15 @@ async def test_unschedulable_pod_is_retried_when_the_cluster_changes(
         )
         assert explained.returncode == 1, explained.stderr
         assert message in explained.stdout
+        # Parked, not solved again: the watch bringing back our own condition is no reason to
+        # retry, and the condition was written once (its transition time has not moved).
+        again = await kube.get(f"/api/v1/namespaces/{namespace}/pods/big")
+        assert (kit.condition(again) or {}).get("lastTransitionTime") == (kit.condition(p) or {}).get(
+            "lastTransitionTime"
+        )
+        assert again["metadata"]["resourceVersion"] == p["metadata"]["resourceVersion"]
+        tries = daemon.events("unschedulable")
+        assert [t["pod"] for t in tries] == [f"{namespace}/big"], tries
         await kit.create_all(kube, "/api/v1/nodes", [kit.node("big-0", 8, "H800")])
         for _ in range(100):
             p = await kube.get(f"/api/v1/namespaces/{namespace}/pods/big")

@@ -220,3 +220,19 @@ def test_a_request_this_scheduler_refuses_still_counts_what_it_holds() -> None:
     gpus = pod_record(pod_obj(limits={"nvidia.com/gpu": "2", "cpu": "1"}, annotations={"gpusched.io/gpu-island": "x"}))
     assert "required or preferred" in gpus.error
     assert (gpus.pod.num_gpu, gpus.pod.cpu_milli) == (2, 1000)
+
+
+@pytest.mark.parametrize(
+    ("condition", "expected"),
+    [
+        ({"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}, "0/3 nodes"),
+        ({"type": "PodScheduled", "status": "False", "reason": "SchedulerError", "message": "x"}, None),
+        ({"type": "PodScheduled", "status": "True"}, None),
+        ({"type": "Ready", "status": "False", "reason": "Unschedulable", "message": "x"}, None),
+    ],
+)
+def test_the_unschedulable_condition_a_pod_already_has(condition: dict[str, str], expected: str | None) -> None:
+    obj = pod_obj(limits={"nvidia.com/gpu": "1"})
+    obj["status"]["conditions"] = [condition]
+    assert pod_record(obj).unschedulable == expected
+    assert pod_record(pod_obj()).unschedulable is None

@@ -101,6 +101,46 @@ async def test_update_of_in_flight_pod_does_not_duplicate_it() -> None:
     assert len(q) == 0
 
 
+async def test_a_parked_pod_wakes_when_its_request_changes_not_its_status() -> None:
+    from dataclasses import replace
+
+    q = SchedulingQueue(max_size=10, max_wait=0.0)
+    q.add(rec("a"))
+    (r,) = await q.next_batch()
+    q.park(r.key)
+    # Our own PodScheduled=False write comes back from the watch: same request, new status.
+    q.add(replace(r, resource_version="2", unschedulable="0/3 nodes are available: 3 insufficient cpu."))
+    assert q.counts().unschedulable == 1
+    assert q.counts().active == 0
+    q.add(replace(r, pod=replace(r.pod, cpu_milli=1), resource_version="3"))  # smaller now: try again
+    assert q.counts().active == 1
+    (again,) = await asyncio.wait_for(q.next_batch(), 1)
+    assert again.pod.cpu_milli == 1
+
+
+async def test_a_pod_created_again_under_its_name_is_queued_afresh() -> None:
+    from dataclasses import replace
+
+    q = SchedulingQueue(max_size=10, max_wait=0.0)
+    q.add(rec("a"))
+    (old,) = await q.next_batch()
+    q.delete(old.key)  # deleted while its batch is solved ...
+    new = replace(old, uid="a-2", pod=replace(old.pod, uid="a-2"))
+    q.add(new)  # ... and created again
+    q.done(old.key)  # the old pod's bind ends (gone): the new pod must not go with it
+    assert q.counts().active == 1
+    (drawn,) = await asyncio.wait_for(q.next_batch(), 1)
+    assert drawn.uid == "a-2"
+    q.park(drawn.key)
+    newer = replace(new, uid="a-3", pod=replace(new.pod, uid="a-3"))
+    q.add(newer)  # replaced while parked: a new pod, active at once
+    assert q.counts().unschedulable == 0
+    (drawn,) = await asyncio.wait_for(q.next_batch(), 1)
+    assert drawn.uid == "a-3"
+    q.done(drawn.key)
+    assert len(q) == 0
+
+
 async def test_idle_scheduler_closes_a_small_batch_at_once_busy_one_waits() -> None:
     clock = Clock()
     busy = [True]

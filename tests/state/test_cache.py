@@ -124,3 +124,17 @@ def test_mig_slices_held_by_bound_and_assumed_pods_are_counted() -> None:
     c.delete_pod("default/x")
     state = c.snapshot().state
     assert int(state.mig_free[0, state.cluster.mig_id("1g.10gb")]) == 3
+
+
+def test_a_pod_of_the_same_name_but_another_uid_is_not_the_one_held() -> None:
+    from dataclasses import replace
+
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    old = replace(pod("x", gpus=1), uid="u1")
+    c.observe_pod(bound(old, "a"))
+    assert c.holds(old.key, "u1")
+    assert not c.holds(old.key, "u2")  # created again: the new pod still needs placing
+    assert not c.delete_pod(old.key, "u2")  # a late deletion of another incarnation frees nothing
+    assert c.snapshot().state.gpu_used[0].sum() == 1000
+    assert c.delete_pod(old.key, "u1")
+    assert c.snapshot().state.gpu_used[0].sum() == 0
