@@ -65,6 +65,7 @@ async def test_connect_keeps_a_pool_sized_to_the_request_rate(tmp_path: Path) ->
     kube = await client.connect(kubeconfig, None, 50, 100)
     try:
         assert client.connection_limit(50) == 48
+        assert client.connection_limit(500) == 128
         connector = kube.api.rest_client.pool_manager.connector
         assert connector is not None
         assert connector.limit == 48
