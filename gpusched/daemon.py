@@ -164,7 +164,7 @@ class _PendingHandler:
             self._take(rec)
 
     def _take(self, rec: PodRecord) -> None:
-        if rec.bound or rec.terminal or rec.deleting:
+        if rec.bound or rec.terminal or rec.deleting or rec.gated:  # gated: queued once the gates are gone
             self.s.queue.delete(rec.key)
         else:
             self.s.queue.add(rec)

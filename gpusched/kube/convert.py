@@ -119,12 +119,9 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
         mem = memory_mib(alloc.get("memory", 0), round_up=False)
     except QuantityError as exc:
         raise ConvertError(f"{where}: status.allocatable: {exc}") from None
-    if GPU_RESOURCE in alloc:
-        gpus = _int_quantity(alloc[GPU_RESOURCE], f"{where}: allocatable {GPU_RESOURCE}")
-    elif LABEL_GPU_COUNT in labels:
-        gpus = _int_quantity(labels[LABEL_GPU_COUNT], f"{where}: label {LABEL_GPU_COUNT}")
-    else:
-        gpus = 0
+    # Only what the device plugin advertises counts: the kubelet admits pods against allocatable,
+    # and in MIG mode the GPU feature discovery count also covers the partitioned GPUs.
+    gpus = _int_quantity(alloc[GPU_RESOURCE], f"{where}: allocatable {GPU_RESOURCE}") if GPU_RESOURCE in alloc else 0
     model = str(labels.get(LABEL_GPU_PRODUCT, "")) or (UNKNOWN_MODEL if gpus else "")
     gpu_mem = 0
     if LABEL_GPU_MEMORY in labels:
@@ -137,6 +134,11 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     # count (a GPU went unhealthy, or into MIG mode) falls back to the default, and a MIG
     # resource this scheduler does not know is left out; both are reported in ``warning``.
     warnings: list[str] = []
+    if GPU_RESOURCE not in alloc and labels.get(LABEL_GPU_COUNT, "0") not in ("", "0") and not mig:
+        warnings.append(
+            f"{where}: label {LABEL_GPU_COUNT}={labels[LABEL_GPU_COUNT]} but no allocatable {GPU_RESOURCE} "
+            "(is the device plugin running?); counted as 0 GPUs"
+        )
     islands: tuple[int, ...] = ()
     if gpus:
         text = annotations.get(ISLANDS_ANNOTATION)
@@ -198,13 +200,27 @@ def _effective_requests(spec: Mapping[str, Any], where: str) -> dict[str, int]:
                 raise ConvertError(f"{where}: resources {key}: {exc}") from None
         return out
 
-    total: dict[str, int] = {}
+    # As the kubelet counts: init containers run one at a time, each beside the sidecars
+    # (init containers with restartPolicy Always) started before it; the sidecars keep running
+    # beside the app containers.
+    sidecars: dict[str, int] = {}
+    init_peak: dict[str, int] = {}
+    for c in spec.get("initContainers") or ():
+        reqs = read(_container_requests(c))
+        if c.get("restartPolicy") == "Always":
+            for k, v in reqs.items():
+                sidecars[k] = sidecars.get(k, 0) + v
+            step = sidecars
+        else:
+            step = {k: sidecars.get(k, 0) + reqs.get(k, 0) for k in sidecars.keys() | reqs.keys()}
+        for k, v in step.items():
+            init_peak[k] = max(init_peak.get(k, 0), v)
+    total = dict(sidecars)
     for c in spec.get("containers") or ():
         for k, v in read(_container_requests(c)).items():
             total[k] = total.get(k, 0) + v
-    for c in spec.get("initContainers") or ():
-        for k, v in read(_container_requests(c)).items():
-            total[k] = max(total.get(k, 0), v)
+    for k, v in init_peak.items():
+        total[k] = max(total.get(k, 0), v)
     for k, v in read(spec.get("overhead") or {}).items():
         total[k] = total.get(k, 0) + v
     return total
@@ -259,6 +275,7 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
         deleting=bool(meta.get("deletionTimestamp")),
         error=error,
         unschedulable=_unschedulable(status),
+        gated=bool(spec.get("schedulingGates")),
     )
 
 
@@ -337,6 +354,21 @@ def _pod(
     node_aff: Mapping[str, Any] = affinity.get("nodeAffinity") or {}
     if node_aff.get("requiredDuringSchedulingIgnoredDuringExecution"):
         error = error or f"{where}: required node affinity is not supported; use {ANNOTATION_GPU_MODELS}"
+    # Constraints this scheduler does not evaluate: refused with the reason rather than ignored.
+    for kind in ("podAffinity", "podAntiAffinity"):
+        if (affinity.get(kind) or {}).get("requiredDuringSchedulingIgnoredDuringExecution"):
+            error = error or f"{where}: required {kind} is not supported by this scheduler"
+    if any(
+        c.get("whenUnsatisfiable", "DoNotSchedule") == "DoNotSchedule"
+        for c in spec.get("topologySpreadConstraints") or ()
+    ):
+        error = error or f"{where}: topologySpreadConstraints with whenUnsatisfiable: DoNotSchedule are not supported"
+    unknown = _unsupported_resources(spec)
+    if unknown:
+        error = error or (
+            f"{where}: resources {', '.join(unknown)} are not tracked by this scheduler, so it cannot "
+            "tell which nodes have them; schedule this pod with another scheduler"
+        )
     try:
         pod = Pod(
             name,
@@ -355,6 +387,19 @@ def _pod(
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
     return pod, error
+
+
+_TRACKED_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage", GPU_RESOURCE, ANNOTATION_GPU_MILLI})
+
+
+def _unsupported_resources(spec: Mapping[str, Any]) -> list[str]:
+    """Requested resources that nodes are not checked for (hugepages, other extended resources)."""
+    names: set[str] = set()
+    for c in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
+        for key, value in _container_requests(c).items():
+            if key not in _TRACKED_RESOURCES and not key.startswith(MIG_PREFIX) and str(value) not in ("0", ""):
+                names.add(key)
+    return sorted(names)
 
 
 def _mig_request(reqs: Mapping[str, int], num_gpu: int, where: str) -> tuple[str, str]:

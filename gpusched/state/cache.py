@@ -77,7 +77,12 @@ class Cache:
         """Add or update a node; True when what it offers changed."""
         old = self._nodes.get(record.name)
         self._nodes[record.name] = record
-        changed = old is None or old.node != record.node or old.excluded != record.excluded
+        changed = (
+            old is None
+            or old.node != record.node
+            or old.node.labels != record.node.labels  # topology domains (rack, clique) the solver reads
+            or old.excluded != record.excluded
+        )
         if changed:
             self._cluster = None
             self.generation += 1

@@ -56,6 +56,8 @@ class PodRecord:
     error: str = ""
     unschedulable: str | None = None
     """The message of the pod's ``PodScheduled=False`` (reason ``Unschedulable``) condition, if it has one."""
+    gated: bool = False
+    """The pod has ``spec.schedulingGates``: nobody may bind it until they are removed."""
 
     @property
     def key(self) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpusched.kube.client import Kube
+from gpusched.kube.client import MERGE_PATCH, Kube
 from tests.controlplane import SCHEDULER_NAMESPACE, ControlPlane
 from tests.e2e import kit
 
@@ -201,6 +201,34 @@ async def test_unschedulable_pod_is_retried_when_the_cluster_changes(
             await asyncio.sleep(0.2)
         assert p["spec"].get("nodeName") == "big-0"
         assert p["metadata"]["annotations"]["gpusched.io/gpu-indices"] == "0,1,2,3,4,5,6,7"
+    finally:
+        daemon.stop()
+
+
+async def test_a_gated_pod_waits_for_its_gates_then_is_bound(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node("gpu-0", 2, "T4")])
+    gated = kit.pod("gated", name, gpus=1)
+    gated["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [gated, kit.pod("free", name, gpus=1)])
+        daemon.wait_log("bind", where=lambda x: x["pod"] == f"{namespace}/free")
+        await asyncio.sleep(1.0)
+        p = await kube.get(f"/api/v1/namespaces/{namespace}/pods/gated")
+        assert not p["spec"].get("nodeName")
+        assert not [x for x in daemon.lines if x.get("pod") == f"{namespace}/gated"], "a gated pod was tried"
+        r = await kube.request(
+            "PATCH",
+            f"/api/v1/namespaces/{namespace}/pods/gated",
+            body={"spec": {"schedulingGates": None}},
+            content_type=MERGE_PATCH,
+        )
+        assert r.ok, r.body
+        bound = daemon.wait_log("bind", where=lambda x: x["pod"] == f"{namespace}/gated")
+        assert bound["result"] == "bound"
     finally:
         daemon.stop()
 

@@ -54,9 +54,12 @@ def test_node_gpus_model_and_memory_from_resources_and_labels() -> None:
     assert rec.excluded == ""
 
 
-def test_node_gpu_count_falls_back_to_the_gfd_label_and_model_defaults() -> None:
-    n = node_record(node_obj(gpus=None, labels={"nvidia.com/gpu.count": "4"})).node
-    assert (n.gpu_count, n.gpu_model) == (4, "unknown")
+def test_gpus_count_only_when_the_device_plugin_advertises_them() -> None:
+    # GPU feature discovery has labelled the node, but the kubelet admits against allocatable.
+    rec = node_record(node_obj(gpus=None, labels={"nvidia.com/gpu.count": "4"}))
+    assert rec.node.gpu_count == 0
+    assert "label nvidia.com/gpu.count=4 but no allocatable nvidia.com/gpu" in rec.warning
+    assert node_record(node_obj(gpus="4")).node.gpu_model == "unknown"
 
 
 def test_cordoned_and_tainted_nodes_are_excluded_with_a_reason() -> None:
@@ -236,3 +239,44 @@ def test_the_unschedulable_condition_a_pod_already_has(condition: dict[str, str]
     obj["status"]["conditions"] = [condition]
     assert pod_record(obj).unschedulable == expected
     assert pod_record(pod_obj()).unschedulable is None
+
+
+def test_sidecars_run_beside_the_app_and_the_later_init_containers() -> None:
+    obj = pod_obj(requests={"cpu": "2", "memory": "4Gi"})
+    obj["spec"]["initContainers"] = [
+        {"name": "mesh", "restartPolicy": "Always", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
+        {"name": "migrate", "resources": {"requests": {"cpu": "4", "memory": "512Mi"}}},
+    ]
+    p = pod_record(obj).pod
+    # app 2 + sidecar 1 = 3 CPU, but the init step needs 4 + the sidecar 1 = 5; memory 4Gi + 1Gi.
+    assert (p.cpu_milli, p.memory_mib) == (5000, 5120)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("affinity", {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{}]}}, "podAntiAffinity"),
+        ("affinity", {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{}]}}, "podAffinity"),
+        ("topologySpreadConstraints", [{"maxSkew": 1, "topologyKey": "zone"}], "topologySpreadConstraints"),
+    ],
+)
+def test_constraints_the_scheduler_does_not_evaluate_are_refused(field: str, value: Any, message: str) -> None:
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, **{field: value}))
+    assert message in rec.error
+    assert rec.pod.num_gpu == 1  # still counted with its request, were it bound by someone else
+    soft = [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}]
+    assert pod_record(pod_obj(topologySpreadConstraints=soft)).error == ""
+
+
+def test_resources_nodes_are_not_checked_for_are_refused() -> None:
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1", "rdma/ib": "1", "hugepages-2Mi": "1Gi"}))
+    assert "resources hugepages-2Mi, rdma/ib are not tracked" in rec.error
+    fine = pod_record(
+        pod_obj(limits={"nvidia.com/gpu": "1", "ephemeral-storage": "10Gi", "nvidia.com/mig-1g.10gb": "0"})
+    )
+    assert fine.error == ""
+
+
+def test_gated_pods_are_marked() -> None:
+    assert pod_record(pod_obj(schedulingGates=[{"name": "kueue.x-k8s.io/admission"}])).gated
+    assert not pod_record(pod_obj()).gated

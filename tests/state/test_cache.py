@@ -138,3 +138,14 @@ def test_a_pod_of_the_same_name_but_another_uid_is_not_the_one_held() -> None:
     assert c.snapshot().state.gpu_used[0].sum() == 1000
     assert c.delete_pod(old.key, "u1")
     assert c.snapshot().state.gpu_used[0].sum() == 0
+
+
+def test_a_relabelled_node_rebuilds_the_view_the_solver_reads() -> None:
+    from dataclasses import replace
+
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    before = c.snapshot().cluster
+    node = c.nodes["a"].node
+    assert c.upsert_node(NodeRecord(replace(node, labels={**node.labels, "rack": "r1"})))
+    assert c.snapshot().cluster.nodes[0].labels.get("rack") == "r1"
+    assert c.snapshot().cluster is not before
