@@ -3,17 +3,19 @@
 One ``Reflector`` per kind of object: it lists (in pages), hands the full set
 to ``Handler.replace``, then watches from the list's resourceVersion with
 bookmarks on, passing each change to ``Handler.apply``.  The resourceVersion
-advances with every event and bookmark, so a dropped connection resumes
-where it stopped; a 410 Gone (the version fell out of etcd's window) or an
-unknown error relists.  ``synced`` is set after the first full list: until
-every reflector is synced the scheduler does not place anything, because it
-cannot know what is already in use.
+advances with every event and bookmark, so a dropped connection or a refused
+watch request is retried (with backoff) from where it stopped, without a new
+list; only a 410 Gone (the version fell out of etcd's window) relists.
+``synced`` is set after the first full list: until every reflector is synced
+the scheduler does not place anything, because it cannot know what is already
+in use.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 from typing import Any, Protocol
 
 import structlog
@@ -63,18 +65,31 @@ class Reflector:
         self.synced = asyncio.Event()
 
     async def run(self) -> None:
-        """List, then watch, forever; reconnects with backoff."""
+        """List, then watch, forever; reconnects with backoff, relists only when the version expired."""
         delay = 0.2
+        listed = False
         while True:
+            started = time.monotonic()
             try:
-                await self._list()
-                delay = 0.2
+                if not listed:
+                    await self._list()
+                    listed, delay = True, 0.2
                 await self._watch()
             except ApiError as exc:
                 if exc.status == GONE:
                     log.info("watch expired, relisting", watch=self.name, rv=self.resource_version)
+                    listed = False
                     continue
-                log.warning("watch failed, retrying", watch=self.name, error=str(exc), retry_in_s=round(delay, 2))
+                if time.monotonic() - started > 30:  # it had been running: not a failure streak
+                    delay = 0.2
+                action = "resuming" if listed else "listing again"
+                log.warning(
+                    f"watch failed, {action}",
+                    watch=self.name,
+                    error=str(exc),
+                    rv=self.resource_version,
+                    retry_in_s=round(delay, 2),
+                )
                 await asyncio.sleep(delay * (1 + random.random() / 2))
                 delay = min(delay * 2, 10.0)
 

@@ -97,3 +97,37 @@ async def test_expired_resource_version_relists(control_plane: ControlPlane, nam
                 await task
     finally:
         await kube.close()
+
+
+async def test_a_dropped_watch_resumes_without_a_new_list(control_plane: ControlPlane, namespace: str) -> None:
+    kube = await kit.admin(control_plane)
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    real_stream = kube.stream
+    cuts = 0
+
+    async def cut_once(*args: Any, **kwargs: Any) -> Any:  # the first watch breaks after one event
+        nonlocal cuts
+        async for event in real_stream(*args, **kwargs):
+            yield event
+            if cuts == 0 and event.get("type") != "BOOKMARK":
+                cuts += 1
+                raise ApiError(0, "connection reset by peer", "Unreachable")
+
+    kube.stream = cut_once  # type: ignore[method-assign]
+    try:
+        rec = Recorder()
+        r = Reflector(kube, "cm", path, rec)
+        task = asyncio.create_task(r.run())
+        try:
+            await asyncio.wait_for(r.synced.wait(), 10)
+            await kit.create_all(kube, path, [{"metadata": {"name": "before-cut"}, "data": {}}])
+            await _until(lambda: cuts == 1)
+            await kit.create_all(kube, path, [{"metadata": {"name": "after-cut"}, "data": {}}])
+            await _until(lambda: {"before-cut", "after-cut"} <= rec.names)
+            assert rec.replaced == 1  # resumed from its resourceVersion, not relisted
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    finally:
+        await kube.close()
