@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -32,6 +33,18 @@ class Recorder:
             self.names.add(name)
 
 
+@contextlib.asynccontextmanager
+async def running(r: Reflector) -> AsyncIterator[None]:
+    """The reflector's loop, running until the block ends."""
+    task = asyncio.create_task(r.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 async def _until(cond: Any, timeout: float = 10.0) -> None:
     for _ in range(int(timeout / 0.05)):
         if cond():
@@ -47,8 +60,7 @@ async def test_list_then_watch_pages_and_changes(control_plane: ControlPlane, na
         await kit.create_all(kube, path, [{"metadata": {"name": f"c{i}"}, "data": {}} for i in range(7)])
         rec = Recorder()
         r = Reflector(kube, "cm", path, rec, page_size=3)  # the list takes three pages
-        task = asyncio.create_task(r.run())
-        try:
+        async with running(r):
             await asyncio.wait_for(r.synced.wait(), 10)
             assert rec.names == {f"c{i}" for i in range(7)}
             await kit.create_all(kube, path, [{"metadata": {"name": "late"}, "data": {}}])
@@ -56,10 +68,6 @@ async def test_list_then_watch_pages_and_changes(control_plane: ControlPlane, na
             assert r2.ok
             await _until(lambda: "late" in rec.names and "c0" not in rec.names)
             assert rec.replaced == 1
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
     finally:
         await kube.close()
 
@@ -87,14 +95,9 @@ async def test_expired_resource_version_relists(control_plane: ControlPlane, nam
         with pytest.raises(ApiError) as info:
             await asyncio.wait_for(r._watch(), 20)
         assert info.value.status == 410
-        task = asyncio.create_task(r.run())
-        try:
+        async with running(r):
             await asyncio.wait_for(r.synced.wait(), 10)
             assert len(rec.names) == 30
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
     finally:
         await kube.close()
 
@@ -117,17 +120,12 @@ async def test_a_dropped_watch_resumes_without_a_new_list(control_plane: Control
     try:
         rec = Recorder()
         r = Reflector(kube, "cm", path, rec)
-        task = asyncio.create_task(r.run())
-        try:
+        async with running(r):
             await asyncio.wait_for(r.synced.wait(), 10)
             await kit.create_all(kube, path, [{"metadata": {"name": "before-cut"}, "data": {}}])
             await _until(lambda: cuts == 1)
             await kit.create_all(kube, path, [{"metadata": {"name": "after-cut"}, "data": {}}])
             await _until(lambda: {"before-cut", "after-cut"} <= rec.names)
             assert rec.replaced == 1  # resumed from its resourceVersion, not relisted
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
     finally:
         await kube.close()
