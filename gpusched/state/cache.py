@@ -57,6 +57,11 @@ class _Held:
     """GPU indices the pod's annotation names, if any."""
 
 
+def _request(p: Pod) -> tuple[int, int, int, int, str]:
+    """What a pod holds on its node."""
+    return (p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, p.mig_profile)
+
+
 class Cache:
     """Inventory and usage; every change goes through the methods below."""
 
@@ -119,8 +124,15 @@ class Cache:
             return False
         if held is not None:
             if held.node == record.node_name and held.pod.uid in ("", record.uid):
-                held.assumed = False  # confirmed
-                return False
+                if _request(held.pod) == _request(record.pod):
+                    held.assumed = False  # confirmed
+                    return False
+                # Same pod, new request (an in-place resize): count what it asks for now, on the
+                # GPUs it already holds.
+                wanted = record.gpu_indices or held.gpus or held.wanted
+                self._drop(key)
+                self._add(key, _Held(record.pod, record.node_name, (), False, wanted))
+                return True
             self._drop(key)
         self._add(key, _Held(record.pod, record.node_name, (), False, record.gpu_indices))
         return held is not None

@@ -149,3 +149,18 @@ def test_a_relabelled_node_rebuilds_the_view_the_solver_reads() -> None:
     assert c.upsert_node(NodeRecord(replace(node, labels={**node.labels, "rack": "r1"})))
     assert c.snapshot().cluster.nodes[0].labels.get("rack") == "r1"
     assert c.snapshot().cluster is not before
+
+
+def test_a_resized_pod_is_counted_with_its_new_request() -> None:
+    from dataclasses import replace
+
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2, cpu=8000)))
+    p = replace(pod("x", cpu=1000, gpus=1), uid="u1")
+    c.assume(p, "a", (1,))
+    assert not c.observe_pod(bound(p, "a", (1,)))  # the watch confirms the bind
+    assert c.snapshot().state.cpu_used[0] == 1000
+    grown = replace(p, cpu_milli=3000)
+    c.observe_pod(bound(grown, "a", (1,)))  # resized in place: 1 -> 3 CPUs
+    s = c.snapshot().state
+    assert s.cpu_used[0] == 3000
+    assert list(s.gpu_used[0]) == [0, 1000]  # still on the GPU it holds
