@@ -43,7 +43,8 @@ from typing import Any
 
 from gpusched.model import GPU_MILLI, Node, Pod, QuantityError, cpu_milli, memory_mib, parse_quantity
 from gpusched.model.mig import profile_of
-from gpusched.model.pod import Gang
+from gpusched.model.node import Taint
+from gpusched.model.pod import Gang, Toleration
 from gpusched.model.topology import ISLANDS_ANNOTATION, default_islands, parse_islands
 from gpusched.state.records import NodeRecord, PodRecord
 
@@ -81,7 +82,8 @@ ANNOTATION_GANG_TOPOLOGY = "gpusched.io/gang-topology"
 UNKNOWN_MODEL = "unknown"
 """Model of GPUs on a node that has no ``nvidia.com/gpu.product`` label."""
 
-_TOLERATED_TAINT_EFFECTS = ("PreferNoSchedule",)
+_KEEP_OFF_EFFECTS = ("NoSchedule", "NoExecute")
+"""Taint effects a pod must tolerate to be placed (PreferNoSchedule is only a preference)."""
 
 
 class ConvertError(ValueError):
@@ -156,18 +158,16 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
             continue
         if profile is not None and v:
             slices.append((profile, v))
-    excluded = ""
-    if spec.get("unschedulable"):
-        excluded = "node(s) were unschedulable"
-    else:
-        for taint in spec.get("taints") or ():
-            if taint.get("effect") not in _TOLERATED_TAINT_EFFECTS:
-                excluded = f"node(s) had untolerated taint {{{taint.get('key', '')}: {taint.get('value', '')}}}"
-                break
+    excluded = "node(s) were unschedulable" if spec.get("unschedulable") else ""
+    taints = tuple(
+        Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect")))
+        for t in spec.get("taints") or ()
+        if isinstance(t, Mapping) and t.get("effect") in _KEEP_OFF_EFFECTS
+    )
     if slices and not model:
         model = UNKNOWN_MODEL
     try:
-        node = Node(name, cpu, mem, gpus, model, gpu_mem, dict(labels), islands, tuple(slices))
+        node = Node(name, cpu, mem, gpus, model, gpu_mem, dict(labels), islands, tuple(slices), taints=taints)
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
     return NodeRecord(node, excluded, tuple((k, v) for k, v in mig if v), "; ".join(warnings))
@@ -383,10 +383,26 @@ def _pod(
             mig_profile,
             island,
             gang,
+            _tolerations(spec),
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
     return pod, error
+
+
+def _tolerations(spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
+    """The pod's tolerations that can matter for placement, in a canonical order."""
+    out = {
+        Toleration(
+            str(t.get("key") or ""),
+            str(t.get("operator") or "Equal"),
+            str(t.get("value") or ""),
+            str(t.get("effect") or ""),
+        )
+        for t in spec.get("tolerations") or ()
+        if isinstance(t, Mapping) and t.get("effect", "") in ("", *_KEEP_OFF_EFFECTS)
+    }
+    return tuple(sorted(out, key=lambda t: (t.key, t.operator, t.value, t.effect)))
 
 
 _TRACKED_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage", GPU_RESOURCE, ANNOTATION_GPU_MILLI})

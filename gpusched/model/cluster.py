@@ -17,9 +17,9 @@ import numpy as np
 import numpy.typing as npt
 
 from gpusched.model.mig import MigGeometry, MigLayout, geometry_for, mig_config
-from gpusched.model.node import GPU_MILLI, Node
+from gpusched.model.node import GPU_MILLI, Node, Taint
 from gpusched.model.placement import Assignment, MigPartition
-from gpusched.model.pod import PodShape
+from gpusched.model.pod import PodShape, Toleration, tolerated
 
 __all__ = ["BoolArray", "Cluster", "ClusterState", "IntArray", "mig_plan"]
 
@@ -60,6 +60,13 @@ class Cluster:
             np.array([model_id[x.gpu_model] if x.gpu_count else -1 for x in nodes], dtype=np.int64)
         )
         self._model_masks: dict[frozenset[str], BoolArray] = {}
+        taint_sets = sorted({x.taints for x in nodes}, key=repr)
+        taint_index = {t: i for i, t in enumerate(taint_sets)}
+        self.taint_sets: tuple[tuple[Taint, ...], ...] = tuple(taint_sets)
+        self.taint_id: IntArray = _frozen(np.array([taint_index[x.taints] for x in nodes], dtype=np.int64))
+        """Index into ``taint_sets`` per node (nodes with equal taints share one)."""
+        self.tainted: bool = any(x.taints for x in nodes)
+        self._toleration_masks: dict[tuple[Toleration, ...], BoolArray] = {}
         islands = np.full((n, self.max_gpus), -1, dtype=np.int64)
         for i, node in enumerate(self.nodes):
             islands[i, : node.gpu_count] = node.islands
@@ -113,6 +120,15 @@ class Cluster:
                 mask = self.model_id >= 0
             mask = _frozen(mask)
             self._model_masks[models] = mask
+        return mask
+
+    def toleration_mask(self, tolerations: tuple[Toleration, ...]) -> BoolArray:
+        """Nodes whose taints ``tolerations`` all tolerate (every node without taints)."""
+        mask = self._toleration_masks.get(tolerations)
+        if mask is None:
+            ok = np.array([tolerated(tolerations, ts) for ts in self.taint_sets], dtype=np.bool_)
+            mask = _frozen(ok[self.taint_id] if len(self.nodes) else np.zeros(0, dtype=np.bool_))
+            self._toleration_masks[tolerations] = mask
         return mask
 
     def empty_state(self) -> ClusterState:
@@ -230,6 +246,8 @@ class ClusterState:
         if shape.mig_profile:
             return self._mig_mask(shape)
         ok = (self.cpu_free >= shape.cpu_milli) & (self.mem_free >= shape.memory_mib)
+        if self.cluster.tainted:
+            ok &= self.cluster.toleration_mask(shape.tolerations)
         if shape.num_gpu == 0:
             return ok
         ok &= self.cluster.model_mask(shape.gpu_models)
@@ -250,6 +268,8 @@ class ClusterState:
 
     def _mig_mask(self, shape: PodShape) -> BoolArray:
         ok = (self.cpu_free >= shape.cpu_milli) & (self.mem_free >= shape.memory_mib)
+        if self.cluster.tainted:
+            ok &= self.cluster.toleration_mask(shape.tolerations)
         if shape.gpu_models:
             ok &= self.cluster.model_mask(shape.gpu_models)
         return ok & self.mig_available(shape.mig_profile)

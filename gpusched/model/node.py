@@ -6,12 +6,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["GPU_MILLI", "Node"]
+__all__ = ["GPU_MILLI", "Node", "Taint"]
 
 GPU_MILLI = 1000
 """Capacity of one whole GPU in thousandths; fractional shares are carved from it."""
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """A node taint that keeps pods off unless they tolerate it (effect NoSchedule or NoExecute)."""
+
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+    def __str__(self) -> str:
+        return f"{{{self.key}: {self.value}}}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +48,8 @@ class Node:
     """MIG instances the node advertises (``nvidia.com/mig-<profile>`` counts), on GPUs in MIG
     mode; those GPUs are not in ``gpu_count``."""
     mig_repartition: bool = False
+    taints: tuple[Taint, ...] = ()
+    """Taints a pod must tolerate to be placed here."""
     """Idle GPUs may be re-partitioned: the solver may choose a MIG layout for them."""
 
     def __post_init__(self) -> None:

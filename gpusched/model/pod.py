@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpusched.model.node import GPU_MILLI
+from gpusched.model.node import GPU_MILLI, Taint
 
-__all__ = ["ISLAND_MODES", "Gang", "Pod", "PodShape", "mig_milli"]
+__all__ = ["ISLAND_MODES", "Gang", "Pod", "PodShape", "Toleration", "mig_milli"]
 
 ISLAND_MODES = ("", "required", "preferred")
 """How a multi-GPU pod asks for its GPUs within one island: not at all, as a must, as a wish."""
@@ -52,6 +52,30 @@ class Gang:
 
 
 @dataclass(frozen=True, slots=True)
+class Toleration:
+    """A pod toleration, matched as the API defines it: ``Exists`` with an empty key tolerates
+    every taint; an empty effect matches every effect."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: Taint) -> bool:
+        """Whether this toleration lets a pod onto a node with ``taint``."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
+
+
+def tolerated(tolerations: tuple[Toleration, ...], taints: tuple[Taint, ...]) -> bool:
+    """Whether every taint is tolerated by one of ``tolerations``."""
+    return all(any(t.tolerates(taint) for t in tolerations) for taint in taints)
+
+
+@dataclass(frozen=True, slots=True)
 class PodShape:
     """The part of a pod that placement depends on; pods of one shape are interchangeable."""
 
@@ -62,6 +86,7 @@ class PodShape:
     gpu_models: frozenset[str]
     mig_profile: str = ""
     island: str = ""
+    tolerations: tuple[Toleration, ...] = ()
 
     @property
     def gpu_demand_milli(self) -> int:
@@ -103,6 +128,8 @@ class Pod:
     island: str = ""
     """``required`` or ``preferred``: all GPUs of the pod within one island of its node."""
     gang: Gang | None = None
+    tolerations: tuple[Toleration, ...] = ()
+    """Taints of nodes it may go to (a node's taints must all be tolerated)."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"
@@ -141,7 +168,14 @@ class Pod:
         """The resource shape that placement depends on."""
         island = self.island if self.num_gpu > 1 else ""
         return PodShape(
-            self.cpu_milli, self.memory_mib, self.num_gpu, self.gpu_milli, self.gpu_models, self.mig_profile, island
+            self.cpu_milli,
+            self.memory_mib,
+            self.num_gpu,
+            self.gpu_milli,
+            self.gpu_models,
+            self.mig_profile,
+            island,
+            self.tolerations,
         )
 
     @property

@@ -89,6 +89,11 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
             reasons[reason] += int(failed.sum())
         left = left & ok
 
+    if cluster.tainted:
+        for i, taints in enumerate(cluster.taint_sets):
+            missing = [t for t in taints if not any(tol.tolerates(t) for tol in pod.tolerations)]
+            if missing:
+                check(cluster.taint_id != i, f"node(s) had untolerated taint {missing[0]}")
     if pod.num_gpu:
         has_gpu = cluster.gpu_count > 0
         check(has_gpu, INSUFFICIENT_GPU)

@@ -83,7 +83,9 @@ def node_classes(state: ClusterState, extra: Sequence[IntArray] = ()) -> np.ndar
     """Class id per node: equal ids have equal free CPU, memory, GPU model and GPU shares
     (and equal ``extra`` columns: free islands, MIG instances, topology domains)."""
     free = np.sort(state.gpu_free, axis=1)
-    sig = np.column_stack([state.cpu_free, state.mem_free, state.cluster.model_id, free, *extra])
+    sig = np.column_stack(
+        [state.cpu_free, state.mem_free, state.cluster.model_id, state.cluster.taint_id, free, *extra]
+    )
     _, inverse = np.unique(sig, axis=0, return_inverse=True)
     return inverse.reshape(-1)
 

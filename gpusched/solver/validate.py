@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from gpusched.model import GPU_MILLI, Assignment, ClusterState, Plan, Pod
+from gpusched.model.pod import tolerated
 
 __all__ = ["PlanError", "island_problems", "plan_problems", "validate_plan"]
 
@@ -51,6 +52,8 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
             problems.append(f"pod {p.key}: GPU index repeated in {list(a.gpus)}")
         if (p.num_gpu or p.mig_profile) and not p.shape.accepts(node.gpu_model):
             problems.append(f"pod {p.key}: GPU model {node.gpu_model!r} on {node.name} is not accepted")
+        if node.taints and not tolerated(p.tolerations, node.taints):
+            problems.append(f"pod {p.key}: does not tolerate the taints of {node.name}")
         for g in a.gpus:
             if not 0 <= g < node.gpu_count:
                 problems.append(f"pod {p.key}: {node.name} has no GPU {g}")

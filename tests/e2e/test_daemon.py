@@ -205,11 +205,34 @@ async def test_unschedulable_pod_is_retried_when_the_cluster_changes(
         daemon.stop()
 
 
+async def test_tainted_gpu_nodes_take_only_pods_that_tolerate_them(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    gpu = kit.node("tainted-gpu-0", 4, "T4")
+    gpu["spec"] = {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}
+    await kit.create_all(kube, "/api/v1/nodes", [gpu, kit.node("tainted-cpu-0", 0, "")])
+    tolerating = kit.pod("tolerating", name, gpus=1)
+    tolerating["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    pods = [tolerating, kit.pod("intolerant", name, gpus=1), kit.pod("cpu", name)]
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", pods)
+        final = {p["metadata"]["name"]: p for p in await kit.wait_settled(kube, namespace, 3, timeout=30)}
+    finally:
+        daemon.stop()
+    assert final["tolerating"]["spec"].get("nodeName") == "tainted-gpu-0"
+    assert final["cpu"]["spec"].get("nodeName") == "tainted-cpu-0"
+    assert not final["intolerant"]["spec"].get("nodeName")
+    message = (kit.condition(final["intolerant"]) or {}).get("message", "")
+    assert "1 node(s) had untolerated taint {nvidia.com/gpu: present}" in message, message
+
+
 async def test_a_gated_pod_waits_for_its_gates_then_is_bound(
     control_plane: ControlPlane, kube: Kube, namespace: str
 ) -> None:
     name = sched_name()
-    await kit.create_all(kube, "/api/v1/nodes", [kit.node("gpu-0", 2, "T4")])
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node("gated-gpu-0", 2, "T4")])
     gated = kit.pod("gated", name, gpus=1)
     gated["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
     daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")

@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 
 from gpusched.kube.convert import ConvertError, node_record, pod_record
+from gpusched.model.node import Taint
+from gpusched.model.pod import Toleration
 
 
 def node_obj(name: str = "n1", gpus: str | None = "8", labels: dict[str, str] | None = None, **spec: Any) -> Any:
@@ -62,12 +64,26 @@ def test_gpus_count_only_when_the_device_plugin_advertises_them() -> None:
     assert node_record(node_obj(gpus="4")).node.gpu_model == "unknown"
 
 
-def test_cordoned_and_tainted_nodes_are_excluded_with_a_reason() -> None:
+def test_cordoned_nodes_are_excluded_and_taints_kept_for_the_pods_to_tolerate() -> None:
     assert "unschedulable" in node_record(node_obj(unschedulable=True)).excluded
     tainted = node_record(node_obj(taints=[{"key": "gpu", "value": "broken", "effect": "NoSchedule"}]))
-    assert tainted.excluded == "node(s) had untolerated taint {gpu: broken}"
+    assert tainted.excluded == ""
+    assert tainted.node.taints == (Taint("gpu", "broken", "NoSchedule"),)
     soft = node_record(node_obj(taints=[{"key": "x", "effect": "PreferNoSchedule"}]))
-    assert soft.excluded == ""
+    assert (soft.excluded, soft.node.taints) == ("", ())
+
+
+def test_tolerations_are_read() -> None:
+    tolerations = [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+        {"key": "x", "effect": "PreferNoSchedule"},
+    ]
+    pod = pod_record(pod_obj(tolerations=tolerations)).pod
+    assert pod.tolerations == (
+        Toleration("node.kubernetes.io/not-ready", "Exists", "", "NoExecute"),
+        Toleration("nvidia.com/gpu", "Exists", "", "NoSchedule"),
+    )
 
 
 def test_mig_slices_are_read() -> None:
