@@ -57,6 +57,11 @@ class _Held:
     """GPU indices the pod's annotation names, if any."""
 
 
+def _another(held: _Held, uid: str) -> bool:
+    """``held`` is an earlier (or later) pod of the same name than the one with ``uid``."""
+    return bool(uid and held.pod.uid and held.pod.uid != uid)
+
+
 def _request(p: Pod) -> tuple[int, int, int, int, str]:
     """What a pod holds on its node."""
     return (p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, p.mig_profile)
@@ -141,7 +146,7 @@ class Cache:
         """The pod is gone; True when it held resources.  With ``uid``, a pod of the same name
         but another UID (created again since) is left alone."""
         held = self._held.get(key)
-        if held is None or (uid and held.pod.uid and held.pod.uid != uid):
+        if held is None or _another(held, uid):
             return False
         self._drop(key)
         return True
@@ -180,7 +185,7 @@ class Cache:
         """Whether ``key`` is on the books, bound or assumed (with ``uid``: that pod, not an
         earlier one of the same name)."""
         held = self._held.get(key)
-        return held is not None and not (uid and held.pod.uid and held.pod.uid != uid)
+        return held is not None and not _another(held, uid)
 
     def is_assumed(self, key: str) -> bool:
         """Whether ``key`` is assumed and not yet confirmed."""
