@@ -82,9 +82,9 @@ class Reflector:
                     continue
                 if time.monotonic() - started > 30:  # it had been running: not a failure streak
                     delay = 0.2
-                action = "resuming" if listed else "listing again"
                 log.warning(
-                    f"watch failed, {action}",
+                    "watch failed, retrying",
+                    then="watch from rv" if listed else "list",
                     watch=self.name,
                     error=str(exc),
                     rv=self.resource_version,
