@@ -127,7 +127,7 @@ class Cluster:
         mask = self._toleration_masks.get(tolerations)
         if mask is None:
             ok = np.array([tolerated(tolerations, ts) for ts in self.taint_sets], dtype=np.bool_)
-            mask = _frozen(ok[self.taint_id] if len(self.nodes) else np.zeros(0, dtype=np.bool_))
+            mask = _frozen(ok[self.taint_id])
             self._toleration_masks[tolerations] = mask
         return mask
 

@@ -70,9 +70,14 @@ class Toleration:
         return self.key == taint.key and self.value == taint.value
 
 
+def untolerated(tolerations: tuple[Toleration, ...], taints: tuple[Taint, ...]) -> list[Taint]:
+    """The taints none of ``tolerations`` tolerates, in the node's order."""
+    return [taint for taint in taints if not any(t.tolerates(taint) for t in tolerations)]
+
+
 def tolerated(tolerations: tuple[Toleration, ...], taints: tuple[Taint, ...]) -> bool:
     """Whether every taint is tolerated by one of ``tolerations``."""
-    return all(any(t.tolerates(taint) for t in tolerations) for taint in taints)
+    return not untolerated(tolerations, taints)
 
 
 @dataclass(frozen=True, slots=True)

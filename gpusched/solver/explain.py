@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpusched.model import ClusterState, Pod
+from gpusched.model.pod import untolerated
 
 __all__ = [
     "DEFERRED",
@@ -91,7 +92,7 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
 
     if cluster.tainted:
         for i, taints in enumerate(cluster.taint_sets):
-            missing = [t for t in taints if not any(tol.tolerates(t) for tol in pod.tolerations)]
+            missing = untolerated(pod.tolerations, taints)
             if missing:
                 check(cluster.taint_id != i, f"node(s) had untolerated taint {missing[0]}")
     if pod.num_gpu:
