@@ -7,7 +7,9 @@ nodes of the Alibaba trace's node mix.  The same P-pod stream (trace pods drawn
 with replacement in a seeded random order) is created twice, in a fresh
 namespace each time, once for kube-scheduler and once for gpusched, and the pods
 are deleted in between.  Each scheduler runs as its own process with the same
-client limits (``--qps``/``--burst``, kube-scheduler's defaults 50/100).
+client limits (``--qps``/``--burst``, kube-scheduler's defaults 50/100).  A
+run's stream starts one second after its scheduler's ``/readyz`` says ok
+(``ready_s``: how long that took from the process start).
 
 kube-scheduler runs its best bin-packing: one profile with its own
 ``schedulerName``, NodeResourcesFit with the ``MostAllocated`` strategy over
@@ -41,6 +43,7 @@ import json
 import math
 import os
 import random
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -48,6 +51,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -142,7 +147,11 @@ def peak_rss_mib(pid: int) -> float:
     return math.nan
 
 
-def start_kube_scheduler(cp: ControlPlane, work: Path, name: str, qps: float, burst: int) -> subprocess.Popen[bytes]:
+Started = tuple[subprocess.Popen[bytes], str]
+"""A scheduler process and the URL of its ``/readyz``."""
+
+
+def start_kube_scheduler(cp: ControlPlane, work: Path, name: str, qps: float, burst: int) -> Started:
     cfg = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
@@ -174,22 +183,47 @@ def start_kube_scheduler(cp: ControlPlane, work: Path, name: str, qps: float, bu
     path.write_text(json.dumps(cfg))
     (port,) = _free_ports(1)
     log = (work / "kube-scheduler.log").open("wb")
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [str(cp.assets / "kube-scheduler"), f"--config={path}", "--bind-address=127.0.0.1", f"--secure-port={port}"],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    return proc, f"https://127.0.0.1:{port}/readyz"
 
 
-def start_gpusched(cp: ControlPlane, work: Path, name: str, qps: float, burst: int) -> subprocess.Popen[bytes]:
+def start_gpusched(cp: ControlPlane, work: Path, name: str, qps: float, burst: int) -> Started:
     log = (work / "gpusched.log").open("wb")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     env.pop("KUBERNETES_SERVICE_HOST", None)
     argv = [sys.executable, "-m", "gpusched", "run", "--kubeconfig", str(cp.scheduler_kubeconfig)]
-    argv += ["--scheduler-name", name, "--no-leader-elect", "--metrics-host", "127.0.0.1", "--metrics-port", "0"]
+    (port,) = _free_ports(1)
+    argv += ["--scheduler-name", name, "--no-leader-elect", "--metrics-host", "127.0.0.1", "--metrics-port", str(port)]
     argv += ["--kube-api-qps", str(qps), "--kube-api-burst", str(burst)]
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}/readyz"
+
+
+async def wait_ready(proc: subprocess.Popen[bytes], url: str, work: Path, timeout: float = 60.0) -> float:
+    """Poll the scheduler's ``/readyz`` until it answers 200; seconds it took.
+
+    kube-scheduler serves it over TLS with a self-signed certificate and lets anyone read
+    it; gpusched says ready once its watches have listed and its solver is loaded.
+    """
+    start = time.monotonic()
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() - start < timeout:
+            if proc.poll() is not None:
+                raise SystemExit(f"the scheduler exited with {proc.returncode} before it was ready; see {work}")
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with s.get(url, ssl=insecure) as r:  # ignored for plain http
+                    if r.status == 200:
+                        return time.monotonic() - start
+            await asyncio.sleep(0.05)
+    raise SystemExit(f"{url} not ready after {timeout:.0f}s; see {work}")
 
 
 async def run_one(
@@ -207,12 +241,15 @@ async def run_one(
     sched_name = f"{who.replace('_', '-')}-bench"
     r = await kube.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
     assert r.ok, r.body
-    proc = (start_kube_scheduler if who == "kube_scheduler" else start_gpusched)(cp, work, sched_name, qps, burst)
+    proc, ready_url = (start_kube_scheduler if who == "kube_scheduler" else start_gpusched)(
+        cp, work, sched_name, qps, burst
+    )
     tracker = Tracker()
     watch = Reflector(kube, ns, f"/api/v1/namespaces/{ns}/pods", tracker)
     watch_task = asyncio.create_task(watch.run(), name=f"watch-{ns}")
     await asyncio.wait_for(watch.synced.wait(), 30)
-    await asyncio.sleep(3.0)  # let the scheduler list the nodes and settle before the stream
+    ready_s = await wait_ready(proc, ready_url, work)
+    await asyncio.sleep(1.0)  # then the same settling time for both
     created: dict[str, float] = {}
     sem = asyncio.Semaphore(64)
     path = f"/api/v1/namespaces/{ns}/pods"
@@ -280,6 +317,7 @@ async def run_one(
         "submitted": len(pods),
         "bound": len(bound),
         "stream_s": round(end - t0, 1),
+        "ready_s": round(ready_s, 2),
     }
     print(f"{who}: {json.dumps(result)}", file=sys.stderr, flush=True)
     if empty_after:

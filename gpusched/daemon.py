@@ -38,7 +38,7 @@ import structlog
 
 from gpusched.config import GpuschedConfig
 from gpusched.kube.binder import Binder, BindResult
-from gpusched.kube.client import Kube, connect
+from gpusched.kube.client import Kube, bind_concurrency, connect
 from gpusched.kube.configmap import ConfigMapHandler
 from gpusched.kube.convert import ConvertError, node_record, pod_record
 from gpusched.kube.leader import LeaderElector
@@ -191,12 +191,13 @@ class Scheduler:
         self.cache = Cache()
         self.metrics = SchedulerMetrics()
         self.binder = Binder(kube, self.identity, events=kube.sibling())
-        self._bind_slots = asyncio.Semaphore(max(1, settings.kube_burst))
+        self._bind_slots = asyncio.Semaphore(bind_concurrency(settings.kube_qps))
         self._tasks: set[asyncio.Task[None]] = set()
         self._policy: Policy | None = None
         self._policy_cluster: Cluster | None = None
         self._shapes: Counter[TypicalShape] = Counter()
         self._leading = asyncio.Event()
+        self._solver_loaded = False
         self._batches = 0
         self.set_config(self.config)
         self.reflectors = [
@@ -275,9 +276,14 @@ class Scheduler:
         return self._leading.is_set()
 
     def ready(self) -> tuple[bool, str]:
-        """For ``/readyz``: every watch has listed."""
+        """For ``/readyz``: every watch has listed and the solver is loaded, so a pod that
+        arrives now is placed at once."""
         waiting = [r.name for r in self.reflectors if not r.synced.is_set()]
-        return (not waiting, f"waiting for the first list of {', '.join(waiting)}" if waiting else "")
+        if waiting:
+            return False, f"waiting for the first list of {', '.join(waiting)}"
+        if not self._solver_loaded:
+            return False, "loading the solver"
+        return True, ""
 
     def _client_idle(self) -> bool:
         """More than half the bind client's burst is unspent: it has requests to spare.
@@ -328,6 +334,7 @@ class Scheduler:
         log.info("caches synced", nodes=len(self.cache.nodes), bound_pods=self.cache.held_count)
         # Build the policy (and import the solver) now rather than inside the first batch.
         await asyncio.to_thread(self._policy_for, self.cache.snapshot().cluster)
+        self._solver_loaded = True
         while True:
             await self._leading.wait()
             await self._bind_room.wait()

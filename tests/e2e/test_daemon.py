@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gpusched.daemon import DaemonSettings, Scheduler
 from gpusched.kube.client import MERGE_PATCH, Kube
 from tests.controlplane import SCHEDULER_NAMESPACE, ControlPlane
 from tests.e2e import kit
@@ -431,6 +432,31 @@ async def test_metrics_health_and_readiness(control_plane: ControlPlane, kube: K
         assert await _metric(port, "gpusched_gpu_allocation_ratio") == pytest.approx(3 / 8)
     finally:
         daemon.stop()
+
+
+async def test_ready_only_once_the_watches_listed_and_the_solver_is_loaded(
+    control_plane: ControlPlane, kube: Kube
+) -> None:
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node("r-0", 8, "A100-SXM4-80GB")])
+    sched = Scheduler(DaemonSettings(scheduler_name=sched_name(), leader_elect=False), kube)
+    ok, why = sched.ready()
+    assert not ok
+    assert why == "waiting for the first list of nodes, bound-pods, pending-pods"
+    watches = [asyncio.create_task(r.run()) for r in sched.reflectors]
+    tasks = list(watches)
+    try:
+        await asyncio.wait_for(asyncio.gather(*(r.synced.wait() for r in sched.reflectors)), 10)
+        assert sched.ready() == (False, "loading the solver")
+        tasks.append(asyncio.create_task(sched.schedule_forever()))
+        for _ in range(200):
+            if sched.ready()[0]:
+                break
+            await asyncio.sleep(0.05)
+        assert sched.ready() == (True, "")
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _member(name: str, scheduler: str, group: str, minimum: int, gpus: int = 8, **annotations: str) -> dict[str, Any]:

@@ -71,3 +71,12 @@ async def test_connect_keeps_a_pool_sized_to_the_request_rate(tmp_path: Path) ->
         assert connector.limit == 48
     finally:
         await kube.close()
+
+
+def test_binds_in_flight_follow_the_rate_and_fit_the_pool() -> None:
+    assert client.bind_concurrency(50) == 10
+    assert client.bind_concurrency(5) == 8
+    assert client.bind_concurrency(500) == 100
+    assert client.bind_concurrency(5000) == 100
+    for qps in (50, 200, 500, 5000):
+        assert client.bind_concurrency(qps) <= client.connection_limit(qps) - 8  # watches keep theirs
