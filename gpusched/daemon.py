@@ -40,7 +40,7 @@ from gpusched.config import GpuschedConfig
 from gpusched.kube.binder import Binder, BindResult
 from gpusched.kube.client import Kube, bind_concurrency, connect
 from gpusched.kube.configmap import ConfigMapHandler
-from gpusched.kube.convert import ConvertError, node_record, pod_record
+from gpusched.kube.convert import ConvertError, claim_record, node_record, pod_record, volume_record
 from gpusched.kube.leader import LeaderElector
 from gpusched.kube.watch import Reflector
 from gpusched.metrics.exporter import HealthServer, SchedulerMetrics
@@ -53,6 +53,7 @@ from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
 from gpusched.state.cache import Cache, Snapshot
 from gpusched.state.records import PodRecord
+from gpusched.state.volumes import Claims
 
 __all__ = ["DaemonSettings", "Scheduler", "run_daemon"]
 
@@ -142,6 +143,38 @@ class _BoundHandler:
             self.s.queue.move_all()
 
 
+class _ClaimHandler:
+    """PersistentVolumeClaims: a pod refused for its claims is retried when one changes."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.s.claims.replace_claims([claim_record(o) for o in objects])
+        self.s.queue.move_all()
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        rec = claim_record(obj)
+        if self.s.claims.delete_claim(rec.key) if kind == "DELETED" else self.s.claims.upsert_claim(rec):
+            self.s.queue.move_all()
+
+
+class _VolumeHandler:
+    """PersistentVolumes: whether a claim's volume can be used on every node."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.s.claims.replace_volumes([volume_record(o) for o in objects])
+        self.s.queue.move_all()
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        rec = volume_record(obj)
+        if self.s.claims.delete_volume(rec.name) if kind == "DELETED" else self.s.claims.upsert_volume(rec):
+            self.s.queue.move_all()
+
+
 class _PendingHandler:
     """Unbound pods that name this scheduler: what to place."""
 
@@ -189,6 +222,7 @@ class Scheduler:
         """Backpressure: no new batch is drawn while this many binds wait, so decisions stay fresh
         (made against the cluster as it is, not minutes ahead of the binder) and memory stays flat."""
         self.cache = Cache()
+        self.claims = Claims()
         self.metrics = SchedulerMetrics()
         self.binder = Binder(kube, self.identity, events=kube.sibling())
         self._bind_slots = asyncio.Semaphore(bind_concurrency(settings.kube_qps))
@@ -216,6 +250,8 @@ class Scheduler:
                 _PendingHandler(self),
                 field_selector=f"spec.schedulerName={settings.scheduler_name},spec.nodeName=",
             ),
+            Reflector(kube, "claims", "/api/v1/persistentvolumeclaims", _ClaimHandler(self)),
+            Reflector(kube, "volumes", "/api/v1/persistentvolumes", _VolumeHandler(self)),
         ]
         self.config_handler: ConfigMapHandler | None = None
         if settings.config_map:
@@ -367,6 +403,10 @@ class Scheduler:
                 continue
             if self.cache.holds(r.key, r.uid):  # a bind of it is already in flight or done: never twice
                 self.queue.done(r.key)
+                continue
+            volumes = self.claims.problem(r.pod.namespace, r.claims) if r.claims else ""
+            if volumes:
+                self._unschedulable(r.pod, volumes, "Volumes")
                 continue
             todo.append(r)
         if not todo:
@@ -635,6 +675,16 @@ async def explain_pod(
         if rec.error:
             lines.append(f"pod {rec.key} cannot be scheduled as written: {rec.error}")
             return "\n".join(lines), 1
+        if rec.claims:
+            claims = Claims()
+            pvcs, _ = await kube.list(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims")
+            claims.replace_claims([claim_record(o) for o in pvcs])
+            pvs, _ = await kube.list("/api/v1/persistentvolumes")
+            claims.replace_volumes([volume_record(o) for o in pvs])
+            volumes = claims.problem(namespace, rec.claims)
+            if volumes:
+                lines.append(f"pod {rec.key} cannot be bound: {volumes}")
+                return "\n".join(lines), 1
         cache = Cache()
         nodes, _ = await kube.list("/api/v1/nodes")
         recs = []

@@ -31,6 +31,11 @@ Gangs
     ``nvidia.com/gpu.clique``) with ``gpusched.io/gang-topology: required|preferred``
     keeps the gang within one domain of it.
 
+Volumes
+    the claims a pod mounts (``persistentVolumeClaim`` volumes, and the claim
+    ``<pod>-<volume>`` of each generic ephemeral volume) are kept on its record;
+    ``gpusched.state.volumes`` decides whether they let the pod be bound.
+
 The scheduler writes the GPU indices it chose to ``gpusched.io/gpu-indices`` (``"0,1"``)
 together with the Binding.
 """
@@ -47,6 +52,7 @@ from gpusched.model.node import Taint
 from gpusched.model.pod import Gang, Toleration
 from gpusched.model.topology import ISLANDS_ANNOTATION, default_islands, parse_islands
 from gpusched.state.records import NodeRecord, PodRecord
+from gpusched.state.volumes import ClaimRecord, VolumeRecord
 
 __all__ = [
     "ANNOTATION_GANG_KEY",
@@ -62,8 +68,10 @@ __all__ = [
     "LABEL_GPU_PRODUCT",
     "LABEL_POD_GROUP",
     "ConvertError",
+    "claim_record",
     "node_record",
     "pod_record",
+    "volume_record",
 ]
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -276,7 +284,43 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
         error=error,
         unschedulable=_unschedulable(status),
         gated=bool(spec.get("schedulingGates")),
+        claims=_claims(name, spec),
     )
+
+
+def _claims(pod_name: str, spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """Names of the claims the pod mounts, in its volumes' order."""
+    out: list[str] = []
+    for v in spec.get("volumes") or ():
+        if not isinstance(v, Mapping):
+            continue
+        pvc = v.get("persistentVolumeClaim")
+        if isinstance(pvc, Mapping) and pvc.get("claimName"):
+            out.append(str(pvc["claimName"]))
+        elif isinstance(v.get("ephemeral"), Mapping) and v.get("name"):
+            out.append(f"{pod_name}-{v['name']}")  # the claim the ephemeral volume controller creates
+    return tuple(dict.fromkeys(out))
+
+
+def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:
+    """A PersistentVolumeClaim: the volume it is bound to, if any."""
+    meta = _meta(obj)
+    spec: Mapping[str, Any] = obj.get("spec") or {}
+    status: Mapping[str, Any] = obj.get("status") or {}
+    return ClaimRecord(
+        str(meta.get("namespace") or "default"),
+        str(meta["name"]),
+        volume=str(spec.get("volumeName") or ""),
+        bound=status.get("phase") == "Bound",
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def volume_record(obj: Mapping[str, Any]) -> VolumeRecord:
+    """A PersistentVolume: whether only some nodes can use it."""
+    meta = _meta(obj)
+    affinity: Mapping[str, Any] = (obj.get("spec") or {}).get("nodeAffinity") or {}
+    return VolumeRecord(str(meta["name"]), pinned=bool(affinity.get("required")))
 
 
 def _unschedulable(status: Mapping[str, Any]) -> str | None:

@@ -58,6 +58,8 @@ class PodRecord:
     """The message of the pod's ``PodScheduled=False`` (reason ``Unschedulable``) condition, if it has one."""
     gated: bool = False
     """The pod has ``spec.schedulingGates``: nobody may bind it until they are removed."""
+    claims: tuple[str, ...] = ()
+    """Names of the PersistentVolumeClaims the pod mounts (in its namespace)."""
 
     @property
     def key(self) -> str:

@@ -441,7 +441,7 @@ async def test_ready_only_once_the_watches_listed_and_the_solver_is_loaded(
     sched = Scheduler(DaemonSettings(scheduler_name=sched_name(), leader_elect=False), kube)
     ok, why = sched.ready()
     assert not ok
-    assert why == "waiting for the first list of nodes, bound-pods, pending-pods"
+    assert why == "waiting for the first list of nodes, bound-pods, pending-pods, claims, volumes"
     watches = [asyncio.create_task(r.run()) for r in sched.reflectors]
     tasks = list(watches)
     try:
@@ -533,3 +533,84 @@ async def test_gangs_mig_slices_and_gpu_islands(control_plane: ControlPlane, kub
             timeout=60,
         )
         assert expected in out.stdout, out.stdout + out.stderr
+
+
+def _volume(name: str, claim_ns: str, claim: str, *, pinned_to: str = "") -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "capacity": {"storage": "1Gi"},
+        "accessModes": ["ReadWriteOnce"],
+        "hostPath": {"path": f"/data/{name}"},
+        "claimRef": {"namespace": claim_ns, "name": claim},
+    }
+    if pinned_to:
+        term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [pinned_to]}]}
+        spec["nodeAffinity"] = {"required": {"nodeSelectorTerms": [term]}}
+    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name}, "spec": spec}
+
+
+async def _claim(kube: Kube, ns: str, name: str, volume: str = "") -> None:
+    """A claim; with ``volume``, bound to it (no volume controller runs here, so the test binds it)."""
+    spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    if volume:
+        spec["volumeName"] = volume
+    await kit.create_all(
+        kube, f"/api/v1/namespaces/{ns}/persistentvolumeclaims", [{"metadata": {"name": name}, "spec": spec}]
+    )
+    if volume:
+        r = await kube.request(
+            "PATCH",
+            f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{name}/status",
+            body={"status": {"phase": "Bound"}},
+            content_type=MERGE_PATCH,
+        )
+        assert r.ok, r.body
+
+
+def _with_claim(p: dict[str, Any], claim: str) -> dict[str, Any]:
+    p["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]
+    return p
+
+
+async def test_pods_are_bound_only_when_their_claims_are_bound_to_usable_volumes(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node("vol-gpu-0", 4, "T4")])
+    tag = uuid.uuid4().hex[:6]
+    shared, local, later = f"pv-shared-{tag}", f"pv-local-{tag}", f"pv-later-{tag}"
+    await kit.create_all(
+        kube,
+        "/api/v1/persistentvolumes",
+        [_volume(shared, namespace, "shared"), _volume(local, namespace, "pinned", pinned_to="vol-gpu-0")],
+    )
+    await _claim(kube, namespace, "shared", shared)
+    await _claim(kube, namespace, "pinned", local)
+    await _claim(kube, namespace, "unbound")
+    pods = [
+        _with_claim(kit.pod("ok", name, gpus=1), "shared"),
+        _with_claim(kit.pod("waits-for-provisioning", name, gpus=1), "unbound"),
+        _with_claim(kit.pod("local-volume", name, gpus=1), "pinned"),
+        _with_claim(kit.pod("claim-comes-later", name, gpus=1), "later"),
+    ]
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", pods)
+        final = {p["metadata"]["name"]: p for p in await kit.wait_settled(kube, namespace, 4, timeout=30)}
+        assert final["ok"]["spec"].get("nodeName") == "vol-gpu-0"
+        messages = {n: (kit.condition(p) or {}).get("message", "") for n, p in final.items() if n != "ok"}
+        assert messages["waits-for-provisioning"].startswith('persistentvolumeclaim "unbound" is not bound')
+        assert "spec.nodeAffinity" in messages["local-volume"]
+        assert messages["claim-comes-later"] == 'persistentvolumeclaim "later" not found'
+        events = await kit.scheduled_events(kube, namespace)
+        for pod_name, message in messages.items():
+            assert [e["message"] for e in events[f"FailedScheduling/{pod_name}"]] == [message]
+        assert all(not p["spec"].get("nodeName") for n, p in final.items() if n != "ok")
+        # The missing claim is created and bound: the parked pod is retried and bound.
+        await kit.create_all(kube, "/api/v1/persistentvolumes", [_volume(later, namespace, "later")])
+        await _claim(kube, namespace, "later", later)
+        bound = daemon.wait_log("bind", where=lambda x: x["pod"] == f"{namespace}/claim-comes-later")
+        assert bound["result"] == "bound"
+    finally:
+        daemon.stop()
+        for pv in (shared, local, later):
+            await kube.request("DELETE", f"/api/v1/persistentvolumes/{pv}")

@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from gpusched.kube.convert import ConvertError, node_record, pod_record
+from gpusched.kube.convert import ConvertError, claim_record, node_record, pod_record, volume_record
 from gpusched.model.node import Taint
 from gpusched.model.pod import Toleration
+from gpusched.state.volumes import ClaimRecord, VolumeRecord
 
 
 def node_obj(name: str = "n1", gpus: str | None = "8", labels: dict[str, str] | None = None, **spec: Any) -> Any:
@@ -296,3 +297,28 @@ def test_resources_nodes_are_not_checked_for_are_refused() -> None:
 def test_gated_pods_are_marked() -> None:
     assert pod_record(pod_obj(schedulingGates=[{"name": "kueue.x-k8s.io/admission"}])).gated
     assert not pod_record(pod_obj()).gated
+
+
+def test_claims_of_a_pod_name_its_claim_volumes_and_ephemeral_volume_claims() -> None:
+    volumes = [
+        {"name": "data", "persistentVolumeClaim": {"claimName": "dataset"}},
+        {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}},
+        {"name": "cfg", "configMap": {"name": "x"}},
+        {"name": "again", "persistentVolumeClaim": {"claimName": "dataset"}},
+    ]
+    assert pod_record(pod_obj(volumes=volumes)).claims == ("dataset", "p-scratch")
+    assert pod_record(pod_obj()).claims == ()
+
+
+def test_claim_and_volume_records_say_what_placement_needs() -> None:
+    pvc = {
+        "metadata": {"name": "dataset", "namespace": "ns"},
+        "spec": {"volumeName": "pv-1"},
+        "status": {"phase": "Bound"},
+    }
+    assert claim_record(pvc) == ClaimRecord("ns", "dataset", volume="pv-1", bound=True)
+    pending = {"metadata": {"name": "d", "namespace": "ns", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+    assert claim_record(pending) == ClaimRecord("ns", "d", deleting=True)
+    local = {"metadata": {"name": "pv-2"}, "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [{}]}}}}
+    assert volume_record(local) == VolumeRecord("pv-2", pinned=True)
+    assert volume_record({"metadata": {"name": "pv-3"}, "spec": {"nfs": {}}}) == VolumeRecord("pv-3")

@@ -1,0 +1,108 @@
+"""Persistent volume claims: whether a pod's claims let it be bound anywhere.
+
+gpusched binds a pod only when every claim it mounts is bound to a volume that
+any node can use.  It does not provision volumes: a claim still waiting for a
+volume (a ``WaitForFirstConsumer`` storage class waits for the scheduler to
+pick a node and write ``volume.kubernetes.io/selected-node``, which is
+kube-scheduler's volume binding) would leave the pod bound to a node and
+stuck there.  Nor does it evaluate a volume's node affinity (local volumes,
+zonal disks).  Such pods are refused with the reason instead, and retried when
+a claim or volume changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ClaimRecord", "Claims", "VolumeRecord"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRecord:
+    """A PersistentVolumeClaim, as far as placement cares."""
+
+    namespace: str
+    name: str
+    volume: str = ""
+    """``spec.volumeName``: the volume it is bound to, empty while unbound."""
+    bound: bool = False
+    """``status.phase`` is ``Bound``."""
+    deleting: bool = False
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``."""
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeRecord:
+    """A PersistentVolume, as far as placement cares."""
+
+    name: str
+    pinned: bool = False
+    """It has ``spec.nodeAffinity.required``: only some nodes can use it."""
+
+
+class Claims:
+    """The claims and volumes the watches report, and the verdict on a pod's claims."""
+
+    def __init__(self) -> None:
+        self._claims: dict[str, ClaimRecord] = {}
+        self._volumes: dict[str, VolumeRecord] = {}
+
+    def replace_claims(self, records: list[ClaimRecord]) -> None:
+        """The complete set of claims (after a list)."""
+        self._claims = {r.key: r for r in records}
+
+    def upsert_claim(self, record: ClaimRecord) -> bool:
+        """A claim added or changed; True when what placement sees of it changed."""
+        old = self._claims.get(record.key)
+        self._claims[record.key] = record
+        return old != record
+
+    def delete_claim(self, key: str) -> bool:
+        """A claim is gone; True when it was known."""
+        return self._claims.pop(key, None) is not None
+
+    def replace_volumes(self, records: list[VolumeRecord]) -> None:
+        """The complete set of volumes (after a list)."""
+        self._volumes = {r.name: r for r in records}
+
+    def upsert_volume(self, record: VolumeRecord) -> bool:
+        """A volume added or changed; True when what placement sees of it changed."""
+        old = self._volumes.get(record.name)
+        self._volumes[record.name] = record
+        return old != record
+
+    def delete_volume(self, name: str) -> bool:
+        """A volume is gone; True when it was known."""
+        return self._volumes.pop(name, None) is not None
+
+    def problem(self, namespace: str, claims: tuple[str, ...]) -> str:
+        """Why a pod in ``namespace`` mounting ``claims`` cannot be bound now; "" when it can."""
+        for name in claims:
+            claim = self._claims.get(f"{namespace}/{name}")
+            if claim is None:
+                return f'persistentvolumeclaim "{name}" not found'
+            if claim.deleting:
+                return f'persistentvolumeclaim "{name}" is being deleted'
+            if not claim.volume or not claim.bound:
+                return (
+                    f'persistentvolumeclaim "{name}" is not bound to a volume, and this scheduler does not '
+                    "provision volumes; bind the claim first (a StorageClass with volumeBindingMode: "
+                    "Immediate, or a pre-created volume) or schedule the pod with kube-scheduler"
+                )
+            volume = self._volumes.get(claim.volume)
+            if volume is None:
+                return f'persistentvolume "{claim.volume}" of claim "{name}" not found'
+            if volume.pinned:
+                return (
+                    f'persistentvolume "{claim.volume}" of claim "{name}" can be used only on some nodes '
+                    "(spec.nodeAffinity), which this scheduler does not evaluate; schedule the pod with "
+                    "kube-scheduler"
+                )
+        return ""
+
+    def __len__(self) -> int:
+        return len(self._claims)

@@ -1,0 +1,53 @@
+"""Whether a pod's claims let it be bound: every refusal names the claim and what to do."""
+
+from __future__ import annotations
+
+from gpusched.state.volumes import ClaimRecord, Claims, VolumeRecord
+
+
+def claims(*records: ClaimRecord, volumes: tuple[VolumeRecord, ...] = ()) -> Claims:
+    c = Claims()
+    c.replace_claims(list(records))
+    c.replace_volumes(list(volumes))
+    return c
+
+
+def test_a_claim_bound_to_a_volume_any_node_can_use_is_fine() -> None:
+    c = claims(ClaimRecord("ns", "data", "pv-1", bound=True), volumes=(VolumeRecord("pv-1"),))
+    assert c.problem("ns", ("data",)) == ""
+    assert c.problem("ns", ()) == ""
+
+
+def test_each_claim_that_blocks_binding_is_named_with_the_reason() -> None:
+    c = claims(
+        ClaimRecord("ns", "ok", "pv-1", bound=True),
+        ClaimRecord("ns", "waiting"),
+        ClaimRecord("ns", "going", "pv-1", bound=True, deleting=True),
+        ClaimRecord("ns", "local", "pv-local", bound=True),
+        ClaimRecord("ns", "orphan", "pv-gone", bound=True),
+        volumes=(VolumeRecord("pv-1"), VolumeRecord("pv-local", pinned=True)),
+    )
+    assert c.problem("ns", ("ok", "missing")) == 'persistentvolumeclaim "missing" not found'
+    assert c.problem("other", ("ok",)) == 'persistentvolumeclaim "ok" not found'  # claims are per namespace
+    waiting = c.problem("ns", ("waiting",))
+    assert waiting.startswith('persistentvolumeclaim "waiting" is not bound')
+    assert "Immediate" in waiting
+    assert c.problem("ns", ("going",)) == 'persistentvolumeclaim "going" is being deleted'
+    assert "spec.nodeAffinity" in c.problem("ns", ("local",))
+    assert c.problem("ns", ("orphan",)) == 'persistentvolume "pv-gone" of claim "orphan" not found'
+
+
+def test_updates_report_whether_anything_placement_sees_changed() -> None:
+    c = Claims()
+    assert c.upsert_claim(ClaimRecord("ns", "d"))
+    assert not c.upsert_claim(ClaimRecord("ns", "d"))
+    assert c.upsert_claim(ClaimRecord("ns", "d", "pv", bound=True))
+    assert c.problem("ns", ("d",)) == 'persistentvolume "pv" of claim "d" not found'
+    assert c.upsert_volume(VolumeRecord("pv"))
+    assert not c.upsert_volume(VolumeRecord("pv"))
+    assert c.problem("ns", ("d",)) == ""
+    assert c.delete_volume("pv")
+    assert not c.delete_volume("pv")
+    assert c.delete_claim("ns/d")
+    assert not c.delete_claim("ns/d")
+    assert c.problem("ns", ("d",)) == 'persistentvolumeclaim "d" not found'
