@@ -143,36 +143,40 @@ class _BoundHandler:
             self.s.queue.move_all()
 
 
+def _mounts_claims(r: PodRecord) -> bool:
+    return bool(r.claims)
+
+
 class _ClaimHandler:
-    """PersistentVolumeClaims: a pod refused for its claims is retried when one changes."""
+    """PersistentVolumeClaims: a pod refused for a claim is retried when that claim changes."""
 
     def __init__(self, s: Scheduler) -> None:
         self.s = s
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         self.s.claims.replace_claims([claim_record(o) for o in objects])
-        self.s.queue.move_all()
+        self.s.queue.move_all(_mounts_claims)
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         rec = claim_record(obj)
         if self.s.claims.delete_claim(rec.key) if kind == "DELETED" else self.s.claims.upsert_claim(rec):
-            self.s.queue.move_all()
+            self.s.queue.move_all(lambda r: r.pod.namespace == rec.namespace and rec.name in r.claims)
 
 
 class _VolumeHandler:
-    """PersistentVolumes: whether a claim's volume can be used on every node."""
+    """PersistentVolumes: a pod refused for its claims' volumes is retried when a volume changes."""
 
     def __init__(self, s: Scheduler) -> None:
         self.s = s
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         self.s.claims.replace_volumes([volume_record(o) for o in objects])
-        self.s.queue.move_all()
+        self.s.queue.move_all(_mounts_claims)
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         rec = volume_record(obj)
         if self.s.claims.delete_volume(rec.name) if kind == "DELETED" else self.s.claims.upsert_volume(rec):
-            self.s.queue.move_all()
+            self.s.queue.move_all(_mounts_claims)
 
 
 class _PendingHandler:

@@ -125,11 +125,12 @@ class SchedulingQueue:
             return
         self._remove(key)
 
-    def move_all(self) -> None:
-        """The cluster changed: parked pods may fit now."""
+    def move_all(self, only: Callable[[PodRecord], bool] | None = None) -> None:
+        """The cluster changed: parked pods (those ``only`` picks, if given) may fit now."""
         for key in list(self._parked):
-            del self._parked[key]
-            self._activate(key)
+            if only is None or only(self._records[key]):
+                del self._parked[key]
+                self._activate(key)
 
     # -- what the scheduler reports ------------------------------------------------------
     def done(self, key: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.state.records import PodRecord
@@ -12,8 +13,6 @@ from tests.factories import pod
 def rec(name: str, priority: int = 0) -> PodRecord:
     p = pod(name)
     if priority:
-        from dataclasses import replace
-
         p = replace(p, priority=priority)
     return PodRecord(p, uid=name, scheduler="gpu-scheduler")
 
@@ -61,6 +60,18 @@ async def test_parked_pods_return_on_cluster_change() -> None:
     q.move_all()
     (again,) = await asyncio.wait_for(q.next_batch(), 1)
     assert again.pod.key == r.pod.key
+
+
+async def test_a_change_that_concerns_some_parked_pods_wakes_only_those() -> None:
+    q = SchedulingQueue(max_size=2, max_wait=0.01)
+    q.add(replace(rec("with-claim"), claims=("data",)))
+    q.add(rec("plain"))
+    for r in await q.next_batch():
+        q.park(r.pod.key)
+    q.move_all(lambda r: "data" in r.claims)
+    (woken,) = await asyncio.wait_for(q.next_batch(), 1)
+    assert woken.pod.name == "with-claim"
+    assert q.counts().unschedulable == 1
 
 
 async def test_backoff_grows_and_releases() -> None:
