@@ -14,7 +14,9 @@ GPU request of a pod
     a fractional share of one GPU: the annotation ``gpusched.io/gpu-milli`` (1..1000
     thousandths of a GPU) or the extended resource ``gpusched.io/gpu-milli``, with no
     ``nvidia.com/gpu``; accepted models: the annotation ``gpusched.io/gpu-models``
-    (comma separated) and/or ``nodeSelector["nvidia.com/gpu.product"]``.
+    (comma separated) and/or ``nodeSelector["nvidia.com/gpu.product"]``; other
+    ``nodeSelector`` labels and the required node affinity restrict the nodes
+    (``gpusched.model.affinity``); preferred node affinity is not weighed.
 
 One MIG slice: ``nvidia.com/mig-<profile>: 1`` (NVIDIA's mixed strategy), alone.
 
@@ -47,6 +49,7 @@ from datetime import datetime
 from typing import Any
 
 from gpusched.model import GPU_MILLI, Node, Pod, QuantityError, cpu_milli, memory_mib, parse_quantity
+from gpusched.model.affinity import NodeSelector, Requirement
 from gpusched.model.mig import profile_of
 from gpusched.model.node import Taint
 from gpusched.model.pod import Gang, Toleration
@@ -380,12 +383,6 @@ def _pod(
     if text.strip():
         models = {m.strip() for m in text.split(",") if m.strip()}
     selector: Mapping[str, str] = spec.get("nodeSelector") or {}
-    other = sorted(k for k in selector if k != LABEL_GPU_PRODUCT)
-    if other:
-        error = error or (
-            f"{where}: nodeSelector keys {', '.join(other)} are not supported; "
-            f"select GPUs with {LABEL_GPU_PRODUCT} or the {ANNOTATION_GPU_MODELS} annotation"
-        )
     if LABEL_GPU_PRODUCT in selector:
         wanted = {str(selector[LABEL_GPU_PRODUCT])}
         models = models & wanted if models else wanted
@@ -395,9 +392,11 @@ def _pod(
                 f"excludes every model in {ANNOTATION_GPU_MODELS}"
             )
     affinity: Mapping[str, Any] = spec.get("affinity") or {}
-    node_aff: Mapping[str, Any] = affinity.get("nodeAffinity") or {}
-    if node_aff.get("requiredDuringSchedulingIgnoredDuringExecution"):
-        error = error or f"{where}: required node affinity is not supported; use {ANNOTATION_GPU_MODELS}"
+    try:
+        node_selector = _node_selector(selector, affinity.get("nodeAffinity") or {})
+    except ValueError as exc:
+        error = error or f"{where}: {exc}"
+        node_selector = ()
     # Constraints this scheduler does not evaluate: refused with the reason rather than ignored.
     for kind in ("podAffinity", "podAntiAffinity"):
         if (affinity.get(kind) or {}).get("requiredDuringSchedulingIgnoredDuringExecution"):
@@ -428,10 +427,39 @@ def _pod(
             island,
             gang,
             _tolerations(spec),
+            node_selector,
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
     return pod, error
+
+
+def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any]) -> NodeSelector:
+    """``nodeSelector`` (but ``nvidia.com/gpu.product``, read as the accepted GPU models) ANDed
+    into each term of the required node affinity.  Raises ``ValueError`` for a malformed one."""
+    common = tuple(Requirement(str(k), "In", (str(v),)) for k, v in sorted(labels.items()) if k != LABEL_GPU_PRODUCT)
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if not required:
+        return (common,) if common else ()
+    terms: list[tuple[Requirement, ...]] = []
+    for term in (required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None) or ():
+        if not isinstance(term, Mapping):
+            raise ValueError("required node affinity: a nodeSelectorTerm must be an object")
+        reqs = [
+            Requirement(str(e.get("key") or ""), str(e.get("operator") or ""), tuple(map(str, e.get("values") or ())))
+            for e in term.get("matchExpressions") or ()
+        ]
+        reqs += [
+            Requirement(
+                str(f.get("key") or ""), str(f.get("operator") or ""), tuple(map(str, f.get("values") or ())), True
+            )
+            for f in term.get("matchFields") or ()
+        ]
+        if reqs:  # an empty term matches no node
+            terms.append(common + tuple(reqs))
+    if not terms:
+        raise ValueError("required node affinity has no nodeSelectorTerm with a requirement, so it matches no node")
+    return tuple(terms)
 
 
 def _tolerations(spec: Mapping[str, Any]) -> tuple[Toleration, ...]:

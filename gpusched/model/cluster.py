@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from gpusched.model.affinity import NodeSelector, selects
 from gpusched.model.mig import MigGeometry, MigLayout, geometry_for, mig_config
 from gpusched.model.node import GPU_MILLI, Node, Taint
 from gpusched.model.placement import Assignment, MigPartition
@@ -67,6 +68,7 @@ class Cluster:
         """Index into ``taint_sets`` per node (nodes with equal taints share one)."""
         self.tainted: bool = any(x.taints for x in nodes)
         self._toleration_masks: dict[tuple[Toleration, ...], BoolArray] = {}
+        self._selector_masks: dict[NodeSelector, BoolArray] = {}
         islands = np.full((n, self.max_gpus), -1, dtype=np.int64)
         for i, node in enumerate(self.nodes):
             islands[i, : node.gpu_count] = node.islands
@@ -129,6 +131,14 @@ class Cluster:
             ok = np.array([tolerated(tolerations, ts) for ts in self.taint_sets], dtype=np.bool_)
             mask = _frozen(ok[self.taint_id])
             self._toleration_masks[tolerations] = mask
+        return mask
+
+    def selector_mask(self, selector: NodeSelector) -> BoolArray:
+        """Nodes that ``selector`` allows (every node for the empty selector)."""
+        mask = self._selector_masks.get(selector)
+        if mask is None:
+            mask = _frozen(np.array([selects(selector, x) for x in self.nodes], dtype=np.bool_))
+            self._selector_masks[selector] = mask
         return mask
 
     def empty_state(self) -> ClusterState:
@@ -248,6 +258,8 @@ class ClusterState:
         ok = (self.cpu_free >= shape.cpu_milli) & (self.mem_free >= shape.memory_mib)
         if self.cluster.tainted:
             ok &= self.cluster.toleration_mask(shape.tolerations)
+        if shape.node_selector:
+            ok &= self.cluster.selector_mask(shape.node_selector)
         if shape.num_gpu == 0:
             return ok
         ok &= self.cluster.model_mask(shape.gpu_models)
@@ -270,6 +282,8 @@ class ClusterState:
         ok = (self.cpu_free >= shape.cpu_milli) & (self.mem_free >= shape.memory_mib)
         if self.cluster.tainted:
             ok &= self.cluster.toleration_mask(shape.tolerations)
+        if shape.node_selector:
+            ok &= self.cluster.selector_mask(shape.node_selector)
         if shape.gpu_models:
             ok &= self.cluster.model_mask(shape.gpu_models)
         return ok & self.mig_available(shape.mig_profile)

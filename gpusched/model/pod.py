@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpusched.model.affinity import NodeSelector
 from gpusched.model.node import GPU_MILLI, Taint
 
 __all__ = ["ISLAND_MODES", "Gang", "Pod", "PodShape", "Toleration", "mig_milli"]
@@ -92,6 +93,7 @@ class PodShape:
     mig_profile: str = ""
     island: str = ""
     tolerations: tuple[Toleration, ...] = ()
+    node_selector: NodeSelector = ()
 
     @property
     def gpu_demand_milli(self) -> int:
@@ -135,9 +137,13 @@ class Pod:
     gang: Gang | None = None
     tolerations: tuple[Toleration, ...] = ()
     """Taints of nodes it may go to (a node's taints must all be tolerated)."""
+    node_selector: NodeSelector = ()
+    """Nodes it may go to by their labels (``nodeSelector`` and required node affinity)."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"
+        if any(not term for term in self.node_selector):
+            raise ValueError(f"{where}: a node selector term without requirements matches no node; leave it out")
         if self.island not in ISLAND_MODES:
             raise ValueError(f"{where}: island must be 'required' or 'preferred', got {self.island!r}")
         if self.mig_profile:
@@ -181,6 +187,7 @@ class Pod:
             self.mig_profile,
             island,
             self.tolerations,
+            self.node_selector,
         )
 
     @property

@@ -25,6 +25,7 @@ __all__ = [
     "INSUFFICIENT_MEMORY",
     "INSUFFICIENT_SHARE",
     "MODEL_NOT_ACCEPTED",
+    "SELECTOR_MISMATCH",
     "Explanation",
     "explain",
     "explain_gang",
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 MODEL_NOT_ACCEPTED = "GPU model not accepted"
+SELECTOR_MISMATCH = "node(s) didn't match Pod's node affinity/selector"
 INSUFFICIENT_GPU = "insufficient nvidia.com/gpu"
 INSUFFICIENT_SHARE = "insufficient GPU share"
 INSUFFICIENT_CPU = "insufficient cpu"
@@ -95,6 +97,8 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
             missing = untolerated(pod.tolerations, taints)
             if missing:
                 check(cluster.taint_id != i, f"node(s) had untolerated taint {missing[0]}")
+    if pod.node_selector:  # after taints, as kube-scheduler's filters run
+        check(cluster.selector_mask(pod.node_selector), SELECTOR_MISMATCH)
     if pod.num_gpu:
         has_gpu = cluster.gpu_count > 0
         check(has_gpu, INSUFFICIENT_GPU)

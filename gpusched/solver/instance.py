@@ -91,7 +91,7 @@ def node_classes(state: ClusterState, extra: Sequence[IntArray] = ()) -> np.ndar
 
 
 def _class_extras(state: ClusterState, groups: Sequence[Group]) -> list[IntArray]:
-    """Signature columns that only batches asking for islands, MIG or gang domains need."""
+    """Signature columns that only batches asking for islands, MIG, node selectors or gang domains need."""
     cl = state.cluster
     extra: list[IntArray] = []
     shapes = [g.shape for g in groups]
@@ -99,6 +99,8 @@ def _class_extras(state: ClusterState, groups: Sequence[Group]) -> list[IntArray
         extra.append(np.sort(state.island_idle, axis=1) * 64 + (cl.islands.max(axis=1) + 1)[:, None])
     if any(s.mig_profile for s in shapes) and cl.mig_profiles:
         extra.extend([state.mig_free, cl.mig_can.astype(np.int64)])
+    for selector in sorted({s.node_selector for s in shapes if s.node_selector}, key=repr):
+        extra.append(cl.selector_mask(selector).astype(np.int64))
     keys = sorted({g.gang.topology_key for g in groups if g.gang is not None and g.gang.topology_key})
     for key in keys:
         values = [n.labels.get(key, "") for n in cl.nodes]

@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from gpusched.model import GPU_MILLI, Assignment, ClusterState, Plan, Pod
+from gpusched.model.affinity import selects
 from gpusched.model.pod import tolerated
 
 __all__ = ["PlanError", "island_problems", "plan_problems", "validate_plan"]
@@ -54,6 +55,8 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
             problems.append(f"pod {p.key}: GPU model {node.gpu_model!r} on {node.name} is not accepted")
         if node.taints and not tolerated(p.tolerations, node.taints):
             problems.append(f"pod {p.key}: does not tolerate the taints of {node.name}")
+        if p.node_selector and not selects(p.node_selector, node):
+            problems.append(f"pod {p.key}: its node selector or affinity does not allow {node.name}")
         for g in a.gpus:
             if not 0 <= g < node.gpu_count:
                 problems.append(f"pod {p.key}: {node.name} has no GPU {g}")

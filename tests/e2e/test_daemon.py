@@ -614,3 +614,38 @@ async def test_pods_are_bound_only_when_their_claims_are_bound_to_usable_volumes
         daemon.stop()
         for pv in (shared, local, later):
             await kube.request("DELETE", f"/api/v1/persistentvolumes/{pv}")
+
+
+async def test_node_selectors_and_required_node_affinity_choose_the_nodes(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    nodes = [
+        kit.node("sel-infer-0", 4, "T4", pool="infer", **{"kubernetes.io/os": "linux"}),
+        kit.node("sel-train-0", 4, "T4", pool="train", **{"kubernetes.io/os": "linux"}),
+        kit.node("sel-train-1", 4, "T4", pool="train", **{"kubernetes.io/os": "linux"}),
+    ]
+    await kit.create_all(kube, "/api/v1/nodes", nodes)
+    by_selector = kit.pod("by-selector", name, gpus=2)
+    by_selector["spec"]["nodeSelector"] = {"kubernetes.io/os": "linux", "pool": "train"}
+    by_affinity = kit.pod("by-affinity", name, gpus=1)
+    term = {
+        "matchExpressions": [{"key": "pool", "operator": "In", "values": ["train"]}],
+        "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["sel-train-0"]}],
+    }
+    by_affinity["spec"]["affinity"] = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+    }
+    nowhere = kit.pod("nowhere", name, gpus=1)
+    nowhere["spec"]["nodeSelector"] = {"pool": "gpu-b200"}
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [by_selector, by_affinity, nowhere])
+        final = {p["metadata"]["name"]: p for p in await kit.wait_settled(kube, namespace, 3, timeout=30)}
+    finally:
+        daemon.stop()
+    assert final["by-selector"]["spec"].get("nodeName") in {"sel-train-0", "sel-train-1"}
+    assert final["by-affinity"]["spec"].get("nodeName") == "sel-train-1"
+    assert not final["nowhere"]["spec"].get("nodeName")
+    message = (kit.condition(final["nowhere"]) or {}).get("message")
+    assert message == "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."

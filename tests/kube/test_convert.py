@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from gpusched.kube.convert import ConvertError, claim_record, node_record, pod_record, volume_record
+from gpusched.model.affinity import Requirement
 from gpusched.model.node import Taint
 from gpusched.model.pod import Toleration
 from gpusched.state.volumes import ClaimRecord, VolumeRecord
@@ -175,7 +176,26 @@ def test_init_containers_and_overhead_count() -> None:
         ),
         (pod_obj(annotations={"gpusched.io/gpu-milli": "1500"}), "must be 1..1000"),
         (pod_obj(requests={"cpu": "lots"}), "invalid quantity"),
-        (pod_obj(nodeSelector={"zone": "a"}), "nodeSelector keys zone are not supported"),
+        (
+            pod_obj(
+                affinity={
+                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{}]}}
+                }
+            ),
+            "matches no node",
+        ),
+        (
+            pod_obj(
+                affinity={
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [{"matchExpressions": [{"key": "gen", "operator": "Near"}]}]
+                        }
+                    }
+                }
+            ),
+            "operator 'Near' is not one of",
+        ),
         (pod_obj(limits={"nvidia.com/mig-1g.10gb": "2"}), "one MIG slice"),
         (pod_obj(limits={"nvidia.com/mig-1g.10gb": "1", "nvidia.com/gpu": "1"}), "one MIG slice"),
         (pod_obj(limits={"nvidia.com/mig-lots": "1"}), "nvidia.com/mig-lots"),
@@ -210,7 +230,7 @@ def test_requests_that_cannot_be_honoured_carry_the_reason(obj: Any, message: st
 
 
 def test_unsupported_constraint_keeps_the_real_request_for_accounting() -> None:
-    obj = pod_obj(limits={"nvidia.com/gpu": "4", "cpu": "8"}, nodeSelector={"zone": "a"})
+    obj = pod_obj(limits={"nvidia.com/gpu": "4", "cpu": "8"}, topologySpreadConstraints=[{"maxSkew": 1}])
     obj["spec"]["nodeName"] = "n1"
     rec = pod_record(obj)
     assert rec.error
@@ -322,3 +342,31 @@ def test_claim_and_volume_records_say_what_placement_needs() -> None:
     local = {"metadata": {"name": "pv-2"}, "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [{}]}}}}
     assert volume_record(local) == VolumeRecord("pv-2", pinned=True)
     assert volume_record({"metadata": {"name": "pv-3"}, "spec": {"nfs": {}}}) == VolumeRecord("pv-3")
+
+
+def test_node_selector_and_required_node_affinity_become_one_selector() -> None:
+    term_a = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["train", "batch"]}]}
+    term_b = {
+        "matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["3"]}],
+        "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["bad-node"]}],
+    }
+    obj = pod_obj(
+        limits={"nvidia.com/gpu": "1"},
+        nodeSelector={"kubernetes.io/os": "linux", "nvidia.com/gpu.product": "H800"},
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term_a, {}, term_b]},
+                "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": term_a}],
+            }
+        },
+    )
+    rec = pod_record(obj)
+    assert rec.error == ""
+    assert rec.pod.gpu_models == frozenset({"H800"})  # the GPU product label stays the model constraint
+    os = Requirement("kubernetes.io/os", "In", ("linux",))
+    assert rec.pod.node_selector == (
+        (os, Requirement("pool", "In", ("train", "batch"))),
+        (os, Requirement("gen", "Gt", ("3",)), Requirement("metadata.name", "NotIn", ("bad-node",), field=True)),
+    )
+    assert pod_record(pod_obj(nodeSelector={"zone": "a"})).pod.node_selector == ((Requirement("zone", "In", ("a",)),),)
+    assert pod_record(pod_obj()).pod.node_selector == ()

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from ortools.sat.python import cp_model
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Plan, Pod
+from gpusched.model.affinity import NodeSelector, Requirement
 from gpusched.solver.baselines import FgdPolicy
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import build_instance
@@ -21,6 +22,8 @@ from gpusched.solver.validate import validate_plan
 MODELS = ("A100", "V100", "T4")
 FAST = SolverParams(limits=Limits(time_limit_s=0.5, workers=1))
 GREEDY = tuple(p for p in POLICIES if p != "cpsat")
+POOLS = ("a", "b")
+SELECTORS: tuple[NodeSelector, ...] = ((), (), ((Requirement("pool", "In", ("a",)),),))
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ def states(draw: st.DrawFn) -> ClusterState:
                 memory_mib=draw(st.integers(1, 16)) * 1024,
                 gpu_count=gpus,
                 gpu_model=draw(st.sampled_from(MODELS)),
+                labels={"pool": draw(st.sampled_from(POOLS))},
             )
         )
     cluster = Cluster(nodes)
@@ -94,6 +98,7 @@ def pod_shapes(draw: st.DrawFn) -> Pod:
         num_gpu=num_gpu,
         gpu_milli=milli,
         gpu_models=models,
+        node_selector=draw(st.sampled_from(SELECTORS)),
     )
 
 

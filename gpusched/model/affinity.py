@@ -1,0 +1,78 @@
+"""Which nodes a pod's ``nodeSelector`` and required node affinity allow, as the API defines it.
+
+A ``NodeSelector`` is a tuple of terms, any of which may match (the affinity's
+``nodeSelectorTerms``); a term is a tuple of requirements, all of which must
+match (its ``matchExpressions`` and ``matchFields``, with the pod's
+``nodeSelector`` labels added to every term).  The empty selector allows every
+node.  Operators: ``In``, ``NotIn``, ``Exists``, ``DoesNotExist``, ``Gt`` and
+``Lt`` on labels; ``In`` and ``NotIn`` on the field ``metadata.name``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpusched.model.node import Node
+
+__all__ = ["OPERATORS", "NodeSelector", "Requirement", "selects"]
+
+OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """One label (or ``metadata.name`` field) requirement of a node selector term."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+    field: bool = False
+    """A ``matchFields`` requirement: ``key`` is ``metadata.name``, matched against the node's name."""
+
+    def __post_init__(self) -> None:
+        where = f"node affinity requirement on {self.key!r}"
+        if not self.key:
+            raise ValueError("node affinity requirement without a key")
+        if self.operator not in OPERATORS:
+            raise ValueError(f"{where}: operator {self.operator!r} is not one of {', '.join(OPERATORS)}")
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"{where}: {self.operator} needs at least one value")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"{where}: {self.operator} takes no values")
+        if self.operator in ("Gt", "Lt") and (len(self.values) != 1 or not _is_int(self.values[0])):
+            raise ValueError(f"{where}: {self.operator} needs exactly one integer value")
+        if self.field and (self.key != "metadata.name" or self.operator not in ("In", "NotIn")):
+            raise ValueError(f"{where}: matchFields supports only metadata.name with In or NotIn")
+
+    def matches(self, node: Node) -> bool:
+        """Whether ``node`` meets this requirement."""
+        value = node.name if self.field else node.labels.get(self.key)
+        op = self.operator
+        if op == "In":
+            return value is not None and value in self.values
+        if op == "NotIn":
+            return value is None or value not in self.values
+        if op == "Exists":
+            return value is not None
+        if op == "DoesNotExist":
+            return value is None
+        if value is None or not _is_int(value):
+            return False
+        return int(value) > int(self.values[0]) if op == "Gt" else int(value) < int(self.values[0])
+
+
+NodeSelector = tuple[tuple[Requirement, ...], ...]
+"""Terms ORed, requirements within a term ANDed; ``()`` allows every node."""
+
+
+def selects(selector: NodeSelector, node: Node) -> bool:
+    """Whether ``selector`` allows ``node``."""
+    return not selector or any(all(r.matches(node) for r in term) for term in selector)
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
