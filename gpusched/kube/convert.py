@@ -78,6 +78,7 @@ __all__ = [
 ]
 
 GPU_RESOURCE = "nvidia.com/gpu"
+STORAGE_RESOURCE = "ephemeral-storage"
 MIG_PREFIX = "nvidia.com/mig-"
 LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"
 LABEL_GPU_MEMORY = "nvidia.com/gpu.memory"
@@ -130,6 +131,7 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     try:
         cpu = cpu_milli(alloc.get("cpu", 0), round_up=False)
         mem = memory_mib(alloc.get("memory", 0), round_up=False)
+        storage = memory_mib(alloc[STORAGE_RESOURCE], round_up=False) if STORAGE_RESOURCE in alloc else None
     except QuantityError as exc:
         raise ConvertError(f"{where}: status.allocatable: {exc}") from None
     # Only what the device plugin advertises counts: the kubelet admits pods against allocatable,
@@ -178,7 +180,19 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     if slices and not model:
         model = UNKNOWN_MODEL
     try:
-        node = Node(name, cpu, mem, gpus, model, gpu_mem, dict(labels), islands, tuple(slices), taints=taints)
+        node = Node(
+            name,
+            cpu,
+            mem,
+            gpus,
+            model,
+            gpu_mem,
+            dict(labels),
+            islands,
+            tuple(slices),
+            taints=taints,
+            storage_mib=storage,
+        )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
     return NodeRecord(node, excluded, tuple((k, v) for k, v in mig if v), "; ".join(warnings))
@@ -203,7 +217,7 @@ def _effective_requests(spec: Mapping[str, Any], where: str) -> dict[str, int]:
             try:
                 if key == "cpu":
                     out[key] = cpu_milli(value)
-                elif key == "memory":
+                elif key in ("memory", STORAGE_RESOURCE):
                     out[key] = memory_mib(value)
                 elif "/" in key:
                     out[key] = _int_quantity(value, f"{where}: resources {key}")
@@ -428,6 +442,7 @@ def _pod(
             gang,
             _tolerations(spec),
             node_selector,
+            reqs.get(STORAGE_RESOURCE, 0),
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
@@ -477,7 +492,7 @@ def _tolerations(spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
     return tuple(sorted(out, key=lambda t: (t.key, t.operator, t.value, t.effect)))
 
 
-_TRACKED_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage", GPU_RESOURCE, ANNOTATION_GPU_MILLI})
+_TRACKED_RESOURCES = frozenset({"cpu", "memory", STORAGE_RESOURCE, GPU_RESOURCE, ANNOTATION_GPU_MILLI})
 
 
 def _unsupported_resources(spec: Mapping[str, Any]) -> list[str]:

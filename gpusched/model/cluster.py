@@ -31,6 +31,10 @@ BoolArray = npt.NDArray[np.bool_]
 _A = TypeVar("_A", bound=npt.NDArray[Any])
 
 
+UNMETERED = 1 << 50
+"""Ephemeral storage of a node that does not report any, MiB: more than any pod asks for."""
+
+
 def _frozen(a: _A) -> _A:
     a.setflags(write=False)
     return a
@@ -55,6 +59,10 @@ class Cluster:
             gpu_cap[i, : node.gpu_count] = GPU_MILLI
         self.cpu_cap: IntArray = _frozen(np.array([x.cpu_milli for x in nodes], dtype=np.int64))
         self.mem_cap: IntArray = _frozen(np.array([x.memory_mib for x in nodes], dtype=np.int64))
+        self.storage_cap: IntArray = _frozen(
+            np.array([UNMETERED if x.storage_mib is None else x.storage_mib for x in nodes], dtype=np.int64)
+        )
+        """Allocatable ephemeral storage per node, MiB (``UNMETERED`` where the node does not say)."""
         self.gpu_cap: IntArray = _frozen(gpu_cap)
         self.gpu_count: IntArray = _frozen(np.array([x.gpu_count for x in nodes], dtype=np.int64))
         self.model_id: IntArray = _frozen(
@@ -183,6 +191,8 @@ class ClusterState:
     """MIG instances in use per node and profile (N x len(cluster.mig_profiles))."""
     partitions: tuple[MigPartition, ...] = ()
     """Layouts chosen for re-partitionable GPUs; such a GPU counts as fully used for other pods."""
+    storage_used: IntArray | None = None
+    """Ephemeral storage requested per node, MiB (None: nothing requested)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_log", _ChangeLog())
@@ -197,6 +207,8 @@ class ClusterState:
         for a in (self.cpu_used, self.mem_used, self.gpu_used, self.pod_kinds, self.mig_used):
             assert a is not None
             a.setflags(write=False)
+        if self.storage_used is not None:
+            self.storage_used.setflags(write=False)
 
     @property
     def kinds(self) -> IntArray:
@@ -237,6 +249,13 @@ class ClusterState:
         return _frozen(self.cluster.mem_cap - self.mem_used)
 
     @cached_property
+    def storage_free(self) -> IntArray:
+        """Unrequested ephemeral storage per node, MiB."""
+        if self.storage_used is None:
+            return self.cluster.storage_cap
+        return _frozen(self.cluster.storage_cap - self.storage_used)
+
+    @cached_property
     def gpu_free(self) -> IntArray:
         """Free share per GPU (N x max_gpus); absent GPUs are 0."""
         return _frozen(self.cluster.gpu_cap - self.gpu_used)
@@ -256,6 +275,8 @@ class ClusterState:
         if shape.mig_profile:
             return self._mig_mask(shape)
         ok = (self.cpu_free >= shape.cpu_milli) & (self.mem_free >= shape.memory_mib)
+        if shape.storage_mib:
+            ok &= self.storage_free >= shape.storage_mib
         if self.cluster.tainted:
             ok &= self.cluster.toleration_mask(shape.tolerations)
         if shape.node_selector:
@@ -280,6 +301,8 @@ class ClusterState:
 
     def _mig_mask(self, shape: PodShape) -> BoolArray:
         ok = (self.cpu_free >= shape.cpu_milli) & (self.mem_free >= shape.memory_mib)
+        if shape.storage_mib:
+            ok &= self.storage_free >= shape.storage_mib
         if self.cluster.tainted:
             ok &= self.cluster.toleration_mask(shape.tolerations)
         if shape.node_selector:
@@ -308,6 +331,7 @@ class ClusterState:
         gpu = self.gpu_used.copy()
         kinds = self.kinds.copy()
         mig = self.mig
+        storage = self.storage_used
         rows: set[int] = set()
         for n, g, _ in partitions:
             rows.add(n)
@@ -317,6 +341,10 @@ class ClusterState:
             rows.add(a.node)
             cpu[a.node] += sign * p.cpu_milli
             mem[a.node] += sign * p.memory_mib
+            if p.storage_mib:
+                if storage is None or storage is self.storage_used:
+                    storage = np.zeros(len(self.cluster), dtype=np.int64) if storage is None else storage.copy()
+                storage[a.node] += sign * p.storage_mib
             for g in a.gpus:
                 gpu[a.node, g] += sign * p.gpu_milli
             if p.num_gpu:
@@ -325,7 +353,7 @@ class ClusterState:
                 if mig is self.mig_used:
                     mig = mig.copy()
                 mig[a.node, self.cluster.mig_index[p.mig_profile]] += sign
-        new = ClusterState(self.cluster, cpu, mem, gpu, kinds, mig, self.partitions + partitions)
+        new = ClusterState(self.cluster, cpu, mem, gpu, kinds, mig, self.partitions + partitions, storage)
         touched = np.fromiter(rows, dtype=np.intp, count=len(rows))
         log: _ChangeLog = self.__dict__["_log"]
         version: int = self.__dict__["_version"]

@@ -48,9 +48,11 @@ class Node:
     """MIG instances the node advertises (``nvidia.com/mig-<profile>`` counts), on GPUs in MIG
     mode; those GPUs are not in ``gpu_count``."""
     mig_repartition: bool = False
+    """Idle GPUs may be re-partitioned: the solver may choose a MIG layout for them."""
     taints: tuple[Taint, ...] = ()
     """Taints a pod must tolerate to be placed here."""
-    """Idle GPUs may be re-partitioned: the solver may choose a MIG layout for them."""
+    storage_mib: int | None = None
+    """Allocatable ephemeral storage, MiB; None when the node does not say (then it is not checked)."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -60,6 +62,7 @@ class Node:
             ("memory_mib", self.memory_mib),
             ("gpu_count", self.gpu_count),
             ("gpu_memory_mib", self.gpu_memory_mib),
+            ("storage_mib", self.storage_mib or 0),
         ):
             if value < 0:
                 raise ValueError(f"node {self.name}: {what} must not be negative, got {value}")

@@ -94,6 +94,7 @@ class PodShape:
     island: str = ""
     tolerations: tuple[Toleration, ...] = ()
     node_selector: NodeSelector = ()
+    storage_mib: int = 0
 
     @property
     def gpu_demand_milli(self) -> int:
@@ -139,6 +140,8 @@ class Pod:
     """Taints of nodes it may go to (a node's taints must all be tolerated)."""
     node_selector: NodeSelector = ()
     """Nodes it may go to by their labels (``nodeSelector`` and required node affinity)."""
+    storage_mib: int = 0
+    """Ephemeral storage request, MiB."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"
@@ -150,8 +153,8 @@ class Pod:
             mig_milli(self.mig_profile)
             if self.num_gpu:
                 raise ValueError(f"{where}: a pod takes whole GPUs, a GPU share or one MIG slice, not GPUs and a slice")
-        if self.cpu_milli < 0 or self.memory_mib < 0:
-            raise ValueError(f"{where}: CPU and memory requests must not be negative")
+        if self.cpu_milli < 0 or self.memory_mib < 0 or self.storage_mib < 0:
+            raise ValueError(f"{where}: CPU, memory and storage requests must not be negative")
         if self.num_gpu < 0:
             raise ValueError(f"{where}: num_gpu must not be negative, got {self.num_gpu}")
         if self.num_gpu == 0:
@@ -188,6 +191,7 @@ class Pod:
             island,
             self.tolerations,
             self.node_selector,
+            self.storage_mib,
         )
 
     @property

@@ -24,6 +24,7 @@ __all__ = [
     "INSUFFICIENT_ISLAND",
     "INSUFFICIENT_MEMORY",
     "INSUFFICIENT_SHARE",
+    "INSUFFICIENT_STORAGE",
     "MODEL_NOT_ACCEPTED",
     "SELECTOR_MISMATCH",
     "Explanation",
@@ -38,6 +39,7 @@ INSUFFICIENT_GPU = "insufficient nvidia.com/gpu"
 INSUFFICIENT_SHARE = "insufficient GPU share"
 INSUFFICIENT_CPU = "insufficient cpu"
 INSUFFICIENT_MEMORY = "insufficient memory"
+INSUFFICIENT_STORAGE = "insufficient ephemeral-storage"
 DEFERRED = "deferred by the solver"
 INSUFFICIENT_ISLAND = "no GPU island with enough idle GPUs"
 
@@ -115,6 +117,8 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
         check(state.mig_available(pod.mig_profile), insufficient_mig(pod.mig_profile))
     check(state.cpu_free >= pod.cpu_milli, INSUFFICIENT_CPU)
     check(state.mem_free >= pod.memory_mib, INSUFFICIENT_MEMORY)
+    if pod.storage_mib:
+        check(state.storage_free >= pod.storage_mib, INSUFFICIENT_STORAGE)
     for why in (excluded or {}).values():
         reasons[why] += 1
     total = n + len(excluded or {})

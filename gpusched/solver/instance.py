@@ -91,7 +91,8 @@ def node_classes(state: ClusterState, extra: Sequence[IntArray] = ()) -> np.ndar
 
 
 def _class_extras(state: ClusterState, groups: Sequence[Group]) -> list[IntArray]:
-    """Signature columns that only batches asking for islands, MIG, node selectors or gang domains need."""
+    """Signature columns that only batches asking for islands, MIG, storage, node selectors or gang domains
+    need."""
     cl = state.cluster
     extra: list[IntArray] = []
     shapes = [g.shape for g in groups]
@@ -99,6 +100,8 @@ def _class_extras(state: ClusterState, groups: Sequence[Group]) -> list[IntArray
         extra.append(np.sort(state.island_idle, axis=1) * 64 + (cl.islands.max(axis=1) + 1)[:, None])
     if any(s.mig_profile for s in shapes) and cl.mig_profiles:
         extra.extend([state.mig_free, cl.mig_can.astype(np.int64)])
+    if any(s.storage_mib for s in shapes):
+        extra.append(state.storage_free)
     for selector in sorted({s.node_selector for s in shapes if s.node_selector}, key=repr):
         extra.append(cl.selector_mask(selector).astype(np.int64))
     keys = sorted({g.gang.topology_key for g in groups if g.gang is not None and g.gang.topology_key})
@@ -205,6 +208,8 @@ def build_instance(
             ub = np.minimum(ub, cpu_free[sel] // shape.cpu_milli)
         if shape.memory_mib:
             ub = np.minimum(ub, mem_free[sel] // shape.memory_mib)
+        if shape.storage_mib:
+            ub = np.minimum(ub, state.storage_free[sel] // shape.storage_mib)
         per_gpu = None
         if shape.is_fractional:
             fit = gpu_free[sel] // shape.gpu_milli

@@ -37,6 +37,7 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
             problems.append(f"pod {k} is in the plan but not in the batch")
     cpu: dict[int, int] = defaultdict(int)
     mem: dict[int, int] = defaultdict(int)
+    storage: dict[int, int] = defaultdict(int)
     gpu: dict[tuple[int, int], int] = defaultdict(int)
     whole: set[tuple[int, int]] = set()
     for a in plan.assignments:
@@ -47,6 +48,7 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
         node = cluster.nodes[a.node]
         cpu[a.node] += p.cpu_milli
         mem[a.node] += p.memory_mib
+        storage[a.node] += p.storage_mib
         if len(a.gpus) != p.num_gpu:
             problems.append(f"pod {p.key}: asked for {p.num_gpu} GPUs, got indices {list(a.gpus)}")
         if len(set(a.gpus)) != len(a.gpus):
@@ -77,6 +79,11 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
     for n, m in mem.items():
         if m > state.mem_free[n]:
             problems.append(f"{cluster.nodes[n].name}: memory over-committed ({m}Mi > {state.mem_free[n]}Mi)")
+    for n, s in storage.items():
+        if s > state.storage_free[n]:
+            problems.append(
+                f"{cluster.nodes[n].name}: ephemeral storage over-committed ({s}Mi > {state.storage_free[n]}Mi)"
+            )
     for (n, g), used in gpu.items():
         if g < cluster.nodes[n].gpu_count and used > state.gpu_free[n, g]:
             problems.append(

@@ -76,6 +76,7 @@ class Cache:
         self._cluster: Cluster | None = None
         self._cpu: IntArray = np.zeros(0, dtype=np.int64)
         self._mem: IntArray = np.zeros(0, dtype=np.int64)
+        self._storage: IntArray = np.zeros(0, dtype=np.int64)
         self._gpu: IntArray = np.zeros((0, 1), dtype=np.int64)
         self._kinds: IntArray = np.zeros((0, 2), dtype=np.int64)
         self._mig: IntArray = np.zeros((0, 0), dtype=np.int64)
@@ -223,7 +224,8 @@ class Cache:
         cluster = self._ensure_cluster()
         gpu = np.minimum(self._gpu, cluster.gpu_cap)
         mig = np.minimum(self._mig, cluster.mig_cap)  # slices counted on a node that no longer offers them
-        state = ClusterState(cluster, self._cpu.copy(), self._mem.copy(), gpu, self._kinds.copy(), mig)
+        storage = self._storage.copy() if self._storage.any() else None
+        state = ClusterState(cluster, self._cpu.copy(), self._mem.copy(), gpu, self._kinds.copy(), mig, (), storage)
         excluded = {n: r.excluded for n, r in self._nodes.items() if r.excluded}
         return Snapshot(self.generation, cluster, state, MappingProxyType(excluded))
 
@@ -234,6 +236,7 @@ class Cache:
             n = len(cluster)
             self._cpu = np.zeros(n, dtype=np.int64)
             self._mem = np.zeros(n, dtype=np.int64)
+            self._storage = np.zeros(n, dtype=np.int64)
             self._gpu = np.zeros((n, cluster.max_gpus), dtype=np.int64)
             self._kinds = np.zeros((n, cluster.max_gpus + 1), dtype=np.int64)
             self._mig = np.zeros((n, len(cluster.mig_profiles)), dtype=np.int64)
@@ -265,6 +268,7 @@ class Cache:
             held.gpus = self._pick_gpus(i, pod, held.wanted)
         self._cpu[i] += sign * pod.cpu_milli
         self._mem[i] += sign * pod.memory_mib
+        self._storage[i] += sign * pod.storage_mib
         for g in held.gpus:
             self._gpu[i, g] += sign * pod.gpu_milli
         if pod.num_gpu:

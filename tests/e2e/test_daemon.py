@@ -649,3 +649,30 @@ async def test_node_selectors_and_required_node_affinity_choose_the_nodes(
     assert not final["nowhere"]["spec"].get("nodeName")
     message = (kit.condition(final["nowhere"]) or {}).get("message")
     assert message == "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
+
+
+async def test_ephemeral_storage_requests_are_counted_against_the_nodes(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    disk = kit.node("disk-gpu-0", 4, "T4")
+    for part in ("capacity", "allocatable"):
+        disk["status"][part]["ephemeral-storage"] = "100Gi"
+    await kit.create_all(kube, "/api/v1/nodes", [disk])
+    pods = []
+    for i in range(2):
+        p = kit.pod(f"scratch-{i}", name, gpus=1)
+        p["spec"]["containers"][0]["resources"]["requests"] = {"ephemeral-storage": "60Gi"}
+        pods.append(p)
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", pods)
+        final = await kit.wait_settled(kube, namespace, 2, timeout=30)
+    finally:
+        daemon.stop()
+    bound = [p for p in final if p["spec"].get("nodeName")]
+    waiting = [p for p in final if not p["spec"].get("nodeName")]
+    assert [p["spec"]["nodeName"] for p in bound] == ["disk-gpu-0"]
+    assert len(waiting) == 1
+    message = (kit.condition(waiting[0]) or {}).get("message")
+    assert message == "0/1 nodes are available: 1 insufficient ephemeral-storage."

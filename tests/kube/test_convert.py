@@ -370,3 +370,18 @@ def test_node_selector_and_required_node_affinity_become_one_selector() -> None:
     )
     assert pod_record(pod_obj(nodeSelector={"zone": "a"})).pod.node_selector == ((Requirement("zone", "In", ("a",)),),)
     assert pod_record(pod_obj()).pod.node_selector == ()
+
+
+def test_ephemeral_storage_of_pods_and_nodes_in_mib() -> None:
+    obj = pod_obj(requests={"ephemeral-storage": "10Gi"})
+    obj["spec"]["initContainers"] = [{"name": "i", "resources": {"requests": {"ephemeral-storage": "20Gi"}}}]
+    rec = pod_record(obj)
+    assert rec.error == ""
+    assert rec.pod.storage_mib == 20 * 1024  # the larger of the init container and the app containers
+    node = node_obj()
+    node["status"]["allocatable"]["ephemeral-storage"] = "100Gi"
+    assert node_record(node).node.storage_mib == 100 * 1024
+    assert node_record(node_obj()).node.storage_mib is None  # not reported: not checked
+    node["status"]["allocatable"]["ephemeral-storage"] = "lots"
+    with pytest.raises(ConvertError, match="allocatable"):
+        node_record(node)

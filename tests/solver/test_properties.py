@@ -65,6 +65,7 @@ def states(draw: st.DrawFn) -> ClusterState:
                 gpu_count=gpus,
                 gpu_model=draw(st.sampled_from(MODELS)),
                 labels={"pool": draw(st.sampled_from(POOLS))},
+                storage_mib=draw(st.sampled_from([None, 2048, 8192])),
             )
         )
     cluster = Cluster(nodes)
@@ -99,6 +100,7 @@ def pod_shapes(draw: st.DrawFn) -> Pod:
         gpu_milli=milli,
         gpu_models=models,
         node_selector=draw(st.sampled_from(SELECTORS)),
+        storage_mib=draw(st.sampled_from([0, 0, 0, 1024, 4096])),
     )
 
 

@@ -1,4 +1,4 @@
-"""CPU and memory on each node: what the batch places fits in what is free."""
+"""CPU, memory and ephemeral storage on each node: what the batch places fits in what is free."""
 
 from __future__ import annotations
 
@@ -9,13 +9,18 @@ from gpusched.solver.vars import Vars
 
 
 def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
-    """sum of requests on a node <= its free CPU and free memory."""
-    cpu_free, mem_free = inst.state.cpu_free, inst.state.mem_free
+    """sum of requests on a node <= its free CPU, free memory and free ephemeral storage."""
+    state = inst.state
+    storage = any(g.shape.storage_mib for g in inst.groups)
     for n, cis in v.by_node.items():
-        for free, req in (
-            (int(cpu_free[n]), [inst.groups[inst.candidates[ci].group].shape.cpu_milli for ci in cis]),
-            (int(mem_free[n]), [inst.groups[inst.candidates[ci].group].shape.memory_mib for ci in cis]),
-        ):
+        shapes = [inst.groups[inst.candidates[ci].group].shape for ci in cis]
+        checks = [
+            (int(state.cpu_free[n]), [s.cpu_milli for s in shapes]),
+            (int(state.mem_free[n]), [s.memory_mib for s in shapes]),
+        ]
+        if storage:
+            checks.append((int(state.storage_free[n]), [s.storage_mib for s in shapes]))
+        for free, req in checks:
             # Skip constraints that cannot bind (each ub already respects capacity alone).
             if sum(r * inst.candidates[ci].ub for r, ci in zip(req, cis, strict=True)) > free:
                 model.add(sum(r * v.x[ci] for r, ci in zip(req, cis, strict=True)) <= free)
