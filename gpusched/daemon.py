@@ -408,7 +408,7 @@ class Scheduler:
             if self.cache.holds(r.key, r.uid):  # a bind of it is already in flight or done: never twice
                 self.queue.done(r.key)
                 continue
-            volumes = self.claims.problem(r.pod.namespace, r.claims) if r.claims else ""
+            volumes = self.claims.problem(r.key, r.uid, r.claims, r.ephemeral_claims) if r.claims else ""
             if volumes:
                 self._unschedulable(r.pod, volumes, "Volumes")
                 continue
@@ -685,7 +685,7 @@ async def explain_pod(
             claims.replace_claims([claim_record(o) for o in pvcs])
             pvs, _ = await kube.list("/api/v1/persistentvolumes")
             claims.replace_volumes([volume_record(o) for o in pvs])
-            volumes = claims.problem(namespace, rec.claims)
+            volumes = claims.problem(rec.key, rec.uid, rec.claims, rec.ephemeral_claims)
             if volumes:
                 lines.append(f"pod {rec.key} cannot be bound: {volumes}")
                 return "\n".join(lines), 1

@@ -302,18 +302,20 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
         unschedulable=_unschedulable(status),
         gated=bool(spec.get("schedulingGates")),
         claims=_claims(name, spec),
+        ephemeral_claims=_claims(name, spec, ephemeral_only=True),
     )
 
 
-def _claims(pod_name: str, spec: Mapping[str, Any]) -> tuple[str, ...]:
-    """Names of the claims the pod mounts, in its volumes' order."""
+def _claims(pod_name: str, spec: Mapping[str, Any], *, ephemeral_only: bool = False) -> tuple[str, ...]:
+    """Names of the claims the pod mounts (only its ephemeral volumes' with ``ephemeral_only``)."""
     out: list[str] = []
     for v in spec.get("volumes") or ():
         if not isinstance(v, Mapping):
             continue
         pvc = v.get("persistentVolumeClaim")
         if isinstance(pvc, Mapping) and pvc.get("claimName"):
-            out.append(str(pvc["claimName"]))
+            if not ephemeral_only:
+                out.append(str(pvc["claimName"]))
         elif isinstance(v.get("ephemeral"), Mapping) and v.get("name"):
             out.append(f"{pod_name}-{v['name']}")  # the claim the ephemeral volume controller creates
     return tuple(dict.fromkeys(out))
@@ -324,12 +326,21 @@ def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:
     meta = _meta(obj)
     spec: Mapping[str, Any] = obj.get("spec") or {}
     status: Mapping[str, Any] = obj.get("status") or {}
+    owner = next(
+        (
+            str(o.get("uid") or "")
+            for o in meta.get("ownerReferences") or ()
+            if isinstance(o, Mapping) and o.get("controller")
+        ),
+        "",
+    )
     return ClaimRecord(
         str(meta.get("namespace") or "default"),
         str(meta["name"]),
         volume=str(spec.get("volumeName") or ""),
         bound=status.get("phase") == "Bound",
         deleting=bool(meta.get("deletionTimestamp")),
+        owner=owner,
     )
 
 
@@ -407,7 +418,7 @@ def _pod(
             )
     affinity: Mapping[str, Any] = spec.get("affinity") or {}
     try:
-        node_selector = _node_selector(selector, affinity.get("nodeAffinity") or {})
+        node_selector = _node_selector(selector, affinity.get("nodeAffinity") or {}, bool(num_gpu or mig_profile))
     except ValueError as exc:
         error = error or f"{where}: {exc}"
         node_selector = ()
@@ -449,10 +460,15 @@ def _pod(
     return pod, error
 
 
-def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any]) -> NodeSelector:
-    """``nodeSelector`` (but ``nvidia.com/gpu.product``, read as the accepted GPU models) ANDed
-    into each term of the required node affinity.  Raises ``ValueError`` for a malformed one."""
-    common = tuple(Requirement(str(k), "In", (str(v),)) for k, v in sorted(labels.items()) if k != LABEL_GPU_PRODUCT)
+def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any], gpu_pod: bool) -> NodeSelector:
+    """``nodeSelector`` ANDed into each term of the required node affinity.  For a pod taking GPUs
+    ``nvidia.com/gpu.product`` is left out: it is read as the accepted GPU models.  Raises
+    ``ValueError`` for a malformed selector."""
+    common = tuple(
+        Requirement(str(k), "In", (str(v),))
+        for k, v in sorted(labels.items())
+        if not (gpu_pod and k == LABEL_GPU_PRODUCT)
+    )
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
     if not required:
         return (common,) if common else ()

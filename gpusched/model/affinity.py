@@ -10,6 +10,7 @@ node.  Operators: ``In``, ``NotIn``, ``Exists``, ``DoesNotExist``, ``Gt`` and
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from gpusched.model.node import Node
@@ -70,9 +71,9 @@ def selects(selector: NodeSelector, node: Node) -> bool:
     return not selector or any(all(r.matches(node) for r in term) for term in selector)
 
 
+_INT64 = re.compile(r"[+-]?[0-9]+")
+
+
 def _is_int(text: str) -> bool:
-    try:
-        int(text)
-    except ValueError:
-        return False
-    return True
+    """A base-10 64-bit integer, as the API server parses ``Gt`` and ``Lt`` values and labels."""
+    return _INT64.fullmatch(text) is not None and -(2**63) <= int(text) < 2**63

@@ -31,6 +31,9 @@ BoolArray = npt.NDArray[np.bool_]
 _A = TypeVar("_A", bound=npt.NDArray[Any])
 
 
+_SELECTOR_CACHE = 256
+"""Node selector masks a Cluster keeps; more distinct selectors start the cache afresh."""
+
 UNMETERED = 1 << 50
 """Ephemeral storage of a node that does not report any, MiB: more than any pod asks for."""
 
@@ -146,6 +149,8 @@ class Cluster:
         mask = self._selector_masks.get(selector)
         if mask is None:
             mask = _frozen(np.array([selects(selector, x) for x in self.nodes], dtype=np.bool_))
+            if len(self._selector_masks) >= _SELECTOR_CACHE:  # pods pinned one node each: keep it bounded
+                self._selector_masks.clear()
             self._selector_masks[selector] = mask
         return mask
 

@@ -60,6 +60,8 @@ class PodRecord:
     """The pod has ``spec.schedulingGates``: nobody may bind it until they are removed."""
     claims: tuple[str, ...] = ()
     """Names of the PersistentVolumeClaims the pod mounts (in its namespace)."""
+    ephemeral_claims: tuple[str, ...] = ()
+    """Those of ``claims`` that its generic ephemeral volumes create for it."""
 
     @property
     def key(self) -> str:

@@ -28,6 +28,8 @@ class ClaimRecord:
     bound: bool = False
     """``status.phase`` is ``Bound``."""
     deleting: bool = False
+    owner: str = ""
+    """UID of its controlling owner (the pod, for a generic ephemeral volume's claim)."""
 
     @property
     def key(self) -> str:
@@ -79,12 +81,19 @@ class Claims:
         """A volume is gone; True when it was known."""
         return self._volumes.pop(name, None) is not None
 
-    def problem(self, namespace: str, claims: tuple[str, ...]) -> str:
-        """Why a pod in ``namespace`` mounting ``claims`` cannot be bound now; "" when it can."""
+    def problem(self, pod: str, pod_uid: str, claims: tuple[str, ...], ephemeral: tuple[str, ...] = ()) -> str:
+        """Why pod ``pod`` (``namespace/name``) mounting ``claims`` cannot be bound now; "" when it can.
+
+        The claims named in ``ephemeral`` belong to its generic ephemeral volumes and must be
+        the pod's own (a claim of that name left from another pod is not).
+        """
+        namespace = pod.split("/", 1)[0]
         for name in claims:
             claim = self._claims.get(f"{namespace}/{name}")
             if claim is None:
                 return f'persistentvolumeclaim "{name}" not found'
+            if name in ephemeral and claim.owner != pod_uid:
+                return f'persistentvolumeclaim "{name}" was not created for pod {pod} (the pod is not its owner)'
             if claim.deleting:
                 return f'persistentvolumeclaim "{name}" is being deleted'
             if not claim.volume or not claim.bound:

@@ -326,7 +326,9 @@ def test_claims_of_a_pod_name_its_claim_volumes_and_ephemeral_volume_claims() ->
         {"name": "cfg", "configMap": {"name": "x"}},
         {"name": "again", "persistentVolumeClaim": {"claimName": "dataset"}},
     ]
-    assert pod_record(pod_obj(volumes=volumes)).claims == ("dataset", "p-scratch")
+    rec = pod_record(pod_obj(volumes=volumes))
+    assert rec.claims == ("dataset", "p-scratch")
+    assert rec.ephemeral_claims == ("p-scratch",)
     assert pod_record(pod_obj()).claims == ()
 
 
@@ -337,6 +339,11 @@ def test_claim_and_volume_records_say_what_placement_needs() -> None:
         "status": {"phase": "Bound"},
     }
     assert claim_record(pvc) == ClaimRecord("ns", "dataset", volume="pv-1", bound=True)
+    pvc["metadata"]["ownerReferences"] = [
+        {"kind": "Deployment", "uid": "other"},
+        {"kind": "Pod", "uid": "pod-uid", "controller": True},
+    ]
+    assert claim_record(pvc).owner == "pod-uid"
     pending = {"metadata": {"name": "d", "namespace": "ns", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
     assert claim_record(pending) == ClaimRecord("ns", "d", deleting=True)
     local = {"metadata": {"name": "pv-2"}, "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [{}]}}}}
@@ -385,3 +392,11 @@ def test_ephemeral_storage_of_pods_and_nodes_in_mib() -> None:
     node["status"]["allocatable"]["ephemeral-storage"] = "lots"
     with pytest.raises(ConvertError, match="allocatable"):
         node_record(node)
+
+
+def test_a_gpu_product_selector_on_a_pod_without_gpus_still_selects_nodes() -> None:
+    product = {"nvidia.com/gpu.product": "A100"}
+    cpu_pod = pod_record(pod_obj(requests={"cpu": "1"}, nodeSelector=product)).pod
+    assert cpu_pod.node_selector == ((Requirement("nvidia.com/gpu.product", "In", ("A100",)),),)
+    gpu_pod = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, nodeSelector=product)).pod
+    assert (gpu_pod.node_selector, gpu_pod.gpu_models) == ((), frozenset({"A100"}))  # the model constraint

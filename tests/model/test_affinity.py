@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from gpusched.model import Node
+from gpusched.model import Cluster, Node
 from gpusched.model.affinity import Requirement, selects
 
-NODE = Node("gpu-7", 8000, 32768, labels={"pool": "train", "gen": "4", "zone": "a"})
+NODE = Node(
+    "gpu-7",
+    8000,
+    32768,
+    labels={"pool": "train", "gen": "4", "zone": "a", "underscored": "1_0", "huge": "9" * 20, "signed": "-2"},
+)
 
 
 @pytest.mark.parametrize(
@@ -27,6 +32,9 @@ NODE = Node("gpu-7", 8000, 32768, labels={"pool": "train", "gen": "4", "zone": "
         (Requirement("gen", "Gt", ("4",)), False),
         (Requirement("gen", "Lt", ("5",)), True),
         (Requirement("zone", "Lt", ("5",)), False),  # not a number: no match
+        (Requirement("underscored", "Gt", ("3",)), False),  # "1_0" is not a base-10 integer to the API
+        (Requirement("huge", "Gt", ("3",)), False),  # beyond int64
+        (Requirement("signed", "Lt", ("0",)), True),
         (Requirement("missing", "Gt", ("0",)), False),
         (Requirement("metadata.name", "In", ("gpu-7",), field=True), True),
         (Requirement("metadata.name", "NotIn", ("gpu-7",), field=True), False),
@@ -61,3 +69,11 @@ def test_terms_are_ored_and_requirements_within_a_term_anded() -> None:
 def test_malformed_requirements_are_rejected_with_the_reason(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Requirement(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_cluster_keeps_a_bounded_number_of_selector_masks() -> None:
+    cluster = Cluster([NODE])
+    for i in range(1000):  # one selector per pod, as tools that pin each pod to a host write them
+        pinned = ((Requirement("metadata.name", "In", (f"host-{i}",), field=True),),)
+        assert not cluster.selector_mask(pinned).any()
+    assert len(cluster._selector_masks) <= 256

@@ -14,8 +14,8 @@ def claims(*records: ClaimRecord, volumes: tuple[VolumeRecord, ...] = ()) -> Cla
 
 def test_a_claim_bound_to_a_volume_any_node_can_use_is_fine() -> None:
     c = claims(ClaimRecord("ns", "data", "pv-1", bound=True), volumes=(VolumeRecord("pv-1"),))
-    assert c.problem("ns", ("data",)) == ""
-    assert c.problem("ns", ()) == ""
+    assert c.problem("ns/p", "uid-p", ("data",)) == ""
+    assert c.problem("ns/p", "uid-p", ()) == ""
 
 
 def test_each_claim_that_blocks_binding_is_named_with_the_reason() -> None:
@@ -27,14 +27,14 @@ def test_each_claim_that_blocks_binding_is_named_with_the_reason() -> None:
         ClaimRecord("ns", "orphan", "pv-gone", bound=True),
         volumes=(VolumeRecord("pv-1"), VolumeRecord("pv-local", pinned=True)),
     )
-    assert c.problem("ns", ("ok", "missing")) == 'persistentvolumeclaim "missing" not found'
-    assert c.problem("other", ("ok",)) == 'persistentvolumeclaim "ok" not found'  # claims are per namespace
-    waiting = c.problem("ns", ("waiting",))
+    assert c.problem("ns/p", "uid-p", ("ok", "missing")) == 'persistentvolumeclaim "missing" not found'
+    assert c.problem("other/p", "uid-p", ("ok",)) == 'persistentvolumeclaim "ok" not found'  # claims are per namespace
+    waiting = c.problem("ns/p", "uid-p", ("waiting",))
     assert waiting.startswith('persistentvolumeclaim "waiting" is not bound')
     assert "Immediate" in waiting
-    assert c.problem("ns", ("going",)) == 'persistentvolumeclaim "going" is being deleted'
-    assert "spec.nodeAffinity" in c.problem("ns", ("local",))
-    assert c.problem("ns", ("orphan",)) == 'persistentvolume "pv-gone" of claim "orphan" not found'
+    assert c.problem("ns/p", "uid-p", ("going",)) == 'persistentvolumeclaim "going" is being deleted'
+    assert "spec.nodeAffinity" in c.problem("ns/p", "uid-p", ("local",))
+    assert c.problem("ns/p", "uid-p", ("orphan",)) == 'persistentvolume "pv-gone" of claim "orphan" not found'
 
 
 def test_updates_report_whether_anything_placement_sees_changed() -> None:
@@ -42,12 +42,25 @@ def test_updates_report_whether_anything_placement_sees_changed() -> None:
     assert c.upsert_claim(ClaimRecord("ns", "d"))
     assert not c.upsert_claim(ClaimRecord("ns", "d"))
     assert c.upsert_claim(ClaimRecord("ns", "d", "pv", bound=True))
-    assert c.problem("ns", ("d",)) == 'persistentvolume "pv" of claim "d" not found'
+    assert c.problem("ns/p", "uid-p", ("d",)) == 'persistentvolume "pv" of claim "d" not found'
     assert c.upsert_volume(VolumeRecord("pv"))
     assert not c.upsert_volume(VolumeRecord("pv"))
-    assert c.problem("ns", ("d",)) == ""
+    assert c.problem("ns/p", "uid-p", ("d",)) == ""
     assert c.delete_volume("pv")
     assert not c.delete_volume("pv")
     assert c.delete_claim("ns/d")
     assert not c.delete_claim("ns/d")
-    assert c.problem("ns", ("d",)) == 'persistentvolumeclaim "d" not found'
+    assert c.problem("ns/p", "uid-p", ("d",)) == 'persistentvolumeclaim "d" not found'
+
+
+def test_an_ephemeral_volumes_claim_must_be_the_pods_own() -> None:
+    c = claims(
+        ClaimRecord("ns", "p-scratch", "pv-1", bound=True, owner="uid-p"),
+        ClaimRecord("ns", "q-scratch", "pv-1", bound=True, owner="uid-old-q"),
+        volumes=(VolumeRecord("pv-1"),),
+    )
+    assert c.problem("ns/p", "uid-p", ("p-scratch",), ("p-scratch",)) == ""
+    assert c.problem("ns/q", "uid-q", ("q-scratch",), ("q-scratch",)) == (
+        'persistentvolumeclaim "q-scratch" was not created for pod ns/q (the pod is not its owner)'
+    )
+    assert c.problem("ns/q", "uid-q", ("q-scratch",)) == ""  # mounted by name, any owner will do
