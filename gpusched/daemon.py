@@ -402,6 +402,7 @@ class Scheduler:
         for r in invalid:
             self._unschedulable(r.pod, r.error, "InvalidRequest")
         todo: list[PodRecord] = []
+        held_back: dict[str, str] = {}  # gang -> why one of its members cannot be bound yet
         for r in batch:
             if r.error:
                 continue
@@ -411,6 +412,8 @@ class Scheduler:
             volumes = self.claims.problem(r.key, r.uid, r.claims, r.ephemeral_claims) if r.claims else ""
             if volumes:
                 self._unschedulable(r.pod, volumes, "Volumes")
+                if r.pod.gang is not None:
+                    held_back.setdefault(r.pod.gang.name, f"member {r.key}: {volumes}")
                 continue
             todo.append(r)
         if not todo:
@@ -461,7 +464,13 @@ class Scheduler:
                 self.queue.done(p.key)
                 continue
             if p.gang is not None:
-                self._unschedulable(p, explain_gang(p, members[p.gang.name], after, snap.excluded), "Gang")
+                why = held_back.get(p.gang.name)
+                message = (
+                    f"gang {p.gang.name}: {why}; no member is placed until all of them can be, together."
+                    if why
+                    else explain_gang(p, members[p.gang.name], after, snap.excluded)
+                )
+                self._unschedulable(p, message, "Gang")
                 continue
             e = explain(p, after, snap.excluded)
             self._unschedulable(p, e.message, e.reason)

@@ -676,3 +676,31 @@ async def test_ephemeral_storage_requests_are_counted_against_the_nodes(
     assert len(waiting) == 1
     message = (kit.condition(waiting[0]) or {}).get("message")
     assert message == "0/1 nodes are available: 1 insufficient ephemeral-storage."
+
+
+async def test_a_gang_waiting_for_one_members_claim_says_so_on_every_member(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node("gang-vol-0", 8, "H800")])
+    needs_claim = _with_claim(_member("a", name, "g1", 2, gpus=4), "checkpoints")
+    plain = _member("b", name, "g1", 2, gpus=4)
+    expected = (
+        f'gang {namespace}/g1: member {namespace}/a: persistentvolumeclaim "checkpoints" not found; '
+        "no member is placed until all of them can be, together."
+    )
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [needs_claim, plain])
+        await kit.wait_settled(kube, namespace, 2, timeout=30)
+        # The members may come in two batches; the one that sees both writes the gang's reason.
+        for _ in range(100):
+            final = {p["metadata"]["name"]: p for p in await kit.list_all(kube, f"/api/v1/namespaces/{namespace}/pods")}
+            if (kit.condition(final["b"]) or {}).get("message") == expected:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        daemon.stop()
+    assert not any(p["spec"].get("nodeName") for p in final.values())
+    assert (kit.condition(final["a"]) or {}).get("message") == 'persistentvolumeclaim "checkpoints" not found'
+    assert (kit.condition(final["b"]) or {}).get("message") == expected
