@@ -454,6 +454,7 @@ def _pod(
             _tolerations(spec),
             node_selector,
             reqs.get(STORAGE_RESOURCE, 0),
+            _host_ports(spec),
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
@@ -491,6 +492,19 @@ def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any], 
     if not terms:
         raise ValueError("required node affinity has no nodeSelectorTerm with a requirement, so it matches no node")
     return tuple(terms)
+
+
+def _host_ports(spec: Mapping[str, Any]) -> frozenset[str]:
+    """``PROTOCOL/port`` of every host port its containers and sidecars bind (the API server has
+    already set ``hostPort`` for each container port of a ``hostNetwork`` pod)."""
+    containers = [*(spec.get("containers") or ())]
+    containers += [c for c in spec.get("initContainers") or () if c.get("restartPolicy") == "Always"]
+    out: set[str] = set()
+    for c in containers:
+        for port in c.get("ports") or () if isinstance(c, Mapping) else ():
+            if isinstance(port, Mapping) and int(port.get("hostPort") or 0) > 0:
+                out.add(f"{port.get('protocol') or 'TCP'}/{int(port['hostPort'])}")
+    return frozenset(out)
 
 
 def _tolerations(spec: Mapping[str, Any]) -> tuple[Toleration, ...]:

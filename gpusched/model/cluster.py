@@ -8,8 +8,8 @@ greedy policies and the simulator run thousands of times cheap.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar
 
@@ -198,6 +198,8 @@ class ClusterState:
     """Layouts chosen for re-partitionable GPUs; such a GPU counts as fully used for other pods."""
     storage_used: IntArray | None = None
     """Ephemeral storage requested per node, MiB (None: nothing requested)."""
+    ports_used: Mapping[int, frozenset[str]] = field(default_factory=dict)
+    """Host ports bound per node (only nodes that have any)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_log", _ChangeLog())
@@ -275,6 +277,14 @@ class ClusterState:
         """Largest free share on any one GPU of each node."""
         return _frozen(self.gpu_free.max(axis=1))
 
+    def ports_free(self, ports: frozenset[str]) -> BoolArray:
+        """Nodes where none of ``ports`` is bound yet."""
+        ok = np.ones(len(self.cluster), dtype=np.bool_)
+        for n, used in self.ports_used.items():
+            if used & ports:
+                ok[n] = False
+        return ok
+
     def fit_mask(self, shape: PodShape) -> BoolArray:
         """Nodes that can host one pod of ``shape`` now."""
         if shape.mig_profile:
@@ -282,6 +292,8 @@ class ClusterState:
         ok = (self.cpu_free >= shape.cpu_milli) & (self.mem_free >= shape.memory_mib)
         if shape.storage_mib:
             ok &= self.storage_free >= shape.storage_mib
+        if shape.host_ports:
+            ok &= self.ports_free(shape.host_ports)
         if self.cluster.tainted:
             ok &= self.cluster.toleration_mask(shape.tolerations)
         if shape.node_selector:
@@ -308,6 +320,8 @@ class ClusterState:
         ok = (self.cpu_free >= shape.cpu_milli) & (self.mem_free >= shape.memory_mib)
         if shape.storage_mib:
             ok &= self.storage_free >= shape.storage_mib
+        if shape.host_ports:
+            ok &= self.ports_free(shape.host_ports)
         if self.cluster.tainted:
             ok &= self.cluster.toleration_mask(shape.tolerations)
         if shape.node_selector:
@@ -337,6 +351,7 @@ class ClusterState:
         kinds = self.kinds.copy()
         mig = self.mig
         storage = self.storage_used
+        ports: dict[int, frozenset[str]] | None = None  # copied on the first pod with host ports
         rows: set[int] = set()
         for n, g, _ in partitions:
             rows.add(n)
@@ -346,6 +361,15 @@ class ClusterState:
             rows.add(a.node)
             cpu[a.node] += sign * p.cpu_milli
             mem[a.node] += sign * p.memory_mib
+            if p.host_ports:
+                if ports is None:
+                    ports = dict(self.ports_used)
+                held = ports.get(a.node, frozenset())
+                now = held | p.host_ports if sign > 0 else held - p.host_ports
+                if now:
+                    ports[a.node] = now
+                else:
+                    ports.pop(a.node, None)
             if p.storage_mib:
                 if storage is None or storage is self.storage_used:
                     storage = np.zeros(len(self.cluster), dtype=np.int64) if storage is None else storage.copy()
@@ -358,7 +382,17 @@ class ClusterState:
                 if mig is self.mig_used:
                     mig = mig.copy()
                 mig[a.node, self.cluster.mig_index[p.mig_profile]] += sign
-        new = ClusterState(self.cluster, cpu, mem, gpu, kinds, mig, self.partitions + partitions, storage)
+        new = ClusterState(
+            self.cluster,
+            cpu,
+            mem,
+            gpu,
+            kinds,
+            mig,
+            self.partitions + partitions,
+            storage,
+            self.ports_used if ports is None else ports,
+        )
         touched = np.fromiter(rows, dtype=np.intp, count=len(rows))
         log: _ChangeLog = self.__dict__["_log"]
         version: int = self.__dict__["_version"]

@@ -95,6 +95,7 @@ class PodShape:
     tolerations: tuple[Toleration, ...] = ()
     node_selector: NodeSelector = ()
     storage_mib: int = 0
+    host_ports: frozenset[str] = frozenset()
 
     @property
     def gpu_demand_milli(self) -> int:
@@ -142,6 +143,8 @@ class Pod:
     """Nodes it may go to by their labels (``nodeSelector`` and required node affinity)."""
     storage_mib: int = 0
     """Ephemeral storage request, MiB."""
+    host_ports: frozenset[str] = frozenset()
+    """Host ports it binds, as ``PROTOCOL/port`` (``TCP/29500``): no two pods on a node may share one."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"
@@ -171,6 +174,8 @@ class Pod:
                 )
         if not isinstance(self.gpu_models, frozenset):
             object.__setattr__(self, "gpu_models", frozenset(self.gpu_models))
+        if not isinstance(self.host_ports, frozenset):
+            object.__setattr__(self, "host_ports", frozenset(self.host_ports))
 
     @property
     def key(self) -> str:
@@ -192,6 +197,7 @@ class Pod:
             self.tolerations,
             self.node_selector,
             self.storage_mib,
+            self.host_ports,
         )
 
     @property

@@ -26,6 +26,7 @@ __all__ = [
     "INSUFFICIENT_SHARE",
     "INSUFFICIENT_STORAGE",
     "MODEL_NOT_ACCEPTED",
+    "PORTS_TAKEN",
     "SELECTOR_MISMATCH",
     "Explanation",
     "explain",
@@ -40,6 +41,7 @@ INSUFFICIENT_SHARE = "insufficient GPU share"
 INSUFFICIENT_CPU = "insufficient cpu"
 INSUFFICIENT_MEMORY = "insufficient memory"
 INSUFFICIENT_STORAGE = "insufficient ephemeral-storage"
+PORTS_TAKEN = "node(s) didn't have free ports for the requested pod ports"
 DEFERRED = "deferred by the solver"
 INSUFFICIENT_ISLAND = "no GPU island with enough idle GPUs"
 
@@ -119,6 +121,8 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
     check(state.mem_free >= pod.memory_mib, INSUFFICIENT_MEMORY)
     if pod.storage_mib:
         check(state.storage_free >= pod.storage_mib, INSUFFICIENT_STORAGE)
+    if pod.host_ports:
+        check(state.ports_free(pod.host_ports), PORTS_TAKEN)
     for why in (excluded or {}).values():
         reasons[why] += 1
     total = n + len(excluded or {})

@@ -102,6 +102,8 @@ def _class_extras(state: ClusterState, groups: Sequence[Group]) -> list[IntArray
         extra.extend([state.mig_free, cl.mig_can.astype(np.int64)])
     if any(s.storage_mib for s in shapes):
         extra.append(state.storage_free)
+    for port in sorted({p for s in shapes for p in s.host_ports}):
+        extra.append((~state.ports_free(frozenset({port}))).astype(np.int64))
     for selector in sorted({s.node_selector for s in shapes if s.node_selector}, key=repr):
         extra.append(cl.selector_mask(selector).astype(np.int64))
     keys = sorted({g.gang.topology_key for g in groups if g.gang is not None and g.gang.topology_key})
@@ -210,6 +212,8 @@ def build_instance(
             ub = np.minimum(ub, mem_free[sel] // shape.memory_mib)
         if shape.storage_mib:
             ub = np.minimum(ub, state.storage_free[sel] // shape.storage_mib)
+        if shape.host_ports:
+            ub = np.minimum(ub, 1)  # two pods binding one host port never share a node
         per_gpu = None
         if shape.is_fractional:
             fit = gpu_free[sel] // shape.gpu_milli

@@ -38,6 +38,7 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
     cpu: dict[int, int] = defaultdict(int)
     mem: dict[int, int] = defaultdict(int)
     storage: dict[int, int] = defaultdict(int)
+    ports: dict[int, list[str]] = defaultdict(list)
     gpu: dict[tuple[int, int], int] = defaultdict(int)
     whole: set[tuple[int, int]] = set()
     for a in plan.assignments:
@@ -49,6 +50,7 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
         cpu[a.node] += p.cpu_milli
         mem[a.node] += p.memory_mib
         storage[a.node] += p.storage_mib
+        ports[a.node].extend(p.host_ports)
         if len(a.gpus) != p.num_gpu:
             problems.append(f"pod {p.key}: asked for {p.num_gpu} GPUs, got indices {list(a.gpus)}")
         if len(set(a.gpus)) != len(a.gpus):
@@ -79,6 +81,11 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
     for n, m in mem.items():
         if m > state.mem_free[n]:
             problems.append(f"{cluster.nodes[n].name}: memory over-committed ({m}Mi > {state.mem_free[n]}Mi)")
+    for n, bound in ports.items():
+        taken = state.ports_used.get(n, frozenset())
+        clash = sorted({x for x in bound if bound.count(x) > 1 or x in taken})
+        if clash:
+            problems.append(f"{cluster.nodes[n].name}: host port {', '.join(clash)} bound twice")
     for n, s in storage.items():
         if s > state.storage_free[n]:
             problems.append(

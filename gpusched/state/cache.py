@@ -16,6 +16,7 @@ never change a snapshot a solve is using.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -77,6 +78,7 @@ class Cache:
         self._cpu: IntArray = np.zeros(0, dtype=np.int64)
         self._mem: IntArray = np.zeros(0, dtype=np.int64)
         self._storage: IntArray = np.zeros(0, dtype=np.int64)
+        self._ports: dict[int, Counter[str]] = {}
         self._gpu: IntArray = np.zeros((0, 1), dtype=np.int64)
         self._kinds: IntArray = np.zeros((0, 2), dtype=np.int64)
         self._mig: IntArray = np.zeros((0, 0), dtype=np.int64)
@@ -225,7 +227,18 @@ class Cache:
         gpu = np.minimum(self._gpu, cluster.gpu_cap)
         mig = np.minimum(self._mig, cluster.mig_cap)  # slices counted on a node that no longer offers them
         storage = self._storage.copy() if self._storage.any() else None
-        state = ClusterState(cluster, self._cpu.copy(), self._mem.copy(), gpu, self._kinds.copy(), mig, (), storage)
+        ports = {n: frozenset(p for p, c in held.items() if c > 0) for n, held in self._ports.items()}
+        state = ClusterState(
+            cluster,
+            self._cpu.copy(),
+            self._mem.copy(),
+            gpu,
+            self._kinds.copy(),
+            mig,
+            (),
+            storage,
+            {n: p for n, p in ports.items() if p},
+        )
         excluded = {n: r.excluded for n, r in self._nodes.items() if r.excluded}
         return Snapshot(self.generation, cluster, state, MappingProxyType(excluded))
 
@@ -237,6 +250,7 @@ class Cache:
             self._cpu = np.zeros(n, dtype=np.int64)
             self._mem = np.zeros(n, dtype=np.int64)
             self._storage = np.zeros(n, dtype=np.int64)
+            self._ports = {}
             self._gpu = np.zeros((n, cluster.max_gpus), dtype=np.int64)
             self._kinds = np.zeros((n, cluster.max_gpus + 1), dtype=np.int64)
             self._mig = np.zeros((n, len(cluster.mig_profiles)), dtype=np.int64)
@@ -269,6 +283,9 @@ class Cache:
         self._cpu[i] += sign * pod.cpu_milli
         self._mem[i] += sign * pod.memory_mib
         self._storage[i] += sign * pod.storage_mib
+        if pod.host_ports:
+            held_ports = self._ports.setdefault(i, Counter())
+            held_ports.update(dict.fromkeys(pod.host_ports, sign))
         for g in held.gpus:
             self._gpu[i, g] += sign * pod.gpu_milli
         if pod.num_gpu:

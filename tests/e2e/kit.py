@@ -217,6 +217,20 @@ async def wait_settled(kube: Kube, ns: str, count: int, timeout: float = 120.0) 
         await asyncio.sleep(0.3)
 
 
+async def schedule(
+    cp: ControlPlane, kube: Kube, ns: str, scheduler: str, pods: Sequence[dict[str, Any]], count: int | None = None
+) -> dict[str, dict[str, Any]]:
+    """Start a daemon, create ``pods`` in ``ns``, and return every pod there by name once all
+    ``count`` (default: as many as created) are bound or marked unschedulable."""
+    daemon = Daemon.start(cp, scheduler, "--no-leader-elect")
+    try:
+        await create_all(kube, f"/api/v1/namespaces/{ns}/pods", pods)
+        settled = await wait_settled(kube, ns, len(pods) if count is None else count, timeout=30)
+    finally:
+        daemon.stop()
+    return {p["metadata"]["name"]: p for p in settled}
+
+
 def milli_of(p: dict[str, Any]) -> tuple[int, int]:
     """(whole GPUs, share milli) a test pod asks for."""
     limits = p["spec"]["containers"][0]["resources"]["limits"]

@@ -216,12 +216,7 @@ async def test_tainted_gpu_nodes_take_only_pods_that_tolerate_them(
     tolerating = kit.pod("tolerating", name, gpus=1)
     tolerating["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     pods = [tolerating, kit.pod("intolerant", name, gpus=1), kit.pod("cpu", name)]
-    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
-    try:
-        await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", pods)
-        final = {p["metadata"]["name"]: p for p in await kit.wait_settled(kube, namespace, 3, timeout=30)}
-    finally:
-        daemon.stop()
+    final = await kit.schedule(control_plane, kube, namespace, name, pods)
     assert final["tolerating"]["spec"].get("nodeName") == "tainted-gpu-0"
     assert final["cpu"]["spec"].get("nodeName") == "tainted-cpu-0"
     assert not final["intolerant"]["spec"].get("nodeName")
@@ -638,12 +633,7 @@ async def test_node_selectors_and_required_node_affinity_choose_the_nodes(
     }
     nowhere = kit.pod("nowhere", name, gpus=1)
     nowhere["spec"]["nodeSelector"] = {"pool": "gpu-b200"}
-    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
-    try:
-        await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [by_selector, by_affinity, nowhere])
-        final = {p["metadata"]["name"]: p for p in await kit.wait_settled(kube, namespace, 3, timeout=30)}
-    finally:
-        daemon.stop()
+    final = await kit.schedule(control_plane, kube, namespace, name, [by_selector, by_affinity, nowhere])
     assert final["by-selector"]["spec"].get("nodeName") in {"sel-train-0", "sel-train-1"}
     assert final["by-affinity"]["spec"].get("nodeName") == "sel-train-1"
     assert not final["nowhere"]["spec"].get("nodeName")
@@ -664,14 +654,9 @@ async def test_ephemeral_storage_requests_are_counted_against_the_nodes(
         p = kit.pod(f"scratch-{i}", name, gpus=1)
         p["spec"]["containers"][0]["resources"]["requests"] = {"ephemeral-storage": "60Gi"}
         pods.append(p)
-    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
-    try:
-        await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", pods)
-        final = await kit.wait_settled(kube, namespace, 2, timeout=30)
-    finally:
-        daemon.stop()
-    bound = [p for p in final if p["spec"].get("nodeName")]
-    waiting = [p for p in final if not p["spec"].get("nodeName")]
+    final = await kit.schedule(control_plane, kube, namespace, name, pods)
+    bound = [p for p in final.values() if p["spec"].get("nodeName")]
+    waiting = [p for p in final.values() if not p["spec"].get("nodeName")]
     assert [p["spec"]["nodeName"] for p in bound] == ["disk-gpu-0"]
     assert len(waiting) == 1
     message = (kit.condition(waiting[0]) or {}).get("message")
@@ -704,3 +689,26 @@ async def test_a_gang_waiting_for_one_members_claim_says_so_on_every_member(
     assert not any(p["spec"].get("nodeName") for p in final.values())
     assert (kit.condition(final["a"]) or {}).get("message") == 'persistentvolumeclaim "checkpoints" not found'
     assert (kit.condition(final["b"]) or {}).get("message") == expected
+
+
+async def test_host_ports_bound_on_a_node_keep_pods_that_need_them_off_it(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node(f"port-gpu-{i}", 8, "H800") for i in range(2)])
+
+    def with_port(p: dict[str, Any]) -> dict[str, Any]:
+        p["spec"]["containers"][0]["ports"] = [{"containerPort": 29500, "hostPort": 29500}]
+        return p
+
+    # Another scheduler's pod already binds the port on port-gpu-0.
+    held = with_port(kit.pod("elsewhere", "other-scheduler", gpus=1, node_name="port-gpu-0"))
+    await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [held])
+    workers = [with_port(kit.pod(f"worker-{i}", name, gpus=2)) for i in range(2)]
+    final = await kit.schedule(control_plane, kube, namespace, name, workers, count=3)
+    placed = [final[f"worker-{i}"]["spec"].get("nodeName") for i in range(2)]
+    assert sorted(placed, key=str) == [None, "port-gpu-1"]  # str(None) sorts first
+    waiting = next(final[f"worker-{i}"] for i in range(2) if not placed[i])
+    assert (kit.condition(waiting) or {}).get("message") == (
+        "0/2 nodes are available: 2 node(s) didn't have free ports for the requested pod ports."
+    )

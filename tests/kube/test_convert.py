@@ -400,3 +400,17 @@ def test_a_gpu_product_selector_on_a_pod_without_gpus_still_selects_nodes() -> N
     assert cpu_pod.node_selector == ((Requirement("nvidia.com/gpu.product", "In", ("A100",)),),)
     gpu_pod = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, nodeSelector=product)).pod
     assert (gpu_pod.node_selector, gpu_pod.gpu_models) == ((), frozenset({"A100"}))  # the model constraint
+
+
+def test_host_ports_of_containers_and_sidecars() -> None:
+    obj = pod_obj()
+    obj["spec"]["containers"][0]["ports"] = [
+        {"containerPort": 29500, "hostPort": 29500},
+        {"containerPort": 8080},  # no host port
+        {"containerPort": 53, "hostPort": 5353, "protocol": "UDP"},
+    ]
+    obj["spec"]["initContainers"] = [
+        {"name": "sidecar", "restartPolicy": "Always", "ports": [{"containerPort": 9400, "hostPort": 9400}]},
+        {"name": "setup", "ports": [{"containerPort": 1, "hostPort": 1}]},  # gone before the pod runs
+    ]
+    assert pod_record(obj).pod.host_ports == frozenset({"TCP/29500", "UDP/5353", "TCP/9400"})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from types import ModuleType
 
 import pytest
@@ -17,7 +18,7 @@ from ortools.sat.python import cp_model
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Plan, Pod
 from gpusched.solver.baselines import FgdPolicy
-from gpusched.solver.constraints import capacity, demand, share, whole_gpu
+from gpusched.solver.constraints import capacity, demand, ports, share, whole_gpu
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import Instance, build_instance
 from gpusched.solver.objectives import placed
@@ -137,6 +138,23 @@ def test_capacity_module_keeps_the_sum_of_requests_within_what_is_free(resource:
     assert s.on_node("cpu_milli")[0] <= 3000
     assert s.on_node("memory_mib")[0] <= 3000
     assert Solved(inst, [demand]).placed_pods() == 2, "without the capacity module both fit"
+
+
+def test_capacity_module_counts_ephemeral_storage() -> None:
+    cluster = Cluster([replace(Node("a", 8000, 8000), storage_mib=3000)])
+    pods = [replace(pod("p", cpu=1), storage_mib=2000), replace(pod("q", cpu=2), storage_mib=2000)]
+    inst = instance(pods, cluster.empty_state())
+    assert Solved(inst, [demand, capacity]).placed_pods() == 1
+    assert Solved(inst, [demand]).placed_pods() == 2, "without the capacity module both fit"
+
+
+def test_ports_module_keeps_pods_of_different_shapes_off_one_host_port() -> None:
+    cluster = Cluster([Node("a", 8000, 8000)])
+    port = frozenset({"TCP/29500"})
+    pods = [replace(pod("p", cpu=1), host_ports=port), replace(pod("q", cpu=2), host_ports=port)]
+    inst = instance(pods, cluster.empty_state())
+    assert Solved(inst, [demand, ports]).placed_pods() == 1
+    assert Solved(inst, [demand]).placed_pods() == 2, "without the ports module both bind the port"
 
 
 def test_whole_gpu_module_takes_no_more_gpus_than_are_idle() -> None:

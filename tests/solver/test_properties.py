@@ -101,6 +101,7 @@ def pod_shapes(draw: st.DrawFn) -> Pod:
         gpu_models=models,
         node_selector=draw(st.sampled_from(SELECTORS)),
         storage_mib=draw(st.sampled_from([0, 0, 0, 1024, 4096])),
+        host_ports=draw(st.sampled_from([frozenset(), frozenset(), frozenset({"TCP/29500"})])),
     )
 
 
