@@ -131,9 +131,15 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     try:
         cpu = cpu_milli(alloc.get("cpu", 0), round_up=False)
         mem = memory_mib(alloc.get("memory", 0), round_up=False)
-        storage = memory_mib(alloc[STORAGE_RESOURCE], round_up=False) if STORAGE_RESOURCE in alloc else None
     except QuantityError as exc:
         raise ConvertError(f"{where}: status.allocatable: {exc}") from None
+    storage: int | None = None
+    storage_warning = ""
+    if STORAGE_RESOURCE in alloc:
+        try:
+            storage = memory_mib(alloc[STORAGE_RESOURCE], round_up=False)
+        except QuantityError as exc:
+            storage_warning = f"allocatable {STORAGE_RESOURCE} ignored: {exc}"
     # Only what the device plugin advertises counts: the kubelet admits pods against allocatable,
     # and in MIG mode the GPU feature discovery count also covers the partitioned GPUs.
     gpus = _int_quantity(alloc[GPU_RESOURCE], f"{where}: allocatable {GPU_RESOURCE}") if GPU_RESOURCE in alloc else 0
@@ -148,7 +154,7 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     # A node is never dropped for these: an islands annotation that no longer matches the GPU
     # count (a GPU went unhealthy, or into MIG mode) falls back to the default, and a MIG
     # resource this scheduler does not know is left out; both are reported in ``warning``.
-    warnings: list[str] = []
+    warnings: list[str] = [storage_warning] if storage_warning else []
     if GPU_RESOURCE not in alloc and labels.get(LABEL_GPU_COUNT, "0") not in ("", "0") and not mig:
         warnings.append(
             f"{where}: label {LABEL_GPU_COUNT}={labels[LABEL_GPU_COUNT]} but no allocatable {GPU_RESOURCE} "
@@ -497,13 +503,16 @@ def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any], 
 def _host_ports(spec: Mapping[str, Any]) -> frozenset[str]:
     """``PROTOCOL/port`` of every host port its containers and sidecars bind (the API server has
     already set ``hostPort`` for each container port of a ``hostNetwork`` pod)."""
-    containers = [*(spec.get("containers") or ())]
-    containers += [c for c in spec.get("initContainers") or () if c.get("restartPolicy") == "Always"]
+    containers = [c for c in spec.get("containers") or () if isinstance(c, Mapping)]
+    containers += [
+        c for c in spec.get("initContainers") or () if isinstance(c, Mapping) and c.get("restartPolicy") == "Always"
+    ]
     out: set[str] = set()
     for c in containers:
-        for port in c.get("ports") or () if isinstance(c, Mapping) else ():
-            if isinstance(port, Mapping) and int(port.get("hostPort") or 0) > 0:
-                out.add(f"{port.get('protocol') or 'TCP'}/{int(port['hostPort'])}")
+        for port in c.get("ports") or ():
+            number = port.get("hostPort") if isinstance(port, Mapping) else None
+            if isinstance(number, int) and number > 0:  # the API server admits only int32 values
+                out.add(f"{port.get('protocol') or 'TCP'}/{number}")
     return frozenset(out)
 
 

@@ -199,7 +199,9 @@ class ClusterState:
     storage_used: IntArray | None = None
     """Ephemeral storage requested per node, MiB (None: nothing requested)."""
     ports_used: Mapping[int, frozenset[str]] = field(default_factory=dict)
-    """Host ports bound per node (only nodes that have any)."""
+    """Host ports bound per node (only nodes that have any).  A set, not a count: should two pods
+    hold one port on a node (another scheduler's doing), ``release`` of either frees it; the
+    daemon's cache counts them and builds each snapshot afresh."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_log", _ChangeLog())

@@ -87,7 +87,7 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
         if clash:
             problems.append(f"{cluster.nodes[n].name}: host port {', '.join(clash)} bound twice")
     for n, s in storage.items():
-        if s > state.storage_free[n]:
+        if s and s > state.storage_free[n]:  # pods asking for none may go where others over-filled it
             problems.append(
                 f"{cluster.nodes[n].name}: ephemeral storage over-committed ({s}Mi > {state.storage_free[n]}Mi)"
             )

@@ -77,8 +77,10 @@ def states(draw: st.DrawFn) -> ClusterState:
                 old.append(Assignment(Pod(f"old-{n}-{g}", 0, 0, num_gpu=1, gpu_milli=use), n, (g,)))
         cpu = draw(st.integers(0, node.cpu_milli // 500)) * 500
         mem = draw(st.integers(0, node.memory_mib // 512)) * 512
-        if cpu or mem:
-            old.append(Assignment(Pod(f"old-{n}", cpu, mem), n))
+        storage = draw(st.sampled_from([0, 0, 1024, 10000]))  # 10000 over-fills every node that counts
+        ports = draw(st.sampled_from([frozenset(), frozenset(), frozenset({"TCP/29500"})]))
+        if cpu or mem or storage or ports:
+            old.append(Assignment(Pod(f"old-{n}", cpu, mem, storage_mib=storage, host_ports=ports), n))
     return cluster.empty_state().apply(old)
 
 

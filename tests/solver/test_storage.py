@@ -48,3 +48,16 @@ def test_the_validator_rejects_storage_over_commitment() -> None:
     pods = [replace(pod(f"p{i}", gpus=1), storage_mib=60 * GIB) for i in range(2)]
     plan = Plan((Assignment(pods[0], 0, (0,)), Assignment(pods[1], 0, (1,))), (), SolveStats("test"))
     assert any("ephemeral storage over-committed" in x for x in plan_problems(plan, state, pods))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_node_already_over_its_storage_still_takes_pods_that_ask_for_none(policy: str) -> None:
+    # Another scheduler (or rounding: allocatable rounds down, requests up) left n0 over its storage.
+    c = Cluster([replace(gpu_node("n0", gpus=0), storage_mib=1000)])
+    state = c.empty_state().apply([Assignment(replace(pod("old", cpu=0), storage_mib=1500), 0)])
+    pods = [pod("no-storage", cpu=500), replace(pod("scratch", cpu=500), storage_mib=10)]
+    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
+    plan = make_policy(policy, c, TypicalPods.from_pods(pods), 0, params).place(pods, state)
+    validate_plan(plan, state, pods)
+    assert [a.pod.name for a in plan.assignments] == ["no-storage"]
+    assert plan.stats.status != "INFEASIBLE_FALLBACK"

@@ -21,6 +21,8 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
         if storage:
             checks.append((int(state.storage_free[n]), [s.storage_mib for s in shapes]))
         for free, req in checks:
+            if not any(req):
+                continue  # nothing asks for it here (the node may even be over-committed already)
             # Skip constraints that cannot bind (each ub already respects capacity alone).
             if sum(r * inst.candidates[ci].ub for r, ci in zip(req, cis, strict=True)) > free:
                 model.add(sum(r * v.x[ci] for r, ci in zip(req, cis, strict=True)) <= free)
