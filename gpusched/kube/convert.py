@@ -290,6 +290,7 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
     uid = str(meta.get("uid", ""))
     priority = int(spec.get("priority") or 0)
     labels: Mapping[str, str] = meta.get("labels") or {}
+    claims, ephemeral = _claims(name, spec)
     try:
         pod, error = _pod(name, namespace, uid, priority, spec, annotations, labels, f"pod {namespace}/{name}")
     except ConvertError as exc:
@@ -307,24 +308,24 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
         error=error,
         unschedulable=_unschedulable(status),
         gated=bool(spec.get("schedulingGates")),
-        claims=_claims(name, spec),
-        ephemeral_claims=_claims(name, spec, ephemeral_only=True),
+        claims=claims,
+        ephemeral_claims=ephemeral,
     )
 
 
-def _claims(pod_name: str, spec: Mapping[str, Any], *, ephemeral_only: bool = False) -> tuple[str, ...]:
-    """Names of the claims the pod mounts (only its ephemeral volumes' with ``ephemeral_only``)."""
-    out: list[str] = []
+def _claims(pod_name: str, spec: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Names of the claims the pod mounts, and of those its generic ephemeral volumes create."""
+    named: list[str] = []
+    ephemeral: list[str] = []
     for v in spec.get("volumes") or ():
         if not isinstance(v, Mapping):
             continue
         pvc = v.get("persistentVolumeClaim")
         if isinstance(pvc, Mapping) and pvc.get("claimName"):
-            if not ephemeral_only:
-                out.append(str(pvc["claimName"]))
+            named.append(str(pvc["claimName"]))
         elif isinstance(v.get("ephemeral"), Mapping) and v.get("name"):
-            out.append(f"{pod_name}-{v['name']}")  # the claim the ephemeral volume controller creates
-    return tuple(dict.fromkeys(out))
+            ephemeral.append(f"{pod_name}-{v['name']}")  # the claim the ephemeral volume controller creates
+    return tuple(dict.fromkeys(named + ephemeral)), tuple(ephemeral)
 
 
 def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:

@@ -287,10 +287,9 @@ class ClusterState:
                 ok[n] = False
         return ok
 
-    def fit_mask(self, shape: PodShape) -> BoolArray:
-        """Nodes that can host one pod of ``shape`` now."""
-        if shape.mig_profile:
-            return self._mig_mask(shape)
+    def _room_mask(self, shape: PodShape) -> BoolArray:
+        """Nodes with room for ``shape`` apart from its GPUs: CPU, memory, storage, host ports,
+        taints it tolerates and labels its selector allows."""
         ok = (self.cpu_free >= shape.cpu_milli) & (self.mem_free >= shape.memory_mib)
         if shape.storage_mib:
             ok &= self.storage_free >= shape.storage_mib
@@ -300,6 +299,13 @@ class ClusterState:
             ok &= self.cluster.toleration_mask(shape.tolerations)
         if shape.node_selector:
             ok &= self.cluster.selector_mask(shape.node_selector)
+        return ok
+
+    def fit_mask(self, shape: PodShape) -> BoolArray:
+        """Nodes that can host one pod of ``shape`` now."""
+        if shape.mig_profile:
+            return self._mig_mask(shape)
+        ok = self._room_mask(shape)
         if shape.num_gpu == 0:
             return ok
         ok &= self.cluster.model_mask(shape.gpu_models)
@@ -319,15 +325,7 @@ class ClusterState:
         return out
 
     def _mig_mask(self, shape: PodShape) -> BoolArray:
-        ok = (self.cpu_free >= shape.cpu_milli) & (self.mem_free >= shape.memory_mib)
-        if shape.storage_mib:
-            ok &= self.storage_free >= shape.storage_mib
-        if shape.host_ports:
-            ok &= self.ports_free(shape.host_ports)
-        if self.cluster.tainted:
-            ok &= self.cluster.toleration_mask(shape.tolerations)
-        if shape.node_selector:
-            ok &= self.cluster.selector_mask(shape.node_selector)
+        ok = self._room_mask(shape)
         if shape.gpu_models:
             ok &= self.cluster.model_mask(shape.gpu_models)
         return ok & self.mig_available(shape.mig_profile)
