@@ -133,13 +133,6 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
         mem = memory_mib(alloc.get("memory", 0), round_up=False)
     except QuantityError as exc:
         raise ConvertError(f"{where}: status.allocatable: {exc}") from None
-    storage: int | None = None
-    storage_warning = ""
-    if STORAGE_RESOURCE in alloc:
-        try:
-            storage = memory_mib(alloc[STORAGE_RESOURCE], round_up=False)
-        except QuantityError as exc:
-            storage_warning = f"allocatable {STORAGE_RESOURCE} ignored: {exc}"
     # Only what the device plugin advertises counts: the kubelet admits pods against allocatable,
     # and in MIG mode the GPU feature discovery count also covers the partitioned GPUs.
     gpus = _int_quantity(alloc[GPU_RESOURCE], f"{where}: allocatable {GPU_RESOURCE}") if GPU_RESOURCE in alloc else 0
@@ -154,7 +147,13 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     # A node is never dropped for these: an islands annotation that no longer matches the GPU
     # count (a GPU went unhealthy, or into MIG mode) falls back to the default, and a MIG
     # resource this scheduler does not know is left out; both are reported in ``warning``.
-    warnings: list[str] = [storage_warning] if storage_warning else []
+    warnings: list[str] = []
+    storage: int | None = None
+    if STORAGE_RESOURCE in alloc:
+        try:
+            storage = memory_mib(alloc[STORAGE_RESOURCE], round_up=False)
+        except QuantityError as exc:
+            warnings.append(f"{where}: allocatable {STORAGE_RESOURCE} ignored: {exc}")
     if GPU_RESOURCE not in alloc and labels.get(LABEL_GPU_COUNT, "0") not in ("", "0") and not mig:
         warnings.append(
             f"{where}: label {LABEL_GPU_COUNT}={labels[LABEL_GPU_COUNT]} but no allocatable {GPU_RESOURCE} "
@@ -315,17 +314,18 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
 
 def _claims(pod_name: str, spec: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Names of the claims the pod mounts, and of those its generic ephemeral volumes create."""
-    named: list[str] = []
+    mounted: list[str] = []
     ephemeral: list[str] = []
     for v in spec.get("volumes") or ():
         if not isinstance(v, Mapping):
             continue
         pvc = v.get("persistentVolumeClaim")
         if isinstance(pvc, Mapping) and pvc.get("claimName"):
-            named.append(str(pvc["claimName"]))
+            mounted.append(str(pvc["claimName"]))
         elif isinstance(v.get("ephemeral"), Mapping) and v.get("name"):
             ephemeral.append(f"{pod_name}-{v['name']}")  # the claim the ephemeral volume controller creates
-    return tuple(dict.fromkeys(named + ephemeral)), tuple(ephemeral)
+            mounted.append(ephemeral[-1])
+    return tuple(dict.fromkeys(mounted)), tuple(ephemeral)
 
 
 def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:

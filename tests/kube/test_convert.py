@@ -329,6 +329,7 @@ def test_claims_of_a_pod_name_its_claim_volumes_and_ephemeral_volume_claims() ->
     rec = pod_record(pod_obj(volumes=volumes))
     assert rec.claims == ("dataset", "p-scratch")
     assert rec.ephemeral_claims == ("p-scratch",)
+    assert pod_record(pod_obj(volumes=volumes[1::-1])).claims == ("p-scratch", "dataset")  # the volumes' order
     assert pod_record(pod_obj()).claims == ()
 
 
