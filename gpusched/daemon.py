@@ -726,7 +726,7 @@ async def explain_pod(
                 f"member of gang {p.gang.name} (at least {p.gang.min_members} members, placed together or not at all)"
             )
         if e.fits:
-            mask = snap.state.fit_mask(p.shape)
+            mask = snap.state.pod_mask(p)
             fit = [snap.cluster.nodes[i].name for i in range(len(snap.cluster)) if mask[i]]
             lines.append(
                 f"{e.fits}/{e.total} nodes can take it now: {', '.join(fit[:10])}{' ...' if len(fit) > 10 else ''}"

@@ -49,7 +49,7 @@ from datetime import datetime
 from typing import Any
 
 from gpusched.model import GPU_MILLI, Node, Pod, QuantityError, cpu_milli, memory_mib, parse_quantity
-from gpusched.model.affinity import NodeSelector, Requirement
+from gpusched.model.affinity import AntiAffinityTerm, NodeSelector, Requirement
 from gpusched.model.mig import profile_of
 from gpusched.model.node import Taint
 from gpusched.model.pod import Gang, Toleration
@@ -429,10 +429,14 @@ def _pod(
     except ValueError as exc:
         error = error or f"{where}: {exc}"
         node_selector = ()
+    try:
+        anti = _anti_affinity(namespace, labels, affinity.get("podAntiAffinity") or {})
+    except ValueError as exc:
+        error = error or f"{where}: required podAntiAffinity: {exc}"
+        anti = ()
     # Constraints this scheduler does not evaluate: refused with the reason rather than ignored.
-    for kind in ("podAffinity", "podAntiAffinity"):
-        if (affinity.get(kind) or {}).get("requiredDuringSchedulingIgnoredDuringExecution"):
-            error = error or f"{where}: required {kind} is not supported by this scheduler"
+    if (affinity.get("podAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution"):
+        error = error or f"{where}: required podAffinity is not supported by this scheduler"
     if any(
         c.get("whenUnsatisfiable", "DoNotSchedule") == "DoNotSchedule"
         for c in spec.get("topologySpreadConstraints") or ()
@@ -462,6 +466,8 @@ def _pod(
             node_selector,
             reqs.get(STORAGE_RESOURCE, 0),
             _host_ports(spec),
+            tuple((str(k), str(v)) for k, v in labels.items()),
+            anti,
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
@@ -499,6 +505,40 @@ def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any], 
     if not terms:
         raise ValueError("required node affinity has no nodeSelectorTerm with a requirement, so it matches no node")
     return tuple(terms)
+
+
+def _anti_affinity(namespace: str, labels: Mapping[str, str], anti: Mapping[str, Any]) -> tuple[AntiAffinityTerm, ...]:
+    """The required pod anti-affinity terms, as the API reads them: no ``labelSelector`` selects no
+    pod (the term is dropped); no namespaces means the pod's own, an empty ``namespaceSelector``
+    every namespace; ``matchLabelKeys`` and ``mismatchLabelKeys`` add the pod's own values of
+    those labels.  Raises ``ValueError`` for what cannot be honoured."""
+    out: dict[AntiAffinityTerm, None] = {}
+    for term in anti.get("requiredDuringSchedulingIgnoredDuringExecution") or ():
+        if not isinstance(term, Mapping):
+            raise ValueError("a term must be an object")
+        key = str(term.get("topologyKey") or "")
+        if not key:
+            raise ValueError("a term needs a topologyKey, the node label whose values are the domains")
+        chosen = term.get("labelSelector")
+        if not isinstance(chosen, Mapping):
+            continue
+        reqs = [Requirement(str(k), "In", (str(v),)) for k, v in sorted((chosen.get("matchLabels") or {}).items())]
+        reqs += [
+            Requirement(str(e.get("key") or ""), str(e.get("operator") or ""), tuple(map(str, e.get("values") or ())))
+            for e in chosen.get("matchExpressions") or ()
+        ]
+        for field, op in (("matchLabelKeys", "In"), ("mismatchLabelKeys", "NotIn")):
+            reqs += [Requirement(str(k), op, (str(labels[k]),)) for k in term.get(field) or () if k in labels]
+        names = frozenset(map(str, term.get("namespaces") or ()))
+        ns_selector = term.get("namespaceSelector")
+        if ns_selector:
+            raise ValueError(
+                "a namespaceSelector with requirements is not supported (this scheduler does not watch "
+                "namespaces); list the namespaces in `namespaces`, or use {} for all of them"
+            )
+        namespaces = None if ns_selector is not None else names or frozenset({namespace})
+        out[AntiAffinityTerm(tuple(reqs), namespaces, key)] = None
+    return tuple(out)
 
 
 def _host_ports(spec: Mapping[str, Any]) -> frozenset[str]:

@@ -1,4 +1,5 @@
-"""Which nodes a pod's ``nodeSelector`` and required node affinity allow, as the API defines it.
+"""Which nodes a pod's ``nodeSelector`` and required node affinity allow, and which pods its required
+pod anti-affinity keeps away from, as the API defines them.
 
 A ``NodeSelector`` is a tuple of terms, any of which may match (the affinity's
 ``nodeSelectorTerms``); a term is a tuple of requirements, all of which must
@@ -6,18 +7,25 @@ match (its ``matchExpressions`` and ``matchFields``, with the pod's
 ``nodeSelector`` labels added to every term).  The empty selector allows every
 node.  Operators: ``In``, ``NotIn``, ``Exists``, ``DoesNotExist``, ``Gt`` and
 ``Lt`` on labels; ``In`` and ``NotIn`` on the field ``metadata.name``.
+
+An ``AntiAffinityTerm`` is one required pod anti-affinity term: no pod it selects
+(by label selector and namespace) may share a value of its topology key (a node
+label) with the pod that carries it.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpusched.model.node import Node
 
-__all__ = ["OPERATORS", "NodeSelector", "Requirement", "selects"]
+__all__ = ["LABEL_OPERATORS", "OPERATORS", "AntiAffinityTerm", "NodeSelector", "Requirement", "selects"]
 
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+"""The operators of a pod label selector's ``matchExpressions``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,9 +39,9 @@ class Requirement:
     """A ``matchFields`` requirement: ``key`` is ``metadata.name``, matched against the node's name."""
 
     def __post_init__(self) -> None:
-        where = f"node affinity requirement on {self.key!r}"
+        where = f"requirement on {self.key!r}"
         if not self.key:
-            raise ValueError("node affinity requirement without a key")
+            raise ValueError("a requirement without a key")
         if self.operator not in OPERATORS:
             raise ValueError(f"{where}: operator {self.operator!r} is not one of {', '.join(OPERATORS)}")
         if self.operator in ("In", "NotIn") and not self.values:
@@ -47,7 +55,10 @@ class Requirement:
 
     def matches(self, node: Node) -> bool:
         """Whether ``node`` meets this requirement."""
-        value = node.name if self.field else node.labels.get(self.key)
+        return self.holds(node.name if self.field else node.labels.get(self.key))
+
+    def holds(self, value: str | None) -> bool:
+        """Whether a label with ``value`` (None: no such label) meets this requirement."""
         op = self.operator
         if op == "In":
             return value is not None and value in self.values
@@ -69,6 +80,34 @@ NodeSelector = tuple[tuple[Requirement, ...], ...]
 def selects(selector: NodeSelector, node: Node) -> bool:
     """Whether ``selector`` allows ``node``."""
     return not selector or any(all(r.matches(node) for r in term) for term in selector)
+
+
+@dataclass(frozen=True, slots=True)
+class AntiAffinityTerm:
+    """A required pod anti-affinity term: the pods ``selector`` picks in ``namespaces`` (every
+    namespace when None) keep out of each domain of ``topology_key`` they run in.  Nodes without
+    the label are no domain: the term does not apply to them."""
+
+    selector: tuple[Requirement, ...]
+    """Requirements on the pod's labels, all of which must hold (``()`` selects every pod)."""
+    namespaces: frozenset[str] | None
+    topology_key: str
+
+    def __post_init__(self) -> None:
+        if not self.topology_key:
+            raise ValueError("a pod anti-affinity term needs a topologyKey")
+        for r in self.selector:
+            if r.operator not in LABEL_OPERATORS or r.field:
+                raise ValueError(
+                    f"label selector requirement on {r.key!r}: operator {r.operator!r} "
+                    f"is not one of {', '.join(LABEL_OPERATORS)}"
+                )
+
+    def selects(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        """Whether a pod in ``namespace`` with ``labels`` is one this term keeps away."""
+        if self.namespaces is not None and namespace not in self.namespaces:
+            return False
+        return all(r.holds(labels.get(r.key)) for r in self.selector)
 
 
 _INT64 = re.compile(r"[+-]?[0-9]+")

@@ -16,11 +16,11 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from gpusched.model.affinity import NodeSelector, selects
+from gpusched.model.affinity import AntiAffinityTerm, NodeSelector, selects
 from gpusched.model.mig import MigGeometry, MigLayout, geometry_for, mig_config
 from gpusched.model.node import GPU_MILLI, Node, Taint
 from gpusched.model.placement import Assignment, MigPartition
-from gpusched.model.pod import PodShape, Toleration, tolerated
+from gpusched.model.pod import Pod, PodShape, Toleration, tolerated
 
 __all__ = ["BoolArray", "Cluster", "ClusterState", "IntArray", "mig_plan"]
 
@@ -80,6 +80,7 @@ class Cluster:
         self.tainted: bool = any(x.taints for x in nodes)
         self._toleration_masks: dict[tuple[Toleration, ...], BoolArray] = {}
         self._selector_masks: dict[NodeSelector, BoolArray] = {}
+        self._domains: dict[str, tuple[IntArray, dict[str, int]]] = {}
         islands = np.full((n, self.max_gpus), -1, dtype=np.int64)
         for i, node in enumerate(self.nodes):
             islands[i, : node.gpu_count] = node.islands
@@ -154,6 +155,16 @@ class Cluster:
             self._selector_masks[selector] = mask
         return mask
 
+    def domains(self, key: str) -> tuple[IntArray, dict[str, int]]:
+        """Per node, the id of its value of label ``key`` (-1 without the label), and the ids by value."""
+        got = self._domains.get(key)
+        if got is None:
+            values = [x.labels.get(key) for x in self.nodes]
+            ids = {v: i for i, v in enumerate(sorted({v for v in values if v is not None}))}
+            column = _frozen(np.array([-1 if v is None else ids[v] for v in values], dtype=np.int64))
+            got = self._domains[key] = (column, ids)
+        return got
+
     def empty_state(self) -> ClusterState:
         """A state with nothing placed."""
         n = len(self.nodes)
@@ -202,10 +213,17 @@ class ClusterState:
     """Host ports bound per node (only nodes that have any).  A set, not a count: should two pods
     hold one port on a node (another scheduler's doing), ``release`` of either frees it; the
     daemon's cache counts them and builds each snapshot afresh."""
+    residents: Mapping[int, tuple[Pod, ...]] = field(default_factory=dict)
+    """Pods per node that pod anti-affinity may concern (``Pod.has_affinity_identity``)."""
+    term_holders: tuple[tuple[int, Pod], ...] | None = None
+    """The residents with anti-affinity terms of their own, with their nodes (None: found from
+    ``residents``; ``apply`` and ``release`` carry them over instead of searching again)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_log", _ChangeLog())
         object.__setattr__(self, "_version", 0)
+        object.__setattr__(self, "_selected", {})
+        object.__setattr__(self, "_forbidding", {})
         if self.pod_kinds is None:
             kinds = np.zeros((len(self.cluster), self.cluster.max_gpus + 1), dtype=np.int64)
             object.__setattr__(self, "pod_kinds", kinds)
@@ -218,6 +236,15 @@ class ClusterState:
             a.setflags(write=False)
         if self.storage_used is not None:
             self.storage_used.setflags(write=False)
+        if self.term_holders is None:
+            holders = tuple((n, p) for n, pods in self.residents.items() for p in pods if p.anti_affinity)
+            object.__setattr__(self, "term_holders", holders)
+
+    @property
+    def holders(self) -> tuple[tuple[int, Pod], ...]:
+        """The residents with anti-affinity terms of their own, with their nodes."""
+        assert self.term_holders is not None
+        return self.term_holders
 
     @property
     def kinds(self) -> IntArray:
@@ -287,6 +314,65 @@ class ClusterState:
                 ok[n] = False
         return ok
 
+    def _selected_domains(self, term: AntiAffinityTerm) -> frozenset[str]:
+        """Values of the term's topology key on nodes where a pod it selects runs.  Found once per
+        term, then carried over by ``apply`` (a pod added can only add its node's value)."""
+        cache: dict[AntiAffinityTerm, frozenset[str]] = self.__dict__["_selected"]
+        got = cache.get(term)
+        if got is None:
+            nodes, key = self.cluster.nodes, term.topology_key
+            got = cache[term] = frozenset(
+                value
+                for n, pods in self.residents.items()
+                if (value := nodes[n].labels.get(key)) is not None and any(p.selected_by(term) for p in pods)
+            )
+        return got
+
+    def _forbidding_domains(self, namespace: str, labels: tuple[tuple[str, str], ...]) -> frozenset[tuple[str, str]]:
+        """(Key, value) of the domains whose pods' own terms keep a pod of ``namespace`` and
+        ``labels`` out.  Found once per such pod, then carried over by ``apply``."""
+        cache: dict[tuple[str, tuple[tuple[str, str], ...]], frozenset[tuple[str, str]]] = self.__dict__["_forbidding"]
+        got = cache.get((namespace, labels))
+        if got is None:
+            got = cache[namespace, labels] = frozenset(_forbidden_by(self.cluster, self.holders, namespace, labels))
+        return got
+
+    def anti_conflicts(self, pod: Pod) -> list[tuple[str, str, bool]]:
+        """Topology domains ``pod`` may not join, as (label key, value, whether it is an existing
+        pod's term that forbids it rather than the pod's own)."""
+        found: dict[tuple[str, str, bool], None] = {}
+        for term in pod.anti_affinity:
+            found.update(dict.fromkeys((term.topology_key, v, False) for v in sorted(self._selected_domains(term))))
+        if self.holders:
+            found.update(
+                dict.fromkeys((k, v, True) for k, v in sorted(self._forbidding_domains(pod.namespace, pod.labels)))
+            )
+        return list(found)
+
+    def anti_mask(self, pod: Pod, existing: bool | None = None) -> BoolArray | None:
+        """Nodes that ``pod``'s required anti-affinity, and that of the pods already placed, let it
+        join; None when none of it applies.  ``existing`` picks the existing pods' terms (True)
+        or the pod's own (False) only."""
+        if not pod.anti_affinity and not self.holders:
+            return None
+        values: dict[str, list[str]] = {}
+        for key, value, theirs in self.anti_conflicts(pod):
+            if existing is None or theirs == existing:
+                values.setdefault(key, []).append(value)
+        if not values:
+            return None
+        ok = np.ones(len(self.cluster), dtype=np.bool_)
+        for key, out in values.items():
+            column, ids = self.cluster.domains(key)
+            ok &= ~np.isin(column, [ids[v] for v in out])
+        return ok
+
+    def pod_mask(self, pod: Pod) -> BoolArray:
+        """Nodes that can host ``pod`` now: ``fit_mask`` of its shape and its anti-affinity."""
+        ok = self.fit_mask(pod.shape)
+        anti = self.anti_mask(pod)
+        return ok if anti is None else ok & anti
+
     def _room_mask(self, shape: PodShape) -> BoolArray:
         """Nodes with room for ``shape`` apart from its GPUs: CPU, memory, storage, host ports,
         taints it tolerates and labels its selector allows."""
@@ -352,11 +438,14 @@ class ClusterState:
         mig = self.mig
         storage = self.storage_used
         ports: dict[int, frozenset[str]] | None = None  # copied on the first pod with host ports
+        residents: dict[int, tuple[Pod, ...]] | None = None  # copied on the first pod it concerns
+        holders = self.holders
         rows: set[int] = set()
         for n, g, _ in partitions:
             rows.add(n)
             gpu[n, g] = GPU_MILLI
-        for a in assignments:
+        added = list(assignments)
+        for a in added:
             p = a.pod
             rows.add(a.node)
             cpu[a.node] += sign * p.cpu_milli
@@ -370,6 +459,24 @@ class ClusterState:
                     ports[a.node] = now
                 else:
                     ports.pop(a.node, None)
+            if p.has_affinity_identity:
+                if residents is None:
+                    residents = dict(self.residents)
+                here = residents.get(a.node, ())
+                if sign > 0:
+                    here = (*here, p)
+                else:
+                    gone = next((i for i, q in enumerate(here) if q.key == p.key), None)
+                    here = here if gone is None else here[:gone] + here[gone + 1 :]
+                if here:
+                    residents[a.node] = here
+                else:
+                    residents.pop(a.node, None)
+                if p.anti_affinity:
+                    if sign > 0:
+                        holders = (*holders, (a.node, p))
+                    else:
+                        holders = tuple(h for h in holders if not (h[0] == a.node and h[1].key == p.key))
             if p.storage_mib:
                 if storage is None or storage is self.storage_used:
                     storage = np.zeros(len(self.cluster), dtype=np.int64) if storage is None else storage.copy()
@@ -392,7 +499,29 @@ class ClusterState:
             self.partitions + partitions,
             storage,
             self.ports_used if ports is None else ports,
+            self.residents if residents is None else residents,
+            holders,
         )
+        selected: dict[AntiAffinityTerm, frozenset[str]] = self.__dict__["_selected"]
+        if sign > 0 and selected:  # a pod added can only add its node's domain; one removed: find again
+            nodes, carried = self.cluster.nodes, new.__dict__["_selected"]
+            for term, values in selected.items():
+                more = {
+                    v
+                    for a in added
+                    if a.pod.has_affinity_identity
+                    and a.pod.selected_by(term)
+                    and (v := nodes[a.node].labels.get(term.topology_key)) is not None
+                }
+                carried[term] = values | more
+        forbidding: dict[tuple[str, tuple[tuple[str, str], ...]], frozenset[tuple[str, str]]] = self.__dict__[
+            "_forbidding"
+        ]
+        if sign > 0 and forbidding:
+            joined = [(a.node, a.pod) for a in added if a.pod.anti_affinity]
+            carried = new.__dict__["_forbidding"]
+            for (namespace, labels), domains in forbidding.items():
+                carried[namespace, labels] = domains | _forbidden_by(self.cluster, joined, namespace, labels)
         touched = np.fromiter(rows, dtype=np.intp, count=len(rows))
         log: _ChangeLog = self.__dict__["_log"]
         version: int = self.__dict__["_version"]
@@ -449,6 +578,21 @@ class ClusterState:
     def gpu_allocated_milli(self) -> int:
         """GPU share in use across the cluster."""
         return int(self.gpu_used.sum())
+
+
+def _forbidden_by(
+    cluster: Cluster, holders: Iterable[tuple[int, Pod]], namespace: str, labels: tuple[tuple[str, str], ...]
+) -> set[tuple[str, str]]:
+    """(Key, value) of the domains where one of ``holders`` runs whose own terms select a pod of
+    ``namespace`` with ``labels``."""
+    found: set[tuple[str, str]] = set()
+    label_map = dict(labels)
+    for n, holder in holders:
+        for term in holder.anti_affinity:
+            value = cluster.nodes[n].labels.get(term.topology_key)
+            if value is not None and term.selects(namespace, label_map):
+                found.add((term.topology_key, value))
+    return found
 
 
 def mig_plan(cluster: Cluster, partitions: Iterable[MigPartition]) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpusched.model.affinity import NodeSelector
+from gpusched.model.affinity import AntiAffinityTerm, NodeSelector
 from gpusched.model.node import GPU_MILLI, Taint
 
 __all__ = ["ISLAND_MODES", "Gang", "Pod", "PodShape", "Toleration", "mig_milli"]
@@ -96,6 +96,7 @@ class PodShape:
     node_selector: NodeSelector = ()
     storage_mib: int = 0
     host_ports: frozenset[str] = frozenset()
+    anti_affinity: tuple[AntiAffinityTerm, ...] = ()
 
     @property
     def gpu_demand_milli(self) -> int:
@@ -145,6 +146,10 @@ class Pod:
     """Ephemeral storage request, MiB."""
     host_ports: frozenset[str] = frozenset()
     """Host ports it binds, as ``PROTOCOL/port`` (``TCP/29500``): no two pods on a node may share one."""
+    labels: tuple[tuple[str, str], ...] = ()
+    """The pod's labels, sorted by key (what pod anti-affinity terms select on)."""
+    anti_affinity: tuple[AntiAffinityTerm, ...] = ()
+    """Required pod anti-affinity: pods it must not share a topology domain with."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"
@@ -176,6 +181,8 @@ class Pod:
             object.__setattr__(self, "gpu_models", frozenset(self.gpu_models))
         if not isinstance(self.host_ports, frozenset):
             object.__setattr__(self, "host_ports", frozenset(self.host_ports))
+        if list(self.labels) != sorted(dict(self.labels).items()):
+            object.__setattr__(self, "labels", tuple(sorted(dict(self.labels).items())))
 
     @property
     def key(self) -> str:
@@ -198,7 +205,19 @@ class Pod:
             self.node_selector,
             self.storage_mib,
             self.host_ports,
+            self.anti_affinity,
         )
+
+    @property
+    def has_affinity_identity(self) -> bool:
+        """Whether pod anti-affinity may concern it: it has labels or terms, or it is a pod of the
+        API (it has a UID), which a selector with only ``NotIn`` or ``DoesNotExist``, or none at all,
+        selects without labels.  Trace pods of the simulator have none of these."""
+        return bool(self.labels or self.anti_affinity or self.uid)
+
+    def selected_by(self, term: AntiAffinityTerm) -> bool:
+        """Whether ``term`` keeps this pod away."""
+        return term.selects(self.namespace, dict(self.labels))
 
     @property
     def gpu_demand_milli(self) -> int:

@@ -18,7 +18,9 @@ from gpusched.model import ClusterState, Pod
 from gpusched.model.pod import untolerated
 
 __all__ = [
+    "ANTI_AFFINITY",
     "DEFERRED",
+    "EXISTING_ANTI_AFFINITY",
     "INSUFFICIENT_CPU",
     "INSUFFICIENT_GPU",
     "INSUFFICIENT_ISLAND",
@@ -42,6 +44,8 @@ INSUFFICIENT_CPU = "insufficient cpu"
 INSUFFICIENT_MEMORY = "insufficient memory"
 INSUFFICIENT_STORAGE = "insufficient ephemeral-storage"
 PORTS_TAKEN = "node(s) didn't have free ports for the requested pod ports"
+ANTI_AFFINITY = "node(s) didn't match pod anti-affinity rules"
+EXISTING_ANTI_AFFINITY = "node(s) didn't satisfy existing pods anti-affinity rules"
 DEFERRED = "deferred by the solver"
 INSUFFICIENT_ISLAND = "no GPU island with enough idle GPUs"
 
@@ -123,6 +127,10 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
         check(state.storage_free >= pod.storage_mib, INSUFFICIENT_STORAGE)
     if pod.host_ports:
         check(state.ports_free(pod.host_ports), PORTS_TAKEN)
+    for existing, reason in ((True, EXISTING_ANTI_AFFINITY), (False, ANTI_AFFINITY)):  # kube-scheduler's order
+        anti = state.anti_mask(pod, existing)
+        if anti is not None:
+            check(anti, reason)
     for why in (excluded or {}).values():
         reasons[why] += 1
     total = n + len(excluded or {})

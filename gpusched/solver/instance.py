@@ -23,11 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpusched.model import GPU_MILLI, ClusterState, Plan, Pod, PodShape
-from gpusched.model.cluster import IntArray
+from gpusched.model.affinity import AntiAffinityTerm
+from gpusched.model.cluster import BoolArray, IntArray
 from gpusched.model.pod import Gang
 from gpusched.solver.fragmentation import FragScorer
 
-__all__ = ["Candidate", "Group", "Instance", "build_instance", "domain_of", "group_key", "node_classes"]
+__all__ = ["Candidate", "Group", "Instance", "anti_terms", "build_instance", "domain_of", "node_classes"]
+
+GroupKey = tuple[PodShape, str, tuple[int, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +40,13 @@ class Group:
     shape: PodShape
     pods: tuple[Pod, ...]
     gang: Gang | None = None
+    selected_by: tuple[int, ...] = ()
+    """The anti-affinity terms of ``Instance.terms`` that keep its pods away."""
 
     @property
-    def key(self) -> tuple[PodShape, str]:
-        """What makes pods interchangeable: shape and gang name."""
-        return self.shape, self.gang.name if self.gang is not None else ""
+    def key(self) -> GroupKey:
+        """What makes pods interchangeable: shape, gang name and the terms that select them."""
+        return self.shape, self.gang.name if self.gang is not None else "", self.selected_by
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +73,36 @@ class Instance:
     candidates: tuple[Candidate, ...]
     nodes: tuple[int, ...]
     hint: Plan
+    terms: tuple[AntiAffinityTerm, ...] = ()
+    """Every required pod anti-affinity term in play: the batch's and those of pods placed."""
 
-    def group_of(self) -> dict[tuple[PodShape, str], int]:
+    def group_of(self) -> dict[GroupKey, int]:
         """Group index by ``Group.key``."""
         return {g.key: gi for gi, g in enumerate(self.groups)}
 
+    def key_of(self, pod: Pod) -> GroupKey:
+        """The ``Group.key`` of the group ``pod`` belongs to."""
+        return _group_key(pod, self.terms)
 
-def group_key(pod: Pod) -> tuple[PodShape, str]:
-    """The ``Group.key`` of the group ``pod`` belongs to."""
-    return pod.shape, pod.gang.name if pod.gang is not None else ""
+    def conflicts(self, a: int, b: int) -> list[str]:
+        """Topology keys of the anti-affinity terms by which groups ``a`` and ``b`` (or a group's
+        own pods, when equal) keep out of each other's domains."""
+        ga, gb = self.groups[a], self.groups[b]
+        keys = {t.topology_key for t in ga.shape.anti_affinity if self.terms.index(t) in gb.selected_by}
+        keys |= {t.topology_key for t in gb.shape.anti_affinity if self.terms.index(t) in ga.selected_by}
+        return sorted(keys)
+
+
+def anti_terms(pods: Sequence[Pod], state: ClusterState) -> tuple[AntiAffinityTerm, ...]:
+    """The distinct required anti-affinity terms of ``pods`` and of the pods ``state`` holds."""
+    seen = dict.fromkeys(t for p in pods for t in p.anti_affinity)
+    seen.update(dict.fromkeys(t for _, holder in state.holders for t in holder.anti_affinity))
+    return tuple(seen)
+
+
+def _group_key(pod: Pod, terms: Sequence[AntiAffinityTerm]) -> GroupKey:
+    selected = tuple(i for i, t in enumerate(terms) if pod.selected_by(t))
+    return pod.shape, pod.gang.name if pod.gang is not None else "", selected
 
 
 def node_classes(state: ClusterState, extra: Sequence[IntArray] = ()) -> np.ndarray:
@@ -90,9 +116,11 @@ def node_classes(state: ClusterState, extra: Sequence[IntArray] = ()) -> np.ndar
     return inverse.reshape(-1)
 
 
-def _class_extras(state: ClusterState, groups: Sequence[Group]) -> list[IntArray]:
-    """Signature columns that only batches asking for islands, MIG, storage, node selectors or gang domains
-    need."""
+def _class_extras(
+    state: ClusterState, groups: Sequence[Group], anti: Sequence[BoolArray | None] = ()
+) -> list[IntArray]:
+    """Signature columns that only batches asking for islands, MIG, storage, node selectors, gang domains
+    or pod anti-affinity need."""
     cl = state.cluster
     extra: list[IntArray] = []
     shapes = [g.shape for g in groups]
@@ -106,12 +134,19 @@ def _class_extras(state: ClusterState, groups: Sequence[Group]) -> list[IntArray
         extra.append((~state.ports_free(frozenset({port}))).astype(np.int64))
     for selector in sorted({s.node_selector for s in shapes if s.node_selector}, key=repr):
         extra.append(cl.selector_mask(selector).astype(np.int64))
-    keys = sorted({g.gang.topology_key for g in groups if g.gang is not None and g.gang.topology_key})
-    for key in keys:
-        values = [n.labels.get(key, "") for n in cl.nodes]
-        ids = {v: i for i, v in enumerate(sorted(set(values)))}
-        extra.append(np.array([ids[v] for v in values], dtype=np.int64))
+    keys = {g.gang.topology_key for g in groups if g.gang is not None and g.gang.topology_key}
+    keys |= {t.topology_key for s in shapes for t in s.anti_affinity if _shared_domains(state, t.topology_key)}
+    for key in sorted(keys):
+        extra.append(cl.domains(key)[0])
+    masks = {m.tobytes(): m for m in anti if m is not None}
+    extra.extend(m.astype(np.int64) for _, m in sorted(masks.items()))
     return extra
+
+
+def _shared_domains(state: ClusterState, key: str) -> bool:
+    """Some value of label ``key`` spans several nodes (unlike the hostname's)."""
+    column, ids = state.cluster.domains(key)
+    return len(ids) < int((column >= 0).sum())
 
 
 def domain_of(state: ClusterState, node: int, gang: Gang) -> str:
@@ -152,22 +187,29 @@ def build_instance(
     candidates_per_pod: int,
 ) -> Instance:
     """Group, prune and describe one batch against ``state``."""
-    by_shape: dict[tuple[PodShape, str], list[tuple[int, Pod]]] = defaultdict(list)
+    terms = anti_terms(pods, state)
+    by_shape: dict[GroupKey, list[tuple[int, Pod]]] = defaultdict(list)
     for i, p in enumerate(pods):
-        by_shape[group_key(p)].append((i, p))
+        by_shape[_group_key(p, terms)].append((i, p))
     groups = tuple(
-        Group(key[0], tuple(p for _, p in sorted(members, key=lambda ip: (-ip[1].priority, ip[0]))), members[0][1].gang)
+        Group(
+            key[0],
+            tuple(p for _, p in sorted(members, key=lambda ip: (-ip[1].priority, ip[0]))),
+            members[0][1].gang,
+            key[2],
+        )
         for key, members in by_shape.items()
     )
+    anti = [state.anti_mask(g.pods[0]) for g in groups] if terms else [None] * len(groups)
     gang_sizes: dict[str, int] = defaultdict(int)
     for g in groups:
         if g.gang is not None:
             gang_sizes[g.gang.name] += len(g.pods)
-    hinted: dict[tuple[PodShape, str], set[int]] = defaultdict(set)
+    hinted: dict[GroupKey, set[int]] = defaultdict(set)
     for a in hint.assignments:
-        hinted[group_key(a.pod)].add(a.node)
+        hinted[_group_key(a.pod, terms)].add(a.node)
 
-    classes = node_classes(state, _class_extras(state, groups))
+    classes = node_classes(state, _class_extras(state, groups, anti))
     order = np.argsort(classes, kind="stable")
     starts = np.searchsorted(classes[order], np.arange(classes.max() + 1 if classes.size else 0))
     cpu_free, mem_free, gpu_free = state.cpu_free, state.mem_free, state.gpu_free
@@ -176,6 +218,9 @@ def build_instance(
     for gi, group in enumerate(groups):
         shape, count = group.shape, len(group.pods)
         mask = state.fit_mask(shape)
+        away = anti[gi]
+        if away is not None:
+            mask = mask & away
         gang = group.gang
         if gang is not None and gang.topology == "required":
             key, held = gang.topology_key, gang.domain
@@ -196,10 +241,14 @@ def build_instance(
         quota = max(candidates_per_pod, reach)
         if gang is not None and gang.topology_key:
             quota = feasible.size  # a gang needs enough candidates inside one domain: keep them all
+        # Pods that keep out of each other's domains (a class lies within one): a node per class.
+        spread = any(
+            terms.index(t) in group.selected_by and _shared_domains(state, t.topology_key) for t in shape.anti_affinity
+        )
         for r in rank:
             c = cls[r]
             size = (starts[c + 1] if c + 1 < starts.size else classes.size) - starts[c]
-            take = min(int(size), reach)
+            take = 1 if spread else min(int(size), reach)
             chosen.extend(int(n) for n in order[starts[c] : starts[c] + take])
             if len(chosen) >= quota:
                 break
@@ -239,4 +288,4 @@ def build_instance(
             d = float(delta[n])
             cands.append(Candidate(gi, int(n), int(ub[j]), round(d) if np.isfinite(d) else 0, int(packs[j]), gpus))
     nodes = tuple(sorted({c.node for c in cands}))
-    return Instance(state, groups, tuple(cands), nodes, hint)
+    return Instance(state, groups, tuple(cands), nodes, hint, terms)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ortools.sat.python import cp_model
 
 from gpusched.solver import constraints, objectives
-from gpusched.solver.instance import Instance, domain_of, group_key
+from gpusched.solver.instance import Instance, domain_of
 from gpusched.solver.params import Weights
 from gpusched.solver.vars import Vars
 
@@ -37,7 +37,7 @@ def hint_from_plan(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
     gang: dict[str, int] = dict.fromkeys(v.gang, 0)
     domain: dict[tuple[str, str], int] = dict.fromkeys(v.domain, 0)
     for a in inst.hint.assignments:
-        ci = index.get((group_of[group_key(a.pod)], a.node))
+        ci = index.get((group_of[inst.key_of(a.pod)], a.node))
         if ci is None:
             return  # the hint is not expressible; solve cold rather than hint part of it
         x[ci] += 1
@@ -82,6 +82,10 @@ def hint_from_plan(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
         model.add_hint(v.gang[name], val)
     for dk, val in domain.items():
         model.add_hint(v.domain[dk], val)
+    nodes = inst.state.cluster.nodes
+    for (gi, label, value), b_var in v.apart.items():
+        there = any(x[ci] for ci in v.by_group[gi] if nodes[inst.candidates[ci].node].labels.get(label) == value)
+        model.add_hint(b_var, int(there))
     for ci, k_var in v.kept.items():
         model.add_hint(k_var, min(x[ci], inst.candidates[ci].ub))
     for n, a_var in v.active.items():

@@ -74,6 +74,7 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
                     problems.append(f"pod {p.key}: GPU {g} on {node.name} is not idle")
     problems.extend(_mig_problems(plan, state, {(a.node, g) for a in plan.assignments for g in a.gpus}))
     problems.extend(island_problems(plan.assignments, state))
+    problems.extend(anti_affinity_problems(plan.assignments, state))
     problems.extend(_gang_problems(plan, state, pods))
     for n, c in cpu.items():
         if c > state.cpu_free[n]:
@@ -130,6 +131,25 @@ def _mig_problems(plan: Plan, state: ClusterState, used_gpus: set[tuple[int, int
         have = (int(state.mig_free[n, col]) if col >= 0 else 0) + free.get((n, p), 0)
         if count > have:
             problems.append(f"{cluster.nodes[n].name}: MIG {p} over-committed ({count} > {have} instances)")
+    return problems
+
+
+def anti_affinity_problems(assignments: Iterable[Assignment], state: ClusterState) -> list[str]:
+    """No pod in a topology domain that its own required pod anti-affinity, or that of a pod
+    already there or placed before it in the plan, keeps it out of."""
+    cluster = state.cluster
+    relevant = [a for a in assignments if a.pod.has_affinity_identity and 0 <= a.node < len(cluster)]
+    if not state.holders and not any(a.pod.anti_affinity for a in relevant):
+        return []
+    problems: list[str] = []
+    for a in relevant:
+        anti = state.anti_mask(a.pod)
+        if anti is not None and not anti[a.node]:
+            problems.append(
+                f"pod {a.pod.key}: required pod anti-affinity (its own or a pod's there) forbids "
+                f"{cluster.nodes[a.node].name}"
+            )
+        state = state.apply((a,))
     return problems
 
 

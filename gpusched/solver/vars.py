@@ -20,7 +20,8 @@ class Vars:
     ``active[n]``: an idle node is woken; ``layout[n, k]``: idle GPUs of ``n`` partitioned with
     the ``k``-th layout of ``layouts[n]``; ``island[c, i]``: of ``x[c]``, pods inside island ``i``;
     ``spill[c]``: pods preferring one island placed across islands; ``gang[name]``: the gang is
-    placed; ``domain[name, value]``: it uses that topology domain."""
+    placed; ``domain[name, value]``: it uses that topology domain; ``apart[g, key, value]``: group
+    ``g`` uses that domain, where pod anti-affinity keeps another group out of it."""
 
     x: dict[int, cp_model.IntVar] = field(default_factory=dict)
     y: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
@@ -37,6 +38,7 @@ class Vars:
     spill: dict[int, cp_model.IntVar] = field(default_factory=dict)
     gang: dict[str, cp_model.IntVar] = field(default_factory=dict)
     domain: dict[tuple[str, str], cp_model.IntVar] = field(default_factory=dict)
+    apart: dict[tuple[int, str, str], cp_model.IntVar] = field(default_factory=dict)
 
     def partitioned(self, n: int) -> list[cp_model.IntVar]:
         """Per layout, the idle GPUs of node ``n`` that the batch partitions with it."""

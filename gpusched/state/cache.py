@@ -63,9 +63,9 @@ def _another(held: _Held, uid: str) -> bool:
     return bool(uid and held.pod.uid and held.pod.uid != uid)
 
 
-def _request(p: Pod) -> tuple[int, int, int, int, str]:
-    """What a pod holds on its node."""
-    return (p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, p.mig_profile)
+def _request(p: Pod) -> tuple[object, ...]:
+    """What a pod holds on its node, and what anti-affinity sees of it."""
+    return (p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, p.mig_profile, p.labels, p.anti_affinity)
 
 
 class Cache:
@@ -79,6 +79,8 @@ class Cache:
         self._mem: IntArray = np.zeros(0, dtype=np.int64)
         self._storage: IntArray = np.zeros(0, dtype=np.int64)
         self._ports: dict[int, Counter[str]] = {}
+        self._residents: dict[int, dict[str, Pod]] = {}
+        self._resident_view: dict[int, tuple[Pod, ...]] = {}
         self._gpu: IntArray = np.zeros((0, 1), dtype=np.int64)
         self._kinds: IntArray = np.zeros((0, 2), dtype=np.int64)
         self._mig: IntArray = np.zeros((0, 0), dtype=np.int64)
@@ -238,6 +240,7 @@ class Cache:
             (),
             storage,
             {n: p for n, p in ports.items() if p},
+            dict(self._resident_view),
         )
         excluded = {n: r.excluded for n, r in self._nodes.items() if r.excluded}
         return Snapshot(self.generation, cluster, state, MappingProxyType(excluded))
@@ -251,6 +254,8 @@ class Cache:
             self._mem = np.zeros(n, dtype=np.int64)
             self._storage = np.zeros(n, dtype=np.int64)
             self._ports = {}
+            self._residents = {}
+            self._resident_view = {}
             self._gpu = np.zeros((n, cluster.max_gpus), dtype=np.int64)
             self._kinds = np.zeros((n, cluster.max_gpus + 1), dtype=np.int64)
             self._mig = np.zeros((n, len(cluster.mig_profiles)), dtype=np.int64)
@@ -286,6 +291,17 @@ class Cache:
         if pod.host_ports:
             held_ports = self._ports.setdefault(i, Counter())
             held_ports.update(dict.fromkeys(pod.host_ports, sign))
+        if pod.has_affinity_identity:
+            here = self._residents.setdefault(i, {})
+            if sign > 0:
+                here[pod.key] = pod
+            else:
+                here.pop(pod.key, None)
+            if here:
+                self._resident_view[i] = tuple(here.values())
+            else:
+                del self._residents[i]
+                self._resident_view.pop(i, None)
         for g in held.gpus:
             self._gpu[i, g] += sign * pod.gpu_milli
         if pod.num_gpu:

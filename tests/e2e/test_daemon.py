@@ -712,3 +712,31 @@ async def test_host_ports_bound_on_a_node_keep_pods_that_need_them_off_it(
     assert (kit.condition(waiting) or {}).get("message") == (
         "0/2 nodes are available: 2 node(s) didn't have free ports for the requested pod ports."
     )
+
+
+async def test_required_pod_anti_affinity_spreads_replicas_and_honours_running_pods(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node(f"aa-gpu-{i}", 8, "H800") for i in range(3)])
+
+    def labelled(p: dict[str, Any], app: str, keep_from: str = "") -> dict[str, Any]:
+        p["metadata"]["labels"] = {"app": app}
+        if keep_from:
+            term = {"labelSelector": {"matchLabels": {"app": keep_from}}, "topologyKey": "kubernetes.io/hostname"}
+            p["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+        return p
+
+    # Another scheduler's pod on aa-gpu-0 keeps web pods off its node.
+    guard = labelled(kit.pod("guard", "other-scheduler", gpus=1, node_name="aa-gpu-0"), "guard", keep_from="web")
+    await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [guard])
+    replicas = [labelled(kit.pod(f"llm-{i}", name, gpus=1), "llm", keep_from="llm") for i in range(4)]
+    web = labelled(kit.pod("web", name, gpus=1), "web")
+    final = await kit.schedule(control_plane, kube, namespace, name, [*replicas, web], count=6)
+    placed = [final[f"llm-{i}"]["spec"].get("nodeName") for i in range(4)]
+    assert sorted(filter(None, placed)) == ["aa-gpu-0", "aa-gpu-1", "aa-gpu-2"]  # one replica per node
+    assert final["web"]["spec"].get("nodeName") in {"aa-gpu-1", "aa-gpu-2"}
+    waiting = next(final[f"llm-{i}"] for i in range(4) if not placed[i])
+    assert (kit.condition(waiting) or {}).get("message") == (
+        "0/3 nodes are available: 3 node(s) didn't satisfy existing pods anti-affinity rules."
+    )

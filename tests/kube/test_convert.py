@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gpusched.kube.convert import ConvertError, claim_record, node_record, pod_record, volume_record
-from gpusched.model.affinity import Requirement
+from gpusched.model.affinity import AntiAffinityTerm, Requirement
 from gpusched.model.node import Taint
 from gpusched.model.pod import Toleration
 from gpusched.state.volumes import ClaimRecord, VolumeRecord
@@ -292,7 +292,6 @@ def test_sidecars_run_beside_the_app_and_the_later_init_containers() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("affinity", {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{}]}}, "podAntiAffinity"),
         ("affinity", {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{}]}}, "podAffinity"),
         ("topologySpreadConstraints", [{"maxSkew": 1, "topologyKey": "zone"}], "topologySpreadConstraints"),
     ],
@@ -416,3 +415,61 @@ def test_host_ports_of_containers_and_sidecars() -> None:
         {"name": "setup", "ports": [{"containerPort": 1, "hostPort": 1}]},  # gone before the pod runs
     ]
     assert pod_record(obj).pod.host_ports == frozenset({"TCP/29500", "UDP/5353", "TCP/9400"})
+
+
+def test_required_pod_anti_affinity_terms_and_labels_are_read() -> None:
+    terms = [
+        {  # the replicas of one inference server, one per node
+            "labelSelector": {
+                "matchLabels": {"app": "llm"},
+                "matchExpressions": [{"key": "tier", "operator": "Exists"}],
+            },
+            "topologyKey": "kubernetes.io/hostname",
+            "matchLabelKeys": ["pod-template-hash", "absent"],
+        },
+        {"labelSelector": {}, "namespaces": ["a", "b"], "topologyKey": "zone"},
+        {"labelSelector": {"matchLabels": {"x": "y"}}, "namespaceSelector": {}, "topologyKey": "rack"},
+        {"topologyKey": "zone"},  # no labelSelector: selects no pod, so it is dropped
+    ]
+    affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": terms}}
+    labels = {"app": "llm", "pod-template-hash": "abc"}
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, labels=labels, affinity=affinity))
+    assert rec.error == ""
+    assert rec.pod.labels == (("app", "llm"), ("pod-template-hash", "abc"))
+    assert rec.pod.anti_affinity == (
+        AntiAffinityTerm(
+            (
+                Requirement("app", "In", ("llm",)),
+                Requirement("tier", "Exists"),
+                Requirement("pod-template-hash", "In", ("abc",)),
+            ),
+            frozenset({"ns"}),
+            "kubernetes.io/hostname",
+        ),
+        AntiAffinityTerm((), frozenset({"a", "b"}), "zone"),
+        AntiAffinityTerm((Requirement("x", "In", ("y",)),), None, "rack"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("term", "message"),
+    [
+        ({"labelSelector": {}}, "needs a topologyKey"),
+        ({"labelSelector": {}, "topologyKey": "zone", "namespaceSelector": {"matchLabels": {"t": "x"}}}, "namespaces"),
+        (
+            {
+                "labelSelector": {"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]},
+                "topologyKey": "z",
+            },
+            "operator 'Gt'",
+        ),
+        ({"labelSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}, "topologyKey": "z"}, "at least one"),
+    ],
+)
+def test_pod_anti_affinity_that_cannot_be_honoured_is_refused_with_the_reason(term: Any, message: str) -> None:
+    affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity=affinity))
+    assert "required podAntiAffinity" in rec.error
+    assert message in rec.error
+    assert rec.pod.num_gpu == 1
+    assert rec.pod.anti_affinity == ()

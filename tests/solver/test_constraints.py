@@ -17,8 +17,9 @@ import pytest
 from ortools.sat.python import cp_model
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Plan, Pod
+from gpusched.model.affinity import AntiAffinityTerm, Requirement
 from gpusched.solver.baselines import FgdPolicy
-from gpusched.solver.constraints import capacity, demand, ports, share, whole_gpu
+from gpusched.solver.constraints import anti_affinity, capacity, demand, ports, share, whole_gpu
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import Instance, build_instance
 from gpusched.solver.objectives import placed
@@ -155,6 +156,34 @@ def test_ports_module_keeps_pods_of_different_shapes_off_one_host_port() -> None
     inst = instance(pods, cluster.empty_state())
     assert Solved(inst, [demand, ports]).placed_pods() == 1
     assert Solved(inst, [demand]).placed_pods() == 2, "without the ports module both bind the port"
+
+
+def _away_from(app: str, key: str) -> tuple[AntiAffinityTerm, ...]:
+    return (AntiAffinityTerm((Requirement("app", "In", (app,)),), None, key),)
+
+
+def test_anti_affinity_module_keeps_one_replica_per_domain() -> None:
+    zones = [replace(Node(f"n{i}", 8000, 8000), labels={"zone": f"z{i // 2}"}) for i in range(4)]
+    cluster = Cluster([*zones, Node("no-zone", 200, 8000)])  # no zone label: no domain, room for two
+    replicas = [
+        replace(pod(f"r{i}", cpu=100), labels=(("app", "r"),), anti_affinity=_away_from("r", "zone")) for i in range(6)
+    ]
+    inst = instance(replicas, cluster.empty_state())
+    s = Solved(inst, [demand, capacity, anti_affinity])
+    per_zone = Counter(
+        cluster.nodes[c.node].labels.get("zone") for ci, c in enumerate(inst.candidates) for _ in range(s.x(ci))
+    )
+    assert per_zone == {"z0": 1, "z1": 1, None: 2}
+    assert Solved(inst, [demand, capacity]).placed_pods() == 6, "without the module the zones take them all"
+
+
+def test_anti_affinity_module_keeps_two_groups_off_one_domain() -> None:
+    web = replace(pod("web", cpu=100), anti_affinity=_away_from("db", "kubernetes.io/hostname"))
+    db = replace(pod("db", cpu=200), labels=(("app", "db"),))
+    cluster = Cluster([replace(Node("a", 8000, 8000), labels={"kubernetes.io/hostname": "a"})])
+    inst = instance([web, db], cluster.empty_state())
+    assert Solved(inst, [demand, anti_affinity]).placed_pods() == 1
+    assert Solved(inst, [demand]).placed_pods() == 2, "without the module they share the node"
 
 
 def test_whole_gpu_module_takes_no_more_gpus_than_are_idle() -> None:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from ortools.sat.python import cp_model
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Plan, Pod
-from gpusched.model.affinity import NodeSelector, Requirement
+from gpusched.model.affinity import AntiAffinityTerm, NodeSelector, Requirement
 from gpusched.solver.baselines import FgdPolicy
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import build_instance
@@ -24,6 +24,22 @@ FAST = SolverParams(limits=Limits(time_limit_s=0.5, workers=1))
 GREEDY = tuple(p for p in POLICIES if p != "cpsat")
 POOLS = ("a", "b")
 SELECTORS: tuple[NodeSelector, ...] = ((), (), ((Requirement("pool", "In", ("a",)),),))
+A, B = (("app", "a"),), (("app", "b"),)
+
+
+def _away(app: str, key: str) -> tuple[AntiAffinityTerm, ...]:
+    return (AntiAffinityTerm((Requirement("app", "In", (app,)),), None, key),)
+
+
+IDENTITIES: tuple[tuple[tuple[tuple[str, str], ...], tuple[AntiAffinityTerm, ...]], ...] = (
+    ((), ()),
+    ((), ()),
+    (A, _away("a", "host")),  # replicas, one per node
+    (A, _away("a", "zone")),  # replicas, one per zone
+    (B, ()),
+    ((), _away("b", "zone")),  # keeps b pods out of its zone
+)
+"""Anti-affinity by node (every node its own ``host``) or by zone (not every node has one)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +80,8 @@ def states(draw: st.DrawFn) -> ClusterState:
                 memory_mib=draw(st.integers(1, 16)) * 1024,
                 gpu_count=gpus,
                 gpu_model=draw(st.sampled_from(MODELS)),
-                labels={"pool": draw(st.sampled_from(POOLS))},
+                labels={"pool": draw(st.sampled_from(POOLS)), "host": f"n{i}"}
+                | ({"zone": z} if (z := draw(st.sampled_from(["z0", "z1", ""]))) else {}),
                 storage_mib=draw(st.sampled_from([None, 2048, 8192])),
             )
         )
@@ -79,8 +96,16 @@ def states(draw: st.DrawFn) -> ClusterState:
         mem = draw(st.integers(0, node.memory_mib // 512)) * 512
         storage = draw(st.sampled_from([0, 0, 1024, 10000]))  # 10000 over-fills every node that counts
         ports = draw(st.sampled_from([frozenset(), frozenset(), frozenset({"TCP/29500"})]))
-        if cpu or mem or storage or ports:
-            old.append(Assignment(Pod(f"old-{n}", cpu, mem, storage_mib=storage, host_ports=ports), n))
+        labels, terms = draw(st.sampled_from(IDENTITIES))
+        if cpu or mem or storage or ports or labels or terms:
+            old.append(
+                Assignment(
+                    Pod(
+                        f"old-{n}", cpu, mem, storage_mib=storage, host_ports=ports, labels=labels, anti_affinity=terms
+                    ),
+                    n,
+                )
+            )
     return cluster.empty_state().apply(old)
 
 
@@ -94,6 +119,7 @@ def pod_shapes(draw: st.DrawFn) -> Pod:
     elif kind == "whole":
         num_gpu, milli = draw(st.sampled_from([1, 1, 1, 2, 2, 3, 4, 8])), GPU_MILLI
     models = frozenset(draw(st.sets(st.sampled_from((*MODELS, "H100")), max_size=2))) if num_gpu else frozenset()
+    identity = draw(st.sampled_from(IDENTITIES))
     return Pod(
         "shape",
         cpu_milli=draw(st.integers(0, 8)) * 500,
@@ -104,6 +130,8 @@ def pod_shapes(draw: st.DrawFn) -> Pod:
         node_selector=draw(st.sampled_from(SELECTORS)),
         storage_mib=draw(st.sampled_from([0, 0, 0, 1024, 4096])),
         host_ports=draw(st.sampled_from([frozenset(), frozenset(), frozenset({"TCP/29500"})])),
+        labels=identity[0],
+        anti_affinity=identity[1],
     )
 
 
@@ -134,7 +162,7 @@ def no_pod_could_go_anywhere(plan: Plan, state: ClusterState) -> None:
     """Each pod a policy leaves out does not fit on the state the plan leaves behind."""
     after = state.apply(plan.assignments)
     for p in plan.unplaced:
-        assert not after.fit_mask(p.shape).any(), f"{p.key} fits but was left out"
+        assert not after.pod_mask(p).any(), f"{p.key} fits but was left out"
 
 
 @pytest.mark.parametrize("name", GREEDY)
@@ -157,7 +185,7 @@ def test_cpsat_plan_is_valid_and_solved(case: Case) -> None:
     if s.status == "NO_CANDIDATES":
         assert plan.assignments == ()
         for p in case.pods:
-            assert not case.state.fit_mask(p.shape).any()
+            assert not case.state.pod_mask(p).any()
 
 
 # One 50-thousandths share competes for CPU with two CPU-only pods: FGD, in arrival order,

@@ -165,7 +165,7 @@ class GreedyPolicy:
     def _step(
         self, pod: Pod, state: ClusterState, allowed: BoolArray | None
     ) -> tuple[Assignment, tuple[MigPartition, ...]] | None:
-        mask = state.fit_mask(pod.shape)
+        mask = state.pod_mask(pod)
         if allowed is not None:
             mask = mask & allowed
         nodes = np.flatnonzero(mask)

@@ -15,7 +15,7 @@ from collections import Counter
 
 from ortools.sat.python import cp_model
 
-from gpusched.solver.instance import Instance, group_key
+from gpusched.solver.instance import Instance
 from gpusched.solver.params import Weights
 from gpusched.solver.vars import Vars
 
@@ -25,7 +25,7 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
     if not w.keep_hint:
         return 0
     group_of = inst.group_of()
-    hinted = Counter((group_of[group_key(a.pod)], a.node) for a in inst.hint.assignments)
+    hinted = Counter((group_of[inst.key_of(a.pod)], a.node) for a in inst.hint.assignments)
     terms: list[cp_model.LinearExprT] = []
     for ci, c in enumerate(inst.candidates):
         count = hinted.get((c.group, c.node), 0)
