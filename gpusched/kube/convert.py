@@ -49,7 +49,7 @@ from datetime import datetime
 from typing import Any
 
 from gpusched.model import GPU_MILLI, Node, Pod, QuantityError, cpu_milli, memory_mib, parse_quantity
-from gpusched.model.affinity import AntiAffinityTerm, NodeSelector, Requirement
+from gpusched.model.affinity import AntiAffinityTerm, NodeSelector, Requirement, Spread
 from gpusched.model.mig import profile_of
 from gpusched.model.node import Taint
 from gpusched.model.pod import Gang, Toleration
@@ -292,8 +292,12 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
     claims, ephemeral = _claims(name, spec)
     try:
         pod, error = _pod(name, namespace, uid, priority, spec, annotations, labels, f"pod {namespace}/{name}")
-    except ConvertError as exc:
-        pod, error = Pod(name, 0, 0, namespace=namespace, uid=uid, priority=priority), str(exc)
+    except ConvertError as exc:  # kept with what others' anti-affinity and spread need of it
+        anti, _ = _anti_affinity(namespace, labels, (spec.get("affinity") or {}).get("podAntiAffinity") or {})
+        pod = Pod(
+            name, 0, 0, namespace=namespace, uid=uid, priority=priority, labels=_labels(labels), anti_affinity=anti
+        )
+        error = str(exc)
     return PodRecord(
         pod,
         uid=uid,
@@ -429,19 +433,17 @@ def _pod(
     except ValueError as exc:
         error = error or f"{where}: {exc}"
         node_selector = ()
-    try:
-        anti = _anti_affinity(namespace, labels, affinity.get("podAntiAffinity") or {})
-    except ValueError as exc:
-        error = error or f"{where}: required podAntiAffinity: {exc}"
-        anti = ()
+    anti, anti_error = _anti_affinity(namespace, labels, affinity.get("podAntiAffinity") or {})
+    if anti_error:
+        error = error or f"{where}: required podAntiAffinity: {anti_error}"
     # Constraints this scheduler does not evaluate: refused with the reason rather than ignored.
     if (affinity.get("podAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution"):
         error = error or f"{where}: required podAffinity is not supported by this scheduler"
-    if any(
-        c.get("whenUnsatisfiable", "DoNotSchedule") == "DoNotSchedule"
-        for c in spec.get("topologySpreadConstraints") or ()
-    ):
-        error = error or f"{where}: topologySpreadConstraints with whenUnsatisfiable: DoNotSchedule are not supported"
+    try:
+        spread = _spread(namespace, labels, spec.get("topologySpreadConstraints") or ())
+    except ValueError as exc:
+        error = error or f"{where}: topologySpreadConstraints: {exc}"
+        spread = ()
     unknown = _unsupported_resources(spec)
     if unknown:
         error = error or (
@@ -466,8 +468,9 @@ def _pod(
             node_selector,
             reqs.get(STORAGE_RESOURCE, 0),
             _host_ports(spec),
-            tuple((str(k), str(v)) for k, v in labels.items()),
+            _labels(labels),
             anti,
+            spread,
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
@@ -507,37 +510,97 @@ def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any], 
     return tuple(terms)
 
 
-def _anti_affinity(namespace: str, labels: Mapping[str, str], anti: Mapping[str, Any]) -> tuple[AntiAffinityTerm, ...]:
-    """The required pod anti-affinity terms, as the API reads them: no ``labelSelector`` selects no
-    pod (the term is dropped); no namespaces means the pod's own, an empty ``namespaceSelector``
-    every namespace; ``matchLabelKeys`` and ``mismatchLabelKeys`` add the pod's own values of
-    those labels.  Raises ``ValueError`` for what cannot be honoured."""
+def _anti_affinity(
+    namespace: str, labels: Mapping[str, str], anti: Mapping[str, Any]
+) -> tuple[tuple[AntiAffinityTerm, ...], str]:
+    """The required pod anti-affinity terms, as the API reads them, and what cannot be honoured
+    (empty when all can).  No ``labelSelector`` selects no pod (the term is dropped); no namespaces
+    means the pod's own, an empty ``namespaceSelector`` every namespace.  A term that cannot be
+    read is left out and one with a ``namespaceSelector`` with requirements is kept for every
+    namespace: a pod bound by another scheduler keeps others away at least as far as it asked."""
     out: dict[AntiAffinityTerm, None] = {}
+    problems: list[str] = []
     for term in anti.get("requiredDuringSchedulingIgnoredDuringExecution") or ():
         if not isinstance(term, Mapping):
-            raise ValueError("a term must be an object")
+            problems.append("a term must be an object")
+            continue
         key = str(term.get("topologyKey") or "")
         if not key:
-            raise ValueError("a term needs a topologyKey, the node label whose values are the domains")
-        chosen = term.get("labelSelector")
-        if not isinstance(chosen, Mapping):
+            problems.append("a term needs a topologyKey, the node label whose values are the domains")
             continue
-        reqs = [Requirement(str(k), "In", (str(v),)) for k, v in sorted((chosen.get("matchLabels") or {}).items())]
+        try:
+            reqs = _label_selector(term, labels)
+            if reqs is None:
+                continue
+            names = frozenset(map(str, term.get("namespaces") or ()))
+            ns_selector = term.get("namespaceSelector")
+            if ns_selector:
+                problems.append(
+                    "a namespaceSelector with requirements is not supported (this scheduler does not watch "
+                    "namespaces); list the namespaces in `namespaces`, or use {} for all of them"
+                )
+            namespaces = None if ns_selector is not None else names or frozenset({namespace})
+            out[AntiAffinityTerm(reqs, namespaces, key)] = None
+        except ValueError as exc:
+            problems.append(str(exc))
+    return tuple(out), problems[0] if problems else ""
+
+
+def _labels(labels: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple((str(k), str(v)) for k, v in labels.items())
+
+
+def _label_selector(term: Mapping[str, Any], labels: Mapping[str, str]) -> tuple[Requirement, ...] | None:
+    """The term's ``labelSelector`` (None when it has none: it selects no pod), with the pod's own
+    values of its ``matchLabelKeys`` (and, when given, ``mismatchLabelKeys``) added.  Raises
+    ``ValueError`` for a malformed requirement."""
+    chosen = term.get("labelSelector")
+    if not isinstance(chosen, Mapping):
+        return None
+    reqs = [Requirement(str(k), "In", (str(v),)) for k, v in sorted((chosen.get("matchLabels") or {}).items())]
+    reqs += [
+        Requirement(str(e.get("key") or ""), str(e.get("operator") or ""), tuple(map(str, e.get("values") or ())))
+        for e in chosen.get("matchExpressions") or ()
+    ]
+    # The API server merges these into the selector at creation; a key already there is not
+    # added again, so that a label changed since does not turn the term into one selecting nothing.
+    present = {r.key for r in reqs}
+    for field, op in (("matchLabelKeys", "In"), ("mismatchLabelKeys", "NotIn")):
         reqs += [
-            Requirement(str(e.get("key") or ""), str(e.get("operator") or ""), tuple(map(str, e.get("values") or ())))
-            for e in chosen.get("matchExpressions") or ()
+            Requirement(str(k), op, (str(labels[k]),))
+            for k in term.get(field) or ()
+            if k in labels and k not in present
         ]
-        for field, op in (("matchLabelKeys", "In"), ("mismatchLabelKeys", "NotIn")):
-            reqs += [Requirement(str(k), op, (str(labels[k]),)) for k in term.get(field) or () if k in labels]
-        names = frozenset(map(str, term.get("namespaces") or ()))
-        ns_selector = term.get("namespaceSelector")
-        if ns_selector:
-            raise ValueError(
-                "a namespaceSelector with requirements is not supported (this scheduler does not watch "
-                "namespaces); list the namespaces in `namespaces`, or use {} for all of them"
-            )
-        namespaces = None if ns_selector is not None else names or frozenset({namespace})
-        out[AntiAffinityTerm(tuple(reqs), namespaces, key)] = None
+    return tuple(reqs)
+
+
+def _spread(namespace: str, labels: Mapping[str, str], constraints: Any) -> tuple[Spread, ...]:
+    """The ``whenUnsatisfiable: DoNotSchedule`` constraints (``ScheduleAnyway`` ones are wishes,
+    not weighed here), as the API reads them.  Raises ``ValueError`` for a malformed one."""
+    out: dict[Spread, None] = {}
+    for c in constraints:
+        if not isinstance(c, Mapping):
+            raise ValueError("a constraint must be an object")
+        if c.get("whenUnsatisfiable", "DoNotSchedule") != "DoNotSchedule":
+            continue
+        policies = {}
+        for field, default in (("nodeAffinityPolicy", "Honor"), ("nodeTaintsPolicy", "Ignore")):
+            policies[field] = str(c.get(field) or default)
+            if policies[field] not in ("Honor", "Ignore"):
+                raise ValueError(f"{field} must be Honor or Ignore, got {policies[field]!r}")
+        skew, least = c.get("maxSkew"), c.get("minDomains") or 1
+        if not isinstance(skew, int) or not isinstance(least, int):
+            raise ValueError(f"maxSkew and minDomains must be integers, got {skew!r} and {least!r}")
+        spread = Spread(
+            skew,
+            str(c.get("topologyKey") or ""),
+            _label_selector(c, labels),
+            namespace,
+            least,
+            policies["nodeAffinityPolicy"] == "Honor",
+            policies["nodeTaintsPolicy"] == "Honor",
+        )
+        out[spread] = None
     return tuple(out)
 
 

@@ -10,7 +10,8 @@ node.  Operators: ``In``, ``NotIn``, ``Exists``, ``DoesNotExist``, ``Gt`` and
 
 An ``AntiAffinityTerm`` is one required pod anti-affinity term: no pod it selects
 (by label selector and namespace) may share a value of its topology key (a node
-label) with the pod that carries it.
+label) with the pod that carries it.  A ``Spread`` is one topology spread
+constraint with ``whenUnsatisfiable: DoNotSchedule``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from gpusched.model.node import Node
 
-__all__ = ["LABEL_OPERATORS", "OPERATORS", "AntiAffinityTerm", "NodeSelector", "Requirement", "selects"]
+__all__ = ["LABEL_OPERATORS", "OPERATORS", "AntiAffinityTerm", "NodeSelector", "Requirement", "Spread", "selects"]
 
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
@@ -96,18 +97,57 @@ class AntiAffinityTerm:
     def __post_init__(self) -> None:
         if not self.topology_key:
             raise ValueError("a pod anti-affinity term needs a topologyKey")
-        for r in self.selector:
-            if r.operator not in LABEL_OPERATORS or r.field:
-                raise ValueError(
-                    f"label selector requirement on {r.key!r}: operator {r.operator!r} "
-                    f"is not one of {', '.join(LABEL_OPERATORS)}"
-                )
+        _check_label_selector(self.selector)
 
     def selects(self, namespace: str, labels: Mapping[str, str]) -> bool:
         """Whether a pod in ``namespace`` with ``labels`` is one this term keeps away."""
         if self.namespaces is not None and namespace not in self.namespaces:
             return False
-        return all(r.holds(labels.get(r.key)) for r in self.selector)
+        return _label_selects(self.selector, labels)
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """A hard topology spread constraint: the pods ``selector`` picks in ``namespace`` (the pod's
+    own) may number at most ``max_skew`` more in a domain of ``topology_key`` than in the
+    emptiest one, counted over the nodes the pod could go to (its node selector unless
+    ``honor_affinity`` is off; taints too when ``honor_taints``).  With fewer than
+    ``min_domains`` such domains the emptiest counts as 0."""
+
+    max_skew: int
+    topology_key: str
+    selector: tuple[Requirement, ...] | None
+    """Requirements on the pods' labels, all of which must hold; None selects no pod."""
+    namespace: str
+    min_domains: int = 1
+    honor_affinity: bool = True
+    honor_taints: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_skew < 1:
+            raise ValueError(f"maxSkew must be at least 1, got {self.max_skew}")
+        if self.min_domains < 1:
+            raise ValueError(f"minDomains must be at least 1, got {self.min_domains}")
+        if not self.topology_key:
+            raise ValueError("a topology spread constraint needs a topologyKey")
+        _check_label_selector(self.selector or ())
+
+    def selects(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        """Whether a pod in ``namespace`` with ``labels`` counts toward this constraint."""
+        return self.selector is not None and namespace == self.namespace and _label_selects(self.selector, labels)
+
+
+def _check_label_selector(selector: tuple[Requirement, ...]) -> None:
+    for r in selector:
+        if r.operator not in LABEL_OPERATORS or r.field:
+            raise ValueError(
+                f"label selector requirement on {r.key!r}: operator {r.operator!r} "
+                f"is not one of {', '.join(LABEL_OPERATORS)}"
+            )
+
+
+def _label_selects(selector: tuple[Requirement, ...], labels: Mapping[str, str]) -> bool:
+    return all(r.holds(labels.get(r.key)) for r in selector)
 
 
 _INT64 = re.compile(r"[+-]?[0-9]+")

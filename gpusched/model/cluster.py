@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from gpusched.model.affinity import AntiAffinityTerm, NodeSelector, selects
+from gpusched.model.affinity import AntiAffinityTerm, NodeSelector, Spread, selects
 from gpusched.model.mig import MigGeometry, MigLayout, geometry_for, mig_config
 from gpusched.model.node import GPU_MILLI, Node, Taint
 from gpusched.model.placement import Assignment, MigPartition
@@ -215,6 +215,9 @@ class ClusterState:
     daemon's cache counts them and builds each snapshot afresh."""
     residents: Mapping[int, tuple[Pod, ...]] = field(default_factory=dict)
     """Pods per node that pod anti-affinity may concern (``Pod.has_affinity_identity``)."""
+    outside: tuple[tuple[Mapping[str, str], Pod], ...] = ()
+    """Pods on nodes that take no new pods (cordoned ones), with those nodes' labels: their pod
+    anti-affinity and spread counts reach the nodes that share their domains."""
     term_holders: tuple[tuple[int, Pod], ...] | None = None
     """The residents with anti-affinity terms of their own, with their nodes (None: found from
     ``residents``; ``apply`` and ``release`` carry them over instead of searching again)."""
@@ -224,6 +227,7 @@ class ClusterState:
         object.__setattr__(self, "_version", 0)
         object.__setattr__(self, "_selected", {})
         object.__setattr__(self, "_forbidding", {})
+        object.__setattr__(self, "_spread", {})
         if self.pod_kinds is None:
             kinds = np.zeros((len(self.cluster), self.cluster.max_gpus + 1), dtype=np.int64)
             object.__setattr__(self, "pod_kinds", kinds)
@@ -325,7 +329,7 @@ class ClusterState:
                 value
                 for n, pods in self.residents.items()
                 if (value := nodes[n].labels.get(key)) is not None and any(p.selected_by(term) for p in pods)
-            )
+            ) | {value for labels, p in self.outside if (value := labels.get(key)) is not None and p.selected_by(term)}
         return got
 
     def _forbidding_domains(self, namespace: str, labels: tuple[tuple[str, str], ...]) -> frozenset[tuple[str, str]]:
@@ -334,7 +338,10 @@ class ClusterState:
         cache: dict[tuple[str, tuple[tuple[str, str], ...]], frozenset[tuple[str, str]]] = self.__dict__["_forbidding"]
         got = cache.get((namespace, labels))
         if got is None:
-            got = cache[namespace, labels] = frozenset(_forbidden_by(self.cluster, self.holders, namespace, labels))
+            nodes = self.cluster.nodes
+            holders = [(nodes[n].labels, p) for n, p in self.holders]
+            holders += [(node_labels, p) for node_labels, p in self.outside if p.anti_affinity]
+            got = cache[namespace, labels] = frozenset(_forbidden_by(holders, namespace, labels))
         return got
 
     def anti_conflicts(self, pod: Pod) -> list[tuple[str, str, bool]]:
@@ -343,7 +350,7 @@ class ClusterState:
         found: dict[tuple[str, str, bool], None] = {}
         for term in pod.anti_affinity:
             found.update(dict.fromkeys((term.topology_key, v, False) for v in sorted(self._selected_domains(term))))
-        if self.holders:
+        if self.holders or self.outside:
             found.update(
                 dict.fromkeys((k, v, True) for k, v in sorted(self._forbidding_domains(pod.namespace, pod.labels)))
             )
@@ -353,7 +360,7 @@ class ClusterState:
         """Nodes that ``pod``'s required anti-affinity, and that of the pods already placed, let it
         join; None when none of it applies.  ``existing`` picks the existing pods' terms (True)
         or the pod's own (False) only."""
-        if not pod.anti_affinity and not self.holders:
+        if not pod.anti_affinity and not self.holders and not self.outside:
             return None
         values: dict[str, list[str]] = {}
         for key, value, theirs in self.anti_conflicts(pod):
@@ -364,14 +371,79 @@ class ClusterState:
         ok = np.ones(len(self.cluster), dtype=np.bool_)
         for key, out in values.items():
             column, ids = self.cluster.domains(key)
-            ok &= ~np.isin(column, [ids[v] for v in out])
+            ok &= ~np.isin(column, [ids[v] for v in out if v in ids])  # a cordoned node's own value: none here
         return ok
 
+    def spread_counts(self, spread: Spread) -> IntArray:
+        """Per value of the constraint's topology key (by ``Cluster.domains`` id), the pods it
+        counts.  Found once per constraint, then carried over by ``apply``."""
+        cache: dict[Spread, IntArray] = self.__dict__["_spread"]
+        got = cache.get(spread)
+        if got is None:
+            column, ids = self.cluster.domains(spread.topology_key)
+            counts = np.zeros(len(ids), dtype=np.int64)
+            if spread.selector is not None:
+                for n, pods in self.residents.items():
+                    if column[n] >= 0:
+                        counts[column[n]] += sum(p.selected_by(spread) for p in pods)
+                for labels, p in self.outside:
+                    d = ids.get(labels.get(spread.topology_key, ""), -1)
+                    if d >= 0 and p.selected_by(spread):
+                        counts[d] += 1
+            got = cache[spread] = _frozen(counts)
+        return got
+
+    def spread_keys_mask(self, pod: Pod) -> BoolArray:
+        """Nodes with every topology key of the pod's spread constraints."""
+        ok = np.ones(len(self.cluster), dtype=np.bool_)
+        for c in pod.spread:
+            ok &= self.cluster.domains(c.topology_key)[0] >= 0
+        return ok
+
+    def spread_domains(self, pod: Pod, spread: Spread) -> IntArray:
+        """Ids of the domains that count toward ``spread``'s skew for ``pod``: those of the nodes
+        with all its topology keys that it could go to, as the constraint's policies say."""
+        cl = self.cluster
+        eligible = self.spread_keys_mask(pod)
+        if spread.honor_affinity and pod.node_selector:
+            eligible &= cl.selector_mask(pod.node_selector)
+        if spread.honor_taints and cl.tainted:
+            eligible &= cl.toleration_mask(pod.tolerations)
+        return np.unique(cl.domains(spread.topology_key)[0][eligible])
+
+    def spread_mask(self, pod: Pod, counted: bool = False) -> BoolArray | None:
+        """Nodes where ``pod`` keeps every spread constraint it has (None: it has none): the
+        node has all their topology keys, and its domain would hold at most ``max_skew`` more
+        counted pods than the emptiest eligible one.  ``counted``: the pod is in the state already
+        (a plan being checked), so it does not add itself."""
+        if not pod.spread:
+            return None
+        ok = self.spread_keys_mask(pod)
+        for c in pod.spread:
+            column, _ = self.cluster.domains(c.topology_key)
+            counts = self.spread_counts(c)
+            if not counts.size:  # no node has the key (and ``ok`` is all False already)
+                continue
+            domains = self.spread_domains(pod, c)
+            low = int(counts[domains].min()) if domains.size >= c.min_domains else 0
+            own = 0 if counted else int(pod.selected_by(c))
+            fine = counts + own - low <= c.max_skew
+            ok &= (column >= 0) & fine[np.maximum(column, 0)]
+        return ok
+
+    def peer_mask(self, pod: Pod) -> BoolArray | None:
+        """Nodes that the pods already placed let ``pod`` join (None: every node): its pod
+        anti-affinity and theirs, and its topology spread constraints."""
+        anti, spread = self.anti_mask(pod), self.spread_mask(pod)
+        if anti is None or spread is None:
+            return spread if anti is None else anti
+        return anti & spread
+
     def pod_mask(self, pod: Pod) -> BoolArray:
-        """Nodes that can host ``pod`` now: ``fit_mask`` of its shape and its anti-affinity."""
+        """Nodes that can host ``pod`` now: ``fit_mask`` of its shape and ``peer_mask``."""
         ok = self.fit_mask(pod.shape)
-        anti = self.anti_mask(pod)
-        return ok if anti is None else ok & anti
+        peers = self.peer_mask(pod)
+        return ok if peers is None else ok & peers
 
     def _room_mask(self, shape: PodShape) -> BoolArray:
         """Nodes with room for ``shape`` apart from its GPUs: CPU, memory, storage, host ports,
@@ -500,6 +572,7 @@ class ClusterState:
             storage,
             self.ports_used if ports is None else ports,
             self.residents if residents is None else residents,
+            self.outside,
             holders,
         )
         selected: dict[AntiAffinityTerm, frozenset[str]] = self.__dict__["_selected"]
@@ -518,10 +591,22 @@ class ClusterState:
             "_forbidding"
         ]
         if sign > 0 and forbidding:
-            joined = [(a.node, a.pod) for a in added if a.pod.anti_affinity]
+            joined = [(self.cluster.nodes[a.node].labels, a.pod) for a in added if a.pod.anti_affinity]
             carried = new.__dict__["_forbidding"]
             for (namespace, labels), domains in forbidding.items():
-                carried[namespace, labels] = domains | _forbidden_by(self.cluster, joined, namespace, labels)
+                carried[namespace, labels] = domains | _forbidden_by(joined, namespace, labels)
+        counted: dict[Spread, IntArray] = self.__dict__["_spread"]
+        if sign > 0 and counted:
+            carried_counts = new.__dict__["_spread"]
+            for spread, before in counted.items():
+                column = self.cluster.domains(spread.topology_key)[0]
+                gained = [a.node for a in added if column[a.node] >= 0 and a.pod.selected_by(spread)]
+                after = before
+                if gained:
+                    after = before.copy()
+                    np.add.at(after, column[gained], 1)
+                    after.setflags(write=False)
+                carried_counts[spread] = after
         touched = np.fromiter(rows, dtype=np.intp, count=len(rows))
         log: _ChangeLog = self.__dict__["_log"]
         version: int = self.__dict__["_version"]
@@ -581,15 +666,15 @@ class ClusterState:
 
 
 def _forbidden_by(
-    cluster: Cluster, holders: Iterable[tuple[int, Pod]], namespace: str, labels: tuple[tuple[str, str], ...]
+    holders: Iterable[tuple[Mapping[str, str], Pod]], namespace: str, labels: tuple[tuple[str, str], ...]
 ) -> set[tuple[str, str]]:
-    """(Key, value) of the domains where one of ``holders`` runs whose own terms select a pod of
-    ``namespace`` with ``labels``."""
+    """(Key, value) of the domains where one of ``holders`` (node labels, pod) runs whose own
+    terms select a pod of ``namespace`` with ``labels``."""
     found: set[tuple[str, str]] = set()
     label_map = dict(labels)
-    for n, holder in holders:
+    for node_labels, holder in holders:
         for term in holder.anti_affinity:
-            value = cluster.nodes[n].labels.get(term.topology_key)
+            value = node_labels.get(term.topology_key)
             if value is not None and term.selects(namespace, label_map):
                 found.add((term.topology_key, value))
     return found

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpusched.model.affinity import AntiAffinityTerm, NodeSelector
+from gpusched.model.affinity import AntiAffinityTerm, NodeSelector, Spread
 from gpusched.model.node import GPU_MILLI, Taint
 
 __all__ = ["ISLAND_MODES", "Gang", "Pod", "PodShape", "Toleration", "mig_milli"]
@@ -97,6 +97,7 @@ class PodShape:
     storage_mib: int = 0
     host_ports: frozenset[str] = frozenset()
     anti_affinity: tuple[AntiAffinityTerm, ...] = ()
+    spread: tuple[Spread, ...] = ()
 
     @property
     def gpu_demand_milli(self) -> int:
@@ -150,6 +151,8 @@ class Pod:
     """The pod's labels, sorted by key (what pod anti-affinity terms select on)."""
     anti_affinity: tuple[AntiAffinityTerm, ...] = ()
     """Required pod anti-affinity: pods it must not share a topology domain with."""
+    spread: tuple[Spread, ...] = ()
+    """Topology spread constraints it must not break (``whenUnsatisfiable: DoNotSchedule``)."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"
@@ -206,6 +209,7 @@ class Pod:
             self.storage_mib,
             self.host_ports,
             self.anti_affinity,
+            self.spread,
         )
 
     @property
@@ -215,8 +219,8 @@ class Pod:
         selects without labels.  Trace pods of the simulator have none of these."""
         return bool(self.labels or self.anti_affinity or self.uid)
 
-    def selected_by(self, term: AntiAffinityTerm) -> bool:
-        """Whether ``term`` keeps this pod away."""
+    def selected_by(self, term: AntiAffinityTerm | Spread) -> bool:
+        """Whether ``term`` keeps this pod away, or counts it."""
         return term.selects(self.namespace, dict(self.labels))
 
     @property

@@ -30,6 +30,8 @@ __all__ = [
     "MODEL_NOT_ACCEPTED",
     "PORTS_TAKEN",
     "SELECTOR_MISMATCH",
+    "SPREAD_LABEL_MISSING",
+    "SPREAD_MISMATCH",
     "Explanation",
     "explain",
     "explain_gang",
@@ -44,6 +46,8 @@ INSUFFICIENT_CPU = "insufficient cpu"
 INSUFFICIENT_MEMORY = "insufficient memory"
 INSUFFICIENT_STORAGE = "insufficient ephemeral-storage"
 PORTS_TAKEN = "node(s) didn't have free ports for the requested pod ports"
+SPREAD_LABEL_MISSING = "node(s) didn't match pod topology spread constraints (missing required label)"
+SPREAD_MISMATCH = "node(s) didn't match pod topology spread constraints"
 ANTI_AFFINITY = "node(s) didn't match pod anti-affinity rules"
 EXISTING_ANTI_AFFINITY = "node(s) didn't satisfy existing pods anti-affinity rules"
 DEFERRED = "deferred by the solver"
@@ -127,10 +131,14 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
         check(state.storage_free >= pod.storage_mib, INSUFFICIENT_STORAGE)
     if pod.host_ports:
         check(state.ports_free(pod.host_ports), PORTS_TAKEN)
-    for existing, reason in ((True, EXISTING_ANTI_AFFINITY), (False, ANTI_AFFINITY)):  # kube-scheduler's order
+    for existing, reason in ((False, ANTI_AFFINITY), (True, EXISTING_ANTI_AFFINITY)):  # InterPodAffinity.Filter's order
         anti = state.anti_mask(pod, existing)
         if anti is not None:
             check(anti, reason)
+    spread = state.spread_mask(pod)
+    if spread is not None:
+        check(state.spread_keys_mask(pod), SPREAD_LABEL_MISSING)
+        check(spread, SPREAD_MISMATCH)
     for why in (excluded or {}).values():
         reasons[why] += 1
     total = n + len(excluded or {})

@@ -23,14 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpusched.model import GPU_MILLI, ClusterState, Plan, Pod, PodShape
-from gpusched.model.affinity import AntiAffinityTerm
+from gpusched.model.affinity import AntiAffinityTerm, Spread
 from gpusched.model.cluster import BoolArray, IntArray
 from gpusched.model.pod import Gang
 from gpusched.solver.fragmentation import FragScorer
 
 __all__ = ["Candidate", "Group", "Instance", "anti_terms", "build_instance", "domain_of", "node_classes"]
 
-GroupKey = tuple[PodShape, str, tuple[int, ...]]
+GroupKey = tuple[PodShape, str, tuple[int, ...], tuple[int, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,11 +42,13 @@ class Group:
     gang: Gang | None = None
     selected_by: tuple[int, ...] = ()
     """The anti-affinity terms of ``Instance.terms`` that keep its pods away."""
+    counted_by: tuple[int, ...] = ()
+    """The spread constraints of ``Instance.spreads`` that count its pods."""
 
     @property
     def key(self) -> GroupKey:
         """What makes pods interchangeable: shape, gang name and the terms that select them."""
-        return self.shape, self.gang.name if self.gang is not None else "", self.selected_by
+        return self.shape, self.gang.name if self.gang is not None else "", self.selected_by, self.counted_by
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,8 @@ class Instance:
     hint: Plan
     terms: tuple[AntiAffinityTerm, ...] = ()
     """Every required pod anti-affinity term in play: the batch's and those of pods placed."""
+    spreads: tuple[Spread, ...] = ()
+    """Every topology spread constraint of the batch's pods."""
 
     def group_of(self) -> dict[GroupKey, int]:
         """Group index by ``Group.key``."""
@@ -82,7 +86,7 @@ class Instance:
 
     def key_of(self, pod: Pod) -> GroupKey:
         """The ``Group.key`` of the group ``pod`` belongs to."""
-        return _group_key(pod, self.terms)
+        return _group_key(pod, self.terms, self.spreads)
 
     def conflicts(self, a: int, b: int) -> list[str]:
         """Topology keys of the anti-affinity terms by which groups ``a`` and ``b`` (or a group's
@@ -97,12 +101,14 @@ def anti_terms(pods: Sequence[Pod], state: ClusterState) -> tuple[AntiAffinityTe
     """The distinct required anti-affinity terms of ``pods`` and of the pods ``state`` holds."""
     seen = dict.fromkeys(t for p in pods for t in p.anti_affinity)
     seen.update(dict.fromkeys(t for _, holder in state.holders for t in holder.anti_affinity))
+    seen.update(dict.fromkeys(t for _, holder in state.outside for t in holder.anti_affinity))
     return tuple(seen)
 
 
-def _group_key(pod: Pod, terms: Sequence[AntiAffinityTerm]) -> GroupKey:
+def _group_key(pod: Pod, terms: Sequence[AntiAffinityTerm], spreads: Sequence[Spread]) -> GroupKey:
     selected = tuple(i for i, t in enumerate(terms) if pod.selected_by(t))
-    return pod.shape, pod.gang.name if pod.gang is not None else "", selected
+    counted = tuple(i for i, c in enumerate(spreads) if pod.selected_by(c))
+    return pod.shape, pod.gang.name if pod.gang is not None else "", selected, counted
 
 
 def node_classes(state: ClusterState, extra: Sequence[IntArray] = ()) -> np.ndarray:
@@ -117,10 +123,10 @@ def node_classes(state: ClusterState, extra: Sequence[IntArray] = ()) -> np.ndar
 
 
 def _class_extras(
-    state: ClusterState, groups: Sequence[Group], anti: Sequence[BoolArray | None] = ()
+    state: ClusterState, groups: Sequence[Group], peers: Sequence[BoolArray | None] = ()
 ) -> list[IntArray]:
     """Signature columns that only batches asking for islands, MIG, storage, node selectors, gang domains
-    or pod anti-affinity need."""
+    or the pods already placed (anti-affinity, spread) need."""
     cl = state.cluster
     extra: list[IntArray] = []
     shapes = [g.shape for g in groups]
@@ -136,9 +142,10 @@ def _class_extras(
         extra.append(cl.selector_mask(selector).astype(np.int64))
     keys = {g.gang.topology_key for g in groups if g.gang is not None and g.gang.topology_key}
     keys |= {t.topology_key for s in shapes for t in s.anti_affinity if _shared_domains(state, t.topology_key)}
+    keys |= {c.topology_key for s in shapes for c in s.spread if _shared_domains(state, c.topology_key)}
     for key in sorted(keys):
         extra.append(cl.domains(key)[0])
-    masks = {m.tobytes(): m for m in anti if m is not None}
+    masks = {m.tobytes(): m for m in peers if m is not None}
     extra.extend(m.astype(np.int64) for _, m in sorted(masks.items()))
     return extra
 
@@ -188,28 +195,30 @@ def build_instance(
 ) -> Instance:
     """Group, prune and describe one batch against ``state``."""
     terms = anti_terms(pods, state)
+    spreads = tuple(dict.fromkeys(c for p in pods for c in p.spread))
     by_shape: dict[GroupKey, list[tuple[int, Pod]]] = defaultdict(list)
     for i, p in enumerate(pods):
-        by_shape[_group_key(p, terms)].append((i, p))
+        by_shape[_group_key(p, terms, spreads)].append((i, p))
     groups = tuple(
         Group(
             key[0],
             tuple(p for _, p in sorted(members, key=lambda ip: (-ip[1].priority, ip[0]))),
             members[0][1].gang,
             key[2],
+            key[3],
         )
         for key, members in by_shape.items()
     )
-    anti = [state.anti_mask(g.pods[0]) for g in groups] if terms else [None] * len(groups)
+    peers = [state.peer_mask(g.pods[0]) for g in groups]
     gang_sizes: dict[str, int] = defaultdict(int)
     for g in groups:
         if g.gang is not None:
             gang_sizes[g.gang.name] += len(g.pods)
     hinted: dict[GroupKey, set[int]] = defaultdict(set)
     for a in hint.assignments:
-        hinted[_group_key(a.pod, terms)].add(a.node)
+        hinted[_group_key(a.pod, terms, spreads)].add(a.node)
 
-    classes = node_classes(state, _class_extras(state, groups, anti))
+    classes = node_classes(state, _class_extras(state, groups, peers))
     order = np.argsort(classes, kind="stable")
     starts = np.searchsorted(classes[order], np.arange(classes.max() + 1 if classes.size else 0))
     cpu_free, mem_free, gpu_free = state.cpu_free, state.mem_free, state.gpu_free
@@ -218,7 +227,7 @@ def build_instance(
     for gi, group in enumerate(groups):
         shape, count = group.shape, len(group.pods)
         mask = state.fit_mask(shape)
-        away = anti[gi]
+        away = peers[gi]
         if away is not None:
             mask = mask & away
         gang = group.gang
@@ -241,6 +250,8 @@ def build_instance(
         quota = max(candidates_per_pod, reach)
         if gang is not None and gang.topology_key:
             quota = feasible.size  # a gang needs enough candidates inside one domain: keep them all
+        if any(_shared_domains(state, c.topology_key) for c in shape.spread):
+            quota = feasible.size  # spread over domains: candidates in every one of them
         # Pods that keep out of each other's domains (a class lies within one): a node per class.
         spread = any(
             terms.index(t) in group.selected_by and _shared_domains(state, t.topology_key) for t in shape.anti_affinity
@@ -288,4 +299,4 @@ def build_instance(
             d = float(delta[n])
             cands.append(Candidate(gi, int(n), int(ub[j]), round(d) if np.isfinite(d) else 0, int(packs[j]), gpus))
     nodes = tuple(sorted({c.node for c in cands}))
-    return Instance(state, groups, tuple(cands), nodes, hint, terms)
+    return Instance(state, groups, tuple(cands), nodes, hint, terms, spreads)

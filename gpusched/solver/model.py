@@ -86,6 +86,10 @@ def hint_from_plan(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
     for (gi, label, value), b_var in v.apart.items():
         there = any(x[ci] for ci in v.by_group[gi] if nodes[inst.candidates[ci].node].labels.get(label) == value)
         model.add_hint(b_var, int(there))
+    for used, cands in v.spread_in.values():
+        model.add_hint(used, int(any(x[ci] for ci in cands)))
+    for low, terms in v.spread_low.values():
+        model.add_hint(low, min(base + sum(x[ci] for ci in cands) for base, cands in terms))
     for ci, k_var in v.kept.items():
         model.add_hint(k_var, min(x[ci], inst.candidates[ci].ub))
     for n, a_var in v.active.items():

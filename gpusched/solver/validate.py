@@ -75,6 +75,7 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
     problems.extend(_mig_problems(plan, state, {(a.node, g) for a in plan.assignments for g in a.gpus}))
     problems.extend(island_problems(plan.assignments, state))
     problems.extend(anti_affinity_problems(plan.assignments, state))
+    problems.extend(spread_problems(plan.assignments, state))
     problems.extend(_gang_problems(plan, state, pods))
     for n, c in cpu.items():
         if c > state.cpu_free[n]:
@@ -139,7 +140,7 @@ def anti_affinity_problems(assignments: Iterable[Assignment], state: ClusterStat
     already there or placed before it in the plan, keeps it out of."""
     cluster = state.cluster
     relevant = [a for a in assignments if a.pod.has_affinity_identity and 0 <= a.node < len(cluster)]
-    if not state.holders and not any(a.pod.anti_affinity for a in relevant):
+    if not state.holders and not state.outside and not any(a.pod.anti_affinity for a in relevant):
         return []
     problems: list[str] = []
     for a in relevant:
@@ -151,6 +152,45 @@ def anti_affinity_problems(assignments: Iterable[Assignment], state: ClusterStat
             )
         state = state.apply((a,))
     return problems
+
+
+def spread_problems(assignments: Sequence[Assignment], state: ClusterState) -> list[str]:
+    """Bound in the plan's order, each pod with topology spread constraints goes where
+    kube-scheduler's check lets it: its domain then holds at most ``max_skew`` counted pods more
+    than the emptiest eligible one (``spread_order`` finds such an order for a plan)."""
+    cluster = state.cluster
+    placed = [a for a in assignments if 0 <= a.node < len(cluster)]
+    if not any(a.pod.spread for a in placed):
+        return []
+    problems: list[str] = []
+    for a in placed:
+        if not _spread_fits(state, a):
+            problems.append(
+                f"pod {a.pod.key}: its topology spread constraints do not allow {cluster.nodes[a.node].name}"
+            )
+        state = state.apply((a,))
+    return problems
+
+
+def _spread_fits(state: ClusterState, a: Assignment) -> bool:
+    fine = state.spread_mask(a.pod)
+    return fine is None or bool(fine[a.node])
+
+
+def spread_order(assignments: Sequence[Assignment], state: ClusterState) -> list[Assignment]:
+    """``assignments`` in an order that ``spread_problems`` accepts, where the greedy search for one
+    finds it: pods without spread constraints first, then each time a pod whose check passes."""
+    if not any(a.pod.spread for a in assignments):
+        return list(assignments)
+    order = [a for a in assignments if not a.pod.spread]
+    state = state.apply(order)
+    left = [a for a in assignments if a.pod.spread]
+    while left:
+        passes = (i for i, a in enumerate(left) if _spread_fits(state, a))
+        a = left.pop(next(passes, 0))  # none passes: keep the rest as it is, for the validator to report
+        order.append(a)
+        state = state.apply((a,))
+    return order
 
 
 def island_problems(assignments: Iterable[Assignment], state: ClusterState) -> list[str]:

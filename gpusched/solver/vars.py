@@ -39,6 +39,14 @@ class Vars:
     gang: dict[str, cp_model.IntVar] = field(default_factory=dict)
     domain: dict[tuple[str, str], cp_model.IntVar] = field(default_factory=dict)
     apart: dict[tuple[int, str, str], cp_model.IntVar] = field(default_factory=dict)
+    spread_in: dict[tuple[int, int, int], tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
+    """(group, spread constraint, domain id) -> (the group places pods there, its candidates there)."""
+    spread_low: dict[tuple[int, int], tuple[cp_model.IntVar, tuple[tuple[int, tuple[int, ...]], ...]]] = field(
+        default_factory=dict
+    )
+    """(group, spread constraint) -> (at most the emptiest eligible domain's count, and the counts it
+    is bounded by: pods counted already and candidates that count, per eligible domain with such
+    candidates, plus the emptiest of the others)."""
 
     def partitioned(self, n: int) -> list[cp_model.IntVar]:
         """Per layout, the idle GPUs of node ``n`` that the batch partitions with it."""

@@ -81,6 +81,8 @@ class Cache:
         self._ports: dict[int, Counter[str]] = {}
         self._residents: dict[int, dict[str, Pod]] = {}
         self._resident_view: dict[int, tuple[Pod, ...]] = {}
+        self._outside: dict[str, dict[str, Pod]] = {}
+        """Pods on known nodes that take no new pods, by node name: anti-affinity and spread see them."""
         self._gpu: IntArray = np.zeros((0, 1), dtype=np.int64)
         self._kinds: IntArray = np.zeros((0, 2), dtype=np.int64)
         self._mig: IntArray = np.zeros((0, 0), dtype=np.int64)
@@ -241,6 +243,7 @@ class Cache:
             storage,
             {n: p for n, p in ports.items() if p},
             dict(self._resident_view),
+            tuple((self._nodes[name].node.labels, p) for name, there in self._outside.items() for p in there.values()),
         )
         excluded = {n: r.excluded for n, r in self._nodes.items() if r.excluded}
         return Snapshot(self.generation, cluster, state, MappingProxyType(excluded))
@@ -256,6 +259,7 @@ class Cache:
             self._ports = {}
             self._residents = {}
             self._resident_view = {}
+            self._outside = {}
             self._gpu = np.zeros((n, cluster.max_gpus), dtype=np.int64)
             self._kinds = np.zeros((n, cluster.max_gpus + 1), dtype=np.int64)
             self._mig = np.zeros((n, len(cluster.mig_profiles)), dtype=np.int64)
@@ -281,6 +285,12 @@ class Cache:
         i = self._cluster.index.get(held.node)
         if i is None:  # node unknown or excluded: nothing to count against
             held.gpus = ()
+            if held.node in self._nodes and held.pod.has_affinity_identity:
+                there = self._outside.setdefault(held.node, {})
+                if sign > 0:
+                    there[held.pod.key] = held.pod
+                else:
+                    there.pop(held.pod.key, None)
             return
         pod = held.pod
         if sign > 0:

@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -738,5 +739,36 @@ async def test_required_pod_anti_affinity_spreads_replicas_and_honours_running_p
     assert final["web"]["spec"].get("nodeName") in {"aa-gpu-1", "aa-gpu-2"}
     waiting = next(final[f"llm-{i}"] for i in range(4) if not placed[i])
     assert (kit.condition(waiting) or {}).get("message") == (
-        "0/3 nodes are available: 3 node(s) didn't satisfy existing pods anti-affinity rules."
+        "0/3 nodes are available: 3 node(s) didn't match pod anti-affinity rules."
+    )
+
+
+async def test_hard_topology_spread_keeps_zones_even_and_says_when_a_label_is_missing(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    nodes = [kit.node(f"sp-gpu-{z}", 8, "H800", **{"topology.kubernetes.io/zone": z}) for z in ("z0", "z1", "z2")]
+    nodes.append(kit.node("sp-gpu-nozone", 8, "H800"))
+    await kit.create_all(kube, "/api/v1/nodes", nodes)
+
+    def spread(p: dict[str, Any], key: str) -> dict[str, Any]:
+        p["metadata"]["labels"] = {"app": "llm"}
+        p["spec"]["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": key,
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app": "llm"}},
+            }
+        ]
+        return p
+
+    replicas = [spread(kit.pod(f"llm-{i}", name, gpus=1), "topology.kubernetes.io/zone") for i in range(6)]
+    racked = spread(kit.pod("racked", name, gpus=1), "rack")  # no node has a rack label
+    final = await kit.schedule(control_plane, kube, namespace, name, [*replicas, racked])
+    zones = Counter(final[f"llm-{i}"]["spec"].get("nodeName") for i in range(6))
+    assert zones == {"sp-gpu-z0": 2, "sp-gpu-z1": 2, "sp-gpu-z2": 2}  # packing alone would fill one node
+    assert not final["racked"]["spec"].get("nodeName")
+    assert (kit.condition(final["racked"]) or {}).get("message") == (
+        "0/4 nodes are available: 4 node(s) didn't match pod topology spread constraints (missing required label)."
     )

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gpusched.kube.convert import ConvertError, claim_record, node_record, pod_record, volume_record
-from gpusched.model.affinity import AntiAffinityTerm, Requirement
+from gpusched.model.affinity import AntiAffinityTerm, Requirement, Spread
 from gpusched.model.node import Taint
 from gpusched.model.pod import Toleration
 from gpusched.state.volumes import ClaimRecord, VolumeRecord
@@ -293,15 +293,12 @@ def test_sidecars_run_beside_the_app_and_the_later_init_containers() -> None:
     ("field", "value", "message"),
     [
         ("affinity", {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{}]}}, "podAffinity"),
-        ("topologySpreadConstraints", [{"maxSkew": 1, "topologyKey": "zone"}], "topologySpreadConstraints"),
     ],
 )
 def test_constraints_the_scheduler_does_not_evaluate_are_refused(field: str, value: Any, message: str) -> None:
     rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, **{field: value}))
     assert message in rec.error
     assert rec.pod.num_gpu == 1  # still counted with its request, were it bound by someone else
-    soft = [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}]
-    assert pod_record(pod_obj(topologySpreadConstraints=soft)).error == ""
 
 
 def test_resources_nodes_are_not_checked_for_are_refused() -> None:
@@ -472,4 +469,76 @@ def test_pod_anti_affinity_that_cannot_be_honoured_is_refused_with_the_reason(te
     assert "required podAntiAffinity" in rec.error
     assert message in rec.error
     assert rec.pod.num_gpu == 1
-    assert rec.pod.anti_affinity == ()
+    # Were it bound by another scheduler, what can be read of its terms still keeps others away.
+    kept = {"namespaces": (AntiAffinityTerm((), None, "zone"),)}.get(message, ())
+    assert rec.pod.anti_affinity == kept
+
+
+def test_a_pod_refused_for_its_request_still_shows_its_labels_and_terms_to_others() -> None:
+    term = {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}
+    affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    both = pod_obj(limits={"nvidia.com/gpu": "1"}, annotations={"gpusched.io/gpu-milli": "500"}, labels={"app": "db"})
+    both["spec"]["affinity"] = affinity
+    rec = pod_record(both)
+    assert rec.error
+    assert rec.pod.labels == (("app", "db"),)
+    assert rec.pod.anti_affinity == (
+        AntiAffinityTerm((Requirement("app", "In", ("web",)),), frozenset({"ns"}), "kubernetes.io/hostname"),
+    )
+
+
+def test_match_label_keys_the_api_server_merged_already_are_not_added_again() -> None:
+    term = {
+        "labelSelector": {"matchLabels": {"app": "llm", "pod-template-hash": "old"}},
+        "matchLabelKeys": ["pod-template-hash"],
+        "topologyKey": "zone",
+    }
+    affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    rec = pod_record(pod_obj(labels={"app": "llm", "pod-template-hash": "new"}, affinity=affinity))
+    assert rec.pod.anti_affinity[0].selector == (
+        Requirement("app", "In", ("llm",)),
+        Requirement("pod-template-hash", "In", ("old",)),
+    )
+
+
+def test_hard_topology_spread_constraints_are_read_and_soft_ones_left_out() -> None:
+    constraints = [
+        {
+            "maxSkew": 1,
+            "topologyKey": "zone",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app": "llm"}},
+            "matchLabelKeys": ["pod-template-hash"],
+            "minDomains": 3,
+            "nodeTaintsPolicy": "Honor",
+        },
+        {"maxSkew": 2, "topologyKey": "kubernetes.io/hostname", "nodeAffinityPolicy": "Ignore"},
+        {"maxSkew": 1, "topologyKey": "rack", "whenUnsatisfiable": "ScheduleAnyway"},
+    ]
+    labels = {"app": "llm", "pod-template-hash": "abc"}
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, labels=labels, topologySpreadConstraints=constraints))
+    assert rec.error == ""
+    llm = (Requirement("app", "In", ("llm",)), Requirement("pod-template-hash", "In", ("abc",)))
+    assert rec.pod.spread == (
+        Spread(1, "zone", llm, "ns", 3, honor_affinity=True, honor_taints=True),
+        Spread(2, "kubernetes.io/hostname", None, "ns", 1, honor_affinity=False, honor_taints=False),
+    )
+
+
+@pytest.mark.parametrize(
+    ("constraint", "message"),
+    [
+        ({"maxSkew": 0, "topologyKey": "zone"}, "maxSkew must be at least 1"),
+        ({"maxSkew": 1}, "needs a topologyKey"),
+        (
+            {"maxSkew": 1, "topologyKey": "zone", "nodeTaintsPolicy": "Maybe"},
+            "nodeTaintsPolicy must be Honor or Ignore",
+        ),
+        ({"maxSkew": "1", "topologyKey": "zone"}, "must be integers"),
+    ],
+)
+def test_a_malformed_spread_constraint_is_refused_with_the_reason(constraint: Any, message: str) -> None:
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, topologySpreadConstraints=[constraint]))
+    assert "topologySpreadConstraints" in rec.error
+    assert message in rec.error
+    assert rec.pod.spread == ()

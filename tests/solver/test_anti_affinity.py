@@ -55,7 +55,7 @@ def test_every_policy_puts_replicas_on_distinct_nodes_and_leaves_the_extra_one_o
     assert sum(a.pod.name.startswith("other") for a in plan.assignments) == 3  # unlabelled pods go anywhere
     left = next(p for p in plan.unplaced if p.name.startswith("llm"))
     assert explain(left, c.empty_state().apply(plan.assignments)).message == (
-        "0/3 nodes are available: 3 node(s) didn't satisfy existing pods anti-affinity rules."
+        "0/3 nodes are available: 3 node(s) didn't match pod anti-affinity rules."
     )
 
 

@@ -17,9 +17,9 @@ import pytest
 from ortools.sat.python import cp_model
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Plan, Pod
-from gpusched.model.affinity import AntiAffinityTerm, Requirement
+from gpusched.model.affinity import AntiAffinityTerm, Requirement, Spread
 from gpusched.solver.baselines import FgdPolicy
-from gpusched.solver.constraints import anti_affinity, capacity, demand, ports, share, whole_gpu
+from gpusched.solver.constraints import anti_affinity, capacity, demand, ports, share, spread, whole_gpu
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import Instance, build_instance
 from gpusched.solver.objectives import placed
@@ -184,6 +184,17 @@ def test_anti_affinity_module_keeps_two_groups_off_one_domain() -> None:
     inst = instance([web, db], cluster.empty_state())
     assert Solved(inst, [demand, anti_affinity]).placed_pods() == 1
     assert Solved(inst, [demand]).placed_pods() == 2, "without the module they share the node"
+
+
+def test_spread_module_keeps_each_domain_within_max_skew_of_the_emptiest() -> None:
+    big = replace(Node("a", 8000, 8000), labels={"zone": "a"})
+    small = replace(Node("b", 100, 8000), labels={"zone": "b"})  # room for one pod
+    constraint = Spread(1, "zone", (Requirement("app", "In", ("r",)),), "default")
+    replicas = [replace(pod(f"r{i}", cpu=100), labels=(("app", "r"),), spread=(constraint,)) for i in range(4)]
+    inst = instance(replicas, Cluster([big, small]).empty_state())
+    s = Solved(inst, [demand, capacity, spread])
+    assert s.on_node("cpu_milli") == {0: 200, 1: 100}  # a may hold one more than b, and b holds one
+    assert Solved(inst, [demand, capacity]).placed_pods() == 4, "without the module zone a takes them all"
 
 
 def test_whole_gpu_module_takes_no_more_gpus_than_are_idle() -> None:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from ortools.sat.python import cp_model
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Plan, Pod
-from gpusched.model.affinity import AntiAffinityTerm, NodeSelector, Requirement
+from gpusched.model.affinity import AntiAffinityTerm, NodeSelector, Requirement, Spread
 from gpusched.solver.baselines import FgdPolicy
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import build_instance
@@ -39,6 +39,15 @@ IDENTITIES: tuple[tuple[tuple[tuple[str, str], ...], tuple[AntiAffinityTerm, ...
     (B, ()),
     ((), _away("b", "zone")),  # keeps b pods out of its zone
 )
+_A_PODS = (Requirement("app", "In", ("a",)),)
+SPREADS: tuple[tuple[Spread, ...], ...] = (
+    (),
+    (),
+    (Spread(1, "zone", _A_PODS, "default"),),
+    (Spread(1, "host", _A_PODS, "default", min_domains=2),),
+    (Spread(2, "zone", _A_PODS, "default", honor_affinity=False),),
+)
+"""Hard spread over zones (not every node has one) or nodes, counting the ``app=a`` pods."""
 """Anti-affinity by node (every node its own ``host``) or by zone (not every node has one)."""
 
 
@@ -132,6 +141,7 @@ def pod_shapes(draw: st.DrawFn) -> Pod:
         host_ports=draw(st.sampled_from([frozenset(), frozenset(), frozenset({"TCP/29500"})])),
         labels=identity[0],
         anti_affinity=identity[1],
+        spread=draw(st.sampled_from(SPREADS)),
     )
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpusched.model import Pod
+from gpusched.model.affinity import AntiAffinityTerm, Requirement, Spread
 from gpusched.state.cache import Cache
 from gpusched.state.records import NodeRecord, PodRecord
 from tests.factories import gpu_node, pod
@@ -164,3 +167,24 @@ def test_a_resized_pod_is_counted_with_its_new_request() -> None:
     s = c.snapshot().state
     assert s.cpu_used[0] == 3000
     assert list(s.gpu_used[0]) == [0, 1000]  # still on the GPU it holds
+
+
+def test_pods_on_a_cordoned_node_still_keep_replicas_out_of_their_zone() -> None:
+    zone = {"zone": "z0"}
+    away = (AntiAffinityTerm((Requirement("app", "In", ("llm",)),), None, "zone"),)
+    c = cache_with(
+        NodeRecord(replace(gpu_node("a"), labels=zone), excluded="node(s) were unschedulable"),
+        NodeRecord(replace(gpu_node("b"), labels=zone)),
+        NodeRecord(replace(gpu_node("c"), labels={"zone": "z1"})),
+    )
+    running = replace(pod("r0", gpus=1), uid="u0", labels=(("app", "llm"),), anti_affinity=away)
+    c.observe_pod(bound(running, "a"))
+    state = c.snapshot().state
+    new = replace(pod("r1", gpus=1), uid="u1", labels=(("app", "llm"),), anti_affinity=away)
+    mask = state.anti_mask(new)
+    assert mask is not None
+    assert mask.tolist() == [False, True]  # b shares the cordoned node's zone
+    spread = Spread(1, "zone", (Requirement("app", "In", ("llm",)),), "default")
+    assert state.spread_counts(spread).tolist() == [1, 0]
+    c.delete_pod(running.key)
+    assert c.snapshot().state.anti_mask(new) is None

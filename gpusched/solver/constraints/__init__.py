@@ -5,10 +5,33 @@ exists: a candidate is only created where one pod of its shape fits alone
 (``solver.instance``).
 """
 
-from gpusched.solver.constraints import anti_affinity, capacity, demand, gang, island, mig, ports, share, whole_gpu
+from gpusched.solver.constraints import (
+    anti_affinity,
+    capacity,
+    demand,
+    gang,
+    island,
+    mig,
+    ports,
+    share,
+    spread,
+    whole_gpu,
+)
 
-ALL = (demand, capacity, ports, anti_affinity, mig, whole_gpu, island, share, gang)
+ALL = (demand, capacity, ports, anti_affinity, spread, mig, whole_gpu, island, share, gang)
 """Every constraint module, in build order: mig before whole_gpu (which counts the GPUs layouts
 take), whole_gpu before island and share (which use its variables)."""
 
-__all__ = ["ALL", "anti_affinity", "capacity", "demand", "gang", "island", "mig", "ports", "share", "whole_gpu"]
+__all__ = [
+    "ALL",
+    "anti_affinity",
+    "capacity",
+    "demand",
+    "gang",
+    "island",
+    "mig",
+    "ports",
+    "share",
+    "spread",
+    "whole_gpu",
+]

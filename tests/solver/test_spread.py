@@ -1,0 +1,117 @@
+"""Topology spread with whenUnsatisfiable: DoNotSchedule: no domain gets more than maxSkew counted
+pods beyond the emptiest one the pod could go to."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
+from gpusched.model.affinity import Requirement, Spread
+from gpusched.solver.explain import explain
+from gpusched.solver.fragmentation import TypicalPods
+from gpusched.solver.params import Limits, SolverParams
+from gpusched.solver.registry import POLICIES, make_policy
+from gpusched.solver.validate import plan_problems, spread_order, validate_plan
+from tests.factories import gpu_node, pod
+
+LLM = (Requirement("app", "In", ("llm",)),)
+
+
+def spread(skew: int = 1, key: str = "zone", **kw: object) -> Spread:
+    return Spread(skew, key, LLM, "default", **kw)  # type: ignore[arg-type]
+
+
+def replica(name: str, constraint: Spread | None = None, gpus: int = 1) -> Pod:
+    c = constraint or spread()
+    return replace(pod(name, gpus=gpus), labels=(("app", "llm"),), spread=(c,))
+
+
+def zones(per_zone: int = 2, names: tuple[str, ...] = ("a", "b", "c"), extra: int = 0) -> Cluster:
+    nodes = [
+        replace(gpu_node(f"{z}{i}", gpus=8), labels={"zone": z, "pool": "gpu" if z != "c" else "other"})
+        for z in names
+        for i in range(per_zone)
+    ]
+    nodes += [gpu_node(f"unzoned{i}", gpus=8) for i in range(extra)]
+    return Cluster(nodes)
+
+
+def solve(policy: str, c: Cluster, pods: list[Pod], state: ClusterState | None = None) -> Plan:
+    st = c.empty_state() if state is None else state
+    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
+    plan = make_policy(policy, c, TypicalPods.from_pods(pods), 0, params).place(pods, st)
+    validate_plan(plan, st, pods)
+    assert "FALLBACK" not in plan.stats.status  # CP-SAT's own plan, not the greedy one it started from
+    return plan
+
+
+def per_zone(c: Cluster, plan: Plan) -> Counter[str]:
+    return Counter(c.nodes[a.node].labels.get("zone", "-") for a in plan.assignments)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_spreads_replicas_evenly_over_zones(policy: str) -> None:
+    c = zones()
+    plan = solve(policy, c, [replica(f"r{i}") for i in range(6)])
+    assert per_zone(c, plan) == {"a": 2, "b": 2, "c": 2}  # packing alone would fill one zone's nodes
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_counts_the_pods_already_running(policy: str) -> None:
+    c = zones()
+    running = [Assignment(replace(pod(f"old{i}", gpus=1), labels=(("app", "llm"),)), 0, (i,)) for i in range(2)]
+    state = c.empty_state().apply(running)  # zone a holds two already
+    plan = solve(policy, c, [replica(f"r{i}") for i in range(5)], state)
+    totals = per_zone(c, plan) + Counter({"a": 2})
+    assert totals.total() == 7  # all five placed, zone a had two
+    assert max(totals.values()) - min(totals.values()) == 1
+    assert totals["a"] <= 3
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_leaves_out_what_would_break_the_skew_and_says_why(policy: str) -> None:
+    c = zones(names=("a", "b"), extra=1)
+    pods = [replica(f"r{i}", spread(min_domains=3)) for i in range(4)]  # 2 zones < 3: the emptiest counts 0
+    plan = solve(policy, c, pods)
+    assert per_zone(c, plan) == {"a": 1, "b": 1}  # never on the node without a zone
+    left = plan.unplaced[0]
+    assert explain(left, c.empty_state().apply(plan.assignments)).message == (
+        "0/5 nodes are available: 4 node(s) didn't match pod topology spread constraints, "
+        "1 node(s) didn't match pod topology spread constraints (missing required label)."
+    )
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_only_zones_the_pod_could_go_to_count_unless_its_policy_says_ignore(policy: str) -> None:
+    c = zones()  # zone c is pool "other", where the pods may not go
+    gpu_pool = ((Requirement("pool", "In", ("gpu",)),),)
+    honour = [replace(replica(f"h{i}"), node_selector=gpu_pool) for i in range(4)]
+    assert per_zone(c, solve(policy, c, honour)) == {"a": 2, "b": 2}
+    ignore = spread(honor_affinity=False)
+    ignoring = [replace(replica(f"i{i}", ignore), node_selector=gpu_pool) for i in range(4)]
+    assert per_zone(c, solve(policy, c, ignoring)) == {"a": 1, "b": 1}  # empty zone c holds the rest back
+
+
+def test_pods_the_constraint_counts_weigh_even_without_a_constraint_of_their_own() -> None:
+    c = zones(names=("a", "b"))
+    plain = replace(pod("plain", gpus=1), labels=(("app", "llm"),))
+    plan = solve("cpsat", c, [plain, replica("r0"), replica("r1")])
+    assert per_zone(c, plan) in ({"a": 2, "b": 1}, {"a": 1, "b": 2})
+    # Bound in the plan's order, each spread pod passes kube-scheduler's check.
+    assert plan_problems(plan, c.empty_state()) == []
+
+
+def test_the_validator_rejects_a_skewed_plan_and_spread_order_fixes_a_good_one() -> None:
+    c = zones(names=("a", "b"), per_zone=1)
+    state = c.empty_state()
+    r = [replica(f"r{i}") for i in range(3)]
+    skewed = Plan((Assignment(r[0], 0, (0,)), Assignment(r[1], 0, (1,))), (), SolveStats("test"))
+    assert any("r1: its topology spread constraints do not allow a0" in x for x in plan_problems(skewed, state))
+    # Ends even (a: 2, b: 1) but in this order the second pod to a0 goes while b0 is still empty.
+    fine = [Assignment(r[0], 0, (0,)), Assignment(r[1], 0, (1,)), Assignment(r[2], 1, (0,))]
+    assert plan_problems(Plan(tuple(fine), (), SolveStats("test")), state)
+    ordered = spread_order(fine, state)
+    assert plan_problems(Plan(tuple(ordered), (), SolveStats("test")), state) == []
