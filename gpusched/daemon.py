@@ -141,6 +141,12 @@ class _BoundHandler:
         freed = self.s.cache.delete_pod(rec.key, rec.uid) if kind == "DELETED" else self.s.cache.observe_pod(rec)
         if freed:
             self.s.queue.move_all()
+        elif rec.bound and not rec.terminal:  # a pod arrived: one to join, or one that evens a spread
+            self.s.queue.move_all(_waits_on_peers)
+
+
+def _waits_on_peers(r: PodRecord) -> bool:
+    return bool(r.pod.affinity or r.pod.spread)
 
 
 def _mounts_claims(r: PodRecord) -> bool:

@@ -49,7 +49,7 @@ from datetime import datetime
 from typing import Any
 
 from gpusched.model import GPU_MILLI, Node, Pod, QuantityError, cpu_milli, memory_mib, parse_quantity
-from gpusched.model.affinity import AntiAffinityTerm, NodeSelector, Requirement, Spread
+from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Requirement, Spread
 from gpusched.model.mig import profile_of
 from gpusched.model.node import Taint
 from gpusched.model.pod import Gang, Toleration
@@ -293,7 +293,7 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
     try:
         pod, error = _pod(name, namespace, uid, priority, spec, annotations, labels, f"pod {namespace}/{name}")
     except ConvertError as exc:  # kept with what others' anti-affinity and spread need of it
-        anti, _ = _anti_affinity(namespace, labels, (spec.get("affinity") or {}).get("podAntiAffinity") or {})
+        anti, _ = _pod_terms(namespace, labels, (spec.get("affinity") or {}).get("podAntiAffinity") or {})
         pod = Pod(
             name, 0, 0, namespace=namespace, uid=uid, priority=priority, labels=_labels(labels), anti_affinity=anti
         )
@@ -433,12 +433,11 @@ def _pod(
     except ValueError as exc:
         error = error or f"{where}: {exc}"
         node_selector = ()
-    anti, anti_error = _anti_affinity(namespace, labels, affinity.get("podAntiAffinity") or {})
-    if anti_error:
-        error = error or f"{where}: required podAntiAffinity: {anti_error}"
-    # Constraints this scheduler does not evaluate: refused with the reason rather than ignored.
-    if (affinity.get("podAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution"):
-        error = error or f"{where}: required podAffinity is not supported by this scheduler"
+    terms: dict[str, tuple[PodAffinityTerm, ...]] = {}
+    for kind in ("podAffinity", "podAntiAffinity"):
+        terms[kind], problem = _pod_terms(namespace, labels, affinity.get(kind) or {})
+        if problem:
+            error = error or f"{where}: required {kind}: {problem}"
     try:
         spread = _spread(namespace, labels, spec.get("topologySpreadConstraints") or ())
     except ValueError as exc:
@@ -469,8 +468,9 @@ def _pod(
             reqs.get(STORAGE_RESOURCE, 0),
             _host_ports(spec),
             _labels(labels),
-            anti,
+            terms["podAntiAffinity"],
             spread,
+            terms["podAffinity"],
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
@@ -510,17 +510,18 @@ def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any], 
     return tuple(terms)
 
 
-def _anti_affinity(
-    namespace: str, labels: Mapping[str, str], anti: Mapping[str, Any]
-) -> tuple[tuple[AntiAffinityTerm, ...], str]:
-    """The required pod anti-affinity terms, as the API reads them, and what cannot be honoured
-    (empty when all can).  No ``labelSelector`` selects no pod (the term is dropped); no namespaces
-    means the pod's own, an empty ``namespaceSelector`` every namespace.  A term that cannot be
-    read is left out and one with a ``namespaceSelector`` with requirements is kept for every
-    namespace: a pod bound by another scheduler keeps others away at least as far as it asked."""
-    out: dict[AntiAffinityTerm, None] = {}
+def _pod_terms(
+    namespace: str, labels: Mapping[str, str], section: Mapping[str, Any]
+) -> tuple[tuple[PodAffinityTerm, ...], str]:
+    """The required terms of a ``podAffinity`` or ``podAntiAffinity``, as the API reads them, and
+    what cannot be honoured (empty when all can).  No ``labelSelector`` selects no pod (the term
+    is dropped); no namespaces means the pod's own, an empty ``namespaceSelector`` every
+    namespace.  A term that cannot be read is left out and one with a ``namespaceSelector`` with
+    requirements is kept for every namespace: a pod bound by another scheduler keeps others away
+    (anti-affinity) at least as far as it asked."""
+    out: dict[PodAffinityTerm, None] = {}
     problems: list[str] = []
-    for term in anti.get("requiredDuringSchedulingIgnoredDuringExecution") or ():
+    for term in section.get("requiredDuringSchedulingIgnoredDuringExecution") or ():
         if not isinstance(term, Mapping):
             problems.append("a term must be an object")
             continue
@@ -540,7 +541,7 @@ def _anti_affinity(
                     "namespaces); list the namespaces in `namespaces`, or use {} for all of them"
                 )
             namespaces = None if ns_selector is not None else names or frozenset({namespace})
-            out[AntiAffinityTerm(reqs, namespaces, key)] = None
+            out[PodAffinityTerm(reqs, namespaces, key)] = None
         except ValueError as exc:
             problems.append(str(exc))
     return tuple(out), problems[0] if problems else ""

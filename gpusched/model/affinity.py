@@ -1,5 +1,5 @@
 """Which nodes a pod's ``nodeSelector`` and required node affinity allow, and which pods its required
-pod anti-affinity keeps away from, as the API defines them.
+pod affinity, anti-affinity and topology spread relate it to, as the API defines them.
 
 A ``NodeSelector`` is a tuple of terms, any of which may match (the affinity's
 ``nodeSelectorTerms``); a term is a tuple of requirements, all of which must
@@ -8,10 +8,11 @@ match (its ``matchExpressions`` and ``matchFields``, with the pod's
 node.  Operators: ``In``, ``NotIn``, ``Exists``, ``DoesNotExist``, ``Gt`` and
 ``Lt`` on labels; ``In`` and ``NotIn`` on the field ``metadata.name``.
 
-An ``AntiAffinityTerm`` is one required pod anti-affinity term: no pod it selects
-(by label selector and namespace) may share a value of its topology key (a node
-label) with the pod that carries it.  A ``Spread`` is one topology spread
-constraint with ``whenUnsatisfiable: DoNotSchedule``.
+A ``PodAffinityTerm`` is one required pod anti-affinity term (no pod it selects,
+by label selector and namespace, may share a value of its topology key, a node
+label, with the pod that carries it) or affinity term (its pod must share one
+with a pod it selects).  A ``Spread`` is one topology spread constraint with
+``whenUnsatisfiable: DoNotSchedule``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from gpusched.model.node import Node
 
-__all__ = ["LABEL_OPERATORS", "OPERATORS", "AntiAffinityTerm", "NodeSelector", "Requirement", "Spread", "selects"]
+__all__ = ["LABEL_OPERATORS", "OPERATORS", "NodeSelector", "PodAffinityTerm", "Requirement", "Spread", "selects"]
 
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
@@ -84,10 +85,11 @@ def selects(selector: NodeSelector, node: Node) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class AntiAffinityTerm:
-    """A required pod anti-affinity term: the pods ``selector`` picks in ``namespaces`` (every
-    namespace when None) keep out of each domain of ``topology_key`` they run in.  Nodes without
-    the label are no domain: the term does not apply to them."""
+class PodAffinityTerm:
+    """A required pod (anti-)affinity term: the pods ``selector`` picks in ``namespaces`` (every
+    namespace when None), by domain of ``topology_key``.  An anti-affinity term keeps its pod out
+    of the domains they run in, an affinity term keeps it in them.  Nodes without the label are no
+    domain: an anti-affinity term does not apply to them, an affinity term rules them out."""
 
     selector: tuple[Requirement, ...]
     """Requirements on the pod's labels, all of which must hold (``()`` selects every pod)."""
@@ -96,7 +98,7 @@ class AntiAffinityTerm:
 
     def __post_init__(self) -> None:
         if not self.topology_key:
-            raise ValueError("a pod anti-affinity term needs a topologyKey")
+            raise ValueError("a pod (anti-)affinity term needs a topologyKey")
         _check_label_selector(self.selector)
 
     def selects(self, namespace: str, labels: Mapping[str, str]) -> bool:

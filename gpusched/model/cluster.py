@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from gpusched.model.affinity import AntiAffinityTerm, NodeSelector, Spread, selects
+from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Spread, selects
 from gpusched.model.mig import MigGeometry, MigLayout, geometry_for, mig_config
 from gpusched.model.node import GPU_MILLI, Node, Taint
 from gpusched.model.placement import Assignment, MigPartition
@@ -318,10 +318,10 @@ class ClusterState:
                 ok[n] = False
         return ok
 
-    def _selected_domains(self, term: AntiAffinityTerm) -> frozenset[str]:
+    def _selected_domains(self, term: PodAffinityTerm) -> frozenset[str]:
         """Values of the term's topology key on nodes where a pod it selects runs.  Found once per
         term, then carried over by ``apply`` (a pod added can only add its node's value)."""
-        cache: dict[AntiAffinityTerm, frozenset[str]] = self.__dict__["_selected"]
+        cache: dict[PodAffinityTerm, frozenset[str]] = self.__dict__["_selected"]
         got = cache.get(term)
         if got is None:
             nodes, key = self.cluster.nodes, term.topology_key
@@ -431,13 +431,41 @@ class ClusterState:
             ok &= (column >= 0) & fine[np.maximum(column, 0)]
         return ok
 
+    def affinity_first(self, pod: Pod) -> bool:
+        """No pod its required affinity terms select runs anywhere, and it selects itself: the
+        first of a series, which kube-scheduler lets go to any node with every term's key."""
+        return all(pod.selected_by(t) and not self._selected_domains(t) for t in pod.affinity)
+
+    def affinity_mask(self, pod: Pod) -> BoolArray | None:
+        """Nodes in a domain of every affinity term's key where a pod one of the pod's terms on that
+        key selects runs (kube-scheduler pools the terms of a key), or, for the first of a series
+        (``affinity_first``), any node with every key; None when the pod has no such terms."""
+        if not pod.affinity:
+            return None
+        cl = self.cluster
+        ok = np.ones(len(cl), dtype=np.bool_)
+        if self.affinity_first(pod):
+            for term in pod.affinity:
+                ok &= cl.domains(term.topology_key)[0] >= 0
+            return ok
+        pooled: dict[str, set[str]] = {}
+        for term in pod.affinity:
+            pooled.setdefault(term.topology_key, set()).update(self._selected_domains(term))
+        for key, values in pooled.items():
+            column, ids = cl.domains(key)
+            ok &= np.isin(column, [ids[v] for v in values if v in ids])
+        return ok
+
     def peer_mask(self, pod: Pod) -> BoolArray | None:
         """Nodes that the pods already placed let ``pod`` join (None: every node): its pod
-        anti-affinity and theirs, and its topology spread constraints."""
-        anti, spread = self.anti_mask(pod), self.spread_mask(pod)
-        if anti is None or spread is None:
-            return spread if anti is None else anti
-        return anti & spread
+        affinity, its anti-affinity and theirs, and its topology spread constraints."""
+        masks = [m for m in (self.affinity_mask(pod), self.anti_mask(pod), self.spread_mask(pod)) if m is not None]
+        if not masks:
+            return None
+        ok = masks[0]
+        for m in masks[1:]:
+            ok = ok & m
+        return ok
 
     def pod_mask(self, pod: Pod) -> BoolArray:
         """Nodes that can host ``pod`` now: ``fit_mask`` of its shape and ``peer_mask``."""
@@ -575,7 +603,7 @@ class ClusterState:
             self.outside,
             holders,
         )
-        selected: dict[AntiAffinityTerm, frozenset[str]] = self.__dict__["_selected"]
+        selected: dict[PodAffinityTerm, frozenset[str]] = self.__dict__["_selected"]
         if sign > 0 and selected:  # a pod added can only add its node's domain; one removed: find again
             nodes, carried = self.cluster.nodes, new.__dict__["_selected"]
             for term, values in selected.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpusched.model.affinity import AntiAffinityTerm, NodeSelector, Spread
+from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Spread
 from gpusched.model.node import GPU_MILLI, Taint
 
 __all__ = ["ISLAND_MODES", "Gang", "Pod", "PodShape", "Toleration", "mig_milli"]
@@ -96,8 +96,9 @@ class PodShape:
     node_selector: NodeSelector = ()
     storage_mib: int = 0
     host_ports: frozenset[str] = frozenset()
-    anti_affinity: tuple[AntiAffinityTerm, ...] = ()
+    anti_affinity: tuple[PodAffinityTerm, ...] = ()
     spread: tuple[Spread, ...] = ()
+    affinity: tuple[PodAffinityTerm, ...] = ()
 
     @property
     def gpu_demand_milli(self) -> int:
@@ -149,10 +150,12 @@ class Pod:
     """Host ports it binds, as ``PROTOCOL/port`` (``TCP/29500``): no two pods on a node may share one."""
     labels: tuple[tuple[str, str], ...] = ()
     """The pod's labels, sorted by key (what pod anti-affinity terms select on)."""
-    anti_affinity: tuple[AntiAffinityTerm, ...] = ()
+    anti_affinity: tuple[PodAffinityTerm, ...] = ()
     """Required pod anti-affinity: pods it must not share a topology domain with."""
     spread: tuple[Spread, ...] = ()
     """Topology spread constraints it must not break (``whenUnsatisfiable: DoNotSchedule``)."""
+    affinity: tuple[PodAffinityTerm, ...] = ()
+    """Required pod affinity: for each term, a pod it selects must run in the domain it goes to."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"
@@ -210,6 +213,7 @@ class Pod:
             self.host_ports,
             self.anti_affinity,
             self.spread,
+            self.affinity,
         )
 
     @property
@@ -219,7 +223,7 @@ class Pod:
         selects without labels.  Trace pods of the simulator have none of these."""
         return bool(self.labels or self.anti_affinity or self.uid)
 
-    def selected_by(self, term: AntiAffinityTerm | Spread) -> bool:
+    def selected_by(self, term: PodAffinityTerm | Spread) -> bool:
         """Whether ``term`` keeps this pod away, or counts it."""
         return term.selects(self.namespace, dict(self.labels))
 

@@ -18,6 +18,7 @@ from gpusched.model import ClusterState, Pod
 from gpusched.model.pod import untolerated
 
 __all__ = [
+    "AFFINITY",
     "ANTI_AFFINITY",
     "DEFERRED",
     "EXISTING_ANTI_AFFINITY",
@@ -48,6 +49,7 @@ INSUFFICIENT_STORAGE = "insufficient ephemeral-storage"
 PORTS_TAKEN = "node(s) didn't have free ports for the requested pod ports"
 SPREAD_LABEL_MISSING = "node(s) didn't match pod topology spread constraints (missing required label)"
 SPREAD_MISMATCH = "node(s) didn't match pod topology spread constraints"
+AFFINITY = "node(s) didn't match pod affinity rules"
 ANTI_AFFINITY = "node(s) didn't match pod anti-affinity rules"
 EXISTING_ANTI_AFFINITY = "node(s) didn't satisfy existing pods anti-affinity rules"
 DEFERRED = "deferred by the solver"
@@ -131,7 +133,10 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
         check(state.storage_free >= pod.storage_mib, INSUFFICIENT_STORAGE)
     if pod.host_ports:
         check(state.ports_free(pod.host_ports), PORTS_TAKEN)
-    for existing, reason in ((False, ANTI_AFFINITY), (True, EXISTING_ANTI_AFFINITY)):  # InterPodAffinity.Filter's order
+    affinity = state.affinity_mask(pod)
+    if affinity is not None:  # InterPodAffinity's filter: affinity, the pod's anti-affinity, the others'
+        check(affinity, AFFINITY)
+    for existing, reason in ((False, ANTI_AFFINITY), (True, EXISTING_ANTI_AFFINITY)):
         anti = state.anti_mask(pod, existing)
         if anti is not None:
             check(anti, reason)

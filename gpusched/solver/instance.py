@@ -23,12 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpusched.model import GPU_MILLI, ClusterState, Plan, Pod, PodShape
-from gpusched.model.affinity import AntiAffinityTerm, Spread
+from gpusched.model.affinity import PodAffinityTerm, Spread
 from gpusched.model.cluster import BoolArray, IntArray
 from gpusched.model.pod import Gang
 from gpusched.solver.fragmentation import FragScorer
 
-__all__ = ["Candidate", "Group", "Instance", "anti_terms", "build_instance", "domain_of", "node_classes"]
+__all__ = ["Candidate", "Group", "Instance", "build_instance", "domain_of", "node_classes", "pod_terms"]
 
 GroupKey = tuple[PodShape, str, tuple[int, ...], tuple[int, ...]]
 
@@ -75,8 +75,8 @@ class Instance:
     candidates: tuple[Candidate, ...]
     nodes: tuple[int, ...]
     hint: Plan
-    terms: tuple[AntiAffinityTerm, ...] = ()
-    """Every required pod anti-affinity term in play: the batch's and those of pods placed."""
+    terms: tuple[PodAffinityTerm, ...] = ()
+    """Every required pod (anti-)affinity term in play: the batch's and those of pods placed."""
     spreads: tuple[Spread, ...] = ()
     """Every topology spread constraint of the batch's pods."""
 
@@ -97,15 +97,16 @@ class Instance:
         return sorted(keys)
 
 
-def anti_terms(pods: Sequence[Pod], state: ClusterState) -> tuple[AntiAffinityTerm, ...]:
-    """The distinct required anti-affinity terms of ``pods`` and of the pods ``state`` holds."""
-    seen = dict.fromkeys(t for p in pods for t in p.anti_affinity)
+def pod_terms(pods: Sequence[Pod], state: ClusterState) -> tuple[PodAffinityTerm, ...]:
+    """The distinct required pod (anti-)affinity terms of ``pods``, and the anti-affinity terms of
+    the pods ``state`` holds."""
+    seen = dict.fromkeys(t for p in pods for t in (*p.anti_affinity, *p.affinity))
     seen.update(dict.fromkeys(t for _, holder in state.holders for t in holder.anti_affinity))
     seen.update(dict.fromkeys(t for _, holder in state.outside for t in holder.anti_affinity))
     return tuple(seen)
 
 
-def _group_key(pod: Pod, terms: Sequence[AntiAffinityTerm], spreads: Sequence[Spread]) -> GroupKey:
+def _group_key(pod: Pod, terms: Sequence[PodAffinityTerm], spreads: Sequence[Spread]) -> GroupKey:
     selected = tuple(i for i, t in enumerate(terms) if pod.selected_by(t))
     counted = tuple(i for i, c in enumerate(spreads) if pod.selected_by(c))
     return pod.shape, pod.gang.name if pod.gang is not None else "", selected, counted
@@ -143,6 +144,7 @@ def _class_extras(
     keys = {g.gang.topology_key for g in groups if g.gang is not None and g.gang.topology_key}
     keys |= {t.topology_key for s in shapes for t in s.anti_affinity if _shared_domains(state, t.topology_key)}
     keys |= {c.topology_key for s in shapes for c in s.spread if _shared_domains(state, c.topology_key)}
+    keys |= {t.topology_key for s in shapes for t in s.affinity if _shared_domains(state, t.topology_key)}
     for key in sorted(keys):
         extra.append(cl.domains(key)[0])
     masks = {m.tobytes(): m for m in peers if m is not None}
@@ -194,7 +196,7 @@ def build_instance(
     candidates_per_pod: int,
 ) -> Instance:
     """Group, prune and describe one batch against ``state``."""
-    terms = anti_terms(pods, state)
+    terms = pod_terms(pods, state)
     spreads = tuple(dict.fromkeys(c for p in pods for c in p.spread))
     by_shape: dict[GroupKey, list[tuple[int, Pod]]] = defaultdict(list)
     for i, p in enumerate(pods):

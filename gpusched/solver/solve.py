@@ -25,7 +25,7 @@ from gpusched.solver.instance import Instance, build_instance
 from gpusched.solver.model import build_model, hint_from_plan
 from gpusched.solver.params import SolverParams
 from gpusched.solver.typical import TypicalTracker
-from gpusched.solver.validate import plan_problems, spread_order
+from gpusched.solver.validate import peer_order, plan_problems
 from gpusched.solver.vars import Vars
 
 __all__ = ["CpSatPolicy"]
@@ -164,7 +164,7 @@ def _extract(inst: Instance, v: Vars, solver: cp_model.CpSolver, pods: Sequence[
                 partitions.append((n, left.pop(0), lay))
     placed = {a.pod.key for a in assignments}
     unplaced = tuple(p for p in pods if p.key not in placed)
-    return Plan(tuple(spread_order(assignments, inst.state)), unplaced, partitions=tuple(partitions))
+    return Plan(tuple(peer_order(assignments, inst.state)), unplaced, partitions=tuple(partitions))
 
 
 def _taken_gpus(inst: Instance, v: Vars, solver: cp_model.CpSolver, n: int) -> dict[int, list[int]]:

@@ -74,8 +74,7 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
                     problems.append(f"pod {p.key}: GPU {g} on {node.name} is not idle")
     problems.extend(_mig_problems(plan, state, {(a.node, g) for a in plan.assignments for g in a.gpus}))
     problems.extend(island_problems(plan.assignments, state))
-    problems.extend(anti_affinity_problems(plan.assignments, state))
-    problems.extend(spread_problems(plan.assignments, state))
+    problems.extend(peer_problems(plan.assignments, state))
     problems.extend(_gang_problems(plan, state, pods))
     for n, c in cpu.items():
         if c > state.cpu_free[n]:
@@ -135,62 +134,52 @@ def _mig_problems(plan: Plan, state: ClusterState, used_gpus: set[tuple[int, int
     return problems
 
 
-def anti_affinity_problems(assignments: Iterable[Assignment], state: ClusterState) -> list[str]:
-    """No pod in a topology domain that its own required pod anti-affinity, or that of a pod
-    already there or placed before it in the plan, keeps it out of."""
-    cluster = state.cluster
-    relevant = [a for a in assignments if a.pod.has_affinity_identity and 0 <= a.node < len(cluster)]
-    if not state.holders and not state.outside and not any(a.pod.anti_affinity for a in relevant):
-        return []
-    problems: list[str] = []
-    for a in relevant:
-        anti = state.anti_mask(a.pod)
-        if anti is not None and not anti[a.node]:
-            problems.append(
-                f"pod {a.pod.key}: required pod anti-affinity (its own or a pod's there) forbids "
-                f"{cluster.nodes[a.node].name}"
-            )
-        state = state.apply((a,))
-    return problems
-
-
-def spread_problems(assignments: Sequence[Assignment], state: ClusterState) -> list[str]:
-    """Bound in the plan's order, each pod with topology spread constraints goes where
-    kube-scheduler's check lets it: its domain then holds at most ``max_skew`` counted pods more
-    than the emptiest eligible one (``spread_order`` finds such an order for a plan)."""
+def peer_problems(assignments: Sequence[Assignment], state: ClusterState) -> list[str]:
+    """Bound in the plan's order, each pod goes where kube-scheduler's checks against the pods
+    placed before it let it: its required pod affinity, its anti-affinity and theirs, and its
+    topology spread constraints (``peer_order`` finds such an order for a plan)."""
     cluster = state.cluster
     placed = [a for a in assignments if 0 <= a.node < len(cluster)]
-    if not any(a.pod.spread for a in placed):
+    if not state.holders and not state.outside and not any(_has_peer_rules(a.pod) for a in placed):
         return []
     problems: list[str] = []
     for a in placed:
-        if not _spread_fits(state, a):
-            problems.append(
-                f"pod {a.pod.key}: its topology spread constraints do not allow {cluster.nodes[a.node].name}"
-            )
+        name = cluster.nodes[a.node].name
+        for mask, what in (
+            (state.affinity_mask(a.pod), "required pod affinity forbids"),
+            (state.anti_mask(a.pod), "required pod anti-affinity (its own or a pod's there) forbids"),
+            (state.spread_mask(a.pod), "its topology spread constraints do not allow"),
+        ):
+            if mask is not None and not mask[a.node]:
+                problems.append(f"pod {a.pod.key}: {what} {name}")
         state = state.apply((a,))
     return problems
 
 
-def _spread_fits(state: ClusterState, a: Assignment) -> bool:
-    fine = state.spread_mask(a.pod)
+def _has_peer_rules(pod: Pod) -> bool:
+    return bool(pod.affinity or pod.anti_affinity or pod.spread)
+
+
+def _peers_fit(state: ClusterState, a: Assignment) -> bool:
+    fine = state.peer_mask(a.pod)
     return fine is None or bool(fine[a.node])
 
 
-def spread_order(assignments: Sequence[Assignment], state: ClusterState) -> list[Assignment]:
-    """``assignments`` in an order that ``spread_problems`` accepts, where the greedy search for one
-    finds it: pods without spread constraints first, then each time a pod whose check passes."""
-    if not any(a.pod.spread for a in assignments):
-        return list(assignments)
-    order = [a for a in assignments if not a.pod.spread]
-    state = state.apply(order)
-    left = [a for a in assignments if a.pod.spread]
+def peer_order(assignments: Sequence[Assignment], state: ClusterState) -> list[Assignment]:
+    """``assignments`` in an order that ``peer_problems`` accepts, where the greedy search for one
+    finds it: pods without affinity or spread constraints first (anti-affinity holds in any order
+    once it holds at the end), then each time a pod whose checks pass."""
+    ordered = [a for a in assignments if not (a.pod.spread or a.pod.affinity)]
+    if len(ordered) == len(assignments):
+        return ordered
+    state = state.apply(ordered)
+    left = [a for a in assignments if a.pod.spread or a.pod.affinity]
     while left:
-        passes = (i for i, a in enumerate(left) if _spread_fits(state, a))
+        passes = (i for i, a in enumerate(left) if _peers_fit(state, a))
         a = left.pop(next(passes, 0))  # none passes: keep the rest as it is, for the validator to report
-        order.append(a)
+        ordered.append(a)
         state = state.apply((a,))
-    return order
+    return ordered
 
 
 def island_problems(assignments: Iterable[Assignment], state: ClusterState) -> list[str]:

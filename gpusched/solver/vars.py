@@ -39,6 +39,9 @@ class Vars:
     gang: dict[str, cp_model.IntVar] = field(default_factory=dict)
     domain: dict[tuple[str, str], cp_model.IntVar] = field(default_factory=dict)
     apart: dict[tuple[int, str, str], cp_model.IntVar] = field(default_factory=dict)
+    first: dict[tuple[str, str], tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
+    """(key, value) -> (the pods that are first of their pod-affinity series go to that domain,
+    their candidates there)."""
     spread_in: dict[tuple[int, int, int], tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
     """(group, spread constraint, domain id) -> (the group places pods there, its candidates there)."""
     spread_low: dict[tuple[int, int], tuple[cp_model.IntVar, tuple[tuple[int, tuple[int, ...]], ...]]] = field(

@@ -772,3 +772,47 @@ async def test_hard_topology_spread_keeps_zones_even_and_says_when_a_label_is_mi
     assert (kit.condition(final["racked"]) or {}).get("message") == (
         "0/4 nodes are available: 4 node(s) didn't match pod topology spread constraints (missing required label)."
     )
+
+
+async def test_required_pod_affinity_follows_running_pods_and_waits_for_a_missing_one(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    zone = "topology.kubernetes.io/zone"
+    nodes = [kit.node(f"af-gpu-{z}-{i}", 8, "H800", **{zone: z}) for z in ("z0", "z1") for i in range(2)]
+    await kit.create_all(kube, "/api/v1/nodes", nodes)
+    pods_path = f"/api/v1/namespaces/{namespace}/pods"
+
+    def labelled(p: dict[str, Any], app: str, near: str = "") -> dict[str, Any]:
+        p["metadata"]["labels"] = {"app": app}
+        if near:
+            term = {"labelSelector": {"matchLabels": {"app": near}}, "topologyKey": zone}
+            p["spec"]["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+        return p
+
+    # A cache another scheduler runs in z1; web pods follow it, a batch job waits for its queue.
+    await kit.create_all(
+        kube, pods_path, [labelled(kit.pod("cache", "other", gpus=1, node_name="af-gpu-z1-0"), "cache")]
+    )
+    web = [labelled(kit.pod(f"web-{i}", name, gpus=1), "web", near="cache") for i in range(3)]
+    job = labelled(kit.pod("job", name, gpus=1), "job", near="queue")
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        await kit.create_all(kube, pods_path, [*web, job])
+        settled = {p["metadata"]["name"]: p for p in await kit.wait_settled(kube, namespace, 5, timeout=30)}
+        assert {settled[f"web-{i}"]["spec"].get("nodeName") for i in range(3)} <= {"af-gpu-z1-0", "af-gpu-z1-1"}
+        assert (kit.condition(settled["job"]) or {}).get("message") == (
+            "0/4 nodes are available: 4 node(s) didn't match pod affinity rules."
+        )
+        # The queue it follows is bound in z0 (by another scheduler): the job is retried and joins it.
+        await kit.create_all(
+            kube, pods_path, [labelled(kit.pod("queue", "other", cpu="1", node_name="af-gpu-z0-1"), "queue")]
+        )
+        for _ in range(100):
+            got = await kube.request("GET", f"{pods_path}/job")
+            if got.body["spec"].get("nodeName"):
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        daemon.stop()
+    assert got.body["spec"].get("nodeName") in {"af-gpu-z0-0", "af-gpu-z0-1"}

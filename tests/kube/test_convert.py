@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gpusched.kube.convert import ConvertError, claim_record, node_record, pod_record, volume_record
-from gpusched.model.affinity import AntiAffinityTerm, Requirement, Spread
+from gpusched.model.affinity import PodAffinityTerm, Requirement, Spread
 from gpusched.model.node import Taint
 from gpusched.model.pod import Toleration
 from gpusched.state.volumes import ClaimRecord, VolumeRecord
@@ -289,16 +289,17 @@ def test_sidecars_run_beside_the_app_and_the_later_init_containers() -> None:
     assert (p.cpu_milli, p.memory_mib) == (5000, 5120)
 
 
-@pytest.mark.parametrize(
-    ("field", "value", "message"),
-    [
-        ("affinity", {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{}]}}, "podAffinity"),
-    ],
-)
-def test_constraints_the_scheduler_does_not_evaluate_are_refused(field: str, value: Any, message: str) -> None:
-    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, **{field: value}))
-    assert message in rec.error
-    assert rec.pod.num_gpu == 1  # still counted with its request, were it bound by someone else
+def test_required_pod_affinity_terms_are_read_and_a_malformed_one_refused() -> None:
+    term = {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": "zone"}
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity={"podAffinity": {_REQUIRED: [term]}}))
+    assert rec.error == ""
+    assert rec.pod.affinity == (PodAffinityTerm((Requirement("app", "In", ("cache",)),), frozenset({"ns"}), "zone"),)
+    bad = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity={"podAffinity": {_REQUIRED: [{}]}}))
+    assert "required podAffinity: a term needs a topologyKey" in bad.error
+    assert bad.pod.num_gpu == 1  # still counted with its request, were it bound by someone else
+
+
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
 def test_resources_nodes_are_not_checked_for_are_refused() -> None:
@@ -434,7 +435,7 @@ def test_required_pod_anti_affinity_terms_and_labels_are_read() -> None:
     assert rec.error == ""
     assert rec.pod.labels == (("app", "llm"), ("pod-template-hash", "abc"))
     assert rec.pod.anti_affinity == (
-        AntiAffinityTerm(
+        PodAffinityTerm(
             (
                 Requirement("app", "In", ("llm",)),
                 Requirement("tier", "Exists"),
@@ -443,8 +444,8 @@ def test_required_pod_anti_affinity_terms_and_labels_are_read() -> None:
             frozenset({"ns"}),
             "kubernetes.io/hostname",
         ),
-        AntiAffinityTerm((), frozenset({"a", "b"}), "zone"),
-        AntiAffinityTerm((Requirement("x", "In", ("y",)),), None, "rack"),
+        PodAffinityTerm((), frozenset({"a", "b"}), "zone"),
+        PodAffinityTerm((Requirement("x", "In", ("y",)),), None, "rack"),
     )
 
 
@@ -470,7 +471,7 @@ def test_pod_anti_affinity_that_cannot_be_honoured_is_refused_with_the_reason(te
     assert message in rec.error
     assert rec.pod.num_gpu == 1
     # Were it bound by another scheduler, what can be read of its terms still keeps others away.
-    kept = {"namespaces": (AntiAffinityTerm((), None, "zone"),)}.get(message, ())
+    kept = {"namespaces": (PodAffinityTerm((), None, "zone"),)}.get(message, ())
     assert rec.pod.anti_affinity == kept
 
 
@@ -483,7 +484,7 @@ def test_a_pod_refused_for_its_request_still_shows_its_labels_and_terms_to_other
     assert rec.error
     assert rec.pod.labels == (("app", "db"),)
     assert rec.pod.anti_affinity == (
-        AntiAffinityTerm((Requirement("app", "In", ("web",)),), frozenset({"ns"}), "kubernetes.io/hostname"),
+        PodAffinityTerm((Requirement("app", "In", ("web",)),), frozenset({"ns"}), "kubernetes.io/hostname"),
     )
 
 

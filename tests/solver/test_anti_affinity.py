@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from gpusched.model import Assignment, Cluster, Plan, Pod, SolveStats
-from gpusched.model.affinity import AntiAffinityTerm, Requirement
+from gpusched.model.affinity import PodAffinityTerm, Requirement
 from gpusched.solver.explain import explain
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import build_instance
@@ -19,8 +19,8 @@ from tests.factories import gpu_node, pod
 HOST = "kubernetes.io/hostname"
 
 
-def term(app: str, key: str = HOST, namespaces: frozenset[str] | None = frozenset({"default"})) -> AntiAffinityTerm:
-    return AntiAffinityTerm((Requirement("app", "In", (app,)),), namespaces, key)
+def term(app: str, key: str = HOST, namespaces: frozenset[str] | None = frozenset({"default"})) -> PodAffinityTerm:
+    return PodAffinityTerm((Requirement("app", "In", (app,)),), namespaces, key)
 
 
 def replica(name: str, app: str = "llm", key: str = HOST, gpus: int = 1) -> Pod:
@@ -146,7 +146,7 @@ def test_a_selector_without_requirements_keeps_away_pods_without_labels_too() ->
     c = zoned(2)
     bare = replace(pod("bare", gpus=1), uid="u-bare")  # a pod of the API with no labels
     state = c.empty_state().apply([Assignment(bare, 0, (0,))])
-    alone = replace(pod("alone", gpus=1), anti_affinity=(AntiAffinityTerm((), None, HOST),))
+    alone = replace(pod("alone", gpus=1), anti_affinity=(PodAffinityTerm((), None, HOST),))
     mask = state.anti_mask(alone)
     assert mask is not None
     assert mask.tolist() == [False, True]

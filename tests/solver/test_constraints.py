@@ -17,7 +17,7 @@ import pytest
 from ortools.sat.python import cp_model
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Plan, Pod
-from gpusched.model.affinity import AntiAffinityTerm, Requirement, Spread
+from gpusched.model.affinity import PodAffinityTerm, Requirement, Spread
 from gpusched.solver.baselines import FgdPolicy
 from gpusched.solver.constraints import anti_affinity, capacity, demand, ports, share, spread, whole_gpu
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
@@ -158,8 +158,8 @@ def test_ports_module_keeps_pods_of_different_shapes_off_one_host_port() -> None
     assert Solved(inst, [demand]).placed_pods() == 2, "without the ports module both bind the port"
 
 
-def _away_from(app: str, key: str) -> tuple[AntiAffinityTerm, ...]:
-    return (AntiAffinityTerm((Requirement("app", "In", (app,)),), None, key),)
+def _away_from(app: str, key: str) -> tuple[PodAffinityTerm, ...]:
+    return (PodAffinityTerm((Requirement("app", "In", (app,)),), None, key),)
 
 
 def test_anti_affinity_module_keeps_one_replica_per_domain() -> None:

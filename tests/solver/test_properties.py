@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from ortools.sat.python import cp_model
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Plan, Pod
-from gpusched.model.affinity import AntiAffinityTerm, NodeSelector, Requirement, Spread
+from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Requirement, Spread
 from gpusched.solver.baselines import FgdPolicy
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import build_instance
@@ -27,11 +27,11 @@ SELECTORS: tuple[NodeSelector, ...] = ((), (), ((Requirement("pool", "In", ("a",
 A, B = (("app", "a"),), (("app", "b"),)
 
 
-def _away(app: str, key: str) -> tuple[AntiAffinityTerm, ...]:
-    return (AntiAffinityTerm((Requirement("app", "In", (app,)),), None, key),)
+def _away(app: str, key: str) -> tuple[PodAffinityTerm, ...]:
+    return (PodAffinityTerm((Requirement("app", "In", (app,)),), None, key),)
 
 
-IDENTITIES: tuple[tuple[tuple[tuple[str, str], ...], tuple[AntiAffinityTerm, ...]], ...] = (
+IDENTITIES: tuple[tuple[tuple[tuple[str, str], ...], tuple[PodAffinityTerm, ...]], ...] = (
     ((), ()),
     ((), ()),
     (A, _away("a", "host")),  # replicas, one per node
@@ -48,6 +48,8 @@ SPREADS: tuple[tuple[Spread, ...], ...] = (
     (Spread(2, "zone", _A_PODS, "default", honor_affinity=False),),
 )
 """Hard spread over zones (not every node has one) or nodes, counting the ``app=a`` pods."""
+AFFINITIES: tuple[tuple[PodAffinityTerm, ...], ...] = ((), (), (), _away("a", "zone"), _away("b", "host"))
+"""Required pod affinity (the same terms, read as "near"): to the ``app=a`` pods' zone, or a ``b`` pod's node."""
 """Anti-affinity by node (every node its own ``host``) or by zone (not every node has one)."""
 
 
@@ -142,6 +144,7 @@ def pod_shapes(draw: st.DrawFn) -> Pod:
         labels=identity[0],
         anti_affinity=identity[1],
         spread=draw(st.sampled_from(SPREADS)),
+        affinity=draw(st.sampled_from(AFFINITIES)),
     )
 
 

@@ -14,7 +14,7 @@ from gpusched.solver.explain import explain
 from gpusched.solver.fragmentation import TypicalPods
 from gpusched.solver.params import Limits, SolverParams
 from gpusched.solver.registry import POLICIES, make_policy
-from gpusched.solver.validate import plan_problems, spread_order, validate_plan
+from gpusched.solver.validate import peer_order, plan_problems, validate_plan
 from tests.factories import gpu_node, pod
 
 LLM = (Requirement("app", "In", ("llm",)),)
@@ -104,7 +104,7 @@ def test_pods_the_constraint_counts_weigh_even_without_a_constraint_of_their_own
     assert plan_problems(plan, c.empty_state()) == []
 
 
-def test_the_validator_rejects_a_skewed_plan_and_spread_order_fixes_a_good_one() -> None:
+def test_the_validator_rejects_a_skewed_plan_and_peer_order_fixes_a_good_one() -> None:
     c = zones(names=("a", "b"), per_zone=1)
     state = c.empty_state()
     r = [replica(f"r{i}") for i in range(3)]
@@ -113,5 +113,5 @@ def test_the_validator_rejects_a_skewed_plan_and_spread_order_fixes_a_good_one()
     # Ends even (a: 2, b: 1) but in this order the second pod to a0 goes while b0 is still empty.
     fine = [Assignment(r[0], 0, (0,)), Assignment(r[1], 0, (1,)), Assignment(r[2], 1, (0,))]
     assert plan_problems(Plan(tuple(fine), (), SolveStats("test")), state)
-    ordered = spread_order(fine, state)
+    ordered = peer_order(fine, state)
     assert plan_problems(Plan(tuple(ordered), (), SolveStats("test")), state) == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpusched.model import Pod
-from gpusched.model.affinity import AntiAffinityTerm, Requirement, Spread
+from gpusched.model.affinity import PodAffinityTerm, Requirement, Spread
 from gpusched.state.cache import Cache
 from gpusched.state.records import NodeRecord, PodRecord
 from tests.factories import gpu_node, pod
@@ -171,7 +171,7 @@ def test_a_resized_pod_is_counted_with_its_new_request() -> None:
 
 def test_pods_on_a_cordoned_node_still_keep_replicas_out_of_their_zone() -> None:
     zone = {"zone": "z0"}
-    away = (AntiAffinityTerm((Requirement("app", "In", ("llm",)),), None, "zone"),)
+    away = (PodAffinityTerm((Requirement("app", "In", ("llm",)),), None, "zone"),)
     c = cache_with(
         NodeRecord(replace(gpu_node("a"), labels=zone), excluded="node(s) were unschedulable"),
         NodeRecord(replace(gpu_node("b"), labels=zone)),

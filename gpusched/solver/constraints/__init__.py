@@ -6,6 +6,7 @@ exists: a candidate is only created where one pod of its shape fits alone
 """
 
 from gpusched.solver.constraints import (
+    affinity,
     anti_affinity,
     capacity,
     demand,
@@ -18,7 +19,7 @@ from gpusched.solver.constraints import (
     whole_gpu,
 )
 
-ALL = (demand, capacity, ports, anti_affinity, spread, mig, whole_gpu, island, share, gang)
+ALL = (demand, capacity, ports, affinity, anti_affinity, spread, mig, whole_gpu, island, share, gang)
 """Every constraint module, in build order: mig before whole_gpu (which counts the GPUs layouts
 take), whole_gpu before island and share (which use its variables)."""
 

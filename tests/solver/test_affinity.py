@@ -1,0 +1,98 @@
+"""Required pod affinity: a pod goes only where a pod each of its terms selects runs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
+from gpusched.model.affinity import PodAffinityTerm, Requirement
+from gpusched.solver.constraints import affinity, capacity, demand, whole_gpu
+from gpusched.solver.explain import explain
+from gpusched.solver.fragmentation import FragScorer, TypicalPods
+from gpusched.solver.instance import build_instance
+from gpusched.solver.params import Limits, SolverParams
+from gpusched.solver.registry import POLICIES, make_policy
+from gpusched.solver.validate import peer_order, plan_problems, validate_plan
+from tests.factories import gpu_node, pod
+from tests.solver.test_constraints import Solved
+
+
+def near(app: str, key: str = "zone") -> tuple[PodAffinityTerm, ...]:
+    return (PodAffinityTerm((Requirement("app", "In", (app,)),), frozenset({"default"}), key),)
+
+
+def zones(extra: int = 0) -> Cluster:
+    nodes = [replace(gpu_node(f"{z}{i}", gpus=8), labels={"zone": z}) for z in ("a", "b", "c") for i in range(2)]
+    return Cluster(nodes + [gpu_node(f"unzoned{i}", gpus=8) for i in range(extra)])
+
+
+def solve(policy: str, c: Cluster, pods: list[Pod], state: ClusterState | None = None) -> Plan:
+    st = c.empty_state() if state is None else state
+    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
+    plan = make_policy(policy, c, TypicalPods.from_pods(pods), 0, params).place(pods, st)
+    validate_plan(plan, st, pods)
+    assert "FALLBACK" not in plan.stats.status  # CP-SAT's own plan, not the greedy one it started from
+    return plan
+
+
+def zone_of(c: Cluster, plan: Plan) -> Counter[str]:
+    return Counter(c.nodes[a.node].labels.get("zone", "-") for a in plan.assignments)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_puts_pods_in_the_zone_of_the_pod_they_follow(policy: str) -> None:
+    c = zones(extra=1)
+    cache = replace(pod("cache", gpus=1), labels=(("app", "cache"),))
+    state = c.empty_state().apply([Assignment(cache, 3, (0,))])  # b1
+    web = [replace(pod(f"web-{i}", gpus=2), affinity=near("cache")) for i in range(4)]
+    plan = solve(policy, c, web, state)
+    assert zone_of(c, plan) == {"b": 4}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_keeps_the_first_of_a_series_together(policy: str) -> None:
+    c = zones(extra=1)
+    series = [replace(pod(f"s-{i}", gpus=4), labels=(("app", "s"),), affinity=near("s")) for i in range(4)]
+    plan = solve(policy, c, series)
+    placed = zone_of(c, plan)
+    assert len(placed) == 1  # none of them runs yet: the first goes anywhere, the rest join it
+    assert "-" not in placed
+    assert sum(placed.values()) == 4
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_leaves_out_a_pod_whose_match_runs_nowhere_and_says_why(policy: str) -> None:
+    c = zones(extra=1)
+    lonely = replace(pod("lonely", gpus=1), affinity=near("cache"))
+    plan = solve(policy, c, [lonely, pod("other", gpus=1)])
+    assert [p.name for p in plan.unplaced] == ["lonely"]
+    assert explain(lonely, c.empty_state().apply(plan.assignments)).message == (
+        "0/7 nodes are available: 7 node(s) didn't match pod affinity rules."
+    )
+
+
+def test_the_validator_checks_the_plan_order_and_peer_order_finds_one() -> None:
+    c = zones()
+    cache = replace(pod("cache", gpus=1), labels=(("app", "cache"),))
+    web = replace(pod("web", gpus=1), affinity=near("cache"))
+    wrong = (Assignment(web, 0, (0,)), Assignment(cache, 1, (0,)))  # web first: nothing to follow yet
+    assert any(
+        "web: required pod affinity forbids a0" in x
+        for x in plan_problems(Plan(wrong, (), SolveStats("t")), c.empty_state())
+    )
+    right = tuple(peer_order(wrong, c.empty_state()))
+    assert [a.pod.name for a in right] == ["cache", "web"]
+    assert plan_problems(Plan(right, (), SolveStats("t")), c.empty_state()) == []
+
+
+def test_affinity_module_puts_the_first_of_a_series_in_one_domain() -> None:
+    c = Cluster([replace(gpu_node(f"n{z}", gpus=1), labels={"zone": z}) for z in ("a", "b")])
+    series = [replace(pod(f"s-{i}", gpus=1), labels=(("app", "s"),), affinity=near("s")) for i in range(2)]
+    inst = build_instance(
+        series, c.empty_state(), FragScorer(c, TypicalPods.from_pods(series)), Plan((), tuple(series)), 24
+    )
+    assert Solved(inst, [demand, capacity, whole_gpu, affinity]).placed_pods() == 1  # one GPU per zone
+    assert Solved(inst, [demand, capacity, whole_gpu]).placed_pods() == 2, "without the module each zone takes one"
