@@ -45,6 +45,7 @@ together with the Binding.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -292,6 +293,8 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
     claims, ephemeral = _claims(name, spec)
     try:
         pod, error = _pod(name, namespace, uid, priority, spec, annotations, labels, f"pod {namespace}/{name}")
+        if meta.get("deletionTimestamp"):
+            pod = replace(pod, terminating=True)
     except ConvertError as exc:  # kept with what others' anti-affinity and spread need of it
         anti, _ = _pod_terms(namespace, labels, (spec.get("affinity") or {}).get("podAntiAffinity") or {})
         pod = Pod(

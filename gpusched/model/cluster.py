@@ -22,7 +22,7 @@ from gpusched.model.node import GPU_MILLI, Node, Taint
 from gpusched.model.placement import Assignment, MigPartition
 from gpusched.model.pod import Pod, PodShape, Toleration, tolerated
 
-__all__ = ["BoolArray", "Cluster", "ClusterState", "IntArray", "mig_plan"]
+__all__ = ["BoolArray", "Cluster", "ClusterState", "IntArray", "SpreadView", "mig_plan"]
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -215,9 +215,10 @@ class ClusterState:
     daemon's cache counts them and builds each snapshot afresh."""
     residents: Mapping[int, tuple[Pod, ...]] = field(default_factory=dict)
     """Pods per node that pod anti-affinity may concern (``Pod.has_affinity_identity``)."""
-    outside: tuple[tuple[Mapping[str, str], Pod], ...] = ()
-    """Pods on nodes that take no new pods (cordoned ones), with those nodes' labels: their pod
-    anti-affinity and spread counts reach the nodes that share their domains."""
+    outside: tuple[tuple[Node, tuple[Pod, ...]], ...] = ()
+    """Nodes that take no new pods (cordoned ones), each with the pods on it that pod
+    (anti-)affinity may concern: kube-scheduler still counts them, and their nodes' domains, for
+    the nodes that share those domains."""
     term_holders: tuple[tuple[int, Pod], ...] | None = None
     """The residents with anti-affinity terms of their own, with their nodes (None: found from
     ``residents``; ``apply`` and ``release`` carry them over instead of searching again)."""
@@ -243,6 +244,11 @@ class ClusterState:
         if self.term_holders is None:
             holders = tuple((n, p) for n, pods in self.residents.items() for p in pods if p.anti_affinity)
             object.__setattr__(self, "term_holders", holders)
+
+    @cached_property
+    def outside_holders(self) -> list[tuple[Mapping[str, str], Pod]]:
+        """The pods on ``outside`` nodes with anti-affinity terms of their own, with their nodes' labels."""
+        return [(node.labels, p) for node, pods in self.outside for p in pods if p.anti_affinity]
 
     @property
     def holders(self) -> tuple[tuple[int, Pod], ...]:
@@ -318,7 +324,7 @@ class ClusterState:
                 ok[n] = False
         return ok
 
-    def _selected_domains(self, term: PodAffinityTerm) -> frozenset[str]:
+    def selected_domains(self, term: PodAffinityTerm) -> frozenset[str]:
         """Values of the term's topology key on nodes where a pod it selects runs.  Found once per
         term, then carried over by ``apply`` (a pod added can only add its node's value)."""
         cache: dict[PodAffinityTerm, frozenset[str]] = self.__dict__["_selected"]
@@ -329,7 +335,11 @@ class ClusterState:
                 value
                 for n, pods in self.residents.items()
                 if (value := nodes[n].labels.get(key)) is not None and any(p.selected_by(term) for p in pods)
-            ) | {value for labels, p in self.outside if (value := labels.get(key)) is not None and p.selected_by(term)}
+            ) | {
+                value
+                for node, pods in self.outside
+                if (value := node.labels.get(key)) is not None and any(p.selected_by(term) for p in pods)
+            }
         return got
 
     def _forbidding_domains(self, namespace: str, labels: tuple[tuple[str, str], ...]) -> frozenset[tuple[str, str]]:
@@ -340,7 +350,7 @@ class ClusterState:
         if got is None:
             nodes = self.cluster.nodes
             holders = [(nodes[n].labels, p) for n, p in self.holders]
-            holders += [(node_labels, p) for node_labels, p in self.outside if p.anti_affinity]
+            holders += self.outside_holders
             got = cache[namespace, labels] = frozenset(_forbidden_by(holders, namespace, labels))
         return got
 
@@ -349,8 +359,8 @@ class ClusterState:
         pod's term that forbids it rather than the pod's own)."""
         found: dict[tuple[str, str, bool], None] = {}
         for term in pod.anti_affinity:
-            found.update(dict.fromkeys((term.topology_key, v, False) for v in sorted(self._selected_domains(term))))
-        if self.holders or self.outside:
+            found.update(dict.fromkeys((term.topology_key, v, False) for v in sorted(self.selected_domains(term))))
+        if self.holders or self.outside_holders:
             found.update(
                 dict.fromkeys((k, v, True) for k, v in sorted(self._forbidding_domains(pod.namespace, pod.labels)))
             )
@@ -360,7 +370,7 @@ class ClusterState:
         """Nodes that ``pod``'s required anti-affinity, and that of the pods already placed, let it
         join; None when none of it applies.  ``existing`` picks the existing pods' terms (True)
         or the pod's own (False) only."""
-        if not pod.anti_affinity and not self.holders and not self.outside:
+        if not pod.anti_affinity and not self.holders and not self.outside_holders:
             return None
         values: dict[str, list[str]] = {}
         for key, value, theirs in self.anti_conflicts(pod):
@@ -374,22 +384,16 @@ class ClusterState:
             ok &= ~np.isin(column, [ids[v] for v in out if v in ids])  # a cordoned node's own value: none here
         return ok
 
-    def spread_counts(self, spread: Spread) -> IntArray:
-        """Per value of the constraint's topology key (by ``Cluster.domains`` id), the pods it
-        counts.  Found once per constraint, then carried over by ``apply``."""
+    def _spread_node_counts(self, spread: Spread) -> IntArray:
+        """Per node, the pods ``spread`` counts there (terminating ones are not, as kube-scheduler
+        leaves them out).  Found once per constraint, then carried over by ``apply``."""
         cache: dict[Spread, IntArray] = self.__dict__["_spread"]
         got = cache.get(spread)
         if got is None:
-            column, ids = self.cluster.domains(spread.topology_key)
-            counts = np.zeros(len(ids), dtype=np.int64)
+            counts = np.zeros(len(self.cluster), dtype=np.int64)
             if spread.selector is not None:
                 for n, pods in self.residents.items():
-                    if column[n] >= 0:
-                        counts[column[n]] += sum(p.selected_by(spread) for p in pods)
-                for labels, p in self.outside:
-                    d = ids.get(labels.get(spread.topology_key, ""), -1)
-                    if d >= 0 and p.selected_by(spread):
-                        counts[d] += 1
+                    counts[n] = _spread_count(spread, pods)
             got = cache[spread] = _frozen(counts)
         return got
 
@@ -400,16 +404,44 @@ class ClusterState:
             ok &= self.cluster.domains(c.topology_key)[0] >= 0
         return ok
 
-    def spread_domains(self, pod: Pod, spread: Spread) -> IntArray:
-        """Ids of the domains that count toward ``spread``'s skew for ``pod``: those of the nodes
-        with all its topology keys that it could go to, as the constraint's policies say."""
+    def spread_view(self, pod: Pod, spread: Spread) -> SpreadView:
+        """What ``spread`` sees for ``pod``, as kube-scheduler's PodTopologySpread counts it: the
+        nodes that count (every topology key of the pod's constraints, the pod's node selector
+        unless ``honor_affinity`` is off, tolerated taints when ``honor_taints``; cordoned nodes
+        too), the pods counted per domain over them, and the emptiest domain's count."""
         cl = self.cluster
+        key = spread.topology_key
+        column, ids = cl.domains(key)
         eligible = self.spread_keys_mask(pod)
         if spread.honor_affinity and pod.node_selector:
             eligible &= cl.selector_mask(pod.node_selector)
         if spread.honor_taints and cl.tainted:
             eligible &= cl.toleration_mask(pod.tolerations)
-        return np.unique(cl.domains(spread.topology_key)[0][eligible])
+        nodes = np.flatnonzero(eligible)
+        counts = np.bincount(column[nodes], weights=self._spread_node_counts(spread)[nodes], minlength=len(ids))
+        counts = counts.astype(np.int64)
+        present = np.zeros(len(ids), dtype=np.bool_)
+        present[column[nodes]] = True
+        elsewhere: dict[str, int] = {}  # domains only cordoned nodes have
+        keys = [c.topology_key for c in pod.spread]
+        for node, pods in self.outside:
+            if not all(k in node.labels for k in keys):
+                continue
+            if spread.honor_affinity and pod.node_selector and not selects(pod.node_selector, node):
+                continue
+            if spread.honor_taints and not tolerated(pod.tolerations, node.taints):
+                continue
+            value, count = node.labels[key], _spread_count(spread, pods)
+            if value in ids:
+                counts[ids[value]] += count
+                present[ids[value]] = True
+            else:
+                elsewhere[value] = elsewhere.get(value, 0) + count
+        domains = int(present.sum()) + len(elsewhere)
+        low = 0
+        if domains >= spread.min_domains:
+            low = min([*counts[present].tolist(), *elsewhere.values()])
+        return SpreadView(eligible, counts, present, min(elsewhere.values(), default=None), domains, low)
 
     def spread_mask(self, pod: Pod, counted: bool = False) -> BoolArray | None:
         """Nodes where ``pod`` keeps every spread constraint it has (None: it has none): the
@@ -421,20 +453,18 @@ class ClusterState:
         ok = self.spread_keys_mask(pod)
         for c in pod.spread:
             column, _ = self.cluster.domains(c.topology_key)
-            counts = self.spread_counts(c)
-            if not counts.size:  # no node has the key (and ``ok`` is all False already)
+            view = self.spread_view(pod, c)
+            if not view.counts.size:  # no node has the key (and ``ok`` is all False already)
                 continue
-            domains = self.spread_domains(pod, c)
-            low = int(counts[domains].min()) if domains.size >= c.min_domains else 0
             own = 0 if counted else int(pod.selected_by(c))
-            fine = counts + own - low <= c.max_skew
+            fine = view.counts + own - view.low <= c.max_skew
             ok &= (column >= 0) & fine[np.maximum(column, 0)]
         return ok
 
     def affinity_first(self, pod: Pod) -> bool:
         """No pod its required affinity terms select runs anywhere, and it selects itself: the
         first of a series, which kube-scheduler lets go to any node with every term's key."""
-        return all(pod.selected_by(t) and not self._selected_domains(t) for t in pod.affinity)
+        return all(pod.selected_by(t) and not self.selected_domains(t) for t in pod.affinity)
 
     def affinity_mask(self, pod: Pod) -> BoolArray | None:
         """Nodes in a domain of every affinity term's key where a pod one of the pod's terms on that
@@ -442,24 +472,32 @@ class ClusterState:
         (``affinity_first``), any node with every key; None when the pod has no such terms."""
         if not pod.affinity:
             return None
+        if self.affinity_first(pod):
+            return self.affinity_keys_mask(pod)
         cl = self.cluster
         ok = np.ones(len(cl), dtype=np.bool_)
-        if self.affinity_first(pod):
-            for term in pod.affinity:
-                ok &= cl.domains(term.topology_key)[0] >= 0
-            return ok
         pooled: dict[str, set[str]] = {}
         for term in pod.affinity:
-            pooled.setdefault(term.topology_key, set()).update(self._selected_domains(term))
+            pooled.setdefault(term.topology_key, set()).update(self.selected_domains(term))
         for key, values in pooled.items():
             column, ids = cl.domains(key)
             ok &= np.isin(column, [ids[v] for v in values if v in ids])
         return ok
 
-    def peer_mask(self, pod: Pod) -> BoolArray | None:
+    def affinity_keys_mask(self, pod: Pod) -> BoolArray:
+        """Nodes with the topology key of every pod affinity term of ``pod``."""
+        ok = np.ones(len(self.cluster), dtype=np.bool_)
+        for term in pod.affinity:
+            ok &= self.cluster.domains(term.topology_key)[0] >= 0
+        return ok
+
+    def peer_mask(self, pod: Pod, follow_batch: bool = False) -> BoolArray | None:
         """Nodes that the pods already placed let ``pod`` join (None: every node): its pod
-        affinity, its anti-affinity and theirs, and its topology spread constraints."""
-        masks = [m for m in (self.affinity_mask(pod), self.anti_mask(pod), self.spread_mask(pod)) if m is not None]
+        affinity, its anti-affinity and theirs, and its topology spread constraints.
+        ``follow_batch``: pods placed with it may give it the domains its affinity needs, so any
+        node with the keys will do here (the batch model decides)."""
+        affinity = self.affinity_keys_mask(pod) if follow_batch and pod.affinity else self.affinity_mask(pod)
+        masks = [m for m in (affinity, self.anti_mask(pod), self.spread_mask(pod)) if m is not None]
         if not masks:
             return None
         ok = masks[0]
@@ -627,12 +665,11 @@ class ClusterState:
         if sign > 0 and counted:
             carried_counts = new.__dict__["_spread"]
             for spread, before in counted.items():
-                column = self.cluster.domains(spread.topology_key)[0]
-                gained = [a.node for a in added if column[a.node] >= 0 and a.pod.selected_by(spread)]
+                gained = [a.node for a in added if a.pod.has_affinity_identity and _spread_count(spread, (a.pod,))]
                 after = before
                 if gained:
                     after = before.copy()
-                    np.add.at(after, column[gained], 1)
+                    np.add.at(after, gained, 1)
                     after.setflags(write=False)
                 carried_counts[spread] = after
         touched = np.fromiter(rows, dtype=np.intp, count=len(rows))
@@ -691,6 +728,28 @@ class ClusterState:
     def gpu_allocated_milli(self) -> int:
         """GPU share in use across the cluster."""
         return int(self.gpu_used.sum())
+
+
+@dataclass(frozen=True)
+class SpreadView:
+    """One spread constraint as one pod sees it (``ClusterState.spread_view``)."""
+
+    eligible: BoolArray
+    """The nodes whose pods count, and whose domains are compared."""
+    counts: IntArray
+    """Pods counted per domain (``Cluster.domains`` id of the key), over the eligible nodes."""
+    present: BoolArray
+    """Domains (ids) with an eligible node."""
+    elsewhere_low: int | None
+    """The emptiest count among domains only cordoned nodes have (None: no such domain)."""
+    domains: int
+    """Eligible domains, those only cordoned nodes have included."""
+    low: int
+    """The emptiest eligible domain's count (0 with fewer domains than ``min_domains``)."""
+
+
+def _spread_count(spread: Spread, pods: Iterable[Pod]) -> int:
+    return sum(1 for p in pods if not p.terminating and p.selected_by(spread))
 
 
 def _forbidden_by(

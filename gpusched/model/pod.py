@@ -156,6 +156,8 @@ class Pod:
     """Topology spread constraints it must not break (``whenUnsatisfiable: DoNotSchedule``)."""
     affinity: tuple[PodAffinityTerm, ...] = ()
     """Required pod affinity: for each term, a pod it selects must run in the domain it goes to."""
+    terminating: bool = False
+    """Being deleted: it still holds what it asked for, but spread constraints no longer count it."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"

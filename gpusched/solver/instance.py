@@ -28,7 +28,7 @@ from gpusched.model.cluster import BoolArray, IntArray
 from gpusched.model.pod import Gang
 from gpusched.solver.fragmentation import FragScorer
 
-__all__ = ["Candidate", "Group", "Instance", "build_instance", "domain_of", "node_classes", "pod_terms"]
+__all__ = ["Candidate", "Group", "Instance", "build_instance", "domain_of", "followed", "node_classes", "pod_terms"]
 
 GroupKey = tuple[PodShape, str, tuple[int, ...], tuple[int, ...]]
 
@@ -102,7 +102,7 @@ def pod_terms(pods: Sequence[Pod], state: ClusterState) -> tuple[PodAffinityTerm
     the pods ``state`` holds."""
     seen = dict.fromkeys(t for p in pods for t in (*p.anti_affinity, *p.affinity))
     seen.update(dict.fromkeys(t for _, holder in state.holders for t in holder.anti_affinity))
-    seen.update(dict.fromkeys(t for _, holder in state.outside for t in holder.anti_affinity))
+    seen.update(dict.fromkeys(t for _, holder in state.outside_holders for t in holder.anti_affinity))
     return tuple(seen)
 
 
@@ -150,6 +150,16 @@ def _class_extras(
     masks = {m.tobytes(): m for m in peers if m is not None}
     extra.extend(m.astype(np.int64) for _, m in sorted(masks.items()))
     return extra
+
+
+def followed(groups: Sequence[Group], terms: Sequence[PodAffinityTerm], gi: int) -> list[int]:
+    """The other groups of the batch that group ``gi``'s required pod affinity may follow.  They
+    are bound first, so a group with any is never the first of its series."""
+    group = groups[gi]
+    if not group.shape.affinity:
+        return []
+    mine = {terms.index(t) for t in group.shape.affinity}
+    return [hi for hi, other in enumerate(groups) if hi != gi and mine & set(other.selected_by)]
 
 
 def _shared_domains(state: ClusterState, key: str) -> bool:
@@ -211,7 +221,7 @@ def build_instance(
         )
         for key, members in by_shape.items()
     )
-    peers = [state.peer_mask(g.pods[0]) for g in groups]
+    peers = [state.peer_mask(g.pods[0], bool(followed(groups, terms, gi))) for gi, g in enumerate(groups)]
     gang_sizes: dict[str, int] = defaultdict(int)
     for g in groups:
         if g.gang is not None:

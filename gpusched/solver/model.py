@@ -86,8 +86,13 @@ def hint_from_plan(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
     for (gi, label, value), b_var in v.apart.items():
         there = any(x[ci] for ci in v.by_group[gi] if nodes[inst.candidates[ci].node].labels.get(label) == value)
         model.add_hint(b_var, int(there))
-    for chosen, mine in v.first.values():
+    for chosen, mine in (*v.follow.values(), *v.leads.values()):
         model.add_hint(chosen, int(any(x[ci] for ci in mine)))
+    for kv, (chosen, mine) in v.first.items():
+        alone = any(x[ci] for ci in mine) or any(
+            any(x[ci] for ci in own) and not any(x[ci] for ci in theirs) for own, theirs in v.first_escapes.get(kv, ())
+        )
+        model.add_hint(chosen, int(alone))
     for used, cands in v.spread_in.values():
         model.add_hint(used, int(any(x[ci] for ci in cands)))
     for low, terms in v.spread_low.values():

@@ -108,15 +108,29 @@ class CpSatPolicy:
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return self._stats(hint, f"{status}_FALLBACK", math.nan, math.nan, start, nvars)
         plan = _extract(inst, v, solver, pods)
+        if sum(int(solver.value(x)) for x in v.x.values()) > len(plan.assignments):
+            status = "FEASIBLE"  # pods left for the next batch (``_extract``): not the model's optimum
         problems = plan_problems(plan, state, pods)
         if problems:  # never bind an unchecked plan; the greedy one is valid by construction
             return self._stats(hint, "INVALID_FALLBACK", math.nan, math.nan, start, nvars)
+        if self.params.weights.work_conserving and _worse(plan, hint):
+            # The model reads spread constraints and affinity over the batch's end state, which
+            # can refuse what checks pod by pod allow (the warm start did): keep the better plan.
+            return self._stats(hint, "HINT_KEPT", math.nan, math.nan, start, nvars)
         return self._stats(plan, status, solver.objective_value, solver.best_objective_bound, start, nvars)
 
     def _stats(self, plan: Plan, status: str, obj: float, bound: float, start: float, nvars: int) -> Plan:
         ms = (time.perf_counter() - start) * 1000
         stats = SolveStats(self.name, status, obj, bound, ms, nvars)
         return Plan(plan.assignments, plan.unplaced, stats, plan.partitions)
+
+
+def _worse(plan: Plan, other: Plan) -> bool:
+    """``plan`` places fewer pods and no more GPU demand than ``other``, or less GPU demand and
+    no more pods: it loses on both of the objective's leading terms."""
+    pods, gpu = len(plan.assignments), plan.placed_gpu_milli
+    others, other_gpu = len(other.assignments), other.placed_gpu_milli
+    return (pods < others and gpu <= other_gpu) or (gpu < other_gpu and pods <= others)
 
 
 def _extract(inst: Instance, v: Vars, solver: cp_model.CpSolver, pods: Sequence[Pod]) -> Plan:
@@ -162,9 +176,14 @@ def _extract(inst: Instance, v: Vars, solver: cp_model.CpSolver, pods: Sequence[
         for li, lay in enumerate(v.layouts.get(n, ())):
             for _ in range(int(solver.value(v.layout[n, li]))):
                 partitions.append((n, left.pop(0), lay))
+    ordered, stuck = peer_order(assignments, inst.state)
+    # The model's end state is within every skew, but with several spread constraints a pod may
+    # find no turn in which each check passes: it waits for the next batch.  A gang's member
+    # cannot wait alone, so it stays, and the validator refuses the plan.
+    assignments = ordered + [a for a in stuck if a.pod.gang is not None]
     placed = {a.pod.key for a in assignments}
     unplaced = tuple(p for p in pods if p.key not in placed)
-    return Plan(tuple(peer_order(assignments, inst.state)), unplaced, partitions=tuple(partitions))
+    return Plan(tuple(assignments), unplaced, partitions=tuple(partitions))
 
 
 def _taken_gpus(inst: Instance, v: Vars, solver: cp_model.CpSolver, n: int) -> dict[int, list[int]]:

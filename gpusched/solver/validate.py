@@ -140,7 +140,7 @@ def peer_problems(assignments: Sequence[Assignment], state: ClusterState) -> lis
     topology spread constraints (``peer_order`` finds such an order for a plan)."""
     cluster = state.cluster
     placed = [a for a in assignments if 0 <= a.node < len(cluster)]
-    if not state.holders and not state.outside and not any(_has_peer_rules(a.pod) for a in placed):
+    if not state.holders and not state.outside_holders and not any(_has_peer_rules(a.pod) for a in placed):
         return []
     problems: list[str] = []
     for a in placed:
@@ -165,21 +165,36 @@ def _peers_fit(state: ClusterState, a: Assignment) -> bool:
     return fine is None or bool(fine[a.node])
 
 
-def peer_order(assignments: Sequence[Assignment], state: ClusterState) -> list[Assignment]:
-    """``assignments`` in an order that ``peer_problems`` accepts, where the greedy search for one
-    finds it: pods without affinity or spread constraints first (anti-affinity holds in any order
-    once it holds at the end), then each time a pod whose checks pass."""
-    ordered = [a for a in assignments if not (a.pod.spread or a.pod.affinity)]
-    if len(ordered) == len(assignments):
-        return ordered
-    state = state.apply(ordered)
-    left = [a for a in assignments if a.pod.spread or a.pod.affinity]
+def peer_order(assignments: Sequence[Assignment], state: ClusterState) -> tuple[list[Assignment], list[Assignment]]:
+    """``assignments`` in an order that ``peer_problems`` accepts, as far as a greedy search finds
+    one, and those it could not fit in (each pod in turn must pass its checks against the pods
+    before it).  Pods without affinity or spread constraints go first (others may follow them or
+    count them) or, should that leave some stuck, last."""
+    ruled = [a for a in assignments if a.pod.spread or a.pod.affinity]
+    if not ruled:
+        return list(assignments), []
+    plain = [a for a in assignments if not (a.pod.spread or a.pod.affinity)]
+    first = _greedy_order(plain, ruled, state)
+    if not first[1]:
+        return first
+    last = _greedy_order([], ruled + plain, state)
+    return last if len(last[1]) < len(first[1]) else first
+
+
+def _greedy_order(
+    head: list[Assignment], rest: list[Assignment], state: ClusterState
+) -> tuple[list[Assignment], list[Assignment]]:
+    ordered = list(head)
+    state = state.apply(head)
+    left = list(rest)
     while left:
-        passes = (i for i, a in enumerate(left) if _peers_fit(state, a))
-        a = left.pop(next(passes, 0))  # none passes: keep the rest as it is, for the validator to report
+        i = next((i for i, a in enumerate(left) if _peers_fit(state, a)), None)
+        if i is None:
+            break
+        a = left.pop(i)
         ordered.append(a)
         state = state.apply((a,))
-    return ordered
+    return ordered, left
 
 
 def island_problems(assignments: Iterable[Assignment], state: ClusterState) -> list[str]:

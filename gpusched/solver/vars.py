@@ -42,6 +42,14 @@ class Vars:
     first: dict[tuple[str, str], tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
     """(key, value) -> (the pods that are first of their pod-affinity series go to that domain,
     their candidates there)."""
+    first_escapes: dict[tuple[str, str], list[tuple[tuple[int, ...], tuple[int, ...]]]] = field(default_factory=dict)
+    """(key, value) -> per follower group that may be first of its series there: its candidates
+    there, and the candidates of the pods it would otherwise follow."""
+    leads: dict[int, tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
+    """group -> (a pod it may follow is placed, the candidates of those pods)."""
+    follow: dict[tuple[int, str, str], tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
+    """(group, key, value) -> (the group places pods in that domain, where no pod it follows runs
+    yet, its candidates there)."""
     spread_in: dict[tuple[int, int, int], tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
     """(group, spread constraint, domain id) -> (the group places pods there, its candidates there)."""
     spread_low: dict[tuple[int, int], tuple[cp_model.IntVar, tuple[tuple[int, tuple[int, ...]], ...]]] = field(

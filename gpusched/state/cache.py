@@ -64,8 +64,8 @@ def _another(held: _Held, uid: str) -> bool:
 
 
 def _request(p: Pod) -> tuple[object, ...]:
-    """What a pod holds on its node, and what anti-affinity sees of it."""
-    return (p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, p.mig_profile, p.labels, p.anti_affinity)
+    """What a pod holds on its node, and what anti-affinity and spread constraints see of it."""
+    return (p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, p.mig_profile, p.labels, p.anti_affinity, p.terminating)
 
 
 class Cache:
@@ -81,6 +81,8 @@ class Cache:
         self._ports: dict[int, Counter[str]] = {}
         self._residents: dict[int, dict[str, Pod]] = {}
         self._resident_view: dict[int, tuple[Pod, ...]] = {}
+        self._excluded: list[NodeRecord] = []
+        """Known nodes that take no new pods, by name (set with the cluster)."""
         self._outside: dict[str, dict[str, Pod]] = {}
         """Pods on known nodes that take no new pods, by node name: anti-affinity and spread see them."""
         self._gpu: IntArray = np.zeros((0, 1), dtype=np.int64)
@@ -243,7 +245,7 @@ class Cache:
             storage,
             {n: p for n, p in ports.items() if p},
             dict(self._resident_view),
-            tuple((self._nodes[name].node.labels, p) for name, there in self._outside.items() for p in there.values()),
+            tuple((r.node, tuple(self._outside.get(r.name, {}).values())) for r in self._excluded),
         )
         excluded = {n: r.excluded for n, r in self._nodes.items() if r.excluded}
         return Snapshot(self.generation, cluster, state, MappingProxyType(excluded))
@@ -251,6 +253,7 @@ class Cache:
     def _ensure_cluster(self) -> Cluster:
         if self._cluster is None:
             nodes: list[Node] = [r.node for _, r in sorted(self._nodes.items()) if not r.excluded]
+            self._excluded = [r for _, r in sorted(self._nodes.items()) if r.excluded]
             cluster = Cluster(nodes)
             n = len(cluster)
             self._cpu = np.zeros(n, dtype=np.int64)

@@ -543,3 +543,10 @@ def test_a_malformed_spread_constraint_is_refused_with_the_reason(constraint: An
     assert "topologySpreadConstraints" in rec.error
     assert message in rec.error
     assert rec.pod.spread == ()
+
+
+def test_a_pod_being_deleted_is_marked_terminating() -> None:
+    obj = pod_obj(limits={"nvidia.com/gpu": "1"})
+    obj["metadata"]["deletionTimestamp"] = "2026-12-04T10:00:00Z"
+    assert pod_record(obj).pod.terminating
+    assert not pod_record(pod_obj()).pod.terminating

@@ -41,6 +41,7 @@ def solve(policy: str, c: Cluster, pods: list[Pod], state: object = None) -> Pla
     plan = make_policy(policy, c, TypicalPods.from_pods(pods), 0, params).place(pods, st)  # type: ignore[arg-type]
     validate_plan(plan, st, pods)  # type: ignore[arg-type]
     assert "FALLBACK" not in plan.stats.status  # CP-SAT's own plan, not the greedy one it started from
+    assert plan.stats.status != "HINT_KEPT"
     return plan
 
 

@@ -113,5 +113,76 @@ def test_the_validator_rejects_a_skewed_plan_and_peer_order_fixes_a_good_one() -
     # Ends even (a: 2, b: 1) but in this order the second pod to a0 goes while b0 is still empty.
     fine = [Assignment(r[0], 0, (0,)), Assignment(r[1], 0, (1,)), Assignment(r[2], 1, (0,))]
     assert plan_problems(Plan(tuple(fine), (), SolveStats("test")), state)
-    ordered = peer_order(fine, state)
+    ordered, stuck = peer_order(fine, state)
+    assert stuck == []
     assert plan_problems(Plan(tuple(ordered), (), SolveStats("test")), state) == []
+
+
+def test_only_pods_on_nodes_that_count_for_the_pod_are_counted() -> None:
+    # Zone a's CPU node runs three llm pods, but the pod may only go to GPU-pool nodes
+    # (nodeAffinityPolicy Honor): zone a counts 0 and zone b 2, so only a-gpu is allowed.
+    c = Cluster(
+        [
+            replace(gpu_node("a-gpu"), labels={"zone": "a", "pool": "gpu"}),
+            replace(gpu_node("a-cpu", gpus=0), labels={"zone": "a", "pool": "cpu"}),
+            replace(gpu_node("b-gpu"), labels={"zone": "b", "pool": "gpu"}),
+        ]
+    )
+    llm = replace(pod("x"), labels=(("app", "llm"),))
+    state = c.empty_state().apply(
+        [Assignment(replace(llm, name=f"cpu{i}"), 1) for i in range(3)]
+        + [Assignment(replace(llm, name=f"gpu{i}"), 2) for i in range(2)]
+    )
+    new = replace(replica("new"), node_selector=((Requirement("pool", "In", ("gpu",)),),))
+    assert [c.nodes[n].name for n in range(3) if state.pod_mask(new)[n]] == ["a-gpu"]
+
+
+def test_a_cordoned_nodes_zone_counts_and_terminating_pods_do_not() -> None:
+    c = zones(names=("a", "b"), per_zone=1)
+    llm = replace(pod("x"), labels=(("app", "llm"),))
+    state = c.empty_state().apply([Assignment(replace(llm, name="x"), 0), Assignment(replace(llm, name="y"), 1)])
+    mask = state.spread_mask(replica("new"))
+    assert mask is not None
+    assert mask.tolist() == [True, True]
+    # Zone c has only a cordoned node, with no llm pod: the emptiest domain now counts 0.
+    cordoned = replace(state, outside=((replace(gpu_node("c0"), labels={"zone": "c"}), ()),))
+    mask = cordoned.spread_mask(replica("new"))
+    assert mask is not None
+    assert mask.tolist() == [False, False]
+    leaving = c.empty_state().apply(
+        [Assignment(replace(llm, name="x"), 0), Assignment(replace(llm, name="y", terminating=True), 1)]
+    )
+    mask = leaving.spread_mask(replica("new"))
+    assert mask is not None
+    assert mask.tolist() == [False, True]  # b's only pod is being deleted: b counts 0
+
+
+def test_cpsat_keeps_the_warm_start_where_the_end_state_reading_refuses_it() -> None:
+    # p keeps its spread when bound before u (1 - 0 <= 1); the batch's end state has zone a two
+    # ahead of the GPU-less zone b, which the model refuses.  CP-SAT must not place less.
+    c = Cluster(
+        [replace(gpu_node("a1", gpus=2), labels={"zone": "a"}), replace(gpu_node("b1", gpus=0), labels={"zone": "b"})]
+    )
+    counted = replace(pod("u", gpus=1), labels=(("app", "llm"),))
+    pods = [replica("p"), counted, pod("big", gpus=8)]
+    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
+    plan = make_policy("cpsat", c, TypicalPods.from_pods(pods), 0, params).place(pods, c.empty_state())
+    validate_plan(plan, c.empty_state(), pods)
+    assert plan.stats.status == "HINT_KEPT"
+    assert [a.pod.name for a in plan.assignments] == ["p", "u"]
+
+
+def test_cpsat_with_two_constraints_per_pod_binds_what_it_can_order_and_defers_the_rest() -> None:
+    # Four nodes, each its own (zone, rack) pair, and four replicas spread over both keys: the
+    # model's end state may admit no bind order; the plan keeps the pods that have one.
+    c = Cluster([replace(gpu_node(z + r, gpus=1), labels={"zone": z, "rack": r}) for z, r in ("ay", "by", "cx", "cz")])
+    rack = Spread(1, "rack", LLM, "default")
+    pods = [replace(replica(f"r{i}"), spread=(spread(), rack)) for i in range(4)]
+    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
+    plans = {
+        name: make_policy(name, c, TypicalPods.from_pods(pods), 0, params).place(pods, c.empty_state())
+        for name in ("fgd", "cpsat")
+    }
+    validate_plan(plans["cpsat"], c.empty_state(), pods)
+    assert "FALLBACK" not in plans["cpsat"].stats.status
+    assert len(plans["cpsat"].assignments) >= len(plans["fgd"].assignments)

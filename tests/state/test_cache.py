@@ -185,6 +185,6 @@ def test_pods_on_a_cordoned_node_still_keep_replicas_out_of_their_zone() -> None
     assert mask is not None
     assert mask.tolist() == [False, True]  # b shares the cordoned node's zone
     spread = Spread(1, "zone", (Requirement("app", "In", ("llm",)),), "default")
-    assert state.spread_counts(spread).tolist() == [1, 0]
+    assert state.spread_view(replace(new, spread=(spread,)), spread).counts.tolist() == [1, 0]
     c.delete_pod(running.key)
     assert c.snapshot().state.anti_mask(new) is None

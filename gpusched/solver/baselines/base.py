@@ -144,6 +144,16 @@ class GreedyPolicy:
                 placed.append(st[0])
                 partitions.extend(st[1])
             state = new_state
+        # A pod whose affinity follows, or whose spread counts, pods that came after it may fit now.
+        progress = True
+        while progress:
+            progress = False
+            for pod in [p for p in failed if p.gang is None and (p.affinity or p.spread)]:
+                step = self._step(pod, state, None)
+                if step is not None:
+                    failed.remove(pod)
+                    state = self._commit(step, state, placed, partitions)
+                    progress = True
         ms = (time.perf_counter() - start) * 1000
         gpu = float(sum(a.pod.gpu_demand_milli for a in placed))
         return Plan(tuple(placed), tuple(failed), SolveStats(self.name, "HEURISTIC", gpu, gpu, ms), tuple(partitions))

@@ -2,10 +2,11 @@
 that a constrained group places pods in holds more than ``max_skew`` counted pods beyond the
 emptiest domain eligible for it.
 
-Pods counted are those already running (``ClusterState.spread_counts``) plus the batch's pods
-the constraint's selector picks, of any group.  A plan that ends so can be bound one pod at a
-time without breaking a constraint on the way (``validate.spread_order`` finds the order):
-the pods without constraints first, then each into the emptiest domain left.
+Pods counted are those on the nodes that count for the group's pods
+(``ClusterState.spread_view``): those already there, and the batch's pods the
+constraint's selector picks, of any group.  Such an end state can be bound one pod at
+a time within the skew at every step when each pod has one constraint
+(``validate.peer_order`` looks for the order; the validator has the last word).
 """
 
 from __future__ import annotations
@@ -25,21 +26,23 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
         for spread in group.shape.spread:
             k = inst.spreads.index(spread)
             column = state.cluster.domains(spread.topology_key)[0]
-            counts = state.spread_counts(spread)
+            view = state.spread_view(group.pods[0], spread)
             counting: dict[int, list[int]] = defaultdict(list)  # domain -> candidates whose pods count
             for hi, other in enumerate(inst.groups):
                 if k in other.counted_by:
                     for ci in v.by_group[hi]:
-                        if (d := int(column[inst.candidates[ci].node])) >= 0:
-                            counting[d].append(ci)
-
-            eligible = [int(d) for d in state.spread_domains(group.pods[0], spread)]
+                        node = inst.candidates[ci].node
+                        if view.eligible[node]:
+                            counting[int(column[node])].append(ci)
+            eligible = [int(d) for d in view.present.nonzero()[0]]
             low: cp_model.LinearExprT = 0
-            if len(eligible) >= spread.min_domains:
-                most = int(counts.max(initial=0)) + sum(inst.candidates[ci].ub for cs in counting.values() for ci in cs)
-                low_var = model.new_int_var(0, most, f"low{gi}_{k}")
-                fixed = [int(counts[d]) for d in eligible if d not in counting]
-                terms = [(int(counts[d]), tuple(counting[d])) for d in eligible if d in counting]
+            if view.domains >= spread.min_domains:
+                moving = sum(inst.candidates[ci].ub for cs in counting.values() for ci in cs)
+                low_var = model.new_int_var(0, int(view.counts.max(initial=0)) + moving, f"low{gi}_{k}")
+                fixed = [int(view.counts[d]) for d in eligible if d not in counting]
+                if view.elsewhere_low is not None:
+                    fixed.append(view.elsewhere_low)
+                terms = [(int(view.counts[d]), tuple(counting[d])) for d in eligible if d in counting]
                 if fixed:  # the domains no candidate counts in: their emptiest, once
                     terms.append((min(fixed), ()))
                 for base, counted in terms:
@@ -52,11 +55,11 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
                     own[d].append(ci)
             for d, mine in own.items():
                 if d not in counting and isinstance(low, int):  # nothing here moves: decided now
-                    if int(counts[d]) - spread.max_skew > low:
+                    if int(view.counts[d]) - spread.max_skew > low:
                         model.add(sum(v.x[ci] for ci in mine) == 0)
                     continue
                 used = model.new_bool_var(f"sp{gi}_{k}_{d}")
                 model.add(sum(v.x[ci] for ci in mine) <= sum(inst.candidates[ci].ub for ci in mine) * used)
-                there = int(counts[d]) + sum(v.x[ci] for ci in counting.get(d, ()))
+                there = int(view.counts[d]) + sum(v.x[ci] for ci in counting.get(d, ()))
                 model.add(there - spread.max_skew <= low).only_enforce_if(used)
                 v.spread_in[gi, k, d] = (used, tuple(mine))
