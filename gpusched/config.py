@@ -55,6 +55,7 @@ class WeightsConfig(_Strict):
     mig_partition: int = Field(default=_W.mig_partition, ge=0, le=10**8, alias="migPartition")
     island_spill: int = Field(default=_W.island_spill, ge=0, le=10**8, alias="islandSpill")
     gang_domains: int = Field(default=_W.gang_domains, ge=0, le=10**8, alias="gangDomains")
+    preferred_affinity: int = Field(default=_W.preferred_affinity, ge=0, le=10**6, alias="preferredAffinity")
     work_conserving: bool = Field(default=_W.work_conserving, alias="workConserving")
 
 
@@ -100,6 +101,7 @@ class GpuschedConfig(_Strict):
                 mig_partition=w.mig_partition,
                 island_spill=w.island_spill,
                 gang_domains=w.gang_domains,
+                preferred_affinity=w.preferred_affinity,
                 work_conserving=w.work_conserving,
             ),
             limits=Limits(s.time_limit_seconds, s.workers, s.candidates_per_pod, s.relative_gap),

@@ -30,6 +30,7 @@ weights:
   fragmentation: 7
   activeNodes: 8
   packing: 9
+  preferredAffinity: 11
   workConserving: false
 solver:
   timeLimitSeconds: 2.5
@@ -48,6 +49,7 @@ batching:
         fragmentation=7,
         active_nodes=8,
         packing=9,
+        preferred_affinity=11,
         work_conserving=False,
     )
     assert params == SolverParams(weights, Limits(2.5, 4, 10, 0.05), seed=42)

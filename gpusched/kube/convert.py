@@ -50,7 +50,7 @@ from datetime import datetime
 from typing import Any
 
 from gpusched.model import GPU_MILLI, Node, Pod, QuantityError, cpu_milli, memory_mib, parse_quantity
-from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Requirement, Spread
+from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Requirement, Spread
 from gpusched.model.mig import profile_of
 from gpusched.model.node import Taint
 from gpusched.model.pod import Gang, Toleration
@@ -433,9 +433,10 @@ def _pod(
     affinity: Mapping[str, Any] = spec.get("affinity") or {}
     try:
         node_selector = _node_selector(selector, affinity.get("nodeAffinity") or {}, bool(num_gpu or mig_profile))
+        preferred = _preferred_nodes(affinity.get("nodeAffinity") or {})
     except ValueError as exc:
         error = error or f"{where}: {exc}"
-        node_selector = ()
+        node_selector, preferred = (), ()
     terms: dict[str, tuple[PodAffinityTerm, ...]] = {}
     for kind in ("podAffinity", "podAntiAffinity"):
         terms[kind], problem = _pod_terms(namespace, labels, affinity.get(kind) or {})
@@ -474,10 +475,39 @@ def _pod(
             terms["podAntiAffinity"],
             spread,
             terms["podAffinity"],
+            preferred_nodes=preferred,
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
     return pod, error
+
+
+def _preferred_nodes(node_affinity: Mapping[str, Any]) -> Preference:
+    """The preferred node affinity terms, (weight, requirements); raises ``ValueError`` for a
+    malformed one.  A term without requirements matches every node, so it changes no choice."""
+    out: list[tuple[int, tuple[Requirement, ...]]] = []
+    for item in node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ():
+        weight = item.get("weight") if isinstance(item, Mapping) else None
+        if not isinstance(weight, int) or not 1 <= weight <= 100:
+            raise ValueError(f"preferred node affinity: weight must be 1..100, got {weight!r}")
+        term = item.get("preference") or {}
+        reqs = _requirements(term)
+        if reqs:
+            out.append((weight, reqs))
+    return tuple(out)
+
+
+def _requirements(term: Mapping[str, Any]) -> tuple[Requirement, ...]:
+    """A node selector term's ``matchExpressions`` and ``matchFields``."""
+    reqs = [
+        Requirement(str(e.get("key") or ""), str(e.get("operator") or ""), tuple(map(str, e.get("values") or ())))
+        for e in term.get("matchExpressions") or ()
+    ]
+    reqs += [
+        Requirement(str(f.get("key") or ""), str(f.get("operator") or ""), tuple(map(str, f.get("values") or ())), True)
+        for f in term.get("matchFields") or ()
+    ]
+    return tuple(reqs)
 
 
 def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any], gpu_pod: bool) -> NodeSelector:
@@ -496,18 +526,9 @@ def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any], 
     for term in (required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None) or ():
         if not isinstance(term, Mapping):
             raise ValueError("required node affinity: a nodeSelectorTerm must be an object")
-        reqs = [
-            Requirement(str(e.get("key") or ""), str(e.get("operator") or ""), tuple(map(str, e.get("values") or ())))
-            for e in term.get("matchExpressions") or ()
-        ]
-        reqs += [
-            Requirement(
-                str(f.get("key") or ""), str(f.get("operator") or ""), tuple(map(str, f.get("values") or ())), True
-            )
-            for f in term.get("matchFields") or ()
-        ]
+        reqs = _requirements(term)
         if reqs:  # an empty term matches no node
-            terms.append(common + tuple(reqs))
+            terms.append(common + reqs)
     if not terms:
         raise ValueError("required node affinity has no nodeSelectorTerm with a requirement, so it matches no node")
     return tuple(terms)

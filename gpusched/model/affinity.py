@@ -23,7 +23,17 @@ from dataclasses import dataclass
 
 from gpusched.model.node import Node
 
-__all__ = ["LABEL_OPERATORS", "OPERATORS", "NodeSelector", "PodAffinityTerm", "Requirement", "Spread", "selects"]
+__all__ = [
+    "LABEL_OPERATORS",
+    "OPERATORS",
+    "NodeSelector",
+    "PodAffinityTerm",
+    "Preference",
+    "Requirement",
+    "Spread",
+    "preference_score",
+    "selects",
+]
 
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
@@ -82,6 +92,15 @@ NodeSelector = tuple[tuple[Requirement, ...], ...]
 def selects(selector: NodeSelector, node: Node) -> bool:
     """Whether ``selector`` allows ``node``."""
     return not selector or any(all(r.matches(node) for r in term) for term in selector)
+
+
+Preference = tuple[tuple[int, tuple[Requirement, ...]], ...]
+"""Preferred node affinity: (weight 1..100, a term's requirements, all of which must hold) per term."""
+
+
+def preference_score(preference: Preference, node: Node) -> int:
+    """The sum of the weights of the preferred terms ``node`` meets, as kube-scheduler scores it."""
+    return sum(weight for weight, term in preference if all(r.matches(node) for r in term))
 
 
 @dataclass(frozen=True, slots=True)

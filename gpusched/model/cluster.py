@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Spread, selects
+from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Spread, preference_score, selects
 from gpusched.model.mig import MigGeometry, MigLayout, geometry_for, mig_config
 from gpusched.model.node import GPU_MILLI, Node, Taint
 from gpusched.model.placement import Assignment, MigPartition
@@ -81,6 +81,7 @@ class Cluster:
         self._toleration_masks: dict[tuple[Toleration, ...], BoolArray] = {}
         self._selector_masks: dict[NodeSelector, BoolArray] = {}
         self._domains: dict[str, tuple[IntArray, dict[str, int]]] = {}
+        self._preference_scores: dict[Preference, IntArray] = {}
         islands = np.full((n, self.max_gpus), -1, dtype=np.int64)
         for i, node in enumerate(self.nodes):
             islands[i, : node.gpu_count] = node.islands
@@ -154,6 +155,16 @@ class Cluster:
                 self._selector_masks.clear()
             self._selector_masks[selector] = mask
         return mask
+
+    def preference_scores(self, preference: Preference) -> IntArray:
+        """Per node, the weight of the preferred node affinity terms it meets (0 for ``()``)."""
+        scores = self._preference_scores.get(preference)
+        if scores is None:
+            scores = _frozen(np.array([preference_score(preference, x) for x in self.nodes], dtype=np.int64))
+            if len(self._preference_scores) >= _SELECTOR_CACHE:
+                self._preference_scores.clear()
+            self._preference_scores[preference] = scores
+        return scores
 
     def domains(self, key: str) -> tuple[IntArray, dict[str, int]]:
         """Per node, the id of its value of label ``key`` (-1 without the label), and the ids by value."""

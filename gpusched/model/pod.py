@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Spread
+from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Spread
 from gpusched.model.node import GPU_MILLI, Taint
 
 __all__ = ["ISLAND_MODES", "Gang", "Pod", "PodShape", "Toleration", "mig_milli"]
@@ -99,6 +99,7 @@ class PodShape:
     anti_affinity: tuple[PodAffinityTerm, ...] = ()
     spread: tuple[Spread, ...] = ()
     affinity: tuple[PodAffinityTerm, ...] = ()
+    preferred_nodes: Preference = ()
 
     @property
     def gpu_demand_milli(self) -> int:
@@ -158,6 +159,8 @@ class Pod:
     """Required pod affinity: for each term, a pod it selects must run in the domain it goes to."""
     terminating: bool = False
     """Being deleted: it still holds what it asked for, but spread constraints no longer count it."""
+    preferred_nodes: Preference = ()
+    """Preferred node affinity: weighed by the solver, never required."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"
@@ -216,6 +219,7 @@ class Pod:
             self.anti_affinity,
             self.spread,
             self.affinity,
+            self.preferred_nodes,
         )
 
     @property

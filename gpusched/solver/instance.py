@@ -141,6 +141,8 @@ def _class_extras(
         extra.append((~state.ports_free(frozenset({port}))).astype(np.int64))
     for selector in sorted({s.node_selector for s in shapes if s.node_selector}, key=repr):
         extra.append(cl.selector_mask(selector).astype(np.int64))
+    for preference in sorted({s.preferred_nodes for s in shapes if s.preferred_nodes}, key=repr):
+        extra.append(cl.preference_scores(preference))
     keys = {g.gang.topology_key for g in groups if g.gang is not None and g.gang.topology_key}
     keys |= {t.topology_key for s in shapes for t in s.anti_affinity if _shared_domains(state, t.topology_key)}
     keys |= {c.topology_key for s in shapes for c in s.spread if _shared_domains(state, c.topology_key)}
@@ -255,7 +257,10 @@ def build_instance(
         cls = np.unique(classes[feasible])
         reps = order[starts[cls]]  # first node of each class
         pack = _pack(state, reps)
-        rank = np.lexsort((-pack, delta[reps]))
+        keys = [-pack, delta[reps]]
+        if shape.preferred_nodes:  # the nodes it prefers first
+            keys.append(-state.cluster.preference_scores(shape.preferred_nodes)[reps])
+        rank = np.lexsort(keys)
         chosen: list[int] = []
         # A gang's groups compete for the same nodes: each may need room for every member.
         reach = gang_sizes[gang.name] if gang is not None else count

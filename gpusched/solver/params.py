@@ -38,6 +38,8 @@ class Weights:
     """Per pod that prefers its GPUs within one island and gets them across islands."""
     gang_domains: int = 100_000
     """Per topology domain beyond the first that a gang preferring one domain spans."""
+    preferred_affinity: int = 500
+    """Per pod, per point of preferred node affinity weight (1..100 a term) its node meets."""
     work_conserving: bool = True
     """Cap each placement's fragmentation charge below the pod's worth, so a pod that fits is placed."""
 

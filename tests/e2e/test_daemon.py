@@ -816,3 +816,20 @@ async def test_required_pod_affinity_follows_running_pods_and_waits_for_a_missin
     finally:
         daemon.stop()
     assert got.body["spec"].get("nodeName") in {"af-gpu-z0-0", "af-gpu-z0-1"}
+
+
+async def test_preferred_node_affinity_picks_the_preferred_node_when_it_has_room(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    nodes = [kit.node("pref-reserved", 8, "H800", pool="reserved"), kit.node("pref-spot", 2, "H800", pool="spot")]
+    await kit.create_all(kube, "/api/v1/nodes", nodes)
+    term = {"weight": 50, "preference": {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["spot"]}]}}
+    pods = []
+    for i in range(3):
+        p = kit.pod(f"job-{i}", name, gpus=1)
+        p["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}}
+        pods.append(p)
+    final = await kit.schedule(control_plane, kube, namespace, name, pods)
+    where = sorted(final[f"job-{i}"]["spec"].get("nodeName") for i in range(3))
+    assert where == ["pref-reserved", "pref-spot", "pref-spot"]  # the spot node's two GPUs, then elsewhere

@@ -550,3 +550,20 @@ def test_a_pod_being_deleted_is_marked_terminating() -> None:
     obj["metadata"]["deletionTimestamp"] = "2026-12-04T10:00:00Z"
     assert pod_record(obj).pod.terminating
     assert not pod_record(pod_obj()).pod.terminating
+
+
+def test_preferred_node_affinity_is_read_and_a_bad_weight_refused() -> None:
+    preferred = [
+        {"weight": 80, "preference": {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["spot"]}]}},
+        {"weight": 5, "preference": {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}},
+        {"weight": 9, "preference": {}},  # no requirement: every node meets it, so it is left out
+    ]
+    affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}}
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity=affinity))
+    assert rec.error == ""
+    assert rec.pod.preferred_nodes == (
+        (80, (Requirement("pool", "In", ("spot",)),)),
+        (5, (Requirement("metadata.name", "In", ("n1",), True),)),
+    )
+    bad = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 0, "preference": {}}]}}
+    assert "weight must be 1..100, got 0" in pod_record(pod_obj(affinity=bad)).error

@@ -105,7 +105,11 @@ class GreedyPolicy:
         return lowest_idle_gpus(state, node, pod.num_gpu)
 
     def choose(self, pod: Pod, state: ClusterState, nodes: Nodes) -> int:
-        """The node to use among ``nodes`` (all feasible)."""
+        """The node to use among ``nodes`` (all feasible): of those its preferred node affinity
+        scores highest, the one the policy scores highest."""
+        if pod.preferred_nodes and nodes.size > 1:
+            prefer = state.cluster.preference_scores(pod.preferred_nodes)[nodes]
+            nodes = nodes[prefer == prefer.max()]
         if nodes.size == 1:
             return int(nodes[0])
         scores = self.score(pod, state, nodes)

@@ -1,9 +1,9 @@
 """Objective terms of the batch model, one module each, each exposing
 ``build(inst, model, v, weights) -> LinearExpr`` (to be maximised)."""
 
-from gpusched.solver.objectives import active_nodes, fragmentation, packing, placed, topology, warm_start
+from gpusched.solver.objectives import active_nodes, fragmentation, packing, placed, preference, topology, warm_start
 
-ALL = (placed, fragmentation, active_nodes, packing, warm_start, topology)
+ALL = (placed, fragmentation, active_nodes, packing, warm_start, topology, preference)
 """Every objective term; the model maximises their sum."""
 
-__all__ = ["ALL", "active_nodes", "fragmentation", "packing", "placed", "topology", "warm_start"]
+__all__ = ["ALL", "active_nodes", "fragmentation", "packing", "placed", "preference", "topology", "warm_start"]
