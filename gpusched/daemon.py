@@ -138,15 +138,20 @@ class _BoundHandler:
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         rec = pod_record(obj)
+        arrived = kind != "DELETED" and rec.bound and not rec.terminal and not self.s.cache.holds(rec.key, rec.uid)
         freed = self.s.cache.delete_pod(rec.key, rec.uid) if kind == "DELETED" else self.s.cache.observe_pod(rec)
         if freed:
             self.s.queue.move_all()
-        elif rec.bound and not rec.terminal:  # a pod arrived: one to join, or one that evens a spread
-            self.s.queue.move_all(_waits_on_peers)
+        elif arrived:  # another scheduler's pod: one to follow, or one that evens a spread
+            self.s.queue.move_all(lambda r: waits_for(r.pod, rec.pod))
 
 
-def _waits_on_peers(r: PodRecord) -> bool:
-    return bool(r.pod.affinity or r.pod.spread)
+def waits_for(waiting: Pod, arrived: Pod) -> bool:
+    """Whether ``arrived`` may let ``waiting`` in: all its pod affinity terms select it, or one of
+    its spread constraints counts it."""
+    if waiting.affinity and arrived.matches_all(waiting.affinity):
+        return True
+    return any(arrived.selected_by(c) for c in waiting.spread)
 
 
 def _mounts_claims(r: PodRecord) -> bool:
@@ -570,6 +575,7 @@ class Scheduler:
         if result is BindResult.BOUND:
             self.cache.confirm(pod.key)
             self.queue.done(pod.key)
+            self.queue.move_all(lambda r: waits_for(r.pod, pod))  # parked followers may go now
             self.metrics.scheduled()
             gpu_text = f" (GPUs {','.join(map(str, gpus))})" if gpus else ""
             self.spawn(

@@ -439,7 +439,7 @@ def _pod(
         node_selector, preferred = (), ()
     terms: dict[str, tuple[PodAffinityTerm, ...]] = {}
     for kind in ("podAffinity", "podAntiAffinity"):
-        terms[kind], problem = _pod_terms(namespace, labels, affinity.get(kind) or {})
+        terms[kind], problem = _pod_terms(namespace, labels, affinity.get(kind) or {}, kind == "podAffinity")
         if problem:
             error = error or f"{where}: required {kind}: {problem}"
     try:
@@ -535,14 +535,15 @@ def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any], 
 
 
 def _pod_terms(
-    namespace: str, labels: Mapping[str, str], section: Mapping[str, Any]
+    namespace: str, labels: Mapping[str, str], section: Mapping[str, Any], follow: bool = False
 ) -> tuple[tuple[PodAffinityTerm, ...], str]:
     """The required terms of a ``podAffinity`` or ``podAntiAffinity``, as the API reads them, and
-    what cannot be honoured (empty when all can).  No ``labelSelector`` selects no pod (the term
-    is dropped); no namespaces means the pod's own, an empty ``namespaceSelector`` every
-    namespace.  A term that cannot be read is left out and one with a ``namespaceSelector`` with
-    requirements is kept for every namespace: a pod bound by another scheduler keeps others away
-    (anti-affinity) at least as far as it asked."""
+    what cannot be honoured (empty when all can).  No ``labelSelector`` selects no pod: an
+    anti-affinity term is dropped, an affinity term (``follow``) can never be met.  No namespaces
+    means the pod's own, an empty ``namespaceSelector`` every namespace.  A term that cannot be
+    read is left out and one with a ``namespaceSelector`` with requirements is kept for every
+    namespace: a pod bound by another scheduler keeps others away (anti-affinity) at least as
+    far as it asked."""
     out: dict[PodAffinityTerm, None] = {}
     problems: list[str] = []
     for term in section.get("requiredDuringSchedulingIgnoredDuringExecution") or ():
@@ -556,6 +557,8 @@ def _pod_terms(
         try:
             reqs = _label_selector(term, labels)
             if reqs is None:
+                if follow:  # a term selecting no pod: nothing to follow, so no node will do
+                    problems.append("a term without a labelSelector selects no pod, so no node can meet it")
                 continue
             names = frozenset(map(str, term.get("namespaces") or ()))
             ns_selector = term.get("namespaceSelector")

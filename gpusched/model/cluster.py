@@ -240,6 +240,7 @@ class ClusterState:
         object.__setattr__(self, "_selected", {})
         object.__setattr__(self, "_forbidding", {})
         object.__setattr__(self, "_spread", {})
+        object.__setattr__(self, "_affinity", {})
         if self.pod_kinds is None:
             kinds = np.zeros((len(self.cluster), self.cluster.max_gpus + 1), dtype=np.int64)
             object.__setattr__(self, "pod_kinds", kinds)
@@ -472,10 +473,24 @@ class ClusterState:
             ok &= (column >= 0) & fine[np.maximum(column, 0)]
         return ok
 
+    def affinity_pairs(self, terms: tuple[PodAffinityTerm, ...]) -> frozenset[tuple[str, str]]:
+        """(Key, value) of the domains, for each term's key, of the pods that all of ``terms``
+        select, as kube-scheduler's InterPodAffinity counts them.  Found once per set of terms,
+        then carried over by ``apply``."""
+        cache: dict[tuple[PodAffinityTerm, ...], frozenset[tuple[str, str]]] = self.__dict__["_affinity"]
+        got = cache.get(terms)
+        if got is None:
+            nodes = self.cluster.nodes
+            placed = [(nodes[n], pods) for n, pods in self.residents.items()]
+            got = cache[terms] = frozenset(
+                pair for node, pods in (*placed, *self.outside) for pair in _pairs(node, pods, terms)
+            )
+        return got
+
     def affinity_first(self, pod: Pod) -> bool:
-        """No pod its required affinity terms select runs anywhere, and it selects itself: the
-        first of a series, which kube-scheduler lets go to any node with every term's key."""
-        return all(pod.selected_by(t) and not self.selected_domains(t) for t in pod.affinity)
+        """No pod that all its required affinity terms select runs anywhere, and they all select
+        it: the first of a series, which kube-scheduler lets go to any node with every term's key."""
+        return pod.matches_all(pod.affinity) and not self.affinity_pairs(pod.affinity)
 
     def affinity_mask(self, pod: Pod) -> BoolArray | None:
         """Nodes in a domain of every affinity term's key where a pod one of the pod's terms on that
@@ -487,9 +502,9 @@ class ClusterState:
             return self.affinity_keys_mask(pod)
         cl = self.cluster
         ok = np.ones(len(cl), dtype=np.bool_)
-        pooled: dict[str, set[str]] = {}
-        for term in pod.affinity:
-            pooled.setdefault(term.topology_key, set()).update(self.selected_domains(term))
+        pooled: dict[str, set[str]] = {t.topology_key: set() for t in pod.affinity}
+        for key, value in self.affinity_pairs(pod.affinity):
+            pooled[key].add(value)
         for key, values in pooled.items():
             column, ids = cl.domains(key)
             ok &= np.isin(column, [ids[v] for v in values if v in ids])
@@ -672,6 +687,17 @@ class ClusterState:
             carried = new.__dict__["_forbidding"]
             for (namespace, labels), domains in forbidding.items():
                 carried[namespace, labels] = domains | _forbidden_by(joined, namespace, labels)
+        following: dict[tuple[PodAffinityTerm, ...], frozenset[tuple[str, str]]] = self.__dict__["_affinity"]
+        if sign > 0 and following:
+            carried_pairs = new.__dict__["_affinity"]
+            for terms, pairs in following.items():
+                joined_pairs = {
+                    pair
+                    for a in added
+                    if a.pod.has_affinity_identity
+                    for pair in _pairs(self.cluster.nodes[a.node], (a.pod,), terms)
+                }
+                carried_pairs[terms] = pairs | joined_pairs
         counted: dict[Spread, IntArray] = self.__dict__["_spread"]
         if sign > 0 and counted:
             carried_counts = new.__dict__["_spread"]
@@ -757,6 +783,13 @@ class SpreadView:
     """Eligible domains, those only cordoned nodes have included."""
     low: int
     """The emptiest eligible domain's count (0 with fewer domains than ``min_domains``)."""
+
+
+def _pairs(node: Node, pods: Iterable[Pod], terms: tuple[PodAffinityTerm, ...]) -> set[tuple[str, str]]:
+    """The (key, value) pairs of ``node`` for ``terms``, if one of ``pods`` matches them all."""
+    if not any(p.matches_all(terms) for p in pods):
+        return set()
+    return {(t.topology_key, v) for t in terms if (v := node.labels.get(t.topology_key)) is not None}
 
 
 def _spread_count(spread: Spread, pods: Iterable[Pod]) -> int:

@@ -233,6 +233,11 @@ class Pod:
         """Whether ``term`` keeps this pod away, or counts it."""
         return term.selects(self.namespace, dict(self.labels))
 
+    def matches_all(self, terms: tuple[PodAffinityTerm, ...]) -> bool:
+        """Whether every one of ``terms`` selects this pod (what pod affinity asks of a pod to follow)."""
+        labels = dict(self.labels)
+        return all(t.selects(self.namespace, labels) for t in terms)
+
     @property
     def gpu_demand_milli(self) -> int:
         """Total GPU demand in thousandths of a GPU (a MIG slice counts its compute share)."""

@@ -155,13 +155,18 @@ def _class_extras(
 
 
 def followed(groups: Sequence[Group], terms: Sequence[PodAffinityTerm], gi: int) -> list[int]:
-    """The other groups of the batch that group ``gi``'s required pod affinity may follow.  They
-    are bound first, so a group with any is never the first of its series."""
+    """The other groups of the batch whose pods group ``gi``'s required pod affinity may follow:
+    those all its terms select that have no pod affinity of their own (they are bound first, and
+    never wait on a follower)."""
     group = groups[gi]
     if not group.shape.affinity:
         return []
     mine = {terms.index(t) for t in group.shape.affinity}
-    return [hi for hi, other in enumerate(groups) if hi != gi and mine & set(other.selected_by)]
+    return [
+        hi
+        for hi, other in enumerate(groups)
+        if hi != gi and not other.shape.affinity and mine <= set(other.selected_by)
+    ]
 
 
 def _shared_domains(state: ClusterState, key: str) -> bool:

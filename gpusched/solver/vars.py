@@ -39,14 +39,14 @@ class Vars:
     gang: dict[str, cp_model.IntVar] = field(default_factory=dict)
     domain: dict[tuple[str, str], cp_model.IntVar] = field(default_factory=dict)
     apart: dict[tuple[int, str, str], cp_model.IntVar] = field(default_factory=dict)
-    first: dict[tuple[str, str], tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
-    """(key, value) -> (the pods that are first of their pod-affinity series go to that domain,
-    their candidates there)."""
-    first_escapes: dict[tuple[str, str], list[tuple[tuple[int, ...], tuple[int, ...]]]] = field(default_factory=dict)
-    """(key, value) -> per follower group that may be first of its series there: its candidates
-    there, and the candidates of the pods it would otherwise follow."""
-    leads: dict[int, tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
-    """group -> (a pod it may follow is placed, the candidates of those pods)."""
+    first: dict[tuple[int, str, str], tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
+    """(series, key, value) -> (the first-of-series pods of that series go to that domain, the
+    candidates there of its groups that follow no batch pod)."""
+    first_escapes: dict[tuple[int, str, str], list[tuple[tuple[int, ...], tuple[int, ...]]]] = field(
+        default_factory=dict
+    )
+    """(series, key, value) -> per group of the series that may also follow batch pods: its
+    candidates there, and the candidates there of the pods it would follow."""
     follow: dict[tuple[int, str, str], tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
     """(group, key, value) -> (the group places pods in that domain, where no pod it follows runs
     yet, its candidates there)."""

@@ -567,3 +567,11 @@ def test_preferred_node_affinity_is_read_and_a_bad_weight_refused() -> None:
     )
     bad = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 0, "preference": {}}]}}
     assert "weight must be 1..100, got 0" in pod_record(pod_obj(affinity=bad)).error
+
+
+def test_a_pod_affinity_term_without_a_label_selector_can_never_be_met_and_is_refused() -> None:
+    affinity = {"podAffinity": {_REQUIRED: [{"topologyKey": "zone"}]}}
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity=affinity))
+    assert "required podAffinity: a term without a labelSelector selects no pod" in rec.error
+    anti = {"podAntiAffinity": {_REQUIRED: [{"topologyKey": "zone"}]}}
+    assert pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity=anti)).error == ""  # keeps nothing away

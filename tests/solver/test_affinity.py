@@ -109,3 +109,46 @@ def test_a_pod_whose_leader_cannot_be_placed_still_goes_first_of_its_series(poli
     p1 = replace(pod("p1", gpus=4), labels=(("app", "s"),))
     plan = solve(policy, c, [p0, p1, pod("other", gpus=1)])
     assert sorted(a.pod.name for a in plan.assignments) == ["other", "p0"]
+
+
+def _term(key: str, value: str) -> PodAffinityTerm:
+    return PodAffinityTerm((Requirement(key, "In", (value,)),), frozenset({"default"}), "zone")
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_pod_follows_only_pods_that_all_its_terms_select(policy: str) -> None:
+    # db runs in zone a and cache in zone b, but no pod is both: kube-scheduler refuses every node.
+    c = zones()
+    state = c.empty_state().apply(
+        [
+            Assignment(replace(pod("db", gpus=1), labels=(("app", "db"),)), 0, (0,)),
+            Assignment(replace(pod("cache", gpus=1), labels=(("tier", "cache"),)), 2, (0,)),
+        ]
+    )
+    both = replace(pod("both", gpus=1), affinity=(_term("app", "db"), _term("tier", "cache")))
+    plan = solve(policy, c, [both], state)
+    assert plan.assignments == ()
+    # A pod that both terms select starts a series of its own: any zone will do.
+    series = replace(both, name="series", labels=(("app", "db"), ("tier", "cache")))
+    mask = state.pod_mask(series)
+    assert mask.all()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_unrelated_series_each_take_a_zone_of_their_own(policy: str) -> None:
+    c = Cluster([replace(gpu_node(f"{z}0", gpus=4), labels={"zone": z}) for z in ("a", "b")])
+    s = [replace(pod(f"s{i}", gpus=2), labels=(("app", "s"),), affinity=near("s")) for i in range(2)]
+    t = [replace(pod(f"t{i}", gpus=2), labels=(("app", "t"),), affinity=near("t")) for i in range(2)]
+    plan = solve(policy, c, s + t)
+    where = {a.pod.name: c.nodes[a.node].labels["zone"] for a in plan.assignments}
+    assert len(where) == 4
+    assert where["s0"] == where["s1"] != where["t0"] == where["t1"]
+
+
+def test_a_worker_may_start_its_series_before_its_launcher_goes_elsewhere() -> None:
+    # kube-scheduler lets F go first (no job=x pod anywhere, it selects itself), then L anywhere.
+    c = Cluster([replace(gpu_node(f"{z}0", gpus=1), labels={"zone": z}) for z in ("a", "b")])
+    worker = replace(pod("F", gpus=1), labels=(("job", "x"),), affinity=(_term("job", "x"),))
+    launcher = replace(pod("L", gpus=1), labels=(("job", "x"),))
+    plan = solve("cpsat", c, [worker, launcher])
+    assert len(plan.assignments) == 2

@@ -1,0 +1,24 @@
+"""Which bound pods wake a parked pod: those its pod affinity follows or its spread counts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gpusched.daemon import waits_for
+from gpusched.model.affinity import PodAffinityTerm, Requirement, Spread
+from tests.factories import pod
+
+
+def _select(key: str, value: str) -> tuple[Requirement, ...]:
+    return (Requirement(key, "In", (value,)),)
+
+
+def test_a_pod_wakes_followers_that_all_their_terms_select_it_for_and_spreads_that_count_it() -> None:
+    terms = (PodAffinityTerm(_select("app", "db"), None, "zone"), PodAffinityTerm(_select("tier", "x"), None, "zone"))
+    follower = replace(pod("f"), affinity=terms)
+    assert waits_for(follower, replace(pod("a"), labels=(("app", "db"), ("tier", "x"))))
+    assert not waits_for(follower, replace(pod("b"), labels=(("app", "db"),)))  # one term is not enough
+    spread = replace(pod("s"), spread=(Spread(1, "zone", _select("app", "llm"), "default"),))
+    assert waits_for(spread, replace(pod("c"), labels=(("app", "llm"),)))
+    assert not waits_for(spread, replace(pod("d"), labels=(("app", "llm"),), namespace="other"))
+    assert not waits_for(pod("plain"), replace(pod("e"), labels=(("app", "llm"),)))
