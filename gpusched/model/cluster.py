@@ -166,6 +166,13 @@ class Cluster:
             self._preference_scores[preference] = scores
         return scores
 
+    def keys_mask(self, keys: Iterable[str]) -> BoolArray:
+        """Nodes with every label of ``keys``."""
+        ok = np.ones(len(self.nodes), dtype=np.bool_)
+        for key in keys:
+            ok &= self.domains(key)[0] >= 0
+        return ok
+
     def domains(self, key: str) -> tuple[IntArray, dict[str, int]]:
         """Per node, the id of its value of label ``key`` (-1 without the label), and the ids by value."""
         got = self._domains.get(key)
@@ -411,10 +418,7 @@ class ClusterState:
 
     def spread_keys_mask(self, pod: Pod) -> BoolArray:
         """Nodes with every topology key of the pod's spread constraints."""
-        ok = np.ones(len(self.cluster), dtype=np.bool_)
-        for c in pod.spread:
-            ok &= self.cluster.domains(c.topology_key)[0] >= 0
-        return ok
+        return self.cluster.keys_mask(c.topology_key for c in pod.spread)
 
     def spread_view(self, pod: Pod, spread: Spread) -> SpreadView:
         """What ``spread`` sees for ``pod``, as kube-scheduler's PodTopologySpread counts it: the
@@ -512,10 +516,7 @@ class ClusterState:
 
     def affinity_keys_mask(self, pod: Pod) -> BoolArray:
         """Nodes with the topology key of every pod affinity term of ``pod``."""
-        ok = np.ones(len(self.cluster), dtype=np.bool_)
-        for term in pod.affinity:
-            ok &= self.cluster.domains(term.topology_key)[0] >= 0
-        return ok
+        return self.cluster.keys_mask(t.topology_key for t in pod.affinity)
 
     def peer_mask(self, pod: Pod, follow_batch: bool = False) -> BoolArray | None:
         """Nodes that the pods already placed let ``pod`` join (None: every node): its pod
