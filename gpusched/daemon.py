@@ -46,7 +46,7 @@ from gpusched.kube.watch import Reflector
 from gpusched.metrics.exporter import HealthServer, SchedulerMetrics
 from gpusched.model import Cluster, ClusterState, Plan, Pod
 from gpusched.queue.batcher import SchedulingQueue
-from gpusched.solver.explain import explain, explain_gang
+from gpusched.solver.explain import DEFERRED, explain, explain_gang
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.policy import Policy, place_quick
 from gpusched.solver.registry import make_policy
@@ -542,7 +542,10 @@ class Scheduler:
 
     def _unschedulable(self, pod: Pod, message: str, reason: str) -> None:
         self.metrics.unschedulable(reason)
-        self.queue.park(pod.key)
+        if reason == DEFERRED:  # it fits now: the solve kept it back, so try again soon
+            self.queue.backoff(pod.key)
+        else:
+            self.queue.park(pod.key)
         self.spawn(self.binder.event(pod, "FailedScheduling", message, "Warning"), f"event:{pod.key}")
         record = self.queue.record(pod.key)
         current = record.unschedulable if record is not None else None
