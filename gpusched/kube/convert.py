@@ -437,6 +437,11 @@ def _pod(
     except ValueError as exc:
         error = error or f"{where}: {exc}"
         node_selector, preferred = (), ()
+    try:
+        apart = _preferred_apart(namespace, labels, affinity.get("podAntiAffinity") or {})
+    except ValueError as exc:
+        error = error or f"{where}: preferred podAntiAffinity: {exc}"
+        apart = ()
     terms: dict[str, tuple[PodAffinityTerm, ...]] = {}
     for kind in ("podAffinity", "podAntiAffinity"):
         terms[kind], problem = _pod_terms(namespace, labels, affinity.get(kind) or {}, kind == "podAffinity")
@@ -476,6 +481,7 @@ def _pod(
             spread,
             terms["podAffinity"],
             preferred_nodes=preferred,
+            preferred_apart=apart,
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
@@ -572,6 +578,25 @@ def _pod_terms(
         except ValueError as exc:
             problems.append(str(exc))
     return tuple(out), problems[0] if problems else ""
+
+
+def _preferred_apart(
+    namespace: str, labels: Mapping[str, str], anti: Mapping[str, Any]
+) -> tuple[tuple[int, PodAffinityTerm], ...]:
+    """The preferred pod anti-affinity terms, (weight, term), read as the required ones are (a
+    ``namespaceSelector`` with requirements counts every namespace; a term that selects no pod is
+    left out).  Raises ``ValueError`` for a bad weight or a term that cannot be read."""
+    out: list[tuple[int, PodAffinityTerm]] = []
+    for item in anti.get("preferredDuringSchedulingIgnoredDuringExecution") or ():
+        weight = item.get("weight") if isinstance(item, Mapping) else None
+        if not isinstance(weight, int) or not 1 <= weight <= 100:
+            raise ValueError(f"weight must be 1..100, got {weight!r}")
+        term = item.get("podAffinityTerm")
+        found, problem = _pod_terms(namespace, labels, {"requiredDuringSchedulingIgnoredDuringExecution": [term]})
+        if problem and not found:
+            raise ValueError(problem)
+        out.extend((weight, t) for t in found)
+    return tuple(out)
 
 
 def _labels(labels: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

@@ -385,6 +385,19 @@ class ClusterState:
             )
         return list(found)
 
+    def apart_penalty(self, pod: Pod) -> IntArray | None:
+        """Per node, the weight of the pod's preferred anti-affinity terms whose domain there runs
+        a pod they select (None: it has no such terms)."""
+        if not pod.preferred_apart:
+            return None
+        out = np.zeros(len(self.cluster), dtype=np.int64)
+        for weight, term in pod.preferred_apart:
+            column, ids = self.cluster.domains(term.topology_key)
+            taken = [ids[v] for v in self.selected_domains(term) if v in ids]
+            if taken:
+                out += weight * np.isin(column, taken)
+        return out
+
     def anti_mask(self, pod: Pod, existing: bool | None = None) -> BoolArray | None:
         """Nodes that ``pod``'s required anti-affinity, and that of the pods already placed, let it
         join; None when none of it applies.  ``existing`` picks the existing pods' terms (True)

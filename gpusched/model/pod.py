@@ -100,6 +100,7 @@ class PodShape:
     spread: tuple[Spread, ...] = ()
     affinity: tuple[PodAffinityTerm, ...] = ()
     preferred_nodes: Preference = ()
+    preferred_apart: tuple[tuple[int, PodAffinityTerm], ...] = ()
 
     @property
     def gpu_demand_milli(self) -> int:
@@ -161,6 +162,8 @@ class Pod:
     """Being deleted: it still holds what it asked for, but spread constraints no longer count it."""
     preferred_nodes: Preference = ()
     """Preferred node affinity: weighed by the solver, never required."""
+    preferred_apart: tuple[tuple[int, PodAffinityTerm], ...] = ()
+    """Preferred pod anti-affinity, (weight 1..100, term): weighed, never required."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"
@@ -220,6 +223,7 @@ class Pod:
             self.spread,
             self.affinity,
             self.preferred_nodes,
+            self.preferred_apart,
         )
 
     @property

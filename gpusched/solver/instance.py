@@ -124,7 +124,10 @@ def node_classes(state: ClusterState, extra: Sequence[IntArray] = ()) -> np.ndar
 
 
 def _class_extras(
-    state: ClusterState, groups: Sequence[Group], peers: Sequence[BoolArray | None] = ()
+    state: ClusterState,
+    groups: Sequence[Group],
+    peers: Sequence[BoolArray | None] = (),
+    penalties: Sequence[IntArray | None] = (),
 ) -> list[IntArray]:
     """Signature columns that only batches asking for islands, MIG, storage, node selectors, gang domains
     or the pods already placed (anti-affinity, spread) need."""
@@ -147,10 +150,13 @@ def _class_extras(
     keys |= {t.topology_key for s in shapes for t in s.anti_affinity if _shared_domains(state, t.topology_key)}
     keys |= {c.topology_key for s in shapes for c in s.spread if _shared_domains(state, c.topology_key)}
     keys |= {t.topology_key for s in shapes for t in s.affinity if _shared_domains(state, t.topology_key)}
+    keys |= {t.topology_key for s in shapes for _, t in s.preferred_apart if _shared_domains(state, t.topology_key)}
     for key in sorted(keys):
         extra.append(cl.domains(key)[0])
     masks = {m.tobytes(): m for m in peers if m is not None}
     extra.extend(m.astype(np.int64) for _, m in sorted(masks.items()))
+    columns = {p.tobytes(): p for p in penalties if p is not None}
+    extra.extend(p for _, p in sorted(columns.items()))
     return extra
 
 
@@ -229,6 +235,7 @@ def build_instance(
         for key, members in by_shape.items()
     )
     peers = [state.peer_mask(g.pods[0], bool(followed(groups, terms, gi))) for gi, g in enumerate(groups)]
+    penalties = [state.apart_penalty(g.pods[0]) for g in groups]
     gang_sizes: dict[str, int] = defaultdict(int)
     for g in groups:
         if g.gang is not None:
@@ -237,7 +244,7 @@ def build_instance(
     for a in hint.assignments:
         hinted[_group_key(a.pod, terms, spreads)].add(a.node)
 
-    classes = node_classes(state, _class_extras(state, groups, peers))
+    classes = node_classes(state, _class_extras(state, groups, peers, penalties))
     order = np.argsort(classes, kind="stable")
     starts = np.searchsorted(classes[order], np.arange(classes.max() + 1 if classes.size else 0))
     cpu_free, mem_free, gpu_free = state.cpu_free, state.mem_free, state.gpu_free
@@ -263,8 +270,10 @@ def build_instance(
         reps = order[starts[cls]]  # first node of each class
         pack = _pack(state, reps)
         keys = [-pack, delta[reps]]
-        if shape.preferred_nodes:  # the nodes it prefers first
-            keys.append(-state.cluster.preference_scores(shape.preferred_nodes)[reps])
+        if shape.preferred_nodes or shape.preferred_apart:  # the nodes it prefers first
+            prefer = state.cluster.preference_scores(shape.preferred_nodes)[reps]
+            penalty = penalties[gi]
+            keys.append(-(prefer - penalty[reps]) if penalty is not None else -prefer)
         rank = np.lexsort(keys)
         chosen: list[int] = []
         # A gang's groups compete for the same nodes: each may need room for every member.
@@ -272,7 +281,9 @@ def build_instance(
         quota = max(candidates_per_pod, reach)
         if gang is not None and gang.topology_key:
             quota = feasible.size  # a gang needs enough candidates inside one domain: keep them all
-        if any(_shared_domains(state, c.topology_key) for c in shape.spread):
+        if any(_shared_domains(state, c.topology_key) for c in shape.spread) or any(
+            _shared_domains(state, t.topology_key) for _, t in shape.preferred_apart
+        ):
             quota = feasible.size  # spread over domains: candidates in every one of them
         # Pods that keep out of each other's domains (a class lies within one): a node per class.
         spread = any(

@@ -86,6 +86,8 @@ def hint_from_plan(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
     for (gi, label, value), b_var in v.apart.items():
         there = any(x[ci] for ci in v.by_group[gi] if nodes[inst.candidates[ci].node].labels.get(label) == value)
         model.add_hint(b_var, int(there))
+    for excess, mine in v.apart_excess.values():
+        model.add_hint(excess, max(0, sum(x[ci] for ci in mine) - 1))
     for chosen, mine in v.follow.values():
         model.add_hint(chosen, int(any(x[ci] for ci in mine)))
     for kv, (chosen, mine) in v.first.items():

@@ -39,7 +39,8 @@ class Weights:
     gang_domains: int = 100_000
     """Per topology domain beyond the first that a gang preferring one domain spans."""
     preferred_affinity: int = 500
-    """Per pod, per point of preferred node affinity weight (1..100 a term) its node meets."""
+    """Per pod, per point of preferred node affinity weight (1..100 a term) its node meets, and
+    (as a cost) of preferred pod anti-affinity weight it breaks."""
     work_conserving: bool = True
     """Cap each placement's fragmentation charge below the pod's worth, so a pod that fits is placed."""
 

@@ -833,3 +833,20 @@ async def test_preferred_node_affinity_picks_the_preferred_node_when_it_has_room
     final = await kit.schedule(control_plane, kube, namespace, name, pods)
     where = sorted(final[f"job-{i}"]["spec"].get("nodeName") for i in range(3))
     assert where == ["pref-reserved", "pref-spot", "pref-spot"]  # the spot node's two GPUs, then elsewhere
+
+
+async def test_replicas_that_prefer_to_be_apart_are_spread_rather_than_packed(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node(f"soft-gpu-{i}", 8, "H800") for i in range(3)])
+    term = {"labelSelector": {"matchLabels": {"app": "llm"}}, "topologyKey": "kubernetes.io/hostname"}
+    preferred = [{"weight": 100, "podAffinityTerm": term}]
+    replicas = []
+    for i in range(3):
+        p = kit.pod(f"llm-{i}", name, gpus=1)
+        p["metadata"]["labels"] = {"app": "llm"}
+        p["spec"]["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}}
+        replicas.append(p)
+    final = await kit.schedule(control_plane, kube, namespace, name, replicas)
+    assert {final[f"llm-{i}"]["spec"].get("nodeName") for i in range(3)} == {"soft-gpu-0", "soft-gpu-1", "soft-gpu-2"}

@@ -575,3 +575,23 @@ def test_a_pod_affinity_term_without_a_label_selector_can_never_be_met_and_is_re
     assert "required podAffinity: a term without a labelSelector selects no pod" in rec.error
     anti = {"podAntiAffinity": {_REQUIRED: [{"topologyKey": "zone"}]}}
     assert pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity=anti)).error == ""  # keeps nothing away
+
+
+def test_preferred_pod_anti_affinity_is_read_with_its_weights() -> None:
+    term = {"labelSelector": {"matchLabels": {"app": "llm"}}, "topologyKey": "kubernetes.io/hostname"}
+    anti = {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 40, "podAffinityTerm": term}]
+        }
+    }
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity=anti))
+    assert rec.error == ""
+    assert rec.pod.preferred_apart == (
+        (40, PodAffinityTerm((Requirement("app", "In", ("llm",)),), frozenset({"ns"}), "kubernetes.io/hostname")),
+    )
+    bad = {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 101, "podAffinityTerm": term}]
+        }
+    }
+    assert "preferred podAntiAffinity: weight must be 1..100, got 101" in pod_record(pod_obj(affinity=bad)).error

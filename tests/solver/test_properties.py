@@ -145,6 +145,7 @@ def pod_shapes(draw: st.DrawFn) -> Pod:
         anti_affinity=identity[1],
         spread=draw(st.sampled_from(SPREADS)),
         affinity=draw(st.sampled_from(AFFINITIES)),
+        preferred_apart=draw(st.sampled_from(((), (), ((50, _away("a", "host")[0]),), ((30, _away("a", "zone")[0]),)))),
     )
 
 

@@ -106,9 +106,12 @@ class GreedyPolicy:
 
     def choose(self, pod: Pod, state: ClusterState, nodes: Nodes) -> int:
         """The node to use among ``nodes`` (all feasible): of those its preferred node affinity
-        scores highest, the one the policy scores highest."""
-        if pod.preferred_nodes and nodes.size > 1:
+        and pod anti-affinity score highest, the one the policy scores highest."""
+        if (pod.preferred_nodes or pod.preferred_apart) and nodes.size > 1:
             prefer = state.cluster.preference_scores(pod.preferred_nodes)[nodes]
+            apart = state.apart_penalty(pod)
+            if apart is not None:
+                prefer = prefer - apart[nodes]
             nodes = nodes[prefer == prefer.max()]
         if nodes.size == 1:
             return int(nodes[0])
