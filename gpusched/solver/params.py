@@ -38,7 +38,7 @@ class Weights:
     """Per pod that prefers its GPUs within one island and gets them across islands."""
     gang_domains: int = 100_000
     """Per topology domain beyond the first that a gang preferring one domain spans."""
-    preferred_affinity: int = 500
+    preferred_affinity: int = 100
     """Per pod, per point of preferred node affinity weight (1..100 a term) its node meets, and
     (as a cost) of preferred pod anti-affinity weight it breaks."""
     work_conserving: bool = True
