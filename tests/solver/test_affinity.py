@@ -13,10 +13,9 @@ from gpusched.solver.constraints import affinity, capacity, demand, whole_gpu
 from gpusched.solver.explain import explain
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import build_instance
-from gpusched.solver.params import Limits, SolverParams
-from gpusched.solver.registry import POLICIES, make_policy
-from gpusched.solver.validate import peer_order, plan_problems, validate_plan
-from tests.factories import gpu_node, pod
+from gpusched.solver.registry import POLICIES
+from gpusched.solver.validate import peer_order, plan_problems
+from tests.factories import gpu_node, place_checked, pod
 from tests.solver.test_constraints import Solved
 
 
@@ -30,13 +29,7 @@ def zones(extra: int = 0) -> Cluster:
 
 
 def solve(policy: str, c: Cluster, pods: list[Pod], state: ClusterState | None = None) -> Plan:
-    st = c.empty_state() if state is None else state
-    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
-    plan = make_policy(policy, c, TypicalPods.from_pods(pods), 0, params).place(pods, st)
-    validate_plan(plan, st, pods)
-    assert "FALLBACK" not in plan.stats.status  # CP-SAT's own plan, not the greedy one it started from
-    assert plan.stats.status != "HINT_KEPT"
-    return plan
+    return place_checked(policy, c, pods, state)
 
 
 def zone_of(c: Cluster, plan: Plan) -> Counter[str]:

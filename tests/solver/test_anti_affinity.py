@@ -6,15 +6,14 @@ from dataclasses import replace
 
 import pytest
 
-from gpusched.model import Assignment, Cluster, Plan, Pod, SolveStats
+from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
 from gpusched.model.affinity import PodAffinityTerm, Requirement
 from gpusched.solver.explain import explain
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import build_instance
-from gpusched.solver.params import Limits, SolverParams
-from gpusched.solver.registry import POLICIES, make_policy
-from gpusched.solver.validate import plan_problems, validate_plan
-from tests.factories import gpu_node, pod
+from gpusched.solver.registry import POLICIES
+from gpusched.solver.validate import plan_problems
+from tests.factories import gpu_node, place_checked, pod
 
 HOST = "kubernetes.io/hostname"
 
@@ -35,14 +34,8 @@ def zoned(count: int, per_zone: int = 2, gpus: int = 8) -> Cluster:
     return Cluster(nodes)
 
 
-def solve(policy: str, c: Cluster, pods: list[Pod], state: object = None) -> Plan:
-    st = c.empty_state() if state is None else state
-    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
-    plan = make_policy(policy, c, TypicalPods.from_pods(pods), 0, params).place(pods, st)  # type: ignore[arg-type]
-    validate_plan(plan, st, pods)  # type: ignore[arg-type]
-    assert "FALLBACK" not in plan.stats.status  # CP-SAT's own plan, not the greedy one it started from
-    assert plan.stats.status != "HINT_KEPT"
-    return plan
+def solve(policy: str, c: Cluster, pods: list[Pod], state: ClusterState | None = None) -> Plan:
+    return place_checked(policy, c, pods, state)
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -15,7 +15,7 @@ from gpusched.solver.fragmentation import TypicalPods
 from gpusched.solver.params import Limits, SolverParams
 from gpusched.solver.registry import POLICIES, make_policy
 from gpusched.solver.validate import peer_order, plan_problems, validate_plan
-from tests.factories import gpu_node, pod
+from tests.factories import gpu_node, place_checked, pod
 
 LLM = (Requirement("app", "In", ("llm",)),)
 
@@ -40,12 +40,7 @@ def zones(per_zone: int = 2, names: tuple[str, ...] = ("a", "b", "c"), extra: in
 
 
 def solve(policy: str, c: Cluster, pods: list[Pod], state: ClusterState | None = None) -> Plan:
-    st = c.empty_state() if state is None else state
-    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
-    plan = make_policy(policy, c, TypicalPods.from_pods(pods), 0, params).place(pods, st)
-    validate_plan(plan, st, pods)
-    assert "FALLBACK" not in plan.stats.status  # CP-SAT's own plan, not the greedy one it started from
-    return plan
+    return place_checked(policy, c, pods, state, hint_kept=True)
 
 
 def per_zone(c: Cluster, plan: Plan) -> Counter[str]:
