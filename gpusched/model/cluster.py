@@ -245,6 +245,7 @@ class ClusterState:
         object.__setattr__(self, "_log", _ChangeLog())
         object.__setattr__(self, "_version", 0)
         object.__setattr__(self, "_selected", {})
+        object.__setattr__(self, "_selected_counts", {})
         object.__setattr__(self, "_forbidding", {})
         object.__setattr__(self, "_spread", {})
         object.__setattr__(self, "_affinity", {})
@@ -361,6 +362,24 @@ class ClusterState:
             }
         return got
 
+    def selected_counts(self, term: PodAffinityTerm) -> IntArray:
+        """Per domain id of the term's topology key (``Cluster.domains``), the pods the term selects
+        there.  Found once per term, then carried over by ``apply``."""
+        cache: dict[PodAffinityTerm, IntArray] = self.__dict__["_selected_counts"]
+        got = cache.get(term)
+        if got is None:
+            column, ids = self.cluster.domains(term.topology_key)
+            counts = np.zeros(len(ids), dtype=np.int64)
+            for n, pods in self.residents.items():
+                if column[n] >= 0:
+                    counts[column[n]] += sum(1 for p in pods if p.selected_by(term))
+            for node, pods in self.outside:
+                value = node.labels.get(term.topology_key)
+                if value in ids:
+                    counts[ids[value]] += sum(1 for p in pods if p.selected_by(term))
+            got = cache[term] = _frozen(counts)
+        return got
+
     def _forbidding_domains(self, namespace: str, labels: tuple[tuple[str, str], ...]) -> frozenset[tuple[str, str]]:
         """(Key, value) of the domains whose pods' own terms keep a pod of ``namespace`` and
         ``labels`` out.  Found once per such pod, then carried over by ``apply``."""
@@ -386,16 +405,17 @@ class ClusterState:
         return list(found)
 
     def apart_penalty(self, pod: Pod) -> IntArray | None:
-        """Per node, the weight of the pod's preferred anti-affinity terms whose domain there runs
-        a pod they select (None: it has no such terms)."""
+        """Per node, the pod's preferred anti-affinity weight against it there: each term's weight
+        once per pod it selects in that node's domain, as kube-scheduler scores it (None: it has
+        no such terms)."""
         if not pod.preferred_apart:
             return None
         out = np.zeros(len(self.cluster), dtype=np.int64)
         for weight, term in pod.preferred_apart:
-            column, ids = self.cluster.domains(term.topology_key)
-            taken = [ids[v] for v in self.selected_domains(term) if v in ids]
-            if taken:
-                out += weight * np.isin(column, taken)
+            column, _ = self.cluster.domains(term.topology_key)
+            counts = self.selected_counts(term)
+            if counts.any():
+                out += weight * np.where(column >= 0, counts[np.maximum(column, 0)], 0)
         return out
 
     def anti_mask(self, pod: Pod, existing: bool | None = None) -> BoolArray | None:
@@ -693,6 +713,20 @@ class ClusterState:
                     and (v := nodes[a.node].labels.get(term.topology_key)) is not None
                 }
                 carried[term] = values | more
+        per_term: dict[PodAffinityTerm, IntArray] = self.__dict__["_selected_counts"]
+        if sign > 0 and per_term:  # a pod added adds one to its domain's count; one removed: count again
+            carried_terms = new.__dict__["_selected_counts"]
+            for term, counts in per_term.items():
+                hits = [a.node for a in added if a.pod.has_affinity_identity and a.pod.selected_by(term)]
+                if not hits:
+                    carried_terms[term] = counts
+                    continue
+                column, _ = self.cluster.domains(term.topology_key)
+                grown = counts.copy()
+                for n in hits:
+                    if column[n] >= 0:
+                        grown[column[n]] += 1
+                carried_terms[term] = _frozen(grown)
         forbidding: dict[tuple[str, tuple[tuple[str, str], ...]], frozenset[tuple[str, str]]] = self.__dict__[
             "_forbidding"
         ]

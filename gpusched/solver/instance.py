@@ -281,20 +281,30 @@ def build_instance(
         quota = max(candidates_per_pod, reach)
         if gang is not None and gang.topology_key:
             quota = feasible.size  # a gang needs enough candidates inside one domain: keep them all
-        if any(_shared_domains(state, c.topology_key) for c in shape.spread) or any(
-            _shared_domains(state, t.topology_key) for _, t in shape.preferred_apart
-        ):
-            quota = feasible.size  # spread over domains: candidates in every one of them
+        # Wishes to be apart over shared domains: the best candidates of every domain, up to the
+        # quota each (a class lies within one domain of each key).
+        apart_keys = [t.topology_key for _, t in shape.preferred_apart if _shared_domains(state, t.topology_key)]
+        per_domain: dict[tuple[int, ...], int] | None = {} if apart_keys else None
+        if any(_shared_domains(state, c.topology_key) for c in shape.spread):
+            quota, per_domain = feasible.size, None  # spread over domains: candidates in every one of them
         # Pods that keep out of each other's domains (a class lies within one): a node per class.
         spread = any(
             terms.index(t) in group.selected_by and _shared_domains(state, t.topology_key) for t in shape.anti_affinity
         )
+        columns = [state.cluster.domains(k)[0] for k in apart_keys]
         for r in rank:
             c = cls[r]
             size = (starts[c + 1] if c + 1 < starts.size else classes.size) - starts[c]
             take = 1 if spread else min(int(size), reach)
+            if per_domain is not None:
+                first = int(order[starts[c]])
+                dom = tuple(int(col[first]) for col in columns)
+                have = per_domain.get(dom, 0)
+                if have >= quota:
+                    continue
+                per_domain[dom] = have + take
             chosen.extend(int(n) for n in order[starts[c] : starts[c] + take])
-            if len(chosen) >= quota:
+            if per_domain is None and len(chosen) >= quota:
                 break
         chosen_set = set(chosen) | hinted.get(group.key, set())
         sel = np.array(sorted(chosen_set), dtype=np.int64)

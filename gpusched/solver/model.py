@@ -13,7 +13,9 @@ __all__ = ["build_model", "hint_from_plan"]
 
 
 def build_model(inst: Instance, weights: Weights) -> tuple[cp_model.CpModel, Vars]:
-    """The model for ``inst``: every constraint module, then the sum of every objective term."""
+    """The model for ``inst``: every constraint module, then the sum of every objective term
+    (placement weighted first, ``objectives.placed.placement_first``)."""
+    weights = objectives.placed.placement_first(inst, weights)
     model = cp_model.CpModel()
     v = Vars.create(inst, model)
     for c in constraints.ALL:
@@ -86,8 +88,9 @@ def hint_from_plan(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
     for (gi, label, value), b_var in v.apart.items():
         there = any(x[ci] for ci in v.by_group[gi] if nodes[inst.candidates[ci].node].labels.get(label) == value)
         model.add_hint(b_var, int(there))
-    for excess, mine in v.apart_excess.values():
-        model.add_hint(excess, max(0, sum(x[ci] for ci in mine) - 1))
+    for pair_var, mine in v.apart_pairs.values():
+        k = sum(x[ci] for ci in mine)
+        model.add_hint(pair_var, k * (k - 1) // 2)
     for chosen, mine in v.follow.values():
         model.add_hint(chosen, int(any(x[ci] for ci in mine)))
     for kv, (chosen, mine) in v.first.items():

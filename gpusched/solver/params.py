@@ -39,10 +39,12 @@ class Weights:
     gang_domains: int = 100_000
     """Per topology domain beyond the first that a gang preferring one domain spans."""
     preferred_affinity: int = 100
-    """Per pod, per point of preferred node affinity weight (1..100 a term) its node meets, and
-    (as a cost) of preferred pod anti-affinity weight it breaks."""
+    """Per pod, per point (0..100) of its normalised preference score on its node, and (as a cost)
+    per weight point per pair of replicas sharing a domain they prefer to avoid; 0: off."""
     work_conserving: bool = True
-    """Cap each placement's fragmentation charge below the pod's worth, so a pod that fits is placed."""
+    """A pod that fits is placed: each placement's fragmentation charge is capped below the pod's
+    worth, and the placement weights are raised per batch above the keep-hint and preference
+    terms together (``objectives.placed.placement_first``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,7 @@ class CpSatPolicy:
         self.tracker = TypicalTracker(cluster, typical)
         # The warm start's scorer is replaced by the tracker's before every batch.
         self.greedy = FgdPolicy(cluster, TypicalPods((), ()), seed=self.params.seed)
+        self.greedy.preferences = self.params.weights.preferred_affinity > 0  # weight 0: ignored throughout
 
     def place(self, pods: Sequence[Pod], state: ClusterState) -> Plan:
         """Solve the batch; fall back to the greedy plan if CP-SAT finds nothing better."""

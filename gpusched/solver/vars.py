@@ -50,9 +50,9 @@ class Vars:
     follow: dict[tuple[int, str, str], tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
     """(group, key, value) -> (the group places pods in that domain, where no pod it follows runs
     yet, its candidates there)."""
-    apart_excess: dict[tuple[int, int, str], tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
-    """(group, preferred anti-affinity term, value) -> (the group's pods in that domain beyond the
-    first, where the term selects the group's own pods; its candidates there)."""
+    apart_pairs: dict[tuple[int, int, str], tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
+    """(group, preferred anti-affinity term, value) -> (pairs of the group's pods in that domain,
+    where the term selects the group's own pods; its candidates there)."""
     spread_in: dict[tuple[int, int, int], tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
     """(group, spread constraint, domain id) -> (the group places pods there, its candidates there)."""
     spread_low: dict[tuple[int, int], tuple[cp_model.IntVar, tuple[tuple[int, tuple[int, ...]], ...]]] = field(

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gpusched.model import Assignment, Cluster, ClusterState, Node, Pod
+from gpusched.model.affinity import PodAffinityTerm, Requirement
 from gpusched.model.cluster import BoolArray
 
 
@@ -229,3 +230,22 @@ def test_changed_since_names_exactly_the_nodes_touched_since_a_stamp() -> None:
     assert sorted(changed.tolist()) == [1, 4]
     sibling = base.apply([Assignment(Pod("d", 100, 10), 2)])  # a second branch from base
     assert sibling.changed_since(s1.stamp) is None  # not derived from s1: callers must diff arrays
+
+
+def test_pods_a_term_selects_are_counted_per_domain_and_the_counts_follow_apply_and_release() -> None:
+    c = Cluster([dataclasses.replace(Node(f"n{i}", 8000, 8192), labels={"zone": "ab"[i % 2]}) for i in range(4)])
+    term = PodAffinityTerm((Requirement("app", "In", ("web",)),), frozenset({"default"}), "zone")
+    web = dataclasses.replace(pod("w"), labels=(("app", "web"),))
+    other = dataclasses.replace(pod("o"), labels=(("app", "db"),))
+    first = [Assignment(dataclasses.replace(web, name="w0"), 0), Assignment(other, 1)]
+    state = c.empty_state().apply(first)
+    assert state.selected_counts(term).tolist() == [1, 0]  # zone a: w0; zone b: only a pod it does not select
+    more = [Assignment(dataclasses.replace(web, name="w1"), 2), Assignment(dataclasses.replace(web, name="w2"), 3)]
+    grown = state.apply(more)  # carried over from the cached counts
+    assert grown.selected_counts(term).tolist() == [2, 1]
+    assert c.empty_state().apply(first + more).selected_counts(term).tolist() == [2, 1]  # found afresh
+    assert grown.release(more[:1]).selected_counts(term).tolist() == [1, 1]
+    asker = dataclasses.replace(pod("x"), preferred_apart=((10, term),))
+    penalty = grown.apart_penalty(asker)
+    assert penalty is not None
+    assert penalty.tolist() == [20, 10, 20, 10]  # the weight once per pod selected

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from ortools.sat.python import cp_model
 
-from gpusched.model import Assignment, Cluster, Plan
+from gpusched.model import Assignment, Cluster, Plan, Pod
 from gpusched.model.affinity import PodAffinityTerm, Requirement
 from gpusched.solver.constraints import capacity, demand, whole_gpu
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
@@ -116,3 +116,90 @@ def test_the_objective_charges_replicas_sharing_a_domain_against_packing() -> No
     w = Weights(fragmentation=0, active_nodes=0, packing=1, keep_hint=0)
     assert nodes_used(w) == 3
     assert nodes_used(replace(w, preferred_affinity=0)) == 1, "without the term packing stacks them on h0"
+
+
+@pytest.mark.parametrize("per_point", [100, 1000, 10**6])
+def test_no_preference_keeps_out_a_pod_that_fits_whatever_its_weight(per_point: int) -> None:
+    # a and b would rather run on the spot node; c may only run there.  Both fit elsewhere, c
+    # does not: the plan must move a and b, not leave c out (the greedy warm start, taking the
+    # pods in order, does leave c out).
+    c = cluster()
+    only_spot_b = ((Requirement("pool", "In", ("spot",)), Requirement("zone", "In", ("b",))),)
+    wishes = [replace(pod(n, cpu=4000), preferred_nodes=((100, (Requirement("zone", "In", ("b",)),)),)) for n in "ab"]
+    must = replace(pod("c", cpu=8000), node_selector=only_spot_b)
+    params = SolverParams(weights=Weights(preferred_affinity=per_point), limits=Limits(time_limit_s=1.0, workers=1))
+    batch = [*wishes, must]
+    greedy = make_policy("fgd", c, TypicalPods.from_pods(batch), 0, params).place(batch, c.empty_state())
+    assert [p.name for p in greedy.unplaced] == ["c"]
+    plan = make_policy("cpsat", c, TypicalPods.from_pods(batch), 0, params).place(batch, c.empty_state())
+    validate_plan(plan, c.empty_state(), batch)
+    assert not plan.unplaced, plan.stats
+    assert {c.nodes[a.node].name for a in plan.assignments if a.pod.name != "c"} != {"n1"}
+
+
+ZONE = "topology.kubernetes.io/zone"
+
+
+def _zones(per_zone: int = 2) -> Cluster:
+    return Cluster(
+        [
+            replace(gpu_node(f"{z}{i}", gpus=8), labels={ZONE: z, "kubernetes.io/hostname": f"{z}{i}"})
+            for z in "abc"
+            for i in range(per_zone)
+        ]
+    )
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "random"])
+def test_replicas_beyond_the_domains_spread_evenly_counting_every_pod_already_there(policy: str) -> None:
+    c = _zones()
+    replica = replace(pod("r", gpus=1), labels=(("app", "llm"),), preferred_apart=_apart(100, ZONE))
+    six = [replace(replica, name=f"r{i}") for i in range(6)]
+    plan = make_policy(policy, c, TypicalPods.from_pods(six), 0, SolverParams()).place(six, c.empty_state())
+    validate_plan(plan, c.empty_state(), six)
+    per_zone = sorted(sum(c.nodes[a.node].labels[ZONE] == z for a in plan.assignments) for z in "abc")
+    assert per_zone == [2, 2, 2]  # 4/1/1 breaks as many wishes once each, but more pairs
+    # Two replicas already run in zone a and one in b: three more go c, c, b (or b, c, c).
+    old = [Assignment(replace(replica, name=f"old{i}"), n, (0,)) for i, n in enumerate((0, 1, 2))]
+    state = c.empty_state().apply(old)
+    three = six[:3]
+    plan = make_policy(policy, c, TypicalPods.from_pods(three), 0, SolverParams()).place(three, state)
+    validate_plan(plan, state, three)
+    added = sorted(c.nodes[a.node].labels[ZONE] for a in plan.assignments)
+    assert added == ["b", "c", "c"]
+
+
+def test_preferences_off_are_off_in_the_warm_start_too() -> None:
+    c = cluster()
+    state = c.empty_state().apply([Assignment(pod("old", gpus=2), 0, (0, 1))])  # n0 half full
+    p = replace(pod("p", gpus=1), preferred_nodes=SPOT)
+    off = SolverParams(weights=Weights(preferred_affinity=0), limits=Limits(time_limit_s=1.0, workers=1))
+
+    def node(q: Pod) -> int:
+        plan = make_policy("cpsat", c, TypicalPods.from_pods([q]), 0, off).place([q], state)
+        return plan.assignments[0].node
+
+    wishless = node(replace(p, preferred_nodes=()))
+    assert wishless != 2, "the test needs a cluster where the wish changes the answer"
+    assert node(p) == wishless  # the warm start did not follow the wish either
+
+
+def test_a_zone_wish_keeps_the_best_candidates_of_each_zone_not_every_node() -> None:
+    nodes = [
+        replace(gpu_node(f"n{i}", gpus=8), labels={ZONE: "abc"[i % 3], "kubernetes.io/hostname": f"n{i}"})
+        for i in range(600)
+    ]
+    c = Cluster(nodes)
+    # 300 distinct fills, so few nodes are interchangeable.
+    fill = [Assignment(pod(f"f{i}", cpu=10 * (i % 300), mem=1), i, ()) for i in range(600)]
+    state = c.empty_state().apply(fill)
+    wish = _apart(100, ZONE)
+    replicas = [replace(pod(f"r{i}", gpus=1), labels=(("app", "llm"),), preferred_apart=wish) for i in range(5)]
+    scorer = FragScorer(c, TypicalPods.from_pods(replicas))
+    inst = build_instance(replicas, state, scorer, Plan((), tuple(replicas)), 24)
+    per_zone: dict[str, int] = {}
+    for cand in inst.candidates:
+        z = c.nodes[cand.node].labels[ZONE]
+        per_zone[z] = per_zone.get(z, 0) + 1
+    assert sorted(per_zone) == ["a", "b", "c"]
+    assert max(per_zone.values()) <= 24

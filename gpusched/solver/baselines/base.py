@@ -79,6 +79,8 @@ class GreedyPolicy:
     def __init__(self, seed: int = 0) -> None:
         self.rng = random.Random(seed)
         self._rank: IntArray | None = None
+        self.preferences = True
+        """Honour preferred node affinity and pod anti-affinity (off: the policy's score alone)."""
 
     def rank(self, state: ClusterState) -> IntArray:
         """Tie-break rank of every node (lower wins): a permutation fixed by the seed."""
@@ -107,7 +109,7 @@ class GreedyPolicy:
     def choose(self, pod: Pod, state: ClusterState, nodes: Nodes) -> int:
         """The node to use among ``nodes`` (all feasible): of those its preferred node affinity
         and pod anti-affinity score highest, the one the policy scores highest."""
-        if (pod.preferred_nodes or pod.preferred_apart) and nodes.size > 1:
+        if self.preferences and (pod.preferred_nodes or pod.preferred_apart) and nodes.size > 1:
             prefer = state.cluster.preference_scores(pod.preferred_nodes)[nodes]
             apart = state.apart_penalty(pod)
             if apart is not None:

@@ -1,6 +1,15 @@
-"""Preferences: preferred node affinity earns a pod its terms' weight on a node meeting them;
-preferred pod anti-affinity costs it its terms' weight in a domain running a pod they select
-(pods already placed, and the batch's own pods of its group beyond the first per domain)."""
+"""Preferences, scored as kube-scheduler scores them and never worth a pod.
+
+Per pod, a node earns the weight of the preferred node affinity terms it meets, less each
+preferred anti-affinity term's weight once per pod the term selects in the node's domain;
+these raw scores are normalised to 0..100 points over the pod's candidate nodes (kube-scheduler
+normalises NodeAffinity and InterPodAffinity scores to 0..100 per pod).  Replicas of one batch
+that prefer to be apart also pay the term's weight per pair sharing a domain, which spreads six
+replicas over three domains 2/2/2 rather than 4/1/1.
+
+In the work-conserving mode no wish keeps out a pod that fits: ``placed.placement_first``
+weighs one pod placed above the batch's whole ``swing``.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +21,29 @@ from gpusched.solver.instance import Instance
 from gpusched.solver.params import Weights
 from gpusched.solver.vars import Vars
 
+POINTS = 100
+"""The range a pod's node-level preference score is normalised to."""
+
+
+def _self_terms(inst: Instance, gi: int) -> list[tuple[int, int]]:
+    """(term index, weight) of group ``gi``'s preferred anti-affinity terms that select its own pods."""
+    group = inst.groups[gi]
+    return [(ti, w) for ti, (w, t) in enumerate(group.shape.preferred_apart) if group.pods[0].selected_by(t)]
+
+
+def swing(inst: Instance) -> int:
+    """The most the batch's preferences can add up to, in points: each pod's full node-level
+    range, and every pair of replicas sharing a domain."""
+    total = 0
+    for gi, group in enumerate(inst.groups):
+        shape, n = group.shape, len(group.pods)
+        if shape.preferred_nodes or shape.preferred_apart:
+            total += n * POINTS + sum(w for _, w in _self_terms(inst, gi)) * n * (n - 1) // 2
+    return total
+
 
 def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_model.LinearExprT:
-    """preferred_affinity * (weight of preferred node terms met - weight of preferred
-    anti-affinity terms broken), per pod."""
+    """preferred_affinity * (normalised node points - weight per pair of replicas sharing a domain)."""
     if not w.preferred_affinity:
         return 0
     cl = inst.state.cluster
@@ -26,25 +54,31 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
             continue
         scores = cl.preference_scores(shape.preferred_nodes)
         apart = inst.state.apart_penalty(group.pods[0])
-        for ci in v.by_group[gi]:
-            node = inst.candidates[ci].node
-            score = int(scores[node]) - (int(apart[node]) if apart is not None else 0)
-            if score:
-                terms.append(w.preferred_affinity * score * v.x[ci])
-        for ti, (weight, term) in enumerate(shape.preferred_apart):
-            if not group.pods[0].selected_by(term):
-                continue
+        mine = v.by_group[gi]
+        raw = {ci: int(scores[inst.candidates[ci].node]) for ci in mine}
+        if apart is not None:
+            raw = {ci: s - int(apart[inst.candidates[ci].node]) for ci, s in raw.items()}
+        if raw:
+            lo, hi = min(raw.values()), max(raw.values())
+            for ci, s in raw.items():
+                pts = (s - lo) * POINTS // (hi - lo) if hi > lo else 0
+                if pts:
+                    terms.append(w.preferred_affinity * pts * v.x[ci])
+        for ti, weight in _self_terms(inst, gi):
+            key = shape.preferred_apart[ti][1].topology_key
             by_domain: dict[str, list[int]] = defaultdict(list)
-            for ci in v.by_group[gi]:
-                value = cl.nodes[inst.candidates[ci].node].labels.get(term.topology_key)
+            for ci in mine:
+                value = cl.nodes[inst.candidates[ci].node].labels.get(key)
                 if value is not None:
                     by_domain[value].append(ci)
-            for value, mine in by_domain.items():
-                most = sum(inst.candidates[ci].ub for ci in mine)
+            for value, here in by_domain.items():
+                most = min(sum(inst.candidates[ci].ub for ci in here), len(group.pods))
                 if most < 2:
                     continue
-                excess = model.new_int_var(0, most - 1, f"ap{gi}_{ti}_{value}")
-                model.add(excess >= sum(v.x[ci] for ci in mine) - 1)
-                v.apart_excess[gi, ti, value] = (excess, tuple(mine))
-                terms.append(-w.preferred_affinity * weight * excess)
+                pairs = model.new_int_var(0, most * (most - 1) // 2, f"ap{gi}_{ti}_{value}")
+                k = sum(v.x[ci] for ci in here)
+                for j in range(1, most):  # k(k-1)/2 is convex: the largest of its chords at 1..most-1
+                    model.add(pairs >= j * k - j * (j + 1) // 2)
+                v.apart_pairs[gi, ti, value] = (pairs, tuple(here))
+                terms.append(-w.preferred_affinity * weight * pairs)
     return sum(terms)
