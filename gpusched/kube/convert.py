@@ -437,21 +437,25 @@ def _pod(
     except ValueError as exc:
         error = error or f"{where}: {exc}"
         node_selector, preferred = (), ()
-    try:
-        apart = _preferred_apart(namespace, labels, affinity.get("podAntiAffinity") or {})
-    except ValueError as exc:
-        error = error or f"{where}: preferred podAntiAffinity: {exc}"
-        apart = ()
+    wished: dict[str, tuple[tuple[int, PodAffinityTerm], ...]] = {}
+    for kind in ("podAffinity", "podAntiAffinity"):
+        try:
+            wished[kind] = _preferred_pod_terms(namespace, labels, affinity.get(kind) or {})
+        except ValueError as exc:
+            error = error or f"{where}: preferred {kind}: {exc}"
+            wished[kind] = ()
+    apart = wished["podAntiAffinity"]
     terms: dict[str, tuple[PodAffinityTerm, ...]] = {}
     for kind in ("podAffinity", "podAntiAffinity"):
         terms[kind], problem = _pod_terms(namespace, labels, affinity.get(kind) or {}, kind == "podAffinity")
         if problem:
             error = error or f"{where}: required {kind}: {problem}"
     try:
-        spread = _spread(namespace, labels, spec.get("topologySpreadConstraints") or ())
+        spread, wishes = _spread(namespace, labels, spec.get("topologySpreadConstraints") or ())
     except ValueError as exc:
         error = error or f"{where}: topologySpreadConstraints: {exc}"
-        spread = ()
+        spread, wishes = (), ()
+    apart = tuple(dict.fromkeys((*apart, *wishes)))
     unknown = _unsupported_resources(spec)
     if unknown:
         error = error or (
@@ -482,6 +486,7 @@ def _pod(
             terms["podAffinity"],
             preferred_nodes=preferred,
             preferred_apart=apart,
+            preferred_together=wished["podAffinity"],
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
@@ -580,14 +585,15 @@ def _pod_terms(
     return tuple(out), problems[0] if problems else ""
 
 
-def _preferred_apart(
-    namespace: str, labels: Mapping[str, str], anti: Mapping[str, Any]
+def _preferred_pod_terms(
+    namespace: str, labels: Mapping[str, str], section: Mapping[str, Any]
 ) -> tuple[tuple[int, PodAffinityTerm], ...]:
-    """The preferred pod anti-affinity terms, (weight, term), read as the required ones are (a
-    ``namespaceSelector`` with requirements counts every namespace; a term that selects no pod is
-    left out).  Raises ``ValueError`` for a bad weight or a term that cannot be read."""
+    """The preferred terms of a ``podAffinity`` or ``podAntiAffinity``, (weight, term), read as
+    the required ones are (a ``namespaceSelector`` with requirements counts every namespace; a
+    term that selects no pod is left out, as it weighs nothing).  Raises ``ValueError`` for a bad
+    weight or a term that cannot be read."""
     out: list[tuple[int, PodAffinityTerm]] = []
-    for item in anti.get("preferredDuringSchedulingIgnoredDuringExecution") or ():
+    for item in section.get("preferredDuringSchedulingIgnoredDuringExecution") or ():
         weight = item.get("weight") if isinstance(item, Mapping) else None
         if not isinstance(weight, int) or not 1 <= weight <= 100:
             raise ValueError(f"weight must be 1..100, got {weight!r}")
@@ -627,15 +633,36 @@ def _label_selector(term: Mapping[str, Any], labels: Mapping[str, str]) -> tuple
     return tuple(reqs)
 
 
-def _spread(namespace: str, labels: Mapping[str, str], constraints: Any) -> tuple[Spread, ...]:
-    """The ``whenUnsatisfiable: DoNotSchedule`` constraints (``ScheduleAnyway`` ones are wishes,
-    not weighed here), as the API reads them.  Raises ``ValueError`` for a malformed one."""
+SPREAD_WISH_WEIGHT = 100
+"""The preferred anti-affinity weight a ``ScheduleAnyway`` spread constraint is weighed with."""
+
+
+def _spread(
+    namespace: str, labels: Mapping[str, str], constraints: Any
+) -> tuple[tuple[Spread, ...], tuple[tuple[int, PodAffinityTerm], ...]]:
+    """The ``whenUnsatisfiable: DoNotSchedule`` constraints as the API reads them, and the
+    ``ScheduleAnyway`` ones as wishes to be apart from the pods they count: a preferred pod
+    anti-affinity term of weight ``SPREAD_WISH_WEIGHT`` over the constraint's key, selector and
+    the pod's namespace (so each pod counted in a domain weighs against it, as kube-scheduler's
+    spread score counts them; ``maxSkew`` and the node policies are not weighed).  Raises
+    ``ValueError`` for a malformed one."""
     out: dict[Spread, None] = {}
+    wishes: dict[tuple[int, PodAffinityTerm], None] = {}
     for c in constraints:
         if not isinstance(c, Mapping):
             raise ValueError("a constraint must be an object")
-        if c.get("whenUnsatisfiable", "DoNotSchedule") != "DoNotSchedule":
+        if c.get("whenUnsatisfiable", "DoNotSchedule") == "ScheduleAnyway":
+            key = str(c.get("topologyKey") or "")
+            if not key:
+                raise ValueError("a constraint needs a topologyKey, the node label whose values are the domains")
+            reqs = _label_selector(c, labels)
+            if reqs is not None:  # no selector counts no pod: nothing to weigh
+                wishes[SPREAD_WISH_WEIGHT, PodAffinityTerm(reqs, frozenset({namespace}), key)] = None
             continue
+        if c.get("whenUnsatisfiable", "DoNotSchedule") != "DoNotSchedule":
+            raise ValueError(
+                f"whenUnsatisfiable must be DoNotSchedule or ScheduleAnyway, got {c.get('whenUnsatisfiable')!r}"
+            )
         policies = {}
         for field, default in (("nodeAffinityPolicy", "Honor"), ("nodeTaintsPolicy", "Ignore")):
             policies[field] = str(c.get(field) or default)
@@ -654,7 +681,7 @@ def _spread(namespace: str, labels: Mapping[str, str], constraints: Any) -> tupl
             policies["nodeTaintsPolicy"] == "Honor",
         )
         out[spread] = None
-    return tuple(out)
+    return tuple(out), tuple(wishes)
 
 
 def _host_ports(spec: Mapping[str, Any]) -> frozenset[str]:

@@ -405,13 +405,14 @@ class ClusterState:
         return list(found)
 
     def apart_penalty(self, pod: Pod) -> IntArray | None:
-        """Per node, the pod's preferred anti-affinity weight against it there: each term's weight
-        once per pod it selects in that node's domain, as kube-scheduler scores it (None: it has
-        no such terms)."""
-        if not pod.preferred_apart:
+        """Per node, the pod's preferred pod (anti-)affinity weight against it there: each
+        anti-affinity term's weight once per pod it selects in that node's domain, less each
+        affinity term's weight likewise, as kube-scheduler scores them (None: it has no such
+        terms)."""
+        if not (pod.preferred_apart or pod.preferred_together):
             return None
         out = np.zeros(len(self.cluster), dtype=np.int64)
-        for weight, term in pod.preferred_apart:
+        for weight, term in pod.pod_wishes:
             column, _ = self.cluster.domains(term.topology_key)
             counts = self.selected_counts(term)
             if counts.any():

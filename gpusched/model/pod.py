@@ -81,8 +81,27 @@ def tolerated(tolerations: tuple[Toleration, ...], taints: tuple[Taint, ...]) ->
     return not untolerated(tolerations, taints)
 
 
+class _Wishes:
+    """Preferred node and pod affinity, read the same way for a pod and its shape."""
+
+    __slots__ = ()
+    preferred_nodes: Preference
+    preferred_apart: tuple[tuple[int, PodAffinityTerm], ...]
+    preferred_together: tuple[tuple[int, PodAffinityTerm], ...]
+
+    @property
+    def pod_wishes(self) -> tuple[tuple[int, PodAffinityTerm], ...]:
+        """(Weight, term) per preferred pod term: positive keeps apart, negative draws together."""
+        return (*self.preferred_apart, *((-w, t) for w, t in self.preferred_together))
+
+    @property
+    def has_preferences(self) -> bool:
+        """Whether it has preferred node or pod affinity of any kind."""
+        return bool(self.preferred_nodes or self.preferred_apart or self.preferred_together)
+
+
 @dataclass(frozen=True, slots=True)
-class PodShape:
+class PodShape(_Wishes):
     """The part of a pod that placement depends on; pods of one shape are interchangeable."""
 
     cpu_milli: int
@@ -101,6 +120,7 @@ class PodShape:
     affinity: tuple[PodAffinityTerm, ...] = ()
     preferred_nodes: Preference = ()
     preferred_apart: tuple[tuple[int, PodAffinityTerm], ...] = ()
+    preferred_together: tuple[tuple[int, PodAffinityTerm], ...] = ()
 
     @property
     def gpu_demand_milli(self) -> int:
@@ -120,7 +140,7 @@ class PodShape:
 
 
 @dataclass(frozen=True, slots=True)
-class Pod:
+class Pod(_Wishes):
     """A pod to place.
 
     ``gpu_milli`` is per GPU: a fractional pod (``num_gpu == 1`` and
@@ -164,6 +184,8 @@ class Pod:
     """Preferred node affinity: weighed by the solver, never required."""
     preferred_apart: tuple[tuple[int, PodAffinityTerm], ...] = ()
     """Preferred pod anti-affinity, (weight 1..100, term): weighed, never required."""
+    preferred_together: tuple[tuple[int, PodAffinityTerm], ...] = ()
+    """Preferred pod affinity, (weight 1..100, term): weighed, never required."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"
@@ -224,6 +246,7 @@ class Pod:
             self.affinity,
             self.preferred_nodes,
             self.preferred_apart,
+            self.preferred_together,
         )
 
     @property

@@ -150,7 +150,7 @@ def _class_extras(
     keys |= {t.topology_key for s in shapes for t in s.anti_affinity if _shared_domains(state, t.topology_key)}
     keys |= {c.topology_key for s in shapes for c in s.spread if _shared_domains(state, c.topology_key)}
     keys |= {t.topology_key for s in shapes for t in s.affinity if _shared_domains(state, t.topology_key)}
-    keys |= {t.topology_key for s in shapes for _, t in s.preferred_apart if _shared_domains(state, t.topology_key)}
+    keys |= {t.topology_key for s in shapes for _, t in s.pod_wishes if _shared_domains(state, t.topology_key)}
     for key in sorted(keys):
         extra.append(cl.domains(key)[0])
     masks = {m.tobytes(): m for m in peers if m is not None}
@@ -270,7 +270,7 @@ def build_instance(
         reps = order[starts[cls]]  # first node of each class
         pack = _pack(state, reps)
         keys = [-pack, delta[reps]]
-        if shape.preferred_nodes or shape.preferred_apart:  # the nodes it prefers first
+        if shape.has_preferences:  # the nodes it prefers first
             prefer = state.cluster.preference_scores(shape.preferred_nodes)[reps]
             penalty = penalties[gi]
             keys.append(-(prefer - penalty[reps]) if penalty is not None else -prefer)
@@ -281,9 +281,9 @@ def build_instance(
         quota = max(candidates_per_pod, reach)
         if gang is not None and gang.topology_key:
             quota = feasible.size  # a gang needs enough candidates inside one domain: keep them all
-        # Wishes to be apart over shared domains: the best candidates of every domain, up to the
-        # quota each (a class lies within one domain of each key).
-        apart_keys = [t.topology_key for _, t in shape.preferred_apart if _shared_domains(state, t.topology_key)]
+        # Wishes to be apart from (or with) pods over shared domains: the best candidates of every
+        # domain, up to the quota each (a class lies within one domain of each key).
+        apart_keys = [t.topology_key for _, t in shape.pod_wishes if _shared_domains(state, t.topology_key)]
         per_domain: dict[tuple[int, ...], int] | None = {} if apart_keys else None
         if any(_shared_domains(state, c.topology_key) for c in shape.spread):
             quota, per_domain = feasible.size, None  # spread over domains: candidates in every one of them

@@ -850,3 +850,37 @@ async def test_replicas_that_prefer_to_be_apart_are_spread_rather_than_packed(
         replicas.append(p)
     final = await kit.schedule(control_plane, kube, namespace, name, replicas)
     assert {final[f"llm-{i}"]["spec"].get("nodeName") for i in range(3)} == {"soft-gpu-0", "soft-gpu-1", "soft-gpu-2"}
+
+
+async def test_soft_spread_and_preferred_pod_affinity_are_weighed(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    zones = ("z0", "z1", "z2")
+    nodes = [kit.node(f"wish-gpu-{z}", 8, "H800", **{"topology.kubernetes.io/zone": z}) for z in zones]
+    await kit.create_all(kube, "/api/v1/nodes", nodes)
+    cache = kit.pod("cache", "another-scheduler", gpus=1)
+    cache["metadata"]["labels"] = {"app": "cache"}
+    cache["spec"]["nodeName"] = "wish-gpu-z2"  # bound by someone else
+    await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [cache])
+    soft = {
+        "maxSkew": 1,
+        "topologyKey": "topology.kubernetes.io/zone",
+        "whenUnsatisfiable": "ScheduleAnyway",
+        "labelSelector": {"matchLabels": {"app": "llm"}},
+    }
+    replicas = []
+    for i in range(6):
+        p = kit.pod(f"llm-{i}", name, gpus=1)
+        p["metadata"]["labels"] = {"app": "llm"}
+        p["spec"]["topologySpreadConstraints"] = [soft]
+        replicas.append(p)
+    near = {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": "topology.kubernetes.io/zone"}
+    reader = kit.pod("reader", name, gpus=1)
+    reader["spec"]["affinity"] = {
+        "podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": near}]}
+    }
+    final = await kit.schedule(control_plane, kube, namespace, name, [*replicas, reader], count=8)
+    spread = Counter(final[f"llm-{i}"]["spec"].get("nodeName") for i in range(6))
+    assert spread == {f"wish-gpu-{z}": 2 for z in zones}  # packing alone would fill one node
+    assert final["reader"]["spec"].get("nodeName") == "wish-gpu-z2"  # beside the cache

@@ -502,7 +502,7 @@ def test_match_label_keys_the_api_server_merged_already_are_not_added_again() ->
     )
 
 
-def test_hard_topology_spread_constraints_are_read_and_soft_ones_left_out() -> None:
+def test_hard_topology_spread_constraints_are_read_and_soft_ones_weighed_as_wishes_to_be_apart() -> None:
     constraints = [
         {
             "maxSkew": 1,
@@ -514,7 +514,13 @@ def test_hard_topology_spread_constraints_are_read_and_soft_ones_left_out() -> N
             "nodeTaintsPolicy": "Honor",
         },
         {"maxSkew": 2, "topologyKey": "kubernetes.io/hostname", "nodeAffinityPolicy": "Ignore"},
-        {"maxSkew": 1, "topologyKey": "rack", "whenUnsatisfiable": "ScheduleAnyway"},
+        {"maxSkew": 1, "topologyKey": "rack", "whenUnsatisfiable": "ScheduleAnyway"},  # counts no pod
+        {
+            "maxSkew": 1,
+            "topologyKey": "zone",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"app": "llm"}},
+        },
     ]
     labels = {"app": "llm", "pod-template-hash": "abc"}
     rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, labels=labels, topologySpreadConstraints=constraints))
@@ -524,6 +530,12 @@ def test_hard_topology_spread_constraints_are_read_and_soft_ones_left_out() -> N
         Spread(1, "zone", llm, "ns", 3, honor_affinity=True, honor_taints=True),
         Spread(2, "kubernetes.io/hostname", None, "ns", 1, honor_affinity=False, honor_taints=False),
     )
+    assert rec.pod.preferred_apart == (
+        (100, PodAffinityTerm((Requirement("app", "In", ("llm",)),), frozenset({"ns"}), "zone")),
+    )
+    odd = {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "Sometimes"}
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, topologySpreadConstraints=[odd]))
+    assert "whenUnsatisfiable must be DoNotSchedule or ScheduleAnyway, got 'Sometimes'" in rec.error
 
 
 @pytest.mark.parametrize(
@@ -595,3 +607,18 @@ def test_preferred_pod_anti_affinity_is_read_with_its_weights() -> None:
         }
     }
     assert "preferred podAntiAffinity: weight must be 1..100, got 101" in pod_record(pod_obj(affinity=bad)).error
+
+
+def test_preferred_pod_affinity_is_read_with_its_weights() -> None:
+    term = {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": "zone"}
+    wish = {
+        "podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 70, "podAffinityTerm": term}]}
+    }
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity=wish))
+    assert rec.error == ""
+    assert rec.pod.preferred_together == (
+        (70, PodAffinityTerm((Requirement("app", "In", ("cache",)),), frozenset({"ns"}), "zone")),
+    )
+    assert rec.pod.preferred_apart == ()
+    bad = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 0, "podAffinityTerm": term}]}}
+    assert "preferred podAffinity: weight must be 1..100, got 0" in pod_record(pod_obj(affinity=bad)).error

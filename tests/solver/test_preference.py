@@ -203,3 +203,19 @@ def test_a_zone_wish_keeps_the_best_candidates_of_each_zone_not_every_node() -> 
         per_zone[z] = per_zone.get(z, 0) + 1
     assert sorted(per_zone) == ["a", "b", "c"]
     assert max(per_zone.values()) <= 24
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "random"])
+def test_every_policy_joins_the_zone_of_the_pods_it_prefers_to_be_near_while_there_is_room(policy: str) -> None:
+    c = _zones(per_zone=1)
+    cache = replace(pod("cache", gpus=1), labels=(("app", "cache"),))
+    state = c.empty_state().apply([Assignment(cache, 1, (0,)), Assignment(pod("other", gpus=4), 0, (0, 1, 2, 3))])
+    near = ((100, PodAffinityTerm((Requirement("app", "In", ("cache",)),), frozenset({"default"}), ZONE)),)
+    pods = [replace(pod(f"w{i}", gpus=2), preferred_together=near) for i in range(5)]
+    three = pods[:3]
+    plan = make_policy(policy, c, TypicalPods.from_pods(three), 0, SolverParams()).place(three, state)
+    validate_plan(plan, state, three)
+    # Zone b (the cache's) has room for all three; packing alone would fill the busier zone a first.
+    assert [c.nodes[a.node].labels[ZONE] for a in plan.assignments] == ["b", "b", "b"]
+    plan = make_policy(policy, c, TypicalPods.from_pods(pods), 0, SolverParams()).place(pods, state)
+    assert len(plan.assignments) == 5  # a wish, not a rule

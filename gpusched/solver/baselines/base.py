@@ -109,7 +109,7 @@ class GreedyPolicy:
     def choose(self, pod: Pod, state: ClusterState, nodes: Nodes) -> int:
         """The node to use among ``nodes`` (all feasible): of those its preferred node affinity
         and pod anti-affinity score highest, the one the policy scores highest."""
-        if self.preferences and (pod.preferred_nodes or pod.preferred_apart) and nodes.size > 1:
+        if self.preferences and pod.has_preferences and nodes.size > 1:
             prefer = state.cluster.preference_scores(pod.preferred_nodes)[nodes]
             apart = state.apart_penalty(pod)
             if apart is not None:

@@ -1,7 +1,8 @@
 """Preferences, scored as kube-scheduler scores them and never worth a pod.
 
-Per pod, a node earns the weight of the preferred node affinity terms it meets, less each
-preferred anti-affinity term's weight once per pod the term selects in the node's domain;
+Per pod, a node earns the weight of the preferred node affinity terms it meets, plus each
+preferred pod affinity term's weight once per pod the term selects in the node's domain, less
+each preferred anti-affinity term's weight likewise;
 these raw scores are normalised to 0..100 points over the pod's candidate nodes (kube-scheduler
 normalises NodeAffinity and InterPodAffinity scores to 0..100 per pod).  Replicas of one batch
 that prefer to be apart also pay the term's weight per pair sharing a domain, which spreads six
@@ -37,7 +38,7 @@ def swing(inst: Instance) -> int:
     total = 0
     for gi, group in enumerate(inst.groups):
         shape, n = group.shape, len(group.pods)
-        if shape.preferred_nodes or shape.preferred_apart:
+        if shape.has_preferences:
             total += n * POINTS + sum(w for _, w in _self_terms(inst, gi)) * n * (n - 1) // 2
     return total
 
@@ -50,7 +51,7 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
     terms: list[cp_model.LinearExprT] = []
     for gi, group in enumerate(inst.groups):
         shape = group.shape
-        if not (shape.preferred_nodes or shape.preferred_apart):
+        if not shape.has_preferences:
             continue
         scores = cl.preference_scores(shape.preferred_nodes)
         apart = inst.state.apart_penalty(group.pods[0])
