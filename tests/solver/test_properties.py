@@ -146,6 +146,7 @@ def pod_shapes(draw: st.DrawFn) -> Pod:
         spread=draw(st.sampled_from(SPREADS)),
         affinity=draw(st.sampled_from(AFFINITIES)),
         preferred_apart=draw(st.sampled_from(((), (), ((50, _away("a", "host")[0]),), ((30, _away("a", "zone")[0]),)))),
+        preferred_together=draw(st.sampled_from(((), (), ((40, _away("a", "zone")[0]),)))),
     )
 
 
