@@ -30,7 +30,7 @@ from gpusched.solver.fragmentation import FragScorer
 
 __all__ = ["Candidate", "Group", "Instance", "build_instance", "domain_of", "followed", "node_classes", "pod_terms"]
 
-GroupKey = tuple[PodShape, str, tuple[int, ...], tuple[int, ...]]
+GroupKey = tuple[PodShape, str, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +44,14 @@ class Group:
     """The anti-affinity terms of ``Instance.terms`` that keep its pods away."""
     counted_by: tuple[int, ...] = ()
     """The spread constraints of ``Instance.spreads`` that count its pods."""
+    apart_self: tuple[int, ...] = ()
+    """Its preferred anti-affinity terms (indices into ``shape.preferred_apart``) that select its own pods."""
 
     @property
     def key(self) -> GroupKey:
         """What makes pods interchangeable: shape, gang name and the terms that select them."""
-        return self.shape, self.gang.name if self.gang is not None else "", self.selected_by, self.counted_by
+        gang = self.gang.name if self.gang is not None else ""
+        return self.shape, gang, self.selected_by, self.counted_by, self.apart_self
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +112,8 @@ def pod_terms(pods: Sequence[Pod], state: ClusterState) -> tuple[PodAffinityTerm
 def _group_key(pod: Pod, terms: Sequence[PodAffinityTerm], spreads: Sequence[Spread]) -> GroupKey:
     selected = tuple(i for i, t in enumerate(terms) if pod.selected_by(t))
     counted = tuple(i for i, c in enumerate(spreads) if pod.selected_by(c))
-    return pod.shape, pod.gang.name if pod.gang is not None else "", selected, counted
+    own = tuple(i for i, (_, t) in enumerate(pod.preferred_apart) if pod.selected_by(t))
+    return pod.shape, pod.gang.name if pod.gang is not None else "", selected, counted, own
 
 
 def node_classes(state: ClusterState, extra: Sequence[IntArray] = ()) -> np.ndarray:
@@ -231,6 +235,7 @@ def build_instance(
             members[0][1].gang,
             key[2],
             key[3],
+            key[4],
         )
         for key, members in by_shape.items()
     )

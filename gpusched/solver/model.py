@@ -15,7 +15,8 @@ __all__ = ["build_model", "hint_from_plan"]
 def build_model(inst: Instance, weights: Weights) -> tuple[cp_model.CpModel, Vars]:
     """The model for ``inst``: every constraint module, then the sum of every objective term
     (placement weighted first, ``objectives.placed.placement_first``)."""
-    weights = objectives.placed.placement_first(inst, weights)
+    stakes = sum(o.stake(inst, weights) for o in objectives.ALL)
+    weights = objectives.placed.placement_first(inst, weights, stakes)
     model = cp_model.CpModel()
     v = Vars.create(inst, model)
     for c in constraints.ALL:

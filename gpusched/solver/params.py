@@ -43,8 +43,11 @@ class Weights:
     per weight point per pair of replicas sharing a domain they prefer to avoid; 0: off."""
     work_conserving: bool = True
     """A pod that fits is placed: each placement's fragmentation charge is capped below the pod's
-    worth, and the placement weights are raised per batch above the keep-hint and preference
-    terms together (``objectives.placed.placement_first``)."""
+    worth, and the placement weights are raised per batch above everything every other term
+    can add up to (``objectives.placed.placement_first``)."""
+    placement_factor: int = 1
+    """Not configured: the factor ``objectives.placed.placement_first`` multiplies the placement
+    weights by for one batch (the other terms, and the fragmentation cap, keep their weights)."""
 
 
 @dataclass(frozen=True, slots=True)

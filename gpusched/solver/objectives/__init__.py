@@ -1,5 +1,7 @@
 """Objective terms of the batch model, one module each, each exposing
-``build(inst, model, v, weights) -> LinearExpr`` (to be maximised)."""
+``build(inst, model, v, weights) -> LinearExpr`` (to be maximised) and
+``stake(inst, weights) -> int``: the most the term can differ between two plans of
+the batch, which ``placed.placement_first`` weighs one placed pod above."""
 
 from gpusched.solver.objectives import active_nodes, fragmentation, packing, placed, preference, topology, warm_start
 

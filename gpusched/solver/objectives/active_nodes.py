@@ -12,6 +12,14 @@ from gpusched.solver.params import Weights
 from gpusched.solver.vars import Vars
 
 
+def stake(inst: Instance, w: Weights) -> int:
+    """Each pod wakes at most one node: the idle GPU nodes among candidates, or the GPU pods."""
+    state = inst.state
+    idle = {c.node for c in inst.candidates if state.cluster.gpu_count[c.node] and not state.gpu_used[c.node].any()}
+    gpu_pods = sum(len(g.pods) for g in inst.groups if g.shape.num_gpu or g.shape.mig_profile)
+    return w.active_nodes * min(len(idle), gpu_pods)
+
+
 def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_model.LinearExprT:
     """-active_nodes * idle GPU nodes that receive a GPU pod."""
     if not w.active_nodes:

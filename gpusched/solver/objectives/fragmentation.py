@@ -12,27 +12,44 @@ for a better moment.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from ortools.sat.python import cp_model
 
 from gpusched.solver.instance import Instance
+from gpusched.solver.objectives.placed import worth
 from gpusched.solver.params import Weights
 from gpusched.solver.vars import Vars
+
+
+def _charges(inst: Instance, w: Weights) -> Iterator[tuple[int, int | None, int]]:
+    """(candidate, GPU for a share or None, charge per pod placed so)."""
+    for ci, c in enumerate(inst.candidates):
+        # Worth of the pod net of waking its node, so the cap holds on an idle node too.  The
+        # worth before ``placement_first`` raises it: the cap is part of what is at stake.
+        cap = max(worth(w, inst.groups[c.group].shape.gpu_demand_milli) - w.active_nodes - 1, 0)
+        options = [(g, d) for g, _, d in c.gpus] if c.gpus else [(None, c.frag)] if c.frag else []
+        for g, d in options:
+            cost = min(w.fragmentation * d, cap) if w.work_conserving else w.fragmentation * d
+            if cost:
+                yield ci, g, cost
 
 
 def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_model.LinearExprT:
     """-fragmentation * added fragmentation."""
     if not w.fragmentation:
         return 0
-    terms: list[cp_model.LinearExprT] = []
-    for ci, c in enumerate(inst.candidates):
-        # Worth of the pod net of waking its node, so the cap holds on an idle node too.
-        cap = max(w.placed_gpu * inst.groups[c.group].shape.gpu_demand_milli + w.placed_pods - w.active_nodes - 1, 0)
-        if c.gpus:
-            for g, _, d in c.gpus:
-                cost = min(w.fragmentation * d, cap) if w.work_conserving else w.fragmentation * d
-                if cost:
-                    terms.append(-cost * v.y[ci, g])
-        elif c.frag:
-            cost = min(w.fragmentation * c.frag, cap) if w.work_conserving else w.fragmentation * c.frag
-            terms.append(-cost * v.x[ci])
-    return sum(terms)
+    return sum(-cost * (v.x[ci] if g is None else v.y[ci, g]) for ci, g, cost in _charges(inst, w))
+
+
+def stake(inst: Instance, w: Weights) -> int:
+    """Per pod, its dearest charge plus its richest reward."""
+    if not w.fragmentation:
+        return 0
+    dearest = [0] * len(inst.groups)
+    richest = [0] * len(inst.groups)
+    for ci, _, cost in _charges(inst, w):
+        gi = inst.candidates[ci].group
+        dearest[gi] = max(dearest[gi], cost)
+        richest[gi] = max(richest[gi], -cost)
+    return sum((dearest[gi] + richest[gi]) * len(g.pods) for gi, g in enumerate(inst.groups))

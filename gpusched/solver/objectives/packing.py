@@ -14,3 +14,11 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
     if not w.packing:
         return 0
     return sum(w.packing * c.pack * v.x[ci] for ci, c in enumerate(inst.candidates) if c.pack)
+
+
+def stake(inst: Instance, w: Weights) -> int:
+    """Per pod, the fullest node it may land on."""
+    fullest = [0] * len(inst.groups)
+    for c in inst.candidates:
+        fullest[c.group] = max(fullest[c.group], c.pack)
+    return w.packing * sum(f * len(g.pods) for f, g in zip(fullest, inst.groups, strict=True))

@@ -29,7 +29,7 @@ POINTS = 100
 def _self_terms(inst: Instance, gi: int) -> list[tuple[int, int]]:
     """(term index, weight) of group ``gi``'s preferred anti-affinity terms that select its own pods."""
     group = inst.groups[gi]
-    return [(ti, w) for ti, (w, t) in enumerate(group.shape.preferred_apart) if group.pods[0].selected_by(t)]
+    return [(ti, group.shape.preferred_apart[ti][0]) for ti in group.apart_self]
 
 
 def swing(inst: Instance) -> int:
@@ -41,6 +41,11 @@ def swing(inst: Instance) -> int:
         if shape.has_preferences:
             total += n * POINTS + sum(w for _, w in _self_terms(inst, gi)) * n * (n - 1) // 2
     return total
+
+
+def stake(inst: Instance, w: Weights) -> int:
+    """``swing`` points at ``preferred_affinity`` each."""
+    return w.preferred_affinity * swing(inst)
 
 
 def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_model.LinearExprT:

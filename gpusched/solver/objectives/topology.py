@@ -24,3 +24,17 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
         if len(doms) > 1:
             terms.append(-w.gang_domains * (sum(doms) - v.gang[name]))
     return sum(terms)
+
+
+def stake(inst: Instance, w: Weights) -> int:
+    """Every pod preferring one island spilled, every MIG pod on a GPU partitioned for it alone,
+    every member of a gang preferring one domain in a domain of its own."""
+    spills = sum(len(g.pods) for g in inst.groups if g.shape.island == "preferred")
+    slices = sum(len(g.pods) for g in inst.groups if g.shape.mig_profile)
+    members: dict[str, int] = defaultdict(int)
+    for g in inst.groups:
+        for p in g.pods:
+            if p.gang is not None and p.gang.topology == "preferred":
+                members[p.gang.name] += 1
+    spans = sum(n - 1 for n in members.values())
+    return w.island_spill * spills + w.mig_partition * slices + w.gang_domains * spans

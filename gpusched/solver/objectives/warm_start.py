@@ -36,3 +36,8 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
         v.kept[ci] = kept
         terms.append(w.keep_hint * kept)
     return sum(terms)
+
+
+def stake(inst: Instance, w: Weights) -> int:
+    """Every pod the warm start placed, kept or moved."""
+    return w.keep_hint * len(inst.hint.assignments)
