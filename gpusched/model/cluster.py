@@ -404,15 +404,16 @@ class ClusterState:
             )
         return list(found)
 
-    def apart_penalty(self, pod: Pod) -> IntArray | None:
+    def apart_penalty(self, pod: Pod, wishes: Sequence[tuple[int, PodAffinityTerm]] | None = None) -> IntArray | None:
         """Per node, the pod's preferred pod (anti-)affinity weight against it there: each
         anti-affinity term's weight once per pod it selects in that node's domain, less each
         affinity term's weight likewise, as kube-scheduler scores them (None: it has no such
-        terms)."""
-        if not (pod.preferred_apart or pod.preferred_together):
+        terms).  ``wishes`` (signed weight, term) picks the terms; default all of the pod's."""
+        wishes = pod.pod_wishes if wishes is None else wishes
+        if not wishes:
             return None
         out = np.zeros(len(self.cluster), dtype=np.int64)
-        for weight, term in pod.pod_wishes:
+        for weight, term in wishes:
             column, _ = self.cluster.domains(term.topology_key)
             counts = self.selected_counts(term)
             if counts.any():

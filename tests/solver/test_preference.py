@@ -169,6 +169,23 @@ def test_replicas_beyond_the_domains_spread_evenly_counting_every_pod_already_th
     assert added == ["b", "c", "c"]
 
 
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "random"])
+def test_replicas_stay_out_of_a_zone_crowded_with_pods_they_avoid_as_they_avoid_each_other(policy: str) -> None:
+    # Ten replicas already run in zone a.  Each pod there counts as much as a new replica does:
+    # six more go 3/3 to b and c (nine pairs), not 2/2/2 (three pairs, but twenty against zone a).
+    c = _zones()
+    replica = replace(pod("r", gpus=1), labels=(("app", "llm"),), preferred_apart=_apart(100, ZONE))
+    old = [Assignment(replace(replica, name=f"old{i}"), i % 2, (i // 2,)) for i in range(10)]
+    state = c.empty_state().apply(old)
+    six = [replace(replica, name=f"r{i}") for i in range(6)]
+    params = SolverParams(weights=Weights(keep_hint=0), limits=Limits(time_limit_s=1.0, workers=1))
+    plan = make_policy(policy, c, TypicalPods.from_pods(six), 0, params).place(six, state)
+    validate_plan(plan, state, six)
+    assert plan.stats.status != "HINT_KEPT"
+    per_zone = {z: sum(c.nodes[a.node].labels[ZONE] == z for a in plan.assignments) for z in "abc"}
+    assert per_zone == {"a": 0, "b": 3, "c": 3}
+
+
 def test_preferences_off_are_off_in_the_warm_start_too() -> None:
     c = cluster()
     state = c.empty_state().apply([Assignment(pod("old", gpus=2), 0, (0, 1))])  # n0 half full

@@ -1,12 +1,14 @@
 """Preferences, scored as kube-scheduler scores them and never worth a pod.
 
 Per pod, a node earns the weight of the preferred node affinity terms it meets, plus each
-preferred pod affinity term's weight once per pod the term selects in the node's domain, less
-each preferred anti-affinity term's weight likewise;
-these raw scores are normalised to 0..100 points over the pod's candidate nodes (kube-scheduler
-normalises NodeAffinity and InterPodAffinity scores to 0..100 per pod).  Replicas of one batch
-that prefer to be apart also pay the term's weight per pair sharing a domain, which spreads six
-replicas over three domains 2/2/2 rather than 4/1/1.
+preferred pod affinity term's weight once per pod the term selects in the node's domain; these
+raw scores are normalised to 0..100 points over the pod's candidate nodes (kube-scheduler
+normalises NodeAffinity and InterPodAffinity scores to 0..100 per pod).  Preferred
+anti-affinity is counted in full, not normalised: a pod pays the term's weight per pod it
+selects in the node's domain, whether that pod runs already or comes in the same batch (then
+per pair of replicas sharing a domain).  So six replicas spread 2/2/2 over three empty domains
+rather than 4/1/1, and stay out of a domain ten of them already crowd, as kube-scheduler,
+placing them one by one, would.
 
 In the work-conserving mode no wish keeps out a pod that fits: ``placed.placement_first``
 weighs one pod placed above the batch's whole ``swing``.
@@ -15,6 +17,7 @@ weighs one pod placed above the batch's whole ``swing``.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 
 from ortools.sat.python import cp_model
 
@@ -34,13 +37,41 @@ def _self_terms(inst: Instance, gi: int) -> list[tuple[int, int]]:
 
 def swing(inst: Instance) -> int:
     """The most the batch's preferences can add up to, in points: each pod's full node-level
-    range, and every pair of replicas sharing a domain."""
+    range (its normalised score, and the anti-affinity weight of the pods already there), and
+    every pair of replicas sharing a domain."""
+    by_group: dict[int, list[int]] = defaultdict(list)
+    for ci, c in enumerate(inst.candidates):
+        by_group[c.group].append(ci)
     total = 0
     for gi, group in enumerate(inst.groups):
         shape, n = group.shape, len(group.pods)
         if shape.has_preferences:
-            total += n * POINTS + sum(w for _, w in _self_terms(inst, gi)) * n * (n - 1) // 2
+            points = _points(inst, gi, by_group[gi]).values()
+            reach = max(points) - min(points) if points else 0
+            total += n * max(reach, POINTS) + sum(w for _, w in _self_terms(inst, gi)) * n * (n - 1) // 2
     return total
+
+
+def _points(inst: Instance, gi: int, mine: Sequence[int]) -> dict[int, int]:
+    """Per candidate ``mine`` of group ``gi``, its points: the node affinity and pod affinity score
+    normalised to 0..``POINTS`` over the candidates, less the anti-affinity weight of the pods
+    already in the node's domain, counted in full (as the batch's own pairs are) above the
+    least any candidate has."""
+    group = inst.groups[gi]
+    shape, pod = group.shape, group.pods[0]
+    state = inst.state
+    nodes = [inst.candidates[ci].node for ci in mine]
+    scores = state.cluster.preference_scores(shape.preferred_nodes)[nodes]
+    together = state.apart_penalty(pod, [(-w, t) for w, t in shape.preferred_together])
+    if together is not None:
+        scores = scores - together[nodes]
+    lo, hi = (int(scores.min()), int(scores.max())) if nodes else (0, 0)
+    points = [(int(s) - lo) * POINTS // (hi - lo) if hi > lo else 0 for s in scores]
+    apart = state.apart_penalty(pod, shape.preferred_apart)
+    if apart is not None:
+        counted = apart[nodes]
+        points = [p - int(c) + int(counted.min()) for p, c in zip(points, counted, strict=True)]
+    return dict(zip(mine, points, strict=True))
 
 
 def stake(inst: Instance, w: Weights) -> int:
@@ -58,18 +89,10 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
         shape = group.shape
         if not shape.has_preferences:
             continue
-        scores = cl.preference_scores(shape.preferred_nodes)
-        apart = inst.state.apart_penalty(group.pods[0])
         mine = v.by_group[gi]
-        raw = {ci: int(scores[inst.candidates[ci].node]) for ci in mine}
-        if apart is not None:
-            raw = {ci: s - int(apart[inst.candidates[ci].node]) for ci, s in raw.items()}
-        if raw:
-            lo, hi = min(raw.values()), max(raw.values())
-            for ci, s in raw.items():
-                pts = (s - lo) * POINTS // (hi - lo) if hi > lo else 0
-                if pts:
-                    terms.append(w.preferred_affinity * pts * v.x[ci])
+        for ci, pts in _points(inst, gi, mine).items():
+            if pts:
+                terms.append(w.preferred_affinity * pts * v.x[ci])
         for ti, weight in _self_terms(inst, gi):
             key = shape.preferred_apart[ti][1].topology_key
             by_domain: dict[str, list[int]] = defaultdict(list)
