@@ -241,6 +241,12 @@ class Scheduler:
         self.metrics = SchedulerMetrics()
         self.binder = Binder(kube, self.identity, events=kube.sibling())
         self._bind_slots = asyncio.Semaphore(bind_concurrency(settings.kube_qps))
+        self.warm_connections = bind_concurrency(settings.kube_qps)
+        """Connections kept open while idle (``keep_warm``), one per bind slot."""
+        self.quick_size = bind_concurrency(settings.kube_qps)
+        """Pods per batch while the client is idle: enough to fill the bind slots.  A quick
+        batch is bound as the greedy warm start places it, pod by pod, so its size changes no
+        placement, only how long the binder waits for its first pod."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._policy: Policy | None = None
         self._policy_cluster: Cluster | None = None
@@ -347,11 +353,12 @@ class Scheduler:
         return limiter.available() - self._binds_unstarted > limiter.burst / 2
 
     def _burst(self) -> bool:
-        """More pods wait, or more than an eighth of a batch arrived within the last second: a
-        burst is on, and its first batches are drawn before the rest of it has arrived.  A quiet
-        cluster's pods, one or a few at a time, are still solved."""
+        """More pods wait, more than an eighth of a batch arrived within the last second, or two
+        within the last tenth (a burst's first batch, drawn after the queue's short wait while
+        idle): a burst is on, and its first batches are drawn before the rest of it has arrived.
+        A quiet cluster's pods, one at a time, are still solved."""
         q = self.queue
-        return q.counts().active > 0 or q.arrived_within(1.0) > q.max_size // 8
+        return q.counts().active > 0 or q.arrived_within(1.0) > q.max_size // 8 or q.arrived_within(0.1) > 1
 
     def _busy(self) -> bool:
         """Binds in flight and the client busy with them: the next batch may gather pods."""
@@ -389,12 +396,22 @@ class Scheduler:
         while True:
             await self._leading.wait()
             await self._bind_room.wait()
-            batch = await self.queue.next_batch()
+            quick = self.config.batching.quick_start and self._client_idle()
+            batch = await self.queue.next_batch(self.quick_size if quick else None)
             if not self.is_leader:
                 for r in batch:
                     self.queue.requeue(r.key)
                 continue
             await self.schedule_batch(batch)
+
+    async def keep_warm(self, every: float = 10.0) -> None:
+        """While leading and no bind is in flight, hold a connection open per bind slot (``Kube.warm``), so
+        that the first Bindings of a burst do not each wait for a TLS handshake with an API
+        server busy with the burst's creates."""
+        while True:
+            if self.is_leader and not self._binds_in_flight:
+                await self.kube.warm(self.warm_connections)
+            await asyncio.sleep(every)
 
     def _policy_for(self, cluster: Cluster) -> Policy:
         if self._policy is None or self._policy_cluster is not cluster:
@@ -652,6 +669,7 @@ async def run_daemon(settings: DaemonSettings) -> int:
     named: dict[str, Coroutine[Any, Any, None]] = {r.name: r.run() for r in sched.reflectors}
     named = {f"watch-{k}": v for k, v in named.items()}
     named["schedule"] = sched.schedule_forever()
+    named["keep-warm"] = sched.keep_warm()
     if sched.elector is not None:
         named["leader"] = sched.elector.run()
     tasks = {asyncio.create_task(coro, name=name) for name, coro in named.items()}

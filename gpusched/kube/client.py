@@ -10,6 +10,7 @@ same limits kube-scheduler's client takes (``--kube-api-qps``/``--kube-api-burst
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -157,6 +158,25 @@ class Kube:
             decoded = data.decode("utf-8", "replace")
         return Response(resp.status, decoded)
 
+    async def warm(self, connections: int) -> None:
+        """Hold ``connections`` open to the API server, ready for a burst of requests.
+
+        Each sends one ``GET /version`` at once, so the pool opens (or reuses) that many
+        connections; an idle pooled connection closes after 15 seconds, so a caller repeats
+        this more often while idle.  Outside the rate limit: keeping connections open is not
+        load on the API server any more than the watches' own connections are.
+        """
+
+        async def one() -> None:
+            with contextlib.suppress(ApiError, aiohttp.ClientError, OSError, TimeoutError):
+                resp = await self._raw("GET", "/version", timeout=5.0)
+                try:
+                    await resp.read()
+                finally:
+                    resp.release()
+
+        await asyncio.gather(*(one() for _ in range(connections)))
+
     async def get(self, path: str, query: Mapping[str, Any] | None = None) -> Any:
         """GET and raise ``ApiError`` unless 2xx."""
         r = await self.request("GET", path, query)
@@ -206,7 +226,7 @@ class Kube:
 
 
 def connection_limit(qps: float) -> int:
-    """Connections to keep: binds and Events each at ``qps``, up to 0.4 s a request, plus 8 for
+    """Connections to keep: as many for Events as for binds (``bind_concurrency``), plus 8 for
     watches; at most 128.
 
     Each TLS connection holds a 256 KiB read buffer; the client library's default of
@@ -214,18 +234,19 @@ def connection_limit(qps: float) -> int:
     limit from paying 100 MiB for a pool it cannot fill: 120 connections carry 1,000 requests
     a second at 0.12 s each.
     """
-    return 8 + min(math.ceil(0.8 * qps), 120)
+    return 8 + min(2 * bind_concurrency(qps), 120)
 
 
 def bind_concurrency(qps: float) -> int:
-    """Binds sent at once: a fifth of a second of the client's rate, at least 8, at most 100.
+    """Binds sent at once: half a second of the client's rate, at least 8, at most 100.
 
-    That carries ``qps`` binds a second at up to 0.2 s each.  More buys nothing, since the
-    rate limiter lets no more through, and costs a TLS handshake per extra connection at
-    the moment a burst arrives: at 64 at once against a busy API server the first Bindings
-    took three times as long as at 8.
+    That carries ``qps`` binds a second at up to 0.5 s each, which is what a Binding takes
+    while the API server is flooded with the creates of a burst; with fewer, the client's
+    tokens pile up past its burst and are lost.  Each needs a connection of its own (HTTP/1.1),
+    which the scheduler keeps open while idle (``Kube.warm``), so that a burst does not
+    wait for as many TLS handshakes.
     """
-    return max(8, min(math.ceil(qps / 5), 100))
+    return max(8, min(math.ceil(qps / 2), 100))
 
 
 async def connect(kubeconfig: Path | None, context: str | None, qps: float, burst: int) -> Kube:

@@ -162,11 +162,13 @@ class SchedulingQueue:
         self._wake.set()
 
     def arrived_within(self, seconds: float) -> int:
-        """New pods that arrived in the last ``seconds`` (counted up to ``4 x max_size``)."""
-        since = self._clock() - seconds
-        while self._arrivals and self._arrivals[0] < since:
+        """New pods that arrived in the last ``seconds`` (counted up to ``4 x max_size``; arrivals
+        more than a second old are forgotten)."""
+        now = self._clock()
+        while self._arrivals and self._arrivals[0] < now - max(seconds, 1.0):
             self._arrivals.popleft()
-        return len(self._arrivals)
+        since = now - seconds
+        return sum(1 for _ in itertools.takewhile(lambda t: t >= since, reversed(self._arrivals)))
 
     def record(self, key: str) -> PodRecord | None:
         """The latest record of a queued or in-flight pod."""
@@ -187,8 +189,10 @@ class SchedulingQueue:
         return key in self._records
 
     # -- batches -------------------------------------------------------------------------
-    async def next_batch(self) -> list[PodRecord]:
-        """Wait for the next batch (at most ``max_size`` pods) and mark its pods in flight."""
+    async def next_batch(self, limit: int | None = None) -> list[PodRecord]:
+        """Wait for the next batch (at most ``limit``, by default ``max_size``, pods; it closes as
+        soon as that many wait) and mark its pods in flight."""
+        size = self.max_size if limit is None else max(1, min(limit, self.max_size))
         while True:
             now = self._clock()
             self._release_due(now)
@@ -198,8 +202,8 @@ class SchedulingQueue:
                 due = oldest + self.max_wait
                 if self.busy is not None and not self.busy():
                     due = min(due, oldest + self.idle_wait)
-                if len(self._active) >= self.max_size or now >= due:
-                    return self._pop(self.max_size)
+                if len(self._active) >= size or now >= due:
+                    return self._pop(size)
                 wait = due - now
             if self._backoff:
                 until = min(self._backoff.values()) - now

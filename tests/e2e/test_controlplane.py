@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
 import ssl
 import urllib.error
 import urllib.request
@@ -21,6 +24,7 @@ from tests.controlplane import (
     ControlPlane,
     start_control_plane,
 )
+from tests.e2e import kit
 from tests.e2e.conftest import manifests_present
 
 
@@ -115,3 +119,36 @@ def test_second_control_plane_start_and_stop(control_plane: ControlPlane, tmp_pa
     assert not data_dir.exists()
     cp.stop()
     assert cp.kubectl("get", "namespaces", "--request-timeout=2s", check=False).returncode != 0
+
+
+def _connections_to(port: int) -> set[str]:
+    """Socket inodes of this process's established TCP connections to ``port`` on localhost."""
+    mine = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                mine.add(target[8:-1])
+    found = set()
+    for line in Path("/proc/self/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote, state, inode = fields[2], fields[3], fields[9]
+        if state == "01" and int(remote.split(":")[1], 16) == port and inode in mine:
+            found.add(inode)
+    return found
+
+
+async def test_warm_opens_connections_once_and_reuses_them(control_plane: ControlPlane) -> None:
+    port = int(control_plane.server.rsplit(":", 1)[1])
+    kube = await kit.admin(control_plane)
+    try:
+        before = _connections_to(port)
+        await kube.warm(6)
+        opened = _connections_to(port) - before
+        assert len(opened) == 6, "one connection per concurrent request"
+        await kube.warm(6)
+        assert _connections_to(port) - before == opened, "the second round reuses them: no new handshakes"
+        await asyncio.gather(*(kube.request("GET", "/version") for _ in range(6)))
+        assert _connections_to(port) - before == opened, "requests after a warm-up find connections ready"
+    finally:
+        await kube.close()

@@ -213,8 +213,23 @@ async def test_arrivals_are_counted_over_a_sliding_window() -> None:
     assert q.arrived_within(1.0) == 3
     clock.t = 0.6
     q.add(rec("p3"))
+    assert q.arrived_within(0.1) == 1, "only p3 arrived in the last tenth"
+    assert q.arrived_within(1.0) == 4, "asking about a short window forgets nothing"
     clock.t = 1.2
     assert q.arrived_within(1.0) == 1, "the first three are older than a second"
+
+
+async def test_a_limited_batch_closes_at_its_limit_and_leaves_the_rest_queued() -> None:
+    q = SchedulingQueue(max_size=64, max_wait=60, clock=Clock())
+    for i in range(30):
+        q.add(rec(f"p{i}"))
+    batch = await asyncio.wait_for(q.next_batch(limit=20), 1)  # closes at once: 20 wait
+    assert [r.pod.name for r in batch] == [f"p{i}" for i in range(20)]
+    assert q.counts().active == 10
+    for i in range(30, 90):
+        q.add(rec(f"p{i}"))
+    rest = await asyncio.wait_for(q.next_batch(limit=1000), 1)
+    assert len(rest) == 64, "a limit above max_size is max_size"
 
 
 async def test_members_parked_apart_are_drawn_together_again() -> None:
