@@ -221,8 +221,11 @@ def build_instance(
     scorer: FragScorer,
     hint: Plan,
     candidates_per_pod: int,
+    *,
+    preferences: bool = True,
 ) -> Instance:
-    """Group, prune and describe one batch against ``state``."""
+    """Group, prune and describe one batch against ``state``; with ``preferences`` off (their
+    weight is 0) the candidates kept are not ranked by them either."""
     terms = pod_terms(pods, state)
     spreads = tuple(dict.fromkeys(c for p in pods for c in p.spread))
     by_shape: dict[GroupKey, list[tuple[int, Pod]]] = defaultdict(list)
@@ -275,7 +278,7 @@ def build_instance(
         reps = order[starts[cls]]  # first node of each class
         pack = _pack(state, reps)
         keys = [-pack, delta[reps]]
-        if shape.has_preferences:  # the nodes it prefers first
+        if preferences and shape.has_preferences:  # the nodes it prefers first
             prefer = state.cluster.preference_scores(shape.preferred_nodes)[reps]
             penalty = penalties[gi]
             keys.append(-(prefer - penalty[reps]) if penalty is not None else -prefer)

@@ -84,7 +84,14 @@ class CpSatPolicy:
         return self.greedy.place(pods, state)
 
     def _solve(self, pods: Sequence[Pod], state: ClusterState, hint: Plan, start: float) -> Plan:
-        inst = build_instance(pods, state, self.greedy.scorer, hint, self.params.limits.candidates_per_pod)
+        inst = build_instance(
+            pods,
+            state,
+            self.greedy.scorer,
+            hint,
+            self.params.limits.candidates_per_pod,
+            preferences=self.params.weights.preferred_affinity > 0,
+        )
         if not inst.candidates:
             return self._stats(hint, "NO_CANDIDATES", 0.0, 0.0, start, 0)  # nothing fits: optimal
         model, v = build_model(inst, self.params.weights)
