@@ -96,7 +96,7 @@ UNKNOWN_MODEL = "unknown"
 """Model of GPUs on a node that has no ``nvidia.com/gpu.product`` label."""
 
 _KEEP_OFF_EFFECTS = ("NoSchedule", "NoExecute")
-"""Taint effects a pod must tolerate to be placed (PreferNoSchedule is only a preference)."""
+"""Taint effects a pod must tolerate to be placed (PreferNoSchedule is only a preference: ``Node.soft_taints``)."""
 
 
 class ConvertError(ValueError):
@@ -178,11 +178,13 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
         if profile is not None and v:
             slices.append((profile, v))
     excluded = "node(s) were unschedulable" if spec.get("unschedulable") else ""
-    taints = tuple(
+    all_taints = [
         Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect")))
         for t in spec.get("taints") or ()
-        if isinstance(t, Mapping) and t.get("effect") in _KEEP_OFF_EFFECTS
-    )
+        if isinstance(t, Mapping)
+    ]
+    taints = tuple(t for t in all_taints if t.effect in _KEEP_OFF_EFFECTS)
+    soft_taints = tuple(t for t in all_taints if t.effect == "PreferNoSchedule")
     if slices and not model:
         model = UNKNOWN_MODEL
     try:
@@ -198,6 +200,7 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
             tuple(slices),
             taints=taints,
             storage_mib=storage,
+            soft_taints=soft_taints,
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None

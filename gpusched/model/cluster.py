@@ -20,7 +20,7 @@ from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, S
 from gpusched.model.mig import MigGeometry, MigLayout, geometry_for, mig_config
 from gpusched.model.node import GPU_MILLI, Node, Taint
 from gpusched.model.placement import Assignment, MigPartition
-from gpusched.model.pod import Pod, PodShape, Toleration, tolerated
+from gpusched.model.pod import Pod, PodShape, Toleration, tolerated, untolerated
 
 __all__ = ["BoolArray", "Cluster", "ClusterState", "IntArray", "SpreadView", "mig_plan"]
 
@@ -78,6 +78,13 @@ class Cluster:
         self.taint_id: IntArray = _frozen(np.array([taint_index[x.taints] for x in nodes], dtype=np.int64))
         """Index into ``taint_sets`` per node (nodes with equal taints share one)."""
         self.tainted: bool = any(x.taints for x in nodes)
+        soft_sets = sorted({x.soft_taints for x in nodes}, key=repr)
+        soft_index = {t: i for i, t in enumerate(soft_sets)}
+        self.soft_taint_sets: tuple[tuple[Taint, ...], ...] = tuple(soft_sets)
+        self.soft_taint_id: IntArray = _frozen(np.array([soft_index[x.soft_taints] for x in nodes], dtype=np.int64))
+        """Index into ``soft_taint_sets`` per node."""
+        self.soft_tainted: bool = any(x.soft_taints for x in nodes)
+        self._avoided: dict[tuple[Toleration, ...], IntArray | None] = {}
         self._toleration_masks: dict[tuple[Toleration, ...], BoolArray] = {}
         self._selector_masks: dict[NodeSelector, BoolArray] = {}
         self._domains: dict[str, tuple[IntArray, dict[str, int]]] = {}
@@ -145,6 +152,16 @@ class Cluster:
             mask = _frozen(ok[self.taint_id])
             self._toleration_masks[tolerations] = mask
         return mask
+
+    def avoided(self, tolerations: tuple[Toleration, ...]) -> IntArray | None:
+        """Per node, the PreferNoSchedule taints ``tolerations`` leave untolerated; None when there
+        are none anywhere."""
+        if not self.soft_tainted:
+            return None
+        if tolerations not in self._avoided:
+            per_set = np.array([len(untolerated(tolerations, ts)) for ts in self.soft_taint_sets], dtype=np.int64)
+            self._avoided[tolerations] = _frozen(per_set[self.soft_taint_id]) if per_set.any() else None
+        return self._avoided[tolerations]
 
     def selector_mask(self, selector: NodeSelector) -> BoolArray:
         """Nodes that ``selector`` allows (every node for the empty selector)."""

@@ -16,7 +16,8 @@ _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 @dataclass(frozen=True, slots=True)
 class Taint:
-    """A node taint that keeps pods off unless they tolerate it (effect NoSchedule or NoExecute)."""
+    """A node taint: NoSchedule or NoExecute keep off pods that do not tolerate it,
+    PreferNoSchedule only steers them elsewhere while another node fits."""
 
     key: str
     value: str = ""
@@ -53,6 +54,9 @@ class Node:
     """Taints a pod must tolerate to be placed here."""
     storage_mib: int | None = None
     """Allocatable ephemeral storage, MiB; None when the node does not say (then it is not checked)."""
+    soft_taints: tuple[Taint, ...] = ()
+    """PreferNoSchedule taints: pods that do not tolerate them go elsewhere when they can (the
+    cluster autoscaler marks nodes it means to remove so)."""
 
     def __post_init__(self) -> None:
         if not self.name:

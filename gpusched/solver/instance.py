@@ -150,6 +150,8 @@ def _class_extras(
         extra.append(cl.selector_mask(selector).astype(np.int64))
     for preference in sorted({s.preferred_nodes for s in shapes if s.preferred_nodes}, key=repr):
         extra.append(cl.preference_scores(preference))
+    if cl.soft_tainted:
+        extra.append(cl.soft_taint_id)
     keys = {g.gang.topology_key for g in groups if g.gang is not None and g.gang.topology_key}
     keys |= {t.topology_key for s in shapes for t in s.anti_affinity if _shared_domains(state, t.topology_key)}
     keys |= {c.topology_key for s in shapes for c in s.spread if _shared_domains(state, c.topology_key)}
@@ -282,6 +284,9 @@ def build_instance(
             prefer = state.cluster.preference_scores(shape.preferred_nodes)[reps]
             penalty = penalties[gi]
             keys.append(-(prefer - penalty[reps]) if penalty is not None else -prefer)
+        avoided = state.cluster.avoided(shape.tolerations) if preferences else None
+        if avoided is not None:  # before all, the nodes without PreferNoSchedule taints it minds
+            keys.append(avoided[reps])
         rank = np.lexsort(keys)
         chosen: list[int] = []
         # A gang's groups compete for the same nodes: each may need room for every member.

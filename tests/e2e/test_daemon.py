@@ -230,6 +230,27 @@ async def test_tainted_gpu_nodes_take_only_pods_that_tolerate_them(
     assert "1 node(s) had untolerated taint {nvidia.com/gpu: present}" in message, message
 
 
+async def test_a_prefer_no_schedule_node_is_used_only_when_nothing_else_fits(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    # The autoscaler marked "leaving" for removal.  Half of its GPU is taken: a half-GPU pod
+    # would fill it (elsewhere it may strand half a GPU that whole-GPU pods cannot use), so
+    # packing would choose it.  The first three pods fill "staying" instead; the fourth fits
+    # only on "leaving".
+    name = sched_name()
+    leaving = kit.node("soft-leaving-0", 1, "T4")
+    leaving["spec"] = {"taints": [{"key": "DeletionCandidateOfClusterAutoscaler", "effect": "PreferNoSchedule"}]}
+    await kit.create_all(kube, "/api/v1/nodes", [leaving, kit.node("soft-staying-0", 2, "T4")])
+    old = kit.pod("old", name, milli=500, node_name="soft-leaving-0")
+    old["metadata"]["annotations"]["gpusched.io/gpu-indices"] = "0"
+    await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [old])
+    first = [kit.pod("half-0", name, milli=500), kit.pod("half-1", name, milli=500), kit.pod("whole", name, gpus=1)]
+    final = await kit.schedule(control_plane, kube, namespace, name, first, count=4)
+    assert {final[n]["spec"].get("nodeName") for n in ("half-0", "half-1", "whole")} == {"soft-staying-0"}
+    final = await kit.schedule(control_plane, kube, namespace, name, [kit.pod("third", name, milli=500)], count=5)
+    assert final["third"]["spec"].get("nodeName") == "soft-leaving-0"
+
+
 async def test_a_gated_pod_waits_for_its_gates_then_is_bound(
     control_plane: ControlPlane, kube: Kube, namespace: str
 ) -> None:

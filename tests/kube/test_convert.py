@@ -73,6 +73,7 @@ def test_cordoned_nodes_are_excluded_and_taints_kept_for_the_pods_to_tolerate() 
     assert tainted.node.taints == (Taint("gpu", "broken", "NoSchedule"),)
     soft = node_record(node_obj(taints=[{"key": "x", "effect": "PreferNoSchedule"}]))
     assert (soft.excluded, soft.node.taints) == ("", ())
+    assert soft.node.soft_taints == (Taint("x", "", "PreferNoSchedule"),)  # weighed, not required
 
 
 def test_tolerations_are_read() -> None:

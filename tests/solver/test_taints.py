@@ -64,3 +64,43 @@ def test_the_validator_rejects_a_pod_on_a_node_it_does_not_tolerate() -> None:
     p = pod("p", gpus=1)
     plan = Plan((Assignment(p, 0, (0,)),), (), SolveStats("test"))
     assert any("does not tolerate the taints of gpu" in x for x in plan_problems(plan, state, [p]))
+
+
+SCALE_DOWN = Taint("DeletionCandidateOfClusterAutoscaler", "1733390000", "PreferNoSchedule")
+
+
+def soft_cluster() -> Cluster:
+    # "leaving" is the fuller node, which packing would pick, but the autoscaler means to remove it.
+    return Cluster([replace(gpu_node("leaving", gpus=4), soft_taints=(SCALE_DOWN,)), gpu_node("staying", gpus=4)])
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "random"])
+def test_every_policy_steers_pods_off_prefer_no_schedule_nodes_while_another_fits(policy: str) -> None:
+    c = soft_cluster()
+    state = c.empty_state().apply([Assignment(pod("old", gpus=2), 0, (0, 1))])
+    # The half pod would fill the GPU half used on "leaving" (on an idle GPU it strands half a
+    # GPU that whole-GPU pods cannot use).
+    batch = [pod("half", gpus=1, milli=500), pod("whole", gpus=1)]
+    shared = state.apply([Assignment(pod("old-half", gpus=1, milli=500), 0, (2,))])
+    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
+    plan = make_policy(policy, c, TypicalPods.from_pods(batch), 0, params).place(batch, shared)
+    validate_plan(plan, shared, batch)
+    assert [c.nodes[a.node].name for a in plan.assignments] == ["staying"] * 2
+    pods = [pod(f"p{i}", gpus=1) for i in range(2)]
+    more = pods + [pod(f"q{i}", gpus=1) for i in range(4)]  # six GPUs asked, four free off the tainted node
+    plan = make_policy(policy, c, TypicalPods.from_pods(more), 0, params).place(more, state)
+    validate_plan(plan, state, more)
+    assert sorted(c.nodes[a.node].name for a in plan.assignments) == ["leaving"] * 2 + ["staying"] * 4
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "random"])
+def test_a_pod_that_tolerates_the_soft_taint_goes_where_it_would_without_it(policy: str) -> None:
+    tolerant = replace(pod("t", gpus=1), tolerations=(Toleration("DeletionCandidateOfClusterAutoscaler", "Exists"),))
+    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
+    chosen = []
+    for c in (soft_cluster(), Cluster([replace(n, soft_taints=()) for n in soft_cluster().nodes])):
+        state = c.empty_state().apply([Assignment(pod("old", gpus=2), 0, (0, 1))])
+        plan = make_policy(policy, c, TypicalPods.from_pods([tolerant]), 0, params).place([tolerant], state)
+        validate_plan(plan, state, [tolerant])
+        chosen.append([(a.node, a.gpus) for a in plan.assignments])
+    assert chosen[0] == chosen[1]

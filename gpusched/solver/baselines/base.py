@@ -109,6 +109,9 @@ class GreedyPolicy:
     def choose(self, pod: Pod, state: ClusterState, nodes: Nodes) -> int:
         """The node to use among ``nodes`` (all feasible): of those its preferred node affinity
         and pod anti-affinity score highest, the one the policy scores highest."""
+        avoided = state.cluster.avoided(pod.tolerations) if self.preferences else None
+        if avoided is not None and nodes.size > 1:  # PreferNoSchedule taints weigh most (as in kube-scheduler)
+            nodes = nodes[avoided[nodes] == avoided[nodes].min()]
         if self.preferences and pod.has_preferences and nodes.size > 1:
             prefer = state.cluster.preference_scores(pod.preferred_nodes)[nodes]
             apart = state.apart_penalty(pod)

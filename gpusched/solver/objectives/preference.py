@@ -27,6 +27,16 @@ from gpusched.solver.vars import Vars
 
 POINTS = 100
 """The range a pod's node-level preference score is normalised to."""
+TAINT_POINTS = 150
+"""The range of avoiding PreferNoSchedule taints, normalised as kube-scheduler's TaintToleration
+score is and weighed against the affinity scores as its default profile does (3 to 2)."""
+
+
+def wishes(inst: Instance, gi: int) -> bool:
+    """Whether group ``gi`` has anything to prefer among nodes: affinity of its own, or
+    PreferNoSchedule taints it does not tolerate somewhere."""
+    shape = inst.groups[gi].shape
+    return shape.has_preferences or inst.state.cluster.avoided(shape.tolerations) is not None
 
 
 def _self_terms(inst: Instance, gi: int) -> list[tuple[int, int]]:
@@ -44,8 +54,8 @@ def swing(inst: Instance) -> int:
         by_group[c.group].append(ci)
     total = 0
     for gi, group in enumerate(inst.groups):
-        shape, n = group.shape, len(group.pods)
-        if shape.has_preferences:
+        n = len(group.pods)
+        if wishes(inst, gi):
             points = _points(inst, gi, by_group[gi]).values()
             reach = max(points) - min(points) if points else 0
             total += n * max(reach, POINTS) + sum(w for _, w in _self_terms(inst, gi)) * n * (n - 1) // 2
@@ -54,9 +64,10 @@ def swing(inst: Instance) -> int:
 
 def _points(inst: Instance, gi: int, mine: Sequence[int]) -> dict[int, int]:
     """Per candidate ``mine`` of group ``gi``, its points: the node affinity and pod affinity score
-    normalised to 0..``POINTS`` over the candidates, less the anti-affinity weight of the pods
-    already in the node's domain, counted in full (as the batch's own pairs are) above the
-    least any candidate has."""
+    normalised to 0..``POINTS`` over the candidates, plus 0..``TAINT_POINTS`` for the fewest
+    untolerated PreferNoSchedule taints, less the anti-affinity weight of the pods already in
+    the node's domain, counted in full (as the batch's own pairs are) above the least any
+    candidate has."""
     group = inst.groups[gi]
     shape, pod = group.shape, group.pods[0]
     state = inst.state
@@ -67,6 +78,12 @@ def _points(inst: Instance, gi: int, mine: Sequence[int]) -> dict[int, int]:
         scores = scores - together[nodes]
     lo, hi = (int(scores.min()), int(scores.max())) if nodes else (0, 0)
     points = [(int(s) - lo) * POINTS // (hi - lo) if hi > lo else 0 for s in scores]
+    avoided = state.cluster.avoided(shape.tolerations)
+    if avoided is not None and nodes:
+        bad = avoided[nodes]
+        least, most = int(bad.min()), int(bad.max())
+        if most > least:
+            points = [p + (most - int(b)) * TAINT_POINTS // (most - least) for p, b in zip(points, bad, strict=True)]
     apart = state.apart_penalty(pod, shape.preferred_apart)
     if apart is not None:
         counted = apart[nodes]
@@ -87,7 +104,7 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
     terms: list[cp_model.LinearExprT] = []
     for gi, group in enumerate(inst.groups):
         shape = group.shape
-        if not shape.has_preferences:
+        if not wishes(inst, gi):
             continue
         mine = v.by_group[gi]
         for ci, pts in _points(inst, gi, mine).items():
