@@ -51,7 +51,7 @@ from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_fra
 from gpusched.solver.policy import Policy, place_quick
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
-from gpusched.state.cache import Cache, Snapshot
+from gpusched.state.cache import Cache, Snapshot, same_offer
 from gpusched.state.records import PodRecord
 from gpusched.state.volumes import Claims
 
@@ -409,8 +409,11 @@ class Scheduler:
         that the first Bindings of a burst do not each wait for a TLS handshake with an API
         server busy with the burst's creates."""
         while True:
-            if self.is_leader and not self._binds_in_flight:
-                await self.kube.warm(self.warm_connections)
+            if self.is_leader and not self._binds_in_flight and not self.queue.counts().active:
+                try:
+                    await self.kube.warm(self.warm_connections)
+                except Exception as exc:  # never worth stopping the scheduler for
+                    log.warning("keeping connections open failed", error=repr(exc))
             await asyncio.sleep(every)
 
     def _policy_for(self, cluster: Cluster) -> Policy:
@@ -546,7 +549,7 @@ class Scheduler:
         if self.cache.generation == snap.generation:
             return plan
         fresh = self.cache.snapshot()
-        if fresh.cluster is not snap.cluster:
+        if fresh.cluster is not snap.cluster and not _same_offers(snap.cluster, fresh.cluster):
             problems = ["the node inventory changed during the solve"]
         else:
             problems = plan_problems(plan, fresh.state)
@@ -630,6 +633,14 @@ def _load_malloc_trim() -> Callable[[int], int] | None:
 
 
 _MALLOC_TRIM = _load_malloc_trim()
+
+
+def _same_offers(a: Cluster, b: Cluster) -> bool:
+    """The same nodes in the same order, offering the same (a PreferNoSchedule taint added or
+    removed only steers later solves): a plan made against ``a`` holds against ``b``."""
+    return len(a.nodes) == len(b.nodes) and all(
+        x.name == y.name and x.labels == y.labels and same_offer(x, y) for x, y in zip(a.nodes, b.nodes, strict=True)
+    )
 
 
 def _solve(

@@ -713,7 +713,7 @@ def _tolerations(spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
             str(t.get("effect") or ""),
         )
         for t in spec.get("tolerations") or ()
-        if isinstance(t, Mapping) and t.get("effect", "") in ("", *_KEEP_OFF_EFFECTS)
+        if isinstance(t, Mapping) and t.get("effect", "") in ("", *_KEEP_OFF_EFFECTS, "PreferNoSchedule")
     }
     return tuple(sorted(out, key=lambda t: (t.key, t.operator, t.value, t.effect)))
 

@@ -39,8 +39,10 @@ class Weights:
     gang_domains: int = 100_000
     """Per topology domain beyond the first that a gang preferring one domain spans."""
     preferred_affinity: int = 100
-    """Per pod, per point (0..100) of its normalised preference score on its node, and (as a cost)
-    per weight point per pair of replicas sharing a domain they prefer to avoid; 0: off."""
+    """Per pod, per point of its preference score on its node (``objectives.preference``): 0..100
+    for node and pod affinity, normalised; 0..150 for untolerated PreferNoSchedule taints; less,
+    as a cost, each preferred anti-affinity weight per pod it selects in the node's domain (and
+    per pair of replicas sharing one); 0: off."""
     work_conserving: bool = True
     """A pod that fits is placed: each placement's fragmentation charge is capped below the pod's
     worth, and the placement weights are raised per batch above everything every other term

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import numpy as np
@@ -28,6 +28,12 @@ from gpusched.model.cluster import IntArray
 from gpusched.state.records import NodeRecord, PodRecord
 
 __all__ = ["Cache", "Snapshot"]
+
+
+def same_offer(a: Node, b: Node) -> bool:
+    """Whether two versions of a node offer the same to every pod: equal but for their
+    PreferNoSchedule taints, which only steer."""
+    return a == b or replace(a, soft_taints=()) == replace(b, soft_taints=())
 
 
 @dataclass(frozen=True)
@@ -93,16 +99,18 @@ class Cache:
 
     # -- inventory -------------------------------------------------------------------------
     def upsert_node(self, record: NodeRecord) -> bool:
-        """Add or update a node; True when what it offers changed."""
+        """Add or update a node; True when what it offers changed.  A change of its
+        PreferNoSchedule taints alone is kept (later solves weigh it) but reported as no change:
+        it makes no pod fit or stop fitting."""
         old = self._nodes.get(record.name)
         self._nodes[record.name] = record
         changed = (
             old is None
-            or old.node != record.node
+            or not same_offer(old.node, record.node)
             or old.node.labels != record.node.labels  # topology domains (rack, clique) the solver reads
             or old.excluded != record.excluded
         )
-        if changed:
+        if changed or old is None or old.node.soft_taints != record.node.soft_taints:
             self._cluster = None
             self.generation += 1
         return changed

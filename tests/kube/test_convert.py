@@ -86,6 +86,7 @@ def test_tolerations_are_read() -> None:
     assert pod.tolerations == (
         Toleration("node.kubernetes.io/not-ready", "Exists", "", "NoExecute"),
         Toleration("nvidia.com/gpu", "Exists", "", "NoSchedule"),
+        Toleration("x", "Equal", "", "PreferNoSchedule"),  # it steers: the node it names is not avoided
     )
 
 

@@ -9,6 +9,8 @@ from ortools.sat.python import cp_model
 
 from gpusched.model import Assignment, Cluster, ClusterState, Node, Plan, Pod
 from gpusched.model.affinity import PodAffinityTerm, Requirement
+from gpusched.model.node import Taint
+from gpusched.model.pod import Toleration
 from gpusched.solver import objectives
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import build_instance
@@ -111,3 +113,21 @@ def test_replicas_of_one_shape_pay_for_pairs_only_among_the_pods_their_wish_sele
     llm = next(gi for gi, g in enumerate(inst.groups) if g.pods[0].name.startswith("llm"))
     hosts_used = [inst.candidates[ci].node for ci in v.by_group[llm] for _ in range(int(solver.value(v.x[ci])))]
     assert sorted(hosts_used) == [0, 1], "the two llm replicas must not share a host"
+
+
+def test_a_wish_whose_best_node_scores_above_zero_everywhere_still_does_not_keep_out_pods() -> None:
+    # g prefers the spot pool and minds the autoscaler's taint; every node it may use earns it
+    # points (A 250, B 150, C 100), so its wishes swing 250 points, not max - min = 150.  Six
+    # tolerant pods fill all three nodes; g fits only by keeping two of them out.
+    soft = Taint("DeletionCandidateOfClusterAutoscaler", "1", "PreferNoSchedule")
+    nodes = [
+        Node("A", 2000, 8192, labels={"pool": "spot"}),
+        Node("B", 2000, 8192),
+        Node("C", 2000, 8192, labels={"pool": "spot"}, soft_taints=(soft,)),
+    ]
+    g = replace(pod("g", cpu=2000), preferred_nodes=((100, (Requirement("pool", "In", ("spot",)),)),))
+    tolerant = (Toleration("DeletionCandidateOfClusterAutoscaler", "Exists"),)
+    others = [replace(pod(f"h{i}", cpu=1000), tolerations=tolerant) for i in range(6)]
+    batch = [g, *others]
+    w = Weights(preferred_affinity=10_000)
+    assert len(optimum(batch, Cluster(nodes).empty_state(), Plan((), tuple(batch)), w)) == 6

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 from gpusched.model import Pod
 from gpusched.model.affinity import PodAffinityTerm, Requirement, Spread
-from gpusched.state.cache import Cache
+from gpusched.model.node import Taint
+from gpusched.state.cache import Cache, same_offer
 from gpusched.state.records import NodeRecord, PodRecord
 from tests.factories import gpu_node, pod
 
@@ -93,6 +94,22 @@ def test_node_change_rebuilds_and_keeps_pod_accounting() -> None:
     assert after.cluster is not before.cluster
     assert after.state.gpu_used[after.cluster.index["a"], 1] == 1000
     assert c.upsert_node(NodeRecord(gpu_node("b", gpus=2))) is False  # nothing changed
+
+
+def test_a_prefer_no_schedule_taint_is_seen_but_wakes_no_pod() -> None:
+    # The cluster autoscaler adds and removes its PreferNoSchedule taint as nodes fall idle:
+    # later solves must weigh it, but it makes no parked pod fit (no retry of them all).
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    before = c.snapshot()
+    soft = replace(
+        gpu_node("a", gpus=2), soft_taints=(Taint("DeletionCandidateOfClusterAutoscaler", "1", "PreferNoSchedule"),)
+    )
+    assert c.upsert_node(NodeRecord(soft)) is False
+    after = c.snapshot()
+    assert after.cluster is not before.cluster
+    assert after.cluster.nodes[0].soft_taints == soft.soft_taints
+    assert same_offer(before.cluster.nodes[0], after.cluster.nodes[0])
+    assert not same_offer(gpu_node("a", gpus=2), gpu_node("a", gpus=4))
 
 
 def test_snapshot_is_frozen_against_later_events() -> None:

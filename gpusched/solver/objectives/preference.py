@@ -28,8 +28,9 @@ from gpusched.solver.vars import Vars
 POINTS = 100
 """The range a pod's node-level preference score is normalised to."""
 TAINT_POINTS = 150
-"""The range of avoiding PreferNoSchedule taints, normalised as kube-scheduler's TaintToleration
-score is and weighed against the affinity scores as its default profile does (3 to 2)."""
+"""The range of avoiding PreferNoSchedule taints: ``TAINT_POINTS * (1 - taints / most taints
+among the candidates)``, as kube-scheduler normalises its TaintToleration score, weighed against
+the affinity scores as its default profile does (3 to 2)."""
 
 
 def wishes(inst: Instance, gi: int) -> bool:
@@ -57,7 +58,7 @@ def swing(inst: Instance) -> int:
         n = len(group.pods)
         if wishes(inst, gi):
             points = _points(inst, gi, by_group[gi]).values()
-            reach = max(points) - min(points) if points else 0
+            reach = max([*points, 0]) - min([*points, 0])  # an unplaced pod scores 0
             total += n * max(reach, POINTS) + sum(w for _, w in _self_terms(inst, gi)) * n * (n - 1) // 2
     return total
 
@@ -81,9 +82,9 @@ def _points(inst: Instance, gi: int, mine: Sequence[int]) -> dict[int, int]:
     avoided = state.cluster.avoided(shape.tolerations)
     if avoided is not None and nodes:
         bad = avoided[nodes]
-        least, most = int(bad.min()), int(bad.max())
-        if most > least:
-            points = [p + (most - int(b)) * TAINT_POINTS // (most - least) for p, b in zip(points, bad, strict=True)]
+        most = int(bad.max())
+        if most:  # as kube-scheduler normalises it: the full range at none, nothing at the most
+            points = [p + (most - int(b)) * TAINT_POINTS // most for p, b in zip(points, bad, strict=True)]
     apart = state.apart_penalty(pod, shape.preferred_apart)
     if apart is not None:
         counted = apart[nodes]
@@ -93,7 +94,7 @@ def _points(inst: Instance, gi: int, mine: Sequence[int]) -> dict[int, int]:
 
 def stake(inst: Instance, w: Weights) -> int:
     """``swing`` points at ``preferred_affinity`` each."""
-    return w.preferred_affinity * swing(inst)
+    return w.preferred_affinity * swing(inst) if w.preferred_affinity else 0
 
 
 def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_model.LinearExprT:
