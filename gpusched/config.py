@@ -76,9 +76,9 @@ class BatchingConfig(_Strict):
     quick_start: bool = Field(default=True, alias="quickStart")
     """While the bind client has more than half its burst unspent and more pods wait (or more
     than ``maxSize / 8`` arrived in the last second, or two in the last tenth: a burst is on), a
-    batch of as many pods as the binder sends at once that the warm start (FGD) places whole is
-    bound as FGD placed it, without the CP-SAT solve: at the start of a burst the solve would
-    only leave the client idle."""
+    batch of as many pods as the binder sends at once (drawn as soon as two pods wait) that the
+    warm start (FGD) places whole is bound as FGD placed it, without the CP-SAT solve: at the
+    start of a burst the solve would only leave the client idle."""
 
 
 class GpuschedConfig(_Strict):

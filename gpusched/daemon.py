@@ -397,7 +397,8 @@ class Scheduler:
             await self._leading.wait()
             await self._bind_room.wait()
             quick = self.config.batching.quick_start and self._client_idle()
-            batch = await self.queue.next_batch(self.quick_size if quick else None)
+            # While the client idles, two pods are a burst (``_burst``): draw them at once.
+            batch = await self.queue.next_batch(self.quick_size, early=2) if quick else await self.queue.next_batch()
             if not self.is_leader:
                 for r in batch:
                     self.queue.requeue(r.key)

@@ -189,10 +189,11 @@ class SchedulingQueue:
         return key in self._records
 
     # -- batches -------------------------------------------------------------------------
-    async def next_batch(self, limit: int | None = None) -> list[PodRecord]:
+    async def next_batch(self, limit: int | None = None, early: int | None = None) -> list[PodRecord]:
         """Wait for the next batch (at most ``limit``, by default ``max_size``, pods; it closes as
-        soon as that many wait) and mark its pods in flight."""
+        soon as that many wait, or ``early`` many) and mark its pods in flight."""
         size = self.max_size if limit is None else max(1, min(limit, self.max_size))
+        enough = size if early is None else max(1, min(early, size))
         while True:
             now = self._clock()
             self._release_due(now)
@@ -202,7 +203,7 @@ class SchedulingQueue:
                 due = oldest + self.max_wait
                 if self.busy is not None and not self.busy():
                     due = min(due, oldest + self.idle_wait)
-                if len(self._active) >= size or now >= due:
+                if len(self._active) >= enough or now >= due:
                     return self._pop(size)
                 wait = due - now
             if self._backoff:

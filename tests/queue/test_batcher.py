@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+import pytest
+
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.state.records import PodRecord
 from tests.factories import pod
@@ -230,6 +232,17 @@ async def test_a_limited_batch_closes_at_its_limit_and_leaves_the_rest_queued() 
         q.add(rec(f"p{i}"))
     rest = await asyncio.wait_for(q.next_batch(limit=1000), 1)
     assert len(rest) == 64, "a limit above max_size is max_size"
+
+
+async def test_an_early_batch_closes_once_that_many_wait_without_the_idle_wait() -> None:
+    clock = Clock()
+    q = SchedulingQueue(max_size=64, max_wait=60, idle_wait=60, clock=clock)
+    q.add(rec("a"))
+    with pytest.raises(TimeoutError):  # one pod: waits (here for a minute of the fake clock)
+        await asyncio.wait_for(q.next_batch(limit=20, early=2), 0.05)
+    q.add(rec("b"))
+    batch = await asyncio.wait_for(q.next_batch(limit=20, early=2), 1)
+    assert [r.pod.name for r in batch] == ["a", "b"]
 
 
 async def test_members_parked_apart_are_drawn_together_again() -> None:
