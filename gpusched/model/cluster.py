@@ -8,6 +8,7 @@ greedy policies and the simulator run thousands of times cheap.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -264,6 +265,7 @@ class ClusterState:
         object.__setattr__(self, "_selected", {})
         object.__setattr__(self, "_selected_counts", {})
         object.__setattr__(self, "_forbidding", {})
+        object.__setattr__(self, "_wished", {})
         object.__setattr__(self, "_spread", {})
         object.__setattr__(self, "_affinity", {})
         if self.pod_kinds is None:
@@ -286,6 +288,47 @@ class ClusterState:
     def outside_holders(self) -> list[tuple[Mapping[str, str], Pod]]:
         """The pods on ``outside`` nodes with anti-affinity terms of their own, with their nodes' labels."""
         return [(node.labels, p) for node, pods in self.outside for p in pods if p.anti_affinity]
+
+    @cached_property
+    def wish_holders(self) -> list[tuple[Mapping[str, str], Pod]]:
+        """The pods placed (here or on ``outside`` nodes) with preferred pod (anti-)affinity terms
+        of their own, with their nodes' labels: kube-scheduler scores a new pod those terms select
+        by them too."""
+        nodes = self.cluster.nodes
+        found = [(nodes[n].labels, p) for n, pods in self.residents.items() for p in pods if _wishes(p)]
+        found += [(node.labels, p) for node, pods in self.outside for p in pods if _wishes(p)]
+        return found
+
+    def wished(self, pod: Pod) -> IntArray | None:
+        """Per node, the weight of the placed pods' preferred terms that select ``pod``, in their
+        domains: anti-affinity positive, affinity negative (None: none selects it)."""
+        if not self.wish_holders:
+            return None
+        cache: dict[tuple[str, tuple[tuple[str, str], ...]], IntArray | None] = self.__dict__["_wished"]
+        key = (pod.namespace, pod.labels)
+        if key not in cache:
+            per_domain: dict[tuple[str, str], int] = defaultdict(int)
+            for labels, holder in self.wish_holders:
+                for weight, term in holder.pod_wishes:
+                    value = labels.get(term.topology_key)
+                    if value is not None and pod.selected_by(term):
+                        per_domain[term.topology_key, value] += weight
+            out: IntArray | None = None
+            for (k, value), weight in per_domain.items():
+                column, ids = self.cluster.domains(k)
+                if weight and value in ids:
+                    out = np.zeros(len(self.cluster), dtype=np.int64) if out is None else out
+                    out += weight * (column == ids[value])
+            cache[key] = None if out is None else _frozen(out)
+        return cache[key]
+
+    def wish_penalty(self, pod: Pod) -> IntArray | None:
+        """``apart_penalty`` of the pod's own terms plus ``wished``: everything preferred pod
+        (anti-)affinity holds against ``pod`` per node (None: nothing)."""
+        own, theirs = self.apart_penalty(pod), self.wished(pod)
+        if own is None or theirs is None:
+            return own if theirs is None else theirs
+        return own + theirs
 
     @property
     def holders(self) -> tuple[tuple[int, Pod], ...]:
@@ -749,6 +792,15 @@ class ClusterState:
         forbidding: dict[tuple[str, tuple[tuple[str, str], ...]], frozenset[tuple[str, str]]] = self.__dict__[
             "_forbidding"
         ]
+        if sign > 0 and "wish_holders" in self.__dict__:  # found once, then carried: greedy applies pod by pod
+            wishing = [
+                (self.cluster.nodes[a.node].labels, a.pod)
+                for a in added
+                if a.pod.has_affinity_identity and _wishes(a.pod)
+            ]
+            new.__dict__["wish_holders"] = self.wish_holders + wishing if wishing else self.wish_holders
+            if not wishing:
+                new.__dict__["_wished"].update(self.__dict__["_wished"])
         if sign > 0 and forbidding:
             joined = [(self.cluster.nodes[a.node].labels, a.pod) for a in added if a.pod.anti_affinity]
             carried = new.__dict__["_forbidding"]
@@ -861,6 +913,11 @@ def _pairs(node: Node, pods: Iterable[Pod], terms: tuple[PodAffinityTerm, ...]) 
 
 def _spread_count(spread: Spread, pods: Iterable[Pod]) -> int:
     return sum(1 for p in pods if not p.terminating and p.selected_by(spread))
+
+
+def _wishes(pod: Pod) -> bool:
+    """Whether ``pod`` has preferred pod (anti-)affinity terms."""
+    return bool(pod.preferred_apart or pod.preferred_together)
 
 
 def _forbidden_by(

@@ -253,8 +253,9 @@ class Pod(_Wishes):
     def has_affinity_identity(self) -> bool:
         """Whether pod anti-affinity may concern it: it has labels or terms, or it is a pod of the
         API (it has a UID), which a selector with only ``NotIn`` or ``DoesNotExist``, or none at all,
-        selects without labels.  Trace pods of the simulator have none of these."""
-        return bool(self.labels or self.anti_affinity or self.uid)
+        selects without labels; or it has preferred pod terms that may concern others.  Trace pods
+        of the simulator have none of these."""
+        return bool(self.labels or self.anti_affinity or self.uid or self.preferred_apart or self.preferred_together)
 
     def selected_by(self, term: PodAffinityTerm | Spread) -> bool:
         """Whether ``term`` keeps this pod away, or counts it."""

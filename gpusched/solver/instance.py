@@ -30,7 +30,7 @@ from gpusched.solver.fragmentation import FragScorer
 
 __all__ = ["Candidate", "Group", "Instance", "build_instance", "domain_of", "followed", "node_classes", "pod_terms"]
 
-GroupKey = tuple[PodShape, str, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+GroupKey = tuple[PodShape, str, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[object, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +46,14 @@ class Group:
     """The spread constraints of ``Instance.spreads`` that count its pods."""
     apart_self: tuple[int, ...] = ()
     """Its preferred anti-affinity terms (indices into ``shape.preferred_apart``) that select its own pods."""
+    identity: tuple[object, ...] = ()
+    """Namespace and labels, when placed pods' preferred terms may select by them (else empty)."""
 
     @property
     def key(self) -> GroupKey:
         """What makes pods interchangeable: shape, gang name and the terms that select them."""
         gang = self.gang.name if self.gang is not None else ""
-        return self.shape, gang, self.selected_by, self.counted_by, self.apart_self
+        return self.shape, gang, self.selected_by, self.counted_by, self.apart_self, self.identity
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,8 @@ class Instance:
     """Every required pod (anti-)affinity term in play: the batch's and those of pods placed."""
     spreads: tuple[Spread, ...] = ()
     """Every topology spread constraint of the batch's pods."""
+    identities: bool = False
+    """Placed pods have preferred terms: pods are grouped by namespace and labels too."""
 
     def group_of(self) -> dict[GroupKey, int]:
         """Group index by ``Group.key``."""
@@ -89,7 +93,7 @@ class Instance:
 
     def key_of(self, pod: Pod) -> GroupKey:
         """The ``Group.key`` of the group ``pod`` belongs to."""
-        return _group_key(pod, self.terms, self.spreads)
+        return _group_key(pod, self.terms, self.spreads, self.identities)
 
     def conflicts(self, a: int, b: int) -> list[str]:
         """Topology keys of the anti-affinity terms by which groups ``a`` and ``b`` (or a group's
@@ -109,11 +113,14 @@ def pod_terms(pods: Sequence[Pod], state: ClusterState) -> tuple[PodAffinityTerm
     return tuple(seen)
 
 
-def _group_key(pod: Pod, terms: Sequence[PodAffinityTerm], spreads: Sequence[Spread]) -> GroupKey:
+def _group_key(
+    pod: Pod, terms: Sequence[PodAffinityTerm], spreads: Sequence[Spread], identities: bool = False
+) -> GroupKey:
     selected = tuple(i for i, t in enumerate(terms) if pod.selected_by(t))
     counted = tuple(i for i, c in enumerate(spreads) if pod.selected_by(c))
     own = tuple(i for i, (_, t) in enumerate(pod.preferred_apart) if pod.selected_by(t))
-    return pod.shape, pod.gang.name if pod.gang is not None else "", selected, counted, own
+    identity: tuple[object, ...] = (pod.namespace, pod.labels) if identities else ()
+    return pod.shape, pod.gang.name if pod.gang is not None else "", selected, counted, own, identity
 
 
 def node_classes(state: ClusterState, extra: Sequence[IntArray] = ()) -> np.ndarray:
@@ -230,9 +237,10 @@ def build_instance(
     weight is 0) the candidates kept are not ranked by them either."""
     terms = pod_terms(pods, state)
     spreads = tuple(dict.fromkeys(c for p in pods for c in p.spread))
+    identities = preferences and bool(state.wish_holders)
     by_shape: dict[GroupKey, list[tuple[int, Pod]]] = defaultdict(list)
     for i, p in enumerate(pods):
-        by_shape[_group_key(p, terms, spreads)].append((i, p))
+        by_shape[_group_key(p, terms, spreads, identities)].append((i, p))
     groups = tuple(
         Group(
             key[0],
@@ -241,18 +249,19 @@ def build_instance(
             key[2],
             key[3],
             key[4],
+            key[5],
         )
         for key, members in by_shape.items()
     )
     peers = [state.peer_mask(g.pods[0], bool(followed(groups, terms, gi))) for gi, g in enumerate(groups)]
-    penalties = [state.apart_penalty(g.pods[0]) for g in groups]
+    penalties = [state.wish_penalty(g.pods[0]) for g in groups]
     gang_sizes: dict[str, int] = defaultdict(int)
     for g in groups:
         if g.gang is not None:
             gang_sizes[g.gang.name] += len(g.pods)
     hinted: dict[GroupKey, set[int]] = defaultdict(set)
     for a in hint.assignments:
-        hinted[_group_key(a.pod, terms, spreads)].add(a.node)
+        hinted[_group_key(a.pod, terms, spreads, identities)].add(a.node)
 
     classes = node_classes(state, _class_extras(state, groups, peers, penalties))
     order = np.argsort(classes, kind="stable")
@@ -280,7 +289,7 @@ def build_instance(
         reps = order[starts[cls]]  # first node of each class
         pack = _pack(state, reps)
         keys = [-pack, delta[reps]]
-        if preferences and shape.has_preferences:  # the nodes it prefers first
+        if preferences and (shape.has_preferences or penalties[gi] is not None):  # the nodes it prefers first
             prefer = state.cluster.preference_scores(shape.preferred_nodes)[reps]
             penalty = penalties[gi]
             keys.append(-(prefer - penalty[reps]) if penalty is not None else -prefer)
@@ -296,7 +305,15 @@ def build_instance(
             quota = feasible.size  # a gang needs enough candidates inside one domain: keep them all
         # Wishes to be apart from (or with) pods over shared domains: the best candidates of every
         # domain, up to the quota each (a class lies within one domain of each key).
-        apart_keys = [t.topology_key for _, t in shape.pod_wishes if _shared_domains(state, t.topology_key)]
+        wish_keys = dict.fromkeys(t.topology_key for _, t in shape.pod_wishes)
+        if identities:  # placed pods' terms that select it
+            pod0 = group.pods[0]
+            wish_keys.update(
+                dict.fromkeys(
+                    t.topology_key for _, h in state.wish_holders for _, t in h.pod_wishes if pod0.selected_by(t)
+                )
+            )
+        apart_keys = [k for k in wish_keys if _shared_domains(state, k)]
         per_domain: dict[tuple[int, ...], int] | None = {} if apart_keys else None
         if any(_shared_domains(state, c.topology_key) for c in shape.spread):
             quota, per_domain = feasible.size, None  # spread over domains: candidates in every one of them
@@ -355,4 +372,4 @@ def build_instance(
             d = float(delta[n])
             cands.append(Candidate(gi, int(n), int(ub[j]), round(d) if np.isfinite(d) else 0, int(packs[j]), gpus))
     nodes = tuple(sorted({c.node for c in cands}))
-    return Instance(state, groups, tuple(cands), nodes, hint, terms, spreads)
+    return Instance(state, groups, tuple(cands), nodes, hint, terms, spreads, identities)

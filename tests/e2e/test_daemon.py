@@ -910,3 +910,28 @@ async def test_soft_spread_and_preferred_pod_affinity_are_weighed(
     spread = Counter(final[f"llm-{i}"]["spec"].get("nodeName") for i in range(6))
     assert spread == {f"wish-gpu-{z}": 2 for z in zones}  # packing alone would fill one node
     assert final["reader"]["spec"].get("nodeName") == "wish-gpu-z2"  # beside the cache
+
+
+async def test_a_running_pods_preferred_anti_affinity_steers_new_pods_it_selects(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    # The database, bound by another scheduler, prefers batch pods on other nodes.  Half of a GPU
+    # beside it is free, which a half-GPU batch pod would fill (packing's choice).  The batch pod
+    # has no terms of its own; as kube-scheduler does, gpusched weighs the database's wish.
+    name = sched_name()
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node(f"theirs-{i}", 8, "H800") for i in range(2)])
+    db = kit.pod("db", "another-scheduler", gpus=4, node_name="theirs-0")
+    db["metadata"]["labels"] = {"app": "db"}
+    away = {"labelSelector": {"matchLabels": {"app": "batch"}}, "topologyKey": "kubernetes.io/hostname"}
+    db["spec"]["affinity"] = {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": away}]
+        }
+    }
+    half = kit.pod("half", "another-scheduler", milli=500, node_name="theirs-0")
+    half["metadata"]["annotations"]["gpusched.io/gpu-indices"] = "4"
+    await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [db, half])
+    job = kit.pod("job", name, milli=500)
+    job["metadata"]["labels"] = {"app": "batch"}
+    final = await kit.schedule(control_plane, kube, namespace, name, [job, kit.pod("whole", name, gpus=1)], count=4)
+    assert final["job"]["spec"].get("nodeName") == "theirs-1"

@@ -249,3 +249,19 @@ def test_pods_a_term_selects_are_counted_per_domain_and_the_counts_follow_apply_
     penalty = grown.apart_penalty(asker)
     assert penalty is not None
     assert penalty.tolist() == [20, 10, 20, 10]  # the weight once per pod selected
+
+
+def test_placed_pods_wishes_are_carried_over_as_a_fresh_state_would_find_them() -> None:
+    nodes = [Node(f"n{i}", 8000, 8192, labels={"zone": f"z{i % 2}"}) for i in range(4)]
+    cluster = Cluster(nodes)
+    near = PodAffinityTerm((Requirement("app", "In", ("web",)),), frozenset({"default"}), "zone")
+    away = PodAffinityTerm((Requirement("app", "In", ("web",)),), frozenset({"default"}), "zone")
+    web = Pod("web", 100, 10, labels=(("app", "web"),))
+    state = cluster.empty_state().apply([Assignment(Pod("a", 100, 10, preferred_together=((40, near),)), 0)])
+    assert list(state.wished(web)) == [-40, 0, -40, 0]  # zone z0: nodes 0 and 2
+    later = state.apply([Assignment(Pod("b", 100, 10, preferred_apart=((70, away),)), 1)])
+    fresh = ClusterState(cluster, later.cpu_used, later.mem_used, later.gpu_used, residents=later.residents)
+    assert list(later.wished(web)) == list(fresh.wished(web)) == [-40, 70, -40, 70]
+    quiet = later.apply([Assignment(Pod("c", 100, 10, labels=(("app", "db"),)), 2)])
+    assert list(quiet.wished(web)) == [-40, 70, -40, 70]
+    assert quiet.wished(Pod("db", 100, 10, labels=(("app", "db"),))) is None  # no term selects it

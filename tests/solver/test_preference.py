@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from ortools.sat.python import cp_model
 
-from gpusched.model import Assignment, Cluster, Plan, Pod
+from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod
 from gpusched.model.affinity import PodAffinityTerm, Requirement
 from gpusched.solver.constraints import capacity, demand, whole_gpu
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
@@ -246,3 +246,52 @@ def test_every_policy_joins_the_zone_of_the_pods_it_prefers_to_be_near_while_the
     assert [c.nodes[a.node].labels[ZONE] for a in plan.assignments] == ["b", "b", "b"]
     plan = make_policy(policy, c, TypicalPods.from_pods(pods), 0, SolverParams()).place(pods, state)
     assert len(plan.assignments) == 5  # a wish, not a rule
+
+
+def _db_on_h0() -> tuple[Cluster, ClusterState]:
+    """Two hosts; on h0 a database that prefers batch pods on other hosts."""
+    hosts = [replace(gpu_node(f"h{i}", gpus=8), labels={"kubernetes.io/hostname": f"h{i}"}) for i in range(2)]
+    c = Cluster(hosts)
+    batch_term = PodAffinityTerm(
+        (Requirement("app", "In", ("batch",)),), frozenset({"default"}), "kubernetes.io/hostname"
+    )
+    db = replace(pod("db", gpus=4), labels=(("app", "db"),), preferred_apart=((100, batch_term),))
+    return c, c.empty_state().apply([Assignment(db, 0, (0, 1, 2, 3))])
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "random"])
+def test_every_policy_keeps_a_pod_off_the_node_of_a_placed_pod_whose_wish_selects_it(policy: str) -> None:
+    # The database on h0 prefers batch pods elsewhere; the batch pod itself has no terms.  As
+    # kube-scheduler does, its placement weighs the database's wish: h1, though h0 is fuller.
+    c, state = _db_on_h0()
+    job = replace(pod("job", gpus=1), labels=(("app", "batch"),))
+    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
+    plan = make_policy(policy, c, TypicalPods.from_pods([job]), 0, params).place([job], state)
+    validate_plan(plan, state, [job])
+    assert [c.nodes[a.node].name for a in plan.assignments] == ["h1"]
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "random"])
+def test_every_policy_brings_a_pod_to_the_zone_of_a_placed_pod_that_wants_it_near(policy: str) -> None:
+    c = _zones()
+    web = PodAffinityTerm((Requirement("app", "In", ("web",)),), frozenset({"default"}), ZONE)
+    cache = replace(pod("cache"), labels=(("app", "cache"),), preferred_together=((100, web),))
+    # Zone c holds the cache (CPU only); a0 is the fullest node, which packing alone would pick.
+    state = c.empty_state().apply([Assignment(cache, 4), Assignment(pod("old", gpus=4), 0, (0, 1, 2, 3))])
+    front = [replace(pod(f"web{i}", gpus=1), labels=(("app", "web"),)) for i in range(2)]
+    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
+    plan = make_policy(policy, c, TypicalPods.from_pods(front), 0, params).place(front, state)
+    validate_plan(plan, state, front)
+    assert {c.nodes[a.node].labels[ZONE] for a in plan.assignments} == {"c"}
+
+
+def test_pods_of_one_shape_that_placed_wishes_tell_apart_are_not_grouped_together() -> None:
+    c, state = _db_on_h0()
+    pods = [
+        replace(pod("job", gpus=1), labels=(("app", "batch"),)),
+        replace(pod("svc", gpus=1), labels=(("app", "svc"),)),
+    ]
+    inst = build_instance(pods, state, FragScorer(c, TypicalPods.from_pods(pods)), Plan((), tuple(pods)), 24)
+    assert sorted(g.pods[0].name for g in inst.groups) == ["job", "svc"]
+    assert preference.wishes(inst, next(gi for gi, g in enumerate(inst.groups) if g.pods[0].name == "job"))
+    assert not preference.wishes(inst, next(gi for gi, g in enumerate(inst.groups) if g.pods[0].name == "svc"))

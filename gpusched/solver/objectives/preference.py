@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from gpusched.solver.instance import Instance
@@ -34,10 +35,15 @@ the affinity scores as its default profile does (3 to 2)."""
 
 
 def wishes(inst: Instance, gi: int) -> bool:
-    """Whether group ``gi`` has anything to prefer among nodes: affinity of its own, or
-    PreferNoSchedule taints it does not tolerate somewhere."""
-    shape = inst.groups[gi].shape
-    return shape.has_preferences or inst.state.cluster.avoided(shape.tolerations) is not None
+    """Whether group ``gi`` has anything to prefer among nodes: affinity of its own, placed pods'
+    preferred terms that select it, or PreferNoSchedule taints it does not tolerate somewhere."""
+    group = inst.groups[gi]
+    shape, state = group.shape, inst.state
+    return (
+        shape.has_preferences
+        or state.cluster.avoided(shape.tolerations) is not None
+        or (inst.identities and state.wished(group.pods[0]) is not None)
+    )
 
 
 def _self_terms(inst: Instance, gi: int) -> list[tuple[int, int]]:
@@ -77,6 +83,9 @@ def _points(inst: Instance, gi: int, mine: Sequence[int]) -> dict[int, int]:
     together = state.apart_penalty(pod, [(-w, t) for w, t in shape.preferred_together])
     if together is not None:
         scores = scores - together[nodes]
+    theirs = state.wished(pod) if inst.identities else None
+    if theirs is not None:  # placed pods' terms that select it: affinity normalised with its own
+        scores = scores - np.minimum(theirs[nodes], 0)
     lo, hi = (int(scores.min()), int(scores.max())) if nodes else (0, 0)
     points = [(int(s) - lo) * POINTS // (hi - lo) if hi > lo else 0 for s in scores]
     avoided = state.cluster.avoided(shape.tolerations)
@@ -86,6 +95,8 @@ def _points(inst: Instance, gi: int, mine: Sequence[int]) -> dict[int, int]:
         if most:  # as kube-scheduler normalises it: the full range at none, nothing at the most
             points = [p + (most - int(b)) * TAINT_POINTS // most for p, b in zip(points, bad, strict=True)]
     apart = state.apart_penalty(pod, shape.preferred_apart)
+    if theirs is not None:  # and their anti-affinity in full, as its own
+        apart = np.maximum(theirs, 0) if apart is None else apart + np.maximum(theirs, 0)
     if apart is not None:
         counted = apart[nodes]
         points = [p - int(c) + int(counted.min()) for p, c in zip(points, counted, strict=True)]
