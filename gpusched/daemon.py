@@ -358,7 +358,7 @@ class Scheduler:
         idle): a burst is on, and its first batches are drawn before the rest of it has arrived.
         A quiet cluster's pods, one at a time, are still solved."""
         q = self.queue
-        return q.counts().active > 0 or q.arrived_within(1.0) > q.max_size // 8 or q.arrived_within(0.1) > 1
+        return q.counts().active > 0 or q.arrived_within(1.0) > max(1, q.max_size // 8) or q.arrived_within(0.1) > 1
 
     def _busy(self) -> bool:
         """Binds in flight and the client busy with them: the next batch may gather pods."""

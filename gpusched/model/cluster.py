@@ -8,7 +8,6 @@ greedy policies and the simulator run thousands of times cheap.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -266,6 +265,7 @@ class ClusterState:
         object.__setattr__(self, "_selected_counts", {})
         object.__setattr__(self, "_forbidding", {})
         object.__setattr__(self, "_wished", {})
+        object.__setattr__(self, "_wish_sig", {})
         object.__setattr__(self, "_spread", {})
         object.__setattr__(self, "_affinity", {})
         if self.pod_kinds is None:
@@ -290,37 +290,49 @@ class ClusterState:
         return [(node.labels, p) for node, pods in self.outside for p in pods if p.anti_affinity]
 
     @cached_property
-    def wish_holders(self) -> list[tuple[Mapping[str, str], Pod]]:
-        """The pods placed (here or on ``outside`` nodes) with preferred pod (anti-)affinity terms
-        of their own, with their nodes' labels: kube-scheduler scores a new pod those terms select
-        by them too."""
+    def wish_terms(self) -> dict[PodAffinityTerm, dict[str, int]]:
+        """The preferred pod (anti-)affinity terms of the pods placed (here or on ``outside``
+        nodes), each distinct term once with its summed weight (anti-affinity positive, affinity
+        negative) per value of its topology key where its holders run: kube-scheduler scores a
+        new pod those terms select by them too."""
+        index: dict[PodAffinityTerm, dict[str, int]] = {}
         nodes = self.cluster.nodes
-        found = [(nodes[n].labels, p) for n, pods in self.residents.items() for p in pods if _wishes(p)]
-        found += [(node.labels, p) for node, pods in self.outside for p in pods if _wishes(p)]
-        return found
+        for n, pods in self.residents.items():
+            for p in pods:
+                _index_wishes(index, nodes[n].labels, p)
+        for node, pods in self.outside:
+            for p in pods:
+                _index_wishes(index, node.labels, p)
+        return index
+
+    def wish_signature(self, pod: Pod) -> tuple[PodAffinityTerm, ...]:
+        """The placed pods' preferred terms (``wish_terms``) that select ``pod``: pods with the
+        same signature are told apart by none of them."""
+        if not self.wish_terms:
+            return ()
+        cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[PodAffinityTerm, ...]] = self.__dict__["_wish_sig"]
+        key = (pod.namespace, pod.labels)
+        if key not in cache:
+            cache[key] = tuple(t for t in self.wish_terms if pod.selected_by(t))
+        return cache[key]
 
     def wished(self, pod: Pod) -> IntArray | None:
         """Per node, the weight of the placed pods' preferred terms that select ``pod``, in their
         domains: anti-affinity positive, affinity negative (None: none selects it)."""
-        if not self.wish_holders:
+        signature = self.wish_signature(pod)
+        if not signature:
             return None
-        cache: dict[tuple[str, tuple[tuple[str, str], ...]], IntArray | None] = self.__dict__["_wished"]
-        key = (pod.namespace, pod.labels)
-        if key not in cache:
-            per_domain: dict[tuple[str, str], int] = defaultdict(int)
-            for labels, holder in self.wish_holders:
-                for weight, term in holder.pod_wishes:
-                    value = labels.get(term.topology_key)
-                    if value is not None and pod.selected_by(term):
-                        per_domain[term.topology_key, value] += weight
+        cache: dict[tuple[PodAffinityTerm, ...], IntArray | None] = self.__dict__["_wished"]
+        if signature not in cache:
             out: IntArray | None = None
-            for (k, value), weight in per_domain.items():
-                column, ids = self.cluster.domains(k)
-                if weight and value in ids:
-                    out = np.zeros(len(self.cluster), dtype=np.int64) if out is None else out
-                    out += weight * (column == ids[value])
-            cache[key] = None if out is None else _frozen(out)
-        return cache[key]
+            for term in signature:
+                column, ids = self.cluster.domains(term.topology_key)
+                for value, weight in self.wish_terms[term].items():
+                    if weight and value in ids:
+                        out = np.zeros(len(self.cluster), dtype=np.int64) if out is None else out
+                        out += weight * (column == ids[value])
+            cache[signature] = None if out is None else _frozen(out)
+        return cache[signature]
 
     def wish_penalty(self, pod: Pod) -> IntArray | None:
         """``apart_penalty`` of the pod's own terms plus ``wished``: everything preferred pod
@@ -792,15 +804,20 @@ class ClusterState:
         forbidding: dict[tuple[str, tuple[tuple[str, str], ...]], frozenset[tuple[str, str]]] = self.__dict__[
             "_forbidding"
         ]
-        if sign > 0 and "wish_holders" in self.__dict__:  # found once, then carried: greedy applies pod by pod
-            wishing = [
-                (self.cluster.nodes[a.node].labels, a.pod)
-                for a in added
-                if a.pod.has_affinity_identity and _wishes(a.pod)
-            ]
-            new.__dict__["wish_holders"] = self.wish_holders + wishing if wishing else self.wish_holders
-            if not wishing:
-                new.__dict__["_wished"].update(self.__dict__["_wished"])
+        if sign > 0 and "wish_terms" in self.__dict__:  # found once, then carried: greedy applies pod by pod
+            index = self.wish_terms
+            wishing = [a for a in added if a.pod.has_affinity_identity and _wishes(a.pod)]
+            if wishing:
+                index = {t: dict(v) for t, v in index.items()}
+                for a in wishing:
+                    _index_wishes(index, self.cluster.nodes[a.node].labels, a.pod)
+            new.__dict__["wish_terms"] = index
+            changed = {t for a in wishing for _, t in a.pod.pod_wishes}
+            if index.keys() == self.wish_terms.keys():  # no new term: every pod's signature holds
+                new.__dict__["_wish_sig"].update(self.__dict__["_wish_sig"])
+                new.__dict__["_wished"].update(
+                    (sig, v) for sig, v in self.__dict__["_wished"].items() if changed.isdisjoint(sig)
+                )
         if sign > 0 and forbidding:
             joined = [(self.cluster.nodes[a.node].labels, a.pod) for a in added if a.pod.anti_affinity]
             carried = new.__dict__["_forbidding"]
@@ -918,6 +935,15 @@ def _spread_count(spread: Spread, pods: Iterable[Pod]) -> int:
 def _wishes(pod: Pod) -> bool:
     """Whether ``pod`` has preferred pod (anti-)affinity terms."""
     return bool(pod.preferred_apart or pod.preferred_together)
+
+
+def _index_wishes(index: dict[PodAffinityTerm, dict[str, int]], labels: Mapping[str, str], pod: Pod) -> None:
+    """Add ``pod``'s preferred terms, held on a node with ``labels``, to ``index`` (see ``wish_terms``)."""
+    for weight, term in pod.pod_wishes:
+        value = labels.get(term.topology_key)
+        if value is not None:
+            per_value = index.setdefault(term, {})
+            per_value[value] = per_value.get(value, 0) + weight
 
 
 def _forbidden_by(

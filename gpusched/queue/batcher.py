@@ -191,7 +191,8 @@ class SchedulingQueue:
     # -- batches -------------------------------------------------------------------------
     async def next_batch(self, limit: int | None = None, early: int | None = None) -> list[PodRecord]:
         """Wait for the next batch (at most ``limit``, by default ``max_size``, pods; it closes as
-        soon as that many wait, or ``early`` many) and mark its pods in flight."""
+        soon as that many wait, or ``early`` many while no gang waits for more of its members)
+        and mark its pods in flight."""
         size = self.max_size if limit is None else max(1, min(limit, self.max_size))
         enough = size if early is None else max(1, min(early, size))
         while True:
@@ -203,7 +204,8 @@ class SchedulingQueue:
                 due = oldest + self.max_wait
                 if self.busy is not None and not self.busy():
                     due = min(due, oldest + self.idle_wait)
-                if len(self._active) >= enough or now >= due:
+                waiting = len(self._active)
+                if waiting >= size or now >= due or (waiting >= enough and not self._gang_short()):
                     return self._pop(size)
                 wait = due - now
             if self._backoff:
@@ -215,6 +217,15 @@ class SchedulingQueue:
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=None if wait is None else max(wait, 0.0))
+
+    def _gang_short(self) -> bool:
+        """A waiting pod's gang has fewer members pending than its minimum: more are on their way
+        (or running), and a batch closed early would only fail it."""
+        for key in self._active:
+            gang = self._records[key].pod.gang
+            if gang is not None and len(self._gangs.get(gang.name, ())) < gang.min_members:
+                return True
+        return False
 
     def _pop(self, limit: int) -> list[PodRecord]:
         batch: list[PodRecord] = []

@@ -85,7 +85,7 @@ class Instance:
     spreads: tuple[Spread, ...] = ()
     """Every topology spread constraint of the batch's pods."""
     identities: bool = False
-    """Placed pods have preferred terms: pods are grouped by namespace and labels too."""
+    """Placed pods have preferred terms: pods are grouped by which of them select them too."""
 
     def group_of(self) -> dict[GroupKey, int]:
         """Group index by ``Group.key``."""
@@ -93,7 +93,7 @@ class Instance:
 
     def key_of(self, pod: Pod) -> GroupKey:
         """The ``Group.key`` of the group ``pod`` belongs to."""
-        return _group_key(pod, self.terms, self.spreads, self.identities)
+        return _group_key(pod, self.terms, self.spreads, self.state if self.identities else None)
 
     def conflicts(self, a: int, b: int) -> list[str]:
         """Topology keys of the anti-affinity terms by which groups ``a`` and ``b`` (or a group's
@@ -114,12 +114,12 @@ def pod_terms(pods: Sequence[Pod], state: ClusterState) -> tuple[PodAffinityTerm
 
 
 def _group_key(
-    pod: Pod, terms: Sequence[PodAffinityTerm], spreads: Sequence[Spread], identities: bool = False
+    pod: Pod, terms: Sequence[PodAffinityTerm], spreads: Sequence[Spread], state: ClusterState | None = None
 ) -> GroupKey:
     selected = tuple(i for i, t in enumerate(terms) if pod.selected_by(t))
     counted = tuple(i for i, c in enumerate(spreads) if pod.selected_by(c))
     own = tuple(i for i, (_, t) in enumerate(pod.preferred_apart) if pod.selected_by(t))
-    identity: tuple[object, ...] = (pod.namespace, pod.labels) if identities else ()
+    identity: tuple[object, ...] = state.wish_signature(pod) if state is not None else ()
     return pod.shape, pod.gang.name if pod.gang is not None else "", selected, counted, own, identity
 
 
@@ -237,10 +237,11 @@ def build_instance(
     weight is 0) the candidates kept are not ranked by them either."""
     terms = pod_terms(pods, state)
     spreads = tuple(dict.fromkeys(c for p in pods for c in p.spread))
-    identities = preferences and bool(state.wish_holders)
+    identities = preferences and bool(state.wish_terms)
+    told = state if identities else None  # placed pods' preferred terms tell pods apart
     by_shape: dict[GroupKey, list[tuple[int, Pod]]] = defaultdict(list)
     for i, p in enumerate(pods):
-        by_shape[_group_key(p, terms, spreads, identities)].append((i, p))
+        by_shape[_group_key(p, terms, spreads, told)].append((i, p))
     groups = tuple(
         Group(
             key[0],
@@ -254,14 +255,14 @@ def build_instance(
         for key, members in by_shape.items()
     )
     peers = [state.peer_mask(g.pods[0], bool(followed(groups, terms, gi))) for gi, g in enumerate(groups)]
-    penalties = [state.wish_penalty(g.pods[0]) for g in groups]
+    penalties = [(state.wish_penalty if identities else state.apart_penalty)(g.pods[0]) for g in groups]
     gang_sizes: dict[str, int] = defaultdict(int)
     for g in groups:
         if g.gang is not None:
             gang_sizes[g.gang.name] += len(g.pods)
     hinted: dict[GroupKey, set[int]] = defaultdict(set)
     for a in hint.assignments:
-        hinted[_group_key(a.pod, terms, spreads, identities)].add(a.node)
+        hinted[_group_key(a.pod, terms, spreads, told)].add(a.node)
 
     classes = node_classes(state, _class_extras(state, groups, peers, penalties))
     order = np.argsort(classes, kind="stable")
@@ -307,12 +308,7 @@ def build_instance(
         # domain, up to the quota each (a class lies within one domain of each key).
         wish_keys = dict.fromkeys(t.topology_key for _, t in shape.pod_wishes)
         if identities:  # placed pods' terms that select it
-            pod0 = group.pods[0]
-            wish_keys.update(
-                dict.fromkeys(
-                    t.topology_key for _, h in state.wish_holders for _, t in h.pod_wishes if pod0.selected_by(t)
-                )
-            )
+            wish_keys.update(dict.fromkeys(t.topology_key for t in state.wish_signature(group.pods[0])))
         apart_keys = [k for k in wish_keys if _shared_domains(state, k)]
         per_domain: dict[tuple[int, ...], int] | None = {} if apart_keys else None
         if any(_shared_domains(state, c.topology_key) for c in shape.spread):

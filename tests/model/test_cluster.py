@@ -265,3 +265,19 @@ def test_placed_pods_wishes_are_carried_over_as_a_fresh_state_would_find_them() 
     quiet = later.apply([Assignment(Pod("c", 100, 10, labels=(("app", "db"),)), 2)])
     assert list(quiet.wished(web)) == [-40, 70, -40, 70]
     assert quiet.wished(Pod("db", 100, 10, labels=(("app", "db"),))) is None  # no term selects it
+
+
+def test_a_placed_pod_with_a_new_wish_reaches_pods_no_earlier_wish_selected() -> None:
+    nodes = [Node(f"n{i}", 8000, 8192, labels={"zone": f"z{i % 2}"}) for i in range(4)]
+    cluster = Cluster(nodes)
+    web_term = PodAffinityTerm((Requirement("app", "In", ("web",)),), frozenset({"default"}), "zone")
+    db_term = PodAffinityTerm((Requirement("app", "In", ("db",)),), frozenset({"default"}), "zone")
+    db = Pod("db", 100, 10, labels=(("app", "db"),))
+    state = cluster.empty_state().apply([Assignment(Pod("a", 100, 10, preferred_apart=((30, web_term),)), 0)])
+    assert state.wished(db) is None
+    assert state.wish_signature(db) == ()
+    later = state.apply([Assignment(Pod("b", 100, 10, preferred_apart=((50, db_term),)), 1)])
+    assert later.wish_signature(db) == (db_term,)
+    assert list(later.wished(db)) == [0, 50, 0, 50]
+    web = Pod("web", 100, 10, labels=(("app", "web"),))
+    assert list(later.wished(web)) == [30, 0, 30, 0]

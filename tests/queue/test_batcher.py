@@ -245,6 +245,18 @@ async def test_an_early_batch_closes_once_that_many_wait_without_the_idle_wait()
     assert [r.pod.name for r in batch] == ["a", "b"]
 
 
+async def test_an_early_batch_waits_for_a_gang_still_short_of_its_minimum() -> None:
+    clock = Clock()
+    q = SchedulingQueue(max_size=64, max_wait=60, idle_wait=60, clock=clock)
+    q.add(gang_rec("g-0", "g"))
+    q.add(gang_rec("g-1", "g"))  # two of three: a batch now could only fail the gang
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(q.next_batch(limit=20, early=2), 0.05)
+    q.add(gang_rec("g-2", "g"))
+    batch = await asyncio.wait_for(q.next_batch(limit=20, early=2), 1)
+    assert sorted(r.pod.name for r in batch) == ["g-0", "g-1", "g-2"]
+
+
 async def test_members_parked_apart_are_drawn_together_again() -> None:
     clock = Clock()
     q = SchedulingQueue(max_size=10, max_wait=0.01, flush_after=60, clock=clock)

@@ -295,3 +295,16 @@ def test_pods_of_one_shape_that_placed_wishes_tell_apart_are_not_grouped_togethe
     assert sorted(g.pods[0].name for g in inst.groups) == ["job", "svc"]
     assert preference.wishes(inst, next(gi for gi, g in enumerate(inst.groups) if g.pods[0].name == "job"))
     assert not preference.wishes(inst, next(gi for gi, g in enumerate(inst.groups) if g.pods[0].name == "svc"))
+
+
+def test_pods_that_no_placed_wish_tells_apart_stay_one_group_whatever_their_labels() -> None:
+    # StatefulSet replicas differ in their pod-name label, which the database's term does not
+    # look at: they are interchangeable, one group, as without the database.
+    c, state = _db_on_h0()
+    pods = [
+        replace(pod(f"job{i}", gpus=1), labels=(("app", "batch"), ("statefulset.kubernetes.io/pod-name", f"job{i}")))
+        for i in range(3)
+    ]
+    inst = build_instance(pods, state, FragScorer(c, TypicalPods.from_pods(pods)), Plan((), tuple(pods)), 24)
+    assert [len(g.pods) for g in inst.groups] == [3]
+    assert preference.wishes(inst, 0)

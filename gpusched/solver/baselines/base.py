@@ -112,7 +112,7 @@ class GreedyPolicy:
         avoided = state.cluster.avoided(pod.tolerations) if self.preferences else None
         if avoided is not None and nodes.size > 1:  # PreferNoSchedule taints weigh most (as in kube-scheduler)
             nodes = nodes[avoided[nodes] == avoided[nodes].min()]
-        theirs = state.wished(pod) if self.preferences else None
+        theirs = state.wished(pod) if self.preferences and nodes.size > 1 else None
         if self.preferences and (pod.has_preferences or theirs is not None) and nodes.size > 1:
             prefer = state.cluster.preference_scores(pod.preferred_nodes)[nodes]
             apart = state.wish_penalty(pod)
