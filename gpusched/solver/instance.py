@@ -30,7 +30,9 @@ from gpusched.solver.fragmentation import FragScorer
 
 __all__ = ["Candidate", "Group", "Instance", "build_instance", "domain_of", "followed", "node_classes", "pod_terms"]
 
-GroupKey = tuple[PodShape, str, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[object, ...]]
+Identity = tuple[()] | tuple[tuple[PodAffinityTerm, ...], tuple[int, ...]]
+"""Which preferred pod terms select a group's pods: placed pods' and the batch's (see ``Group.identity``)."""
+GroupKey = tuple[PodShape, str, tuple[int, ...], tuple[int, ...], tuple[int, ...], Identity]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +48,14 @@ class Group:
     """The spread constraints of ``Instance.spreads`` that count its pods."""
     apart_self: tuple[int, ...] = ()
     """Its preferred anti-affinity terms (indices into ``shape.preferred_apart``) that select its own pods."""
-    identity: tuple[object, ...] = ()
-    """Namespace and labels, when placed pods' preferred terms may select by them (else empty)."""
+    identity: Identity = ()
+    """The preferred pod terms that select its pods, when preferences are weighed (else empty):
+    placed pods' (``ClusterState.wish_signature``) and the batch's (indices into ``Instance.wishes``)."""
+
+    @property
+    def wished_by(self) -> tuple[int, ...]:
+        """The batch's preferred terms (indices into ``Instance.wishes``) that select its pods."""
+        return self.identity[1] if self.identity else ()
 
     @property
     def key(self) -> GroupKey:
@@ -85,7 +93,10 @@ class Instance:
     spreads: tuple[Spread, ...] = ()
     """Every topology spread constraint of the batch's pods."""
     identities: bool = False
-    """Placed pods have preferred terms: pods are grouped by which of them select them too."""
+    """Preferences are weighed and placed pods or the batch's have preferred pod terms: pods are
+    grouped by which of those terms select them too."""
+    wishes: tuple[PodAffinityTerm, ...] = ()
+    """The batch's own preferred pod (anti-)affinity terms (none when preferences are off)."""
 
     def group_of(self) -> dict[GroupKey, int]:
         """Group index by ``Group.key``."""
@@ -93,7 +104,7 @@ class Instance:
 
     def key_of(self, pod: Pod) -> GroupKey:
         """The ``Group.key`` of the group ``pod`` belongs to."""
-        return _group_key(pod, self.terms, self.spreads, self.state if self.identities else None)
+        return _group_key(pod, self.terms, self.spreads, self.state if self.identities else None, self.wishes)
 
     def conflicts(self, a: int, b: int) -> list[str]:
         """Topology keys of the anti-affinity terms by which groups ``a`` and ``b`` (or a group's
@@ -114,12 +125,18 @@ def pod_terms(pods: Sequence[Pod], state: ClusterState) -> tuple[PodAffinityTerm
 
 
 def _group_key(
-    pod: Pod, terms: Sequence[PodAffinityTerm], spreads: Sequence[Spread], state: ClusterState | None = None
+    pod: Pod,
+    terms: Sequence[PodAffinityTerm],
+    spreads: Sequence[Spread],
+    state: ClusterState | None = None,
+    wishes: Sequence[PodAffinityTerm] = (),
 ) -> GroupKey:
     selected = tuple(i for i, t in enumerate(terms) if pod.selected_by(t))
     counted = tuple(i for i, c in enumerate(spreads) if pod.selected_by(c))
     own = tuple(i for i, (_, t) in enumerate(pod.preferred_apart) if pod.selected_by(t))
-    identity: tuple[object, ...] = state.wish_signature(pod) if state is not None else ()
+    identity: Identity = ()
+    if state is not None:  # the preferred terms, of placed pods and of the batch's, that select it
+        identity = (state.wish_signature(pod), tuple(i for i, t in enumerate(wishes) if pod.selected_by(t)))
     return pod.shape, pod.gang.name if pod.gang is not None else "", selected, counted, own, identity
 
 
@@ -237,11 +254,12 @@ def build_instance(
     weight is 0) the candidates kept are not ranked by them either."""
     terms = pod_terms(pods, state)
     spreads = tuple(dict.fromkeys(c for p in pods for c in p.spread))
-    identities = preferences and bool(state.wish_terms)
-    told = state if identities else None  # placed pods' preferred terms tell pods apart
+    wishes = tuple(dict.fromkeys(t for p in pods for _, t in p.pod_wishes)) if preferences else ()
+    identities = preferences and bool(state.wish_terms or wishes)
+    told = state if identities else None  # preferred terms tell pods apart
     by_shape: dict[GroupKey, list[tuple[int, Pod]]] = defaultdict(list)
     for i, p in enumerate(pods):
-        by_shape[_group_key(p, terms, spreads, told)].append((i, p))
+        by_shape[_group_key(p, terms, spreads, told, wishes)].append((i, p))
     groups = tuple(
         Group(
             key[0],
@@ -262,7 +280,7 @@ def build_instance(
             gang_sizes[g.gang.name] += len(g.pods)
     hinted: dict[GroupKey, set[int]] = defaultdict(set)
     for a in hint.assignments:
-        hinted[_group_key(a.pod, terms, spreads, told)].add(a.node)
+        hinted[_group_key(a.pod, terms, spreads, told, wishes)].add(a.node)
 
     classes = node_classes(state, _class_extras(state, groups, peers, penalties))
     order = np.argsort(classes, kind="stable")
@@ -307,8 +325,10 @@ def build_instance(
         # Wishes to be apart from (or with) pods over shared domains: the best candidates of every
         # domain, up to the quota each (a class lies within one domain of each key).
         wish_keys = dict.fromkeys(t.topology_key for _, t in shape.pod_wishes)
-        if identities:  # placed pods' terms that select it
-            wish_keys.update(dict.fromkeys(t.topology_key for t in state.wish_signature(group.pods[0])))
+        if identities:  # placed pods' terms that select it, and the batch's
+            pod0 = group.pods[0]
+            wish_keys.update(dict.fromkeys(t.topology_key for t in state.wish_signature(pod0)))
+            wish_keys.update(dict.fromkeys(t.topology_key for t in wishes if pod0.selected_by(t)))
         apart_keys = [k for k in wish_keys if _shared_domains(state, k)]
         per_domain: dict[tuple[int, ...], int] | None = {} if apart_keys else None
         if any(_shared_domains(state, c.topology_key) for c in shape.spread):
@@ -368,4 +388,4 @@ def build_instance(
             d = float(delta[n])
             cands.append(Candidate(gi, int(n), int(ub[j]), round(d) if np.isfinite(d) else 0, int(packs[j]), gpus))
     nodes = tuple(sorted({c.node for c in cands}))
-    return Instance(state, groups, tuple(cands), nodes, hint, terms, spreads, identities)
+    return Instance(state, groups, tuple(cands), nodes, hint, terms, spreads, identities, wishes)

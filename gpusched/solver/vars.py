@@ -53,6 +53,12 @@ class Vars:
     apart_pairs: dict[tuple[int, int, str], tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
     """(group, preferred anti-affinity term, value) -> (pairs of the group's pods in that domain,
     where the term selects the group's own pods; its candidates there)."""
+    cross_pairs: dict[
+        tuple[int, int, str, str],
+        tuple[cp_model.IntVar, cp_model.IntVar, cp_model.IntVar, tuple[int, ...], tuple[int, ...]],
+    ] = field(default_factory=dict)
+    """(group a, group b, key, value) -> (pairs of a's and b's pods in that domain, where a
+    preferred term of one selects the other's pods; a's and b's pods there; their candidates there)."""
     spread_in: dict[tuple[int, int, int], tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
     """(group, spread constraint, domain id) -> (the group places pods there, its candidates there)."""
     spread_low: dict[tuple[int, int], tuple[cp_model.IntVar, tuple[tuple[int, tuple[int, ...]], ...]]] = field(

@@ -96,9 +96,10 @@ def _wary(name: str, app: str) -> Pod:
 
 
 def test_replicas_of_one_shape_pay_for_pairs_only_among_the_pods_their_wish_selects() -> None:
-    # Same shape, same wish; only the two labelled llm select each other.  Listed first, the pod
-    # labelled web must not decide for the group whether pairs count.
-    hosts = [replace(gpu_node(f"h{i}", gpus=8), labels={"kubernetes.io/hostname": f"h{i}"}) for i in range(2)]
+    # Same shape, same wish; only the two labelled llm select each other (and web's wish selects
+    # them too).  Listed first, the pod labelled web must not decide for the group whether pairs
+    # count: with three hosts, no two of them need share one.
+    hosts = [replace(gpu_node(f"h{i}", gpus=8), labels={"kubernetes.io/hostname": f"h{i}"}) for i in range(3)]
     state = Cluster(hosts).empty_state().apply([Assignment(pod("old", gpus=2), 0, (0, 1))])  # packing favours h0
     batch = [_wary("web", "web"), _wary("llm0", "llm"), _wary("llm1", "llm")]
     w = Weights(keep_hint=0)
@@ -110,9 +111,13 @@ def test_replicas_of_one_shape_pay_for_pairs_only_among_the_pods_their_wish_sele
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     assert solver.solve(model) == cp_model.OPTIMAL
-    llm = next(gi for gi, g in enumerate(inst.groups) if g.pods[0].name.startswith("llm"))
-    hosts_used = [inst.candidates[ci].node for ci in v.by_group[llm] for _ in range(int(solver.value(v.x[ci])))]
-    assert sorted(hosts_used) == [0, 1], "the two llm replicas must not share a host"
+    hosts_used = [
+        inst.candidates[ci].node
+        for gi in range(len(inst.groups))
+        for ci in v.by_group[gi]
+        for _ in range(int(solver.value(v.x[ci])))
+    ]
+    assert sorted(hosts_used) == [0, 1, 2], "no two of the three may share a host"
 
 
 def test_a_wish_whose_best_node_scores_above_zero_everywhere_still_does_not_keep_out_pods() -> None:

@@ -308,3 +308,62 @@ def test_pods_that_no_placed_wish_tells_apart_stay_one_group_whatever_their_labe
     inst = build_instance(pods, state, FragScorer(c, TypicalPods.from_pods(pods)), Plan((), tuple(pods)), 24)
     assert [len(g.pods) for g in inst.groups] == [3]
     assert preference.wishes(inst, 0)
+
+
+def _web_and_cache(kind: str, keep_hint: int = 0) -> tuple[Cluster, ClusterState, list[Pod], SolverParams]:
+    """Zones a, b, c; a0 the fullest node.  Two cache pods and two web pods in one batch, the web
+    pods preferring (``kind``: apart or together) the cache pods' zone, the cache pods preferring zone c."""
+    c = _zones()
+    state = c.empty_state().apply([Assignment(pod("old", gpus=4), 0, (0, 1, 2, 3))])
+    term = PodAffinityTerm((Requirement("app", "In", ("cache",)),), frozenset({"default"}), ZONE)
+    caches = [
+        replace(
+            pod(f"cache{i}", gpus=1),
+            labels=(("app", "cache"), ("statefulset.kubernetes.io/pod-name", f"cache{i}")),
+            preferred_nodes=((100, (Requirement(ZONE, "In", ("c",)),)),) if kind == "together" else (),
+        )
+        for i in range(2)
+    ]
+    wish = {"preferred_apart": ((100, term),)} if kind == "apart" else {"preferred_together": ((100, term),)}
+    webs = [replace(pod(f"web{i}", gpus=1), labels=(("app", "web"),), **wish) for i in range(2)]
+    params = SolverParams(weights=Weights(keep_hint=keep_hint), limits=Limits(time_limit_s=1.0, workers=1))
+    return c, state, webs + caches, params
+
+
+def test_batch_pods_that_one_anothers_terms_weigh_are_grouped_by_them() -> None:
+    # A proxy pod has the cache pods' shape, but no web pod's term selects it: a group of its own.
+    c, state, pods, _ = _web_and_cache("apart")
+    pods.append(replace(pod("proxy", gpus=1), labels=(("app", "proxy"),)))
+    inst = build_instance(pods, state, FragScorer(c, TypicalPods.from_pods(pods)), Plan((), tuple(pods)), 24)
+    groups = sorted(sorted(p.name for p in g.pods) for g in inst.groups)
+    assert groups == [["cache0", "cache1"], ["proxy"], ["web0", "web1"]]
+
+
+def test_cpsat_keeps_batch_pods_out_of_the_zone_of_batch_pods_they_prefer_to_avoid() -> None:
+    # Packing alone puts all four on a0; the web pods' wish is weighed jointly, not left to the
+    # warm start (keepHint 0: the solver decides).
+    c, state, pods, params = _web_and_cache("apart")
+    plan = make_policy("cpsat", c, TypicalPods.from_pods(pods), 0, params).place(pods, state)
+    validate_plan(plan, state, pods)
+    assert plan.stats.status != "HINT_KEPT"
+    zones = {a.pod.name: c.nodes[a.node].labels[ZONE] for a in plan.assignments}
+    assert len(zones) == 4
+    assert {zones["web0"], zones["web1"]}.isdisjoint({zones["cache0"], zones["cache1"]})
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "random"])
+def test_every_policy_keeps_batch_pods_apart_as_they_come(policy: str) -> None:
+    c, state, pods, params = _web_and_cache("apart", keep_hint=1)
+    plan = make_policy(policy, c, TypicalPods.from_pods(pods), 0, params).place(pods, state)
+    validate_plan(plan, state, pods)
+    zones = {a.pod.name: c.nodes[a.node].labels[ZONE] for a in plan.assignments}
+    assert {zones["web0"], zones["web1"]}.isdisjoint({zones["cache0"], zones["cache1"]})
+
+
+def test_cpsat_brings_batch_pods_to_the_zone_of_batch_pods_they_prefer_to_be_near() -> None:
+    # The cache pods prefer zone c; the web pods follow them there rather than pack onto a0.
+    c, state, pods, params = _web_and_cache("together")
+    plan = make_policy("cpsat", c, TypicalPods.from_pods(pods), 0, params).place(pods, state)
+    validate_plan(plan, state, pods)
+    zones = {a.pod.name: c.nodes[a.node].labels[ZONE] for a in plan.assignments}
+    assert zones == dict.fromkeys(("web0", "web1", "cache0", "cache1"), "c")

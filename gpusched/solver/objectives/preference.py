@@ -6,9 +6,10 @@ raw scores are normalised to 0..100 points over the pod's candidate nodes (kube-
 normalises NodeAffinity and InterPodAffinity scores to 0..100 per pod).  Preferred
 anti-affinity is counted in full, not normalised: a pod pays the term's weight per pod it
 selects in the node's domain, whether that pod runs already or comes in the same batch (then
-per pair of replicas sharing a domain).  So six replicas spread 2/2/2 over three empty domains
-rather than 4/1/1, and stay out of a domain ten of them already crowd, as kube-scheduler,
-placing them one by one, would.
+per pair sharing a domain: replicas of one group, or a pod with the term and one it selects;
+a batch pod's affinity term earns its weight per such pair too).  So six replicas spread
+2/2/2 over three empty domains rather than 4/1/1, and stay out of a domain ten of them already
+crowd, as kube-scheduler, placing them one by one, would.
 
 In the work-conserving mode no wish keeps out a pod that fits: ``placed.placement_first``
 weighs one pod placed above the batch's whole ``swing``.
@@ -46,6 +47,29 @@ def wishes(inst: Instance, gi: int) -> bool:
     )
 
 
+CROSS_DOMAINS = 512
+"""At most this many domains, over all pairs of groups, get a product of pod counts in one model;
+pairs beyond it keep what the warm start (which weighs them pod by pod) chose, unscored."""
+
+
+def _cross(inst: Instance) -> dict[tuple[int, int, str], int]:
+    """(group a, group b, topology key), a < b: the summed signed weight of the preferred pod terms
+    of either group's pods that select the other's, per pair of their pods sharing a domain of the
+    key (anti-affinity positive, affinity negative; pairs that cancel out are left out)."""
+    selected: dict[int, list[int]] = defaultdict(list)  # batch term -> the groups it selects
+    for b, gb in enumerate(inst.groups):
+        for ti in gb.wished_by:
+            selected[ti].append(b)
+    index = {t: ti for ti, t in enumerate(inst.wishes)}
+    out: dict[tuple[int, int, str], int] = defaultdict(int)
+    for a, ga in enumerate(inst.groups):
+        for weight, term in ga.shape.pod_wishes:
+            for b in selected[index[term]] if term in index else ():
+                if b != a:
+                    out[min(a, b), max(a, b), term.topology_key] += weight
+    return {k: w for k, w in out.items() if w}
+
+
 def _self_terms(inst: Instance, gi: int) -> list[tuple[int, int]]:
     """(term index, weight) of group ``gi``'s preferred anti-affinity terms that select its own pods."""
     group = inst.groups[gi]
@@ -54,8 +78,9 @@ def _self_terms(inst: Instance, gi: int) -> list[tuple[int, int]]:
 
 def swing(inst: Instance) -> int:
     """The most the batch's preferences can add up to, in points: each pod's full node-level
-    range (its normalised score, and the anti-affinity weight of the pods already there), and
-    every pair of replicas sharing a domain."""
+    range (its normalised score, and the anti-affinity weight of the pods already there), every
+    pair of replicas sharing a domain, and every pair of pods of two groups whose terms weigh each
+    other."""
     by_group: dict[int, list[int]] = defaultdict(list)
     for ci, c in enumerate(inst.candidates):
         by_group[c.group].append(ci)
@@ -66,6 +91,8 @@ def swing(inst: Instance) -> int:
             points = _points(inst, gi, by_group[gi]).values()
             reach = max([*points, 0]) - min([*points, 0])  # an unplaced pod scores 0
             total += n * max(reach, POINTS) + sum(w for _, w in _self_terms(inst, gi)) * n * (n - 1) // 2
+    for (a, b, _), weight in _cross(inst).items():
+        total += abs(weight) * len(inst.groups[a].pods) * len(inst.groups[b].pods)
     return total
 
 
@@ -109,7 +136,8 @@ def stake(inst: Instance, w: Weights) -> int:
 
 
 def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_model.LinearExprT:
-    """preferred_affinity * (normalised node points - weight per pair of replicas sharing a domain)."""
+    """preferred_affinity * (normalised node points - weight per pair sharing a domain: replicas
+    of one group, or pods of two groups whose terms weigh each other)."""
     if not w.preferred_affinity:
         return 0
     cl = inst.state.cluster
@@ -139,4 +167,38 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
                     model.add(pairs >= j * k - j * (j + 1) // 2)
                 v.apart_pairs[gi, ti, value] = (pairs, tuple(here))
                 terms.append(-w.preferred_affinity * weight * pairs)
+    terms.extend(_cross_terms(inst, model, v, w))
     return sum(terms)
+
+
+def _cross_terms(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> list[cp_model.LinearExprT]:
+    """Per pair of groups whose preferred terms weigh each other, and per domain both may use: the
+    product of their pod counts there, at the terms' summed weight (a penalty for anti-affinity,
+    a reward for affinity), as kube-scheduler, placing the later pod, would score the pair."""
+    cl = inst.state.cluster
+    out: list[cp_model.LinearExprT] = []
+    budget = CROSS_DOMAINS
+    for (a, b, key), weight in _cross(inst).items():
+        per_group: list[dict[str, list[int]]] = [defaultdict(list), defaultdict(list)]
+        for side, gi in enumerate((a, b)):
+            for ci in v.by_group[gi]:
+                value = cl.nodes[inst.candidates[ci].node].labels.get(key)
+                if value is not None:
+                    per_group[side][value].append(ci)
+        mine, theirs = per_group
+        for value in sorted(mine.keys() & theirs.keys()):
+            if budget == 0:
+                return out
+            budget -= 1
+            counts, bound = [], 1
+            for gi, here in ((a, mine[value]), (b, theirs[value])):
+                most = min(sum(inst.candidates[ci].ub for ci in here), len(inst.groups[gi].pods))
+                k = model.new_int_var(0, most, f"xk{gi}_{key}_{value}")
+                model.add(k == sum(v.x[ci] for ci in here))
+                counts.append(k)
+                bound *= most
+            pairs = model.new_int_var(0, bound, f"xp{a}_{b}_{value}")
+            model.add_multiplication_equality(pairs, counts)
+            v.cross_pairs[a, b, key, value] = (pairs, counts[0], counts[1], tuple(mine[value]), tuple(theirs[value]))
+            out.append(-w.preferred_affinity * weight * pairs)
+    return out
