@@ -40,7 +40,14 @@ from gpusched.config import GpuschedConfig
 from gpusched.kube.binder import Binder, BindResult
 from gpusched.kube.client import Kube, bind_concurrency, connect
 from gpusched.kube.configmap import ConfigMapHandler
-from gpusched.kube.convert import ConvertError, claim_record, node_record, pod_record, volume_record
+from gpusched.kube.convert import (
+    ConvertError,
+    claim_record,
+    namespace_labels,
+    node_record,
+    pod_record,
+    volume_record,
+)
 from gpusched.kube.leader import LeaderElector
 from gpusched.kube.watch import Reflector
 from gpusched.metrics.exporter import HealthServer, SchedulerMetrics
@@ -133,11 +140,12 @@ class _BoundHandler:
         self.s = s
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
-        self.s.cache.replace_pods(pod_record(o) for o in objects)
+        self.s.selecting_bound.clear()
+        self.s.cache.replace_pods(self.s.read_pod(o, self.s.selecting_bound) for o in objects)
         self.s.queue.move_all()
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
-        rec = pod_record(obj)
+        rec = self.s.read_pod(obj, self.s.selecting_bound, kind == "DELETED")
         arrived = kind != "DELETED" and rec.bound and not rec.terminal and not self.s.cache.holds(rec.key, rec.uid)
         freed = self.s.cache.delete_pod(rec.key, rec.uid) if kind == "DELETED" else self.s.cache.observe_pod(rec)
         if freed:
@@ -197,7 +205,8 @@ class _PendingHandler:
         self.s = s
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
-        records = [pod_record(o) for o in objects]
+        self.s.selecting_pending.clear()
+        records = [self.s.read_pod(o, self.s.selecting_pending) for o in objects]
         live = {r.key for r in records}
         for r in records:
             self._take(r)
@@ -205,7 +214,7 @@ class _PendingHandler:
             self.s.queue.delete(key)
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
-        rec = pod_record(obj)
+        rec = self.s.read_pod(obj, self.s.selecting_pending, kind == "DELETED")
         if kind == "DELETED":
             self.s.queue.delete(rec.key)
         else:
@@ -216,6 +225,30 @@ class _PendingHandler:
             self.s.queue.delete(rec.key)
         else:
             self.s.queue.add(rec)
+
+
+class _NamespaceHandler:
+    """Namespaces' labels, which pod (anti-)affinity terms' ``namespaceSelector`` picks from: when
+    they change, the pods with such terms are read again."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        table = dict(namespace_labels(o) for o in objects)
+        if table != self.s.namespaces:
+            self.s.namespaces = table
+            self.s.reread_selecting()
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        name, labels = namespace_labels(obj)
+        if kind == "DELETED":
+            changed = self.s.namespaces.pop(name, None) is not None
+        else:
+            changed = self.s.namespaces.get(name) != labels
+            self.s.namespaces[name] = labels
+        if changed:
+            self.s.reread_selecting()
 
 
 class Scheduler:
@@ -255,20 +288,29 @@ class Scheduler:
         self._solver_loaded = False
         self._batches = 0
         self.set_config(self.config)
+        self.namespaces: dict[str, dict[str, str]] = {}
+        """Labels per namespace (``namespaceSelector`` picks from them)."""
+        self.selecting_bound: dict[str, dict[str, Any]] = {}
+        self.selecting_pending: dict[str, dict[str, Any]] = {}
+        """The pods, bound and pending, whose pod (anti-)affinity picks namespaces by label: their
+        latest objects, read again when namespaces' labels change."""
+        self._bound = _BoundHandler(self)
+        self._pending = _PendingHandler(self)
         self.reflectors = [
+            Reflector(kube, "namespaces", "/api/v1/namespaces", _NamespaceHandler(self)),
             Reflector(kube, "nodes", "/api/v1/nodes", _NodeHandler(self)),
             Reflector(
                 kube,
                 "bound-pods",
                 "/api/v1/pods",
-                _BoundHandler(self),
+                self._bound,
                 field_selector=BOUND_SELECTOR,
             ),
             Reflector(
                 kube,
                 "pending-pods",
                 "/api/v1/pods",
-                _PendingHandler(self),
+                self._pending,
                 field_selector=f"spec.schedulerName={settings.scheduler_name},spec.nodeName=",
             ),
             Reflector(kube, "claims", "/api/v1/persistentvolumeclaims", _ClaimHandler(self)),
@@ -341,6 +383,33 @@ class Scheduler:
         if not self._solver_loaded:
             return False, "loading the solver"
         return True, ""
+
+    def read_pod(self, obj: dict[str, Any], selecting: dict[str, dict[str, Any]], gone: bool = False) -> PodRecord:
+        """``pod_record`` against the namespaces' labels, remembering in ``selecting`` the pods
+        whose terms pick namespaces by label (and forgetting them once ``gone``)."""
+        rec = pod_record(obj, self.namespaces)
+        if rec.namespace_selected and not gone:
+            selecting[rec.key] = obj
+        else:
+            selecting.pop(rec.key, None)
+        return rec
+
+    def reread_selecting(self) -> None:
+        """Namespaces' labels changed: read the pods whose terms pick namespaces by label again, as
+        if they had changed (bound ones may now keep others away, or no longer; pending ones may
+        now fit, or no longer)."""
+        if self.selecting_bound:
+            for obj in list(self.selecting_bound.values()):
+                self._bound.apply("MODIFIED", obj)
+            self.queue.move_all()
+        for obj in list(self.selecting_pending.values()):
+            self._pending.apply("MODIFIED", obj)
+        if self.selecting_bound or self.selecting_pending:
+            log.info(
+                "namespace labels changed; pods read again",
+                bound=len(self.selecting_bound),
+                pending=len(self.selecting_pending),
+            )
 
     def _client_idle(self) -> bool:
         """More than half the bind client's burst is unspent: it has requests to spare.
@@ -723,7 +792,8 @@ async def explain_pod(
             return f"pod {namespace}/{name} not found", 2
         if not r.ok:
             return f"cannot read pod {namespace}/{name}: {r.error()}", 2
-        rec = pod_record(r.body)
+        namespaces = dict(namespace_labels(o) for o in (await kube.list("/api/v1/namespaces"))[0])
+        rec = pod_record(r.body, namespaces)
         if rec.bound:
             node_gpus = f" on GPUs {','.join(map(str, rec.gpu_indices))}" if rec.gpu_indices else ""
             return f"pod {rec.key} is bound to {rec.node_name}{node_gpus}", 0
@@ -753,7 +823,7 @@ async def explain_pod(
                 lines.append(f"node ignored: {exc}")
         cache.replace_nodes(recs)
         bound, _ = await kube.list("/api/v1/pods", {"fieldSelector": BOUND_SELECTOR})
-        cache.replace_pods(pod_record(o) for o in bound)
+        cache.replace_pods(pod_record(o, namespaces) for o in bound)
         snap = cache.snapshot()
         e = explain(rec.pod, snap.state, snap.excluded)
         p = rec.pod

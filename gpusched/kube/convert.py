@@ -50,7 +50,14 @@ from datetime import datetime
 from typing import Any
 
 from gpusched.model import GPU_MILLI, Node, Pod, QuantityError, cpu_milli, memory_mib, parse_quantity
-from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Requirement, Spread
+from gpusched.model.affinity import (
+    NodeSelector,
+    PodAffinityTerm,
+    Preference,
+    Requirement,
+    Spread,
+    label_selector_selects,
+)
 from gpusched.model.mig import profile_of
 from gpusched.model.node import Taint
 from gpusched.model.pod import Gang, Toleration
@@ -278,12 +285,17 @@ def _indices(text: Any) -> tuple[int, ...] | None:
         return None
 
 
-def pod_record(obj: Mapping[str, Any]) -> PodRecord:
+Namespaces = Mapping[str, Mapping[str, str]]
+"""Labels per namespace: what a pod (anti-)affinity term's ``namespaceSelector`` picks from."""
+
+
+def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> PodRecord:
     """The pod's request and state.
 
     A pod whose request this scheduler cannot honour is still returned, with
     ``error`` saying why, so that it can be told (Event, condition) instead of
-    silently ignored.  Raises ``ConvertError`` only without a name.
+    silently ignored.  Raises ``ConvertError`` only without a name.  ``namespaces``
+    resolves the terms' ``namespaceSelector`` (None: unknown, such a term is refused).
     """
     meta = _meta(obj)
     name, namespace = str(meta["name"]), str(meta.get("namespace") or "default")
@@ -294,12 +306,15 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
     priority = int(spec.get("priority") or 0)
     labels: Mapping[str, str] = meta.get("labels") or {}
     claims, ephemeral = _claims(name, spec)
+    where = f"pod {namespace}/{name}"
     try:
-        pod, error = _pod(name, namespace, uid, priority, spec, annotations, labels, f"pod {namespace}/{name}")
+        pod, error = _pod(name, namespace, uid, priority, spec, annotations, labels, where, namespaces)
         if meta.get("deletionTimestamp"):
             pod = replace(pod, terminating=True)
     except ConvertError as exc:  # kept with what others' anti-affinity and spread need of it
-        anti, _ = _pod_terms(namespace, labels, (spec.get("affinity") or {}).get("podAntiAffinity") or {})
+        anti, _ = _pod_terms(
+            namespace, labels, (spec.get("affinity") or {}).get("podAntiAffinity") or {}, namespaces=namespaces
+        )
         pod = Pod(
             name, 0, 0, namespace=namespace, uid=uid, priority=priority, labels=_labels(labels), anti_affinity=anti
         )
@@ -319,7 +334,31 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
         gated=bool(spec.get("schedulingGates")),
         claims=claims,
         ephemeral_claims=ephemeral,
+        namespace_selected=_selects_namespaces(spec.get("affinity") or {}),
     )
+
+
+def namespace_labels(obj: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
+    """A Namespace's name and labels.  Raises ``ConvertError`` without a name."""
+    meta = _meta(obj)
+    return str(meta["name"]), {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+
+
+def _selects_namespaces(affinity: Mapping[str, Any]) -> bool:
+    """Whether a pod (anti-)affinity term picks namespaces by their labels."""
+    for kind in ("podAffinity", "podAntiAffinity"):
+        section = affinity.get(kind) or {}
+        if not isinstance(section, Mapping):
+            continue
+        terms = list(section.get("requiredDuringSchedulingIgnoredDuringExecution") or ())
+        terms += [
+            item.get("podAffinityTerm")
+            for item in section.get("preferredDuringSchedulingIgnoredDuringExecution") or ()
+            if isinstance(item, Mapping)
+        ]
+        if any(isinstance(t, Mapping) and t.get("namespaceSelector") for t in terms):
+            return True
+    return False
 
 
 def _claims(pod_name: str, spec: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -386,6 +425,7 @@ def _pod(
     annotations: Mapping[str, str],
     labels: Mapping[str, str],
     where: str,
+    namespaces: Namespaces | None = None,
 ) -> tuple[Pod, str]:
     """The request, and what about it cannot be honoured ("" when all can).
 
@@ -443,14 +483,16 @@ def _pod(
     wished: dict[str, tuple[tuple[int, PodAffinityTerm], ...]] = {}
     for kind in ("podAffinity", "podAntiAffinity"):
         try:
-            wished[kind] = _preferred_pod_terms(namespace, labels, affinity.get(kind) or {})
+            wished[kind] = _preferred_pod_terms(namespace, labels, affinity.get(kind) or {}, namespaces)
         except ValueError as exc:
             error = error or f"{where}: preferred {kind}: {exc}"
             wished[kind] = ()
     apart = wished["podAntiAffinity"]
     terms: dict[str, tuple[PodAffinityTerm, ...]] = {}
     for kind in ("podAffinity", "podAntiAffinity"):
-        terms[kind], problem = _pod_terms(namespace, labels, affinity.get(kind) or {}, kind == "podAffinity")
+        terms[kind], problem = _pod_terms(
+            namespace, labels, affinity.get(kind) or {}, kind == "podAffinity", namespaces
+        )
         if problem:
             error = error or f"{where}: required {kind}: {problem}"
     try:
@@ -549,15 +591,20 @@ def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any], 
 
 
 def _pod_terms(
-    namespace: str, labels: Mapping[str, str], section: Mapping[str, Any], follow: bool = False
+    namespace: str,
+    labels: Mapping[str, str],
+    section: Mapping[str, Any],
+    follow: bool = False,
+    namespaces: Namespaces | None = None,
 ) -> tuple[tuple[PodAffinityTerm, ...], str]:
     """The required terms of a ``podAffinity`` or ``podAntiAffinity``, as the API reads them, and
     what cannot be honoured (empty when all can).  No ``labelSelector`` selects no pod: an
     anti-affinity term is dropped, an affinity term (``follow``) can never be met.  No namespaces
-    means the pod's own, an empty ``namespaceSelector`` every namespace.  A term that cannot be
-    read is left out and one with a ``namespaceSelector`` with requirements is kept for every
-    namespace: a pod bound by another scheduler keeps others away (anti-affinity) at least as
-    far as it asked."""
+    means the pod's own, an empty ``namespaceSelector`` every namespace; one with requirements
+    adds the namespaces of ``namespaces`` whose labels it picks to those listed.  A term that
+    cannot be read is left out, and one with a ``namespaceSelector`` with requirements when
+    ``namespaces`` is unknown is kept for every namespace: a pod bound by another scheduler keeps
+    others away (anti-affinity) at least as far as it asked."""
     out: dict[PodAffinityTerm, None] = {}
     problems: list[str] = []
     for term in section.get("requiredDuringSchedulingIgnoredDuringExecution") or ():
@@ -576,36 +623,60 @@ def _pod_terms(
                 continue
             names = frozenset(map(str, term.get("namespaces") or ()))
             ns_selector = term.get("namespaceSelector")
-            if ns_selector:
+            picked: frozenset[str] | None = names or frozenset({namespace})
+            if ns_selector is not None and not isinstance(ns_selector, Mapping):
+                raise ValueError("namespaceSelector must be a label selector")
+            if ns_selector is not None and not (ns_selector.get("matchLabels") or ns_selector.get("matchExpressions")):
+                picked = None  # {}: every namespace
+            elif ns_selector is not None and namespaces is None:
                 problems.append(
-                    "a namespaceSelector with requirements is not supported (this scheduler does not watch "
-                    "namespaces); list the namespaces in `namespaces`, or use {} for all of them"
+                    "a namespaceSelector with requirements cannot be resolved yet (namespaces unknown); "
+                    "list the namespaces in `namespaces`, or use {} for all of them"
                 )
-            namespaces = None if ns_selector is not None else names or frozenset({namespace})
-            out[PodAffinityTerm(reqs, namespaces, key)] = None
+                picked = None
+            elif ns_selector is not None and namespaces is not None:
+                chosen = _namespace_selector(ns_selector)
+                picked = names | {
+                    ns for ns, ns_labels in namespaces.items() if label_selector_selects(chosen, ns_labels)
+                }
+            out[PodAffinityTerm(reqs, picked, key)] = None
         except ValueError as exc:
             problems.append(str(exc))
     return tuple(out), problems[0] if problems else ""
 
 
 def _preferred_pod_terms(
-    namespace: str, labels: Mapping[str, str], section: Mapping[str, Any]
+    namespace: str, labels: Mapping[str, str], section: Mapping[str, Any], namespaces: Namespaces | None = None
 ) -> tuple[tuple[int, PodAffinityTerm], ...]:
     """The preferred terms of a ``podAffinity`` or ``podAntiAffinity``, (weight, term), read as
-    the required ones are (a ``namespaceSelector`` with requirements counts every namespace; a
-    term that selects no pod is left out, as it weighs nothing).  Raises ``ValueError`` for a bad
-    weight or a term that cannot be read."""
+    the required ones are (a ``namespaceSelector`` with requirements, with ``namespaces``
+    unknown, counts every namespace; a term that selects no pod is left out, as it weighs
+    nothing).  Raises ``ValueError`` for a bad weight or a term that cannot be read."""
     out: list[tuple[int, PodAffinityTerm]] = []
     for item in section.get("preferredDuringSchedulingIgnoredDuringExecution") or ():
         weight = item.get("weight") if isinstance(item, Mapping) else None
         if not isinstance(weight, int) or not 1 <= weight <= 100:
             raise ValueError(f"weight must be 1..100, got {weight!r}")
         term = item.get("podAffinityTerm")
-        found, problem = _pod_terms(namespace, labels, {"requiredDuringSchedulingIgnoredDuringExecution": [term]})
+        found, problem = _pod_terms(
+            namespace, labels, {"requiredDuringSchedulingIgnoredDuringExecution": [term]}, namespaces=namespaces
+        )
         if problem and not found:
             raise ValueError(problem)
         out.extend((weight, t) for t in found)
     return tuple(out)
+
+
+def _namespace_selector(selector: Mapping[str, Any]) -> tuple[Requirement, ...]:
+    """A ``namespaceSelector`` as requirements on a namespace's labels.  Raises ``ValueError`` for
+    a malformed requirement."""
+    reqs = [Requirement(str(k), "In", (str(v),)) for k, v in sorted((selector.get("matchLabels") or {}).items())]
+    reqs += [
+        Requirement(str(e.get("key") or ""), str(e.get("operator") or ""), tuple(map(str, e.get("values") or ())))
+        for e in selector.get("matchExpressions") or ()
+        if isinstance(e, Mapping)
+    ]
+    return tuple(reqs)
 
 
 def _labels(labels: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

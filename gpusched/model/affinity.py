@@ -31,6 +31,7 @@ __all__ = [
     "Preference",
     "Requirement",
     "Spread",
+    "label_selector_selects",
     "preference_score",
     "selects",
 ]
@@ -169,6 +170,14 @@ def _check_label_selector(selector: tuple[Requirement, ...]) -> None:
 
 def _label_selects(selector: tuple[Requirement, ...], labels: Mapping[str, str]) -> bool:
     return all(r.holds(labels.get(r.key)) for r in selector)
+
+
+def label_selector_selects(selector: tuple[Requirement, ...], labels: Mapping[str, str]) -> bool:
+    """Whether a label selector (``matchLabels`` and ``matchExpressions`` as requirements, all of
+    which must hold) picks an object with ``labels``.  Raises ``ValueError`` for an operator a
+    label selector does not have."""
+    _check_label_selector(selector)
+    return _label_selects(selector, labels)
 
 
 _INT64 = re.compile(r"[+-]?[0-9]+")

@@ -62,6 +62,9 @@ class PodRecord:
     """Names of the PersistentVolumeClaims the pod mounts (in its namespace)."""
     ephemeral_claims: tuple[str, ...] = ()
     """Those of ``claims`` that its generic ephemeral volumes create for it."""
+    namespace_selected: bool = False
+    """A pod (anti-)affinity term picks namespaces by label: ``pod`` holds the namespaces picked
+    when it was read, and must be read again when namespaces' labels change."""
 
     @property
     def key(self) -> str:

@@ -463,7 +463,7 @@ async def test_ready_only_once_the_watches_listed_and_the_solver_is_loaded(
     sched = Scheduler(DaemonSettings(scheduler_name=sched_name(), leader_elect=False), kube)
     ok, why = sched.ready()
     assert not ok
-    assert why == "waiting for the first list of nodes, bound-pods, pending-pods, claims, volumes"
+    assert why == "waiting for the first list of namespaces, nodes, bound-pods, pending-pods, claims, volumes"
     watches = [asyncio.create_task(r.run()) for r in sched.reflectors]
     tasks = list(watches)
     try:
@@ -935,3 +935,64 @@ async def test_a_running_pods_preferred_anti_affinity_steers_new_pods_it_selects
     job["metadata"]["labels"] = {"app": "batch"}
     final = await kit.schedule(control_plane, kube, namespace, name, [job, kit.pod("whole", name, gpus=1)], count=4)
     assert final["job"]["spec"].get("nodeName") == "theirs-1"
+
+
+async def test_pod_affinity_picks_namespaces_by_label_and_follows_their_changes(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    host = "kubernetes.io/hostname"
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node(f"nsel-gpu-{i}", 8, "H800") for i in range(2)])
+    mark = uuid.uuid4().hex[:8]
+    other = f"o-{mark}"
+    control_plane.kubectl("create", "namespace", other)
+    ns_path = f"/api/v1/namespaces/{other}"
+    r = await kube.request("PATCH", ns_path, body={"metadata": {"labels": {"team": mark}}}, content_type=MERGE_PATCH)
+    assert r.ok, r.body
+
+    def term(app: str, selector: dict[str, str]) -> dict[str, Any]:
+        return {
+            "labelSelector": {"matchLabels": {"app": app}},
+            "namespaceSelector": {"matchLabels": selector},
+            "topologyKey": host,
+        }
+
+    # In the other namespace (labelled team=<mark>), another scheduler's db pod fills half of
+    # nsel-gpu-0 and a cache pod runs on nsel-gpu-1.
+    db = kit.pod("db", "other-scheduler", gpus=4, node_name="nsel-gpu-0")
+    db["metadata"]["labels"] = {"app": "db"}
+    cache = kit.pod("cache", "other-scheduler", cpu="1", node_name="nsel-gpu-1")
+    cache["metadata"]["labels"] = {"app": "cache"}
+    await kit.create_all(kube, f"{ns_path}/pods", [db, cache])
+    # "away" keeps off db's node although packing would pick it; "near" follows cache pods in
+    # namespaces labelled tier=<mark>, which none is yet.
+    away = kit.pod("away", name, gpus=1)
+    away["spec"]["affinity"] = {
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term("db", {"team": mark})]}
+    }
+    near = kit.pod("near", name, gpus=1)
+    near["spec"]["affinity"] = {
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term("cache", {"tier": mark})]}
+    }
+    pods_path = f"/api/v1/namespaces/{namespace}/pods"
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        await kit.create_all(kube, pods_path, [away, near])
+        settled = {p["metadata"]["name"]: p for p in await kit.wait_settled(kube, namespace, 2, timeout=30)}
+        assert settled["away"]["spec"].get("nodeName") == "nsel-gpu-1"
+        assert (kit.condition(settled["near"]) or {}).get("message") == (
+            "0/2 nodes are available: 2 node(s) didn't match pod affinity rules."
+        )
+        # Labelling the namespace brings its cache pod into the term's reach: "near" joins it.
+        r = await kube.request(
+            "PATCH", ns_path, body={"metadata": {"labels": {"tier": mark}}}, content_type=MERGE_PATCH
+        )
+        assert r.ok, r.body
+        for _ in range(100):
+            got = await kube.request("GET", f"{pods_path}/near")
+            if got.body["spec"].get("nodeName"):
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        daemon.stop()
+    assert got.body["spec"].get("nodeName") == "nsel-gpu-1"
