@@ -500,6 +500,7 @@ def _pod(
     except ValueError as exc:
         error = error or f"{where}: topologySpreadConstraints: {exc}"
         spread, wishes = (), ()
+    soft_spread = tuple(t for _, t in wishes if all(t != mine for _, mine in apart))
     apart = tuple(dict.fromkeys((*apart, *wishes)))
     unknown = _unsupported_resources(spec)
     if unknown:
@@ -532,6 +533,7 @@ def _pod(
             preferred_nodes=preferred,
             preferred_apart=apart,
             preferred_together=wished["podAffinity"],
+            soft_spread=soft_spread,
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None

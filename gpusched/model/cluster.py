@@ -8,6 +8,7 @@ greedy policies and the simulator run thousands of times cheap.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -305,15 +306,36 @@ class ClusterState:
                 _index_wishes(index, node.labels, p)
         return index
 
+    @cached_property
+    def _wish_lookup(self) -> tuple[dict[tuple[str, str], list[PodAffinityTerm]], list[PodAffinityTerm]]:
+        """``wish_terms`` that weigh something on a node of the cluster, by a (key, value) a pod
+        must have for the term to select it (the value of its first one-value ``In``
+        requirement), and those without such a requirement."""
+        by_label: dict[tuple[str, str], list[PodAffinityTerm]] = defaultdict(list)
+        rest: list[PodAffinityTerm] = []
+        for term, per_value in self.wish_terms.items():
+            if not _weighs(self, term, per_value):
+                continue  # cancelled out, or only where no node of the cluster is
+            need = next((r for r in term.selector if r.operator == "In" and len(r.values) == 1), None)
+            if need is None:
+                rest.append(term)
+            else:
+                by_label[need.key, need.values[0]].append(term)
+        return by_label, rest
+
     def wish_signature(self, pod: Pod) -> tuple[PodAffinityTerm, ...]:
-        """The placed pods' preferred terms (``wish_terms``) that select ``pod``: pods with the
-        same signature are told apart by none of them."""
+        """The placed pods' preferred terms (``wish_terms``) that select ``pod`` and weigh
+        something here: pods with the same signature are told apart by none of them."""
         if not self.wish_terms:
             return ()
         cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[PodAffinityTerm, ...]] = self.__dict__["_wish_sig"]
         key = (pod.namespace, pod.labels)
         if key not in cache:
-            cache[key] = tuple(t for t in self.wish_terms if pod.selected_by(t))
+            by_label, rest = self._wish_lookup
+            labels = dict(pod.labels)
+            maybe = [t for kv in pod.labels for t in by_label.get(kv, ())] + rest
+            found = {t for t in maybe if t.selects(pod.namespace, labels)}
+            cache[key] = tuple(t for t in self.wish_terms if t in found) if found else ()
         return cache[key]
 
     def wished(self, pod: Pod) -> IntArray | None:
@@ -805,16 +827,26 @@ class ClusterState:
             "_forbidding"
         ]
         if sign > 0 and "wish_terms" in self.__dict__:  # found once, then carried: greedy applies pod by pod
-            index = self.wish_terms
             wishing = [a for a in added if a.pod.has_affinity_identity and _wishes(a.pod)]
-            if wishing:
-                index = {t: dict(v) for t, v in index.items()}
+            changed = {t for a in wishing for _, t in a.pod.held_wishes}
+            index = self.wish_terms
+            if wishing:  # a new outer dict; the inner ones of the terms it changes are copied
+                index = dict(index)
+                for t in changed:
+                    if t in index:
+                        index[t] = dict(index[t])
                 for a in wishing:
                     _index_wishes(index, self.cluster.nodes[a.node].labels, a.pod)
             new.__dict__["wish_terms"] = index
-            changed = {t for a in wishing for _, t in a.pod.pod_wishes}
-            if index.keys() == self.wish_terms.keys():  # no new term: every pod's signature holds
-                new.__dict__["_wish_sig"].update(self.__dict__["_wish_sig"])
+            if not wishing:  # nothing changed: the caches are shared
+                new.__dict__["_wish_sig"] = self.__dict__["_wish_sig"]
+                new.__dict__["_wished"] = self.__dict__["_wished"]
+                if "_wish_lookup" in self.__dict__:
+                    new.__dict__["_wish_lookup"] = self.__dict__["_wish_lookup"]
+            elif index.keys() == self.wish_terms.keys() and all(
+                _weighs(self, t, self.wish_terms.get(t, {})) == _weighs(self, t, index.get(t, {})) for t in changed
+            ):  # the same terms weigh something: every pod's signature holds
+                new.__dict__["_wish_sig"] = self.__dict__["_wish_sig"]
                 new.__dict__["_wished"].update(
                     (sig, v) for sig, v in self.__dict__["_wished"].items() if changed.isdisjoint(sig)
                 )
@@ -933,13 +965,19 @@ def _spread_count(spread: Spread, pods: Iterable[Pod]) -> int:
 
 
 def _wishes(pod: Pod) -> bool:
-    """Whether ``pod`` has preferred pod (anti-)affinity terms."""
-    return bool(pod.preferred_apart or pod.preferred_together)
+    """Whether ``pod`` has preferred pod (anti-)affinity terms that weigh pods placed after it."""
+    return bool(pod.preferred_together) or any(t not in pod.soft_spread for _, t in pod.preferred_apart)
+
+
+def _weighs(state: ClusterState, term: PodAffinityTerm, per_value: Mapping[str, int]) -> bool:
+    """Whether a placed term (``wish_terms``) weighs something on a node of the cluster."""
+    _, ids = state.cluster.domains(term.topology_key)
+    return any(w and v in ids for v, w in per_value.items())
 
 
 def _index_wishes(index: dict[PodAffinityTerm, dict[str, int]], labels: Mapping[str, str], pod: Pod) -> None:
     """Add ``pod``'s preferred terms, held on a node with ``labels``, to ``index`` (see ``wish_terms``)."""
-    for weight, term in pod.pod_wishes:
+    for weight, term in pod.held_wishes:
         value = labels.get(term.topology_key)
         if value is not None:
             per_value = index.setdefault(term, {})

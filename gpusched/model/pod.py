@@ -186,6 +186,10 @@ class Pod(_Wishes):
     """Preferred pod anti-affinity, (weight 1..100, term): weighed, never required."""
     preferred_together: tuple[tuple[int, PodAffinityTerm], ...] = ()
     """Preferred pod affinity, (weight 1..100, term): weighed, never required."""
+    soft_spread: tuple[PodAffinityTerm, ...] = ()
+    """Terms of ``preferred_apart`` that stand for ``ScheduleAnyway`` spread constraints: they
+    weigh this pod's own placement only (kube-scheduler's PodTopologySpread scores the incoming
+    pod's constraints, not those of the pods running)."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"
@@ -219,6 +223,13 @@ class Pod(_Wishes):
             object.__setattr__(self, "host_ports", frozenset(self.host_ports))
         if list(self.labels) != sorted(dict(self.labels).items()):
             object.__setattr__(self, "labels", tuple(sorted(dict(self.labels).items())))
+
+    @property
+    def held_wishes(self) -> tuple[tuple[int, PodAffinityTerm], ...]:
+        """``pod_wishes`` that weigh the pods placed after it too: all but ``soft_spread``."""
+        if not self.soft_spread:
+            return self.pod_wishes
+        return tuple((w, t) for w, t in self.pod_wishes if w < 0 or t not in self.soft_spread)
 
     @property
     def key(self) -> str:

@@ -92,11 +92,13 @@ def hint_from_plan(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
     for pair_var, mine in v.apart_pairs.values():
         k = sum(x[ci] for ci in mine)
         model.add_hint(pair_var, k * (k - 1) // 2)
+    in_domain: dict[int, int] = {}  # a group's pods in a domain, shared by its pairs: hinted once
     for pair_var, a_var, b_var, mine, theirs in v.cross_pairs.values():
         ka, kb = sum(x[ci] for ci in mine), sum(x[ci] for ci in theirs)
-        model.add_hint(a_var, ka)
-        model.add_hint(b_var, kb)
+        in_domain[a_var.index], in_domain[b_var.index] = ka, kb
         model.add_hint(pair_var, ka * kb)
+    for proto, k in in_domain.items():
+        model.add_hint(model.get_int_var_from_proto_index(proto), k)
     for chosen, mine in v.follow.values():
         model.add_hint(chosen, int(any(x[ci] for ci in mine)))
     for kv, (chosen, mine) in v.first.items():

@@ -108,6 +108,7 @@ class CpSatPolicy:
         solver.parameters.symmetry_level = 0
         solver.parameters.cp_model_probing_level = 0
         nvars = len(v.x) + len(v.y) + len(v.whole) + len(v.active) + len(v.layout) + len(v.island)
+        nvars += 3 * len(v.cross_pairs)
         if remaining < max(SHORT_SOLVE_S, PRESOLVE_S_PER_VAR * nvars):
             # Too little time for presolve to pay off: search from the hint at once.
             solver.parameters.cp_model_presolve = False

@@ -535,6 +535,9 @@ def test_hard_topology_spread_constraints_are_read_and_soft_ones_weighed_as_wish
     assert rec.pod.preferred_apart == (
         (100, PodAffinityTerm((Requirement("app", "In", ("llm",)),), frozenset({"ns"}), "zone")),
     )
+    # They weigh this pod's own placement only, not the pods placed after it (as kube-scheduler).
+    assert rec.pod.soft_spread == (rec.pod.preferred_apart[0][1],)
+    assert rec.pod.held_wishes == ()
     odd = {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "Sometimes"}
     rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, topologySpreadConstraints=[odd]))
     assert "whenUnsatisfiable must be DoNotSchedule or ScheduleAnyway, got 'Sometimes'" in rec.error
@@ -624,3 +627,46 @@ def test_preferred_pod_affinity_is_read_with_its_weights() -> None:
     assert rec.pod.preferred_apart == ()
     bad = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 0, "podAffinityTerm": term}]}}
     assert "preferred podAffinity: weight must be 1..100, got 0" in pod_record(pod_obj(affinity=bad)).error
+
+
+def test_a_namespace_selector_picks_the_namespaces_whose_labels_it_matches() -> None:
+    namespaces = {"a": {"team": "x"}, "b": {"team": "y"}, "c": {}}
+    by_label = {"labelSelector": {}, "topologyKey": "zone", "namespaces": ["c"]}
+    terms = [
+        {**by_label, "namespaceSelector": {"matchLabels": {"team": "x"}}},  # a, and c as listed
+        {
+            **by_label,
+            "namespaces": [],
+            "namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Exists"}]},
+        },
+        {**by_label, "namespaces": [], "namespaceSelector": {"matchLabels": {"team": "z"}}},  # none: selects no pod
+    ]
+    preferred = [{"weight": 10, "podAffinityTerm": {**by_label, "namespaceSelector": {"matchLabels": {"team": "y"}}}}]
+    affinity = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": terms,
+            "preferredDuringSchedulingIgnoredDuringExecution": preferred,
+        }
+    }
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity=affinity), namespaces)
+    assert rec.error == ""
+    assert rec.namespace_selected
+    assert [t.namespaces for t in rec.pod.anti_affinity] == [
+        frozenset({"a", "c"}),
+        frozenset({"a", "b"}),
+        frozenset(),
+    ]
+    assert [t.namespaces for _, t in rec.pod.preferred_apart] == [frozenset({"b", "c"})]
+    assert not rec.pod.anti_affinity[2].selects("c", {})
+    # Read again once a namespace labelled team=z exists: the third term picks it.
+    later = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity=affinity), {**namespaces, "d": {"team": "z"}})
+    assert later.pod.anti_affinity[2].namespaces == frozenset({"d"})
+
+
+def test_only_terms_that_pick_namespaces_by_label_make_a_pod_depend_on_them() -> None:
+    every = {"labelSelector": {}, "topologyKey": "zone", "namespaceSelector": {}}  # {}: every namespace
+    affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [every]}}
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity=affinity), {})
+    assert rec.error == ""
+    assert not rec.namespace_selected
+    assert rec.pod.anti_affinity[0].namespaces is None

@@ -281,3 +281,18 @@ def test_a_placed_pod_with_a_new_wish_reaches_pods_no_earlier_wish_selected() ->
     assert list(later.wished(db)) == [0, 50, 0, 50]
     web = Pod("web", 100, 10, labels=(("app", "web"),))
     assert list(later.wished(web)) == [30, 0, 30, 0]
+
+
+def test_a_placed_pods_soft_spread_does_not_weigh_the_pods_after_it() -> None:
+    nodes = [Node(f"n{i}", 8000, 8192, labels={"zone": f"z{i % 2}"}) for i in range(4)]
+    cluster = Cluster(nodes)
+    term = PodAffinityTerm((Requirement("app", "In", ("web",)),), frozenset({"default"}), "zone")
+    spreading = Pod("a", 100, 10, labels=(("app", "web"),), preferred_apart=((100, term),), soft_spread=(term,))
+    web = Pod("web", 100, 10, labels=(("app", "web"),))
+    state = cluster.empty_state()
+    assert state.wish_terms == {}  # computed before the apply: carried through it
+    assert state.apply([Assignment(spreading, 0)]).wished(web) is None
+    fresh = ClusterState(cluster, state.cpu_used, state.mem_used, state.gpu_used, residents={0: (spreading,)})
+    assert fresh.wished(web) is None
+    wishing = dataclasses.replace(spreading, soft_spread=())  # the same term as preferred anti-affinity
+    assert list(state.apply([Assignment(wishing, 0)]).wished(web)) == [100, 0, 100, 0]

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Plan, Pod
+from gpusched.model.affinity import PodAffinityTerm, Requirement
 from gpusched.solver.validate import plan_problems
 
 MODELS = ("A100", "T4", "V100")
@@ -119,3 +120,52 @@ def test_fitting_pods_keep_free_non_negative_and_fit_mask_matches_brute_force(
     assert not np.any(empty.cpu_used)
     assert not np.any(empty.mem_used)
     assert not np.any(empty.gpu_used)
+
+
+APPS = ("a", "b", "c")
+
+
+@st.composite
+def wishing_pods(draw: st.DrawFn, i: int) -> Pod:
+    terms = []
+    for _ in range(draw(st.integers(0, 2))):
+        app = draw(st.sampled_from(APPS))
+        key = draw(st.sampled_from(["zone", "rack"]))  # rack: only some nodes have it
+        terms.append((draw(st.integers(1, 100)), PodAffinityTerm((Requirement("app", "In", (app,)),), None, key)))
+    apart = [t for t in terms if draw(st.booleans())]
+    together = [t for t in terms if t not in apart]
+    soft = tuple(t for _, t in apart if draw(st.booleans()))
+    label = draw(st.sampled_from(APPS))
+    return Pod(
+        f"p{i}",
+        10,
+        10,
+        labels=(("app", label),),
+        preferred_apart=tuple(apart),
+        preferred_together=tuple(together),
+        soft_spread=soft,
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_placed_wishes_carried_through_applies_are_what_a_fresh_state_finds(data: st.DataObject) -> None:
+    nodes = [
+        Node(f"n{i}", 100_000, 100_000, labels={"zone": f"z{i % 2}", **({"rack": "r0"} if i < 2 else {})})
+        for i in range(4)
+    ]
+    cluster = Cluster(nodes)
+    probes = [Pod(f"probe-{a}", 10, 10, labels=(("app", a),)) for a in APPS]
+    state = cluster.empty_state()
+    for step in range(data.draw(st.integers(1, 6))):
+        for p in probes:  # fill the caches, so that the next apply carries them
+            state.wished(p)
+        batch = [data.draw(wishing_pods(10 * step + j)) for j in range(data.draw(st.integers(1, 3)))]
+        state = state.apply([Assignment(p, data.draw(st.integers(0, 3))) for p in batch])
+        fresh = ClusterState(cluster, state.cpu_used, state.mem_used, state.gpu_used, residents=state.residents)
+        for p in probes:
+            carried, found = state.wished(p), fresh.wished(p)
+            assert (carried is None) == (found is None)
+            if carried is not None and found is not None:
+                assert carried.tolist() == found.tolist()
+            assert set(state.wish_signature(p)) == set(fresh.wish_signature(p))

@@ -367,3 +367,13 @@ def test_cpsat_brings_batch_pods_to_the_zone_of_batch_pods_they_prefer_to_be_nea
     validate_plan(plan, state, pods)
     zones = {a.pod.name: c.nodes[a.node].labels[ZONE] for a in plan.assignments}
     assert zones == dict.fromkeys(("web0", "web1", "cache0", "cache1"), "c")
+
+
+def test_a_pair_of_groups_is_scored_in_all_its_shared_domains_or_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Room for one domain only: scoring zone a alone would pull the cache pods out of zone c.
+    monkeypatch.setattr(preference, "CROSS_DOMAINS", 1)
+    c, state, pods, params = _web_and_cache("together")
+    plan = make_policy("cpsat", c, TypicalPods.from_pods(pods), 0, params).place(pods, state)
+    validate_plan(plan, state, pods)
+    zones = {a.pod.name: c.nodes[a.node].labels[ZONE] for a in plan.assignments}
+    assert zones["cache0"] == zones["cache1"] == "c"

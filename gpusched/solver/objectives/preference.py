@@ -48,14 +48,18 @@ def wishes(inst: Instance, gi: int) -> bool:
 
 
 CROSS_DOMAINS = 512
-"""At most this many domains, over all pairs of groups, get a product of pod counts in one model;
-pairs beyond it keep what the warm start (which weighs them pod by pod) chose, unscored."""
+"""At most this many domains, over all pairs of groups, get a product of pod counts in one model:
+the pairs of groups that weigh most first, each with all its shared domains or none (a pair
+scored in some domains only would be pushed into the others)."""
 
 
 def _cross(inst: Instance) -> dict[tuple[int, int, str], int]:
-    """(group a, group b, topology key), a < b: the summed signed weight of the preferred pod terms
-    of either group's pods that select the other's, per pair of their pods sharing a domain of the
-    key (anti-affinity positive, affinity negative; pairs that cancel out are left out)."""
+    """(group a, group b, topology key), a < b: the points per pair of their pods sharing a domain
+    of the key that the preferred pod terms of either group's pods selecting the other's add up to
+    (positive keeps apart, negative draws together; pairs that cancel out are left out).
+    Anti-affinity counts its weight in full, as kube-scheduler charges the pod placed later for
+    both pods' terms; affinity earns ``POINTS / |other group|`` per pair, so that a pod whose
+    partners all join its domain earns the ``POINTS`` that its normalised score would."""
     selected: dict[int, list[int]] = defaultdict(list)  # batch term -> the groups it selects
     for b, gb in enumerate(inst.groups):
         for ti in gb.wished_by:
@@ -66,14 +70,23 @@ def _cross(inst: Instance) -> dict[tuple[int, int, str], int]:
         for weight, term in ga.shape.pod_wishes:
             for b in selected[index[term]] if term in index else ():
                 if b != a:
-                    out[min(a, b), max(a, b), term.topology_key] += weight
+                    points = weight if weight > 0 else -max(1, POINTS // len(inst.groups[b].pods))
+                    out[min(a, b), max(a, b), term.topology_key] += points
     return {k: w for k, w in out.items() if w}
 
 
 def _self_terms(inst: Instance, gi: int) -> list[tuple[int, int]]:
-    """(term index, weight) of group ``gi``'s preferred anti-affinity terms that select its own pods."""
+    """(term index, points per pair of its pods sharing a domain) of group ``gi``'s preferred
+    anti-affinity terms that select its own pods: the weight twice, as kube-scheduler charges the
+    pod placed later for its own term and for the earlier pod's (once for a ``ScheduleAnyway``
+    spread constraint, which only the pod placed later's counts)."""
     group = inst.groups[gi]
-    return [(ti, group.shape.preferred_apart[ti][0]) for ti in group.apart_self]
+    soft = group.pods[0].soft_spread
+    out = []
+    for ti in group.apart_self:
+        weight, term = group.shape.preferred_apart[ti]
+        out.append((ti, weight if term in soft else 2 * weight))
+    return out
 
 
 def swing(inst: Instance) -> int:
@@ -178,27 +191,36 @@ def _cross_terms(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -
     cl = inst.state.cluster
     out: list[cp_model.LinearExprT] = []
     budget = CROSS_DOMAINS
-    for (a, b, key), weight in _cross(inst).items():
-        per_group: list[dict[str, list[int]]] = [defaultdict(list), defaultdict(list)]
-        for side, gi in enumerate((a, b)):
-            for ci in v.by_group[gi]:
-                value = cl.nodes[inst.candidates[ci].node].labels.get(key)
-                if value is not None:
-                    per_group[side][value].append(ci)
-        mine, theirs = per_group
-        for value in sorted(mine.keys() & theirs.keys()):
-            if budget == 0:
-                return out
-            budget -= 1
-            counts, bound = [], 1
-            for gi, here in ((a, mine[value]), (b, theirs[value])):
-                most = min(sum(inst.candidates[ci].ub for ci in here), len(inst.groups[gi].pods))
-                k = model.new_int_var(0, most, f"xk{gi}_{key}_{value}")
-                model.add(k == sum(v.x[ci] for ci in here))
-                counts.append(k)
-                bound *= most
-            pairs = model.new_int_var(0, bound, f"xp{a}_{b}_{value}")
-            model.add_multiplication_equality(pairs, counts)
-            v.cross_pairs[a, b, key, value] = (pairs, counts[0], counts[1], tuple(mine[value]), tuple(theirs[value]))
-            out.append(-w.preferred_affinity * weight * pairs)
+    by_domain: dict[tuple[int, str], dict[str, list[int]]] = {}  # (group, key) -> its candidates per value
+    counted: dict[tuple[int, str, str], tuple[cp_model.IntVar, int]] = {}  # a group's pods in a domain
+    weighed = _cross(inst)
+    order = sorted(weighed, key=lambda k: -abs(weighed[k]) * len(inst.groups[k[0]].pods) * len(inst.groups[k[1]].pods))
+    for a, b, key in order:
+        for gi in (a, b):
+            if (gi, key) not in by_domain:
+                here: dict[str, list[int]] = defaultdict(list)
+                for ci in v.by_group[gi]:
+                    value = cl.nodes[inst.candidates[ci].node].labels.get(key)
+                    if value is not None:
+                        here[value].append(ci)
+                by_domain[gi, key] = here
+        mine, theirs = by_domain[a, key], by_domain[b, key]
+        shared = sorted(mine.keys() & theirs.keys())
+        if len(shared) > budget:
+            continue
+        budget -= len(shared)
+        for value in shared:
+            counts: list[tuple[cp_model.IntVar, int]] = []
+            for gi, cands in ((a, mine[value]), (b, theirs[value])):
+                if (gi, key, value) not in counted:
+                    most = min(sum(inst.candidates[ci].ub for ci in cands), len(inst.groups[gi].pods))
+                    k = model.new_int_var(0, most, f"xk{gi}_{key}_{value}")
+                    model.add(k == sum(v.x[ci] for ci in cands))
+                    counted[gi, key, value] = (k, most)
+                counts.append(counted[gi, key, value])
+            (ka, most_a), (kb, most_b) = counts
+            pairs = model.new_int_var(0, most_a * most_b, f"xp{a}_{b}_{value}")
+            model.add_multiplication_equality(pairs, [ka, kb])
+            v.cross_pairs[a, b, key, value] = (pairs, ka, kb, tuple(mine[value]), tuple(theirs[value]))
+            out.append(-w.preferred_affinity * weighed[a, b, key] * pairs)
     return out
