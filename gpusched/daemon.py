@@ -388,7 +388,7 @@ class Scheduler:
         """``pod_record`` against the namespaces' labels, remembering in ``selecting`` the pods
         whose terms pick namespaces by label (and forgetting them once ``gone``)."""
         rec = pod_record(obj, self.namespaces)
-        if rec.namespace_selected and not gone:
+        if rec.namespace_selected and not gone and not rec.terminal:
             selecting[rec.key] = obj
         else:
             selecting.pop(rec.key, None)
@@ -398,12 +398,11 @@ class Scheduler:
         """Namespaces' labels changed: read the pods whose terms pick namespaces by label again, as
         if they had changed (bound ones may now keep others away, or no longer; pending ones may
         now fit, or no longer)."""
-        if self.selecting_bound:
-            for obj in list(self.selecting_bound.values()):
-                self._bound.apply("MODIFIED", obj)
-            self.queue.move_all()
-        for obj in list(self.selecting_pending.values()):
-            self._pending.apply("MODIFIED", obj)
+        for obj in list(self.selecting_bound.values()):
+            self._bound.apply("MODIFIED", obj)  # wakes the parked pods when the pod's terms changed
+        for key, obj in list(self.selecting_pending.items()):
+            if key in self.queue:  # (bound since, its DELETED not seen yet: not queued again)
+                self._pending.apply("MODIFIED", obj)
         if self.selecting_bound or self.selecting_pending:
             log.info(
                 "namespace labels changed; pods read again",
@@ -792,12 +791,18 @@ async def explain_pod(
             return f"pod {namespace}/{name} not found", 2
         if not r.ok:
             return f"cannot read pod {namespace}/{name}: {r.error()}", 2
-        namespaces = dict(namespace_labels(o) for o in (await kube.list("/api/v1/namespaces"))[0])
+        lines: list[str] = []
+        try:
+            namespaces: dict[str, dict[str, str]] | None = dict(
+                namespace_labels(o) for o in (await kube.list("/api/v1/namespaces"))[0]
+            )
+        except Exception as exc:  # no read access to namespaces: such terms are explained as refused
+            lines.append(f"note: namespaces not read ({exc}); a namespaceSelector cannot be resolved")
+            namespaces = None
         rec = pod_record(r.body, namespaces)
         if rec.bound:
             node_gpus = f" on GPUs {','.join(map(str, rec.gpu_indices))}" if rec.gpu_indices else ""
             return f"pod {rec.key} is bound to {rec.node_name}{node_gpus}", 0
-        lines = []
         if rec.scheduler != scheduler_name:
             lines.append(f"note: pod {rec.key} names scheduler {rec.scheduler!r}, not {scheduler_name!r}")
         if rec.error:

@@ -56,6 +56,7 @@ from gpusched.model.affinity import (
     Preference,
     Requirement,
     Spread,
+    check_label_selector,
     label_selector_selects,
 )
 from gpusched.model.mig import profile_of
@@ -638,6 +639,7 @@ def _pod_terms(
                 picked = None
             elif ns_selector is not None and namespaces is not None:
                 chosen = _namespace_selector(ns_selector)
+                check_label_selector(chosen)  # refused even while no namespace exists
                 picked = names | {
                     ns for ns, ns_labels in namespaces.items() if label_selector_selects(chosen, ns_labels)
                 }

@@ -31,6 +31,7 @@ __all__ = [
     "Preference",
     "Requirement",
     "Spread",
+    "check_label_selector",
     "label_selector_selects",
     "preference_score",
     "selects",
@@ -170,6 +171,11 @@ def _check_label_selector(selector: tuple[Requirement, ...]) -> None:
 
 def _label_selects(selector: tuple[Requirement, ...], labels: Mapping[str, str]) -> bool:
     return all(r.holds(labels.get(r.key)) for r in selector)
+
+
+def check_label_selector(selector: tuple[Requirement, ...]) -> None:
+    """Raises ``ValueError`` for an operator a label selector does not have."""
+    _check_label_selector(selector)
 
 
 def label_selector_selects(selector: tuple[Requirement, ...], labels: Mapping[str, str]) -> bool:

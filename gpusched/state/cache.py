@@ -70,8 +70,22 @@ def _another(held: _Held, uid: str) -> bool:
 
 
 def _request(p: Pod) -> tuple[object, ...]:
-    """What a pod holds on its node, and what anti-affinity and spread constraints see of it."""
-    return (p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, p.mig_profile, p.labels, p.anti_affinity, p.terminating)
+    """What a pod holds on its node, what (anti-)affinity and spread constraints see of it, and its
+    own terms that weigh others (which change when the namespaces they pick by label change)."""
+    return (
+        p.cpu_milli,
+        p.memory_mib,
+        p.num_gpu,
+        p.gpu_milli,
+        p.mig_profile,
+        p.labels,
+        p.anti_affinity,
+        p.terminating,
+        p.affinity,
+        p.preferred_apart,
+        p.preferred_together,
+        p.soft_spread,
+    )
 
 
 class Cache:

@@ -670,3 +670,14 @@ def test_only_terms_that_pick_namespaces_by_label_make_a_pod_depend_on_them() ->
     assert rec.error == ""
     assert not rec.namespace_selected
     assert rec.pod.anti_affinity[0].namespaces is None
+
+
+def test_a_malformed_namespace_selector_is_refused_even_with_no_namespace_to_match() -> None:
+    term = {
+        "labelSelector": {},
+        "topologyKey": "zone",
+        "namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Gt", "values": ["1"]}]},
+    }
+    affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity=affinity), {})
+    assert "operator 'Gt'" in rec.error

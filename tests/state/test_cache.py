@@ -205,3 +205,15 @@ def test_pods_on_a_cordoned_node_still_keep_replicas_out_of_their_zone() -> None
     assert state.spread_view(replace(new, spread=(spread,)), spread).counts.tolist() == [1, 0]
     c.delete_pod(running.key)
     assert c.snapshot().state.anti_mask(new) is None
+
+
+def test_a_running_pod_read_again_with_other_preferred_terms_is_counted_with_them() -> None:
+    # Its namespaceSelector picks another namespace since a label changed: later pods must see
+    # the term as it reads now, not as it read when the pod was first seen.
+    c = cache_with(NodeRecord(replace(gpu_node("a", gpus=2), labels={"zone": "z"})))
+    before = PodAffinityTerm((Requirement("app", "In", ("web",)),), frozenset(), "zone")
+    after = PodAffinityTerm((Requirement("app", "In", ("web",)),), frozenset({"team-x"}), "zone")
+    db = replace(pod("db", gpus=1), uid="u1", labels=(("app", "db"),), preferred_apart=((50, before),))
+    c.observe_pod(bound(db, "a"))
+    assert c.observe_pod(bound(replace(db, preferred_apart=((50, after),)), "a"))
+    assert list(c.snapshot().state.wish_terms) == [after]
