@@ -197,6 +197,17 @@ async def delete_all_nodes(kube: Kube) -> None:
     assert r.ok, r.body
 
 
+async def wait_bound(kube: Kube, path: str, tries: int = 100) -> dict[str, Any]:
+    """The pod at ``path`` once it has a node, or as it is after ``tries`` tenths of a second."""
+    for _ in range(tries):
+        got = await kube.request("GET", path)
+        if got.body["spec"].get("nodeName"):
+            break
+        await asyncio.sleep(0.1)
+    body: dict[str, Any] = got.body
+    return body
+
+
 def condition(p: dict[str, Any]) -> dict[str, Any] | None:
     for c in (p.get("status") or {}).get("conditions") or ():
         if c.get("type") == "PodScheduled":

@@ -834,14 +834,10 @@ async def test_required_pod_affinity_follows_running_pods_and_waits_for_a_missin
         await kit.create_all(
             kube, pods_path, [labelled(kit.pod("queue", "other", cpu="1", node_name="af-gpu-z0-1"), "queue")]
         )
-        for _ in range(100):
-            got = await kube.request("GET", f"{pods_path}/job")
-            if got.body["spec"].get("nodeName"):
-                break
-            await asyncio.sleep(0.1)
+        got = await kit.wait_bound(kube, f"{pods_path}/job")
     finally:
         daemon.stop()
-    assert got.body["spec"].get("nodeName") in {"af-gpu-z0-0", "af-gpu-z0-1"}
+    assert got["spec"].get("nodeName") in {"af-gpu-z0-0", "af-gpu-z0-1"}
 
 
 async def test_preferred_node_affinity_picks_the_preferred_node_when_it_has_room(
@@ -988,11 +984,7 @@ async def test_pod_affinity_picks_namespaces_by_label_and_follows_their_changes(
             "PATCH", ns_path, body={"metadata": {"labels": {"tier": mark}}}, content_type=MERGE_PATCH
         )
         assert r.ok, r.body
-        for _ in range(100):
-            got = await kube.request("GET", f"{pods_path}/near")
-            if got.body["spec"].get("nodeName"):
-                break
-            await asyncio.sleep(0.1)
+        got = await kit.wait_bound(kube, f"{pods_path}/near")
     finally:
         daemon.stop()
-    assert got.body["spec"].get("nodeName") == "nsel-gpu-1"
+    assert got["spec"].get("nodeName") == "nsel-gpu-1"
