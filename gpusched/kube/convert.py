@@ -44,7 +44,7 @@ together with the Binding.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -557,16 +557,21 @@ def _preferred_nodes(node_affinity: Mapping[str, Any]) -> Preference:
 
 
 def _requirements(term: Mapping[str, Any]) -> tuple[Requirement, ...]:
-    """A node selector term's ``matchExpressions`` and ``matchFields``."""
-    reqs = [
-        Requirement(str(e.get("key") or ""), str(e.get("operator") or ""), tuple(map(str, e.get("values") or ())))
-        for e in term.get("matchExpressions") or ()
-    ]
-    reqs += [
-        Requirement(str(f.get("key") or ""), str(f.get("operator") or ""), tuple(map(str, f.get("values") or ())), True)
-        for f in term.get("matchFields") or ()
-    ]
-    return tuple(reqs)
+    """A node selector term's ``matchExpressions`` and ``matchFields``.  Raises ``ValueError``
+    for an entry that is not shaped as the API's requirement."""
+    return tuple(_expression(e) for e in term.get("matchExpressions") or ()) + tuple(
+        _expression(f, field=True) for f in term.get("matchFields") or ()
+    )
+
+
+def _expression(e: Any, field: bool = False) -> Requirement:
+    """One ``{key, operator, values}`` entry of a selector."""
+    if not isinstance(e, Mapping):
+        raise ValueError(f"a selector requirement must be an object with key, operator and values, got {e!r}")
+    values = e.get("values") or ()
+    if isinstance(values, (str, Mapping)) or not isinstance(values, Iterable):
+        raise ValueError(f"values of {e.get('key')!r} must be a list of strings, got {values!r}")
+    return Requirement(str(e.get("key") or ""), str(e.get("operator") or ""), tuple(map(str, values)), field)
 
 
 def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any], gpu_pod: bool) -> NodeSelector:
@@ -638,7 +643,7 @@ def _pod_terms(
                 )
                 picked = None
             elif ns_selector is not None and namespaces is not None:
-                chosen = _namespace_selector(ns_selector)
+                chosen = _selector(ns_selector)
                 check_label_selector(chosen)  # refused even while no namespace exists
                 picked = names | {
                     ns for ns, ns_labels in namespaces.items() if label_selector_selects(chosen, ns_labels)
@@ -671,16 +676,14 @@ def _preferred_pod_terms(
     return tuple(out)
 
 
-def _namespace_selector(selector: Mapping[str, Any]) -> tuple[Requirement, ...]:
-    """A ``namespaceSelector`` as requirements on a namespace's labels.  Raises ``ValueError`` for
-    a malformed requirement."""
-    reqs = [Requirement(str(k), "In", (str(v),)) for k, v in sorted((selector.get("matchLabels") or {}).items())]
-    reqs += [
-        Requirement(str(e.get("key") or ""), str(e.get("operator") or ""), tuple(map(str, e.get("values") or ())))
-        for e in selector.get("matchExpressions") or ()
-        if isinstance(e, Mapping)
-    ]
-    return tuple(reqs)
+def _selector(selector: Mapping[str, Any]) -> tuple[Requirement, ...]:
+    """A label selector's ``matchLabels`` and ``matchExpressions`` as requirements.  Raises
+    ``ValueError`` for one that is not shaped as the API's ``LabelSelector``."""
+    match = selector.get("matchLabels") or {}
+    if not isinstance(match, Mapping):
+        raise ValueError(f"matchLabels must map label keys to values, got {match!r}")
+    reqs = [Requirement(str(k), "In", (str(v),)) for k, v in sorted(match.items())]
+    return (*reqs, *(_expression(e) for e in selector.get("matchExpressions") or ()))
 
 
 def _labels(labels: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -694,11 +697,7 @@ def _label_selector(term: Mapping[str, Any], labels: Mapping[str, str]) -> tuple
     chosen = term.get("labelSelector")
     if not isinstance(chosen, Mapping):
         return None
-    reqs = [Requirement(str(k), "In", (str(v),)) for k, v in sorted((chosen.get("matchLabels") or {}).items())]
-    reqs += [
-        Requirement(str(e.get("key") or ""), str(e.get("operator") or ""), tuple(map(str, e.get("values") or ())))
-        for e in chosen.get("matchExpressions") or ()
-    ]
+    reqs = list(_selector(chosen))
     # The API server merges these into the selector at creation; a key already there is not
     # added again, so that a label changed since does not turn the term into one selecting nothing.
     present = {r.key for r in reqs}

@@ -681,3 +681,37 @@ def test_a_malformed_namespace_selector_is_refused_even_with_no_namespace_to_mat
     affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
     rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity=affinity), {})
     assert "operator 'Gt'" in rec.error
+
+
+def _anti(selector_field: str, selector: Any) -> dict[str, Any]:
+    term: dict[str, Any] = {"labelSelector": {"matchLabels": {"app": "a"}}, "topologyKey": "zone"}
+    term[selector_field] = selector
+    return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+
+
+def _node_term(term: Any) -> dict[str, Any]:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+@pytest.mark.parametrize(
+    ("affinity", "message"),
+    [
+        (_anti("labelSelector", {"matchExpressions": ["app"]}), "must be an object with key, operator and values"),
+        (_anti("labelSelector", {"matchLabels": ["app"]}), "matchLabels must map label keys to values"),
+        (
+            _anti("labelSelector", {"matchExpressions": [{"key": "app", "operator": "In", "values": "a"}]}),
+            "values of 'app' must be a list of strings",
+        ),
+        (_anti("namespaceSelector", {"matchExpressions": ["team"]}), "must be an object with key, operator"),
+        (_anti("namespaceSelector", {"matchLabels": "team=a"}), "matchLabels must map label keys to values"),
+        (_node_term({"matchExpressions": ["zone"]}), "must be an object with key, operator and values"),
+        (_node_term({"matchFields": [{"key": "metadata.name", "operator": "In", "values": 3}]}), "must be a list"),
+    ],
+)
+def test_a_selector_of_the_wrong_shape_is_refused_with_the_reason(affinity: Any, message: str) -> None:
+    """Every place a selector is read (pod terms, their namespaces, node terms) refuses a
+    requirement that is not an object, or values that are not a list, with the cause; the pod is
+    kept as unschedulable, never dropped by an exception."""
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity=affinity), {"ns": {"team": "a"}})
+    assert message in rec.error
+    assert rec.key == "ns/p"
