@@ -29,7 +29,7 @@ import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ from gpusched.kube.leader import LeaderElector
 from gpusched.kube.watch import Reflector
 from gpusched.metrics.exporter import HealthServer, SchedulerMetrics
 from gpusched.model import Cluster, ClusterState, Plan, Pod
+from gpusched.model.affinity import Requirement, label_selector_selects
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.solver.explain import DEFERRED, explain, explain_gang
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
@@ -227,28 +228,47 @@ class _PendingHandler:
             self.s.queue.add(rec)
 
 
+Labels = dict[str, str]
+Selector = tuple[Requirement, ...]
+Selecting = dict[str, tuple[dict[str, Any], tuple[Selector, ...]]]
+"""Pods whose terms pick namespaces by label: their latest object and those selectors, by key."""
+
+
 class _NamespaceHandler:
     """Namespaces' labels, which pod (anti-)affinity terms' ``namespaceSelector`` picks from: when
-    they change, the pods with such terms are read again."""
+    they change, the pods whose selectors now pick differently are read again."""
 
     def __init__(self, s: Scheduler) -> None:
         self.s = s
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         table = dict(namespace_labels(o) for o in objects)
-        if table != self.s.namespaces:
-            self.s.namespaces = table
-            self.s.reread_selecting()
+        old = self.s.namespaces
+        changes = [(old.get(n), table.get(n)) for n in old.keys() | table.keys() if old.get(n) != table.get(n)]
+        self.s.namespaces = table
+        if changes:
+            self.s.reread_selecting(changes)
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         name, labels = namespace_labels(obj)
+        before = self.s.namespaces.get(name)
         if kind == "DELETED":
-            changed = self.s.namespaces.pop(name, None) is not None
+            self.s.namespaces.pop(name, None)
+            after = None
         else:
-            changed = self.s.namespaces.get(name) != labels
-            self.s.namespaces[name] = labels
-        if changed:
-            self.s.reread_selecting()
+            self.s.namespaces[name] = after = labels
+        if before != after:
+            self.s.reread_selecting([(before, after)])
+
+
+def moved_selectors(selectors: Iterable[Selector], changes: list[tuple[Labels | None, Labels | None]]) -> set[Selector]:
+    """Those of ``selectors`` that pick differently after ``changes``, each a namespace's labels
+    before and after (None: no such namespace)."""
+
+    def picks(sel: Selector, labels: Labels | None) -> bool:
+        return labels is not None and label_selector_selects(sel, labels)
+
+    return {sel for sel in set(selectors) if any(picks(sel, b) != picks(sel, a) for b, a in changes)}
 
 
 class Scheduler:
@@ -290,8 +310,8 @@ class Scheduler:
         self.set_config(self.config)
         self.namespaces: dict[str, dict[str, str]] = {}
         """Labels per namespace (``namespaceSelector`` picks from them)."""
-        self.selecting_bound: dict[str, dict[str, Any]] = {}
-        self.selecting_pending: dict[str, dict[str, Any]] = {}
+        self.selecting_bound: Selecting = {}
+        self.selecting_pending: Selecting = {}
         """The pods, bound and pending, whose pod (anti-)affinity picks namespaces by label: their
         latest objects, read again when namespaces' labels change."""
         self._bound = _BoundHandler(self)
@@ -384,31 +404,34 @@ class Scheduler:
             return False, "loading the solver"
         return True, ""
 
-    def read_pod(self, obj: dict[str, Any], selecting: dict[str, dict[str, Any]], gone: bool = False) -> PodRecord:
+    def read_pod(self, obj: dict[str, Any], selecting: Selecting, gone: bool = False) -> PodRecord:
         """``pod_record`` against the namespaces' labels, remembering in ``selecting`` the pods
-        whose terms pick namespaces by label (and forgetting them once ``gone``)."""
+        whose terms pick namespaces by label, with their selectors (and forgetting them once
+        ``gone``)."""
         rec = pod_record(obj, self.namespaces)
         if rec.namespace_selected and not gone and not rec.terminal:
-            selecting[rec.key] = obj
+            selecting[rec.key] = (obj, rec.namespace_selectors)
         else:
             selecting.pop(rec.key, None)
         return rec
 
-    def reread_selecting(self) -> None:
-        """Namespaces' labels changed: read the pods whose terms pick namespaces by label again, as
-        if they had changed (bound ones may now keep others away, or no longer; pending ones may
-        now fit, or no longer)."""
-        for obj in list(self.selecting_bound.values()):
+    def reread_selecting(self, changes: list[tuple[Labels | None, Labels | None]]) -> None:
+        """Namespaces' labels changed (``changes``: each one's before and after): read again, as if
+        they had changed, the pods with a selector that now picks differently (bound ones may now
+        keep others away, or no longer; pending ones may now fit, or no longer)."""
+        held = [*self.selecting_bound.values(), *self.selecting_pending.values()]
+        moved = moved_selectors((sel for _, sels in held for sel in sels), changes)
+        if not moved:
+            return
+        bound = [obj for obj, sels in list(self.selecting_bound.values()) if not moved.isdisjoint(sels)]
+        for obj in bound:
             self._bound.apply("MODIFIED", obj)  # wakes the parked pods when the pod's terms changed
-        for key, obj in list(self.selecting_pending.items()):
-            if key in self.queue:  # (bound since, its DELETED not seen yet: not queued again)
+        pending = 0
+        for key, (obj, sels) in list(self.selecting_pending.items()):
+            if key in self.queue and not moved.isdisjoint(sels):  # (bound since: not queued again)
                 self._pending.apply("MODIFIED", obj)
-        if self.selecting_bound or self.selecting_pending:
-            log.info(
-                "namespace labels changed; pods read again",
-                bound=len(self.selecting_bound),
-                pending=len(self.selecting_pending),
-            )
+                pending += 1
+        log.info("namespace labels changed; pods read again", bound=len(bound), pending=pending)
 
     def _client_idle(self) -> bool:
         """More than half the bind client's burst is unspent: it has requests to spare.

@@ -44,6 +44,7 @@ together with the Binding.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime
@@ -335,7 +336,7 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
         gated=bool(spec.get("schedulingGates")),
         claims=claims,
         ephemeral_claims=ephemeral,
-        namespace_selected=_selects_namespaces(spec.get("affinity") or {}),
+        namespace_selectors=_namespace_selectors(spec.get("affinity") or {}),
     )
 
 
@@ -345,8 +346,11 @@ def namespace_labels(obj: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
     return str(meta["name"]), {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
 
 
-def _selects_namespaces(affinity: Mapping[str, Any]) -> bool:
-    """Whether a pod (anti-)affinity term picks namespaces by their labels."""
+def _namespace_selectors(affinity: Mapping[str, Any]) -> tuple[tuple[Requirement, ...], ...]:
+    """The distinct ``namespaceSelector``s with requirements of a pod's (anti-)affinity terms:
+    those whose result a change of namespaces' labels can move (``{}`` picks every namespace
+    whatever their labels, and a malformed one is refused whatever they are)."""
+    out: dict[tuple[Requirement, ...], None] = {}
     for kind in ("podAffinity", "podAntiAffinity"):
         section = affinity.get(kind) or {}
         if not isinstance(section, Mapping):
@@ -357,9 +361,12 @@ def _selects_namespaces(affinity: Mapping[str, Any]) -> bool:
             for item in section.get("preferredDuringSchedulingIgnoredDuringExecution") or ()
             if isinstance(item, Mapping)
         ]
-        if any(isinstance(t, Mapping) and t.get("namespaceSelector") for t in terms):
-            return True
-    return False
+        for t in terms:
+            chosen = t.get("namespaceSelector") if isinstance(t, Mapping) else None
+            if isinstance(chosen, Mapping) and (chosen.get("matchLabels") or chosen.get("matchExpressions")):
+                with contextlib.suppress(ValueError):
+                    out[_selector(chosen)] = None
+    return tuple(out)
 
 
 def _claims(pod_name: str, spec: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:

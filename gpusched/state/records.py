@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpusched.model import Node, Pod
+from gpusched.model.affinity import Requirement
 
 __all__ = ["NodeRecord", "PodRecord"]
 
@@ -62,9 +63,15 @@ class PodRecord:
     """Names of the PersistentVolumeClaims the pod mounts (in its namespace)."""
     ephemeral_claims: tuple[str, ...] = ()
     """Those of ``claims`` that its generic ephemeral volumes create for it."""
-    namespace_selected: bool = False
-    """A pod (anti-)affinity term picks namespaces by label: ``pod`` holds the namespaces picked
-    when it was read, and must be read again when namespaces' labels change."""
+    namespace_selectors: tuple[tuple[Requirement, ...], ...] = ()
+    """The selectors by which the pod's (anti-)affinity terms pick namespaces by label: ``pod``
+    holds the namespaces they picked when it was read, and it must be read again when a
+    namespace's labels change what one of them picks."""
+
+    @property
+    def namespace_selected(self) -> bool:
+        """Some term picks namespaces by label."""
+        return bool(self.namespace_selectors)
 
     @property
     def key(self) -> str:

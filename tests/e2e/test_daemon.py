@@ -980,11 +980,17 @@ async def test_pod_affinity_picks_namespaces_by_label_and_follows_their_changes(
             "0/2 nodes are available: 2 node(s) didn't match pod affinity rules."
         )
         # Labelling the namespace brings its cache pod into the term's reach: "near" joins it.
+        reread_event = "namespace labels changed; pods read again"
+        before = len(daemon.events(reread_event))  # (one at the start if pods came before the namespaces)
         r = await kube.request(
             "PATCH", ns_path, body={"metadata": {"labels": {"tier": mark}}}, content_type=MERGE_PATCH
         )
         assert r.ok, r.body
         got = await kit.wait_bound(kube, f"{pods_path}/near")
+        # Only the pod whose selector now picks differently was read again: "away"'s team=<mark>
+        # still picks the namespace.
+        reread = daemon.wait_count(reread_event, before + 1)[before]
     finally:
         daemon.stop()
     assert got["spec"].get("nodeName") == "nsel-gpu-1"
+    assert (reread["bound"], reread["pending"]) == (0, 1)
