@@ -63,6 +63,7 @@ from gpusched.model.affinity import (
 from gpusched.model.mig import profile_of
 from gpusched.model.node import Taint
 from gpusched.model.pod import Gang, Toleration
+from gpusched.model.ports import host_port
 from gpusched.model.topology import ISLANDS_ANNOTATION, default_islands, parse_islands
 from gpusched.state.records import NodeRecord, PodRecord
 from gpusched.state.volumes import ClaimRecord, VolumeRecord
@@ -769,8 +770,8 @@ def _spread(
 
 
 def _host_ports(spec: Mapping[str, Any]) -> frozenset[str]:
-    """``PROTOCOL/port`` of every host port its containers and sidecars bind (the API server has
-    already set ``hostPort`` for each container port of a ``hostNetwork`` pod)."""
+    """Every host port its containers and sidecars bind, as ``model.ports.host_port`` keys (the API
+    server has already set ``hostPort`` for each container port of a ``hostNetwork`` pod)."""
     containers = [c for c in spec.get("containers") or () if isinstance(c, Mapping)]
     containers += [
         c for c in spec.get("initContainers") or () if isinstance(c, Mapping) and c.get("restartPolicy") == "Always"
@@ -780,7 +781,7 @@ def _host_ports(spec: Mapping[str, Any]) -> frozenset[str]:
         for port in c.get("ports") or ():
             number = port.get("hostPort") if isinstance(port, Mapping) else None
             if isinstance(number, int) and number > 0:  # the API server admits only int32 values
-                out.add(f"{port.get('protocol') or 'TCP'}/{number}")
+                out.add(host_port(str(port.get("protocol") or "TCP"), number, str(port.get("hostIP") or "")))
     return frozenset(out)
 
 

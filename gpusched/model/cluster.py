@@ -22,6 +22,7 @@ from gpusched.model.mig import MigGeometry, MigLayout, geometry_for, mig_config
 from gpusched.model.node import GPU_MILLI, Node, Taint
 from gpusched.model.placement import Assignment, MigPartition
 from gpusched.model.pod import Pod, PodShape, Toleration, tolerated, untolerated
+from gpusched.model.ports import ports_clash
 
 __all__ = ["BoolArray", "Cluster", "ClusterState", "IntArray", "SpreadView", "mig_plan"]
 
@@ -431,10 +432,10 @@ class ClusterState:
         return _frozen(self.gpu_free.max(axis=1))
 
     def ports_free(self, ports: frozenset[str]) -> BoolArray:
-        """Nodes where none of ``ports`` is bound yet."""
+        """Nodes where no binding of ``ports`` clashes with one already there (``model.ports``)."""
         ok = np.ones(len(self.cluster), dtype=np.bool_)
         for n, used in self.ports_used.items():
-            if used & ports:
+            if ports_clash(used, ports):
                 ok[n] = False
         return ok
 

@@ -169,7 +169,8 @@ class Pod(_Wishes):
     storage_mib: int = 0
     """Ephemeral storage request, MiB."""
     host_ports: frozenset[str] = frozenset()
-    """Host ports it binds, as ``PROTOCOL/port`` (``TCP/29500``): no two pods on a node may share one."""
+    """Host ports it binds, as ``PROTOCOL/port`` on every address (``TCP/29500``) or
+    ``PROTOCOL/port@hostIP`` on one: no two pods on a node may hold clashing ones (``model.ports``)."""
     labels: tuple[tuple[str, str], ...] = ()
     """The pod's labels, sorted by key (what pod anti-affinity terms select on)."""
     anti_affinity: tuple[PodAffinityTerm, ...] = ()

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from gpusched.model import GPU_MILLI, Assignment, ClusterState, Plan, Pod
 from gpusched.model.affinity import selects
 from gpusched.model.pod import tolerated
+from gpusched.model.ports import ports_clash
 
 __all__ = ["PlanError", "island_problems", "plan_problems", "validate_plan"]
 
@@ -38,7 +39,7 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
     cpu: dict[int, int] = defaultdict(int)
     mem: dict[int, int] = defaultdict(int)
     storage: dict[int, int] = defaultdict(int)
-    ports: dict[int, list[str]] = defaultdict(list)
+    ports: dict[int, list[frozenset[str]]] = defaultdict(list)
     gpu: dict[tuple[int, int], int] = defaultdict(int)
     whole: set[tuple[int, int]] = set()
     for a in plan.assignments:
@@ -50,7 +51,8 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
         cpu[a.node] += p.cpu_milli
         mem[a.node] += p.memory_mib
         storage[a.node] += p.storage_mib
-        ports[a.node].extend(p.host_ports)
+        if p.host_ports:
+            ports[a.node].append(p.host_ports)
         if len(a.gpus) != p.num_gpu:
             problems.append(f"pod {p.key}: asked for {p.num_gpu} GPUs, got indices {list(a.gpus)}")
         if len(set(a.gpus)) != len(a.gpus):
@@ -82,9 +84,16 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
     for n, m in mem.items():
         if m > state.mem_free[n]:
             problems.append(f"{cluster.nodes[n].name}: memory over-committed ({m}Mi > {state.mem_free[n]}Mi)")
-    for n, bound in ports.items():
+    for n, bound in ports.items():  # each pod's bindings against the node's and the other pods'
         taken = state.ports_used.get(n, frozenset())
-        clash = sorted({x for x in bound if bound.count(x) > 1 or x in taken})
+        clash = sorted(
+            {
+                x
+                for i, mine in enumerate(bound)
+                for x in mine
+                if ports_clash([*taken, *(k for j, theirs in enumerate(bound) if j != i for k in theirs)], (x,))
+            }
+        )
         if clash:
             problems.append(f"{cluster.nodes[n].name}: host port {', '.join(clash)} bound twice")
     for n, s in storage.items():

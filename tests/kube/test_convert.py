@@ -409,12 +409,16 @@ def test_host_ports_of_containers_and_sidecars() -> None:
         {"containerPort": 29500, "hostPort": 29500},
         {"containerPort": 8080},  # no host port
         {"containerPort": 53, "hostPort": 5353, "protocol": "UDP"},
+        {"containerPort": 80, "hostPort": 80, "hostIP": "10.0.0.1"},  # one address
+        {"containerPort": 81, "hostPort": 81, "hostIP": "0.0.0.0"},  # every address, as when empty
     ]
     obj["spec"]["initContainers"] = [
         {"name": "sidecar", "restartPolicy": "Always", "ports": [{"containerPort": 9400, "hostPort": 9400}]},
         {"name": "setup", "ports": [{"containerPort": 1, "hostPort": 1}]},  # gone before the pod runs
     ]
-    assert pod_record(obj).pod.host_ports == frozenset({"TCP/29500", "UDP/5353", "TCP/9400"})
+    assert pod_record(obj).pod.host_ports == frozenset(
+        {"TCP/29500", "UDP/5353", "TCP/80@10.0.0.1", "TCP/81", "TCP/9400"}
+    )
 
 
 def test_required_pod_anti_affinity_terms_and_labels_are_read() -> None:

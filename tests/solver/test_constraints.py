@@ -158,6 +158,18 @@ def test_ports_module_keeps_pods_of_different_shapes_off_one_host_port() -> None
     assert Solved(inst, [demand]).placed_pods() == 2, "without the ports module both bind the port"
 
 
+def test_ports_module_lets_bindings_on_two_addresses_share_a_node_but_not_one_on_every_address() -> None:
+    cluster = Cluster([Node("a", 8000, 8000)])
+    on = {ip: replace(pod(f"on-{ip}", cpu=1), host_ports=frozenset({f"TCP/80@10.0.0.{ip}"})) for ip in (1, 2)}
+    inst = instance(list(on.values()), cluster.empty_state())
+    assert Solved(inst, [demand, ports]).placed_pods() == 2
+    everywhere = replace(pod("on-all", cpu=3), host_ports=frozenset({"TCP/80"}))
+    inst = instance([*on.values(), everywhere], cluster.empty_state())
+    s = Solved(inst, [demand, ports])
+    assert s.placed_pods() == 2, "the two address bindings, not the one on every address"
+    assert Solved(inst, [demand]).placed_pods() == 3, "without the ports module all three bind port 80"
+
+
 def _away_from(app: str, key: str) -> tuple[PodAffinityTerm, ...]:
     return (PodAffinityTerm((Requirement("app", "In", (app,)),), None, key),)
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from gpusched.model import Assignment, Cluster, Plan, SolveStats
+from gpusched.model.ports import host_port, ports_clash
 from gpusched.solver.explain import explain
 from gpusched.solver.fragmentation import TypicalPods
 from gpusched.solver.params import Limits, SolverParams
@@ -59,3 +60,56 @@ def test_releasing_a_pod_frees_its_host_ports() -> None:
     state = c.empty_state().apply([held])
     assert not state.ports_free(NCCL)[0]
     assert state.release([held]).ports_free(NCCL).all()
+
+
+@pytest.mark.parametrize(
+    ("held", "asked", "clash"),
+    [
+        ("TCP/80", "TCP/80", True),
+        ("TCP/80", "TCP/80@10.0.0.1", True),  # every address includes this one
+        ("TCP/80@10.0.0.1", "TCP/80", True),
+        ("TCP/80@10.0.0.1", "TCP/80@10.0.0.1", True),
+        ("TCP/80@10.0.0.1", "TCP/80@10.0.0.2", False),
+        ("TCP/80", "UDP/80", False),
+        ("TCP/80", "TCP/81", False),
+    ],
+)
+def test_host_port_bindings_clash_as_kube_scheduler_reads_them(held: str, asked: str, clash: bool) -> None:
+    assert ports_clash({held}, {asked}) is clash
+    assert ports_clash({asked}, {held}) is clash  # either order
+    assert host_port("TCP", 80, "0.0.0.0") == host_port("TCP", 80) == "TCP/80"
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_lets_bindings_on_different_addresses_share_a_node(policy: str) -> None:
+    """Two pods binding port 80 on different addresses of one node do not clash; one binding it
+    on every address clashes with both.  One node, room for all three by resources."""
+    c = Cluster([gpu_node("n0", gpus=8, cpu=64000, mem=512 * 1024)])
+    state = c.empty_state()
+    on_a = replace(pod("on-a", gpus=1), host_ports=frozenset({host_port("TCP", 80, "10.0.0.1")}))
+    on_b = replace(pod("on-b", gpus=1), host_ports=frozenset({host_port("TCP", 80, "10.0.0.2")}))
+    on_all = replace(pod("on-all", gpus=1), host_ports=frozenset({host_port("TCP", 80)}))
+    pods = [on_a, on_b, on_all]
+    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
+    plan = make_policy(policy, c, TypicalPods.from_pods(pods), 0, params).place(pods, state)
+    validate_plan(plan, state, pods)
+    assert sorted(a.pod.name for a in plan.assignments) == ["on-a", "on-b"]
+    assert explain(on_all, state.apply(plan.assignments)).message == (
+        "0/1 nodes are available: 1 node(s) didn't have free ports for the requested pod ports."
+    )
+    alone = state.apply([Assignment(on_all, 0, (0,))])
+    assert not alone.ports_free(on_a.host_ports)[0]
+
+
+def test_the_validator_rejects_an_address_binding_beside_one_on_every_address() -> None:
+    c = cluster()
+    on_all = replace(pod("on-all", gpus=1), host_ports=frozenset({"TCP/80"}))
+    on_a = replace(pod("on-a", gpus=1), host_ports=frozenset({"TCP/80@10.0.0.1"}))
+    on_b = replace(pod("on-b", gpus=1), host_ports=frozenset({"TCP/80@10.0.0.2"}))
+    clashing = Plan((Assignment(on_all, 0, (0,)), Assignment(on_a, 0, (1,))), (), SolveStats("test"))
+    assert any(
+        "host port TCP/80, TCP/80@10.0.0.1 bound twice" in x
+        for x in plan_problems(clashing, c.empty_state(), [on_all, on_a])
+    )
+    apart = Plan((Assignment(on_a, 0, (0,)), Assignment(on_b, 0, (1,))), (), SolveStats("test"))
+    assert plan_problems(apart, c.empty_state(), [on_a, on_b]) == []

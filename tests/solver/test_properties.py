@@ -80,6 +80,15 @@ class Case:
         return f"Case(seed={self.seed}, nodes=[{', '.join(nodes)}], pods=[{', '.join(pods)}])"
 
 
+PORTS = [
+    frozenset(),
+    frozenset(),
+    frozenset({"TCP/29500"}),  # on every address: clashes with both below
+    frozenset({"TCP/29500@10.0.0.1"}),
+    frozenset({"TCP/29500@10.0.0.2"}),
+]
+
+
 @st.composite
 def states(draw: st.DrawFn) -> ClusterState:
     nodes = []
@@ -107,7 +116,7 @@ def states(draw: st.DrawFn) -> ClusterState:
         cpu = draw(st.integers(0, node.cpu_milli // 500)) * 500
         mem = draw(st.integers(0, node.memory_mib // 512)) * 512
         storage = draw(st.sampled_from([0, 0, 1024, 10000]))  # 10000 over-fills every node that counts
-        ports = draw(st.sampled_from([frozenset(), frozenset(), frozenset({"TCP/29500"})]))
+        ports = draw(st.sampled_from(PORTS))
         labels, terms = draw(st.sampled_from(IDENTITIES))
         if cpu or mem or storage or ports or labels or terms:
             old.append(
@@ -141,7 +150,7 @@ def pod_shapes(draw: st.DrawFn) -> Pod:
         gpu_models=models,
         node_selector=draw(st.sampled_from(SELECTORS)),
         storage_mib=draw(st.sampled_from([0, 0, 0, 1024, 4096])),
-        host_ports=draw(st.sampled_from([frozenset(), frozenset(), frozenset({"TCP/29500"})])),
+        host_ports=draw(st.sampled_from(PORTS)),
         labels=identity[0],
         anti_affinity=identity[1],
         spread=draw(st.sampled_from(SPREADS)),
