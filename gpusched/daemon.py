@@ -431,7 +431,8 @@ class Scheduler:
             if key in self.queue and not moved.isdisjoint(sels):  # (bound since: not queued again)
                 self._pending.apply("MODIFIED", obj)
                 pending += 1
-        log.info("namespace labels changed; pods read again", bound=len(bound), pending=pending)
+        if bound or pending:
+            log.info("namespace labels changed; pods read again", bound=len(bound), pending=pending)
 
     def _client_idle(self) -> bool:
         """More than half the bind client's burst is unspent: it has requests to spare.

@@ -45,7 +45,7 @@ together with the Binding.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -315,8 +315,12 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
         if meta.get("deletionTimestamp"):
             pod = replace(pod, terminating=True)
     except ConvertError as exc:  # kept with what others' anti-affinity and spread need of it
+        affinity = _affinity(spec)
         anti, _ = _pod_terms(
-            namespace, labels, (spec.get("affinity") or {}).get("podAntiAffinity") or {}, namespaces=namespaces
+            namespace,
+            labels,
+            {} if isinstance(affinity, str) else affinity.get("podAntiAffinity") or {},
+            namespaces=namespaces,
         )
         pod = Pod(
             name, 0, 0, namespace=namespace, uid=uid, priority=priority, labels=_labels(labels), anti_affinity=anti
@@ -337,7 +341,7 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
         gated=bool(spec.get("schedulingGates")),
         claims=claims,
         ephemeral_claims=ephemeral,
-        namespace_selectors=_namespace_selectors(spec.get("affinity") or {}),
+        namespace_selectors=_namespace_selectors(spec),
     )
 
 
@@ -347,27 +351,40 @@ def namespace_labels(obj: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
     return str(meta["name"]), {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
 
 
-def _namespace_selectors(affinity: Mapping[str, Any]) -> tuple[tuple[Requirement, ...], ...]:
+def _namespace_selectors(spec: Mapping[str, Any]) -> tuple[tuple[Requirement, ...], ...]:
     """The distinct ``namespaceSelector``s with requirements of a pod's (anti-)affinity terms:
     those whose result a change of namespaces' labels can move (``{}`` picks every namespace
     whatever their labels, and a malformed one is refused whatever they are)."""
+    affinity = _affinity(spec)
+    if isinstance(affinity, str):
+        return ()
     out: dict[tuple[Requirement, ...], None] = {}
     for kind in ("podAffinity", "podAntiAffinity"):
         section = affinity.get(kind) or {}
-        if not isinstance(section, Mapping):
-            continue
-        terms = list(section.get("requiredDuringSchedulingIgnoredDuringExecution") or ())
-        terms += [
-            item.get("podAffinityTerm")
-            for item in section.get("preferredDuringSchedulingIgnoredDuringExecution") or ()
-            if isinstance(item, Mapping)
-        ]
-        for t in terms:
-            chosen = t.get("namespaceSelector") if isinstance(t, Mapping) else None
-            if isinstance(chosen, Mapping) and (chosen.get("matchLabels") or chosen.get("matchExpressions")):
-                with contextlib.suppress(ValueError):
-                    out[_selector(chosen)] = None
+        with contextlib.suppress(ValueError):
+            terms = _list(section.get("requiredDuringSchedulingIgnoredDuringExecution"), "")
+            terms += [
+                item.get("podAffinityTerm")
+                for item in _list(section.get("preferredDuringSchedulingIgnoredDuringExecution"), "")
+                if isinstance(item, Mapping)
+            ]
+            for t in terms:
+                chosen = t.get("namespaceSelector") if isinstance(t, Mapping) else None
+                if isinstance(chosen, Mapping) and (chosen.get("matchLabels") or chosen.get("matchExpressions")):
+                    with contextlib.suppress(ValueError):
+                        selector = _selector(chosen)
+                        check_label_selector(selector)
+                        out[selector] = None
     return tuple(out)
+
+
+def _affinity(spec: Mapping[str, Any]) -> dict[str, Mapping[str, Any]] | str:
+    """The pod's ``affinity`` sections by kind (absent ones left out), or what is wrong with them."""
+    try:
+        affinity = _obj(spec.get("affinity"), "affinity")
+        return {k: _obj(affinity.get(k), k) for k in ("nodeAffinity", "podAffinity", "podAntiAffinity")}
+    except ValueError as exc:
+        return str(exc)
 
 
 def _claims(pod_name: str, spec: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -482,10 +499,14 @@ def _pod(
                 f"{where}: nodeSelector {LABEL_GPU_PRODUCT}={selector[LABEL_GPU_PRODUCT]} "
                 f"excludes every model in {ANNOTATION_GPU_MODELS}"
             )
-    affinity: Mapping[str, Any] = spec.get("affinity") or {}
+    affinity = _affinity(spec)
+    if isinstance(affinity, str):
+        error = error or f"{where}: {affinity}"
+        affinity = {}
     try:
-        node_selector = _node_selector(selector, affinity.get("nodeAffinity") or {}, bool(num_gpu or mig_profile))
-        preferred = _preferred_nodes(affinity.get("nodeAffinity") or {})
+        node_affinity = affinity.get("nodeAffinity") or {}
+        node_selector = _node_selector(_obj(selector, "nodeSelector"), node_affinity, bool(num_gpu or mig_profile))
+        preferred = _preferred_nodes(node_affinity)
     except ValueError as exc:
         error = error or f"{where}: {exc}"
         node_selector, preferred = (), ()
@@ -553,11 +574,11 @@ def _preferred_nodes(node_affinity: Mapping[str, Any]) -> Preference:
     """The preferred node affinity terms, (weight, requirements); raises ``ValueError`` for a
     malformed one.  A term without requirements matches every node, so it changes no choice."""
     out: list[tuple[int, tuple[Requirement, ...]]] = []
-    for item in node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ():
+    for item in _list(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution"), "preferred node affinity"):
         weight = item.get("weight") if isinstance(item, Mapping) else None
         if not isinstance(weight, int) or not 1 <= weight <= 100:
             raise ValueError(f"preferred node affinity: weight must be 1..100, got {weight!r}")
-        term = item.get("preference") or {}
+        term = _obj(item.get("preference"), "preferred node affinity: preference")
         reqs = _requirements(term)
         if reqs:
             out.append((weight, reqs))
@@ -567,8 +588,8 @@ def _preferred_nodes(node_affinity: Mapping[str, Any]) -> Preference:
 def _requirements(term: Mapping[str, Any]) -> tuple[Requirement, ...]:
     """A node selector term's ``matchExpressions`` and ``matchFields``.  Raises ``ValueError``
     for an entry that is not shaped as the API's requirement."""
-    return tuple(_expression(e) for e in term.get("matchExpressions") or ()) + tuple(
-        _expression(f, field=True) for f in term.get("matchFields") or ()
+    return tuple(_expression(e) for e in _list(term.get("matchExpressions"), "matchExpressions")) + tuple(
+        _expression(f, field=True) for f in _list(term.get("matchFields"), "matchFields")
     )
 
 
@@ -576,10 +597,8 @@ def _expression(e: Any, field: bool = False) -> Requirement:
     """One ``{key, operator, values}`` entry of a selector."""
     if not isinstance(e, Mapping):
         raise ValueError(f"a selector requirement must be an object with key, operator and values, got {e!r}")
-    values = e.get("values") or ()
-    if isinstance(values, (str, Mapping)) or not isinstance(values, Iterable):
-        raise ValueError(f"values of {e.get('key')!r} must be a list of strings, got {values!r}")
-    return Requirement(str(e.get("key") or ""), str(e.get("operator") or ""), tuple(map(str, values)), field)
+    values = _strings(e.get("values"), f"values of {e.get('key')!r}")
+    return Requirement(str(e.get("key") or ""), str(e.get("operator") or ""), tuple(values), field)
 
 
 def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any], gpu_pod: bool) -> NodeSelector:
@@ -595,7 +614,8 @@ def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any], 
     if not required:
         return (common,) if common else ()
     terms: list[tuple[Requirement, ...]] = []
-    for term in (required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None) or ():
+    terms_in = _list(_obj(required, "required node affinity").get("nodeSelectorTerms"), "nodeSelectorTerms")
+    for term in terms_in:
         if not isinstance(term, Mapping):
             raise ValueError("required node affinity: a nodeSelectorTerm must be an object")
         reqs = _requirements(term)
@@ -623,7 +643,11 @@ def _pod_terms(
     others away (anti-affinity) at least as far as it asked."""
     out: dict[PodAffinityTerm, None] = {}
     problems: list[str] = []
-    for term in section.get("requiredDuringSchedulingIgnoredDuringExecution") or ():
+    try:
+        required = _list(section.get("requiredDuringSchedulingIgnoredDuringExecution"), "the terms")
+    except ValueError as exc:
+        return (), str(exc)
+    for term in required:
         if not isinstance(term, Mapping):
             problems.append("a term must be an object")
             continue
@@ -637,7 +661,7 @@ def _pod_terms(
                 if follow:  # a term selecting no pod: nothing to follow, so no node will do
                     problems.append("a term without a labelSelector selects no pod, so no node can meet it")
                 continue
-            names = frozenset(map(str, term.get("namespaces") or ()))
+            names = frozenset(_strings(term.get("namespaces"), "namespaces"))
             ns_selector = term.get("namespaceSelector")
             picked: frozenset[str] | None = names or frozenset({namespace})
             if ns_selector is not None and not isinstance(ns_selector, Mapping):
@@ -670,7 +694,7 @@ def _preferred_pod_terms(
     unknown, counts every namespace; a term that selects no pod is left out, as it weighs
     nothing).  Raises ``ValueError`` for a bad weight or a term that cannot be read."""
     out: list[tuple[int, PodAffinityTerm]] = []
-    for item in section.get("preferredDuringSchedulingIgnoredDuringExecution") or ():
+    for item in _list(section.get("preferredDuringSchedulingIgnoredDuringExecution"), "the preferred terms"):
         weight = item.get("weight") if isinstance(item, Mapping) else None
         if not isinstance(weight, int) or not 1 <= weight <= 100:
             raise ValueError(f"weight must be 1..100, got {weight!r}")
@@ -684,6 +708,32 @@ def _preferred_pod_terms(
     return tuple(out)
 
 
+def _obj(value: Any, what: str) -> Mapping[str, Any]:
+    """``value`` as an object (absent: empty); raises ``ValueError`` naming ``what`` otherwise."""
+    if not value:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{what} must be an object, got {value!r}")
+    return value
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    """``value`` as a list (absent: empty); raises ``ValueError`` naming ``what`` otherwise."""
+    if not value:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{what} must be a list, got {value!r}")
+    return list(value)
+
+
+def _strings(value: Any, what: str) -> list[str]:
+    """``value`` as a list of strings; raises ``ValueError`` naming ``what`` otherwise."""
+    items = _list(value, what)
+    if not all(isinstance(x, str) for x in items):
+        raise ValueError(f"{what} must be a list of strings, got {value!r}")
+    return items
+
+
 def _selector(selector: Mapping[str, Any]) -> tuple[Requirement, ...]:
     """A label selector's ``matchLabels`` and ``matchExpressions`` as requirements.  Raises
     ``ValueError`` for one that is not shaped as the API's ``LabelSelector``."""
@@ -691,7 +741,7 @@ def _selector(selector: Mapping[str, Any]) -> tuple[Requirement, ...]:
     if not isinstance(match, Mapping):
         raise ValueError(f"matchLabels must map label keys to values, got {match!r}")
     reqs = [Requirement(str(k), "In", (str(v),)) for k, v in sorted(match.items())]
-    return (*reqs, *(_expression(e) for e in selector.get("matchExpressions") or ()))
+    return (*reqs, *(_expression(e) for e in _list(selector.get("matchExpressions"), "matchExpressions")))
 
 
 def _labels(labels: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -712,7 +762,7 @@ def _label_selector(term: Mapping[str, Any], labels: Mapping[str, str]) -> tuple
     for field, op in (("matchLabelKeys", "In"), ("mismatchLabelKeys", "NotIn")):
         reqs += [
             Requirement(str(k), op, (str(labels[k]),))
-            for k in term.get(field) or ()
+            for k in _strings(term.get(field), field)
             if k in labels and k not in present
         ]
     return tuple(reqs)

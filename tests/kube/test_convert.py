@@ -704,12 +704,23 @@ def _node_term(term: Any) -> dict[str, Any]:
         (_anti("labelSelector", {"matchLabels": ["app"]}), "matchLabels must map label keys to values"),
         (
             _anti("labelSelector", {"matchExpressions": [{"key": "app", "operator": "In", "values": "a"}]}),
-            "values of 'app' must be a list of strings",
+            "values of 'app' must be a list",
         ),
         (_anti("namespaceSelector", {"matchExpressions": ["team"]}), "must be an object with key, operator"),
         (_anti("namespaceSelector", {"matchLabels": "team=a"}), "matchLabels must map label keys to values"),
         (_node_term({"matchExpressions": ["zone"]}), "must be an object with key, operator and values"),
         (_node_term({"matchFields": [{"key": "metadata.name", "operator": "In", "values": 3}]}), "must be a list"),
+        (_anti("labelSelector", {"matchExpressions": 5}), "matchExpressions must be a list, got 5"),
+        (_anti("namespaceSelector", {"matchExpressions": {"key": "team"}}), "matchExpressions must be a list"),
+        (_anti("namespaces", 3), "namespaces must be a list, got 3"),
+        (_anti("matchLabelKeys", [["app"]]), "matchLabelKeys must be a list of strings"),
+        ({"podAntiAffinity": [{}]}, "podAntiAffinity must be an object"),
+        ({"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": 3}}, "the terms must be a list"),
+        (
+            {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": [{}]}]}},
+            "preference must be an object",
+        ),
+        ("anti", "affinity must be an object"),
     ],
 )
 def test_a_selector_of_the_wrong_shape_is_refused_with_the_reason(affinity: Any, message: str) -> None:
@@ -719,3 +730,16 @@ def test_a_selector_of_the_wrong_shape_is_refused_with_the_reason(affinity: Any,
     rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity=affinity), {"ns": {"team": "a"}})
     assert message in rec.error
     assert rec.key == "ns/p"
+
+
+def test_a_namespace_selector_that_is_refused_is_not_tracked_for_namespace_changes() -> None:
+    """A selector with an operator only node selectors have leaves the pod refused whatever the
+    namespaces' labels, so a namespace change has nothing to re-read for it (and must not try)."""
+    odd = {"matchExpressions": [{"key": "team", "operator": "Gt", "values": ["1"]}]}
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity=_anti("namespaceSelector", odd)), {})
+    assert "operator 'Gt'" in rec.error
+    assert rec.namespace_selectors == ()
+    good = _anti("namespaceSelector", {"matchLabels": {"team": "a"}})
+    assert pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity=good), {}).namespace_selectors == (
+        (Requirement("team", "In", ("a",)),),
+    )
