@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import structlog
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
 from gpusched.kube.client import STRATEGIC_PATCH, ApiError, Kube
 from gpusched.kube.convert import ANNOTATION_GPU_INDICES
@@ -51,13 +52,26 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class NotLeading(Exception):
+    """This instance stopped leading before the request went out."""
+
+
 class Binder:
     """Bindings, Events and conditions for one scheduler instance."""
 
     def __init__(
-        self, kube: Kube, identity: str, attempts: int = 4, event_repeat_s: float = 60.0, events: Kube | None = None
+        self,
+        kube: Kube,
+        identity: str,
+        attempts: int = 4,
+        event_repeat_s: float = 60.0,
+        events: Kube | None = None,
+        leading: Callable[[], bool] | None = None,
     ) -> None:
         self.kube = kube
+        self.leading = leading
+        """Whether this instance may still bind: checked before every Binding attempt, so that
+        retries never reach the API server after another instance may have taken over."""
         self.events = events or kube
         """Client for Events (a sibling with its own rate limit, as kube-scheduler's event client)."""
         self.identity = identity
@@ -66,16 +80,26 @@ class Binder:
         self._last_event: dict[tuple[str, str], tuple[str, float]] = {}
 
     async def _retrying(
-        self, method: str, path: str, body: Any, content_type: str = "application/json", kube: Kube | None = None
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        content_type: str = "application/json",
+        kube: Kube | None = None,
+        leading: Callable[[], bool] | None = None,
     ) -> Any:
+        """The request, retried while it fails in passing; with ``leading``, each attempt is made
+        only while it holds (else ``NotLeading``)."""
         client = kube or self.kube
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
-            wait=wait_exponential_jitter(initial=0.1, max=2.0),
+            wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
             retry=retry_if_exception(_transient),
             reraise=True,
         ):
             with attempt:
+                if leading is not None and not leading():
+                    raise NotLeading
                 r = await client.request(method, path, body=body, content_type=content_type)
                 if not r.ok:
                     raise r.error()
@@ -97,8 +121,10 @@ class Binder:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         try:
-            await self._retrying("POST", path, body)
+            await self._retrying("POST", path, body, leading=self.leading)
             return BindResult.BOUND, ""
+        except NotLeading:
+            return BindResult.FAILED, "no longer the leader"
         except ApiError as exc:
             if exc.status == 404:
                 return BindResult.GONE, exc.message
@@ -138,7 +164,8 @@ class Binder:
     async def object_event(self, involved: dict[str, str], reason: str, message: str, kind: str = "Normal") -> None:
         """An Event on any object; failures are logged, never raised (Events are best effort)."""
         ns = involved.get("namespace") or "default"
-        key = (f"{involved.get('kind')}/{ns}/{involved.get('name')}", reason)
+        # By UID too: a pod created again under the name (a StatefulSet's) gets its own Events.
+        key = (f"{involved.get('kind')}/{ns}/{involved.get('name')}/{involved.get('uid') or ''}", reason)
         last = self._last_event.get(key)
         now = time.monotonic()
         if last is not None and last[0] == message and now - last[1] < self.event_repeat_s:

@@ -200,13 +200,18 @@ class Kube:
         """A watch: decoded events until the server ends the stream.
 
         Raises ``ApiError`` when the watch is refused (e.g. 410 Gone for an expired
-        resourceVersion) or the connection breaks.
+        resourceVersion), the connection breaks, or nothing arrives for ``WATCH_IDLE_S``
+        (the server sends a bookmark about once a minute: a longer silence is a connection
+        that died without a word).
         """
         await self.limiter.acquire()
         resp = await self._raw("GET", path, {**query, "watch": "true"}, timeout=timeout)
         try:
             if resp.status != 200:
-                data = await resp.read()
+                try:
+                    data = await resp.read()
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    raise ApiError(0, f"watch {path} refused ({resp.status}), answer unreadable: {exc}") from exc
                 try:
                     body = json.loads(data)
                 except ValueError:
@@ -214,8 +219,10 @@ class Kube:
                 raise Response(resp.status, body).error()
             while True:
                 try:
-                    line = await resp.content.readline()
-                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    line = await asyncio.wait_for(resp.content.readline(), WATCH_IDLE_S)
+                except TimeoutError as exc:
+                    raise ApiError(0, f"watch {path} silent for {WATCH_IDLE_S:.0f} s", "Unreachable") from exc
+                except (aiohttp.ClientError, OSError) as exc:
                     raise ApiError(0, f"watch {path} broke: {exc}", "Unreachable") from exc
                 if not line:
                     return
@@ -223,6 +230,10 @@ class Kube:
                     yield json.loads(line)
         finally:
             resp.release()
+
+
+WATCH_IDLE_S = 150.0
+"""Longest silence tolerated on a watch before it is opened again (bookmarks come every minute)."""
 
 
 def connection_limit(qps: float) -> int:

@@ -78,14 +78,21 @@ class LeaderElector:
         """Forever: acquire, renew while possible, step down when not."""
         try:
             while True:
-                while not await self._try():
+                # Times are taken when a request is sent, not when its answer comes: the others
+                # count the Lease's life from when they see the write, which is no earlier.  An
+                # answer later than the renew deadline is not trusted (the next attempt renews).
+                while True:
+                    sent = time.monotonic()
+                    if await self._renew(self.renew_deadline):
+                        break
                     await asyncio.sleep(self.retry_period)
                 self._set(True)
-                last_renew = time.monotonic()
+                last_renew = sent
                 while True:
                     await asyncio.sleep(self.retry_period)
-                    if await self._renew(self.renew_deadline - (time.monotonic() - last_renew)):
-                        last_renew = time.monotonic()
+                    sent = time.monotonic()
+                    if await self._renew(self.renew_deadline - (sent - last_renew)):
+                        last_renew = sent
                     elif time.monotonic() - last_renew >= self.renew_deadline:
                         log.warning("leadership lost: lease not renewed in time", lease=self.name)
                         self._set(False)
@@ -95,8 +102,8 @@ class LeaderElector:
                 self._set(False)
 
     async def _renew(self, time_left: float) -> bool:
-        """One renewal, cut off when the renew deadline passes: a slow API must not keep a
-        leader scheduling after its Lease may have gone to another replica."""
+        """One attempt to acquire or renew, cut off when the renew deadline passes: a slow API
+        must not keep (or make) a leader after its Lease may have gone to another replica."""
         try:
             return await asyncio.wait_for(self._try(), timeout=max(time_left, 0.001))
         except TimeoutError:

@@ -129,3 +129,21 @@ async def test_a_dropped_watch_resumes_without_a_new_list(control_plane: Control
             assert rec.replaced == 1  # resumed from its resourceVersion, not relisted
     finally:
         await kube.close()
+
+
+async def test_a_watch_that_goes_silent_is_given_up_to_be_opened_again(
+    control_plane: ControlPlane, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection that dies without a word would leave the scheduler blind until the watch's
+    own timeout; a silence longer than the server's bookmark interval ends it (here shortened)."""
+    from gpusched.kube import client as client_module
+
+    monkeypatch.setattr(client_module, "WATCH_IDLE_S", 0.5)
+    kube = await kit.admin(control_plane)
+    try:
+        stream = kube.stream(f"/api/v1/namespaces/{namespace}/configmaps", {"timeoutSeconds": 60}, timeout=90)
+        with pytest.raises(ApiError, match="silent for 0 s") as info:
+            await asyncio.wait_for(anext(stream), 10)
+        assert info.value.status == 0  # as a broken connection: resumed from its resourceVersion
+    finally:
+        await kube.close()

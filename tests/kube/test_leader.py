@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 from gpusched.kube.client import Kube, Response
@@ -26,18 +27,23 @@ class HangingApi:
         raise AssertionError("unreachable")
 
 
-async def test_a_leader_whose_renewal_hangs_steps_down_by_the_renew_deadline() -> None:
-    changes: list[tuple[bool, float]] = []
-    elector = LeaderElector(
-        cast(Kube, HangingApi()),
+def _elector(api: object, on_change: Callable[[bool], None]) -> LeaderElector:
+    """An elector with short timings: lease 1.5 s, renew deadline 0.6 s, retry every 0.1 s."""
+    return LeaderElector(
+        cast(Kube, api),
         "ns",
         "lease",
         "me",
         lease_duration=1.5,
         renew_deadline=0.6,
         retry_period=0.1,
-        on_change=lambda leader: changes.append((leader, time.monotonic())),
+        on_change=on_change,
     )
+
+
+async def test_a_leader_whose_renewal_hangs_steps_down_by_the_renew_deadline() -> None:
+    changes: list[tuple[bool, float]] = []
+    elector = _elector(HangingApi(), lambda leader: changes.append((leader, time.monotonic())))
     task = asyncio.create_task(elector.run())
     try:
         for _ in range(100):
@@ -50,3 +56,45 @@ async def test_a_leader_whose_renewal_hangs_steps_down_by_the_renew_deadline() -
     # Renewals hang from the first one on: leadership must end at the renew deadline (0.6 s after
     # the Lease was won), before the Lease (1.5 s) can pass to another replica.
     assert changes[1][1] - changes[0][1] < 1.5
+
+
+class SlowApi:
+    """Answers every request, but each answer takes ``delay`` seconds (an API server under load)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.created = False
+
+    async def request(self, method: str, path: str, **_: Any) -> Response:
+        await asyncio.sleep(self.delay)
+        if method == "GET" and not self.created:
+            return Response(404, {})
+        if method == "POST":
+            self.created = True
+            return Response(201, {})
+        if method == "GET":
+            return Response(200, {"spec": {"holderIdentity": "me", "renewTime": str(time.monotonic())}})
+        return Response(200, {})
+
+
+async def _leadership_changes(delay: float, seconds: float = 2.0) -> list[bool]:
+    """Leadership changes of one instance whose API answers every request after ``delay`` s,
+    over ``seconds`` (renew deadline 0.6 s, retry period 0.1 s, lease 1.5 s)."""
+    changes: list[bool] = []
+    elector = _elector(SlowApi(delay), changes.append)
+    task = asyncio.create_task(elector.run())
+    await asyncio.sleep(seconds)
+    task.cancel()
+    return changes
+
+
+async def test_an_answer_later_than_the_renew_deadline_makes_no_leader() -> None:
+    """The others count the Lease from when they see it written; an instance that hears of its
+    win only after the renew deadline cannot know how much of the Lease is left: it does not lead."""
+    assert await _leadership_changes(delay=0.4) == []  # GET then POST: 0.8 s per attempt
+
+
+async def test_a_leader_counts_its_lease_from_when_it_asked() -> None:
+    """Renewals answered in 0.25 s of a 0.6 s deadline keep the lead; the lead is timed from each
+    request's start, so a leader never outlives the deadline measured from what the others saw."""
+    assert await _leadership_changes(delay=0.12) == [True]

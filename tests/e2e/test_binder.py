@@ -1,0 +1,62 @@
+"""The binder against the real API server: who may bind, and whose Events are whose."""
+
+from __future__ import annotations
+
+import uuid
+
+from gpusched.kube.binder import Binder, BindResult
+from gpusched.model import Pod
+from tests.controlplane import ControlPlane
+from tests.e2e import kit
+
+
+def _pod(obj: dict[str, object], namespace: str) -> Pod:
+    meta = obj["metadata"]
+    assert isinstance(meta, dict)
+    return Pod(str(meta["name"]), 0, 0, namespace=namespace, uid=str(meta["uid"]))
+
+
+async def test_an_instance_that_stopped_leading_sends_no_binding(control_plane: ControlPlane, namespace: str) -> None:
+    kube = await kit.admin(control_plane)
+    name = f"bind-{uuid.uuid4().hex[:6]}"
+    try:
+        await kit.create_all(kube, "/api/v1/nodes", [kit.node(name, 1, "H800")])
+        path = f"/api/v1/namespaces/{namespace}/pods"
+        r = await kube.request("POST", path, body=kit.pod("p", "gpu-scheduler", gpus=1))
+        assert r.status == 201, r.body
+        leading = True
+        binder = Binder(kube, "test", leading=lambda: leading)
+        leading = False  # stepped down between the solve and the bind
+        result, why = await binder.bind(_pod(r.body, namespace), name, (0,))
+        assert (result, why) == (BindResult.FAILED, "no longer the leader")
+        assert not (await kube.get(f"{path}/p"))["spec"].get("nodeName")
+        leading = True
+        assert (await binder.bind(_pod(r.body, namespace), name, (0,)))[0] is BindResult.BOUND
+        assert (await kube.get(f"{path}/p"))["spec"]["nodeName"] == name
+    finally:
+        await kube.request("DELETE", f"/api/v1/nodes/{name}")
+        await kube.close()
+
+
+async def test_a_pod_created_again_under_its_name_gets_its_own_events(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """A StatefulSet's web-0 deleted and created again within the repeat window: the new pod's
+    Scheduled Event is written, on the new pod (``kubectl describe`` selects Events by UID)."""
+    kube = await kit.admin(control_plane)
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    binder = Binder(kube, "test")
+    uids = []
+    try:
+        for _ in range(2):
+            r = await kube.request("POST", path, body=kit.pod("web-0", "gpu-scheduler"))
+            assert r.status == 201, r.body
+            uids.append(r.body["metadata"]["uid"])
+            await binder.event(_pod(r.body, namespace), "Scheduled", "Successfully assigned to node-a")
+            gone = await kube.request("DELETE", f"{path}/web-0", query={"gracePeriodSeconds": 0})
+            assert gone.ok, gone.body
+        events = (await kube.get(f"/api/v1/namespaces/{namespace}/events"))["items"]
+        seen = sorted(e["involvedObject"]["uid"] for e in events if e["reason"] == "Scheduled")
+        assert seen == sorted(uids)
+    finally:
+        await kube.close()
