@@ -292,7 +292,7 @@ class Scheduler:
         self.cache = Cache()
         self.claims = Claims()
         self.metrics = SchedulerMetrics()
-        self.binder = Binder(kube, self.identity, events=kube.sibling())
+        self.binder = Binder(kube, self.identity, events=kube.sibling(), leading=lambda: self.is_leader)
         self._bind_slots = asyncio.Semaphore(bind_concurrency(settings.kube_qps))
         self.warm_connections = bind_concurrency(settings.kube_qps)
         """Connections kept open while idle (``keep_warm``), one per bind slot."""
@@ -699,7 +699,8 @@ class Scheduler:
                 f"event:{pod.key}",
             )
         else:
-            self.cache.forget(pod.key)
+            if self.cache.forget(pod.key):  # its capacity is free again: the parked may fit
+                self.queue.move_all()
             if result is BindResult.FAILED:
                 self.metrics.bind_error("failed")
                 self.queue.backoff(pod.key)

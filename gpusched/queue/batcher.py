@@ -18,7 +18,9 @@ new pod is queued afresh when the old one's batch resolves, whatever became of
 the old one.  A parked pod returns to active when its request changes, not when
 only its status does (as when its own PodScheduled condition is written).
 Parked pods also return to active every ``flush_after`` seconds in case a
-change went unseen.  Nothing is forgotten: ``counts`` adds
+change went unseen.  A pod its batch could not place goes to backoff instead of
+parked when a change that might let it in (``move_all``, or its own request)
+came while it was in flight: its batch saw the cluster before that change.  Nothing is forgotten: ``counts`` adds
 up to every pending pod the watch has reported and not deleted.
 
 Members of a gang travel together: a batch that draws one draws every member
@@ -83,6 +85,7 @@ class SchedulingQueue:
         self._parked: dict[str, float] = {}  # key -> parked at
         self._in_flight: dict[str, str] = {}  # key -> UID of the pod that was drawn
         self._deleted_in_flight: set[str] = set()
+        self._moved_in_flight: set[str] = set()  # woken while drawn: not parked on a stale view
         self._attempts: dict[str, int] = {}
         self._gangs: dict[str, set[str]] = {}  # gang name -> keys of its pending members
         self._arrivals: collections.deque[float] = collections.deque()  # when new pods came, oldest first
@@ -112,9 +115,12 @@ class SchedulingQueue:
             if len(self._arrivals) > 4 * self.max_size:
                 self._arrivals.popleft()
             self._activate(key)
-        elif key in self._parked and (old.pod, old.error) != (record.pod, record.error):  # may fit now
-            del self._parked[key]
-            self._activate(key)
+        elif (old.pod, old.error) != (record.pod, record.error):  # may fit now
+            if key in self._parked:
+                del self._parked[key]
+                self._activate(key)
+            elif key in self._in_flight:
+                self._moved_in_flight.add(key)
 
     def delete(self, key: str) -> None:
         """The pod is gone, or no longer pending."""
@@ -126,11 +132,16 @@ class SchedulingQueue:
         self._remove(key)
 
     def move_all(self, only: Callable[[PodRecord], bool] | None = None) -> None:
-        """The cluster changed: parked pods (those ``only`` picks, if given) may fit now."""
+        """The cluster changed: parked pods (those ``only`` picks, if given) may fit now.  Those
+        in flight it picks are backed off rather than parked should their batch fail them: it
+        was solved against the cluster before the change."""
         for key in list(self._parked):
             if only is None or only(self._records[key]):
                 del self._parked[key]
                 self._activate(key)
+        for key in self._in_flight:
+            if key in self._records and (only is None or only(self._records[key])):
+                self._moved_in_flight.add(key)
 
     # -- what the scheduler reports ------------------------------------------------------
     def done(self, key: str) -> None:
@@ -139,8 +150,12 @@ class SchedulingQueue:
             self._remove(key)
 
     def park(self, key: str) -> None:
-        """The pod fits nowhere now; it waits for a change in the cluster."""
-        if self._settle(key):
+        """The pod fits nowhere now; it waits for a change in the cluster (or, if one came while
+        it was in flight, backs off: the change may have let it in)."""
+        moved = key in self._moved_in_flight
+        if moved:
+            self.backoff(key)
+        elif self._settle(key):
             self._parked[key] = self._clock()
 
     def backoff(self, key: str) -> None:
@@ -285,6 +300,7 @@ class SchedulingQueue:
         the same name (that one is queued afresh).
         """
         uid = self._in_flight.pop(key, None)
+        self._moved_in_flight.discard(key)
         if key in self._deleted_in_flight:
             self._deleted_in_flight.discard(key)
             self._remove(key)

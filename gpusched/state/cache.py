@@ -94,6 +94,8 @@ class Cache:
     def __init__(self) -> None:
         self._nodes: dict[str, NodeRecord] = {}
         self._held: dict[str, _Held] = {}
+        self._shadowed: dict[str, PodRecord] = {}
+        """Bound pods seen under the name of an assumed one with another UID, until its bind ends."""
         self._cluster: Cluster | None = None
         self._cpu: IntArray = np.zeros(0, dtype=np.int64)
         self._mem: IntArray = np.zeros(0, dtype=np.int64)
@@ -158,6 +160,12 @@ class Cache:
                 self._drop(key)
                 return True
             return False
+        if held is not None and held.assumed and _another(held, record.uid):
+            # Another pod of the name while ours is being bound: most likely the one it
+            # replaced, still on the watch (whose last events must not undo our assumption). The
+            # bind's outcome decides: bound, it was the older one; gone, it is the current one.
+            self._shadowed[key] = record
+            return False
         if held is not None:
             if held.node == record.node_name and held.pod.uid in ("", record.uid):
                 if _request(held.pod) == _request(record.pod):
@@ -178,6 +186,9 @@ class Cache:
         but another UID (created again since) is left alone."""
         held = self._held.get(key)
         if held is None or _another(held, uid):
+            shadow = self._shadowed.get(key)
+            if shadow is not None and shadow.uid == uid:
+                del self._shadowed[key]
             return False
         self._drop(key)
         return True
@@ -186,11 +197,17 @@ class Cache:
         """Set every bound pod at once (after a list); assumed pods not in the list stay assumed."""
         assumed = {k: h for k, h in self._held.items() if h.assumed}
         self._held = {}
+        self._shadowed = {}
         self._cluster = None
         self.generation += 1
         for r in records:
-            if r.bound and not r.terminal:
-                self._held[r.key] = _Held(r.pod, r.node_name, (), False, r.gpu_indices)
+            if not r.bound or r.terminal:
+                continue
+            h = assumed.get(r.key)
+            if h is not None and _another(h, r.uid):
+                self._shadowed[r.key] = r  # as ``observe_pod`` does: the bind decides
+                continue
+            self._held[r.key] = _Held(r.pod, r.node_name, (), False, r.gpu_indices)
         for k, h in assumed.items():
             self._held.setdefault(k, h)
 
@@ -205,12 +222,19 @@ class Cache:
         held = self._held.get(key)
         if held is not None:
             held.assumed = False
+        self._shadowed.pop(key, None)  # an older pod of the name: ours is the current one
 
-    def forget(self, key: str) -> None:
-        """Undo ``assume`` (a failed Binding); a no-op for confirmed or unknown pods."""
+    def forget(self, key: str) -> bool:
+        """Undo ``assume`` (a failed Binding); a no-op for confirmed or unknown pods.  True when
+        capacity was freed or changed hands (wake the pods waiting for it)."""
         held = self._held.get(key)
-        if held is not None and held.assumed:
-            self._drop(key)
+        shadow = self._shadowed.pop(key, None)
+        if held is None or not held.assumed:
+            return False
+        self._drop(key)
+        if shadow is not None:  # the pod of the name seen meanwhile is the current one
+            self.observe_pod(shadow)
+        return True
 
     def holds(self, key: str, uid: str = "") -> bool:
         """Whether ``key`` is on the books, bound or assumed (with ``uid``: that pod, not an

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from gpusched.queue.batcher import SchedulingQueue
+from gpusched.queue.batcher import QueueCounts, SchedulingQueue
 from gpusched.state.records import PodRecord
 from tests.factories import pod
 
@@ -270,3 +270,21 @@ async def test_members_parked_apart_are_drawn_together_again() -> None:
     assert sorted(r.pod.name for r in batch) == ["g-0", "g-1"], "the parked member comes along"
     counts = q.counts()
     assert (counts.in_flight, counts.unschedulable, counts.active) == (2, 0, 0)
+
+
+async def test_a_change_while_a_pod_is_in_flight_backs_it_off_instead_of_parking_it() -> None:
+    """The batch was solved against the cluster (and the pod) as they were when it was drawn: a
+    pod it could not place is parked only if nothing that might let it in came meanwhile."""
+    clock = Clock()
+    q = SchedulingQueue(max_size=3, max_wait=0, clock=clock)
+    for name in ("freed", "updated", "quiet", "other"):
+        q.add(rec(name))
+    batch = await asyncio.wait_for(q.next_batch(limit=4), 1)
+    assert len(batch) == 3
+    q.move_all(lambda r: r.pod.name == "freed")  # capacity freed that only "freed" can use
+    q.add(replace(rec("updated"), pod=replace(pod("updated"), cpu_milli=1)))  # its request changed
+    for name in ("freed", "updated", "quiet"):
+        q.park(f"default/{name}")
+    assert q.counts() == QueueCounts(active=1, backoff=2, unschedulable=1, in_flight=0)
+    clock.t += 1.0  # the first backoff
+    assert {r.pod.name for r in await asyncio.wait_for(q.next_batch(limit=3), 1)} == {"freed", "updated", "other"}

@@ -217,3 +217,35 @@ def test_a_running_pod_read_again_with_other_preferred_terms_is_counted_with_the
     c.observe_pod(bound(db, "a"))
     assert c.observe_pod(bound(replace(db, preferred_apart=((50, after),)), "a"))
     assert list(c.snapshot().state.wish_terms) == [after]
+
+
+def test_the_last_events_of_a_replaced_pod_do_not_undo_the_assumption_of_its_successor() -> None:
+    """web-0 (u1) is deleted and created again (u2); u2 is assumed on a while u1's last events
+    (terminating, then deleted) are still on the bound-pods watch.  u2's GPU stays counted, so
+    it is not given out again; once u2's bind succeeds, u1 is forgotten."""
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    old, new = replace(pod("web-0", gpus=1), uid="u1"), replace(pod("web-0", gpus=1), uid="u2")
+    c.assume(new, "a", (0,))
+    leaving = replace(bound(old, "a", (1,)), deleting=True)
+    assert not c.observe_pod(leaving)
+    assert not c.delete_pod(old.key, "u1")
+    assert c.holds(new.key, "u2")
+    assert c.snapshot().state.gpu_used[0].sum() == 1000
+    c.confirm(new.key)
+    assert c.holds(new.key, "u2")
+    assert c.snapshot().state.gpu_used[0].sum() == 1000
+
+
+def test_a_pod_seen_under_the_name_of_one_being_bound_counts_once_that_bind_fails() -> None:
+    """While u1's bind is in flight, u2 of the same name turns up bound by someone else (u1 was
+    deleted meanwhile); when u1's bind comes back gone, u2 is what the node holds."""
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)), NodeRecord(gpu_node("b", gpus=2)))
+    ours, theirs = replace(pod("job", gpus=1), uid="u1"), replace(pod("job", gpus=2), uid="u2")
+    c.assume(ours, "a", (0,))
+    c.observe_pod(bound(theirs, "b", (0, 1)))
+    assert c.forget(ours.key)  # capacity changed hands: the caller wakes parked pods
+    s = c.snapshot()
+    assert s.state.gpu_used[s.cluster.index["a"]].sum() == 0
+    assert s.state.gpu_used[s.cluster.index["b"]].sum() == 2000
+    assert c.holds(theirs.key, "u2")
+    assert not c.forget(ours.key)
