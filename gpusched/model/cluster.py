@@ -133,6 +133,15 @@ class Cluster:
         """Number of GPUs in the cluster."""
         return int(self.gpu_count.sum())
 
+    def product_mask(self, models: frozenset[str]) -> BoolArray:
+        """Nodes whose GPU product is one of ``models``, with whole GPUs or only MIG slices on
+        offer (a node with every GPU in MIG mode advertises no whole GPU)."""
+        key = frozenset({"\0product", *models})
+        mask = self._model_masks.get(key)
+        if mask is None:
+            mask = self._model_masks[key] = _frozen(np.array([x.gpu_model in models for x in self.nodes]))
+        return mask
+
     def model_mask(self, models: frozenset[str]) -> BoolArray:
         """Nodes whose GPU model is accepted (all GPU nodes when ``models`` is empty)."""
         mask = self._model_masks.get(models)
@@ -708,7 +717,7 @@ class ClusterState:
     def _mig_mask(self, shape: PodShape) -> BoolArray:
         ok = self._room_mask(shape)
         if shape.gpu_models:
-            ok &= self.cluster.model_mask(shape.gpu_models)
+            ok &= self.cluster.product_mask(shape.gpu_models)
         return ok & self.mig_available(shape.mig_profile)
 
     def apply(self, assignments: Iterable[Assignment]) -> ClusterState:

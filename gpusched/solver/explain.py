@@ -125,7 +125,7 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
                 check(state.island_idle.max(axis=1, initial=0) >= pod.num_gpu, INSUFFICIENT_ISLAND)
     elif pod.mig_profile:
         if pod.gpu_models:
-            check(cluster.model_mask(pod.gpu_models), MODEL_NOT_ACCEPTED)
+            check(cluster.product_mask(pod.gpu_models), MODEL_NOT_ACCEPTED)
         check(state.mig_available(pod.mig_profile), insufficient_mig(pod.mig_profile))
     check(state.cpu_free >= pod.cpu_milli, INSUFFICIENT_CPU)
     check(state.mem_free >= pod.memory_mib, INSUFFICIENT_MEMORY)

@@ -148,7 +148,15 @@ def peer_problems(assignments: Sequence[Assignment], state: ClusterState) -> lis
     placed before it let it: its required pod affinity, its anti-affinity and theirs, and its
     topology spread constraints (``peer_order`` finds such an order for a plan)."""
     cluster = state.cluster
-    placed = [a for a in assignments if 0 <= a.node < len(cluster)]
+    # Assignments the plan's other checks reject (no such node, GPU or MIG profile) cannot be
+    # stepped through: they are reported there, and left out here.
+    placed = [
+        a
+        for a in assignments
+        if 0 <= a.node < len(cluster)
+        and all(0 <= g < cluster.nodes[a.node].gpu_count for g in a.gpus)
+        and (not a.pod.mig_profile or cluster.mig_id(a.pod.mig_profile) >= 0)
+    ]
     if not state.holders and not state.outside_holders and not any(_has_peer_rules(a.pod) for a in placed):
         return []
     problems: list[str] = []

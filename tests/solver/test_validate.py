@@ -185,3 +185,34 @@ def test_validate_plan_names_the_policy_and_caps_the_list() -> None:
     assert message.startswith("invalid plan from test-policy: ")
     assert message.endswith("(+3 more)")
     assert message.count("is not in the cluster") == 5
+
+
+def test_a_plan_naming_a_missing_gpu_or_mig_profile_is_reported_even_with_peer_rules() -> None:
+    """The peer checks step through the plan; an assignment the other checks reject (a GPU the
+    node lacks, a MIG profile no node offers) is reported, never raised on."""
+    from gpusched.model.affinity import PodAffinityTerm, Requirement
+
+    cluster = Cluster([Node("n0", 8000, 8192, gpu_count=1, gpu_model="T4", labels={"host": "n0"})])
+    apart = (PodAffinityTerm((Requirement("app", "In", ("a",)),), None, "host"),)
+    slice_pod = Pod("q", 100, 100, mig_profile="1g.5gb", anti_affinity=apart)
+    gpu_pod = Pod("r", 100, 100, num_gpu=1, gpu_milli=1000, anti_affinity=apart)
+    for pod, gpus, message in ((slice_pod, (), "MIG 1g.5gb over-committed"), (gpu_pod, (3,), "n0 has no GPU 3")):
+        problems = plan_problems(Plan((Assignment(pod, 0, gpus),), (), SolveStats("test")), cluster.empty_state())
+        assert any(message in p for p in problems), problems
+
+
+def test_a_slice_pod_naming_its_model_fits_a_node_whose_gpus_are_all_in_mig_mode() -> None:
+    """Such a node advertises no whole GPU, only slices; its GPU product still names the model."""
+    from gpusched.solver.fragmentation import TypicalPods
+    from gpusched.solver.registry import make_policy
+
+    node = Node("mig", 8000, 8192, gpu_count=0, gpu_model="A100-SXM4-40GB", mig_slices=(("1g.5gb", 7),))
+    cluster = Cluster([node])
+    wants = Pod("p", 100, 100, mig_profile="1g.5gb", gpu_models=frozenset({"A100-SXM4-40GB"}))
+    other = Pod("o", 100, 100, mig_profile="1g.5gb", gpu_models=frozenset({"H100-SXM5-80GB"}))
+    state = cluster.empty_state()
+    assert list(state.fit_mask(wants.shape)) == [True]
+    assert list(state.fit_mask(other.shape)) == [False]
+    for policy in ("cpsat", "fgd"):
+        plan = make_policy(policy, cluster, TypicalPods.from_pods([wants]), 0).place([wants, other], state)
+        assert [a.pod.name for a in plan.assignments] == ["p"], policy
