@@ -1,7 +1,9 @@
 """Independent checks of a plan, shared by tests and the binder.
 
 Nothing here trusts the policy that made the plan: capacities are recomputed
-from the state and the assignments alone.
+from the state and the assignments alone, and pod affinity, anti-affinity and
+topology spread are read from the rules over the nodes' labels and the pods on
+them, not through the ``ClusterState`` masks the policies prune with.
 """
 
 from __future__ import annotations
@@ -9,8 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from gpusched.model import GPU_MILLI, Assignment, ClusterState, Plan, Pod
-from gpusched.model.affinity import selects
+from gpusched.model import GPU_MILLI, Assignment, ClusterState, Node, Plan, Pod
+from gpusched.model.affinity import PodAffinityTerm, Spread, selects
 from gpusched.model.pod import tolerated
 from gpusched.model.ports import ports_clash
 
@@ -146,7 +148,10 @@ def _mig_problems(plan: Plan, state: ClusterState, used_gpus: set[tuple[int, int
 def peer_problems(assignments: Sequence[Assignment], state: ClusterState) -> list[str]:
     """Bound in the plan's order, each pod goes where kube-scheduler's checks against the pods
     placed before it let it: its required pod affinity, its anti-affinity and theirs, and its
-    topology spread constraints (``peer_order`` finds such an order for a plan)."""
+    topology spread constraints (``peer_order`` finds such an order for a plan).
+
+    Written from the rules themselves over the nodes' labels and the pods on them, not with
+    ``ClusterState``'s masks, which the solver and the greedy policies use to prune."""
     cluster = state.cluster
     # Assignments the plan's other checks reject (no such node, GPU or MIG profile) cannot be
     # stepped through: they are reported there, and left out here.
@@ -157,20 +162,133 @@ def peer_problems(assignments: Sequence[Assignment], state: ClusterState) -> lis
         and all(0 <= g < cluster.nodes[a.node].gpu_count for g in a.gpus)
         and (not a.pod.mig_profile or cluster.mig_id(a.pod.mig_profile) >= 0)
     ]
-    if not state.holders and not state.outside_holders and not any(_has_peer_rules(a.pod) for a in placed):
+    held = [(n, p) for n, pods in state.residents.items() for p in pods]
+    nodes = [*cluster.nodes, *(node for node, _ in state.outside)]
+    held += [(len(cluster) + i, p) for i, (_, pods) in enumerate(state.outside) for p in pods]
+    if not any(_has_peer_rules(a.pod) for a in placed) and not any(p.anti_affinity for _, p in held):
         return []
+    peers = _Peers(nodes, held)
     problems: list[str] = []
     for a in placed:
-        name = cluster.nodes[a.node].name
-        for mask, what in (
-            (state.affinity_mask(a.pod), "required pod affinity forbids"),
-            (state.anti_mask(a.pod), "required pod anti-affinity (its own or a pod's there) forbids"),
-            (state.spread_mask(a.pod), "its topology spread constraints do not allow"),
+        name = nodes[a.node].name
+        for fine, what in (
+            (peers.affinity_ok, "required pod affinity forbids"),
+            (peers.anti_ok, "required pod anti-affinity (its own or a pod's there) forbids"),
+            (peers.spread_ok, "its topology spread constraints do not allow"),
         ):
-            if mask is not None and not mask[a.node]:
+            if not fine(a.pod, a.node):
                 problems.append(f"pod {a.pod.key}: {what} {name}")
-        state = state.apply((a,))
+        peers.place(a.pod, a.node)
     return problems
+
+
+class _Peers:
+    """The pods on each node, as the plan is bound pod by pod, and what kube-scheduler's
+    InterPodAffinity and PodTopologySpread filters read of them.  Each view (a term's domains,
+    a constraint's counts) is found once from every pod placed, then kept up as pods are added."""
+
+    def __init__(self, nodes: Sequence[Node], held: list[tuple[int, Pod]]) -> None:
+        self.nodes = nodes
+        self.held = held
+        self.holders = [(n, p) for n, p in held if p.anti_affinity]
+        self._followed: dict[tuple[PodAffinityTerm, ...], set[tuple[str, str]]] = {}
+        self._kept_out: dict[PodAffinityTerm, set[str]] = {}
+        self._spread: dict[tuple[object, ...], tuple[Spread, set[int], dict[str, int]]] = {}
+
+    def place(self, pod: Pod, node: int) -> None:
+        self.held.append((node, pod))
+        if pod.anti_affinity:
+            self.holders.append((node, pod))
+        labels = self.nodes[node].labels
+        for terms, pairs in self._followed.items():
+            pairs.update(self._pairs(terms, node, pod))
+        for term, values in self._kept_out.items():
+            if term.topology_key in labels and pod.selected_by(term):
+                values.add(labels[term.topology_key])
+        for c, counting, counts in self._spread.values():
+            if node in counting and not pod.terminating and pod.selected_by(c):
+                counts[labels[c.topology_key]] += 1
+
+    def _pairs(self, terms: tuple[PodAffinityTerm, ...], node: int, pod: Pod) -> set[tuple[str, str]]:
+        """(key, value) of each term's domain of ``pod`` on ``node`` if all ``terms`` select it and
+        the node has the key (kube-scheduler's affinity counts, pooled by key)."""
+        labels = self.nodes[node].labels
+        if not pod.matches_all(terms):
+            return set()
+        return {(t.topology_key, labels[t.topology_key]) for t in terms if t.topology_key in labels}
+
+    def affinity_ok(self, pod: Pod, node: int) -> bool:
+        """Every term's key on the node, and for each term a pod that all the terms select in
+        the node's domain of its key; or no such pod in any domain and the terms select the pod
+        itself (the first of a series)."""
+        if not pod.affinity:
+            return True
+        labels = self.nodes[node].labels
+        if not all(t.topology_key in labels for t in pod.affinity):
+            return False
+        followed = self._followed.get(pod.affinity)
+        if followed is None:
+            followed = self._followed[pod.affinity] = set()
+            for n, q in self.held:
+                followed |= self._pairs(pod.affinity, n, q)
+        if not followed:
+            return pod.matches_all(pod.affinity)
+        return all((t.topology_key, labels[t.topology_key]) in followed for t in pod.affinity)
+
+    def anti_ok(self, pod: Pod, node: int) -> bool:
+        """No pod its anti-affinity terms select in the node's domain of their key, and no pod
+        there whose own terms select it (nodes without a term's key are no domain of it)."""
+        labels = self.nodes[node].labels
+        for t in pod.anti_affinity:
+            values = self._kept_out.get(t)
+            if values is None:
+                values = self._kept_out[t] = {
+                    self.nodes[n].labels[t.topology_key]
+                    for n, q in self.held
+                    if t.topology_key in self.nodes[n].labels and q.selected_by(t)
+                }
+            if labels.get(t.topology_key) in values:
+                return False
+        for n, q in self.holders:
+            for t in q.anti_affinity:
+                value = self.nodes[n].labels.get(t.topology_key)
+                if value is not None and labels.get(t.topology_key) == value and pod.selected_by(t):
+                    return False
+        return True
+
+    def spread_ok(self, pod: Pod, node: int) -> bool:
+        """Every constraint's key on the node, and its domain, with the pod, at most ``max_skew``
+        above the emptiest domain of the nodes that count (every key of the pod's constraints,
+        its node selector unless not honoured, tolerated taints when honoured; the emptiest
+        counts as 0 with fewer than ``min_domains`` domains).  Terminating pods do not count."""
+        if not pod.spread:
+            return True
+        keys = tuple(c.topology_key for c in pod.spread)
+        labels = self.nodes[node].labels
+        if not all(k in labels for k in keys):
+            return False
+        for c in pod.spread:
+            selector = pod.node_selector if c.honor_affinity else ()
+            tolerations = pod.tolerations if c.honor_taints else None
+            view = self._spread.get((c, keys, selector, tolerations))
+            if view is None:
+                counting = {
+                    i
+                    for i, n in enumerate(self.nodes)
+                    if all(k in n.labels for k in keys)
+                    and (not selector or selects(selector, n))
+                    and (tolerations is None or tolerated(tolerations, n.taints))
+                }
+                counts = dict.fromkeys((self.nodes[i].labels[c.topology_key] for i in counting), 0)
+                for n, q in self.held:
+                    if n in counting and not q.terminating and q.selected_by(c):
+                        counts[self.nodes[n].labels[c.topology_key]] += 1
+                view = self._spread[c, keys, selector, tolerations] = (c, counting, counts)
+            counts = view[2]
+            low = min(counts.values()) if len(counts) >= c.min_domains else 0
+            if counts.get(labels[c.topology_key], 0) + int(pod.selected_by(c)) - low > c.max_skew:
+                return False
+        return True
 
 
 def _has_peer_rules(pod: Pod) -> bool:

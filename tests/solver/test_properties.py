@@ -18,7 +18,7 @@ from gpusched.solver.instance import Group, build_instance
 from gpusched.solver.model import build_model, hint_from_plan
 from gpusched.solver.params import Limits, SolverParams
 from gpusched.solver.registry import POLICIES, make_policy
-from gpusched.solver.validate import validate_plan
+from gpusched.solver.validate import peer_problems, validate_plan
 
 MODELS = ("A100", "V100", "T4")
 FAST = SolverParams(limits=Limits(time_limit_s=0.5, workers=1))
@@ -292,3 +292,23 @@ def test_fgd_warm_start_is_a_complete_feasible_solution_and_cpsat_never_scores_b
         return
     plan = run("cpsat", case)
     assert plan.stats.objective >= hinted - 1e-6
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases(), st.data())
+def test_the_validators_peer_rules_agree_with_the_masks_the_policies_prune_by(case: Case, data: st.DataObject) -> None:
+    """``validate.peer_problems`` reads pod affinity, anti-affinity and spread from the rules
+    themselves; the policies prune with ``ClusterState``'s masks.  Over random plans (valid or
+    not) the two must agree pod by pod, so that neither a mask bug passes unseen nor a valid
+    plan is refused."""
+    n = len(case.state.cluster)
+    nodes = data.draw(st.lists(st.integers(0, n - 1), min_size=len(case.pods), max_size=len(case.pods)))
+    plan = [Assignment(p, node) for p, node in zip(case.pods, nodes, strict=True)]
+    state, by_masks = case.state, []
+    for a in plan:
+        fine = state.peer_mask(a.pod)
+        if fine is not None and not fine[a.node]:
+            by_masks.append(a.pod.key)
+        state = state.apply((a,))
+    by_rules = [p.split(":")[0].removeprefix("pod ") for p in peer_problems(plan, case.state)]
+    assert sorted(set(by_rules)) == sorted(by_masks)
