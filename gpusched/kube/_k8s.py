@@ -65,5 +65,6 @@ _load()
 from kubernetes_asyncio.client.api_client import ApiClient  # noqa: E402
 from kubernetes_asyncio.client.configuration import Configuration  # noqa: E402
 from kubernetes_asyncio.config import load_incluster_config, load_kube_config  # noqa: E402
+from kubernetes_asyncio.config.kube_config import refresh_token  # noqa: E402
 
-__all__ = ["ApiClient", "Configuration", "load_incluster_config", "load_kube_config"]
+__all__ = ["ApiClient", "Configuration", "load_incluster_config", "load_kube_config", "refresh_token"]

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import structlog
 
-from gpusched.kube._k8s import ApiClient, Configuration, load_incluster_config, load_kube_config
+from gpusched.kube._k8s import ApiClient, Configuration, load_incluster_config, load_kube_config, refresh_token
 
 __all__ = ["ApiError", "Kube", "RateLimiter", "Response", "connect"]
 
@@ -95,6 +96,8 @@ class Kube:
     def __init__(self, api: ApiClient, qps: float = 50.0, burst: int = 100) -> None:
         self.api = api
         self.limiter = RateLimiter(qps, burst)
+        self.refresher: asyncio.Task[None] | None = None
+        """Keeps a kubeconfig's exec-plugin (or gcp) token fresh, when it has one."""
 
     def sibling(self) -> Kube:
         """The same connection with a rate limiter of its own (same qps and burst).
@@ -105,7 +108,11 @@ class Kube:
         return Kube(self.api, self.limiter.qps, self.limiter.burst)
 
     async def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pool (and stop refreshing the token)."""
+        if self.refresher is not None:
+            self.refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.refresher
         await self.api.close()
 
     async def _raw(
@@ -266,6 +273,24 @@ async def connect(kubeconfig: Path | None, context: str | None, qps: float, burs
     if kubeconfig is None:
         load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     else:
-        await load_kube_config(config_file=str(kubeconfig), context=context, client_configuration=cfg)
+        loader = await load_kube_config(config_file=str(kubeconfig), context=context, client_configuration=cfg)
     cfg.connection_pool_maxsize = connection_limit(qps)
-    return Kube(ApiClient(configuration=cfg), qps, burst)
+    kube = Kube(ApiClient(configuration=cfg), qps, burst)
+    if kubeconfig is not None and (loader.provider == "gcp" or "exec" in (loader._user or {})):
+        # A credential plugin's token expires (EKS, GKE: minutes to an hour): run the plugin
+        # again before it does, or every request would be refused from then on.
+        kube.refresher = asyncio.create_task(_keep_token(loader, cfg), name="token-refresh")
+    return kube
+
+
+async def _keep_token(loader: Any, cfg: Configuration) -> None:
+    """``refresh_token`` forever; a plugin that fails is logged and run again at the next check."""
+    while True:
+        try:
+            await refresh_token(loader, cfg, TOKEN_CHECK_S)
+        except Exception as exc:  # the plugin's own failure: requests will say 401 meanwhile
+            structlog.get_logger("gpusched.kube").warning("token refresh failed", error=repr(exc))
+
+
+TOKEN_CHECK_S = 30.0
+"""How often a kubeconfig's plugin token is checked (and fetched again when near its expiry)."""
