@@ -570,8 +570,20 @@ class Scheduler:
                 self.queue.requeue(r.key)
             return
         plan = self._recheck(plan, snap, batch_id)
+        # A gang whose member was deleted or replaced during the solve would run short of it:
+        # none of its members is bound, and the rest are drawn again with the gang as it is now.
+        broken = {
+            a.pod.gang.name
+            for a in plan.assignments
+            if a.pod.gang is not None and not self.queue.current(a.pod.key, a.pod.uid)
+        }
+        if broken:
+            log.info("gang changed during the solve; its members drawn again", batch_id=batch_id, gangs=sorted(broken))
         names = snap.cluster.nodes
         for a in plan.assignments:
+            if a.pod.gang is not None and a.pod.gang.name in broken:
+                self.queue.requeue(a.pod.key)
+                continue
             if self.cache.holds(a.pod.key, a.pod.uid):  # bound by someone else during the solve
                 self.queue.done(a.pod.key)
                 continue

@@ -185,6 +185,12 @@ class SchedulingQueue:
         since = now - seconds
         return sum(1 for _ in itertools.takewhile(lambda t: t >= since, reversed(self._arrivals)))
 
+    def current(self, key: str, uid: str) -> bool:
+        """Whether the pod ``key`` with ``uid`` is still pending here: not deleted, nor replaced
+        by a new pod of the name, since it was drawn."""
+        record = self._records.get(key)
+        return record is not None and record.uid == uid and key not in self._deleted_in_flight
+
     def record(self, key: str) -> PodRecord | None:
         """The latest record of a queued or in-flight pod."""
         return self._records.get(key)

@@ -1,0 +1,94 @@
+"""The scheduler's bookkeeping when the cluster changes between a batch's draw and its binds.
+
+These drive a real ``Scheduler`` (queue, cache, solver) with watch events as the API server
+sends them; only the Binding's answer is scripted, since the races are in what happens around
+it (the API-server tests in tests/e2e cover the Bindings themselves).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from gpusched.daemon import DaemonSettings, Scheduler, _NodeHandler
+from gpusched.kube.binder import Binder, BindResult
+from gpusched.kube.client import Kube, RateLimiter
+from gpusched.model import Pod
+from tests.e2e import kit
+
+
+class _Client:
+    """What the scheduler reads of its client before any request: the rate limiter."""
+
+    def __init__(self) -> None:
+        self.limiter = RateLimiter(50, 100)
+
+    def sibling(self) -> _Client:
+        return self
+
+
+class _Answers:
+    """Bindings answered as scripted (BOUND unless told), recorded; Events and conditions dropped."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, tuple[BindResult, str]] = {}
+        self.bound: list[str] = []
+
+    async def bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> tuple[BindResult, str]:
+        self.bound.append(pod.key)
+        return self.results.get(pod.key, (BindResult.BOUND, ""))
+
+    async def event(self, *_: Any, **__: Any) -> None:
+        pass
+
+    async def unschedulable(self, *_: Any, **__: Any) -> None:
+        pass
+
+
+def _scheduler(gpus: int) -> tuple[Scheduler, _Answers]:
+    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy="bestfit"), cast(Kube, _Client()))
+    answers = _Answers()
+    s.binder = cast(Binder, answers)
+    _NodeHandler(s).apply("ADDED", kit.node("n0", gpus, "A100"))
+    return s, answers
+
+
+def _pod(name: str, gang: str = "") -> dict[str, Any]:
+    obj = kit.pod(name, "s", gpus=1)
+    obj["metadata"].update({"namespace": "default", "uid": f"uid-{name}", "labels": {}})
+    if gang:
+        obj["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = gang
+        obj["metadata"]["annotations"]["gpusched.io/gang-min-members"] = "2"
+    return obj
+
+
+async def _settle(s: Scheduler) -> None:
+    await asyncio.sleep(0)
+    while s.pending_tasks():
+        await asyncio.wait(s.pending_tasks())
+
+
+async def test_a_gang_whose_member_is_deleted_during_the_solve_binds_no_member() -> None:
+    s, answers = _scheduler(gpus=2)
+    for name in ("m1", "m2"):
+        s._pending.apply("ADDED", _pod(name, gang="g"))
+    batch = await asyncio.wait_for(s.queue.next_batch(), 5)
+    s._pending.apply("DELETED", _pod("m1", gang="g"))  # after the draw, before the binds
+    await s.schedule_batch(batch)
+    await _settle(s)
+    assert answers.bound == []  # m2 alone would run below the gang's minimum of 2
+    assert "default/m2" in s.queue
+    assert "default/m1" not in s.queue
+    assert s.cache.snapshot().state.gpu_used.sum() == 0
+
+
+async def test_capacity_freed_by_a_bind_that_finds_its_pod_gone_wakes_the_parked() -> None:
+    s, answers = _scheduler(gpus=1)
+    answers.results["default/a"] = (BindResult.GONE, "pod deleted")
+    for name in ("a", "b"):
+        s._pending.apply("ADDED", _pod(name))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 5))  # a placed, b parked
+    await _settle(s)
+    # a's Binding found it deleted: its GPU is free again, and b is drawn at once.
+    batch = await asyncio.wait_for(s.queue.next_batch(), 1)
+    assert [r.key for r in batch] == ["default/b"]
