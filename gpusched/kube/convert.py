@@ -310,12 +310,12 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
     labels: Mapping[str, str] = meta.get("labels") or {}
     claims, ephemeral = _claims(name, spec)
     where = f"pod {namespace}/{name}"
+    affinity = _affinity(spec)  # read once: the request, its fallback and the namespace selectors
     try:
-        pod, error = _pod(name, namespace, uid, priority, spec, annotations, labels, where, namespaces)
+        pod, error = _pod(name, namespace, uid, priority, spec, affinity, annotations, labels, where, namespaces)
         if meta.get("deletionTimestamp"):
             pod = replace(pod, terminating=True)
     except ConvertError as exc:  # kept with what others' anti-affinity and spread need of it
-        affinity = _affinity(spec)
         anti, _ = _pod_terms(
             namespace,
             labels,
@@ -341,7 +341,7 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
         gated=bool(spec.get("schedulingGates")),
         claims=claims,
         ephemeral_claims=ephemeral,
-        namespace_selectors=_namespace_selectors(spec),
+        namespace_selectors=_namespace_selectors(affinity),
     )
 
 
@@ -351,11 +351,11 @@ def namespace_labels(obj: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
     return str(meta["name"]), {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
 
 
-def _namespace_selectors(spec: Mapping[str, Any]) -> tuple[tuple[Requirement, ...], ...]:
+def _namespace_selectors(affinity: dict[str, Mapping[str, Any]] | str) -> tuple[tuple[Requirement, ...], ...]:
     """The distinct ``namespaceSelector``s with requirements of a pod's (anti-)affinity terms:
     those whose result a change of namespaces' labels can move (``{}`` picks every namespace
-    whatever their labels, and a malformed one is refused whatever they are)."""
-    affinity = _affinity(spec)
+    whatever their labels, and a malformed one is refused whatever they are).  ``affinity`` is
+    what ``_affinity`` read."""
     if isinstance(affinity, str):
         return ()
     out: dict[tuple[Requirement, ...], None] = {}
@@ -370,7 +370,7 @@ def _namespace_selectors(spec: Mapping[str, Any]) -> tuple[tuple[Requirement, ..
             ]
             for t in terms:
                 chosen = t.get("namespaceSelector") if isinstance(t, Mapping) else None
-                if isinstance(chosen, Mapping) and (chosen.get("matchLabels") or chosen.get("matchExpressions")):
+                if isinstance(chosen, Mapping) and _has_requirements(chosen):
                     with contextlib.suppress(ValueError):
                         selector = _selector(chosen)
                         check_label_selector(selector)
@@ -448,6 +448,7 @@ def _pod(
     uid: str,
     priority: int,
     spec: Mapping[str, Any],
+    affinity: dict[str, Mapping[str, Any]] | str,
     annotations: Mapping[str, str],
     labels: Mapping[str, str],
     where: str,
@@ -499,8 +500,7 @@ def _pod(
                 f"{where}: nodeSelector {LABEL_GPU_PRODUCT}={selector[LABEL_GPU_PRODUCT]} "
                 f"excludes every model in {ANNOTATION_GPU_MODELS}"
             )
-    affinity = _affinity(spec)
-    if isinstance(affinity, str):
+    if isinstance(affinity, str):  # ``_affinity``'s reason it could not be read
         error = error or f"{where}: {affinity}"
         affinity = {}
     try:
@@ -666,7 +666,7 @@ def _pod_terms(
             picked: frozenset[str] | None = names or frozenset({namespace})
             if ns_selector is not None and not isinstance(ns_selector, Mapping):
                 raise ValueError("namespaceSelector must be a label selector")
-            if ns_selector is not None and not (ns_selector.get("matchLabels") or ns_selector.get("matchExpressions")):
+            if ns_selector is not None and not _has_requirements(ns_selector):
                 picked = None  # {}: every namespace
             elif ns_selector is not None and namespaces is None:
                 problems.append(
@@ -732,6 +732,11 @@ def _strings(value: Any, what: str) -> list[str]:
     if not all(isinstance(x, str) for x in items):
         raise ValueError(f"{what} must be a list of strings, got {value!r}")
     return items
+
+
+def _has_requirements(selector: Mapping[str, Any]) -> bool:
+    """A label selector with ``matchLabels`` or ``matchExpressions`` (``{}`` selects everything)."""
+    return bool(selector.get("matchLabels") or selector.get("matchExpressions"))
 
 
 def _selector(selector: Mapping[str, Any]) -> tuple[Requirement, ...]:
