@@ -20,8 +20,9 @@ only its status does (as when its own PodScheduled condition is written).
 Parked pods also return to active every ``flush_after`` seconds in case a
 change went unseen.  A pod its batch could not place goes to backoff instead of
 parked when a change that might let it in (``move_all``, or its own request)
-came while it was in flight: its batch saw the cluster before that change.  Nothing is forgotten: ``counts`` adds
-up to every pending pod the watch has reported and not deleted.
+came while it was in flight: its batch saw the cluster before that change.
+Nothing is forgotten: ``counts`` adds up to every pending pod the watch has
+reported and not deleted.
 
 Members of a gang travel together: a batch that draws one draws every member
 of its gang that is not in flight, parked and backed-off ones too (it may then
