@@ -4,21 +4,30 @@
 and the GPU indices as an annotation (the API server copies a Binding's
 annotations onto the pod in the same write, so the pod is never bound
 without them).  A 409 means the pod already has a node: if it is the node we
-chose the bind counts as done (a retry after a lost response), otherwise
-someone else placed it.  Transient failures (429, 5xx, a lost connection)
-are retried here and nowhere else.
+chose the bind counts as done (a retry after a lost response, or an earlier
+leader's bind; the cache takes the GPU indices from the pod's annotation when
+the watch shows it), otherwise someone else placed it.  Transient failures (429, 5xx, a lost connection)
+are retried here and nowhere else, never sooner than the server's ``Retry-After``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import structlog
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
 
 from gpusched.kube.client import STRATEGIC_PATCH, ApiError, Kube
 from gpusched.kube.convert import ANNOTATION_GPU_INDICES
@@ -48,6 +57,18 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, ApiError) and (exc.status in (0, 429) or exc.status >= 500)
 
 
+_BACKOFF = wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1)
+
+
+def _wait(state: RetryCallState) -> float:
+    """Exponential backoff with jitter, or the server's ``Retry-After`` when it asks for longer
+    (API Priority and Fairness answers 429 with one when it sheds load)."""
+    backoff = float(_BACKOFF(state))
+    exc = state.outcome.exception() if state.outcome is not None else None
+    asked = exc.retry_after if isinstance(exc, ApiError) else None
+    return max(backoff, asked or 0.0)
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -67,8 +88,11 @@ class Binder:
         event_repeat_s: float = 60.0,
         events: Kube | None = None,
         leading: Callable[[], bool] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.kube = kube
+        self.sleep = sleep
+        """How retries wait (tests record the waits instead)."""
         self.leading = leading
         """Whether this instance may still bind: checked before every Binding attempt, so that
         retries never reach the API server after another instance may have taken over."""
@@ -93,7 +117,8 @@ class Binder:
         client = kube or self.kube
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
-            wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
+            wait=_wait,
+            sleep=self.sleep,
             retry=retry_if_exception(_transient),
             reraise=True,
         ):

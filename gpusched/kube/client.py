@@ -34,11 +34,13 @@ STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 class ApiError(Exception):
     """A request the API server refused or that did not reach it."""
 
-    def __init__(self, status: int, message: str, reason: str = "") -> None:
+    def __init__(self, status: int, message: str, reason: str = "", retry_after: float | None = None) -> None:
         super().__init__(f"{status} {reason}: {message}" if reason else f"{status}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
+        self.retry_after = retry_after
+        """Seconds the server asked us to wait before trying again (its ``Retry-After``), if any."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class Response:
 
     status: int
     body: Any
+    retry_after: float | None = None
+    """The ``Retry-After`` of a 429 or 5xx answer, in seconds."""
 
     @property
     def ok(self) -> bool:
@@ -56,7 +60,24 @@ class Response:
     def error(self) -> ApiError:
         """The API's own Status message as an exception."""
         body = self.body if isinstance(self.body, Mapping) else {}
-        return ApiError(self.status, str(body.get("message") or self.body), str(body.get("reason") or ""))
+        message = str(body.get("message") or self.body)
+        return ApiError(self.status, message, str(body.get("reason") or ""), self.retry_after)
+
+
+RETRY_AFTER_MAX_S = 30.0
+"""Longest ``Retry-After`` honoured; a larger one (or an HTTP date) waits this long."""
+
+
+def retry_after(status: int, value: str | None) -> float | None:
+    """Seconds to wait from a 429 or 5xx answer's ``Retry-After`` header, as client-go reads it:
+    only whole seconds count, and only on those statuses."""
+    if value is None or not (status == 429 or status >= 500):
+        return None
+    try:
+        seconds = int(value.strip())
+    except ValueError:
+        return None
+    return float(min(max(seconds, 0), RETRY_AFTER_MAX_S))
 
 
 class RateLimiter:
@@ -163,7 +184,7 @@ class Kube:
             decoded: Any = json.loads(data) if data else None
         except ValueError:
             decoded = data.decode("utf-8", "replace")
-        return Response(resp.status, decoded)
+        return Response(resp.status, decoded, retry_after(resp.status, resp.headers.get("Retry-After")))
 
     async def warm(self, connections: int) -> None:
         """Hold ``connections`` open to the API server, ready for a burst of requests.
@@ -223,7 +244,7 @@ class Kube:
                     body = json.loads(data)
                 except ValueError:
                     body = {"message": data.decode("utf-8", "replace")}
-                raise Response(resp.status, body).error()
+                raise Response(resp.status, body, retry_after(resp.status, resp.headers.get("Retry-After"))).error()
             while True:
                 try:
                     line = await asyncio.wait_for(resp.content.readline(), WATCH_IDLE_S)

@@ -88,9 +88,9 @@ class Reflector:
                     watch=self.name,
                     error=str(exc),
                     rv=self.resource_version,
-                    retry_in_s=round(delay, 2),
+                    retry_in_s=round(max(delay, exc.retry_after or 0.0), 2),
                 )
-                await asyncio.sleep(delay * (1 + random.random() / 2))
+                await asyncio.sleep(max(delay * (1 + random.random() / 2), exc.retry_after or 0.0))
                 delay = min(delay * 2, 10.0)
 
     async def _list(self) -> None:

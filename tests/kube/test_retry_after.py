@@ -1,0 +1,84 @@
+"""A server that sheds load answers 429 with Retry-After: the client waits at least that long."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from gpusched.kube import client
+from gpusched.kube.binder import Binder, BindResult
+from tests.factories import pod
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[tuple[Path, list[web.Response], list[str]]]:
+    """An HTTP server answering from a script; yields its kubeconfig, the script and the paths seen."""
+    script: list[web.Response] = []
+    seen: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append(f"{request.method} {request.path}")
+        return script.pop(0)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    yield kubeconfig, script, seen
+    await runner.cleanup()
+
+
+def _status(code: int, reason: str, headers: dict[str, str] | None = None) -> web.Response:
+    body = {"kind": "Status", "status": "Failure", "code": code, "reason": reason, "message": reason.lower()}
+    return web.json_response(body, status=code, headers=headers)
+
+
+async def test_a_binding_refused_with_retry_after_is_retried_no_sooner(
+    server: tuple[Path, list[web.Response], list[str]],
+) -> None:
+    kubeconfig, script, seen = server
+    script += [
+        _status(429, "TooManyRequests", {"Retry-After": "3"}),
+        _status(503, "ServiceUnavailable", {"Retry-After": "1"}),
+        _status(500, "InternalError"),  # no header: the usual short backoff
+        web.json_response({"kind": "Status", "status": "Success", "code": 201}, status=201),
+    ]
+    waits: list[float] = []
+
+    async def record(seconds: float) -> None:
+        waits.append(seconds)
+
+    kube = await client.connect(kubeconfig, None, 1000, 1000)
+    try:
+        binder = Binder(kube, "me", attempts=5, sleep=record)
+        result = await binder.bind(pod("p", gpus=1), "n1", (0,))
+    finally:
+        await kube.close()
+    assert result == (BindResult.BOUND, "")
+    assert seen == ["POST /api/v1/namespaces/default/pods/p/binding"] * 4
+    assert waits[0] == 3.0
+    assert waits[1] == 1.0
+    assert waits[2] < 1.0
+
+
+def test_retry_after_is_read_as_client_go_reads_it() -> None:
+    assert client.retry_after(429, "2") == 2.0
+    assert client.retry_after(503, " 7 ") == 7.0
+    assert client.retry_after(429, "3600") == client.RETRY_AFTER_MAX_S
+    assert client.retry_after(429, "Wed, 21 Oct 2026 07:28:00 GMT") is None  # dates are not honoured
+    assert client.retry_after(409, "2") is None  # only on 429 and 5xx
+    assert client.retry_after(429, None) is None
+    assert client.retry_after(429, "-4") == 0.0
