@@ -168,12 +168,14 @@ class Cache:
             return False
         if held is not None:
             if held.node == record.node_name and held.pod.uid in ("", record.uid):
-                if _request(held.pod) == _request(record.pod):
+                annotated = record.gpu_indices
+                if _request(held.pod) == _request(record.pod) and annotated in (None, held.wanted):
                     held.assumed = False  # confirmed
                     return False
-                # Same pod, new request (an in-place resize): count what it asks for now, on the
-                # GPUs it already holds.
-                wanted = record.gpu_indices or held.gpus or held.wanted
+                # Same pod, new request (an in-place resize), or other GPUs than we assumed (an
+                # earlier instance bound it first): count what it asks for now, on the GPUs its
+                # annotation names, else the ones it holds.
+                wanted = annotated or held.gpus or held.wanted
                 self._drop(key)
                 self._add(key, _Held(record.pod, record.node_name, (), False, wanted))
                 return True

@@ -56,6 +56,19 @@ def test_confirmed_pod_is_not_forgotten() -> None:
     assert c.snapshot().state.gpu_used[0, 0] == 1000
 
 
+def test_a_pod_bound_on_our_node_with_other_gpus_is_counted_on_those() -> None:
+    # An earlier leader bound it first (the Binding answered 409, same node): its annotation,
+    # not our choice, says which GPUs it holds.
+    c = cache_with(NodeRecord(gpu_node("a", gpus=4)))
+    p = pod("x", gpus=2)
+    c.assume(p, "a", (0, 1))
+    c.observe_pod(bound(p, "a", (2, 3)))
+    assert list(c.snapshot().state.gpu_used[0]) == [0, 0, 1000, 1000]
+    assert not c.is_assumed(p.key)
+    c.forget(p.key)  # a late failure report frees nothing
+    assert list(c.snapshot().state.gpu_used[0]) == [0, 0, 1000, 1000]
+
+
 def test_pod_bound_elsewhere_replaces_the_assumption() -> None:
     c = cache_with(NodeRecord(gpu_node("a", gpus=1)), NodeRecord(gpu_node("b", gpus=1)))
     p = pod("x", gpus=1)
