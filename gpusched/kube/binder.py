@@ -69,6 +69,13 @@ def _wait(state: RetryCallState) -> float:
     return max(backoff, asked or 0.0)
 
 
+def _replaced(exc: ApiError) -> bool:
+    """The answer to a patch whose ``metadata.uid`` precondition failed: the pod of the name is
+    another one (the API server says the UID is immutable; 409 from servers that check it as a
+    precondition)."""
+    return exc.status == 409 or (exc.status == 422 and "metadata.uid" in str(exc))
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -230,11 +237,15 @@ class Binder:
         condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
         if current is None:
             condition["lastTransitionTime"] = _now()
-        body = {"status": {"conditions": [condition]}}
+        body: dict[str, Any] = {"status": {"conditions": [condition]}}
+        if pod.uid:  # a precondition: a pod created again under the name has not been tried yet
+            body["metadata"] = {"uid": pod.uid}
         try:
             await self._retrying(
                 "PATCH", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status", body, STRATEGIC_PATCH
             )
         except ApiError as exc:
-            if exc.status != 404:
+            if _replaced(exc):
+                log.info("condition not written: pod replaced", pod=pod.key, uid=pod.uid)
+            elif exc.status != 404:
                 log.warning("condition not written", pod=pod.key, error=str(exc))

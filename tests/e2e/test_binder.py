@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 
+from structlog.testing import capture_logs
+
 from gpusched.kube.binder import Binder, BindResult
 from gpusched.model import Pod
 from tests.controlplane import ControlPlane
@@ -58,5 +60,36 @@ async def test_a_pod_created_again_under_its_name_gets_its_own_events(
         events = (await kube.get(f"/api/v1/namespaces/{namespace}/events"))["items"]
         seen = sorted(e["involvedObject"]["uid"] for e in events if e["reason"] == "Scheduled")
         assert seen == sorted(uids)
+    finally:
+        await kube.close()
+
+
+async def test_the_unschedulable_condition_is_written_only_on_the_pod_it_was_meant_for(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """A verdict on web-0 that lands after web-0 was deleted and created again must not mark the
+    new pod Unschedulable: it has not been tried yet."""
+    kube = await kit.admin(control_plane)
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    binder = Binder(kube, "test")
+    try:
+        r = await kube.request("POST", path, body=kit.pod("web-0", "gpu-scheduler"))
+        assert r.status == 201, r.body
+        old = _pod(r.body, namespace)
+        await binder.unschedulable(old, "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+        conditions = (await kube.get(f"{path}/web-0"))["status"]["conditions"]
+        assert [(c["type"], c["status"], c["reason"]) for c in conditions] == [
+            ("PodScheduled", "False", "Unschedulable")
+        ]
+        gone = await kube.request("DELETE", f"{path}/web-0", query={"gracePeriodSeconds": 0})
+        assert gone.ok, gone.body
+        r = await kube.request("POST", path, body=kit.pod("web-0", "gpu-scheduler"))
+        assert r.status == 201, r.body
+        with capture_logs() as logs:
+            await binder.unschedulable(old, "0/3 nodes are available: 3 Insufficient cpu.")
+        assert [e["event"] for e in logs] == ["condition not written: pod replaced"]
+        fresh = await kube.get(f"{path}/web-0")
+        assert fresh["metadata"]["uid"] != old.uid
+        assert not (fresh.get("status") or {}).get("conditions")
     finally:
         await kube.close()
