@@ -701,7 +701,8 @@ class Scheduler:
                 self.queue.nudge()
         ms = round((time.perf_counter() - start) * 1000, 1)
         if result is BindResult.BOUND:
-            self.cache.confirm(pod.key)
+            if self.cache.confirm(pod.key):  # a relist missed it: it may be gone already
+                self.spawn(self._read_back(pod), f"read-back:{pod.key}")
             self.queue.done(pod.key)
             self.queue.move_all(lambda r: waits_for(r.pod, pod))  # parked followers may go now
             self.metrics.scheduled()
@@ -721,6 +722,13 @@ class Scheduler:
                     self.metrics.bind_error("taken")
                 self.queue.done(pod.key)
         log.info("bind", pod=pod.key, node=node, gpus=list(gpus), result=result.value, why=why or None, ms=ms)
+
+    async def _read_back(self, pod: Pod) -> None:
+        """A pod bound while a relist was taken and absent from it: bound and deleted before the
+        list, no watch event will free what it holds, so ask the API server."""
+        if await self.binder.exists(pod) is False and self.cache.delete_pod(pod.key, pod.uid):
+            log.info("bound pod gone before the relist; its capacity is free again", pod=pod.key)
+            self.queue.move_all()
 
     def _cluster_metrics(self, state: ClusterState, frag: float) -> None:
         c = self.queue.counts()

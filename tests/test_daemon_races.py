@@ -33,13 +33,23 @@ class _Answers:
     def __init__(self) -> None:
         self.results: dict[str, tuple[BindResult, str]] = {}
         self.bound: list[str] = []
+        self.held: dict[str, asyncio.Event] = {}
+        """Bindings that wait for their event before answering."""
+        self.deleted: set[str] = set()
+        self.read_back: list[str] = []
 
     async def bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> tuple[BindResult, str]:
         self.bound.append(pod.key)
+        if pod.key in self.held:
+            await self.held[pod.key].wait()
         return self.results.get(pod.key, (BindResult.BOUND, ""))
 
     async def event(self, *_: Any, **__: Any) -> None:
         pass
+
+    async def exists(self, pod: Pod) -> bool | None:
+        self.read_back.append(pod.key)
+        return pod.key not in self.deleted
 
     async def unschedulable(self, *_: Any, **__: Any) -> None:
         pass
@@ -90,5 +100,23 @@ async def test_capacity_freed_by_a_bind_that_finds_its_pod_gone_wakes_the_parked
     await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 5))  # a placed, b parked
     await _settle(s)
     # a's Binding found it deleted: its GPU is free again, and b is drawn at once.
+    batch = await asyncio.wait_for(s.queue.next_batch(), 1)
+    assert [r.key for r in batch] == ["default/b"]
+
+
+async def test_a_pod_bound_and_deleted_before_a_relist_that_missed_it_frees_its_gpu() -> None:
+    s, answers = _scheduler(gpus=1)
+    answers.held["default/a"] = asyncio.Event()
+    for name in ("a", "b"):
+        s._pending.apply("ADDED", _pod(name))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 5))  # a placed, b parked
+    await asyncio.sleep(0)
+    # While a's Binding is in flight it lands, a is deleted, and then a relist (a watch that
+    # expired) reads the bound pods: a is in neither the list nor any later watch event.
+    s._bound.replace([])
+    answers.deleted.add("default/a")
+    answers.held["default/a"].set()
+    await _settle(s)
+    assert answers.read_back == ["default/a"]
     batch = await asyncio.wait_for(s.queue.next_batch(), 1)
     assert [r.key for r in batch] == ["default/b"]

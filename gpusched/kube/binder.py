@@ -164,6 +164,20 @@ class Binder:
                 return await self._settle(pod, node, exc)
             return BindResult.FAILED, str(exc)
 
+    async def exists(self, pod: Pod) -> bool | None:
+        """Whether ``pod`` (this UID, not a later pod of its name) is still there and not
+        finished; None when the API server could not say."""
+        try:
+            obj = await self._retrying("GET", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}", None)
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            log.warning("pod not read back", pod=pod.key, error=str(exc))
+            return None
+        meta = obj.get("metadata") or {}
+        phase = (obj.get("status") or {}).get("phase")
+        return (not pod.uid or meta.get("uid") == pod.uid) and phase not in ("Succeeded", "Failed")
+
     async def _settle(self, pod: Pod, node: str, exc: ApiError) -> tuple[BindResult, str]:
         """After a conflict or a lost answer: read the pod to learn what happened."""
         try:

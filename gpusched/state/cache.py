@@ -95,6 +95,9 @@ class Cache:
         self._nodes: dict[str, NodeRecord] = {}
         self._held: dict[str, _Held] = {}
         self._shadowed: dict[str, PodRecord] = {}
+        self._unlisted: set[str] = set()
+        """Assumed pods a relist did not show.  If the Binding then succeeds, the pod may have been
+        bound and deleted before the list, with no watch event left to say so: read it back."""
         """Bound pods seen under the name of an assumed one with another UID, until its bind ends."""
         self._cluster: Cluster | None = None
         self._cpu: IntArray = np.zeros(0, dtype=np.int64)
@@ -155,6 +158,8 @@ class Cache:
         """Account a pod seen on the watch; True when it freed capacity."""
         key = record.key
         held = self._held.get(key)
+        if held is not None and not _another(held, record.uid):
+            self._unlisted.discard(key)  # seen since the list: its deletion will be seen too
         if not record.bound or record.terminal:
             if held is not None and not held.assumed:
                 self._drop(key)
@@ -202,6 +207,7 @@ class Cache:
         self._shadowed = {}
         self._cluster = None
         self.generation += 1
+        self._unlisted = set(assumed)
         for r in records:
             if not r.bound or r.terminal:
                 continue
@@ -209,6 +215,7 @@ class Cache:
             if h is not None and _another(h, r.uid):
                 self._shadowed[r.key] = r  # as ``observe_pod`` does: the bind decides
                 continue
+            self._unlisted.discard(r.key)
             self._held[r.key] = _Held(r.pod, r.node_name, (), False, r.gpu_indices)
         for k, h in assumed.items():
             self._held.setdefault(k, h)
@@ -219,12 +226,18 @@ class Cache:
             self._drop(pod.key)
         self._add(pod.key, _Held(pod, node, (), True, gpus))
 
-    def confirm(self, key: str) -> None:
-        """The Binding of an assumed pod succeeded: it is bound (a relist without it drops it)."""
+    def confirm(self, key: str) -> bool:
+        """The Binding of an assumed pod succeeded: it is bound (a relist without it drops it).
+        True when a relist taken meanwhile did not show it and the watch has not since: only the
+        API server can tell whether it still exists (``delete_pod`` if it does not)."""
         held = self._held.get(key)
         if held is not None:
             held.assumed = False
         self._shadowed.pop(key, None)  # an older pod of the name: ours is the current one
+        if key in self._unlisted:
+            self._unlisted.discard(key)
+            return held is not None
+        return False
 
     def forget(self, key: str) -> bool:
         """Undo ``assume`` (a failed Binding); a no-op for confirmed or unknown pods.  True when
@@ -327,6 +340,7 @@ class Cache:
 
     def _drop(self, key: str) -> None:
         held = self._held.pop(key)
+        self._unlisted.discard(key)
         self.generation += 1
         if self._cluster is not None:
             self._account(held, -1)

@@ -93,3 +93,25 @@ async def test_the_unschedulable_condition_is_written_only_on_the_pod_it_was_mea
         assert not (fresh.get("status") or {}).get("conditions")
     finally:
         await kube.close()
+
+
+async def test_a_pod_is_read_back_by_its_uid(control_plane: ControlPlane, namespace: str) -> None:
+    """After a relist missed a bound pod, only the API server can say whether that pod is still
+    there: a later pod of its name is not it."""
+    kube = await kit.admin(control_plane)
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    binder = Binder(kube, "test")
+    try:
+        r = await kube.request("POST", path, body=kit.pod("job-0", "gpu-scheduler"))
+        assert r.status == 201, r.body
+        old = _pod(r.body, namespace)
+        assert await binder.exists(old) is True
+        gone = await kube.request("DELETE", f"{path}/job-0", query={"gracePeriodSeconds": 0})
+        assert gone.ok, gone.body
+        assert await binder.exists(old) is False
+        r = await kube.request("POST", path, body=kit.pod("job-0", "gpu-scheduler"))
+        assert r.status == 201, r.body
+        assert await binder.exists(old) is False
+        assert await binder.exists(_pod(r.body, namespace)) is True
+    finally:
+        await kube.close()

@@ -144,6 +144,20 @@ def test_relist_keeps_assumed_pods_and_drops_vanished_bound_ones() -> None:
     assert c.snapshot().state.gpu_used[0].sum() == 2000
 
 
+def test_a_bind_that_lands_after_a_relist_missed_its_pod_asks_for_a_read_back() -> None:
+    # The pod may have been bound and deleted before the list: no watch event will free it.
+    c = cache_with(NodeRecord(gpu_node("a", gpus=4)))
+    missed, listed, watched = (replace(pod(n, gpus=1), uid=f"uid-{n}") for n in ("missed", "listed", "watched"))
+    for i, p in enumerate((missed, listed, watched)):
+        c.assume(p, "a", (i,))
+    c.replace_pods([bound(listed, "a", (1,))])
+    c.observe_pod(bound(watched, "a", (2,)))  # seen after the list: its deletion will be seen too
+    assert [c.confirm(p.key) for p in (missed, listed, watched)] == [True, False, False]
+    assert not c.confirm(missed.key)  # asked once
+    assert c.delete_pod(missed.key, missed.uid)  # the read-back found it gone
+    assert list(c.snapshot().state.gpu_used[0]) == [0, 1000, 1000, 0]
+
+
 def test_mig_slices_held_by_bound_and_assumed_pods_are_counted() -> None:
     from gpusched.model import Node
 
