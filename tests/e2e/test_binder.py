@@ -7,6 +7,7 @@ import uuid
 from structlog.testing import capture_logs
 
 from gpusched.kube.binder import Binder, BindResult
+from gpusched.kube.client import Kube
 from gpusched.model import Pod
 from tests.controlplane import ControlPlane
 from tests.e2e import kit
@@ -16,6 +17,17 @@ def _pod(obj: dict[str, object], namespace: str) -> Pod:
     meta = obj["metadata"]
     assert isinstance(meta, dict)
     return Pod(str(meta["name"]), 0, 0, namespace=namespace, uid=str(meta["uid"]))
+
+
+async def _create(kube: Kube, namespace: str, name: str) -> Pod:
+    r = await kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=kit.pod(name, "gpu-scheduler"))
+    assert r.status == 201, r.body
+    return _pod(r.body, namespace)
+
+
+async def _delete(kube: Kube, namespace: str, name: str) -> None:
+    gone = await kube.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", query={"gracePeriodSeconds": 0})
+    assert gone.ok, gone.body
 
 
 async def test_an_instance_that_stopped_leading_sends_no_binding(control_plane: ControlPlane, namespace: str) -> None:
@@ -73,18 +85,14 @@ async def test_the_unschedulable_condition_is_written_only_on_the_pod_it_was_mea
     path = f"/api/v1/namespaces/{namespace}/pods"
     binder = Binder(kube, "test")
     try:
-        r = await kube.request("POST", path, body=kit.pod("web-0", "gpu-scheduler"))
-        assert r.status == 201, r.body
-        old = _pod(r.body, namespace)
+        old = await _create(kube, namespace, "web-0")
         await binder.unschedulable(old, "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
         conditions = (await kube.get(f"{path}/web-0"))["status"]["conditions"]
         assert [(c["type"], c["status"], c["reason"]) for c in conditions] == [
             ("PodScheduled", "False", "Unschedulable")
         ]
-        gone = await kube.request("DELETE", f"{path}/web-0", query={"gracePeriodSeconds": 0})
-        assert gone.ok, gone.body
-        r = await kube.request("POST", path, body=kit.pod("web-0", "gpu-scheduler"))
-        assert r.status == 201, r.body
+        await _delete(kube, namespace, "web-0")
+        await _create(kube, namespace, "web-0")
         with capture_logs() as logs:
             await binder.unschedulable(old, "0/3 nodes are available: 3 Insufficient cpu.")
         assert [e["event"] for e in logs] == ["condition not written: pod replaced"]
@@ -99,19 +107,14 @@ async def test_a_pod_is_read_back_by_its_uid(control_plane: ControlPlane, namesp
     """After a relist missed a bound pod, only the API server can say whether that pod is still
     there: a later pod of its name is not it."""
     kube = await kit.admin(control_plane)
-    path = f"/api/v1/namespaces/{namespace}/pods"
     binder = Binder(kube, "test")
     try:
-        r = await kube.request("POST", path, body=kit.pod("job-0", "gpu-scheduler"))
-        assert r.status == 201, r.body
-        old = _pod(r.body, namespace)
+        old = await _create(kube, namespace, "job-0")
         assert await binder.exists(old) is True
-        gone = await kube.request("DELETE", f"{path}/job-0", query={"gracePeriodSeconds": 0})
-        assert gone.ok, gone.body
+        await _delete(kube, namespace, "job-0")
         assert await binder.exists(old) is False
-        r = await kube.request("POST", path, body=kit.pod("job-0", "gpu-scheduler"))
-        assert r.status == 201, r.body
+        new = await _create(kube, namespace, "job-0")
         assert await binder.exists(old) is False
-        assert await binder.exists(_pod(r.body, namespace)) is True
+        assert await binder.exists(new) is True
     finally:
         await kube.close()
