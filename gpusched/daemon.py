@@ -68,6 +68,9 @@ __all__ = ["DaemonSettings", "Scheduler", "run_daemon"]
 log = structlog.get_logger("gpusched.daemon")
 
 SCHEDULER_NAME = "gpu-scheduler"
+READ_BACK_RETRY_S = 1.0
+READ_BACK_RETRY_MAX_S = 60.0
+"""How often a pod a relist missed is asked for again while the API server cannot answer."""
 BOUND_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 """Pods that hold resources on a node, whoever bound them."""
 
@@ -725,9 +728,16 @@ class Scheduler:
 
     async def _read_back(self, pod: Pod) -> None:
         """A pod bound while a relist was taken and absent from it: bound and deleted before the
-        list, no watch event will free what it holds, so ask the API server."""
-        if await self.binder.exists(pod) is False and self.cache.delete_pod(pod.key, pod.uid):
-            log.info("bound pod gone before the relist; its capacity is free again", pod=pod.key)
+        list, no watch event will free what it holds, so ask the API server, until it answers or
+        the watch has settled the pod."""
+        delay = READ_BACK_RETRY_S
+        while (exists := await self.binder.exists(pod)) is None:
+            await asyncio.sleep(delay)
+            if not self.cache.holds(pod.key, pod.uid):
+                return
+            delay = min(2 * delay, READ_BACK_RETRY_MAX_S)
+        if self.cache.read_back(pod.key, pod.uid, exists):
+            log.info("bound pod was gone before the relist; books corrected", pod=pod.key)
             self.queue.move_all()
 
     def _cluster_metrics(self, state: ClusterState, frag: float) -> None:

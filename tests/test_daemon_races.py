@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
+import pytest
+
+from gpusched import daemon
 from gpusched.daemon import DaemonSettings, Scheduler, _NodeHandler
 from gpusched.kube.binder import Binder, BindResult
 from gpusched.kube.client import Kube, RateLimiter
@@ -37,6 +40,8 @@ class _Answers:
         """Bindings that wait for their event before answering."""
         self.deleted: set[str] = set()
         self.read_back: list[str] = []
+        self.unanswered = 0
+        """Read-backs the API server cannot answer before it does."""
 
     async def bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> tuple[BindResult, str]:
         self.bound.append(pod.key)
@@ -49,6 +54,9 @@ class _Answers:
 
     async def exists(self, pod: Pod) -> bool | None:
         self.read_back.append(pod.key)
+        if self.unanswered:
+            self.unanswered -= 1
+            return None
         return pod.key not in self.deleted
 
     async def unschedulable(self, *_: Any, **__: Any) -> None:
@@ -104,8 +112,13 @@ async def test_capacity_freed_by_a_bind_that_finds_its_pod_gone_wakes_the_parked
     assert [r.key for r in batch] == ["default/b"]
 
 
-async def test_a_pod_bound_and_deleted_before_a_relist_that_missed_it_frees_its_gpu() -> None:
+@pytest.mark.parametrize("unanswered", [0, 2])
+async def test_a_pod_bound_and_deleted_before_a_relist_that_missed_it_frees_its_gpu(
+    unanswered: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(daemon, "READ_BACK_RETRY_S", 0.01)
     s, answers = _scheduler(gpus=1)
+    answers.unanswered = unanswered  # the API server cannot say at first: asked again
     answers.held["default/a"] = asyncio.Event()
     for name in ("a", "b"):
         s._pending.apply("ADDED", _pod(name))
@@ -117,6 +130,6 @@ async def test_a_pod_bound_and_deleted_before_a_relist_that_missed_it_frees_its_
     answers.deleted.add("default/a")
     answers.held["default/a"].set()
     await _settle(s)
-    assert answers.read_back == ["default/a"]
+    assert answers.read_back == ["default/a"] * (1 + unanswered)
     batch = await asyncio.wait_for(s.queue.next_batch(), 1)
     assert [r.key for r in batch] == ["default/b"]

@@ -95,10 +95,10 @@ class Cache:
         self._nodes: dict[str, NodeRecord] = {}
         self._held: dict[str, _Held] = {}
         self._shadowed: dict[str, PodRecord] = {}
+        """Bound pods seen under the name of an assumed one with another UID, until its bind ends."""
         self._unlisted: set[str] = set()
         """Assumed pods a relist did not show.  If the Binding then succeeds, the pod may have been
         bound and deleted before the list, with no watch event left to say so: read it back."""
-        """Bound pods seen under the name of an assumed one with another UID, until its bind ends."""
         self._cluster: Cluster | None = None
         self._cpu: IntArray = np.zeros(0, dtype=np.int64)
         self._mem: IntArray = np.zeros(0, dtype=np.int64)
@@ -229,15 +229,28 @@ class Cache:
     def confirm(self, key: str) -> bool:
         """The Binding of an assumed pod succeeded: it is bound (a relist without it drops it).
         True when a relist taken meanwhile did not show it and the watch has not since: only the
-        API server can tell whether it still exists (``delete_pod`` if it does not)."""
+        API server can tell whether it still exists (``read_back`` with its answer)."""
         held = self._held.get(key)
         if held is not None:
             held.assumed = False
-        self._shadowed.pop(key, None)  # an older pod of the name: ours is the current one
-        if key in self._unlisted:
+        if key in self._unlisted and held is not None:
             self._unlisted.discard(key)
-            return held is not None
+            return True  # a pod of the name the relist showed may be the current one: keep it aside
+        self._shadowed.pop(key, None)  # an older pod of the name: ours is the current one
         return False
+
+    def read_back(self, key: str, uid: str, exists: bool) -> bool:
+        """What the API server said of a pod ``confirm`` asked about.  Gone, it leaves the books,
+        and a pod of its name that the relist showed (bound after ours was deleted) is counted
+        instead.  True when capacity was freed or changed hands."""
+        shadow = self._shadowed.pop(key, None)
+        if exists:
+            return False
+        freed = self.delete_pod(key, uid)
+        if shadow is not None and key not in self._held:
+            self.observe_pod(shadow)
+            return True
+        return freed
 
     def forget(self, key: str) -> bool:
         """Undo ``assume`` (a failed Binding); a no-op for confirmed or unknown pods.  True when

@@ -154,8 +154,31 @@ def test_a_bind_that_lands_after_a_relist_missed_its_pod_asks_for_a_read_back() 
     c.observe_pod(bound(watched, "a", (2,)))  # seen after the list: its deletion will be seen too
     assert [c.confirm(p.key) for p in (missed, listed, watched)] == [True, False, False]
     assert not c.confirm(missed.key)  # asked once
-    assert c.delete_pod(missed.key, missed.uid)  # the read-back found it gone
+    assert c.read_back(missed.key, missed.uid, exists=False)
     assert list(c.snapshot().state.gpu_used[0]) == [0, 1000, 1000, 0]
+
+
+def test_a_pod_a_relist_shows_under_the_name_of_one_gone_since_is_counted_once_the_read_back_says_so() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    ours, theirs = (replace(pod("web-0", gpus=1), uid=u) for u in ("uid-ours", "uid-theirs"))
+    c.assume(ours, "a", (0,))
+    c.replace_pods([bound(theirs, "a", (1,))])  # ours was bound and deleted, theirs bound since
+    assert c.confirm(ours.key)
+    assert c.read_back(ours.key, ours.uid, exists=False)
+    assert c.holds(theirs.key, theirs.uid)
+    assert list(c.snapshot().state.gpu_used[0]) == [0, 1000]
+
+
+def test_a_pod_the_read_back_finds_keeps_its_place_and_the_relisted_one_is_dropped() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    ours, theirs = (replace(pod("web-0", gpus=1), uid=u) for u in ("uid-ours", "uid-theirs"))
+    c.assume(ours, "a", (0,))
+    c.replace_pods([bound(theirs, "a", (1,))])
+    assert c.confirm(ours.key)
+    assert not c.read_back(ours.key, ours.uid, exists=True)
+    assert c.holds(ours.key, ours.uid)
+    assert not c.forget(ours.key)  # nothing set aside is brought back
+    assert list(c.snapshot().state.gpu_used[0]) == [1000, 0]
 
 
 def test_mig_slices_held_by_bound_and_assumed_pods_are_counted() -> None:
