@@ -221,8 +221,14 @@ class Cache:
             self._held.setdefault(k, h)
 
     def assume(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
-        """Count ``pod`` on ``node`` before its Binding is confirmed."""
-        if pod.key in self._held:
+        """Count ``pod`` on ``node`` before its Binding is confirmed.  A bound pod of the name
+        with another UID is set aside as ``observe_pod`` does: the bind decides which is current."""
+        held = self._held.get(pod.key)
+        if held is not None:
+            if not held.assumed and _another(held, pod.uid):
+                self._shadowed[pod.key] = PodRecord(
+                    held.pod, held.pod.uid, "", held.node, held.wanted or held.gpus or None
+                )
             self._drop(pod.key)
         self._add(pod.key, _Held(pod, node, (), True, gpus))
 

@@ -181,6 +181,19 @@ def test_a_pod_the_read_back_finds_keeps_its_place_and_the_relisted_one_is_dropp
     assert list(c.snapshot().state.gpu_used[0]) == [1000, 0]
 
 
+def test_assuming_a_stale_pod_of_a_bound_name_keeps_the_bound_one_until_the_bind_fails() -> None:
+    # The pending watch lags: web-0 (old UID) is drawn while the bound watch already shows the
+    # web-0 created since and bound elsewhere.  The Binding fails on the UID; the bound one stays.
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    stale, current = (replace(pod("web-0", gpus=1), uid=u) for u in ("uid-stale", "uid-current"))
+    c.observe_pod(bound(current, "a", (1,)))
+    assert not c.holds(stale.key, stale.uid)
+    c.assume(stale, "a", (0,))
+    assert c.forget(stale.key)
+    assert c.holds(current.key, current.uid)
+    assert list(c.snapshot().state.gpu_used[0]) == [0, 1000]
+
+
 def test_mig_slices_held_by_bound_and_assumed_pods_are_counted() -> None:
     from gpusched.model import Node
 
