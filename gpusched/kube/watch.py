@@ -92,6 +92,11 @@ class Reflector:
                 )
                 await asyncio.sleep(max(delay * (1 + random.random() / 2), exc.retry_after or 0.0))
                 delay = min(delay * 2, 10.0)
+            except Exception:  # the handler failed on the list (a bug): list again, not stop
+                log.exception("list not applied, relisting", watch=self.name, retry_in_s=round(delay, 2))
+                listed = False
+                await asyncio.sleep(delay * (1 + random.random() / 2))
+                delay = min(delay * 2, 10.0)
 
     async def _list(self) -> None:
         items, self.resource_version = await self.kube.list(self.path, self.selectors, self.page_size)
@@ -119,4 +124,14 @@ class Reflector:
                 if kind == "BOOKMARK":
                     continue
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    self.handler.apply(kind, obj)
+                    try:
+                        self.handler.apply(kind, obj)
+                    except Exception:  # a bug, not the object's fault: one change lost, not the watch
+                        meta = obj.get("metadata") or {}
+                        log.exception(
+                            "change not applied",
+                            watch=self.name,
+                            kind=kind,
+                            object=f"{meta.get('namespace', '')}/{meta.get('name', '')}".lstrip("/"),
+                            rv=self.resource_version,
+                        )

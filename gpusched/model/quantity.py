@@ -33,6 +33,8 @@ _SUFFIXES: dict[str, Decimal] = {
 }
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
 _MIB = Decimal(2**20)
+_MAX = Decimal(2**63 - 1)
+"""The largest quantity in base units (bytes, cores, devices) that a node or pod can hold."""
 
 
 class QuantityError(ValueError):
@@ -44,11 +46,15 @@ def parse_quantity(text: str | int | float) -> Decimal:
     if isinstance(text, bool):
         raise QuantityError(f"quantity must be a number or string, got {text!r}")
     if isinstance(text, int | float):
+        if isinstance(text, int) and text > _MAX:
+            raise _too_large(text)
         value = Decimal(str(text))
         if not value.is_finite():
             raise QuantityError(f"invalid quantity {text!r}: must be a finite number")
         if value < 0:
             raise QuantityError(f"invalid quantity {text!r}: must not be negative")
+        if value > _MAX:
+            raise _too_large(text)
         return value
     s = text.strip()
     match = _QUANTITY.match(s)
@@ -63,7 +69,16 @@ def parse_quantity(text: str | int | float) -> Decimal:
         raise QuantityError(f"invalid quantity {text!r}: {number!r} is not a number") from exc
     if value < 0:
         raise QuantityError(f"invalid quantity {text!r}: must not be negative")
-    return value * _SUFFIXES[suffix]
+    if value.adjusted() > 40:  # over 2**63 whatever the suffix; multiplying could overflow
+        raise _too_large(text)
+    value *= _SUFFIXES[suffix]
+    if value > _MAX:
+        raise _too_large(text)
+    return value
+
+
+def _too_large(text: object) -> QuantityError:
+    return QuantityError(f"invalid quantity {text!r}: too large (at most 2^63-1 in base units)")
 
 
 def _round(value: Decimal, up: bool) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from structlog.testing import capture_logs
 
 from gpusched.kube.client import ApiError
 from gpusched.kube.watch import Reflector
@@ -68,6 +69,35 @@ async def test_list_then_watch_pages_and_changes(control_plane: ControlPlane, na
             assert r2.ok
             await _until(lambda: "late" in rec.names and "c0" not in rec.names)
             assert rec.replaced == 1
+    finally:
+        await kube.close()
+
+
+class Failing(Recorder):
+    """A handler with a bug that one object sets off."""
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        if obj["metadata"]["name"] == "poison":
+            raise ArithmeticError("a bug the object set off")
+        super().apply(kind, obj)
+
+
+async def test_a_handler_that_fails_on_one_change_loses_that_change_not_the_watch(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    kube = await kit.admin(control_plane)
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    try:
+        rec = Failing()
+        r = Reflector(kube, "cm", path, rec)
+        with capture_logs() as logs:
+            async with running(r):
+                await asyncio.wait_for(r.synced.wait(), 10)
+                await kit.create_all(kube, path, [{"metadata": {"name": n}, "data": {}} for n in ("poison", "after")])
+                await _until(lambda: "after" in rec.names)
+        assert rec.names == {"after"}
+        failed = [e for e in logs if e["event"] == "change not applied"]
+        assert [(e["kind"], e["object"]) for e in failed] == [("ADDED", f"{namespace}/poison")]
     finally:
         await kube.close()
 

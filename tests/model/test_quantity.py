@@ -87,3 +87,14 @@ def test_bool_is_not_a_quantity() -> None:
 def test_quantity_error_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="invalid quantity"):
         memory_mib("lots")
+
+
+@pytest.mark.parametrize("value", ["1e1000000", "1e999999", "1e40", "8Ei", "9999999999999999999", 2**70, 1e300])
+def test_a_quantity_beyond_what_anything_holds_is_rejected_not_overflowed(value: str | int | float) -> None:
+    with pytest.raises(QuantityError, match="too large"):
+        cpu_milli(value)
+
+
+def test_the_largest_quantities_still_parse() -> None:
+    assert parse_quantity("7Ei") == Decimal(7 * 2**60)
+    assert parse_quantity("1e-999999") == Decimal("1e-999999")
