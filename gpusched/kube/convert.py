@@ -148,17 +148,22 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     # and in MIG mode the GPU feature discovery count also covers the partitioned GPUs.
     gpus = _int_quantity(alloc[GPU_RESOURCE], f"{where}: allocatable {GPU_RESOURCE}") if GPU_RESOURCE in alloc else 0
     model = str(labels.get(LABEL_GPU_PRODUCT, "")) or (UNKNOWN_MODEL if gpus else "")
-    gpu_mem = 0
-    if LABEL_GPU_MEMORY in labels:
-        gpu_mem = _int_quantity(labels[LABEL_GPU_MEMORY], f"{where}: label {LABEL_GPU_MEMORY}")
     mig = tuple(
         sorted((k, _int_quantity(v, f"{where}: allocatable {k}")) for k, v in alloc.items() if k.startswith(MIG_PREFIX))
     )
     annotations: Mapping[str, str] = meta.get("annotations") or {}
-    # A node is never dropped for these: an islands annotation that no longer matches the GPU
-    # count (a GPU went unhealthy, or into MIG mode) falls back to the default, and a MIG
-    # resource this scheduler does not know is left out; both are reported in ``warning``.
+    # A node is never dropped for these: a GPU memory label that is not a count (it only
+    # narrows pods that ask for GPU memory) counts as unknown, an islands annotation that no
+    # longer matches the GPU count (a GPU went unhealthy, or into MIG mode) falls back to the
+    # default, and a MIG resource this scheduler does not know is left out; all are reported
+    # in ``warning``.
     warnings: list[str] = []
+    gpu_mem = 0
+    if LABEL_GPU_MEMORY in labels:
+        try:
+            gpu_mem = _int_quantity(labels[LABEL_GPU_MEMORY], f"{where}: label {LABEL_GPU_MEMORY}")
+        except ConvertError as exc:
+            warnings.append(f"{exc}; GPU memory counted as unknown (MiB expected, as GPU feature discovery writes it)")
     storage: int | None = None
     if STORAGE_RESOURCE in alloc:
         try:
@@ -465,6 +470,8 @@ def _pod(
     share_text = annotations.get(ANNOTATION_GPU_MILLI)
     if share_text is not None:
         milli = _int_quantity(share_text, f"{where}: annotation {ANNOTATION_GPU_MILLI}")
+        if not milli:  # 0 would silently make it a CPU-only pod
+            raise ConvertError(f"{where}: {ANNOTATION_GPU_MILLI} must be 1..{GPU_MILLI}, got {share_text!r}")
     elif ANNOTATION_GPU_MILLI in reqs:
         milli = reqs[ANNOTATION_GPU_MILLI]
     if milli:
@@ -893,9 +900,15 @@ def _gang(
     namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str], where: str
 ) -> tuple[Gang | None, str]:
     group = str(labels.get(LABEL_POD_GROUP, "")).strip()
-    if not group:
-        return None, ""
     names = f"(annotations {ANNOTATION_GANG_MIN}, {ANNOTATION_GANG_KEY}, {ANNOTATION_GANG_TOPOLOGY})"
+    if not group:
+        given = [a for a in (ANNOTATION_GANG_MIN, ANNOTATION_GANG_KEY, ANNOTATION_GANG_TOPOLOGY) if a in annotations]
+        if given:
+            return None, (
+                f"{where}: annotation {given[0]} needs the label {LABEL_POD_GROUP} naming the gang; "
+                f"add the label, or remove the gang annotations {names}"
+            )
+        return None, ""
     text = annotations.get(ANNOTATION_GANG_MIN, "1")
     try:
         minimum = int(text)

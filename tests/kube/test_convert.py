@@ -133,6 +133,14 @@ def test_mig_island_and_gang_requests() -> None:
     assert (rec.pod.gang.topology_key, rec.pod.gang.topology) == ("rack", "required")
 
 
+@pytest.mark.parametrize("memory", ["80GB", "1e1000000"])
+def test_a_gpu_memory_label_that_is_no_count_keeps_the_node_and_says_so(memory: str) -> None:
+    rec = node_record(node_obj(labels={"nvidia.com/gpu.product": "A100", "nvidia.com/gpu.memory": memory}))
+    assert (rec.node.gpu_count, rec.node.gpu_memory_mib) == (8, 0)
+    assert "label nvidia.com/gpu.memory" in rec.warning
+    assert "counted as unknown" in rec.warning
+
+
 def test_bad_node_quantity_names_the_node_and_field() -> None:
     with pytest.raises(ConvertError, match=r"node n1: allocatable nvidia.com/gpu: must be a whole number"):
         node_record(node_obj(gpus="1.5"))
@@ -222,6 +230,12 @@ def test_init_containers_and_overhead_count() -> None:
                 nodeSelector={"nvidia.com/gpu.product": "H800"},
             ),
             "excludes every model",
+        ),
+        (pod_obj(annotations={"gpusched.io/gpu-milli": "1e1000000"}), "too large"),
+        (pod_obj(annotations={"gpusched.io/gpu-milli": "0"}), "gpu-milli must be 1..1000, got '0'"),
+        (
+            pod_obj(annotations={"gpusched.io/gang-min-members": "3"}),
+            "annotation gpusched.io/gang-min-members needs the label scheduling.x-k8s.io/pod-group",
         ),
     ],
 )
