@@ -99,6 +99,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0..65535 (0 picks a free port), got {value}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -215,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--retry-period", type=_positive_float, default=2.0, metavar="S", help="(default: 2)")
     run.add_argument("--metrics-host", default="0.0.0.0", help="address for /metrics, /healthz, /readyz")
     run.add_argument(
-        "--metrics-port", type=int, default=8080, help="port for /metrics, /healthz, /readyz; 0 picks a free one"
+        "--metrics-port", type=_port, default=8080, help="port for /metrics, /healthz, /readyz; 0 picks a free one"
     )
     run.add_argument("--kube-api-qps", type=_positive_float, default=50.0, help="client request rate (default: 50)")
     run.add_argument("--kube-api-burst", type=_positive_int, default=100, help="client burst (default: 100)")
@@ -269,7 +279,8 @@ def _kubeconfig(path: Path | None) -> Path | None:
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
-    from gpusched.daemon import DaemonSettings, run_daemon
+    from gpusched.daemon import DaemonSettings, StartupError, run_daemon
+    from gpusched.kube.client import CredentialsError
     from gpusched.kube.leader import timing_problem
 
     config_map, config = _daemon_config(args.config)
@@ -297,16 +308,23 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         kube_burst=args.kube_api_burst,
         policy=args.policy,
     )
-    return asyncio.run(run_daemon(settings))
+    try:
+        return asyncio.run(run_daemon(settings))
+    except (CredentialsError, StartupError) as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _explain(args: argparse.Namespace, console: Console) -> int:
     from gpusched.daemon import explain_pod
+    from gpusched.kube.client import CredentialsError
 
     ns, _, name = args.pod.rpartition("/")
-    text, code = asyncio.run(
-        explain_pod(_kubeconfig(args.kubeconfig), args.context, ns or "default", name, args.scheduler_name)
-    )
+    try:
+        text, code = asyncio.run(
+            explain_pod(_kubeconfig(args.kubeconfig), args.context, ns or "default", name, args.scheduler_name)
+        )
+    except CredentialsError as exc:
+        raise UsageError(str(exc)) from None
     print(text)
     return code
 

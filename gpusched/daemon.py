@@ -784,6 +784,10 @@ def _solve(
     return plan, after, frag
 
 
+class StartupError(Exception):
+    """The daemon cannot start as configured; the message says what to change."""
+
+
 async def run_daemon(settings: DaemonSettings) -> int:
     """Run until SIGTERM/SIGINT; the exit code for the process."""
     kube = await connect(settings.kubeconfig, settings.context, settings.kube_qps, settings.kube_burst)
@@ -793,7 +797,14 @@ async def run_daemon(settings: DaemonSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await health.start()
+    try:
+        await health.start()
+    except OSError as exc:  # the port is taken, or the host is not this machine's
+        await kube.close()
+        raise StartupError(
+            f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: {exc.strerror or exc}; "
+            "pass a free --metrics-port (0 picks one) or another --metrics-host"
+        ) from None
     log.info(
         "started",
         identity=sched.identity,
@@ -814,8 +825,7 @@ async def run_daemon(settings: DaemonSettings) -> int:
         done, _ = await asyncio.wait({*tasks, stopper}, return_when=asyncio.FIRST_COMPLETED)
         for t in done:
             if t is not stopper:
-                exc = t.exception()
-                log.error("task ended; stopping", task=t.get_name(), error=repr(exc))
+                log.error("task ended; stopping", task=t.get_name(), error=repr(t.exception()))
                 code = 1
     finally:
         schedule = [t for t in tasks if t.get_name() == "schedule"]

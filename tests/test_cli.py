@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from importlib import resources
@@ -238,6 +239,7 @@ def test_bad_published_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         (["run", "--lease-duration", "5", "--renew-deadline", "10"], "--lease-duration > --renew-deadline"),
         (["explain"], "required: [NAMESPACE/]POD"),
         (["explain", "p"], "pass --kubeconfig PATH"),
+        (["run", "--metrics-port", "70000"], "argument --metrics-port: must be 0..65535 (0 picks a free port)"),
     ],
 )
 def test_run_and_explain_reject_bad_input_with_the_fix(
@@ -245,6 +247,55 @@ def test_run_and_explain_reject_bad_input_with_the_fix(
 ) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     assert message in rejected(capsys, argv)
+
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: ctx, context: {cluster: c, user: u}}]
+"""
+
+
+@pytest.mark.parametrize(
+    ("current", "argv", "message"),
+    [
+        ("", [], "pass --context NAME, one of its contexts"),
+        ("current-context: ctx\n", ["--context", "nope"], "check --context against its contexts"),
+    ],
+)
+def test_run_and_explain_name_a_kubeconfig_they_cannot_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], current: str, argv: list[str], message: str
+) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG + current, encoding="utf-8")
+    for command in (["run"], ["explain", "p"]):
+        text = rejected(capsys, [*command, "--kubeconfig", str(path), *argv])
+        assert f"--kubeconfig {path}: " in text
+        assert message in text
+
+
+def test_run_in_a_pod_without_its_service_account_token_says_so(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    text = rejected(capsys, ["run", "--no-leader-elect"])
+    assert "the pod's service account cannot be read" in text
+    assert "or pass --kubeconfig PATH" in text
+
+
+def test_run_on_a_metrics_port_that_is_taken_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG + "current-context: ctx\n", encoding="utf-8")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["run", "--kubeconfig", str(path), "--metrics-host", "127.0.0.1", "--metrics-port", str(port)]
+        text = rejected(capsys, argv)
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in text
+    assert "pass a free --metrics-port (0 picks one)" in text
 
 
 def test_run_rejects_a_bad_config_file_naming_the_field(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -288,13 +288,27 @@ def bind_concurrency(qps: float) -> int:
     return max(8, min(math.ceil(qps / 2), 100))
 
 
+class CredentialsError(Exception):
+    """No usable client configuration; the message says where it came from and what to pass."""
+
+
 async def connect(kubeconfig: Path | None, context: str | None, qps: float, burst: int) -> Kube:
-    """A client from ``kubeconfig`` (and ``context``), else from the pod's service account."""
+    """A client from ``kubeconfig`` (and ``context``), else from the pod's service account.
+    Raises ``CredentialsError`` when neither can be read."""
     cfg = type.__call__(Configuration)  # a fresh one, not a copy of the library's global default
-    if kubeconfig is None:
-        load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    else:
-        loader = await load_kube_config(config_file=str(kubeconfig), context=context, client_configuration=cfg)
+    try:
+        if kubeconfig is None:
+            load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        else:
+            loader = await load_kube_config(config_file=str(kubeconfig), context=context, client_configuration=cfg)
+    except Exception as exc:  # the loader's ConfigException, YAML errors, unreadable files
+        if kubeconfig is None:
+            raise CredentialsError(
+                f"the pod's service account cannot be read: {exc}; mount its token "
+                "(automountServiceAccountToken) or pass --kubeconfig PATH"
+            ) from None
+        fix = "pass --context NAME, one of its contexts" if context is None else "check --context against its contexts"
+        raise CredentialsError(f"--kubeconfig {kubeconfig}: {exc}; {fix}") from None
     cfg.connection_pool_maxsize = connection_limit(qps)
     kube = Kube(ApiClient(configuration=cfg), qps, burst)
     if kubeconfig is not None and (loader.provider == "gcp" or "exec" in (loader._user or {})):
