@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -352,6 +353,16 @@ def _params(config: Path | None) -> SolverParams | None:
     return _read_config(config, "a solver configuration YAML file").solver_params()
 
 
+def _writable_dir(out: Path) -> None:
+    """Make ``--out`` now, so a run does not end by failing to write its results."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write there: {exc.strerror or exc}; pass a writable directory") from None
+
+
 def _simulate(args: argparse.Namespace, console: Console) -> int:
     if (args.nodes is None) != (args.pods is None):
         given = "--nodes" if args.nodes is not None else "--pods"
@@ -372,6 +383,7 @@ def _simulate(args: argparse.Namespace, console: Console) -> int:
             pods = _existing_file(args.pods, "--pods", "an openb pod list CSV")
             trace = None
             out = args.out or Path(TRACE_OUT)
+        _writable_dir(out)
         start = time.perf_counter()
         summaries = run_simulation(
             nodes,

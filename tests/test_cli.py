@@ -206,6 +206,16 @@ def test_trace_errors_name_file_line_and_column(tmp_path: Path, capsys: pytest.C
     assert "1..1000" in message
 
 
+def test_an_out_directory_that_cannot_be_written_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    taken = tmp_path / "results"
+    taken.write_text("a file, not a directory\n", encoding="utf-8")
+    message = rejected(capsys, ["simulate", *FAST, "--out", str(taken / "run1")])
+    assert f"--out {taken / 'run1'}: cannot write there" in message
+    assert "pass a writable directory" in message
+
+
 def test_a_workload_without_gpu_demand_is_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pods = tmp_path / "pods.csv"
     pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,0,0\n", encoding="utf-8")
