@@ -18,7 +18,7 @@ _MIG_COMPUTE_SLICES = 7
 def mig_milli(profile: str) -> int:
     """GPU demand of one MIG instance in thousandths of a GPU: its share of the 7 compute slices."""
     head = profile.split("g.", 1)[0]
-    if not head.isdigit() or "g." not in profile:
+    if not head.isdecimal() or "g." not in profile:
         raise ValueError(f"MIG profile {profile!r} is not of the form <compute>g.<memory>gb, e.g. 1g.10gb")
     return round(GPU_MILLI * int(head) / _MIG_COMPUTE_SLICES)
 

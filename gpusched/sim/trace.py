@@ -49,24 +49,31 @@ class TraceError(ValueError):
 
 def _rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
     try:
-        handle = path.open(newline="", encoding="utf-8")
+        handle = path.open(newline="", encoding="utf-8-sig")  # a spreadsheet's byte-order mark is no column name
     except OSError as exc:
         raise TraceError(path, 0, None, f"cannot open: {exc.strerror or exc}") from exc
     with handle:
         reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None:
-            raise TraceError(path, 1, None, "file is empty; expected a header row")
-        header = [h.strip() for h in header]
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise TraceError(path, 1, missing[0], f"missing column(s) {', '.join(missing)}; header is {header}")
-        for raw in reader:
-            line = reader.line_num
-            if not raw or all(not c.strip() for c in raw):
-                continue
-            row = raw + [""] * (len(header) - len(raw))
-            yield line, {h: v.strip() for h, v in zip(header, row, strict=False)}
+        try:
+            header = next(reader, None)
+            if header is None:
+                raise TraceError(path, 1, None, "file is empty; expected a header row")
+            header = [h.strip() for h in header]
+            missing = [c for c in required if c not in header]
+            if missing:
+                raise TraceError(path, 1, missing[0], f"missing column(s) {', '.join(missing)}; header is {header}")
+            for raw in reader:
+                line = reader.line_num
+                if not raw or all(not c.strip() for c in raw):
+                    continue
+                row = raw + [""] * (len(header) - len(raw))
+                yield line, {h: v.strip() for h, v in zip(header, row, strict=False)}
+        except UnicodeDecodeError as exc:  # decoded a block at a time: the line is where the block starts
+            raise TraceError(
+                path, reader.line_num + 1, None, f"not UTF-8 text (from here on: {exc.reason}); save the file as UTF-8"
+            ) from None
+        except csv.Error as exc:
+            raise TraceError(path, reader.line_num, None, f"not a CSV row: {exc} (a quote left open?)") from None
 
 
 def _int(path: Path, line: int, row: dict[str, str], column: str, default: int | None = None) -> int:
@@ -74,7 +81,7 @@ def _int(path: Path, line: int, row: dict[str, str], column: str, default: int |
     if text == "" and default is not None:
         return default
     try:
-        if text.lstrip("-").isdigit():
+        if text.lstrip("-").isdecimal():
             value = int(text)
         else:  # "1000.0" as some CSV writers emit it; "1.5", "inf" and "nan" are rejected
             number = float(text)
@@ -135,7 +142,7 @@ def _mig_slices(path: Path, line: int, row: dict[str, str]) -> tuple[tuple[str, 
     out: list[tuple[str, int]] = []
     for profile, count in _pairs(path, line, row, "mig_slices", "1g.10gb=7;3g.40gb=2"):
         _profile(path, line, "mig_slices", profile)
-        if not count.isdigit():
+        if not count.isdecimal():
             raise TraceError(path, line, "mig_slices", f"{profile}: expected a count of instances, got {count!r}")
         out.append((profile, int(count)))
     return tuple(out)

@@ -135,6 +135,7 @@ class TestPodColumns:
         (NODE_EXTRA, "n,1,1,0,A100,,1g.10gb,,", "mig_slices", "expected key=value items"),
         (NODE_EXTRA, "n,1,1,0,A100,,1g.10gb=many,,", "mig_slices", "expected a count of instances"),
         (NODE_EXTRA, "n,1,1,2,A100,,1g.10gb=-1,,", "mig_slices", "expected a count of instances, got '-1'"),
+        (NODE_EXTRA, "n,1,1,2,A100,,1g.10gb=\u00b2,,", "mig_slices", "expected a count of instances, got '\u00b2'"),
         (NODE_EXTRA, "n,1,1,0,A100,,big=1,,", "mig_slices", "expected a MIG profile"),
         (NODE_EXTRA, "n,1,1,0,A100,,1g.10gb=1;1g.10gb=2,,", "mig_slices", "'1g.10gb' is given twice"),
         (NODE_EXTRA, "n,1,1,0,,,1g.10gb=7,,", "model", "MIG slices but no model"),

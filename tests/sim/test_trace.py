@@ -163,3 +163,27 @@ class TestBadFiles:
         p = write(tmp_path, "pods.csv", POD_HEADER, "p,1,1,2,1,")
         with pytest.raises(ValueError, match=r"pods\.csv:2: column 'gpu_milli'"):
             read_pods(p)
+
+
+def test_a_header_behind_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    p = tmp_path / "nodes.csv"
+    p.write_text(NODE_HEADER + "\nn0,1000,1024,1,A100\n", encoding="utf-8-sig")
+    assert [n.name for n in read_nodes(p)] == ["n0"]
+
+
+def test_a_file_that_is_not_utf8_text_is_refused_with_where_it_goes_wrong(tmp_path: Path) -> None:
+    p = tmp_path / "nodes.csv"
+    p.write_bytes((NODE_HEADER + "\nn0,1000,1024,1,A100\nn\xe91,1000,1024,1,A100\n").encode("latin-1"))
+    expect_error(p, 1, None, "not UTF-8 text")
+    assert "save the file as UTF-8" in _message(p)
+
+
+def test_a_quote_left_open_is_refused_with_its_line(tmp_path: Path) -> None:
+    p = write(tmp_path, "pods.csv", POD_HEADER, "p0,1000,1024,1,1000,", 'p1,1000,1024,1,1000,"A100' + "x" * 140_000)
+    expect_error(p, 3, None, "not a CSV row: field larger than field limit")
+
+
+def _message(path: Path) -> str:
+    with pytest.raises(TraceError) as info:
+        read_nodes(path)
+    return str(info.value)
