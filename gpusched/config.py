@@ -25,6 +25,7 @@ configuration.  Example (every key optional)::
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import yaml
@@ -40,7 +41,7 @@ _L = Limits()
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
 
 class WeightsConfig(_Strict):
@@ -137,10 +138,27 @@ def parse_config(data: Any, source: str = "config") -> GpuschedConfig:
         raise ConfigError(f"{source}: {_describe(exc)}") from None
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that gives a key twice (it would keep the last
+    silently, dropping a whole ``solver:`` block written first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, Hashable):
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "in a mapping", node.start_mark, f"{key!r} is given twice", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_config(text: str, source: str = "config") -> GpuschedConfig:
     """Parse and validate a YAML document."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeys)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from None
     return parse_config(data, source)

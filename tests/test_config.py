@@ -85,7 +85,10 @@ def test_unknown_key_is_rejected_naming_its_path(text: str, path: str) -> None:
         ("solver:\n  relativeGap: 1.5\n", "solver.relativeGap", "less than or equal to 1"),
         ("weights:\n  placedGpu: -1\n", "weights.placedGpu", "greater than or equal to 0"),
         ("weights:\n  packing: lots\n", "weights.packing", "valid integer"),
-        ("weights:\n  fragmentation: 1.5\n", "weights.fragmentation", "fractional part"),
+        ("weights:\n  fragmentation: 1.5\n", "weights.fragmentation", "valid integer (got 1.5)"),
+        ("weights:\n  placedGpu: true\n", "weights.placedGpu", "valid integer (got True)"),
+        ("weights:\n  packing: '3'\n", "weights.packing", "valid integer (got '3')"),
+        ("batching:\n  quickStart: 1\n", "batching.quickStart", "valid boolean (got 1)"),
         ("batching:\n  maxWaitSeconds: 61\n", "batching.maxWaitSeconds", "less than or equal to 60"),
         ("weights: [1, 2]\n", "weights", "valid dictionary"),
     ],
@@ -132,3 +135,14 @@ def test_config_is_frozen() -> None:
     cfg = load_config("")
     with pytest.raises(pydantic.ValidationError):
         cfg.solver.workers = 3
+
+
+def test_a_key_given_twice_is_refused_naming_it_and_its_line() -> None:
+    text = "solver:\n  workers: 2\nweights:\n  packing: 3\nsolver:\n  workers: 64\n"
+    with pytest.raises(ConfigError) as info:
+        load_config(text, source="configmap gpusched/solver")
+    message = str(info.value)
+    assert message.startswith("configmap gpusched/solver: not valid YAML: ")
+    assert "'solver' is given twice\n  in \"<unicode string>\", line 5" in message
+    with pytest.raises(ConfigError, match=r"'packing' is given twice"):
+        load_config("weights: {packing: 3, packing: 4}\n")
