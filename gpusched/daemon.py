@@ -361,7 +361,7 @@ class Scheduler:
         self.elector: LeaderElector | None = None
         if settings.leader_elect:
             self.elector = LeaderElector(
-                kube.sibling(),  # its own rate limit: Bindings and conditions never delay a renewal
+                kube.apart(),  # its own rate limit and connections: nothing else delays a renewal
                 settings.namespace,
                 settings.lease_name,
                 self.identity,
@@ -394,8 +394,8 @@ class Scheduler:
 
     @property
     def is_leader(self) -> bool:
-        """Whether this instance schedules now."""
-        return self._leading.is_set()
+        """Whether this instance schedules now (with an elector: its last renewal still holds)."""
+        return self._leading.is_set() and (self.elector is None or self.elector.holds())
 
     def ready(self) -> tuple[bool, str]:
         """For ``/readyz``: every watch has listed and the solver is loaded, so a pod that
@@ -497,6 +497,7 @@ class Scheduler:
             if not self.is_leader:
                 for r in batch:
                     self.queue.requeue(r.key)
+                await asyncio.sleep(0.1)  # the Lease lapsed and the step-down has yet to run
                 continue
             await self.schedule_batch(batch)
 
@@ -839,6 +840,7 @@ async def run_daemon(settings: DaemonSettings) -> int:
         await asyncio.gather(*tasks, stopper, return_exceptions=True)
         if sched.elector is not None:
             await sched.elector.release()
+            await sched.elector.kube.close()
         await health.stop()
         await kube.close()
         log.info("stopped", code=code)

@@ -130,9 +130,13 @@ class Binder:
             reraise=True,
         ):
             with attempt:
-                if leading is not None and not leading():
-                    raise NotLeading
-                r = await client.request(method, path, body=body, content_type=content_type)
+
+                def check() -> None:
+                    if leading is not None and not leading():
+                        raise NotLeading
+
+                check()  # and again once the rate limiter lets it go, which can take seconds
+                r = await client.request(method, path, body=body, content_type=content_type, before_send=check)
                 if not r.ok:
                     raise r.error()
                 return r.body

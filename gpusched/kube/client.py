@@ -128,6 +128,12 @@ class Kube:
         """
         return Kube(self.api, self.limiter.qps, self.limiter.burst)
 
+    def apart(self) -> Kube:
+        """A client with a connection pool and rate limiter of its own, on the same credentials
+        (a token refreshed for this client is seen by both).  For the Lease: a renewal must
+        not queue behind Bindings, conditions and Events for a connection.  Close it too."""
+        return Kube(ApiClient(configuration=self.api.configuration), self.limiter.qps, self.limiter.burst)
+
     async def close(self) -> None:
         """Close the connection pool (and stop refreshing the token)."""
         if self.refresher is not None:
@@ -170,9 +176,14 @@ class Kube:
         body: Any = None,
         content_type: str = JSON,
         timeout: float | None = 30.0,
+        before_send: Callable[[], None] | None = None,
     ) -> Response:
-        """One rate-limited request; the body is decoded JSON (or text when it is not JSON)."""
+        """One rate-limited request; the body is decoded JSON (or text when it is not JSON).
+        ``before_send`` runs once the rate limiter lets the request go, and may raise to stop
+        it: what held when the request was queued may not hold seconds later."""
         await self.limiter.acquire()
+        if before_send is not None:
+            before_send()
         resp = await self._raw(method, path, query, body, content_type, timeout)
         try:
             data = await resp.read()

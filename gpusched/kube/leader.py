@@ -70,6 +70,8 @@ class LeaderElector:
         self.retry_period = retry_period
         self.on_change = on_change
         self.is_leader = False
+        self.valid_until = 0.0
+        """Monotonic time until which the last renewal keeps us leader (``holds``)."""
         self.holder = ""
         self._observed: tuple[str, str] | None = None
         self._observed_at = 0.0
@@ -86,13 +88,13 @@ class LeaderElector:
                     if await self._renew(self.renew_deadline):
                         break
                     await asyncio.sleep(self.retry_period)
+                last_renew, self.valid_until = sent, sent + self.renew_deadline
                 self._set(True)
-                last_renew = sent
                 while True:
                     await asyncio.sleep(self.retry_period)
                     sent = time.monotonic()
                     if await self._renew(self.renew_deadline - (sent - last_renew)):
-                        last_renew = sent
+                        last_renew, self.valid_until = sent, sent + self.renew_deadline
                     elif time.monotonic() - last_renew >= self.renew_deadline:
                         log.warning("leadership lost: lease not renewed in time", lease=self.name)
                         self._set(False)
@@ -100,6 +102,11 @@ class LeaderElector:
         finally:
             if self.is_leader:
                 self._set(False)
+
+    def holds(self) -> bool:
+        """Leader, and within the renew deadline of the last renewal, by the clock rather than by
+        the loop that steps down (which a busy event loop may run late)."""
+        return self.is_leader and time.monotonic() < self.valid_until
 
     async def _renew(self, time_left: float) -> bool:
         """One attempt to acquire or renew, cut off when the renew deadline passes: a slow API

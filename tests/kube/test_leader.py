@@ -98,3 +98,23 @@ async def test_a_leader_counts_its_lease_from_when_it_asked() -> None:
     """Renewals answered in 0.25 s of a 0.6 s deadline keep the lead; the lead is timed from each
     request's start, so a leader never outlives the deadline measured from what the others saw."""
     assert await _leadership_changes(delay=0.12) == [True]
+
+
+async def test_a_leader_whose_event_loop_was_held_up_past_the_deadline_no_longer_holds() -> None:
+    """A long synchronous stretch (a solve on the loop, a stalled GC) can keep the step-down from
+    running in time; ``holds`` reads the clock, so Bindings stop at the deadline all the same."""
+    changes: list[bool] = []
+    elector = _elector(SlowApi(0.0), changes.append)
+    task = asyncio.create_task(elector.run())
+    try:
+        for _ in range(100):
+            if changes:
+                break
+            await asyncio.sleep(0.01)
+        assert changes == [True]
+        assert elector.holds()
+        time.sleep(0.7)  # the loop is held past the 0.6 s renew deadline: no renewal ran
+        assert elector.is_leader  # the loop that steps down has not run yet
+        assert not elector.holds()
+    finally:
+        task.cancel()

@@ -2,43 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
 from pathlib import Path
 
-import pytest
 from aiohttp import web
 
 from gpusched.kube import client
 from gpusched.kube.binder import Binder, BindResult
 from tests.factories import pod
-
-
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[tuple[Path, list[web.Response], list[str]]]:
-    """An HTTP server answering from a script; yields its kubeconfig, the script and the paths seen."""
-    script: list[web.Response] = []
-    seen: list[str] = []
-
-    async def answer(request: web.Request) -> web.Response:
-        seen.append(f"{request.method} {request.path}")
-        return script.pop(0)
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        f"clusters: [{{name: k, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
-    )
-    yield kubeconfig, script, seen
-    await runner.cleanup()
 
 
 def _status(code: int, reason: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -82,3 +53,23 @@ def test_retry_after_is_read_as_client_go_reads_it() -> None:
     assert client.retry_after(409, "2") is None  # only on 429 and 5xx
     assert client.retry_after(429, None) is None
     assert client.retry_after(429, "-4") == 0.0
+
+
+async def test_a_binding_queued_behind_the_rate_limit_is_not_sent_once_leadership_is_lost(
+    server: tuple[Path, list[web.Response], list[str]],
+) -> None:
+    kubeconfig, script, seen = server
+    script += [web.json_response({"kind": "Status", "status": "Success", "code": 201}, status=201)]
+    kube = await client.connect(kubeconfig, None, 2, 1)  # one token, then one every half second
+    leading = True
+    try:
+        binder = Binder(kube, "me", leading=lambda: leading)
+        await kube.limiter.acquire()  # spent: the Binding waits for the next token
+        bind = asyncio.create_task(binder.bind(pod("p", gpus=1), "n1", (0,)))
+        await asyncio.sleep(0.1)  # it passed the check and waits in the limiter
+        leading = False  # stepped down meanwhile
+        result = await bind
+    finally:
+        await kube.close()
+    assert result == (BindResult.FAILED, "no longer the leader")
+    assert seen == []
