@@ -5,7 +5,9 @@ to ``Handler.replace``, then watches from the list's resourceVersion with
 bookmarks on, passing each change to ``Handler.apply``.  The resourceVersion
 advances with every event and bookmark, so a dropped connection or a refused
 watch request is retried (with backoff) from where it stopped, without a new
-list; only a 410 Gone (the version fell out of etcd's window) relists.
+list; only a 410 Gone (the version fell out of etcd's window) relists, and so
+does a handler that raises (a bug), after a backoff, so that the change it
+failed on is not lost.
 ``synced`` is set after the first full list: until every reflector is synced
 the scheduler does not place anything, because it cannot know what is already
 in use.
@@ -37,6 +39,15 @@ class Handler(Protocol):
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         """One change: ``ADDED``, ``MODIFIED`` or ``DELETED``."""
+
+
+class _ApplyFailed(Exception):
+    """``Handler.apply`` raised on one change (the cause is chained)."""
+
+    def __init__(self, kind: str, obj: str) -> None:
+        super().__init__(f"{kind} {obj} not applied")
+        self.kind = kind
+        self.object = obj
 
 
 class Reflector:
@@ -79,6 +90,9 @@ class Reflector:
                 if exc.status == GONE:
                     log.info("watch expired, relisting", watch=self.name, rv=self.resource_version)
                     listed = False
+                    if time.monotonic() - started < 1.0:  # expired again right after a list
+                        await asyncio.sleep(delay * (1 + random.random() / 2))
+                        delay = min(delay * 2, 10.0)
                     continue
                 if time.monotonic() - started > 30:  # it had been running: not a failure streak
                     delay = 0.2
@@ -92,8 +106,9 @@ class Reflector:
                 )
                 await asyncio.sleep(max(delay * (1 + random.random() / 2), exc.retry_after or 0.0))
                 delay = min(delay * 2, 10.0)
-            except Exception:  # the handler failed on the list (a bug): list again, not stop
-                log.exception("list not applied, relisting", watch=self.name, retry_in_s=round(delay, 2))
+            except Exception as exc:  # the handler failed (a bug): list again to rebuild what it holds
+                change = {"kind": exc.kind, "object": exc.object} if isinstance(exc, _ApplyFailed) else {}
+                log.exception("handler failed, relisting", watch=self.name, retry_in_s=round(delay, 2), **change)
                 listed = False
                 await asyncio.sleep(delay * (1 + random.random() / 2))
                 delay = min(delay * 2, 10.0)
@@ -126,12 +141,7 @@ class Reflector:
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
                     try:
                         self.handler.apply(kind, obj)
-                    except Exception:  # a bug, not the object's fault: one change lost, not the watch
+                    except Exception as exc:
                         meta = obj.get("metadata") or {}
-                        log.exception(
-                            "change not applied",
-                            watch=self.name,
-                            kind=kind,
-                            object=f"{meta.get('namespace', '')}/{meta.get('name', '')}".lstrip("/"),
-                            rv=self.resource_version,
-                        )
+                        name = f"{meta.get('namespace', '')}/{meta.get('name', '')}".lstrip("/")
+                        raise _ApplyFailed(kind, name) from exc

@@ -82,7 +82,7 @@ class Failing(Recorder):
         super().apply(kind, obj)
 
 
-async def test_a_handler_that_fails_on_one_change_loses_that_change_not_the_watch(
+async def test_a_handler_that_fails_on_a_change_gets_it_from_a_list_and_the_watch_goes_on(
     control_plane: ControlPlane, namespace: str
 ) -> None:
     kube = await kit.admin(control_plane)
@@ -94,9 +94,11 @@ async def test_a_handler_that_fails_on_one_change_loses_that_change_not_the_watc
             async with running(r):
                 await asyncio.wait_for(r.synced.wait(), 10)
                 await kit.create_all(kube, path, [{"metadata": {"name": n}, "data": {}} for n in ("poison", "after")])
-                await _until(lambda: "after" in rec.names)
-        assert rec.names == {"after"}
-        failed = [e for e in logs if e["event"] == "change not applied"]
+                await _until(lambda: rec.names == {"poison", "after"})
+                await kit.create_all(kube, path, [{"metadata": {"name": "later"}, "data": {}}])
+                await _until(lambda: "later" in rec.names)
+        assert rec.replaced == 2  # the first list, and the one that recovered the failed change
+        failed = [e for e in logs if e["event"] == "handler failed, relisting"]
         assert [(e["kind"], e["object"]) for e in failed] == [("ADDED", f"{namespace}/poison")]
     finally:
         await kube.close()

@@ -1,0 +1,46 @@
+"""A watch that expires as soon as it is opened must not turn into back-to-back relists."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, cast
+
+from gpusched.kube.client import ApiError, Kube
+from gpusched.kube.watch import Reflector
+
+
+class ExpiringApi:
+    """Lists fine; every watch is answered 410 Gone at once (a watch cache rebuilt past our list)."""
+
+    def __init__(self) -> None:
+        self.lists = 0
+
+    async def list(self, path: str, query: Mapping[str, Any] | None = None, page: int = 500) -> tuple[list[Any], str]:
+        self.lists += 1
+        await asyncio.sleep(0)  # a real list yields to the loop
+        return [], str(self.lists)
+
+    async def stream(self, path: str, query: Mapping[str, Any], timeout: float) -> AsyncIterator[dict[str, Any]]:
+        raise ApiError(410, "too old resource version", "Expired")
+        yield {}  # pragma: no cover - makes this an async generator
+
+
+class Nothing:
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        pass
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        pass
+
+
+async def test_a_watch_expiring_right_after_each_list_relists_with_backoff() -> None:
+    api = ExpiringApi()
+    task = asyncio.create_task(Reflector(cast(Kube, api), "pods", "/api/v1/pods", Nothing()).run())
+    await asyncio.sleep(1.0)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    # 0.2, 0.4, 0.8 s (+ jitter) between lists: a handful in a second, not thousands.
+    assert 2 <= api.lists <= 5, api.lists
