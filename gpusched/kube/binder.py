@@ -104,7 +104,8 @@ class Binder:
         """Whether this instance may still bind: checked before every Binding attempt, so that
         retries never reach the API server after another instance may have taken over."""
         self.events = events or kube
-        """Client for Events (a sibling with its own rate limit, as kube-scheduler's event client)."""
+        """Client for Events and Unschedulable conditions (a sibling with its own rate limit, as
+        kube-scheduler's event client): a burst of verdicts never makes a Binding wait."""
         self.identity = identity
         self.attempts = attempts
         self.event_repeat_s = event_repeat_s
@@ -260,7 +261,11 @@ class Binder:
             body["metadata"] = {"uid": pod.uid}
         try:
             await self._retrying(
-                "PATCH", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status", body, STRATEGIC_PATCH
+                "PATCH",
+                f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status",
+                body,
+                STRATEGIC_PATCH,
+                kube=self.events,  # a thousand pods found unschedulable must not make a Binding wait
             )
         except ApiError as exc:
             if _replaced(exc):

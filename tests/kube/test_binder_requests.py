@@ -1,8 +1,10 @@
-"""A server that sheds load answers 429 with Retry-After: the client waits at least that long."""
+"""The binder's requests against a scripted server: how long it waits after a 429 (Retry-After),
+that a lost Lease stops a queued Binding, and that verdicts never hold a Binding up."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 from aiohttp import web
@@ -73,3 +75,25 @@ async def test_a_binding_queued_behind_the_rate_limit_is_not_sent_once_leadershi
         await kube.close()
     assert result == (BindResult.FAILED, "no longer the leader")
     assert seen == []
+
+
+async def test_unschedulable_verdicts_do_not_make_a_binding_wait_its_turn(
+    server: tuple[Path, list[web.Response], list[str]],
+) -> None:
+    kubeconfig, script, seen = server
+    script += [web.json_response({"kind": "Status", "code": 200}) for _ in range(4)]
+    kube = await client.connect(kubeconfig, None, 4, 1)  # one request now, then one every 0.25 s
+    try:
+        binder = Binder(kube, "me", events=kube.sibling())
+        verdicts = [
+            asyncio.create_task(binder.unschedulable(replace(pod(f"v{i}", gpus=1), uid=f"u{i}"), "no GPU free"))
+            for i in range(3)
+        ]
+        await asyncio.sleep(0)  # they are queued first
+        assert await binder.bind(pod("p", gpus=1), "n1", (0,)) == (BindResult.BOUND, "")
+        await asyncio.gather(*verdicts)
+    finally:
+        await kube.close()
+    binding = "POST /api/v1/namespaces/default/pods/p/binding"
+    assert sorted(seen) == [f"PATCH /api/v1/namespaces/default/pods/v{i}/status" for i in range(3)] + [binding]
+    assert seen.index(binding) <= 1  # not behind the three verdicts queued before it
