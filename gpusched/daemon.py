@@ -801,6 +801,8 @@ async def run_daemon(settings: DaemonSettings) -> int:
     try:
         await health.start()
     except OSError as exc:  # the port is taken, or the host is not this machine's
+        if sched.elector is not None:
+            await sched.elector.kube.close()
         await kube.close()
         raise StartupError(
             f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: {exc.strerror or exc}; "
