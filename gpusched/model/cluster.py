@@ -129,6 +129,13 @@ class Cluster:
         return len(self.nodes)
 
     @cached_property
+    def product_id(self) -> IntArray:
+        """An id per GPU product named on the node, whole GPUs or not (``model_id`` is -1 for a
+        node with every GPU in MIG mode, whose product still decides which pods it takes)."""
+        ids = {m: i for i, m in enumerate(sorted({n.gpu_model for n in self.nodes}))}
+        return _frozen(np.array([ids[n.gpu_model] for n in self.nodes], dtype=np.int64))
+
+    @cached_property
     def total_gpus(self) -> int:
         """Number of GPUs in the cluster."""
         return int(self.gpu_count.sum())

@@ -141,12 +141,11 @@ def _group_key(
 
 
 def node_classes(state: ClusterState, extra: Sequence[IntArray] = ()) -> np.ndarray:
-    """Class id per node: equal ids have equal free CPU, memory, GPU model and GPU shares
+    """Class id per node: equal ids have equal free CPU, memory, GPU product and GPU shares
     (and equal ``extra`` columns: free islands, MIG instances, topology domains)."""
     free = np.sort(state.gpu_free, axis=1)
-    sig = np.column_stack(
-        [state.cpu_free, state.mem_free, state.cluster.model_id, state.cluster.taint_id, free, *extra]
-    )
+    c = state.cluster
+    sig = np.column_stack([state.cpu_free, state.mem_free, c.model_id, c.product_id, c.taint_id, free, *extra])
     _, inverse = np.unique(sig, axis=0, return_inverse=True)
     return inverse.reshape(-1)
 

@@ -58,6 +58,18 @@ def test_fixed_mig_slices_are_packed_up_to_what_the_node_advertises() -> None:
     assert not plan.partitions, "a node that may not be re-partitioned keeps its layout"
 
 
+def test_mig_only_nodes_of_another_product_are_not_taken_for_candidates() -> None:
+    # Every GPU in MIG mode: no whole GPU, so no GPU model id; the product still decides.
+    nodes = [Node(f"a100-{i}", 8000, 32768, 0, "A100-SXM4-80GB", mig_slices=(("1g.10gb", 7),)) for i in range(3)]
+    nodes += [Node(f"h100-{i}", 8000, 32768, 0, "H100-80GB", mig_slices=(("1g.10gb", 7),)) for i in range(3)]
+    state = Cluster(nodes).empty_state()
+    pods = [Pod(f"q{i}", 100, 100, mig_profile="1g.10gb", gpu_models=frozenset({"H100-80GB"})) for i in range(22)]
+    plan = cpsat(pods, state)
+    assert plan.stats.status == "OPTIMAL"  # the solver's own plan, not a fallback after validation
+    assert {nodes[a.node].name for a in plan.assignments} == {"h100-0", "h100-1", "h100-2"}
+    assert len(plan.assignments) == 21
+
+
 def test_the_solver_chooses_a_mig_layout_that_fits_the_whole_batch() -> None:
     cluster = Cluster([mig_node(gpus=1)])
     state = cluster.empty_state()
