@@ -164,6 +164,12 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
             gpu_mem = _int_quantity(labels[LABEL_GPU_MEMORY], f"{where}: label {LABEL_GPU_MEMORY}")
         except ConvertError as exc:
             warnings.append(f"{exc}; GPU memory counted as unknown (MiB expected, as GPU feature discovery writes it)")
+    max_pods: int | None = None
+    if "pods" in alloc:
+        try:
+            max_pods = _int_quantity(alloc["pods"], f"{where}: allocatable pods")
+        except ConvertError as exc:
+            warnings.append(f"{exc}; its pod limit is not checked")
     storage: int | None = None
     if STORAGE_RESOURCE in alloc:
         try:
@@ -215,6 +221,7 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
             tuple(slices),
             taints=taints,
             storage_mib=storage,
+            max_pods=max_pods,
             soft_taints=soft_taints,
         )
     except ValueError as exc:

@@ -68,6 +68,11 @@ class Cluster:
             np.array([UNMETERED if x.storage_mib is None else x.storage_mib for x in nodes], dtype=np.int64)
         )
         """Allocatable ephemeral storage per node, MiB (``UNMETERED`` where the node does not say)."""
+        self.pods_cap: IntArray = _frozen(
+            np.array([UNMETERED if x.max_pods is None else x.max_pods for x in nodes], dtype=np.int64)
+        )
+        """Pods each node takes (``UNMETERED`` where the node does not say)."""
+        self.pods_metered: bool = any(x.max_pods is not None for x in nodes)
         self.gpu_cap: IntArray = _frozen(gpu_cap)
         self.gpu_count: IntArray = _frozen(np.array([x.gpu_count for x in nodes], dtype=np.int64))
         self.model_id: IntArray = _frozen(
@@ -275,6 +280,9 @@ class ClusterState:
     term_holders: tuple[tuple[int, Pod], ...] | None = None
     """The residents with anti-affinity terms of their own, with their nodes (None: found from
     ``residents``; ``apply`` and ``release`` carry them over instead of searching again)."""
+    pods_used: IntArray | None = None
+    """Pods per node, whatever they ask for (None: none counted; only nodes with a pod limit
+    read it)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_log", _ChangeLog())
@@ -298,6 +306,8 @@ class ClusterState:
             a.setflags(write=False)
         if self.storage_used is not None:
             self.storage_used.setflags(write=False)
+        if self.pods_used is not None:
+            self.pods_used.setflags(write=False)
         if self.term_holders is None:
             holders = tuple((n, p) for n, pods in self.residents.items() for p in pods if p.anti_affinity)
             object.__setattr__(self, "term_holders", holders)
@@ -431,6 +441,13 @@ class ClusterState:
         if self.storage_used is None:
             return self.cluster.storage_cap
         return _frozen(self.cluster.storage_cap - self.storage_used)
+
+    @cached_property
+    def pods_free(self) -> IntArray:
+        """Pods each node still takes (``UNMETERED`` and more where it sets no limit)."""
+        if self.pods_used is None:
+            return self.cluster.pods_cap
+        return _frozen(self.cluster.pods_cap - self.pods_used)
 
     @cached_property
     def gpu_free(self) -> IntArray:
@@ -690,6 +707,8 @@ class ClusterState:
         ok = (self.cpu_free >= shape.cpu_milli) & (self.mem_free >= shape.memory_mib)
         if shape.storage_mib:
             ok &= self.storage_free >= shape.storage_mib
+        if self.cluster.pods_metered:
+            ok &= self.pods_free >= 1
         if shape.host_ports:
             ok &= self.ports_free(shape.host_ports)
         if self.cluster.tainted:
@@ -748,6 +767,9 @@ class ClusterState:
         kinds = self.kinds.copy()
         mig = self.mig
         storage = self.storage_used
+        pods = self.pods_used
+        if self.cluster.pods_metered:
+            pods = np.zeros(len(self.cluster), dtype=np.int64) if pods is None else pods.copy()
         ports: dict[int, frozenset[str]] | None = None  # copied on the first pod with host ports
         residents: dict[int, tuple[Pod, ...]] | None = None  # copied on the first pod it concerns
         holders = self.holders
@@ -761,6 +783,8 @@ class ClusterState:
             rows.add(a.node)
             cpu[a.node] += sign * p.cpu_milli
             mem[a.node] += sign * p.memory_mib
+            if pods is not None:
+                pods[a.node] += sign
             if p.host_ports:
                 if ports is None:
                     ports = dict(self.ports_used)
@@ -813,6 +837,7 @@ class ClusterState:
             self.residents if residents is None else residents,
             self.outside,
             holders,
+            pods,
         )
         selected: dict[PodAffinityTerm, frozenset[str]] = self.__dict__["_selected"]
         if sign > 0 and selected:  # a pod added can only add its node's domain; one removed: find again

@@ -54,6 +54,8 @@ class Node:
     """Taints a pod must tolerate to be placed here."""
     storage_mib: int | None = None
     """Allocatable ephemeral storage, MiB; None when the node does not say (then it is not checked)."""
+    max_pods: int | None = None
+    """Allocatable pods (the kubelet's ``maxPods``); None when the node does not say."""
     soft_taints: tuple[Taint, ...] = ()
     """PreferNoSchedule taints: pods that do not tolerate them go elsewhere when they can (the
     cluster autoscaler marks nodes it means to remove so)."""
@@ -67,6 +69,7 @@ class Node:
             ("gpu_count", self.gpu_count),
             ("gpu_memory_mib", self.gpu_memory_mib),
             ("storage_mib", self.storage_mib or 0),
+            ("max_pods", self.max_pods or 0),
         ):
             if value < 0:
                 raise ValueError(f"node {self.name}: {what} must not be negative, got {value}")

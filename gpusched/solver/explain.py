@@ -33,6 +33,7 @@ __all__ = [
     "SELECTOR_MISMATCH",
     "SPREAD_LABEL_MISSING",
     "SPREAD_MISMATCH",
+    "TOO_MANY_PODS",
     "Explanation",
     "explain",
     "explain_gang",
@@ -46,6 +47,8 @@ INSUFFICIENT_SHARE = "insufficient GPU share"
 INSUFFICIENT_CPU = "insufficient cpu"
 INSUFFICIENT_MEMORY = "insufficient memory"
 INSUFFICIENT_STORAGE = "insufficient ephemeral-storage"
+TOO_MANY_PODS = "Too many pods"
+"""kube-scheduler's words for a node at its ``maxPods``."""
 PORTS_TAKEN = "node(s) didn't have free ports for the requested pod ports"
 SPREAD_LABEL_MISSING = "node(s) didn't match pod topology spread constraints (missing required label)"
 SPREAD_MISMATCH = "node(s) didn't match pod topology spread constraints"
@@ -131,6 +134,8 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
     check(state.mem_free >= pod.memory_mib, INSUFFICIENT_MEMORY)
     if pod.storage_mib:
         check(state.storage_free >= pod.storage_mib, INSUFFICIENT_STORAGE)
+    if cluster.pods_metered:
+        check(state.pods_free >= 1, TOO_MANY_PODS)
     if pod.host_ports:
         check(state.ports_free(pod.host_ports), PORTS_TAKEN)
     affinity = state.affinity_mask(pod)

@@ -167,6 +167,8 @@ def _class_extras(
         extra.extend([state.mig_free, cl.mig_can.astype(np.int64)])
     if any(s.storage_mib for s in shapes):
         extra.append(state.storage_free)
+    if cl.pods_metered:  # nodes with room for the whole batch are alike, whatever the limit
+        extra.append(np.minimum(state.pods_free, sum(len(g.pods) for g in groups)))
     for port in sorted({p for s in shapes for p in s.host_ports}):
         extra.append((~state.ports_free(frozenset({port}))).astype(np.int64))
     for selector in sorted({s.node_selector for s in shapes if s.node_selector}, key=repr):
@@ -360,6 +362,8 @@ def build_instance(
             ub = np.minimum(ub, mem_free[sel] // shape.memory_mib)
         if shape.storage_mib:
             ub = np.minimum(ub, state.storage_free[sel] // shape.storage_mib)
+        if state.cluster.pods_metered:
+            ub = np.minimum(ub, state.pods_free[sel])
         if shape.host_ports:
             ub = np.minimum(ub, 1)  # two pods binding one host port never share a node
         per_gpu = None

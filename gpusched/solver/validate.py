@@ -41,6 +41,7 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
     cpu: dict[int, int] = defaultdict(int)
     mem: dict[int, int] = defaultdict(int)
     storage: dict[int, int] = defaultdict(int)
+    count: dict[int, int] = defaultdict(int)
     ports: dict[int, list[frozenset[str]]] = defaultdict(list)
     gpu: dict[tuple[int, int], int] = defaultdict(int)
     whole: set[tuple[int, int]] = set()
@@ -53,6 +54,7 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
         cpu[a.node] += p.cpu_milli
         mem[a.node] += p.memory_mib
         storage[a.node] += p.storage_mib
+        count[a.node] += 1
         if p.host_ports:
             ports[a.node].append(p.host_ports)
         if len(a.gpus) != p.num_gpu:
@@ -103,6 +105,10 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
             problems.append(
                 f"{cluster.nodes[n].name}: ephemeral storage over-committed ({s}Mi > {state.storage_free[n]}Mi)"
             )
+    if cluster.pods_metered:
+        for n, c in count.items():
+            if c > state.pods_free[n]:
+                problems.append(f"{cluster.nodes[n].name}: too many pods ({c} placed, room for {state.pods_free[n]})")
     for (n, g), used in gpu.items():
         if g < cluster.nodes[n].gpu_count and used > state.gpu_free[n, g]:
             problems.append(

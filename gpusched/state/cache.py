@@ -103,6 +103,7 @@ class Cache:
         self._cpu: IntArray = np.zeros(0, dtype=np.int64)
         self._mem: IntArray = np.zeros(0, dtype=np.int64)
         self._storage: IntArray = np.zeros(0, dtype=np.int64)
+        self._pods: IntArray = np.zeros(0, dtype=np.int64)
         self._ports: dict[int, Counter[str]] = {}
         self._residents: dict[int, dict[str, Pod]] = {}
         self._resident_view: dict[int, tuple[Pod, ...]] = {}
@@ -326,6 +327,7 @@ class Cache:
             {n: p for n, p in ports.items() if p},
             dict(self._resident_view),
             tuple((r.node, tuple(self._outside.get(r.name, {}).values())) for r in self._excluded),
+            pods_used=self._pods.copy() if cluster.pods_metered else None,
         )
         excluded = {n: r.excluded for n, r in self._nodes.items() if r.excluded}
         return Snapshot(self.generation, cluster, state, MappingProxyType(excluded))
@@ -339,6 +341,7 @@ class Cache:
             self._cpu = np.zeros(n, dtype=np.int64)
             self._mem = np.zeros(n, dtype=np.int64)
             self._storage = np.zeros(n, dtype=np.int64)
+            self._pods = np.zeros(n, dtype=np.int64)
             self._ports = {}
             self._residents = {}
             self._resident_view = {}
@@ -382,6 +385,7 @@ class Cache:
         self._cpu[i] += sign * pod.cpu_milli
         self._mem[i] += sign * pod.memory_mib
         self._storage[i] += sign * pod.storage_mib
+        self._pods[i] += sign
         if pod.host_ports:
             held_ports = self._ports.setdefault(i, Counter())
             held_ports.update(dict.fromkeys(pod.host_ports, sign))

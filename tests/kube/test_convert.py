@@ -133,6 +133,17 @@ def test_mig_island_and_gang_requests() -> None:
     assert (rec.pod.gang.topology_key, rec.pod.gang.topology) == ("rack", "required")
 
 
+def test_the_pod_limit_of_a_node_is_read_and_a_bad_one_left_unchecked_with_a_warning() -> None:
+    obj = node_obj()
+    obj["status"]["allocatable"]["pods"] = "110"
+    assert node_record(obj).node.max_pods == 110
+    obj["status"]["allocatable"]["pods"] = "lots"
+    rec = node_record(obj)
+    assert rec.node.max_pods is None
+    assert "allocatable pods" in rec.warning
+    assert node_record(node_obj()).node.max_pods is None
+
+
 @pytest.mark.parametrize("memory", ["80GB", "1e1000000"])
 def test_a_gpu_memory_label_that_is_no_count_keeps_the_node_and_says_so(memory: str) -> None:
     rec = node_record(node_obj(labels={"nvidia.com/gpu.product": "A100", "nvidia.com/gpu.memory": memory}))

@@ -194,6 +194,17 @@ def test_assuming_a_stale_pod_of_a_bound_name_keeps_the_bound_one_until_the_bind
     assert list(c.snapshot().state.gpu_used[0]) == [0, 1000]
 
 
+def test_every_pod_on_a_node_with_a_pod_limit_takes_one_of_its_slots() -> None:
+    c = cache_with(NodeRecord(replace(gpu_node("a", gpus=2), max_pods=3)), NodeRecord(gpu_node("b", gpus=2)))
+    c.observe_pod(bound(pod("other-scheduler", cpu=100), "a"))
+    c.assume(pod("ours", gpus=1), "a", (0,))
+    c.observe_pod(bound(pod("elsewhere", cpu=100), "b"))
+    state = c.snapshot().state
+    assert list(state.pods_free[:1]) == [1]
+    c.delete_pod("default/other-scheduler")
+    assert list(c.snapshot().state.pods_free[:1]) == [2]
+
+
 def test_mig_slices_held_by_bound_and_assumed_pods_are_counted() -> None:
     from gpusched.model import Node
 

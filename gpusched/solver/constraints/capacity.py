@@ -1,4 +1,5 @@
-"""CPU, memory and ephemeral storage on each node: what the batch places fits in what is free."""
+"""CPU, memory, ephemeral storage and pod slots on each node: what the batch places fits in what
+is free."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from gpusched.solver.vars import Vars
 
 
 def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
-    """sum of requests on a node <= its free CPU, free memory and free ephemeral storage."""
+    """sum of requests on a node <= its free CPU, free memory and free ephemeral storage, and
+    the pods placed on it <= the pods it still takes (the kubelet's ``maxPods``)."""
     state = inst.state
     storage = any(g.shape.storage_mib for g in inst.groups)
+    pods = state.cluster.pods_metered
     for n, cis in v.by_node.items():
         shapes = [inst.groups[inst.candidates[ci].group].shape for ci in cis]
         checks = [
@@ -20,6 +23,8 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
         ]
         if storage:
             checks.append((int(state.storage_free[n]), [s.storage_mib for s in shapes]))
+        if pods:
+            checks.append((int(state.pods_free[n]), [1] * len(shapes)))
         for free, req in checks:
             if not any(req):
                 continue  # nothing asks for it here (the node may even be over-committed already)
