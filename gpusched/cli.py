@@ -218,7 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="solver configuration: a ConfigMap in --namespace (followed and hot-reloaded) or a YAML file "
         "(read once); default: built-in defaults",
     )
-    run.add_argument("--identity", default="", help="leader-election identity (default: $POD_NAME or host name)")
+    run.add_argument(
+        "--identity",
+        default="",
+        help="leader-election identity (default: $POD_NAME, else the host name and a random suffix)",
+    )
     run.add_argument("--no-leader-elect", action="store_true", help="schedule without holding the Lease")
     run.add_argument("--lease-name", default="gpu-scheduler", help="Lease name in --namespace (default: %(default)s)")
     run.add_argument("--lease-duration", type=_positive_float, default=15.0, metavar="S", help="(default: 15)")
@@ -228,8 +232,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--metrics-port", type=_port, default=8080, help="port for /metrics, /healthz, /readyz; 0 picks a free one"
     )
-    run.add_argument("--kube-api-qps", type=_positive_float, default=50.0, help="client request rate (default: 50)")
-    run.add_argument("--kube-api-burst", type=_positive_int, default=100, help="client burst (default: 100)")
+    run.add_argument(
+        "--kube-api-qps",
+        type=_positive_float,
+        default=50.0,
+        help="request rate of each client: watches and Bindings; Events and conditions; the Lease (default: 50)",
+    )
+    run.add_argument("--kube-api-burst", type=_positive_int, default=100, help="burst of each client (default: 100)")
     run.add_argument("--policy", default="cpsat", choices=POLICIES, help="placement policy (default: %(default)s)")
     run.add_argument("--log-level", default=argparse.SUPPRESS, choices=logs.LEVELS, help="default: info")
     run.set_defaults(handler=_run, default_log_level="info")

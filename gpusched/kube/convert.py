@@ -5,9 +5,10 @@ decoding into generated client classes is skipped because it costs more than the
 rest of the watch path together on large clusters.
 
 GPU inventory of a node
-    ``status.allocatable["nvidia.com/gpu"]`` (else the label ``nvidia.com/gpu.count``);
-    model from ``nvidia.com/gpu.product``, memory per GPU (MiB) from
-    ``nvidia.com/gpu.memory``; MIG slices from ``nvidia.com/mig-<profile>``.
+    ``status.allocatable["nvidia.com/gpu"]`` (the label ``nvidia.com/gpu.count`` alone only
+    draws a warning); pod limit from ``status.allocatable["pods"]``; model from
+    ``nvidia.com/gpu.product``, memory per GPU (MiB) from ``nvidia.com/gpu.memory``; MIG slices
+    from ``nvidia.com/mig-<profile>``.
 
 GPU request of a pod
     whole GPUs: ``nvidia.com/gpu`` in the container limits (requests equal limits);
@@ -16,7 +17,7 @@ GPU request of a pod
     ``nvidia.com/gpu``; accepted models: the annotation ``gpusched.io/gpu-models``
     (comma separated) and/or ``nodeSelector["nvidia.com/gpu.product"]``; other
     ``nodeSelector`` labels and the required node affinity restrict the nodes
-    (``gpusched.model.affinity``); preferred node affinity is not weighed.
+    (``gpusched.model.affinity``); preferred node affinity is weighed (``_preferred_nodes``).
 
 One MIG slice: ``nvidia.com/mig-<profile>: 1`` (NVIDIA's mixed strategy), alone.
 

@@ -25,7 +25,7 @@ class Weights:
     placed_pods: int = 100_000
     """Per pod placed, on top of its GPU demand (so CPU-only pods count too)."""
     fragmentation: int = 10
-    """Per thousandth of a GPU of fragmentation (FGD's measure) a placement adds; negative adds reward."""
+    """Per thousandth of a GPU of fragmentation (FGD's measure) a placement adds (0 or more)."""
     active_nodes: int = 1000
     """Per GPU node the plan takes from idle to in use."""
     packing: int = 1
