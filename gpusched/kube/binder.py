@@ -76,6 +76,10 @@ def _replaced(exc: ApiError) -> bool:
     return exc.status == 409 or (exc.status == 422 and "metadata.uid" in str(exc))
 
 
+def _path(pod: Pod) -> str:
+    return f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -123,6 +127,11 @@ class Binder:
         """The request, retried while it fails in passing; with ``leading``, each attempt is made
         only while it holds (else ``NotLeading``)."""
         client = kube or self.kube
+
+        def check() -> None:
+            if leading is not None and not leading():
+                raise NotLeading
+
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
             wait=_wait,
@@ -131,11 +140,6 @@ class Binder:
             reraise=True,
         ):
             with attempt:
-
-                def check() -> None:
-                    if leading is not None and not leading():
-                        raise NotLeading
-
                 check()  # and again once the rate limiter lets it go, which can take seconds
                 r = await client.request(method, path, body=body, content_type=content_type, before_send=check)
                 if not r.ok:
@@ -145,7 +149,7 @@ class Binder:
 
     async def bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> tuple[BindResult, str]:
         """Bind ``pod`` to ``node``; the second item says why when it is not BOUND."""
-        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding"
+        path = f"{_path(pod)}/binding"
         meta: dict[str, Any] = {"name": pod.name, "namespace": pod.namespace}
         if pod.uid:
             meta["uid"] = pod.uid
@@ -173,7 +177,7 @@ class Binder:
         """Whether ``pod`` (this UID, not a later pod of its name) is still there and not
         finished; None when the API server could not say."""
         try:
-            obj = await self._retrying("GET", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}", None)
+            obj = await self._retrying("GET", _path(pod), None)
         except ApiError as exc:
             if exc.status == 404:
                 return False
@@ -186,7 +190,7 @@ class Binder:
     async def _settle(self, pod: Pod, node: str, exc: ApiError) -> tuple[BindResult, str]:
         """After a conflict or a lost answer: read the pod to learn what happened."""
         try:
-            r = await self.kube.request("GET", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}")
+            r = await self.kube.request("GET", _path(pod))
         except ApiError as again:
             return BindResult.FAILED, f"{exc}; and reading the pod failed: {again}"
         if r.status == 404:
@@ -262,7 +266,7 @@ class Binder:
         try:
             await self._retrying(
                 "PATCH",
-                f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status",
+                f"{_path(pod)}/status",
                 body,
                 STRATEGIC_PATCH,
                 kube=self.events,  # a thousand pods found unschedulable must not make a Binding wait

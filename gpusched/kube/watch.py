@@ -41,6 +41,12 @@ class Handler(Protocol):
         """One change: ``ADDED``, ``MODIFIED`` or ``DELETED``."""
 
 
+async def _back_off(delay: float, at_least: float = 0.0) -> float:
+    """Wait ``delay`` with up to half again of jitter (or ``at_least``); the next delay."""
+    await asyncio.sleep(max(delay * (1 + random.random() / 2), at_least))
+    return min(delay * 2, 10.0)
+
+
 class _ApplyFailed(Exception):
     """``Handler.apply`` raised on one change (the cause is chained)."""
 
@@ -77,7 +83,7 @@ class Reflector:
 
     async def run(self) -> None:
         """List, then watch, forever; reconnects with backoff, relists only when the version expired."""
-        delay = 0.2
+        delay = relist_delay = 0.2
         listed = False
         while True:
             started = time.monotonic()
@@ -91,8 +97,9 @@ class Reflector:
                     log.info("watch expired, relisting", watch=self.name, rv=self.resource_version)
                     listed = False
                     if time.monotonic() - started < 1.0:  # expired again right after a list
-                        await asyncio.sleep(delay * (1 + random.random() / 2))
-                        delay = min(delay * 2, 10.0)
+                        relist_delay = await _back_off(relist_delay)
+                    else:
+                        relist_delay = 0.2
                     continue
                 if time.monotonic() - started > 30:  # it had been running: not a failure streak
                     delay = 0.2
@@ -104,14 +111,12 @@ class Reflector:
                     rv=self.resource_version,
                     retry_in_s=round(max(delay, exc.retry_after or 0.0), 2),
                 )
-                await asyncio.sleep(max(delay * (1 + random.random() / 2), exc.retry_after or 0.0))
-                delay = min(delay * 2, 10.0)
+                delay = await _back_off(delay, exc.retry_after or 0.0)
             except Exception as exc:  # the handler failed (a bug): list again to rebuild what it holds
                 change = {"kind": exc.kind, "object": exc.object} if isinstance(exc, _ApplyFailed) else {}
                 log.exception("handler failed, relisting", watch=self.name, retry_in_s=round(delay, 2), **change)
                 listed = False
-                await asyncio.sleep(delay * (1 + random.random() / 2))
-                delay = min(delay * 2, 10.0)
+                delay = await _back_off(delay)
 
     async def _list(self) -> None:
         items, self.resource_version = await self.kube.list(self.path, self.selectors, self.page_size)
