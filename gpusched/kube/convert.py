@@ -62,7 +62,7 @@ from gpusched.model.affinity import (
     label_selector_selects,
 )
 from gpusched.model.mig import profile_of
-from gpusched.model.node import Taint
+from gpusched.model.node import MAX_GPUS, Taint
 from gpusched.model.pod import Gang, Toleration
 from gpusched.model.ports import host_port
 from gpusched.model.topology import ISLANDS_ANNOTATION, default_islands, parse_islands
@@ -148,6 +148,8 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     # Only what the device plugin advertises counts: the kubelet admits pods against allocatable,
     # and in MIG mode the GPU feature discovery count also covers the partitioned GPUs.
     gpus = _int_quantity(alloc[GPU_RESOURCE], f"{where}: allocatable {GPU_RESOURCE}") if GPU_RESOURCE in alloc else 0
+    if gpus > MAX_GPUS:  # before anything is built per GPU
+        raise ConvertError(f"{where}: allocatable {GPU_RESOURCE} {gpus} is more GPUs than a node holds ({MAX_GPUS})")
     model = str(labels.get(LABEL_GPU_PRODUCT, "")) or (UNKNOWN_MODEL if gpus else "")
     mig = tuple(
         sorted((k, _int_quantity(v, f"{where}: allocatable {k}")) for k, v in alloc.items() if k.startswith(MIG_PREFIX))

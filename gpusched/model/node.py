@@ -14,6 +14,10 @@ GPU_MILLI = 1000
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
+MAX_GPUS = 64
+"""GPUs one node may have (the books keep a column per GPU of the largest node)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Taint:
     """A node taint: NoSchedule or NoExecute keep off pods that do not tolerate it,
@@ -73,6 +77,11 @@ class Node:
         ):
             if value < 0:
                 raise ValueError(f"node {self.name}: {what} must not be negative, got {value}")
+        if self.gpu_count > MAX_GPUS or any(c > MAX_GPUS * 7 for _, c in self.mig_slices):
+            raise ValueError(
+                f"node {self.name}: more GPUs or MIG slices than a node holds (at most {MAX_GPUS} GPUs, "
+                f"7 slices each); check what its device plugin advertises"
+            )
         if (self.gpu_count or self.mig_slices) and not self.gpu_model:
             raise ValueError(f"node {self.name}: has {self.gpu_count} GPUs but no GPU model")
         if self.gpu_islands and len(self.gpu_islands) != self.gpu_count:

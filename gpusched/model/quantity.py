@@ -85,11 +85,23 @@ def _round(value: Decimal, up: bool) -> int:
     return math.ceil(value) if up else math.floor(value)
 
 
+_MAX_UNITS = 1 << 50
+"""The most millicores or MiB a quantity may come to (a million times any machine): what the
+books add up per node stays far inside 64-bit integers."""
+
+
+def _units(value: Decimal, text: object, up: bool) -> int:
+    units = _round(value, up)
+    if units > _MAX_UNITS:
+        raise _too_large(text)
+    return units
+
+
 def cpu_milli(text: str | int | float, *, round_up: bool = True) -> int:
     """CPU quantity in millicores (requests round up, capacities round down)."""
-    return _round(parse_quantity(text) * 1000, round_up)
+    return _units(parse_quantity(text) * 1000, text, round_up)
 
 
 def memory_mib(text: str | int | float, *, round_up: bool = True) -> int:
     """Memory quantity in MiB (requests round up, capacities round down)."""
-    return _round(parse_quantity(text) / _MIB, round_up)
+    return _units(parse_quantity(text) / _MIB, text, round_up)

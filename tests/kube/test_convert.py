@@ -133,6 +133,11 @@ def test_mig_island_and_gang_requests() -> None:
     assert (rec.pod.gang.topology_key, rec.pod.gang.topology) == ("rack", "required")
 
 
+def test_a_node_advertising_more_gpus_than_a_node_holds_is_refused_naming_it() -> None:
+    with pytest.raises(ConvertError, match=r"node n1: allocatable nvidia\.com/gpu 9000000000000000000 is more GPUs"):
+        node_record(node_obj(gpus="9e18"))
+
+
 def test_the_pod_limit_of_a_node_is_read_and_a_bad_one_left_unchecked_with_a_warning() -> None:
     obj = node_obj()
     obj["status"]["allocatable"]["pods"] = "110"
