@@ -476,28 +476,16 @@ def _pod(
     """
     reqs = _effective_requests(spec, where)
     num_gpu = reqs.get(GPU_RESOURCE, 0)
-    milli = 0
-    share_text = annotations.get(ANNOTATION_GPU_MILLI)
-    if share_text is not None:
-        milli = _int_quantity(share_text, f"{where}: annotation {ANNOTATION_GPU_MILLI}")
-        if not milli:  # 0 would silently make it a CPU-only pod
-            raise ConvertError(f"{where}: {ANNOTATION_GPU_MILLI} must be 1..{GPU_MILLI}, got {share_text!r}")
-    elif ANNOTATION_GPU_MILLI in reqs:
-        milli = reqs[ANNOTATION_GPU_MILLI]
-    if milli:
-        if num_gpu:
-            raise ConvertError(
-                f"{where}: asks for {num_gpu} {GPU_RESOURCE} and a {ANNOTATION_GPU_MILLI} share; "
-                f"use {GPU_RESOURCE} for whole GPUs or {ANNOTATION_GPU_MILLI} for a share of one GPU, not both"
-            )
-        if not 0 < milli <= GPU_MILLI:
-            raise ConvertError(f"{where}: {ANNOTATION_GPU_MILLI} must be 1..{GPU_MILLI}, got {milli}")
-        num_gpu = 1
-    elif num_gpu:
-        milli = GPU_MILLI
     # What this scheduler cannot honour sets ``error`` and keeps the rest of the request: a pod
-    # bound by another scheduler is still counted with its CPU, memory, GPUs and a slice.
+    # bound by another scheduler is still counted with its CPU, memory, GPUs and a slice (a share
+    # it asks for wrongly is not counted: there is no telling which part of a GPU it holds).
+    milli, share_error = _share(reqs, annotations, num_gpu, where)
+    if milli and not num_gpu:
+        num_gpu = 1
+    elif num_gpu and not milli:
+        milli = GPU_MILLI
     mig_profile, error = _mig_request(reqs, num_gpu, where)
+    error = share_error or error
     island = annotations.get(ANNOTATION_GPU_ISLAND, "").strip()
     if island not in ("", "required", "preferred"):
         error = error or f"{where}: annotation {ANNOTATION_GPU_ISLAND} must be required or preferred, got {island!r}"
@@ -904,6 +892,29 @@ def _mig_request(reqs: Mapping[str, int], num_gpu: int, where: str) -> tuple[str
         )
         return ("" if num_gpu else profile), error
     return profile, ""
+
+
+def _share(reqs: Mapping[str, int], annotations: Mapping[str, str], num_gpu: int, where: str) -> tuple[int, str]:
+    """The share of one GPU a pod asks for (0: none), and what is wrong with it ("" when all
+    is well; the share is then 0)."""
+    text = annotations.get(ANNOTATION_GPU_MILLI)
+    if text is not None:
+        try:
+            milli = _int_quantity(text, f"{where}: annotation {ANNOTATION_GPU_MILLI}")
+        except ConvertError as exc:
+            return 0, str(exc)
+        if not milli:  # 0 would silently make it a CPU-only pod
+            return 0, f"{where}: {ANNOTATION_GPU_MILLI} must be 1..{GPU_MILLI}, got {text!r}"
+    else:
+        milli = reqs.get(ANNOTATION_GPU_MILLI, 0)
+    if milli and num_gpu:
+        return 0, (
+            f"{where}: asks for {num_gpu} {GPU_RESOURCE} and a {ANNOTATION_GPU_MILLI} share; "
+            f"use {GPU_RESOURCE} for whole GPUs or {ANNOTATION_GPU_MILLI} for a share of one GPU, not both"
+        )
+    if milli and not 0 < milli <= GPU_MILLI:
+        return 0, f"{where}: {ANNOTATION_GPU_MILLI} must be 1..{GPU_MILLI}, got {milli}"
+    return milli, ""
 
 
 def _gang(

@@ -138,6 +138,15 @@ def test_a_node_advertising_more_gpus_than_a_node_holds_is_refused_naming_it() -
         node_record(node_obj(gpus="9e18"))
 
 
+def test_a_bound_pod_with_a_bad_share_is_still_counted_with_the_rest_of_its_request() -> None:
+    limits = {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "1"}
+    obj = pod_obj(limits=limits, annotations={"gpusched.io/gpu-milli": "0"})
+    obj["spec"]["nodeName"] = "n1"
+    rec = pod_record(obj)
+    assert "gpu-milli must be 1..1000, got '0'" in rec.error
+    assert (rec.pod.cpu_milli, rec.pod.memory_mib, rec.pod.num_gpu, rec.pod.gpu_milli) == (4000, 8192, 1, 1000)
+
+
 def test_the_pod_limit_of_a_node_is_read_and_a_bad_one_left_unchecked_with_a_warning() -> None:
     obj = node_obj()
     obj["status"]["allocatable"]["pods"] = "110"
