@@ -26,10 +26,10 @@ configuration.  Example (every key optional)::
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from gpusched.solver.params import Limits, SolverParams, Weights
 
@@ -38,6 +38,16 @@ __all__ = ["BatchingConfig", "ConfigError", "GpuschedConfig", "load_config"]
 
 _W = Weights()
 _L = Limits()
+
+
+def _not_bool(value: object) -> object:
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not a boolean")
+    return value
+
+
+_Number = Annotated[float, BeforeValidator(_not_bool)]
+"""A number, read leniently (YAML 1.1 reads ``1e-3`` as a string), but not a boolean."""
 
 
 class _Strict(BaseModel):
@@ -63,17 +73,17 @@ class WeightsConfig(_Strict):
 class SolverConfig(_Strict):
     """Limits on each batch solve."""
 
-    time_limit_seconds: float = Field(default=_L.time_limit_s, gt=0, le=60, alias="timeLimitSeconds")
+    time_limit_seconds: _Number = Field(strict=False, default=_L.time_limit_s, gt=0, le=60, alias="timeLimitSeconds")
     workers: int = Field(default=_L.workers, ge=1, le=64)
     candidates_per_pod: int = Field(default=_L.candidates_per_pod, ge=1, le=10_000, alias="candidatesPerPod")
-    relative_gap: float = Field(default=_L.relative_gap, ge=0, le=1, alias="relativeGap")
+    relative_gap: _Number = Field(strict=False, default=_L.relative_gap, ge=0, le=1, alias="relativeGap")
 
 
 class BatchingConfig(_Strict):
     """When a batch of pending pods closes."""
 
     max_size: int = Field(default=64, ge=1, le=10_000, alias="maxSize")
-    max_wait_seconds: float = Field(default=0.5, gt=0, le=60, alias="maxWaitSeconds")
+    max_wait_seconds: _Number = Field(strict=False, default=0.5, gt=0, le=60, alias="maxWaitSeconds")
     quick_start: bool = Field(default=True, alias="quickStart")
     """While the bind client has more than half its burst unspent and more pods wait (or more
     than ``maxSize / 8`` arrived in the last second, or two in the last tenth: a burst is on), a
@@ -145,6 +155,8 @@ class _UniqueKeys(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *defaults``: its keys may be overridden
+                continue
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, Hashable):
                 if key in seen:

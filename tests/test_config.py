@@ -137,6 +137,14 @@ def test_config_is_frozen() -> None:
         cfg.solver.workers = 3
 
 
+def test_numbers_yaml_reads_as_strings_and_merge_keys_are_taken() -> None:
+    text = "solver: {relativeGap: 1e-3}\nbatching: {<<: {maxSize: 8, maxWaitSeconds: 0.2}, maxSize: 9}\n"
+    cfg = load_config(text)  # YAML 1.1 reads 1e-3 as a string; a merged key may be overridden
+    assert (cfg.solver.relative_gap, cfg.batching.max_size, cfg.batching.max_wait_seconds) == (0.001, 9, 0.2)
+    with pytest.raises(ConfigError, match=r"solver\.timeLimitSeconds: Value error, expected a number, not a boolean"):
+        load_config("solver: {timeLimitSeconds: true}\n")
+
+
 def test_a_key_given_twice_is_refused_naming_it_and_its_line() -> None:
     text = "solver:\n  workers: 2\nweights:\n  packing: 3\nsolver:\n  workers: 64\n"
     with pytest.raises(ConfigError) as info:
