@@ -65,7 +65,8 @@ class Response:
 
 
 RETRY_AFTER_MAX_S = 30.0
-"""Longest ``Retry-After`` honoured; a larger one (or an HTTP date) waits this long."""
+"""Longest ``Retry-After`` honoured; a larger one waits this long (an HTTP date is not read: the
+usual backoff applies)."""
 
 
 def retry_after(status: int, value: str | None) -> float | None:

@@ -86,20 +86,22 @@ class Reflector:
         delay = relist_delay = 0.2
         listed = False
         while True:
-            started = time.monotonic()
+            started = watching = time.monotonic()
             try:
                 if not listed:
                     await self._list()
                     listed, delay = True, 0.2
+                    watching = time.monotonic()
                 await self._watch()
             except ApiError as exc:
+                watched = time.monotonic() - watching
+                if watched > 30:  # the watch had been running: not a streak of relists
+                    relist_delay = 0.2
                 if exc.status == GONE:
                     log.info("watch expired, relisting", watch=self.name, rv=self.resource_version)
                     listed = False
-                    if time.monotonic() - started < 1.0:  # expired again right after a list
+                    if watched < 1.0:  # expired again right after a list
                         relist_delay = await _back_off(relist_delay)
-                    else:
-                        relist_delay = 0.2
                     continue
                 if time.monotonic() - started > 30:  # it had been running: not a failure streak
                     delay = 0.2
@@ -113,10 +115,12 @@ class Reflector:
                 )
                 delay = await _back_off(delay, exc.retry_after or 0.0)
             except Exception as exc:  # the handler failed (a bug): list again to rebuild what it holds
+                if time.monotonic() - watching > 30:
+                    relist_delay = 0.2
                 change = {"kind": exc.kind, "object": exc.object} if isinstance(exc, _ApplyFailed) else {}
-                log.exception("handler failed, relisting", watch=self.name, retry_in_s=round(delay, 2), **change)
+                log.exception("handler failed, relisting", watch=self.name, retry_in_s=round(relist_delay, 2), **change)
                 listed = False
-                delay = await _back_off(delay)
+                relist_delay = await _back_off(relist_delay)
 
     async def _list(self) -> None:
         items, self.resource_version = await self.kube.list(self.path, self.selectors, self.page_size)
