@@ -77,8 +77,8 @@ def parse_quantity(text: str | int | float) -> Decimal:
     return value
 
 
-def _too_large(text: object) -> QuantityError:
-    return QuantityError(f"invalid quantity {text!r}: too large (at most 2^63-1 in base units)")
+def _too_large(text: object, limit: str = "2^63-1 in base units") -> QuantityError:
+    return QuantityError(f"invalid quantity {text!r}: too large (at most {limit})")
 
 
 def _round(value: Decimal, up: bool) -> int:
@@ -93,7 +93,7 @@ books add up per node stays far inside 64-bit integers."""
 def _units(value: Decimal, text: object, up: bool) -> int:
     units = _round(value, up)
     if units > _MAX_UNITS:
-        raise _too_large(text)
+        raise _too_large(text, "2^50 millicores or MiB")
     return units
 
 
