@@ -7,6 +7,9 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
+import pytest
+
+from gpusched.kube import watch
 from gpusched.kube.client import ApiError, Kube
 from gpusched.kube.watch import Reflector
 
@@ -44,3 +47,41 @@ async def test_a_watch_expiring_right_after_each_list_relists_with_backoff() -> 
         await task
     # 0.2, 0.4, 0.8 s (+ jitter) between lists: a handful in a second, not thousands.
     assert 2 <= api.lists <= 4, api.lists
+
+
+class Clock:
+    """A monotonic clock the test moves: a list of a large cluster takes seconds."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+async def test_a_slow_list_does_not_hide_that_the_watch_expired_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    waits: list[float] = []
+
+    async def back_off(delay: float, at_least: float = 0.0) -> float:
+        waits.append(delay)
+        await asyncio.sleep(0)
+        return min(delay * 2, 10.0)
+
+    class SlowList(ExpiringApi):
+        async def list(
+            self, path: str, query: Mapping[str, Any] | None = None, page: int = 500
+        ) -> tuple[list[Any], str]:
+            clock.now += 2.0  # forty pages of pods
+            return await super().list(path, query, page)
+
+    monkeypatch.setattr(watch, "time", clock)
+    monkeypatch.setattr(watch, "_back_off", back_off)
+    api = SlowList()
+    task = asyncio.create_task(Reflector(cast(Kube, api), "pods", "/api/v1/pods", Nothing()).run())
+    while api.lists < 4:
+        await asyncio.sleep(0)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert waits[:3] == [0.2, 0.4, 0.8]  # each expiry came at once after its list: growing waits
