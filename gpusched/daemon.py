@@ -792,22 +792,25 @@ class StartupError(Exception):
 async def run_daemon(settings: DaemonSettings) -> int:
     """Run until SIGTERM/SIGINT; the exit code for the process."""
     kube = await connect(settings.kubeconfig, settings.context, settings.kube_qps, settings.kube_burst)
-    sched = Scheduler(settings, kube)
-    health = HealthServer(sched.metrics, host=settings.metrics_host, port=settings.metrics_port, ready=sched.ready)
+    sched: Scheduler | None = None
+    try:
+        sched = Scheduler(settings, kube)
+        health = HealthServer(sched.metrics, host=settings.metrics_host, port=settings.metrics_port, ready=sched.ready)
+        await health.start()
+    except BaseException as exc:  # nothing started: close what was opened
+        if sched is not None and sched.elector is not None:
+            await sched.elector.kube.close()
+        await kube.close()
+        if isinstance(exc, OSError):  # the port is taken, or the host is not this machine's
+            raise StartupError(
+                f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: {exc.strerror or exc}; "
+                "pass a free --metrics-port (0 picks one) or another --metrics-host"
+            ) from None
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    try:
-        await health.start()
-    except OSError as exc:  # the port is taken, or the host is not this machine's
-        if sched.elector is not None:
-            await sched.elector.kube.close()
-        await kube.close()
-        raise StartupError(
-            f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: {exc.strerror or exc}; "
-            "pass a free --metrics-port (0 picks one) or another --metrics-host"
-        ) from None
     log.info(
         "started",
         identity=sched.identity,
