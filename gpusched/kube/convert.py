@@ -510,7 +510,7 @@ def _pod(
         affinity = {}
     try:
         node_affinity = affinity.get("nodeAffinity") or {}
-        node_selector = _node_selector(_obj(selector, "nodeSelector"), node_affinity, bool(num_gpu or mig_profile))
+        node_selector = _node_selector(_obj(selector, "nodeSelector"), node_affinity)
         preferred = _preferred_nodes(node_affinity)
     except ValueError as exc:
         error = error or f"{where}: {exc}"
@@ -606,15 +606,12 @@ def _expression(e: Any, field: bool = False) -> Requirement:
     return Requirement(str(e.get("key") or ""), str(e.get("operator") or ""), tuple(values), field)
 
 
-def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any], gpu_pod: bool) -> NodeSelector:
+def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any]) -> NodeSelector:
     """``nodeSelector`` ANDed into each term of the required node affinity.  For a pod taking GPUs
-    ``nvidia.com/gpu.product`` is left out: it is read as the accepted GPU models.  Raises
+    ``nvidia.com/gpu.product`` is also read as the accepted GPU models, and stays here too: the
+    kubelet checks the selector, and topology spread counts only the nodes it selects.  Raises
     ``ValueError`` for a malformed selector."""
-    common = tuple(
-        Requirement(str(k), "In", (str(v),))
-        for k, v in sorted(labels.items())
-        if not (gpu_pod and k == LABEL_GPU_PRODUCT)
-    )
+    common = tuple(Requirement(str(k), "In", (str(v),)) for k, v in sorted(labels.items()))
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
     if not required:
         return (common,) if common else ()

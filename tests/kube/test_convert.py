@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from gpusched.kube.convert import ConvertError, claim_record, node_record, pod_record, volume_record
+from gpusched.model import Assignment, Cluster, Pod
 from gpusched.model.affinity import PodAffinityTerm, Requirement, Spread
 from gpusched.model.node import Taint
 from gpusched.model.pod import Toleration
@@ -408,11 +409,11 @@ def test_node_selector_and_required_node_affinity_become_one_selector() -> None:
     )
     rec = pod_record(obj)
     assert rec.error == ""
-    assert rec.pod.gpu_models == frozenset({"H800"})  # the GPU product label stays the model constraint
-    os = Requirement("kubernetes.io/os", "In", ("linux",))
+    assert rec.pod.gpu_models == frozenset({"H800"})  # the GPU product label is the model constraint too
+    common = (Requirement("kubernetes.io/os", "In", ("linux",)), Requirement("nvidia.com/gpu.product", "In", ("H800",)))
     assert rec.pod.node_selector == (
-        (os, Requirement("pool", "In", ("train", "batch"))),
-        (os, Requirement("gen", "Gt", ("3",)), Requirement("metadata.name", "NotIn", ("bad-node",), field=True)),
+        (*common, Requirement("pool", "In", ("train", "batch"))),
+        (*common, Requirement("gen", "Gt", ("3",)), Requirement("metadata.name", "NotIn", ("bad-node",), field=True)),
     )
     assert pod_record(pod_obj(nodeSelector={"zone": "a"})).pod.node_selector == ((Requirement("zone", "In", ("a",)),),)
     assert pod_record(pod_obj()).pod.node_selector == ()
@@ -434,12 +435,47 @@ def test_ephemeral_storage_of_pods_and_nodes_in_mib() -> None:
     assert "allocatable ephemeral-storage ignored" in rec.warning
 
 
-def test_a_gpu_product_selector_on_a_pod_without_gpus_still_selects_nodes() -> None:
+def test_a_gpu_product_selector_selects_nodes_for_any_pod_and_is_the_model_constraint_of_a_gpu_pod() -> None:
     product = {"nvidia.com/gpu.product": "A100"}
+    selected = ((Requirement("nvidia.com/gpu.product", "In", ("A100",)),),)
     cpu_pod = pod_record(pod_obj(requests={"cpu": "1"}, nodeSelector=product)).pod
-    assert cpu_pod.node_selector == ((Requirement("nvidia.com/gpu.product", "In", ("A100",)),),)
+    assert cpu_pod.node_selector == selected
     gpu_pod = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, nodeSelector=product)).pod
-    assert (gpu_pod.node_selector, gpu_pod.gpu_models) == ((), frozenset({"A100"}))  # the model constraint
+    assert (gpu_pod.node_selector, gpu_pod.gpu_models) == (selected, frozenset({"A100"}))
+
+
+def test_spread_counts_only_the_nodes_a_gpu_product_selector_picks() -> None:
+    """As kube-scheduler's nodeAffinityPolicy Honor: with minDomains 2 and only one zone of
+    H100 nodes, the global minimum is 0, so a fourth replica in that zone breaks maxSkew 1."""
+    spread = [
+        {
+            "maxSkew": 1,
+            "topologyKey": "zone",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "minDomains": 2,
+            "labelSelector": {"matchLabels": {"app": "x"}},
+        }
+    ]
+
+    def replica(name: str) -> Pod:
+        obj = pod_obj(
+            limits={"nvidia.com/gpu": "1"},
+            labels={"app": "x"},
+            nodeSelector={"nvidia.com/gpu.product": "H100"},
+            topologySpreadConstraints=spread,
+        )
+        obj["metadata"]["name"] = name
+        return pod_record(obj).pod
+
+    nodes = [
+        node_record(node_obj(f"n-{m}", labels={"nvidia.com/gpu.product": m, "zone": z})).node
+        for m, z in (("A100", "za"), ("H100", "zb"))
+    ]
+    state = Cluster(nodes).empty_state()
+    running = [Assignment(replica(f"a{i}"), 0, (i,)) for i in range(3)]  # an older version, on A100s
+    running += [Assignment(replica(f"h{i}"), 1, (i,)) for i in range(3)]
+    state = state.apply(running)
+    assert list(state.pod_mask(replica("new"))) == [False, False]
 
 
 def test_host_ports_of_containers_and_sidecars() -> None:
