@@ -918,9 +918,10 @@ def _gang(
     namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str], where: str
 ) -> tuple[Gang | None, str]:
     group = str(labels.get(LABEL_POD_GROUP, "")).strip()
-    names = f"(annotations {ANNOTATION_GANG_MIN}, {ANNOTATION_GANG_KEY}, {ANNOTATION_GANG_TOPOLOGY})"
+    keys = (ANNOTATION_GANG_MIN, ANNOTATION_GANG_KEY, ANNOTATION_GANG_TOPOLOGY)
+    names = f"(annotations {', '.join(keys)})"
     if not group:
-        given = [a for a in (ANNOTATION_GANG_MIN, ANNOTATION_GANG_KEY, ANNOTATION_GANG_TOPOLOGY) if a in annotations]
+        given = [a for a in keys if a in annotations]
         if given:
             return None, (
                 f"{where}: annotation {given[0]} needs the label {LABEL_POD_GROUP} naming the gang; "
