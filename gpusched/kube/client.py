@@ -191,7 +191,7 @@ class Kube:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise ApiError(0, f"connection lost reading {path}: {exc}", "Unreachable") from exc
         finally:
-            resp.release()
+            _let_go(resp)
         try:
             decoded: Any = json.loads(data) if data else None
         except ValueError:
@@ -213,7 +213,7 @@ class Kube:
                 try:
                     await resp.read()
                 finally:
-                    resp.release()
+                    _let_go(resp)
 
         await asyncio.gather(*(one() for _ in range(connections)))
 
@@ -269,7 +269,19 @@ class Kube:
                 if line.strip():
                     yield json.loads(line)
         finally:
-            resp.release()
+            _let_go(resp)
+
+
+def _let_go(resp: aiohttp.ClientResponse) -> None:
+    """Hand a response's connection back; one given up before its end is cut at once.
+
+    A connection closed part-way has nothing more to say to the server: a TLS goodbye would
+    keep its socket open until the server answers (up to 30 s), and one still waiting when
+    the event loop stops is never closed at all.
+    """
+    if not resp.content.is_eof() and resp.connection is not None and resp.connection.transport is not None:
+        resp.connection.transport.abort()
+    resp.release()
 
 
 WATCH_IDLE_S = 150.0
