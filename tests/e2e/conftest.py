@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 import uuid
@@ -41,6 +42,15 @@ def _wait_for_scheduler_rbac(cp: ControlPlane, timeout: float = 10.0) -> None:
                 f"{proc.stdout.strip()} {proc.stderr.strip()}"
             )
         time.sleep(0.1)
+
+
+@pytest.fixture(autouse=True)
+def _leaks_show_up_here() -> Iterator[None]:
+    """Collect garbage once the test's event loop is closed (this fixture is set up before it,
+    so torn down after), so that a connection a test leaves open fails that test, not whichever
+    later test the garbage collector happens to run in."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")
