@@ -92,12 +92,18 @@ class BatchingConfig(_Strict):
     start of a burst the solve would only leave the client idle."""
 
 
+def _empty_section(value: object) -> object:
+    """A section whose keys are all left out (``weights:`` with every line below commented out)
+    reads as null in YAML: it takes the defaults, as an empty document does."""
+    return {} if value is None else value
+
+
 class GpuschedConfig(_Strict):
     """The whole document."""
 
-    weights: WeightsConfig = WeightsConfig()
-    solver: SolverConfig = SolverConfig()
-    batching: BatchingConfig = BatchingConfig()
+    weights: Annotated[WeightsConfig, BeforeValidator(_empty_section)] = WeightsConfig()
+    solver: Annotated[SolverConfig, BeforeValidator(_empty_section)] = SolverConfig()
+    batching: Annotated[BatchingConfig, BeforeValidator(_empty_section)] = BatchingConfig()
 
     def solver_params(self, seed: int = 0) -> SolverParams:
         """The frozen parameters the solver takes."""

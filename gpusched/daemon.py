@@ -311,6 +311,7 @@ class Scheduler:
         self._solver_loaded = False
         self._batches = 0
         self.set_config(self.config)
+        self.metrics.on_scrape(lambda: self._cluster_metrics(self.cache.snapshot().state, None))
         self.namespaces: dict[str, dict[str, str]] = {}
         """Labels per namespace (``namespaceSelector`` picks from them)."""
         self.selecting_bound: Selecting = {}
@@ -380,6 +381,7 @@ class Scheduler:
         self.metrics.set_weights({k: float(v) for k, v in cfg.weights.model_dump(by_alias=True).items()})
         self.queue.max_size = cfg.batching.max_size
         self.queue.max_wait = cfg.batching.max_wait_seconds
+        self.max_binds_in_flight = max(2 * cfg.batching.max_size, self.settings.kube_burst)
         self._policy = None  # rebuilt with the new weights
 
     async def _config_rejected(self, involved: dict[str, str], message: str) -> None:
@@ -741,7 +743,9 @@ class Scheduler:
             log.info("bound pod was gone before the relist; books corrected", pod=pod.key)
             self.queue.move_all()
 
-    def _cluster_metrics(self, state: ClusterState, frag: float) -> None:
+    def _cluster_metrics(self, state: ClusterState, frag: float | None) -> None:
+        """Queue depths and cluster gauges (``frag`` None: as the last batch left it); after each
+        batch, and from the books as they are at each scrape."""
         c = self.queue.counts()
         self.metrics.set_pending(c.active + c.in_flight, c.backoff, c.unschedulable)
         gpus = state.cluster.total_gpus

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -23,10 +24,14 @@ __all__ = [
     "SchedulerMetrics",
 ]
 
+log = structlog.get_logger("gpusched.metrics")
+
 NAMESPACE = "gpusched"
 
-BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-SOLVE_SECONDS_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 10_000)
+"""Up to the largest ``batching.maxSize`` the configuration accepts."""
+SOLVE_SECONDS_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+"""Up to the largest ``solver.timeLimitSeconds`` the configuration accepts."""
 
 PENDING_QUEUES: tuple[str, ...] = ("active", "backoff", "unschedulable")
 """Values of the ``queue`` label of ``gpusched_pending_pods``."""
@@ -45,6 +50,8 @@ class SchedulerMetrics:
 
     Label children whose values are known in advance (the three pending queues, the two reload
     results) exist from construction, so their series show ``0`` before the first update.
+    Gauges that follow live state (queue depths, the cluster's GPUs) are set by the callbacks
+    given to ``on_scrape``, which ``render`` calls first, so a scrape never reads them stale.
     """
 
     def __init__(self) -> None:
@@ -105,7 +112,7 @@ class SchedulerMetrics:
         )
         self._gpu_fragmentation_ratio = Gauge(
             "gpu_fragmentation_ratio",
-            "Share of the cluster's free GPU capacity that typical pods cannot use, 0..1.",
+            "Share of the cluster's free GPU capacity that typical pods cannot use, 0..1, after the last batch.",
             namespace=NAMESPACE,
             registry=reg,
         )
@@ -117,7 +124,7 @@ class SchedulerMetrics:
         )
         self._gpu_nodes_active = Gauge(
             "gpu_nodes_active",
-            "GPU nodes running at least one pod.",
+            "GPU nodes with at least one GPU in use.",
             namespace=NAMESPACE,
             registry=reg,
         )
@@ -145,6 +152,11 @@ class SchedulerMetrics:
             self._pending_pods.labels(queue=queue).set(0)
         for result in RELOAD_RESULTS:
             self._config_reloads.labels(result=result)
+        self._on_scrape: list[Callable[[], None]] = []
+
+    def on_scrape(self, refresh: Callable[[], None]) -> None:
+        """Call ``refresh`` at the start of every ``render`` (it sets gauges from live state)."""
+        self._on_scrape.append(refresh)
 
     def observe_batch(self, size: int, solve_seconds: float, gap_ratio: float) -> None:
         """Record one solved batch: its pod count, its solve time and the relative gap (NaN allowed)."""
@@ -170,12 +182,14 @@ class SchedulerMetrics:
             self._pending_pods.labels(queue=queue).set(depth)
 
     def set_cluster(
-        self, gpus_total: int, allocation_ratio: float, fragmentation_ratio: float, active_gpu_nodes: int
+        self, gpus_total: int, allocation_ratio: float, fragmentation_ratio: float | None, active_gpu_nodes: int
     ) -> None:
-        """Set the cluster gauges: total GPUs, allocated share, fragmentation and active GPU nodes."""
+        """Set the cluster gauges: total GPUs, allocated share, fragmentation (``None``: left as it
+        is) and active GPU nodes."""
         self._gpus_total.set(gpus_total)
         self._gpu_allocation_ratio.set(allocation_ratio)
-        self._gpu_fragmentation_ratio.set(fragmentation_ratio)
+        if fragmentation_ratio is not None:
+            self._gpu_fragmentation_ratio.set(fragmentation_ratio)
         self._gpu_nodes_active.set(active_gpu_nodes)
 
     def set_leader(self, leader: bool) -> None:
@@ -192,7 +206,15 @@ class SchedulerMetrics:
             self._weights.labels(term=term).set(value)
 
     def render(self) -> tuple[bytes, str]:
-        """The registry in the Prometheus text format, and its ``Content-Type``."""
+        """The registry in the Prometheus text format, and its ``Content-Type``.
+
+        The ``on_scrape`` callbacks run first; one that fails leaves its gauges at their last
+        values (and is logged) rather than failing the scrape."""
+        for refresh in self._on_scrape:
+            try:
+                refresh()
+            except Exception as exc:
+                log.warning("metrics refresh failed; its gauges keep their last values", error=repr(exc))
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 

@@ -1,0 +1,159 @@
+"""The queue and cluster gauges a running scheduler exports follow the cluster between batches.
+
+These drive a real ``Scheduler`` (queue, cache, policy) with watch events as the API server sends
+them; only the Binding's answer is scripted.  What is checked is what a scrape of ``/metrics``
+reads: a dashboard shows the queue empty once its pods are bound, the cluster's GPUs before the
+first pod arrives, and the allocation fall when pods finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from gpusched.daemon import DaemonSettings, Scheduler
+from gpusched.kube.binder import Binder, BindResult
+from gpusched.kube.client import Kube, RateLimiter
+from gpusched.kube.watch import Handler
+from gpusched.metrics import SchedulerMetrics
+from gpusched.model import Pod
+
+SCHEDULER = "s"
+
+
+class _Client:
+    """What the scheduler reads of its client before any request: the rate limiter."""
+
+    def __init__(self) -> None:
+        self.limiter = RateLimiter(50, 100)
+
+    def sibling(self) -> _Client:
+        return self
+
+
+class _Binder:
+    """Every Binding succeeds; Events and conditions are dropped."""
+
+    def __init__(self) -> None:
+        self.bound: list[str] = []
+
+    async def bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> tuple[BindResult, str]:
+        self.bound.append(pod.key)
+        return BindResult.BOUND, ""
+
+    async def event(self, *_: Any, **__: Any) -> None:
+        pass
+
+    async def unschedulable(self, *_: Any, **__: Any) -> None:
+        pass
+
+    async def exists(self, pod: Pod) -> bool | None:
+        return True
+
+
+def _node(name: str, gpus: int) -> dict[str, Any]:
+    res = {"cpu": "64", "memory": "256Gi", "pods": "250", "nvidia.com/gpu": str(gpus)}
+    labels = {"kubernetes.io/hostname": name, "nvidia.com/gpu.product": "A100", "nvidia.com/gpu.count": str(gpus)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {"capacity": res, "allocatable": res},
+    }
+
+
+def _pod(name: str, node: str = "") -> dict[str, Any]:
+    limits = {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}
+    spec: dict[str, Any] = {
+        "schedulerName": SCHEDULER,
+        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}}],
+    }
+    if node:
+        spec["nodeName"] = node
+    meta = {"name": name, "namespace": "default", "uid": f"uid-{name}", "labels": {}, "annotations": {}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": {"phase": "Pending"}}
+
+
+def _watch(s: Scheduler, name: str) -> Handler:
+    """The handler the watch ``name`` feeds its events to."""
+    return next(r.handler for r in s.reflectors if r.name == name)
+
+
+def _scheduler(*nodes: tuple[str, int]) -> Scheduler:
+    s = Scheduler(DaemonSettings(scheduler_name=SCHEDULER, leader_elect=False, policy="bestfit"), cast(Kube, _Client()))
+    s.binder = cast(Binder, _Binder())
+    for name, gpus in nodes:
+        _watch(s, "nodes").apply("ADDED", _node(name, gpus))
+    return s
+
+
+def _scrape(metrics: SchedulerMetrics) -> dict[str, float]:
+    """What a scrape of ``/metrics`` reads: series -> value."""
+    body, _ = metrics.render()
+    out: dict[str, float] = {}
+    for line in body.decode().splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            out[series] = float(value)
+    return out
+
+
+async def _settle(s: Scheduler) -> None:
+    await asyncio.sleep(0)
+    while s.pending_tasks():
+        await asyncio.wait(s.pending_tasks())
+
+
+def test_the_cluster_gauges_are_read_before_any_pod_arrives() -> None:
+    s = _scheduler(("n0", 8), ("n1", 4))
+    m = _scrape(s.metrics)
+    assert m["gpusched_gpus_total"] == 12
+    assert m["gpusched_gpu_allocation_ratio"] == 0
+    assert m["gpusched_gpu_nodes_active"] == 0
+
+
+async def test_pending_pods_count_what_waits_and_fall_to_zero_once_bound() -> None:
+    s = _scheduler(("n0", 2))
+    for name in ("a", "b", "c"):
+        _watch(s, "pending-pods").apply("ADDED", _pod(name))
+    m = _scrape(s.metrics)
+    assert m['gpusched_pending_pods{queue="active"}'] == 3  # waiting for their batch
+
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 5))  # a, b placed; c parked
+    await _settle(s)
+    m = _scrape(s.metrics)
+    assert m['gpusched_pending_pods{queue="active"}'] == 0  # a and b are bound: nothing waits
+    assert m['gpusched_pending_pods{queue="unschedulable"}'] == 1
+    assert m["gpusched_pods_scheduled_total"] == 2
+    assert m["gpusched_gpu_allocation_ratio"] == 1
+    assert m["gpusched_gpu_nodes_active"] == 1
+
+    _watch(s, "pending-pods").apply("DELETED", _pod("c"))
+    assert _scrape(s.metrics)['gpusched_pending_pods{queue="unschedulable"}'] == 0
+
+
+async def test_allocation_falls_when_bound_pods_finish_without_another_batch() -> None:
+    s = _scheduler(("n0", 2), ("n1", 2))
+    bound = _watch(s, "bound-pods")
+    for name, node in (("x", "n0"), ("y", "n0"), ("z", "n1")):
+        bound.apply("ADDED", _pod(name, node))
+    m = _scrape(s.metrics)
+    assert m["gpusched_gpu_allocation_ratio"] == 0.75
+    assert m["gpusched_gpu_nodes_active"] == 2
+
+    for name, node in (("y", "n0"), ("z", "n1")):
+        bound.apply("DELETED", _pod(name, node))
+    m = _scrape(s.metrics)
+    assert m["gpusched_gpu_allocation_ratio"] == 0.25
+    assert m["gpusched_gpu_nodes_active"] == 1
+
+
+def test_a_failing_refresh_does_not_fail_the_scrape() -> None:
+    metrics = SchedulerMetrics()
+    metrics.scheduled(2)
+
+    def broken() -> None:
+        raise RuntimeError("books unavailable")
+
+    metrics.on_scrape(broken)
+    assert _scrape(metrics)["gpusched_pods_scheduled_total"] == 2

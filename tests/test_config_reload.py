@@ -1,0 +1,99 @@
+"""A running scheduler following its ConfigMap: an accepted document acts as a restart with it
+would, a rejected one changes nothing but the rejection count.
+
+These drive a real ``Scheduler`` with the ConfigMap's watch events as the API server sends them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from gpusched.config import GpuschedConfig, load_config
+from gpusched.daemon import DaemonSettings, Scheduler
+from gpusched.kube.binder import Binder
+from gpusched.kube.client import Kube, RateLimiter
+
+NAMESPACE, NAME = "gpusched-system", "gpu-scheduler-config"
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.limiter = RateLimiter(50, 100)
+
+    def sibling(self) -> _Client:
+        return self
+
+
+class _Events:
+    """Records the Events the scheduler writes about objects."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    async def object_event(self, involved: dict[str, str], reason: str, message: str, kind: str) -> None:
+        self.events.append((involved["name"], reason, message))
+
+
+def _scheduler(config: GpuschedConfig | None = None, follow: bool = True) -> tuple[Scheduler, _Events]:
+    settings = DaemonSettings(
+        scheduler_name="s",
+        leader_elect=False,
+        policy="bestfit",
+        namespace=NAMESPACE,
+        config_map=NAME if follow else None,
+        config=config or GpuschedConfig(),
+    )
+    s = Scheduler(settings, cast(Kube, _Client()))
+    events = _Events()
+    s.binder = cast(Binder, events)
+    return s, events
+
+
+def _configmap(text: str, rv: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": NAME, "namespace": NAMESPACE, "resourceVersion": rv, "uid": "cm-uid"},
+        "data": {"config.yaml": text},
+    }
+
+
+def _sample(s: Scheduler, series: str, **labels: str) -> float | None:
+    return s.metrics.registry.get_sample_value(series, labels)
+
+
+def _edit(s: Scheduler, text: str, rv: str) -> None:
+    watch = next(r.handler for r in s.reflectors if r.name == "config")
+    watch.apply("MODIFIED", _configmap(text, rv))
+
+
+async def test_a_reloaded_batching_section_acts_as_a_restart_with_it_would() -> None:
+    text = "batching:\n  maxSize: 500\n  maxWaitSeconds: 2\n"
+    restarted, _ = _scheduler(load_config(text), follow=False)
+    s, _ = _scheduler()
+    _edit(s, text, "2")
+    assert (s.queue.max_size, s.queue.max_wait) == (500, 2.0)
+    # As many binds may wait before the next batch is drawn as after a restart with the document.
+    assert s.max_binds_in_flight == restarted.max_binds_in_flight == 1000
+    assert _sample(s, "gpusched_config_reloads_total", result="ok") == 1
+
+
+async def test_a_rejected_document_changes_nothing_and_says_which_field() -> None:
+    s, events = _scheduler()
+    _edit(s, "weights:\n  fragmentation: 77\nbatching:\n  maxSize: 32\n", "2")
+    before = (s.config, s.queue.max_size, s.queue.max_wait, s.max_binds_in_flight)
+    assert _sample(s, "gpusched_solver_weight", term="fragmentation") == 77
+
+    # A valid weight beside a bad one: none of it is taken.
+    _edit(s, "weights:\n  fragmentation: 5\nbatching:\n  maxSize: 0\n", "3")
+    await asyncio.sleep(0)
+    assert (s.config, s.queue.max_size, s.queue.max_wait, s.max_binds_in_flight) == before
+    assert _sample(s, "gpusched_solver_weight", term="fragmentation") == 77
+    assert _sample(s, "gpusched_config_reloads_total", result="rejected") == 1
+    assert _sample(s, "gpusched_config_reloads_total", result="ok") == 1
+    [(name, reason, message)] = events.events
+    assert (name, reason) == (NAME, "InvalidConfiguration")
+    assert "batching.maxSize: " in message
+    for task in s.pending_tasks():
+        await task
