@@ -56,6 +56,7 @@ from gpusched.model.affinity import Requirement, label_selector_selects
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.solver.explain import DEFERRED, explain, explain_gang
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
+from gpusched.solver.params import SolverParams
 from gpusched.solver.policy import Policy, place_quick
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
@@ -306,6 +307,7 @@ class Scheduler:
         self._tasks: set[asyncio.Task[None]] = set()
         self._policy: Policy | None = None
         self._policy_cluster: Cluster | None = None
+        self._policy_params: SolverParams | None = None
         self._shapes: Counter[TypicalShape] = Counter()
         self._leading = asyncio.Event()
         self._solver_loaded = False
@@ -516,11 +518,14 @@ class Scheduler:
             await asyncio.sleep(every)
 
     def _policy_for(self, cluster: Cluster) -> Policy:
-        if self._policy is None or self._policy_cluster is not cluster:
+        """The policy for ``cluster`` under the config as it is now: the first one is built in a
+        worker thread, and a reload that lands meanwhile must not be overwritten by it."""
+        params = self.config.solver_params(self.settings.seed)
+        if self._policy is None or self._policy_cluster is not cluster or self._policy_params != params:
             typical = TypicalPods((), ())
-            params = self.config.solver_params(self.settings.seed)
             self._policy = make_policy(self.settings.policy, cluster, typical, self.settings.seed, params)
             self._policy_cluster = cluster
+            self._policy_params = params
         return self._policy
 
     async def schedule_batch(self, batch: list[PodRecord]) -> None:

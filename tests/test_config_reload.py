@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
+import pytest
+
 from gpusched.config import GpuschedConfig, load_config
 from gpusched.daemon import DaemonSettings, Scheduler
 from gpusched.kube.binder import Binder
@@ -97,3 +99,27 @@ async def test_a_rejected_document_changes_nothing_and_says_which_field() -> Non
     assert "batching.maxSize: " in message
     for task in s.pending_tasks():
         await task
+
+
+async def test_a_reload_that_lands_while_the_first_policy_is_built_is_not_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first policy is built in a worker thread at start; a ConfigMap change delivered
+    meanwhile must reach the solver, not be overwritten by the build that read the old weights."""
+    from gpusched import daemon
+
+    s, _ = _scheduler()
+    built_with: list[float] = []
+    real_make_policy = daemon.make_policy
+
+    def make_policy(name: str, cluster: Any, typical: Any, seed: int, params: Any) -> Any:
+        built_with.append(params.weights.fragmentation)
+        if len(built_with) == 1:  # the watch delivers the edit while this build runs
+            _edit(s, "weights:\n  fragmentation: 77\n", "2")
+        return real_make_policy(name, cluster, typical, seed, params)
+
+    monkeypatch.setattr(daemon, "make_policy", make_policy)
+    cluster = s.cache.snapshot().cluster
+    await asyncio.to_thread(s._policy_for, cluster)  # as at start
+    s._policy_for(cluster)  # the first batch
+    assert built_with[-1] == 77
