@@ -223,6 +223,31 @@ def test_a_workload_without_gpu_demand_is_rejected(tmp_path: Path, capsys: pytes
     assert "no pod requests a GPU" in message
 
 
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        ("", ":1: no pods in file"),
+        ("p0,1000,1024,1,500\np1,99999999999999999999999,1024,1,500\n", ":3: column 'cpu_milli': too large"),
+        ("p0,1000,1024,1,500\np1,1000,1e300,1,500\n", ":3: column 'memory_mib': too large"),
+    ],
+    ids=["no-pods", "huge-cpu", "huge-memory"],
+)
+def test_a_pod_list_the_simulator_cannot_count_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rows: str, expected: str
+) -> None:
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + rows, encoding="utf-8")
+    argv = ["simulate", "--nodes", str(DEMO / "nodes.csv"), "--pods", str(pods), *FAST, "--out", str(tmp_path)]
+    assert f"{pods}{expected}" in rejected(capsys, argv)
+
+
+def test_a_node_too_large_to_count_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,99999999999999999999999,1024,8,A100\n", encoding="utf-8")
+    argv = ["simulate", "--nodes", str(nodes), "--pods", str(DEMO / "pods.csv"), *FAST, "--out", str(tmp_path)]
+    assert f"{nodes}:2: column 'cpu_milli': too large" in rejected(capsys, argv)
+
+
 def test_config_errors_name_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("weights:\n  placedGpu: -1\n  colour: red\n", encoding="utf-8")
@@ -237,6 +262,49 @@ def test_bad_published_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     bad.write_text("trace,policy\ndefault,FGD\n", encoding="utf-8")
     message = rejected(capsys, ["simulate", *FAST, "--published", str(bad), "--out", str(tmp_path)])
     assert "missing column(s) alloc_pct_at_arrival130" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (b"trace,policy,alloc_pct_at_arrival130\ndemo,FGD,95\xff\n", ":1: not UTF-8 text"),
+        (b"alloc_pct_at_arrival130,trace,policy\n95\n", ":2: column 'trace': empty"),
+        (b"trace,policy,alloc_pct_at_arrival130\ndemo,FGD,nan\n", ":2: column 'alloc_pct_at_arrival130'"),
+    ],
+    ids=["not-utf8", "short-row", "nan"],
+)
+def test_a_bad_published_row_names_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: bytes, expected: str
+) -> None:
+    bad = tmp_path / "published.csv"
+    bad.write_bytes(text)
+    message = rejected(capsys, ["simulate", *FAST, "--published", str(bad), "--out", str(tmp_path)])
+    assert f"{bad}{expected}" in message
+
+
+def test_a_published_file_is_read_as_the_traces_are(tmp_path: Path) -> None:
+    # Saved by a spreadsheet: a byte-order mark, and spaces after the commas.
+    published = tmp_path / "published.csv"
+    published.write_text(
+        "trace, policy, alloc_pct_at_arrival130\ndemo, FGD, 95.5\ndemo, BestFit, 92.75\n", encoding="utf-8-sig"
+    )
+    out = tmp_path / "out"
+    assert main(["simulate", *FAST, "--published", str(published), "--out", str(out)]) == 0
+    by_policy = {s["policy"]: s for s in summary(out)}
+    assert by_policy["fgd"]["fgd_published_alloc_pct_130"] == 95.5
+    assert by_policy["bestfit"]["fgd_published_alloc_pct_130"] == 92.75
+
+
+def test_published_results_for_a_trace_without_a_name_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    published = tmp_path / "published.csv"
+    published.write_text("trace,policy,alloc_pct_at_arrival130\ndefault,FGD,95.39\n", encoding="utf-8")
+    pods = str(DEMO / "pods.csv")
+    argv = ["simulate", "--nodes", str(DEMO / "nodes.csv"), "--pods", pods, *FAST, "--published", str(published)]
+    message = rejected(capsys, [*argv, "--out", str(tmp_path / "out")])
+    assert "openb_pod_list_<trace>.csv" in message
+    assert not (tmp_path / "out" / "summary.json").exists()
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,9 @@
    from the original trace, before tuning.)
 3. Pods arrive one at a time (or ``batch`` at a time, the extension gpusched
    adds) and are never removed; a pod that does not fit fails and the run goes on.
-4. GPU allocation is recorded each time arrived GPU demand passes a whole
-   percent of capacity.
+4. After every arriving pod the arrived GPU demand and the GPU allocation are
+   recorded; ``gpusched.sim.engine`` reduces the records to the allocation at
+   each whole percent of capacity arrived.
 
 Gangs (an extension, absent from the Alibaba trace) are tuned as units: a
 removal draw that hits a gang member removes the whole gang, and a resampling

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import multiprocessing
 import queue
 import re
@@ -91,30 +92,48 @@ def trace_name(pods_csv: str | Path) -> str | None:
 def load_published(path: str | Path) -> dict[tuple[str, str], float]:
     """Published allocation at 130% arrival, keyed by (trace, lower-case policy name).
 
-    The file has at least the columns ``trace,policy,alloc_pct_at_arrival130``.
+    The file has at least the columns ``trace,policy,alloc_pct_at_arrival130``, read as the
+    trace files are: UTF-8 (a byte-order mark is allowed), spaces around names and cells ignored.
     """
     p = Path(path)
     try:
-        handle = p.open(newline="", encoding="utf-8")
+        handle = p.open(newline="", encoding="utf-8-sig")
     except OSError as exc:
         raise SimulationError(f"{p}: cannot open published results: {exc.strerror or exc}") from None
     out: dict[tuple[str, str], float] = {}
     with handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in PUBLISHED_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise SimulationError(
-                f"{p}: missing column(s) {', '.join(missing)}; expected {','.join(PUBLISHED_COLUMNS)}"
-            )
-        for row in reader:
-            text = (row["alloc_pct_at_arrival130"] or "").strip()
-            try:
-                value = float(text)
-            except ValueError:
+        reader = csv.reader(handle)
+        try:
+            header = [h.strip() for h in next(reader, [])]
+            missing = [c for c in PUBLISHED_COLUMNS if c not in header]
+            if missing:
                 raise SimulationError(
-                    f"{p}:{reader.line_num}: column 'alloc_pct_at_arrival130': expected a number, got {text!r}"
-                ) from None
-            out[(row["trace"].strip(), row["policy"].strip().lower())] = value
+                    f"{p}: missing column(s) {', '.join(missing)}; expected {','.join(PUBLISHED_COLUMNS)}"
+                )
+            at = {c: header.index(c) for c in PUBLISHED_COLUMNS}
+            for raw in reader:
+                if all(not c.strip() for c in raw):
+                    continue
+                row = {c: raw[i].strip() if i < len(raw) else "" for c, i in at.items()}
+                for column in ("trace", "policy"):
+                    if not row[column]:
+                        raise SimulationError(f"{p}:{reader.line_num}: column {column!r}: empty; name the {column}")
+                text = row["alloc_pct_at_arrival130"]
+                try:
+                    value = float(text)
+                except ValueError:
+                    value = math.nan
+                if not math.isfinite(value):
+                    raise SimulationError(
+                        f"{p}:{reader.line_num}: column 'alloc_pct_at_arrival130': expected a number, got {text!r}"
+                    )
+                out[(row["trace"], row["policy"].lower())] = value
+        except UnicodeDecodeError as exc:
+            raise SimulationError(
+                f"{p}:{reader.line_num + 1}: not UTF-8 text (from here on: {exc.reason}); save the file as UTF-8"
+            ) from None
+        except csv.Error as exc:
+            raise SimulationError(f"{p}:{reader.line_num}: not a CSV row: {exc} (a quote left open?)") from None
     return out
 
 
@@ -284,7 +303,8 @@ def run_simulation(
     ``trace`` names the workload in the summaries (default: ``<trace>`` of an
     ``openb_pod_list_<trace>.csv`` file name).  With ``published`` (a CSV of
     ``trace,policy,alloc_pct_at_arrival130``) each summary also carries the
-    FGD paper's allocation for that trace and policy, when it lists one.
+    FGD paper's allocation for that trace and policy, when it lists one; without a trace
+    name ``published`` is refused, since nothing could be matched.
     ``typical_source`` is where CP-SAT's typical pods come from: ``online``, learnt from the
     pods placed so far (as the daemon learns them), or ``trace``, the whole trace's, which is
     what FGD is given in the published protocol.
@@ -303,6 +323,11 @@ def run_simulation(
     if not seed_list:
         raise SimulationError("no seed given")
     trace = trace if trace is not None else trace_name(pods_csv)
+    if published is not None and trace is None:
+        raise SimulationError(
+            f"{pods_csv}: published results are matched by trace name, which comes from a pod list "
+            f"named openb_pod_list_<trace>.csv; rename the file that way or leave out the published results"
+        )
     table = load_published(published) if published is not None else {}
     nodes_path, pods_path = str(Path(nodes_csv)), str(Path(pods_csv))
 

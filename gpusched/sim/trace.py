@@ -36,6 +36,9 @@ NODE_OPTIONAL = ("gpu_islands", "mig_slices", "mig_repartition", "labels")
 POD_OPTIONAL = ("mig_profile", "gpu_island", "gang", "gang_min", "gang_topology_key", "gang_topology")
 """Optional pod columns; an absent column or an empty cell keeps the plain openb meaning."""
 _MODES = ("required", "preferred")
+MAX_VALUE = 1 << 50
+"""The largest number a cell may hold (as for the daemon, 2^50 millicores or MiB): sums over a
+cluster stay inside 64-bit integers."""
 
 
 class TraceError(ValueError):
@@ -92,6 +95,8 @@ def _int(path: Path, line: int, row: dict[str, str], column: str, default: int |
         raise TraceError(path, line, column, f"expected an integer, got {text!r}") from None
     if value < 0:
         raise TraceError(path, line, column, f"must not be negative, got {value}")
+    if value > MAX_VALUE:
+        raise TraceError(path, line, column, f"too large: at most 2^50 ({MAX_VALUE}), got {text}")
     return value
 
 
@@ -208,7 +213,7 @@ def read_nodes(path: str | Path, *, gpu_only: bool = True) -> list[Node]:
 
 
 def read_pods(path: str | Path) -> list[Pod]:
-    """Read a pod list, in file order.
+    """Read a pod list, in file order; a file without pods is an error.
 
     The members of a gang are the rows with the same ``gang`` name; its
     ``gang_min``, ``gang_topology_key`` and ``gang_topology`` may be given on
@@ -264,6 +269,8 @@ def read_pods(path: str | Path) -> list[Pod]:
         except ValueError as exc:  # the row's cells are each well-formed, but do not fit together
             raise TraceError(p, line, None, str(exc)) from None
         pods.append(pod)
+    if not pods:
+        raise TraceError(p, 1, None, "no pods in file; add a row for each pod below the header")
     return pods
 
 

@@ -141,6 +141,28 @@ class TestBadRows:
         p = write(tmp_path, "nodes.csv", NODE_HEADER, "n1,1,1,1,A100", "n2,1,1,4,")
         expect_error(p, 3, "model", "node has 4 GPUs but no model")
 
+    @pytest.mark.parametrize("value", ["99999999999999999999999", "1e300", str(2**50 + 1)])
+    @pytest.mark.parametrize(
+        ("name", "header", "row", "column"),
+        [
+            ("nodes.csv", NODE_HEADER, "n1,{},1,1,A100", "cpu_milli"),
+            ("nodes.csv", NODE_HEADER, "n1,1,{},1,A100", "memory_mib"),
+            ("pods.csv", POD_HEADER, "p,{},1,0,0,", "cpu_milli"),
+            ("pods.csv", POD_HEADER, "p,1,{},0,0,", "memory_mib"),
+            ("pods.csv", POD_HEADER, "p,1,1,{},1000,", "num_gpu"),
+        ],
+        ids=["node-cpu", "node-memory", "pod-cpu", "pod-memory", "pod-gpus"],
+    )
+    def test_a_number_too_large_to_count_is_refused(
+        self, tmp_path: Path, value: str, name: str, header: str, row: str, column: str
+    ) -> None:
+        p = write(tmp_path, name, header, row.format(value))
+        expect_error(p, 2, column, "too large: at most 2^50")
+
+    def test_the_largest_number_is_read(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "pods.csv", POD_HEADER, f"p,{2**50},{2**50},0,0,")
+        assert read_pods(p) == [Pod("p", 2**50, 2**50)]
+
     def test_line_number_counts_blank_lines(self, tmp_path: Path) -> None:
         p = write(tmp_path, "pods.csv", POD_HEADER, "", "a,1,1,0,0,", "", "", "b,x,1,0,0,")
         expect_error(p, 6, "cpu_milli", "expected an integer")
@@ -155,6 +177,9 @@ class TestBadFiles:
     def test_no_gpu_nodes(self, tmp_path: Path) -> None:
         p = write(tmp_path, "nodes.csv", NODE_HEADER, "c1,1,1,0,")
         expect_error(p, 1, None, "no GPU nodes")
+
+    def test_no_pods(self, tmp_path: Path) -> None:
+        expect_error(write(tmp_path, "pods.csv", POD_HEADER, "", ""), 1, None, "no pods in file")
 
     def test_missing_file(self, tmp_path: Path) -> None:
         expect_error(tmp_path / "nodes-missing.csv", 0, None, "cannot open")
