@@ -120,6 +120,20 @@ def _positive_float(text: str) -> float:
     return value
 
 
+MAX_TUNE = 10.0
+"""Largest ``--tune``: ten times the cluster's GPUs is far past saturation already."""
+
+
+def _tune(text: str) -> float:
+    value = _positive_float(text)
+    if value > MAX_TUNE:
+        raise argparse.ArgumentTypeError(
+            f"{text} times the cluster's GPUs is more than {MAX_TUNE:g}; it is a multiple, not a percent: "
+            f"write 1.3 for 130 %"
+        )
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     parser = _Parser(prog="gpusched", description="A secondary Kubernetes scheduler that packs GPUs.")
@@ -167,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument(
         "--tune",
-        type=_positive_float,
+        type=_tune,
         default=1.3,
         help="GPU demand of the workload as a multiple of cluster capacity (default: %(default)s)",
     )

@@ -171,6 +171,10 @@ def test_parse_seeds() -> None:
         (["simulate", "--batch", "0"], "argument --batch: must be at least 1"),
         (["simulate", "--jobs", "x"], "argument --jobs: expected a whole number"),
         (["simulate", "--tune", "-1"], "argument --tune: must be a positive number"),
+        (
+            ["simulate", "--tune", "130"],
+            "argument --tune: 130 times the cluster's GPUs is more than 10; it is a multiple",
+        ),
         (["simulate", "--typical", "history"], "argument --typical: invalid choice: 'history'"),
         (["simulate", "--pods", "pods.csv"], "pass both --nodes and --pods"),
         (["bogus"], "invalid choice: 'bogus'"),
