@@ -480,9 +480,11 @@ class Scheduler:
         return list(self._tasks)
 
     async def drain(self, timeout: float) -> None:
-        """Wait (bounded) for in-flight binds and Events."""
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout)
+        """Wait (bounded) for in-flight binds and Events, and for the Events of binds that land
+        meanwhile (a Binding's answer starts its Scheduled Event as a new task)."""
+        deadline = time.monotonic() + timeout
+        while self._tasks and (left := deadline - time.monotonic()) > 0:
+            await asyncio.wait(set(self._tasks), timeout=left)
 
     # -- scheduling --------------------------------------------------------------------------
     async def schedule_forever(self) -> None:

@@ -19,6 +19,10 @@ from gpusched.kube.client import Kube, RateLimiter
 from gpusched.model import Pod
 from tests.e2e import kit
 
+DRAWN_WITHIN_S = 10.0
+"""How long a batch may take to be drawn: ample for a busy machine, and well short of the minute
+after which the queue retries parked pods anyway (a pod never woken would be drawn only then)."""
+
 
 class _Client:
     """What the scheduler reads of its client before any request: the rate limiter."""
@@ -90,7 +94,7 @@ async def test_a_gang_whose_member_is_deleted_during_the_solve_binds_no_member()
     s, answers = _scheduler(gpus=2)
     for name in ("m1", "m2"):
         s._pending.apply("ADDED", _pod(name, gang="g"))
-    batch = await asyncio.wait_for(s.queue.next_batch(), 5)
+    batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
     s._pending.apply("DELETED", _pod("m1", gang="g"))  # after the draw, before the binds
     await s.schedule_batch(batch)
     await _settle(s)
@@ -105,10 +109,10 @@ async def test_capacity_freed_by_a_bind_that_finds_its_pod_gone_wakes_the_parked
     answers.results["default/a"] = (BindResult.GONE, "pod deleted")
     for name in ("a", "b"):
         s._pending.apply("ADDED", _pod(name))
-    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 5))  # a placed, b parked
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))  # a placed, b parked
     await _settle(s)
     # a's Binding found it deleted: its GPU is free again, and b is drawn at once.
-    batch = await asyncio.wait_for(s.queue.next_batch(), 1)
+    batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
     assert [r.key for r in batch] == ["default/b"]
 
 
@@ -122,7 +126,7 @@ async def test_a_pod_bound_and_deleted_before_a_relist_that_missed_it_frees_its_
     answers.held["default/a"] = asyncio.Event()
     for name in ("a", "b"):
         s._pending.apply("ADDED", _pod(name))
-    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 5))  # a placed, b parked
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))  # a placed, b parked
     await asyncio.sleep(0)
     # While a's Binding is in flight it lands, a is deleted, and then a relist (a watch that
     # expired) reads the bound pods: a is in neither the list nor any later watch event.
@@ -131,5 +135,23 @@ async def test_a_pod_bound_and_deleted_before_a_relist_that_missed_it_frees_its_
     answers.held["default/a"].set()
     await _settle(s)
     assert answers.read_back == ["default/a"] * (1 + unanswered)
-    batch = await asyncio.wait_for(s.queue.next_batch(), 1)
+    batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
     assert [r.key for r in batch] == ["default/b"]
+
+
+async def test_a_bind_that_lands_while_the_scheduler_drains_still_has_its_event_written() -> None:
+    s, answers = _scheduler(gpus=1)
+    written: list[str] = []
+
+    async def event(pod: Pod, reason: str, *_: Any, **__: Any) -> None:
+        await asyncio.sleep(0.05)  # a request to the API server
+        written.append(f"{reason}/{pod.key}")
+
+    answers.event = event  # type: ignore[method-assign]
+    answers.held["default/a"] = asyncio.Event()
+    s._pending.apply("ADDED", _pod("a"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await asyncio.sleep(0)  # a's Binding is in flight when SIGTERM comes
+    asyncio.get_running_loop().call_later(0.1, answers.held["default/a"].set)
+    await s.drain(timeout=DRAWN_WITHIN_S)
+    assert written == ["Scheduled/default/a"]
