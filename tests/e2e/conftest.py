@@ -28,7 +28,7 @@ def manifests_present() -> bool:
     return (MANIFESTS / "kustomization.yaml").is_file()
 
 
-def _wait_for_scheduler_rbac(cp: ControlPlane, timeout: float = 10.0) -> None:
+def _wait_for_scheduler_rbac(cp: ControlPlane, timeout: float = 60.0) -> None:
     """RBAC bindings reach the authorizer through an informer; wait until the scheduler's role applies."""
     deadline = time.monotonic() + timeout
     while True:

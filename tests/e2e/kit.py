@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,7 +78,7 @@ class Daemon:
         return [x for x in list(self.lines) if x.get("event") == name]
 
     def wait_log(
-        self, name: str, timeout: float = 30.0, where: Callable[[dict[str, Any]], bool] | None = None
+        self, name: str, timeout: float = 60.0, where: Callable[[dict[str, Any]], bool] | None = None
     ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -91,7 +91,7 @@ class Daemon:
         raise AssertionError(f"no {name!r} log line in {timeout}s:\n{''.join(self.raw[-40:])}")
 
     def wait_count(
-        self, name: str, count: int, timeout: float = 30.0, where: Callable[[dict[str, Any]], bool] | None = None
+        self, name: str, count: int, timeout: float = 60.0, where: Callable[[dict[str, Any]], bool] | None = None
     ) -> list[dict[str, Any]]:
         """The matching log lines once there are at least ``count``: the API shows a binding before the
         daemon has written its line about it, so a count read straight after ``wait_settled`` can be short."""
@@ -197,15 +197,16 @@ async def delete_all_nodes(kube: Kube) -> None:
     assert r.ok, r.body
 
 
-async def wait_bound(kube: Kube, path: str, tries: int = 100) -> dict[str, Any]:
-    """The pod at ``path`` once it has a node, or as it is after ``tries`` tenths of a second."""
-    for _ in range(tries):
+async def wait_bound(kube: Kube, path: str, timeout: float = 60.0) -> dict[str, Any]:
+    """The pod at ``path`` once it has a node, or as it is after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
         got = await kube.request("GET", path)
-        if got.body["spec"].get("nodeName"):
-            break
+        assert got.ok, got.body
+        body: dict[str, Any] = got.body
+        if body["spec"].get("nodeName") or time.monotonic() > deadline:
+            return body
         await asyncio.sleep(0.1)
-    body: dict[str, Any] = got.body
-    return body
 
 
 def condition(p: dict[str, Any]) -> dict[str, Any] | None:
@@ -236,7 +237,7 @@ async def schedule(
     daemon = Daemon.start(cp, scheduler, "--no-leader-elect")
     try:
         await create_all(kube, f"/api/v1/namespaces/{ns}/pods", pods)
-        settled = await wait_settled(kube, ns, len(pods) if count is None else count, timeout=30)
+        settled = await wait_settled(kube, ns, len(pods) if count is None else count, timeout=90)
     finally:
         daemon.stop()
     return {p["metadata"]["name"]: p for p in settled}
@@ -305,6 +306,21 @@ async def scheduled_events(kube: Kube, ns: str) -> dict[str, list[dict[str, Any]
     for e in events:
         out[f"{e['reason']}/{e['involvedObject']['name']}"].append(e)
     return out
+
+
+async def wait_events(
+    kube: Kube, ns: str, keys: Iterable[str], timeout: float = 60.0
+) -> dict[str, list[dict[str, Any]]]:
+    """``scheduled_events`` once there is one for each of ``keys`` ("Reason/pod"), or as they are
+    after ``timeout`` seconds.  The daemon writes a pod's Event beside its condition or after its
+    Binding, so a pod seen settled can still be waiting for its Event."""
+    wanted = set(keys)
+    deadline = time.monotonic() + timeout
+    while True:
+        events = await scheduled_events(kube, ns)
+        if wanted <= {k for k, v in events.items() if v} or time.monotonic() > deadline:
+            return events
+        await asyncio.sleep(0.2)
 
 
 def repo_file(*parts: str) -> Path:

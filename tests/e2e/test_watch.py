@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -46,12 +47,16 @@ async def running(r: Reflector) -> AsyncIterator[None]:
             await task
 
 
-async def _until(cond: Any, timeout: float = 10.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if cond():
-            return
+SYNC_S = 30.0
+"""Long enough for a list or a change to come through a busy machine's API server."""
+
+
+async def _until(cond: Any, timeout: float = SYNC_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
         await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached")
 
 
 async def test_list_then_watch_pages_and_changes(control_plane: ControlPlane, namespace: str) -> None:
@@ -62,7 +67,7 @@ async def test_list_then_watch_pages_and_changes(control_plane: ControlPlane, na
         rec = Recorder()
         r = Reflector(kube, "cm", path, rec, page_size=3)  # the list takes three pages
         async with running(r):
-            await asyncio.wait_for(r.synced.wait(), 10)
+            await asyncio.wait_for(r.synced.wait(), SYNC_S)
             assert rec.names == {f"c{i}" for i in range(7)}
             await kit.create_all(kube, path, [{"metadata": {"name": "late"}, "data": {}}])
             r2 = await kube.request("DELETE", f"{path}/c0")
@@ -92,7 +97,7 @@ async def test_a_handler_that_fails_on_a_change_gets_it_from_a_list_and_the_watc
         r = Reflector(kube, "cm", path, rec)
         with capture_logs() as logs:
             async with running(r):
-                await asyncio.wait_for(r.synced.wait(), 10)
+                await asyncio.wait_for(r.synced.wait(), SYNC_S)
                 await kit.create_all(kube, path, [{"metadata": {"name": n}, "data": {}} for n in ("poison", "after")])
                 await _until(lambda: rec.names == {"poison", "after"})
                 await kit.create_all(kube, path, [{"metadata": {"name": "later"}, "data": {}}])
@@ -128,7 +133,7 @@ async def test_expired_resource_version_relists(control_plane: ControlPlane, nam
             await asyncio.wait_for(r._watch(), 20)
         assert info.value.status == 410
         async with running(r):
-            await asyncio.wait_for(r.synced.wait(), 10)
+            await asyncio.wait_for(r.synced.wait(), SYNC_S)
             assert len(rec.names) == 30
     finally:
         await kube.close()
@@ -153,7 +158,7 @@ async def test_a_dropped_watch_resumes_without_a_new_list(control_plane: Control
         rec = Recorder()
         r = Reflector(kube, "cm", path, rec)
         async with running(r):
-            await asyncio.wait_for(r.synced.wait(), 10)
+            await asyncio.wait_for(r.synced.wait(), SYNC_S)
             await kit.create_all(kube, path, [{"metadata": {"name": "before-cut"}, "data": {}}])
             await _until(lambda: cuts == 1)
             await kit.create_all(kube, path, [{"metadata": {"name": "after-cut"}, "data": {}}])
@@ -175,7 +180,7 @@ async def test_a_watch_that_goes_silent_is_given_up_to_be_opened_again(
     try:
         stream = kube.stream(f"/api/v1/namespaces/{namespace}/configmaps", {"timeoutSeconds": 60}, timeout=90)
         with pytest.raises(ApiError, match="silent for 0 s") as info:
-            await asyncio.wait_for(anext(stream), 10)
+            await asyncio.wait_for(anext(stream), SYNC_S)  # (well short of the 60 s watch)
         assert info.value.status == 0  # as a broken connection: resumed from its resourceVersion
     finally:
         await kube.close()

@@ -1,14 +1,31 @@
-"""Leader election against an API that stops answering: the leader steps down in time."""
+"""Leader election against an API that stops answering: the leader steps down in time.
+
+These run on an event loop with a clock of its own (``virtual_time``): what they check are
+margins of tens of milliseconds between a renewal's answer and the renew deadline, which a
+loaded machine's scheduling delays would otherwise decide.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any, cast
 
+import pytest
+
+from gpusched.kube import leader
 from gpusched.kube.client import Kube, Response
 from gpusched.kube.leader import LeaderElector
+from tests.kube import virtual_time
+from tests.kube.virtual_time import VirtualTimeLoop
+
+
+@pytest.fixture
+def loop(monkeypatch: pytest.MonkeyPatch) -> VirtualTimeLoop:
+    """The loop the test runs on; the elector reads its clock."""
+    loop = VirtualTimeLoop()
+    monkeypatch.setattr(leader, "time", virtual_time.clock_of(loop))
+    return loop
 
 
 class HangingApi:
@@ -41,21 +58,25 @@ def _elector(api: object, on_change: Callable[[bool], None]) -> LeaderElector:
     )
 
 
-async def test_a_leader_whose_renewal_hangs_steps_down_by_the_renew_deadline() -> None:
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+def test_a_leader_whose_renewal_hangs_steps_down_by_the_renew_deadline(loop: VirtualTimeLoop) -> None:
     changes: list[tuple[bool, float]] = []
-    elector = _elector(HangingApi(), lambda leader: changes.append((leader, time.monotonic())))
-    task = asyncio.create_task(elector.run())
-    try:
-        for _ in range(100):
-            if len(changes) >= 2:
-                break
-            await asyncio.sleep(0.05)
-    finally:
-        task.cancel()
+
+    async def main() -> None:
+        elector = _elector(HangingApi(), lambda leader: changes.append((leader, loop.time())))
+        task = asyncio.create_task(elector.run())
+        await asyncio.sleep(5.0)
+        await _stop(task)
+
+    virtual_time.run(loop, main())
     assert [c[0] for c in changes] == [True, False]
-    # Renewals hang from the first one on: leadership must end at the renew deadline (0.6 s after
+    # Renewals hang from the first one on: leadership must end by the renew deadline (0.6 s after
     # the Lease was won), before the Lease (1.5 s) can pass to another replica.
-    assert changes[1][1] - changes[0][1] < 1.5
+    assert changes[1][1] - changes[0][1] <= 0.6 + 1e-6
 
 
 class SlowApi:
@@ -73,48 +94,61 @@ class SlowApi:
             self.created = True
             return Response(201, {})
         if method == "GET":
-            return Response(200, {"spec": {"holderIdentity": "me", "renewTime": str(time.monotonic())}})
+            return Response(
+                200, {"spec": {"holderIdentity": "me", "renewTime": str(asyncio.get_running_loop().time())}}
+            )
         return Response(200, {})
 
 
-async def _leadership_changes(delay: float, seconds: float = 2.0) -> list[bool]:
+def _leadership_changes(loop: VirtualTimeLoop, delay: float, seconds: float = 2.0) -> list[bool]:
     """Leadership changes of one instance whose API answers every request after ``delay`` s,
     over ``seconds`` (renew deadline 0.6 s, retry period 0.1 s, lease 1.5 s)."""
     changes: list[bool] = []
-    elector = _elector(SlowApi(delay), changes.append)
-    task = asyncio.create_task(elector.run())
-    await asyncio.sleep(seconds)
-    task.cancel()
-    return changes
+
+    async def main() -> list[bool]:
+        elector = _elector(SlowApi(delay), changes.append)
+        task = asyncio.create_task(elector.run())
+        await asyncio.sleep(seconds)
+        seen = list(changes)  # before the cancellation steps down
+        await _stop(task)
+        return seen
+
+    return virtual_time.run(loop, main())
 
 
-async def test_an_answer_later_than_the_renew_deadline_makes_no_leader() -> None:
+def test_an_answer_later_than_the_renew_deadline_makes_no_leader(loop: VirtualTimeLoop) -> None:
     """The others count the Lease from when they see it written; an instance that hears of its
     win only after the renew deadline cannot know how much of the Lease is left: it does not lead."""
-    assert await _leadership_changes(delay=0.4) == []  # GET then POST: 0.8 s per attempt
+    assert _leadership_changes(loop, delay=0.4) == []  # GET then POST: 0.8 s per attempt
 
 
-async def test_a_leader_counts_its_lease_from_when_it_asked() -> None:
-    """Renewals answered in 0.25 s of a 0.6 s deadline keep the lead; the lead is timed from each
-    request's start, so a leader never outlives the deadline measured from what the others saw."""
-    assert await _leadership_changes(delay=0.12) == [True]
+def test_a_leader_counts_its_lease_from_when_it_asked(loop: VirtualTimeLoop) -> None:
+    """Renewals answered in 0.24 s keep the lead: each is sent 0.34 s after the last one was
+    (0.24 s of answer, 0.1 s of retry period), so it has 0.26 s of the 0.6 s deadline left.  The
+    lead is timed from each request's start, so a leader never outlives the deadline measured
+    from what the others saw."""
+    assert _leadership_changes(loop, delay=0.12) == [True]
 
 
-async def test_a_leader_whose_event_loop_was_held_up_past_the_deadline_no_longer_holds() -> None:
+def test_a_leader_whose_event_loop_was_held_up_past_the_deadline_no_longer_holds(loop: VirtualTimeLoop) -> None:
     """A long synchronous stretch (a solve on the loop, a stalled GC) can keep the step-down from
     running in time; ``holds`` reads the clock, so Bindings stop at the deadline all the same."""
     changes: list[bool] = []
-    elector = _elector(SlowApi(0.0), changes.append)
-    task = asyncio.create_task(elector.run())
-    try:
-        for _ in range(100):
-            if changes:
-                break
-            await asyncio.sleep(0.01)
-        assert changes == [True]
-        assert elector.holds()
-        time.sleep(0.7)  # the loop is held past the 0.6 s renew deadline: no renewal ran
-        assert elector.is_leader  # the loop that steps down has not run yet
-        assert not elector.holds()
-    finally:
-        task.cancel()
+
+    async def main() -> None:
+        elector = _elector(SlowApi(0.0), changes.append)
+        task = asyncio.create_task(elector.run())
+        try:
+            for _ in range(100):
+                if changes:
+                    break
+                await asyncio.sleep(0.01)
+            assert changes == [True]
+            assert elector.holds()
+            loop.advance(0.7)  # the loop is held past the 0.6 s renew deadline: no renewal ran
+            assert elector.is_leader  # the loop that steps down has not run yet
+            assert not elector.holds()
+        finally:
+            await _stop(task)
+
+    virtual_time.run(loop, main())

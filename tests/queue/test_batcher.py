@@ -19,6 +19,12 @@ def rec(name: str, priority: int = 0) -> PodRecord:
     return PodRecord(p, uid=name, scheduler="gpu-scheduler")
 
 
+PROMPT = 10.0
+"""How long a batch that should close at once (or after a few hundredths of a second) may take:
+far below the minute of ``max_wait`` or ``flush_after`` a queue that failed to close it would
+wait, far above what a busy machine can hold the event loop up."""
+
+
 class Clock:
     def __init__(self) -> None:
         self.t = 0.0
@@ -31,7 +37,7 @@ async def test_batch_closes_on_size_at_once() -> None:
     q = SchedulingQueue(max_size=3, max_wait=60)
     for i in range(5):
         q.add(rec(f"p{i}"))
-    batch = await asyncio.wait_for(q.next_batch(), 1)
+    batch = await asyncio.wait_for(q.next_batch(), PROMPT)
     assert [r.pod.name for r in batch] == ["p0", "p1", "p2"]
     assert q.counts().in_flight == 3
     assert q.counts().active == 2
@@ -40,7 +46,7 @@ async def test_batch_closes_on_size_at_once() -> None:
 async def test_batch_closes_on_time() -> None:
     q = SchedulingQueue(max_size=100, max_wait=0.05)
     q.add(rec("a"))
-    batch = await asyncio.wait_for(q.next_batch(), 1)
+    batch = await asyncio.wait_for(q.next_batch(), PROMPT)
     assert [r.pod.name for r in batch] == ["a"]
 
 
@@ -60,7 +66,7 @@ async def test_parked_pods_return_on_cluster_change() -> None:
     q.park(r.pod.key)
     assert q.counts().unschedulable == 1
     q.move_all()
-    (again,) = await asyncio.wait_for(q.next_batch(), 1)
+    (again,) = await asyncio.wait_for(q.next_batch(), PROMPT)
     assert again.pod.key == r.pod.key
 
 
@@ -71,7 +77,7 @@ async def test_a_change_that_concerns_some_parked_pods_wakes_only_those() -> Non
     for r in await q.next_batch():
         q.park(r.pod.key)
     q.move_all(lambda r: "data" in r.claims)
-    (woken,) = await asyncio.wait_for(q.next_batch(), 1)
+    (woken,) = await asyncio.wait_for(q.next_batch(), PROMPT)
     assert woken.pod.name == "with-claim"
     assert q.counts().unschedulable == 1
 
@@ -87,7 +93,7 @@ async def test_backoff_grows_and_releases() -> None:
     q._release_due(clock.t)
     assert q.counts().backoff == 1
     clock.t = 1.0
-    (r,) = await asyncio.wait_for(q.next_batch(), 1)
+    (r,) = await asyncio.wait_for(q.next_batch(), PROMPT)
     q.backoff(r.pod.key)  # second failure: 2 s
     assert q._backoff[r.pod.key] == 3.0
 
@@ -127,7 +133,7 @@ async def test_a_parked_pod_wakes_when_its_request_changes_not_its_status() -> N
     assert q.counts().active == 0
     q.add(replace(r, pod=replace(r.pod, cpu_milli=1), resource_version="3"))  # smaller now: try again
     assert q.counts().active == 1
-    (again,) = await asyncio.wait_for(q.next_batch(), 1)
+    (again,) = await asyncio.wait_for(q.next_batch(), PROMPT)
     assert again.pod.cpu_milli == 1
 
 
@@ -142,13 +148,13 @@ async def test_a_pod_created_again_under_its_name_is_queued_afresh() -> None:
     q.add(new)  # ... and created again
     q.done(old.key)  # the old pod's bind ends (gone): the new pod must not go with it
     assert q.counts().active == 1
-    (drawn,) = await asyncio.wait_for(q.next_batch(), 1)
+    (drawn,) = await asyncio.wait_for(q.next_batch(), PROMPT)
     assert drawn.uid == "a-2"
     q.park(drawn.key)
     newer = replace(new, uid="a-3", pod=replace(new.pod, uid="a-3"))
     q.add(newer)  # replaced while parked: a new pod, active at once
     assert q.counts().unschedulable == 0
-    (drawn,) = await asyncio.wait_for(q.next_batch(), 1)
+    (drawn,) = await asyncio.wait_for(q.next_batch(), PROMPT)
     assert drawn.uid == "a-3"
     q.done(drawn.key)
     assert len(q) == 0
@@ -165,7 +171,7 @@ async def test_idle_scheduler_closes_a_small_batch_at_once_busy_one_waits() -> N
     assert not waiting.done()  # busy: gather more pods, up to max_wait
     busy[0] = False
     q.nudge()
-    batch = await asyncio.wait_for(waiting, 1)
+    batch = await asyncio.wait_for(waiting, PROMPT)
     assert [r.pod.name for r in batch] == ["a"]
 
 
@@ -183,10 +189,10 @@ async def test_a_batch_draws_every_active_member_of_a_gang() -> None:
     q.add(rec("solo"))
     q.add(gang_rec("g-1", "g"))
     q.add(gang_rec("g-2", "g"))
-    batch = await asyncio.wait_for(q.next_batch(), 1)
+    batch = await asyncio.wait_for(q.next_batch(), PROMPT)
     assert sorted(r.pod.name for r in batch) == ["g-0", "g-1", "g-2"], "the gang is drawn whole, past max_size"
     assert q.counts().active == 1
-    batch = await asyncio.wait_for(q.next_batch(), 1)
+    batch = await asyncio.wait_for(q.next_batch(), PROMPT)
     assert [r.pod.name for r in batch] == ["solo"]
 
 
@@ -194,12 +200,12 @@ async def test_a_new_member_brings_its_parked_peers_back() -> None:
     q = SchedulingQueue(max_size=10, max_wait=0.01)
     q.add(gang_rec("g-0", "g"))
     q.add(gang_rec("g-1", "g"))
-    batch = await asyncio.wait_for(q.next_batch(), 1)
+    batch = await asyncio.wait_for(q.next_batch(), PROMPT)
     for r in batch:
         q.park(r.key)  # two of three members: the solver left them out
     assert q.counts().unschedulable == 2
     q.add(gang_rec("g-2", "g"))
-    batch = await asyncio.wait_for(q.next_batch(), 1)
+    batch = await asyncio.wait_for(q.next_batch(), PROMPT)
     assert sorted(r.pod.name for r in batch) == ["g-0", "g-1", "g-2"]
     for r in batch:
         q.done(r.key)
@@ -225,12 +231,12 @@ async def test_a_limited_batch_closes_at_its_limit_and_leaves_the_rest_queued() 
     q = SchedulingQueue(max_size=64, max_wait=60, clock=Clock())
     for i in range(30):
         q.add(rec(f"p{i}"))
-    batch = await asyncio.wait_for(q.next_batch(limit=20), 1)  # closes at once: 20 wait
+    batch = await asyncio.wait_for(q.next_batch(limit=20), PROMPT)  # closes at once: 20 wait
     assert [r.pod.name for r in batch] == [f"p{i}" for i in range(20)]
     assert q.counts().active == 10
     for i in range(30, 90):
         q.add(rec(f"p{i}"))
-    rest = await asyncio.wait_for(q.next_batch(limit=1000), 1)
+    rest = await asyncio.wait_for(q.next_batch(limit=1000), PROMPT)
     assert len(rest) == 64, "a limit above max_size is max_size"
 
 
@@ -241,7 +247,7 @@ async def test_an_early_batch_closes_once_that_many_wait_without_the_idle_wait()
     with pytest.raises(TimeoutError):  # one pod: waits (here for a minute of the fake clock)
         await asyncio.wait_for(q.next_batch(limit=20, early=2), 0.05)
     q.add(rec("b"))
-    batch = await asyncio.wait_for(q.next_batch(limit=20, early=2), 1)
+    batch = await asyncio.wait_for(q.next_batch(limit=20, early=2), PROMPT)
     assert [r.pod.name for r in batch] == ["a", "b"]
 
 
@@ -253,7 +259,7 @@ async def test_an_early_batch_waits_for_a_gang_still_short_of_its_minimum() -> N
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(q.next_batch(limit=20, early=2), 0.05)
     q.add(gang_rec("g-2", "g"))
-    batch = await asyncio.wait_for(q.next_batch(limit=20, early=2), 1)
+    batch = await asyncio.wait_for(q.next_batch(limit=20, early=2), PROMPT)
     assert sorted(r.pod.name for r in batch) == ["g-0", "g-1", "g-2"]
 
 
@@ -262,11 +268,11 @@ async def test_members_parked_apart_are_drawn_together_again() -> None:
     q = SchedulingQueue(max_size=10, max_wait=0.01, flush_after=60, clock=clock)
     q.add(gang_rec("g-0", "g"))
     clock.t = 1.0
-    (first,) = await asyncio.wait_for(q.next_batch(), 1)  # drawn before its peer arrived
+    (first,) = await asyncio.wait_for(q.next_batch(), PROMPT)  # drawn before its peer arrived
     q.add(gang_rec("g-1", "g"))  # arrives while g-0 is in flight
     q.park(first.key)
     clock.t = 2.0
-    batch = await asyncio.wait_for(q.next_batch(), 1)
+    batch = await asyncio.wait_for(q.next_batch(), PROMPT)
     assert sorted(r.pod.name for r in batch) == ["g-0", "g-1"], "the parked member comes along"
     counts = q.counts()
     assert (counts.in_flight, counts.unschedulable, counts.active) == (2, 0, 0)
@@ -279,7 +285,7 @@ async def test_a_change_while_a_pod_is_in_flight_backs_it_off_instead_of_parking
     q = SchedulingQueue(max_size=3, max_wait=0, clock=clock)
     for name in ("freed", "updated", "quiet", "other"):
         q.add(rec(name))
-    batch = await asyncio.wait_for(q.next_batch(limit=4), 1)
+    batch = await asyncio.wait_for(q.next_batch(limit=4), PROMPT)
     assert len(batch) == 3
     q.move_all(lambda r: r.pod.name == "freed")  # capacity freed that only "freed" can use
     q.add(replace(rec("updated"), pod=replace(pod("updated"), cpu_milli=1)))  # its request changed
@@ -287,4 +293,4 @@ async def test_a_change_while_a_pod_is_in_flight_backs_it_off_instead_of_parking
         q.park(f"default/{name}")
     assert q.counts() == QueueCounts(active=1, backoff=2, unschedulable=1, in_flight=0)
     clock.t += 1.0  # the first backoff
-    assert {r.pod.name for r in await asyncio.wait_for(q.next_batch(limit=3), 1)} == {"freed", "updated", "other"}
+    assert {r.pod.name for r in await asyncio.wait_for(q.next_batch(limit=3), PROMPT)} == {"freed", "updated", "other"}
