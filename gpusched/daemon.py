@@ -383,6 +383,7 @@ class Scheduler:
         self.metrics.set_weights({k: float(v) for k, v in cfg.weights.model_dump(by_alias=True).items()})
         self.queue.max_size = cfg.batching.max_size
         self.queue.max_wait = cfg.batching.max_wait_seconds
+        self.queue.nudge()  # the batch being gathered closes by the new size and wait
         self.max_binds_in_flight = max(2 * cfg.batching.max_size, self.settings.kube_burst)
         self._policy = None  # rebuilt with the new weights
 

@@ -15,6 +15,8 @@ from gpusched.config import GpuschedConfig, load_config
 from gpusched.daemon import DaemonSettings, Scheduler
 from gpusched.kube.binder import Binder
 from gpusched.kube.client import Kube, RateLimiter
+from gpusched.state.records import PodRecord
+from tests.factories import pod
 
 NAMESPACE, NAME = "gpusched-system", "gpu-scheduler-config"
 
@@ -59,6 +61,10 @@ def _configmap(text: str, rv: str) -> dict[str, Any]:
         "metadata": {"name": NAME, "namespace": NAMESPACE, "resourceVersion": rv, "uid": "cm-uid"},
         "data": {"config.yaml": text},
     }
+
+
+def _record(name: str) -> PodRecord:
+    return PodRecord(pod(name), uid=name, scheduler="s")
 
 
 def _sample(s: Scheduler, series: str, **labels: str) -> float | None:
@@ -123,3 +129,25 @@ async def test_a_reload_that_lands_while_the_first_policy_is_built_is_not_lost(
     await asyncio.to_thread(s._policy_for, cluster)  # as at start
     s._policy_for(cluster)  # the first batch
     assert built_with[-1] == 77
+
+
+async def test_a_batch_being_gathered_closes_by_the_reloaded_size_and_wait() -> None:
+    """A batch waits up to ``maxWaitSeconds`` for ``maxSize`` pods while binds keep the client
+    busy; lowering either in the ConfigMap closes the batch being gathered by the new values."""
+    s, _ = _scheduler(load_config("batching:\n  maxSize: 64\n  maxWaitSeconds: 60\n"))
+    s.queue.busy = lambda: True  # binds in flight: no early close for a lone pod
+    for name in ("a", "b", "c"):
+        s.queue.add(_record(name))
+    gathering = asyncio.ensure_future(s.queue.next_batch())
+    await asyncio.sleep(0.05)
+    assert not gathering.done()  # 3 of 64, a minute to go
+    _edit(s, "batching:\n  maxSize: 2\n  maxWaitSeconds: 60\n", "2")
+    batch = await asyncio.wait_for(gathering, 10)
+    assert len(batch) == 2
+
+    gathering = asyncio.ensure_future(s.queue.next_batch())
+    await asyncio.sleep(0.05)
+    assert not gathering.done()  # 1 of 2, a minute to go
+    _edit(s, "batching:\n  maxSize: 2\n  maxWaitSeconds: 0.01\n", "3")
+    batch = await asyncio.wait_for(gathering, 10)
+    assert [r.key for r in batch] == ["default/c"]

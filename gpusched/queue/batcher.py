@@ -214,10 +214,11 @@ class SchedulingQueue:
     async def next_batch(self, limit: int | None = None, early: int | None = None) -> list[PodRecord]:
         """Wait for the next batch (at most ``limit``, by default ``max_size``, pods; it closes as
         soon as that many wait, or ``early`` many while no gang waits for more of its members)
-        and mark its pods in flight."""
-        size = self.max_size if limit is None else max(1, min(limit, self.max_size))
-        enough = size if early is None else max(1, min(early, size))
+        and mark its pods in flight.  ``max_size`` and ``max_wait`` are read afresh each time the
+        queue is woken (``nudge``): a new configuration applies to the batch being gathered."""
         while True:
+            size = self.max_size if limit is None else max(1, min(limit, self.max_size))
+            enough = size if early is None else max(1, min(early, size))
             now = self._clock()
             self._release_due(now)
             wait: float | None = None
