@@ -21,6 +21,13 @@ GPU request of a pod
 
 One MIG slice: ``nvidia.com/mig-<profile>: 1`` (NVIDIA's mixed strategy), alone.
 
+Requests of a pod
+    as kube-scheduler adds them up: the app containers and sidecars (init containers with
+    ``restartPolicy: Always``) together, at least each init container beside the sidecars
+    started before it; a pod-level request (``spec.resources``, CPU and memory) instead of the
+    containers'; then ``spec.overhead``.  A running container resized in place holds the larger
+    of its old and new CPU and memory requests (the old ones while the resize is infeasible).
+
 GPU islands of a node
     the annotation ``gpusched.io/gpu-islands`` (``0-3;4-7``), else a default from
     ``nvidia.com/gpu.product`` (``gpusched.model.topology``); a multi-GPU pod asks
@@ -232,6 +239,10 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     return NodeRecord(node, excluded, tuple((k, v) for k, v in mig if v), "; ".join(warnings))
 
 
+_POD_LEVEL_RESOURCES = ("cpu", "memory")
+"""Resources a pod may request for all its containers together in ``spec.resources``."""
+
+
 def _container_requests(container: Mapping[str, Any]) -> dict[str, Any]:
     res: Mapping[str, Any] = container.get("resources") or {}
     merged = dict(res.get("limits") or {})  # a request defaults to its limit
@@ -239,8 +250,12 @@ def _container_requests(container: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _effective_requests(spec: Mapping[str, Any], where: str) -> dict[str, int]:
+def _effective_requests(spec: Mapping[str, Any], where: str, status: Mapping[str, Any] | None = None) -> dict[str, int]:
     """Per resource: the sum over containers, at least the largest init container, plus overhead.
+    A pod-level request (``spec.resources``, CPU and memory) stands for the containers' instead.
+    A running container being resized in place holds the larger of its old and new CPU and
+    memory requests (``status``: what the kubelet reports), or only the old ones while the
+    resize is infeasible.
 
     CPU in millicores, memory in MiB, anything else as a whole count.
     """
@@ -259,30 +274,71 @@ def _effective_requests(spec: Mapping[str, Any], where: str) -> dict[str, int]:
                 raise ConvertError(f"{where}: resources {key}: {exc}") from None
         return out
 
+    running, infeasible = _running(status or {})
+
+    def held(c: Mapping[str, Any]) -> dict[str, int]:
+        """What a container or sidecar holds: its requests, or while it is resized in place
+        the larger of those and the ones the kubelet reports it runs with."""
+        reqs = read(_container_requests(c))
+        cs = running.get(str(c.get("name") or ""))
+        if cs is None or not isinstance(cs.get("resources"), Mapping):
+            return reqs
+        allocated = cs.get("allocatedResources")
+        reported = [read(cs["resources"].get("requests") or {})]
+        reported += [read(allocated)] if isinstance(allocated, Mapping) else []
+        if not infeasible:
+            reported.append(dict(reqs))
+        for k in _RESIZABLE:
+            reqs[k] = max(r.get(k, 0) for r in reported)
+        return reqs
+
     # As the kubelet counts: init containers run one at a time, each beside the sidecars
     # (init containers with restartPolicy Always) started before it; the sidecars keep running
     # beside the app containers.
     sidecars: dict[str, int] = {}
     init_peak: dict[str, int] = {}
     for c in spec.get("initContainers") or ():
-        reqs = read(_container_requests(c))
         if c.get("restartPolicy") == "Always":
+            reqs = held(c)
             for k, v in reqs.items():
                 sidecars[k] = sidecars.get(k, 0) + v
             step = sidecars
         else:
+            reqs = read(_container_requests(c))
             step = {k: sidecars.get(k, 0) + reqs.get(k, 0) for k in sidecars.keys() | reqs.keys()}
         for k, v in step.items():
             init_peak[k] = max(init_peak.get(k, 0), v)
     total = dict(sidecars)
     for c in spec.get("containers") or ():
-        for k, v in read(_container_requests(c)).items():
+        for k, v in held(c).items():
             total[k] = total.get(k, 0) + v
     for k, v in init_peak.items():
         total[k] = max(total.get(k, 0), v)
+    # The API server has defaulted these from the pod-level limits already where they apply.
+    pod_res = spec.get("resources") or {}
+    if not isinstance(pod_res, Mapping):
+        raise ConvertError(f"{where}: resources must be an object, got {pod_res!r}")
+    pod_level = read(pod_res.get("requests") or {})
+    total.update((k, v) for k, v in pod_level.items() if k in _POD_LEVEL_RESOURCES)
     for k, v in read(spec.get("overhead") or {}).items():
         total[k] = total.get(k, 0) + v
     return total
+
+
+_RESIZABLE = ("cpu", "memory")
+"""Requests of a running container that may be changed in place."""
+
+
+def _running(status: Mapping[str, Any]) -> tuple[dict[str, Mapping[str, Any]], bool]:
+    """The kubelet's status of each container and sidecar by name, and whether it found the
+    pod's resize infeasible (condition ``PodResizePending``, reason ``Infeasible``)."""
+    statuses = [*(status.get("containerStatuses") or ()), *(status.get("initContainerStatuses") or ())]
+    by_name = {str(cs.get("name") or ""): cs for cs in statuses if isinstance(cs, Mapping)}
+    infeasible = any(
+        isinstance(c, Mapping) and c.get("type") == "PodResizePending" and c.get("reason") == "Infeasible"
+        for c in status.get("conditions") or ()
+    )
+    return by_name, infeasible
 
 
 def _epoch(ts: Any) -> float:
@@ -327,7 +383,9 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
     where = f"pod {namespace}/{name}"
     affinity = _affinity(spec)  # read once: the request, its fallback and the namespace selectors
     try:
-        pod, error = _pod(name, namespace, uid, priority, spec, affinity, annotations, labels, where, namespaces)
+        pod, error = _pod(
+            name, namespace, uid, priority, spec, affinity, annotations, labels, where, namespaces, status
+        )
         if meta.get("deletionTimestamp"):
             pod = replace(pod, terminating=True)
     except ConvertError as exc:  # kept with what others' anti-affinity and spread need of it
@@ -468,13 +526,14 @@ def _pod(
     labels: Mapping[str, str],
     where: str,
     namespaces: Namespaces | None = None,
+    status: Mapping[str, Any] | None = None,
 ) -> tuple[Pod, str]:
     """The request, and what about it cannot be honoured ("" when all can).
 
     Bad quantities raise; unsupported placement constraints only set the error, so
     that a pod bound by another scheduler is still counted with its real request.
     """
-    reqs = _effective_requests(spec, where)
+    reqs = _effective_requests(spec, where, status)
     num_gpu = reqs.get(GPU_RESOURCE, 0)
     # What this scheduler cannot honour sets ``error`` and keeps the rest of the request: a pod
     # bound by another scheduler is still counted with its CPU, memory, GPUs and a slice (a share
@@ -542,6 +601,13 @@ def _pod(
         error = error or (
             f"{where}: resources {', '.join(unknown)} are not tracked by this scheduler, so it cannot "
             "tell which nodes have them; schedule this pod with another scheduler"
+        )
+    claims = _resource_claims(spec)
+    if claims:
+        error = error or (
+            f"{where}: resourceClaims {', '.join(claims)} ask for devices by dynamic resource allocation, "
+            "which this scheduler does not allocate, so the pod could not start on a node it chose; "
+            "schedule this pod with another scheduler"
         )
     try:
         pod = Pod(
@@ -861,13 +927,23 @@ _TRACKED_RESOURCES = frozenset({"cpu", "memory", STORAGE_RESOURCE, GPU_RESOURCE,
 
 
 def _unsupported_resources(spec: Mapping[str, Any]) -> list[str]:
-    """Requested resources that nodes are not checked for (hugepages, other extended resources)."""
+    """Requested resources that nodes are not checked for (hugepages, other extended resources), by
+    a container or by the pod as a whole (``spec.resources``)."""
     names: set[str] = set()
-    for c in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
+    for c in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ()), spec]:
         for key, value in _container_requests(c).items():
             if key not in _TRACKED_RESOURCES and not key.startswith(MIG_PREFIX) and str(value) not in ("0", ""):
                 names.add(key)
     return sorted(names)
+
+
+def _resource_claims(spec: Mapping[str, Any]) -> list[str]:
+    """Names of the pod's ``spec.resourceClaims``: devices that must be allocated (and the pod
+    reserved on the claims) before the kubelet starts it."""
+    claims = spec.get("resourceClaims")
+    if not isinstance(claims, (list, tuple)):
+        return []
+    return [str(c.get("name") or "?") for c in claims if isinstance(c, Mapping)]
 
 
 def _mig_request(reqs: Mapping[str, int], num_gpu: int, where: str) -> tuple[str, str]:

@@ -425,22 +425,26 @@ class ClusterState:
         cols = [((isl == i) & idle).sum(axis=1) for i in range(self.cluster.island_count)]
         return _frozen(np.column_stack(cols).astype(np.int64) if cols else np.zeros((len(isl), 0), np.int64))
 
+    # Free CPU, memory and storage are never below 0: a node whose running pods request more
+    # than its allocatable (it shrank under them) takes no pod asking for any of it, and still
+    # takes one asking for none, as kube-scheduler checks only what a pod requests.
+
     @cached_property
     def cpu_free(self) -> IntArray:
-        """Unrequested CPU per node, millicores."""
-        return _frozen(self.cluster.cpu_cap - self.cpu_used)
+        """Unrequested CPU per node, millicores (0 where over-committed)."""
+        return _frozen(np.maximum(self.cluster.cpu_cap - self.cpu_used, 0))
 
     @cached_property
     def mem_free(self) -> IntArray:
-        """Unrequested memory per node, MiB."""
-        return _frozen(self.cluster.mem_cap - self.mem_used)
+        """Unrequested memory per node, MiB (0 where over-committed)."""
+        return _frozen(np.maximum(self.cluster.mem_cap - self.mem_used, 0))
 
     @cached_property
     def storage_free(self) -> IntArray:
-        """Unrequested ephemeral storage per node, MiB."""
+        """Unrequested ephemeral storage per node, MiB (0 where over-committed)."""
         if self.storage_used is None:
             return self.cluster.storage_cap
-        return _frozen(self.cluster.storage_cap - self.storage_used)
+        return _frozen(np.maximum(self.cluster.storage_cap - self.storage_used, 0))
 
     @cached_property
     def pods_free(self) -> IntArray:
