@@ -594,12 +594,15 @@ class Scheduler:
         if broken:
             log.info("gang changed during the solve; its members drawn again", batch_id=batch_id, gangs=sorted(broken))
         names = snap.cluster.nodes
+        untaken = False  # a placement of the plan not acted on: what it counted as taken is free
         for a in plan.assignments:
             if a.pod.gang is not None and a.pod.gang.name in broken:
                 self.queue.requeue(a.pod.key)
+                untaken = True
                 continue
             if self.cache.holds(a.pod.key, a.pod.uid):  # bound by someone else during the solve
                 self.queue.done(a.pod.key)
+                untaken = True
                 continue
             node = names[a.node].name
             self.cache.assume(a.pod, node, a.gpus)
@@ -609,9 +612,16 @@ class Scheduler:
         if self._binds_in_flight >= self.max_binds_in_flight:
             self._bind_room.clear()
         members = Counter(p.gang.name for p in pods if p.gang is not None)
+        if untaken and plan.unplaced:
+            # The pods the plan left out were weighed against capacity it gave to pods that are
+            # not bound after all: drawn again with the books as they are, not told they do not fit.
+            log.info("placements not bound; pods left out drawn again", batch_id=batch_id, pods=len(plan.unplaced))
         for p in plan.unplaced:
             if self.cache.holds(p.key, p.uid):  # bound by someone else during the solve
                 self.queue.done(p.key)
+                continue
+            if untaken:
+                self.queue.requeue(p.key)
                 continue
             if p.gang is not None:
                 why = held_back.get(p.gang.name)
