@@ -741,6 +741,11 @@ class Scheduler:
             if result is BindResult.FAILED:
                 self.metrics.bind_error("failed")
                 self.queue.backoff(pod.key)
+                if self.is_leader:  # a lead lost is not the pod's trouble: the new leader places it
+                    self.spawn(
+                        self.binder.event(pod, "FailedScheduling", f"Binding rejected: {why}", "Warning"),
+                        f"event:{pod.key}",
+                    )
             else:
                 if result is BindResult.TAKEN:
                     self.metrics.bind_error("taken")

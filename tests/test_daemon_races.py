@@ -155,3 +155,28 @@ async def test_a_bind_that_lands_while_the_scheduler_drains_still_has_its_event_
     asyncio.get_running_loop().call_later(0.1, answers.held["default/a"].set)
     await s.drain(timeout=DRAWN_WITHIN_S)
     assert written == ["Scheduled/default/a"]
+
+
+async def test_a_binding_the_api_server_refuses_is_told_on_the_pod_and_retried() -> None:
+    """A webhook or a missing permission refuses the Binding: the pod says why (as kube-scheduler's
+    "Binding rejected"), and is tried again after its backoff."""
+    s, answers = _scheduler(gpus=1)
+    events: list[tuple[str, str, str]] = []
+
+    async def event(pod: Pod, reason: str, message: str, kind: str = "Normal") -> None:
+        events.append((reason, kind, message))
+
+    answers.event = event  # type: ignore[method-assign]
+    answers.results["default/a"] = (BindResult.FAILED, "403 Forbidden: admission webhook denied the request")
+    s._pending.apply("ADDED", _pod("a"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await _settle(s)
+    assert events == [
+        ("FailedScheduling", "Warning", "Binding rejected: 403 Forbidden: admission webhook denied the request")
+    ]
+    assert s.queue.counts().backoff == 1  # tried again, not forgotten
+    del answers.results["default/a"]  # the webhook lets it through now
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await _settle(s)
+    assert answers.bound == ["default/a", "default/a"]
+    assert events[-1][0] == "Scheduled"
