@@ -543,6 +543,9 @@ class Scheduler:
         held_back: dict[str, str] = {}  # gang -> why one of its members cannot be bound yet
         for r in batch:
             if r.error:
+                if r.pod.gang is not None:
+                    cause = r.error.removeprefix(f"pod {r.key}: ")
+                    held_back.setdefault(r.pod.gang.name, f"member {r.key} cannot be scheduled: {cause}")
                 continue
             if self.cache.holds(r.key, r.uid):  # a bind of it is already in flight or done: never twice
                 self.queue.done(r.key)
@@ -624,7 +627,7 @@ class Scheduler:
                 self.queue.requeue(p.key)
                 continue
             if p.gang is not None:
-                why = held_back.get(p.gang.name)
+                why = held_back.get(p.gang.name)  # a member left out: that is what the gang waits for
                 message = (
                     f"gang {p.gang.name}: {why}; no member is placed until all of them can be, together."
                     if why

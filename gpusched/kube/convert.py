@@ -368,7 +368,8 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
 
     A pod whose request this scheduler cannot honour is still returned, with
     ``error`` saying why, so that it can be told (Event, condition) instead of
-    silently ignored.  Raises ``ConvertError`` only without a name.  ``namespaces``
+    silently ignored; a member of a gang keeps its gang, so that its peers wait for it
+    and are told why.  Raises ``ConvertError`` only without a name.  ``namespaces``
     resolves the terms' ``namespaceSelector`` (None: unknown, such a term is refused).
     """
     meta = _meta(obj)
@@ -395,8 +396,17 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
             {} if isinstance(affinity, str) else affinity.get("podAntiAffinity") or {},
             namespaces=namespaces,
         )
+        gang, _ = _gang(namespace, labels, annotations, where)  # its peers wait for it, told why
         pod = Pod(
-            name, 0, 0, namespace=namespace, uid=uid, priority=priority, labels=_labels(labels), anti_affinity=anti
+            name,
+            0,
+            0,
+            namespace=namespace,
+            uid=uid,
+            priority=priority,
+            gang=gang,
+            labels=_labels(labels),
+            anti_affinity=anti,
         )
         error = str(exc)
     return PodRecord(
@@ -1004,14 +1014,17 @@ def _gang(
                 f"add the label, or remove the gang annotations {names}"
             )
         return None, ""
+    # A member whose gang annotations cannot be read still belongs to the gang, so that its
+    # peers wait for it and are told what is wrong with it.
+    name = f"{namespace}/{group}"
     text = annotations.get(ANNOTATION_GANG_MIN, "1")
     try:
         minimum = int(text)
     except ValueError:
-        return None, f"{where}: annotation {ANNOTATION_GANG_MIN} must be a whole number, got {text!r}"
+        return Gang(name), f"{where}: annotation {ANNOTATION_GANG_MIN} must be a whole number, got {text!r}"
     key = annotations.get(ANNOTATION_GANG_KEY, "").strip()
     topology = annotations.get(ANNOTATION_GANG_TOPOLOGY, "").strip() or ("required" if key else "")
     try:
-        return Gang(f"{namespace}/{group}", minimum, key, topology), ""
+        return Gang(name, minimum, key, topology), ""
     except ValueError as exc:
-        return None, f"{where}: {exc} {names}"
+        return Gang(name), f"{where}: {exc} {names}"

@@ -288,6 +288,27 @@ def test_bound_pod_gpu_indices_and_terminal_phase() -> None:
     assert (rec.node_name, rec.gpu_indices, rec.terminal) == ("n1", (3, 5), True)
 
 
+@pytest.mark.parametrize(
+    ("annotations", "limits", "message"),
+    [
+        ({"gpusched.io/gang-min-members": "many"}, {}, "gang-min-members must be a whole number"),
+        ({"gpusched.io/gang-min-members": "0"}, {}, "min_members must be at least 1"),
+        ({"gpusched.io/gang-topology": "sideways"}, {}, "topology must be 'required' or 'preferred'"),
+        ({"gpusched.io/gang-min-members": "2"}, {"example.com/fpga": "1"}, "are not tracked by this scheduler"),
+        ({"gpusched.io/gang-min-members": "2"}, {"cpu": "lots"}, "resources cpu: invalid quantity"),
+    ],
+    ids=["min-not-a-number", "min-zero", "bad-topology", "unsupported-resource", "unreadable-quantity"],
+)
+def test_a_member_whose_request_cannot_be_honoured_stays_in_its_gang(
+    annotations: dict[str, str], limits: dict[str, str], message: str
+) -> None:
+    """Its peers wait for it, and are told what is wrong with it rather than that a member is missing."""
+    rec = pod_record(pod_obj(limits=limits, annotations=annotations, labels={"scheduling.x-k8s.io/pod-group": "g"}))
+    assert message in rec.error
+    assert rec.pod.gang is not None
+    assert rec.pod.gang.name == "ns/g"
+
+
 def test_a_request_this_scheduler_refuses_still_counts_what_it_holds() -> None:
     obj = pod_obj(
         limits={"nvidia.com/mig-1g.10gb": "2", "cpu": "4", "memory": "16Gi"},

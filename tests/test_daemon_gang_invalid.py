@@ -1,0 +1,143 @@
+"""A gang with a member whose request cannot be honoured as written.
+
+These drive a real ``Scheduler`` (queue, cache, policy) with watch events as the API server
+sends them; only the API server's answers (Bindings, Events, conditions) are scripted.  What is
+checked is what a user sees: a gang short of its minimum without the invalid member binds no
+member, the invalid member is told what is wrong with it, and its peers are told which member
+holds the gang back and why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, cast
+
+import pytest
+
+from gpusched.daemon import DaemonSettings, Scheduler, _NodeHandler
+from gpusched.kube.binder import Binder, BindResult
+from gpusched.kube.client import Kube, RateLimiter
+from gpusched.model import Pod
+from tests.e2e import kit
+
+DRAWN_WITHIN_S = 10.0
+HELD = "; no member is placed until all of them can be, together."
+
+
+class _Client:
+    """What the scheduler reads of its client before any request: the rate limiter."""
+
+    def __init__(self) -> None:
+        self.limiter = RateLimiter(50, 100)
+
+    def sibling(self) -> _Client:
+        return self
+
+
+class _ApiServer:
+    """Every Binding succeeds; Bindings and Events recorded, conditions dropped."""
+
+    def __init__(self) -> None:
+        self.bound: list[str] = []
+        self.events: list[tuple[str, str, str]] = []
+        """(pod key, reason, message) of every Event written."""
+
+    async def bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> tuple[BindResult, str]:
+        self.bound.append(pod.key)
+        return BindResult.BOUND, ""
+
+    async def event(self, pod: Pod, reason: str, message: str, kind: str = "Normal") -> None:
+        self.events.append((pod.key, reason, message))
+
+    async def unschedulable(self, *_: Any, **__: Any) -> None:
+        pass
+
+    async def exists(self, pod: Pod) -> bool | None:
+        return True
+
+    def told(self, key: str) -> list[str]:
+        return [message for k, reason, message in self.events if k == key and reason == "FailedScheduling"]
+
+
+def _member(name: str, min_members: str | None = "2") -> dict[str, Any]:
+    obj = kit.pod(name, "s", gpus=1)
+    obj["metadata"].update({"namespace": "default", "uid": f"uid-{name}"})
+    obj["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": "g"}
+    if min_members is not None:
+        obj["metadata"]["annotations"]["gpusched.io/gang-min-members"] = min_members
+    return obj
+
+
+def _bad_min(obj: dict[str, Any]) -> None:
+    obj["metadata"]["annotations"]["gpusched.io/gang-min-members"] = "two"
+
+
+def _fpga(obj: dict[str, Any]) -> None:
+    obj["spec"]["containers"][0]["resources"]["limits"]["example.com/fpga"] = "1"
+
+
+def _bad_cpu(obj: dict[str, Any]) -> None:
+    obj["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "lots"
+
+
+async def _run(members: list[dict[str, Any]]) -> _ApiServer:
+    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy="bestfit"), cast(Kube, _Client()))
+    api = _ApiServer()
+    s.binder = cast(Binder, api)
+    _NodeHandler(s).apply("ADDED", kit.node("n0", 8, "A100"))
+    for obj in members:
+        s._pending.apply("ADDED", obj)
+    batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
+    assert sorted(r.key for r in batch) == sorted(f"default/{o['metadata']['name']}" for o in members)
+    await s.schedule_batch(batch)
+    await asyncio.sleep(0)
+    while s.pending_tasks():
+        await asyncio.wait(s.pending_tasks())
+    return api
+
+
+@pytest.mark.parametrize(
+    ("spoil", "cause"),
+    [
+        (_bad_min, "annotation gpusched.io/gang-min-members must be a whole number, got 'two'"),
+        (
+            _fpga,
+            "resources example.com/fpga are not tracked by this scheduler, so it cannot tell which nodes "
+            "have them; schedule this pod with another scheduler",
+        ),
+        (_bad_cpu, "resources cpu: "),
+    ],
+    ids=["malformed-annotation", "unsupported-resource", "unreadable-quantity"],
+)
+async def test_the_peers_of_an_invalid_member_are_told_which_member_holds_the_gang_and_why(
+    spoil: Callable[[dict[str, Any]], None], cause: str
+) -> None:
+    """Two members of a gang of at least 2, one asking for what cannot be honoured: the peer is
+    not told that a member is missing but which member is invalid and what is wrong with it."""
+    invalid = _member("a")
+    spoil(invalid)
+    api = await _run([invalid, _member("b")])
+    assert api.bound == []
+    [told_a] = api.told("default/a")
+    assert told_a.startswith(f"pod default/a: {cause}")
+    [told_b] = api.told("default/b")
+    assert (
+        told_b
+        == f"gang default/g: member default/a cannot be scheduled: {told_a.removeprefix('pod default/a: ')}{HELD}"
+    )
+    assert cause in told_b
+
+
+@pytest.mark.parametrize("min_members", [None, "2"], ids=["default-minimum", "minimum-met-by-the-others"])
+async def test_the_valid_members_are_placed_when_they_alone_reach_the_minimum(min_members: str | None) -> None:
+    """A gang's minimum is what must be placed together (as with the coscheduling plugin): the
+    valid members reach it without the invalid one, so they go, and the invalid one is told why
+    it does not."""
+    invalid = _member("a", min_members)
+    _fpga(invalid)
+    api = await _run([invalid, _member("b", min_members), _member("c", min_members)])
+    assert sorted(api.bound) == ["default/b", "default/c"]
+    [told] = api.told("default/a")
+    assert told.startswith("pod default/a: resources example.com/fpga ")
+    assert api.told("default/b") == api.told("default/c") == []
