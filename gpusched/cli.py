@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from importlib import resources
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import structlog
 from rich.console import Console
@@ -30,6 +30,9 @@ from gpusched.sim.runner import TYPICAL_SOURCES, SimulationError, normalize_poli
 from gpusched.sim.trace import TraceError
 from gpusched.solver.params import SolverParams
 from gpusched.solver.registry import POLICIES
+
+if TYPE_CHECKING:
+    from gpusched.kube.client import ApiError
 
 __all__ = ["main", "parse_seeds"]
 
@@ -263,19 +266,25 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read the cluster once and print, for one pod, the reasoning the scheduler's Events give.",
     )
     exp.add_argument("pod", metavar="[NAMESPACE/]POD", help="the pod (namespace defaults to 'default')")
-    _cluster_args(exp)
+    _cluster_args(exp, daemon=False)
+    exp.add_argument(
+        "--namespace",
+        default=None,
+        help="namespace of the pod, as NAMESPACE/ in front of POD does (default: default)",
+    )
     exp.set_defaults(handler=_explain)
     return parser
 
 
-def _cluster_args(p: argparse.ArgumentParser) -> None:
+def _cluster_args(p: argparse.ArgumentParser, daemon: bool = True) -> None:
     p.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: in-cluster service account)")
     p.add_argument("--context", help="kubeconfig context (default: its current context)")
-    p.add_argument(
-        "--namespace",
-        default=os.environ.get("POD_NAMESPACE", "gpusched-system"),
-        help="namespace of the Lease and the ConfigMap (default: $POD_NAMESPACE or gpusched-system)",
-    )
+    if daemon:
+        p.add_argument(
+            "--namespace",
+            default=os.environ.get("POD_NAMESPACE", "gpusched-system"),
+            help="namespace of the Lease and the ConfigMap (default: $POD_NAMESPACE or gpusched-system)",
+        )
     p.add_argument(
         "--scheduler-name", default="gpu-scheduler", help="spec.schedulerName to serve (default: %(default)s)"
     )
@@ -338,17 +347,43 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         raise UsageError(str(exc)) from None
 
 
+def _pod_ref(text: str, namespace: str | None) -> tuple[str, str]:
+    """``NAMESPACE/POD`` or ``POD`` (in ``--namespace``, else ``default``) as (namespace, name)."""
+    ns, sep, name = text.partition("/") if "/" in text else ("", "", text)
+    if not name or "/" in name or (sep and not ns):
+        raise UsageError(f"{text!r} is not a pod; pass POD or NAMESPACE/POD, e.g. default/train-2gpu")
+    if ns and namespace is not None and ns != namespace:
+        raise UsageError(f"{text} is in namespace {ns!r}, but --namespace says {namespace!r}; give one of them")
+    return ns or namespace or "default", name
+
+
+def _cluster_unreadable(exc: ApiError) -> str:
+    """What ``explain`` says when the API server cannot be reached or refuses to answer."""
+    if exc.status == 0:
+        fix = "check the server address of --kubeconfig (and --context) and that the API server is up"
+    elif exc.status == 401:
+        fix = "the API server refused the credentials of --kubeconfig: renew them"
+    elif exc.status == 403:
+        fix = (
+            "the user of --kubeconfig needs get and list on pods and list on nodes (and on "
+            "persistentvolumeclaims and persistentvolumes for a pod that mounts claims)"
+        )
+    else:
+        fix = "try again, or check the API server"
+    return f"cannot read the cluster: {exc.message if exc.status == 0 else exc}; {fix}"
+
+
 def _explain(args: argparse.Namespace, console: Console) -> int:
     from gpusched.daemon import explain_pod
-    from gpusched.kube.client import CredentialsError
+    from gpusched.kube.client import ApiError, CredentialsError
 
-    ns, _, name = args.pod.rpartition("/")
+    ns, name = _pod_ref(args.pod, args.namespace)
     try:
-        text, code = asyncio.run(
-            explain_pod(_kubeconfig(args.kubeconfig), args.context, ns or "default", name, args.scheduler_name)
-        )
+        text, code = asyncio.run(explain_pod(_kubeconfig(args.kubeconfig), args.context, ns, name, args.scheduler_name))
     except CredentialsError as exc:
         raise UsageError(str(exc)) from None
+    except ApiError as exc:
+        raise UsageError(_cluster_unreadable(exc)) from None
     print(text)
     return code
 

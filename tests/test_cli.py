@@ -357,6 +357,59 @@ def test_run_and_explain_name_a_kubeconfig_they_cannot_use(
         assert message in text
 
 
+def test_explain_an_unreachable_api_server_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG.replace("127.0.0.1:1", f"127.0.0.1:{port}") + "current-context: ctx\n")
+    text = rejected(capsys, ["explain", "default/p", "--kubeconfig", str(path)])
+    assert "cannot read the cluster: cannot reach the API server" in text
+    assert "check the server address of --kubeconfig" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["ns/"], "'ns/' is not a pod; pass POD or NAMESPACE/POD"),
+        (["/p"], "'/p' is not a pod; pass POD or NAMESPACE/POD"),
+        (["a/b/c"], "'a/b/c' is not a pod; pass POD or NAMESPACE/POD"),
+        (["a/p", "--namespace", "b"], "a/p is in namespace 'a', but --namespace says 'b'"),
+    ],
+)
+def test_explain_refuses_what_is_not_a_pod(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    assert message in rejected(capsys, ["explain", *argv])
+
+
+@pytest.mark.parametrize(
+    ("argv", "namespace"),
+    [
+        (["p"], "default"),
+        (["team/p"], "team"),
+        (["p", "--namespace", "team"], "team"),
+        (["team/p", "--namespace", "team"], "team"),
+    ],
+)
+def test_explain_looks_for_the_pod_in_its_namespace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], namespace: str
+) -> None:
+    seen: list[tuple[str, str]] = []
+
+    async def explain_pod(
+        kubeconfig: Path | None, context: str | None, ns: str, name: str, scheduler: str
+    ) -> tuple[str, int]:
+        seen.append((ns, name))
+        return "fits", 0
+
+    monkeypatch.setattr("gpusched.daemon.explain_pod", explain_pod)
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG + "current-context: ctx\n")
+    assert main(["explain", *argv, "--kubeconfig", str(path)]) == 0
+    assert seen == [(namespace, "p")]
+
+
 def test_run_in_a_pod_without_its_service_account_token_says_so(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
