@@ -342,8 +342,8 @@ contexts: [{name: ctx, context: {cluster: c, user: u}}]
 @pytest.mark.parametrize(
     ("current", "argv", "message"),
     [
-        ("", [], "pass --context NAME, one of its contexts"),
-        ("current-context: ctx\n", ["--context", "nope"], "check --context against its contexts"),
+        ("", [], "pass --context NAME, one of its contexts: ctx"),
+        ("current-context: ctx\n", ["--context", "nope"], "check --context against its contexts: ctx"),
     ],
 )
 def test_run_and_explain_name_a_kubeconfig_they_cannot_use(
@@ -355,6 +355,27 @@ def test_run_and_explain_name_a_kubeconfig_they_cannot_use(
         text = rejected(capsys, [*command, "--kubeconfig", str(path), *argv])
         assert f"--kubeconfig {path}: " in text
         assert message in text
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", ": not a kubeconfig the client can read; it lists no contexts: pass a kubeconfig"),
+        ("apiVersion: v1\n", "; it lists no contexts: pass a kubeconfig"),
+        ("[unclosed\n", "; check that the file is a readable kubeconfig"),
+    ],
+    ids=["empty", "no-contexts", "not-yaml"],
+)
+def test_a_file_that_is_no_kubeconfig_is_named_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(text, encoding="utf-8")
+    for command in (["run"], ["explain", "p"]):
+        out = rejected(capsys, [*command, "--kubeconfig", str(path)])
+        assert f"--kubeconfig {path}" in out
+        assert message in out
+        assert "--context" not in out
 
 
 def test_explain_an_unreachable_api_server_is_one_line_and_exit_2(

@@ -331,8 +331,9 @@ async def connect(kubeconfig: Path | None, context: str | None, qps: float, burs
                 f"the pod's service account cannot be read: {exc}; mount its token "
                 "(automountServiceAccountToken) or pass --kubeconfig PATH"
             ) from None
-        fix = "pass --context NAME, one of its contexts" if context is None else "check --context against its contexts"
-        raise CredentialsError(f"--kubeconfig {kubeconfig}: {exc}; {fix}") from None
+        raise CredentialsError(
+            f"--kubeconfig {kubeconfig}: {_reason(exc)}; {_kubeconfig_fix(kubeconfig, context)}"
+        ) from None
     cfg.connection_pool_maxsize = connection_limit(qps)
     kube = Kube(ApiClient(configuration=cfg), qps, burst)
     if kubeconfig is not None and (loader.provider == "gcp" or "exec" in (loader._user or {})):
@@ -340,6 +341,39 @@ async def connect(kubeconfig: Path | None, context: str | None, qps: float, burs
         # again before it does, or every request would be refused from then on.
         kube.refresher = asyncio.create_task(_keep_token(loader, cfg), name="token-refresh")
     return kube
+
+
+def _reason(exc: Exception) -> str:
+    """The loader's complaint; a file it could not make sense of (an empty one) raises a bare
+    ``TypeError`` or ``AttributeError`` whose text says nothing to the user."""
+    import yaml
+
+    if isinstance(exc, (TypeError, AttributeError, KeyError)):
+        return "not a kubeconfig the client can read"
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"not valid YAML: {exc.problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return str(exc)
+
+
+def _kubeconfig_fix(path: Path, context: str | None) -> str:
+    """What to do about a kubeconfig the client could not load, from what the file holds."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return "check that the file is a readable kubeconfig (YAML, as `kubectl config view --raw` prints)"
+    listed = doc.get("contexts") if isinstance(doc, dict) else None
+    contexts = [str(c["name"]) for c in listed or () if isinstance(c, dict) and c.get("name")]
+    if not contexts:
+        return "it lists no contexts: pass a kubeconfig (as `kubectl config view --raw` prints)"
+    names = ", ".join(contexts)
+    if context is not None and context not in contexts:
+        return f"check --context against its contexts: {names}"
+    if context is None and not doc.get("current-context"):
+        return f"pass --context NAME, one of its contexts: {names}"
+    return f"check the cluster and user of the context against the file (contexts: {names})"
 
 
 async def _keep_token(loader: Any, cfg: Configuration) -> None:
