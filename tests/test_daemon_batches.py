@@ -124,7 +124,7 @@ async def test_a_pod_left_out_for_a_gang_that_then_broke_is_placed_on_the_gpus_i
     await held.during(s, batch, lambda: s._pending.apply("DELETED", _pod("m1", gang="g")))
     await _settle(s)
     assert api.bound == []
-    assert api.told("default/solo") == []  # not "0/1 nodes are available: 1 insufficient nvidia.com/gpu"
+    assert api.told("default/solo") == []  # not "0/1 nodes are available: 1 Insufficient nvidia.com/gpu"
 
     batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
     assert sorted(r.key for r in batch) == ["default/m2", "default/solo"]

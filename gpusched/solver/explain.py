@@ -1,9 +1,12 @@
 """Why a pod does not fit: per node, the first unmet requirement, counted the way
-kube-scheduler reports it ("0/12 nodes are available: 8 insufficient nvidia.com/gpu,
-4 GPU model not accepted.").
+kube-scheduler reports it ("0/12 nodes are available: 4 GPU model not accepted,
+8 Insufficient nvidia.com/gpu.").
 
-Checks run in a fixed order and each node is counted once, under the first
-check it fails, so the counts add up to the number of nodes.
+Checks run in kube-scheduler's filter order (taints, node affinity, host ports, resources,
+topology spread, inter-pod affinity) and each node is counted once, under the first check it
+fails, so the counts add up to the number of nodes.  The GPU model check sits with node
+affinity, as a selector on the GPU product would; GPU shares, islands and MIG slices with the
+other resources, after whole GPUs.
 """
 
 from __future__ import annotations
@@ -42,11 +45,11 @@ __all__ = [
 
 MODEL_NOT_ACCEPTED = "GPU model not accepted"
 SELECTOR_MISMATCH = "node(s) didn't match Pod's node affinity/selector"
-INSUFFICIENT_GPU = "insufficient nvidia.com/gpu"
+INSUFFICIENT_GPU = "Insufficient nvidia.com/gpu"
 INSUFFICIENT_SHARE = "insufficient GPU share"
-INSUFFICIENT_CPU = "insufficient cpu"
-INSUFFICIENT_MEMORY = "insufficient memory"
-INSUFFICIENT_STORAGE = "insufficient ephemeral-storage"
+INSUFFICIENT_CPU = "Insufficient cpu"
+INSUFFICIENT_MEMORY = "Insufficient memory"
+INSUFFICIENT_STORAGE = "Insufficient ephemeral-storage"
 TOO_MANY_PODS = "Too many pods"
 """kube-scheduler's words for a node at its ``maxPods``."""
 PORTS_TAKEN = "node(s) didn't have free ports for the requested pod ports"
@@ -61,7 +64,7 @@ INSUFFICIENT_ISLAND = "no GPU island with enough idle GPUs"
 
 def insufficient_mig(profile: str) -> str:
     """The reason for nodes without a free (or partitionable) instance of ``profile``."""
-    return f"insufficient nvidia.com/mig-{profile}"
+    return f"Insufficient nvidia.com/mig-{profile}"
 
 
 @dataclass(frozen=True)
@@ -85,13 +88,14 @@ class Explanation:
 
     @property
     def message(self) -> str:
-        """A kube-scheduler style message."""
+        """A kube-scheduler style message, its "count reason" parts sorted as strings, as
+        kube-scheduler sorts them (so "10 ..." comes before "2 ...")."""
         if self.fits:
             return (
                 f"{self.fits}/{self.total} nodes could take the pod now, but the batch solve "
                 f"left it out to keep capacity for the rest of the batch; it is retried with the next batch."
             )
-        parts = ", ".join(f"{n} {r}" for r, n in sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+        parts = ", ".join(sorted(f"{n} {r}" for r, n in self.reasons.items()))
         return f"0/{self.total} nodes are available: {parts}." if parts else f"0/{self.total} nodes are available."
 
 
@@ -109,17 +113,30 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
             reasons[reason] += int(failed.sum())
         left = left & ok
 
+    # TaintToleration, then NodeAffinity (with the accepted GPU models, a selector on the product).
     if cluster.tainted:
         for i, taints in enumerate(cluster.taint_sets):
             missing = untolerated(pod.tolerations, taints)
             if missing:
                 check(cluster.taint_id != i, f"node(s) had untolerated taint {missing[0]}")
-    if pod.node_selector:  # after taints, as kube-scheduler's filters run
+    if pod.node_selector:
         check(cluster.selector_mask(pod.node_selector), SELECTOR_MISMATCH)
-    if pod.num_gpu:
-        has_gpu = cluster.gpu_count > 0
-        check(has_gpu, INSUFFICIENT_GPU)
+    if pod.gpu_models and pod.num_gpu:
         check(cluster.model_mask(pod.gpu_models), MODEL_NOT_ACCEPTED)
+    elif pod.gpu_models and pod.mig_profile:
+        check(cluster.product_mask(pod.gpu_models), MODEL_NOT_ACCEPTED)
+    # NodePorts.
+    if pod.host_ports:
+        check(state.ports_free(pod.host_ports), PORTS_TAKEN)
+    # NodeResourcesFit: the pod count, cpu, memory, ephemeral storage, then GPUs.
+    if cluster.pods_metered:
+        check(state.pods_free >= 1, TOO_MANY_PODS)
+    check(state.cpu_free >= pod.cpu_milli, INSUFFICIENT_CPU)
+    check(state.mem_free >= pod.memory_mib, INSUFFICIENT_MEMORY)
+    if pod.storage_mib:
+        check(state.storage_free >= pod.storage_mib, INSUFFICIENT_STORAGE)
+    if pod.num_gpu:
+        check(cluster.gpu_count > 0, INSUFFICIENT_GPU)
         if pod.is_fractional:
             check(state.max_gpu_free >= pod.gpu_milli, INSUFFICIENT_SHARE)
         else:
@@ -127,28 +144,20 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
             if pod.island == "required" and pod.num_gpu > 1:
                 check(state.island_idle.max(axis=1, initial=0) >= pod.num_gpu, INSUFFICIENT_ISLAND)
     elif pod.mig_profile:
-        if pod.gpu_models:
-            check(cluster.product_mask(pod.gpu_models), MODEL_NOT_ACCEPTED)
         check(state.mig_available(pod.mig_profile), insufficient_mig(pod.mig_profile))
-    check(state.cpu_free >= pod.cpu_milli, INSUFFICIENT_CPU)
-    check(state.mem_free >= pod.memory_mib, INSUFFICIENT_MEMORY)
-    if pod.storage_mib:
-        check(state.storage_free >= pod.storage_mib, INSUFFICIENT_STORAGE)
-    if cluster.pods_metered:
-        check(state.pods_free >= 1, TOO_MANY_PODS)
-    if pod.host_ports:
-        check(state.ports_free(pod.host_ports), PORTS_TAKEN)
+    # PodTopologySpread: the constraint's label first, then the skew.
+    spread = state.spread_mask(pod)
+    if spread is not None:
+        check(state.spread_keys_mask(pod), SPREAD_LABEL_MISSING)
+        check(spread, SPREAD_MISMATCH)
+    # InterPodAffinity: the pod's affinity, its anti-affinity, then the running pods' anti-affinity.
     affinity = state.affinity_mask(pod)
-    if affinity is not None:  # InterPodAffinity's filter: affinity, the pod's anti-affinity, the others'
+    if affinity is not None:
         check(affinity, AFFINITY)
     for existing, reason in ((False, ANTI_AFFINITY), (True, EXISTING_ANTI_AFFINITY)):
         anti = state.anti_mask(pod, existing)
         if anti is not None:
             check(anti, reason)
-    spread = state.spread_mask(pod)
-    if spread is not None:
-        check(state.spread_keys_mask(pod), SPREAD_LABEL_MISSING)
-        check(spread, SPREAD_MISMATCH)
     for why in (excluded or {}).values():
         reasons[why] += 1
     total = n + len(excluded or {})

@@ -132,8 +132,8 @@ async def test_300_pods_on_40_nodes(control_plane: ControlPlane, kube: Kube, nam
             assert events.get(f"FailedScheduling/{n}"), n
     by_name = {p["metadata"]["name"]: kit.condition(p) for p in ours}
     assert "40 GPU model not accepted" in by_name["unfit-model-0"]["message"]
-    assert "insufficient nvidia.com/gpu" in by_name["unfit-16gpu-0"]["message"]
-    assert "insufficient cpu" in by_name["unfit-cpu-1"]["message"]
+    assert "Insufficient nvidia.com/gpu" in by_name["unfit-16gpu-0"]["message"]
+    assert "Insufficient cpu" in by_name["unfit-cpu-1"]["message"]
     batches = daemon.events("batch")
     assert batches
     assert all(b["status"] in ("OPTIMAL", "FEASIBLE", "NO_CANDIDATES", "QUICK") for b in batches), batches[:3]
@@ -193,7 +193,7 @@ async def test_unschedulable_pod_is_retried_when_the_cluster_changes(
         await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [kit.pod("big", name, gpus=8)])
         (p,) = await kit.wait_settled(kube, namespace, 1, timeout=90)
         message = (kit.condition(p) or {}).get("message")
-        assert message == "0/1 nodes are available: 1 insufficient nvidia.com/gpu."
+        assert message == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
         explained = await asyncio.to_thread(
             subprocess.run,
             [
@@ -574,7 +574,7 @@ async def test_gangs_mig_slices_and_gpu_islands(control_plane: ControlPlane, kub
     assert len(slices) == 3
     assert all(bound[n] == "a100-mig" for n in slices)
     (left,) = {f"slice-{i}" for i in range(4)} - set(slices)
-    assert "insufficient nvidia.com/mig-1g.10gb" in (kit.condition(final[left]) or {}).get("message", "")
+    assert "Insufficient nvidia.com/mig-1g.10gb" in (kit.condition(final[left]) or {}).get("message", "")
     for pod_name, expected in ((left, "one MIG 1g.10gb slice"), ("early-0", "member of gang")):
         out = await asyncio.to_thread(
             subprocess.run,
@@ -720,7 +720,7 @@ async def test_ephemeral_storage_requests_are_counted_against_the_nodes(
     assert [p["spec"]["nodeName"] for p in bound] == ["disk-gpu-0"]
     assert len(waiting) == 1
     message = (kit.condition(waiting[0]) or {}).get("message")
-    assert message == "0/1 nodes are available: 1 insufficient ephemeral-storage."
+    assert message == "0/1 nodes are available: 1 Insufficient ephemeral-storage."
 
 
 async def test_a_gang_waiting_for_one_members_claim_says_so_on_every_member(

@@ -47,7 +47,7 @@ def test_pod_level_requests_are_what_the_pod_asks_for() -> None:
     busy = Pod("other", 8000, 1024, uid="u-other")
     state = Cluster([node]).empty_state().apply([Assignment(busy, 0, ())])
     assert list(state.pod_mask(rec.pod)) == [False]
-    assert explain(rec.pod, state).message == "0/1 nodes are available: 1 insufficient cpu."
+    assert explain(rec.pod, state).message == "0/1 nodes are available: 1 Insufficient cpu."
 
 
 def test_pod_level_requests_override_the_containers_per_resource_and_overhead_adds() -> None:
@@ -83,7 +83,7 @@ def test_a_pod_asking_no_cpu_or_memory_fits_a_node_whose_requests_exceed_its_all
         pod_obj(containers=[{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1", "memory": "1Gi"}}}])
     ).pod
     assert list(state.pod_mask(asks_memory)) == [False]
-    assert explain(asks_memory, state).message == "0/1 nodes are available: 1 insufficient memory."
+    assert explain(asks_memory, state).message == "0/1 nodes are available: 1 Insufficient memory."
 
 
 def test_a_pod_with_resource_claims_is_refused_and_still_counted_when_bound() -> None:

@@ -128,7 +128,7 @@ async def test_a_parked_pod_wakes_when_its_request_changes_not_its_status() -> N
     (r,) = await q.next_batch()
     q.park(r.key)
     # Our own PodScheduled=False write comes back from the watch: same request, new status.
-    q.add(replace(r, resource_version="2", unschedulable="0/3 nodes are available: 3 insufficient cpu."))
+    q.add(replace(r, resource_version="2", unschedulable="0/3 nodes are available: 3 Insufficient cpu."))
     assert q.counts().unschedulable == 1
     assert q.counts().active == 0
     q.add(replace(r, pod=replace(r.pod, cpu_milli=1), resource_version="3"))  # smaller now: try again

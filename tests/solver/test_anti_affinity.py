@@ -73,7 +73,7 @@ def test_every_policy_honours_the_terms_of_pods_already_running(policy: str) -> 
     assert [c.nodes[a.node].name for a in plan.assignments] == ["n1"]
     blocked = state.apply([Assignment(replace(pod("x", gpus=8)), 1, tuple(range(8)))])
     assert explain(web, blocked).message == (
-        "0/2 nodes are available: 1 insufficient nvidia.com/gpu, 1 node(s) didn't satisfy existing pods "
+        "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't satisfy existing pods "
         "anti-affinity rules."
     )
 

@@ -15,8 +15,8 @@ def test_message_counts_reasons_like_kube_scheduler() -> None:
     state = cluster.empty_state()
     e = explain(pod("big", gpus=4, models=["A100"]), state)
     assert e.fits == 0
-    assert e.message == "0/12 nodes are available: 8 insufficient nvidia.com/gpu, 4 GPU model not accepted."
-    assert e.reason == "insufficient nvidia.com/gpu"
+    assert e.message == "0/12 nodes are available: 4 GPU model not accepted, 8 Insufficient nvidia.com/gpu."
+    assert e.reason == "Insufficient nvidia.com/gpu"
 
 
 def test_cpu_memory_share_and_excluded_nodes() -> None:
@@ -24,9 +24,9 @@ def test_cpu_memory_share_and_excluded_nodes() -> None:
     state = cluster.empty_state().apply([Assignment(pod("x", gpus=1, milli=800), 1, (0,))])
     e = explain(pod("p", cpu=2000, gpus=1, milli=500), state, {"d": "node(s) were unschedulable"})
     assert dict(e.reasons) == {
-        "insufficient cpu": 1,
+        "Insufficient cpu": 1,
         "insufficient GPU share": 1,
-        "insufficient nvidia.com/gpu": 1,
+        "Insufficient nvidia.com/gpu": 1,
         "node(s) were unschedulable": 1,
     }
     assert e.total == 4

@@ -44,7 +44,7 @@ def test_every_policy_places_selected_pods_only_on_nodes_the_selector_allows(pol
     assert all(p in where for p in ("any-0", "any-1", "any-2"))
     after = state.apply(plan.assignments)
     assert explain(extra, after).message == (
-        "0/5 nodes are available: 3 node(s) didn't match Pod's node affinity/selector, 2 insufficient nvidia.com/gpu."
+        "0/5 nodes are available: 2 Insufficient nvidia.com/gpu, 3 node(s) didn't match Pod's node affinity/selector."
     )
 
 

@@ -74,8 +74,8 @@ def test_every_policy_leaves_out_what_would_break_the_skew_and_says_why(policy: 
     assert per_zone(c, plan) == {"a": 1, "b": 1}  # never on the node without a zone
     left = plan.unplaced[0]
     assert explain(left, c.empty_state().apply(plan.assignments)).message == (
-        "0/5 nodes are available: 4 node(s) didn't match pod topology spread constraints, "
-        "1 node(s) didn't match pod topology spread constraints (missing required label)."
+        "0/5 nodes are available: 1 node(s) didn't match pod topology spread constraints (missing required label), "
+        "4 node(s) didn't match pod topology spread constraints."
     )
 
 

@@ -39,7 +39,7 @@ def test_every_policy_keeps_storage_requests_within_each_nodes_allocatable(polic
     assert where.get("cpu-only") == "unmetered"
     left = next(p for p in big if p.name not in where)
     message = explain(left, state.apply(plan.assignments)).message
-    assert message == "0/3 nodes are available: 2 insufficient ephemeral-storage, 1 insufficient nvidia.com/gpu."
+    assert message == "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 Insufficient ephemeral-storage."
 
 
 def test_the_validator_rejects_storage_over_commitment() -> None:
