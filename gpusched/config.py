@@ -131,12 +131,24 @@ class ConfigError(ValueError):
     """A configuration document that was rejected; the message names each bad field."""
 
 
+def _keys_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the document accepts at ``loc`` (a path of keys), as written in YAML."""
+    model: type[BaseModel] = GpuschedConfig
+    for part in loc:
+        field = next((f for name, f in model.model_fields.items() if (f.alias or name) == part), None)
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return []
+        model = field.annotation
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
 def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
         path = ".".join(str(x) for x in err["loc"]) or "(document)"
         if err["type"] == "extra_forbidden":
-            parts.append(f"{path}: unknown key")
+            known = _keys_at(tuple(err["loc"][:-1]))
+            parts.append(f"{path}: unknown key" + (f" (known here: {', '.join(known)})" if known else ""))
         else:
             parts.append(f"{path}: {err['msg']} (got {err.get('input')!r})")
     return "; ".join(parts)
@@ -173,10 +185,19 @@ class _UniqueKeys(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: what is wrong and where (the parser's own text runs over several lines and
+    names the document ``<unicode string>``)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"{exc.problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return " ".join(str(exc).split())
+
+
 def load_config(text: str, source: str = "config") -> GpuschedConfig:
     """Parse and validate a YAML document."""
     try:
         data = yaml.load(text, Loader=_UniqueKeys)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{source}: not valid YAML: {_yaml_problem(exc)}") from None
     return parse_config(data, source)

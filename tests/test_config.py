@@ -72,8 +72,18 @@ def test_partial_override_keeps_other_defaults() -> None:
     ],
 )
 def test_unknown_key_is_rejected_naming_its_path(text: str, path: str) -> None:
-    with pytest.raises(ConfigError, match=rf"^config: {path}: unknown key$"):
+    with pytest.raises(ConfigError, match=rf"^config: {path}: unknown key \(known here: [a-zA-Z, ]+\)$"):
         load_config(text)
+
+
+def test_an_unknown_key_lists_the_keys_known_in_its_place() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config("solver:\n  timeLimit: 1\n")
+    assert str(info.value) == (
+        "config: solver.timeLimit: unknown key (known here: timeLimitSeconds, workers, candidatesPerPod, relativeGap)"
+    )
+    with pytest.raises(ConfigError, match=r"^config: solvr: unknown key \(known here: weights, solver, batching\)$"):
+        load_config("solvr: {}\n")
 
 
 @pytest.mark.parametrize(
@@ -151,6 +161,6 @@ def test_a_key_given_twice_is_refused_naming_it_and_its_line() -> None:
         load_config(text, source="configmap gpusched/solver")
     message = str(info.value)
     assert message.startswith("configmap gpusched/solver: not valid YAML: ")
-    assert "'solver' is given twice\n  in \"<unicode string>\", line 5" in message
+    assert message.endswith("'solver' is given twice (line 5, column 1)")  # one line, where it is
     with pytest.raises(ConfigError, match=r"'packing' is given twice"):
         load_config("weights: {packing: 3, packing: 4}\n")
