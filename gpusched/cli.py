@@ -245,9 +245,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--lease-duration", type=_positive_float, default=15.0, metavar="S", help="(default: 15)")
     run.add_argument("--renew-deadline", type=_positive_float, default=10.0, metavar="S", help="(default: 10)")
     run.add_argument("--retry-period", type=_positive_float, default=2.0, metavar="S", help="(default: 2)")
-    run.add_argument("--metrics-host", default="0.0.0.0", help="address for /metrics, /healthz, /readyz")
     run.add_argument(
-        "--metrics-port", type=_port, default=8080, help="port for /metrics, /healthz, /readyz; 0 picks a free one"
+        "--metrics-host", default="0.0.0.0", help="address for /metrics, /healthz, /readyz (default: %(default)s)"
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=8080,
+        help="port for /metrics, /healthz, /readyz; 0 picks a free one (default: %(default)s)",
     )
     run.add_argument(
         "--kube-api-qps",
@@ -286,7 +291,9 @@ def _cluster_args(p: argparse.ArgumentParser, daemon: bool = True) -> None:
             help="namespace of the Lease and the ConfigMap (default: $POD_NAMESPACE or gpusched-system)",
         )
     p.add_argument(
-        "--scheduler-name", default="gpu-scheduler", help="spec.schedulerName to serve (default: %(default)s)"
+        "--scheduler-name",
+        default="gpu-scheduler",
+        help="the spec.schedulerName of the pods gpusched places (default: %(default)s)",
     )
 
 
