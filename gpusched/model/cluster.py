@@ -939,10 +939,10 @@ class ClusterState:
                     arr = done[name].copy()
                     new.__dict__[name] = arr
             d = new.__dict__
-            if "cpu_free" in d:
-                d["cpu_free"][touched] = self.cluster.cpu_cap[touched] - cpu[touched]
+            if "cpu_free" in d:  # never below 0, as the properties compute it
+                d["cpu_free"][touched] = np.maximum(self.cluster.cpu_cap[touched] - cpu[touched], 0)
             if "mem_free" in d:
-                d["mem_free"][touched] = self.cluster.mem_cap[touched] - mem[touched]
+                d["mem_free"][touched] = np.maximum(self.cluster.mem_cap[touched] - mem[touched], 0)
             if "gpu_free" in d:
                 g_free = self.cluster.gpu_cap[touched] - gpu[touched]
                 d["gpu_free"][touched] = g_free

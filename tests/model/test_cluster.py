@@ -296,3 +296,19 @@ def test_a_placed_pods_soft_spread_does_not_weigh_the_pods_after_it() -> None:
     assert fresh.wished(web) is None
     wishing = dataclasses.replace(spreading, soft_spread=())  # the same term as preferred anti-affinity
     assert list(state.apply([Assignment(wishing, 0)]).wished(web)) == [100, 0, 100, 0]
+
+
+def test_a_node_over_committed_before_a_placement_still_takes_pods_asking_no_cpu_or_memory() -> None:
+    """Free CPU and memory never go below 0, whether a state is built afresh or derived by
+    placing pods (the derived one patches only the rows a placement touched): a node whose
+    running pods ask more than its allocatable still takes GPU-only pods, one after another."""
+    cluster = Cluster([Node(f"n{i}", 16000, 65536, gpu_count=2, gpu_model="A100") for i in range(10)])
+    running = Pod("running", 17000, 70 * 1024, uid="u-running")
+    s0 = cluster.empty_state().apply([Assignment(running, 0, ())])
+    gpu_only = [Pod(f"g{i}", 0, 0, num_gpu=1, gpu_milli=1000, uid=f"u-g{i}") for i in range(2)]
+    assert (s0.cpu_free[0], s0.mem_free[0]) == (0, 0)
+    assert s0.pod_mask(gpu_only[0])[0]
+    s1 = s0.apply([Assignment(gpu_only[0], 0, (0,))])
+    assert (s1.cpu_free[0], s1.mem_free[0]) == (0, 0)
+    assert s1.pod_mask(gpu_only[1])[0]
+    assert not s1.pod_mask(Pod("cpu", 1, 0, uid="u-cpu"))[0]  # asking for any CPU: refused there
