@@ -363,8 +363,9 @@ def test_run_and_explain_name_a_kubeconfig_they_cannot_use(
         ("", ": not a kubeconfig the client can read; it lists no contexts: pass a kubeconfig"),
         ("apiVersion: v1\n", "; it lists no contexts: pass a kubeconfig"),
         ("[unclosed\n", "; check that the file is a readable kubeconfig"),
+        ("contexts: 5\n", "; it lists no contexts: pass a kubeconfig"),
     ],
-    ids=["empty", "no-contexts", "not-yaml"],
+    ids=["empty", "no-contexts", "not-yaml", "contexts-not-a-list"],
 )
 def test_a_file_that_is_no_kubeconfig_is_named_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str

@@ -365,7 +365,9 @@ def _kubeconfig_fix(path: Path, context: str | None) -> str:
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return "check that the file is a readable kubeconfig (YAML, as `kubectl config view --raw` prints)"
     listed = doc.get("contexts") if isinstance(doc, dict) else None
-    contexts = [str(c["name"]) for c in listed or () if isinstance(c, dict) and c.get("name")]
+    contexts = (
+        [str(c["name"]) for c in listed if isinstance(c, dict) and c.get("name")] if isinstance(listed, list) else []
+    )
     if not contexts:
         return "it lists no contexts: pass a kubeconfig (as `kubectl config view --raw` prints)"
     names = ", ".join(contexts)
