@@ -627,7 +627,9 @@ class Scheduler:
                 self.queue.requeue(p.key)
                 continue
             if p.gang is not None:
-                why = held_back.get(p.gang.name)  # a member left out: that is what the gang waits for
+                # A member left out is what the gang waits for only if the rest fall short of its
+                # minimum (already bound members counted in); otherwise capacity is.
+                why = held_back.get(p.gang.name) if members[p.gang.name] < p.gang.min_members else None
                 message = (
                     f"gang {p.gang.name}: {why}; no member is placed until all of them can be, together."
                     if why

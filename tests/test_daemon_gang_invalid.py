@@ -81,11 +81,11 @@ def _bad_cpu(obj: dict[str, Any]) -> None:
     obj["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "lots"
 
 
-async def _run(members: list[dict[str, Any]]) -> _ApiServer:
+async def _run(members: list[dict[str, Any]], gpus: int = 8) -> _ApiServer:
     s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy="bestfit"), cast(Kube, _Client()))
     api = _ApiServer()
     s.binder = cast(Binder, api)
-    _NodeHandler(s).apply("ADDED", kit.node("n0", 8, "A100"))
+    _NodeHandler(s).apply("ADDED", kit.node("n0", gpus, "A100"))
     for obj in members:
         s._pending.apply("ADDED", obj)
     batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
@@ -141,3 +141,16 @@ async def test_the_valid_members_are_placed_when_they_alone_reach_the_minimum(mi
     [told] = api.told("default/a")
     assert told.startswith("pod default/a: resources example.com/fpga ")
     assert api.told("default/b") == api.told("default/c") == []
+
+
+async def test_when_the_valid_members_reach_the_minimum_capacity_is_blamed_not_the_invalid_one() -> None:
+    """One GPU for a gang of at least 2 whose two valid members would be enough: what holds them
+    back is the GPU, and that is what they are told."""
+    invalid = _member("a")
+    _fpga(invalid)
+    api = await _run([invalid, _member("b"), _member("c")], gpus=1)
+    assert api.bound == []
+    for peer in ("default/b", "default/c"):
+        [told] = api.told(peer)
+        assert "member default/a" not in told
+        assert told.startswith("gang default/g: ")
