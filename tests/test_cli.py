@@ -382,12 +382,12 @@ def test_a_file_that_is_no_kubeconfig_is_named_so(
 def test_explain_an_unreachable_api_server_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with socket.socket() as closed:  # a port nothing listens on
+    with socket.socket() as closed:  # bound, not listening: refuses connections, and no one else takes it
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    path = tmp_path / "kubeconfig"
-    path.write_text(KUBECONFIG.replace("127.0.0.1:1", f"127.0.0.1:{port}") + "current-context: ctx\n")
-    text = rejected(capsys, ["explain", "default/p", "--kubeconfig", str(path)])
+        path = tmp_path / "kubeconfig"
+        path.write_text(KUBECONFIG.replace("127.0.0.1:1", f"127.0.0.1:{port}") + "current-context: ctx\n")
+        text = rejected(capsys, ["explain", "default/p", "--kubeconfig", str(path)])
     assert "cannot read the cluster: cannot reach the API server" in text
     assert "check the server address of --kubeconfig" in text
 

@@ -103,9 +103,11 @@ class _HeldSolve:
 
     async def during(self, s: Scheduler, batch: list[PodRecord], events: Callable[[], None]) -> None:
         solving = asyncio.ensure_future(s.schedule_batch(batch))
-        await asyncio.wait_for(self.started.wait(), DRAWN_WITHIN_S)
-        events()
-        self.go.set()
+        try:
+            await asyncio.wait_for(self.started.wait(), DRAWN_WITHIN_S)
+            events()
+        finally:
+            self.go.set()  # never leave the worker thread waiting
         await solving
 
 

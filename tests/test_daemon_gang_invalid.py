@@ -153,4 +153,4 @@ async def test_when_the_valid_members_reach_the_minimum_capacity_is_blamed_not_t
     for peer in ("default/b", "default/c"):
         [told] = api.told(peer)
         assert "member default/a" not in told
-        assert told.startswith("gang default/g: ")
+        assert told.startswith("gang default/g: its 2 members do not all fit at once")

@@ -8,7 +8,7 @@ loaded machine's scheduling delays would otherwise decide.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import pytest
@@ -21,11 +21,13 @@ from tests.kube.virtual_time import VirtualTimeLoop
 
 
 @pytest.fixture
-def loop(monkeypatch: pytest.MonkeyPatch) -> VirtualTimeLoop:
+def loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[VirtualTimeLoop]:
     """The loop the test runs on; the elector reads its clock."""
     loop = VirtualTimeLoop()
     monkeypatch.setattr(leader, "time", virtual_time.clock_of(loop))
-    return loop
+    yield loop
+    if not loop.is_closed():  # a test that failed before running it
+        loop.close()
 
 
 class HangingApi:
@@ -147,6 +149,42 @@ def test_a_leader_whose_event_loop_was_held_up_past_the_deadline_no_longer_holds
             assert elector.holds()
             loop.advance(0.7)  # the loop is held past the 0.6 s renew deadline: no renewal ran
             assert elector.is_leader  # the loop that steps down has not run yet
+            assert not elector.holds()
+        finally:
+            await _stop(task)
+
+    virtual_time.run(loop, main())
+
+
+def test_a_renewed_lead_ends_at_the_deadline_counted_from_when_the_renewal_was_sent(loop: VirtualTimeLoop) -> None:
+    """The others count the Lease from the renewal they see written, which was sent before its
+    answer came back: the lead must end a renew deadline after the send, not after the answer."""
+
+    class Renewals(SlowApi):
+        def __init__(self) -> None:
+            super().__init__(0.12)
+            self.renewed = asyncio.Event()
+
+        async def request(self, method: str, path: str, **kw: Any) -> Response:
+            r = await super().request(method, path, **kw)
+            if method == "PUT":
+                self.renewed.set()
+            return r
+
+    async def main() -> None:
+        api = Renewals()
+        changes: list[bool] = []
+        elector = _elector(api, changes.append)
+        task = asyncio.create_task(elector.run())
+        try:
+            while changes != [True]:
+                await asyncio.sleep(0.01)
+            api.renewed.clear()
+            await api.renewed.wait()  # a renewal (GET then PUT, 0.12 s each) has just been answered
+            for _ in range(3):
+                await asyncio.sleep(0)
+            assert elector.holds()
+            loop.advance(0.6 - 0.24 + 0.01)  # a renew deadline after the GET was sent, and a bit
             assert not elector.holds()
         finally:
             await _stop(task)

@@ -29,7 +29,7 @@ def test_each_node_counts_under_the_first_requirement_kube_scheduler_checks() ->
         node("tainted", "a", pool="other", gpus=0, taints=(Taint("nvidia.com/gpu", "present", "NoSchedule"),)),
         node("other-pool", "a", pool="other"),  # + spread, pod affinity
         node("h100", "a", model="H100"),  # + spread, pod affinity
-        node("port", "a"),  # + cpu, spread, pod affinity
+        node("port", "a", max_pods=1),  # + pod count, cpu, spread, pod affinity
         node("full", "a", max_pods=1),  # + cpu, spread, pod affinity
         node("busy", "a"),  # cpu + GPUs, spread, pod affinity
         node("skew", "a"),  # spread + pod affinity
@@ -80,8 +80,12 @@ def test_each_node_counts_under_the_first_requirement_kube_scheduler_checks() ->
 def test_parts_are_sorted_as_strings_like_kube_scheduler_sorts_them() -> None:
     nodes = [gpu_node(f"small-{i}", gpus=2, cpu=1000) for i in range(10)]
     nodes += [gpu_node(f"h100-{i}", gpus=2, model="H100") for i in range(2)]
+    nodes += [gpu_node(f"tiny-{i}", gpus=2, mem=512) for i in range(3)]
     e = explain(pod("p", cpu=2000, gpus=1, models=["A100"]), Cluster(nodes).empty_state())
-    assert e.message == "0/12 nodes are available: 10 Insufficient cpu, 2 GPU model not accepted."
+    # Neither by count (10, 3, 2) nor the other way round: "10" < "2" < "3" as strings.
+    assert (
+        e.message == "0/15 nodes are available: 10 Insufficient cpu, 2 GPU model not accepted, 3 Insufficient memory."
+    )
     assert e.reason == "Insufficient cpu"
 
 
