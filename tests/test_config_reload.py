@@ -14,19 +14,12 @@ import pytest
 from gpusched.config import GpuschedConfig, load_config
 from gpusched.daemon import DaemonSettings, Scheduler
 from gpusched.kube.binder import Binder
-from gpusched.kube.client import Kube, RateLimiter
+from gpusched.kube.client import Kube
 from gpusched.state.records import PodRecord
+from tests.doubles import IdleClient
 from tests.factories import pod
 
 NAMESPACE, NAME = "gpusched-system", "gpu-scheduler-config"
-
-
-class _Client:
-    def __init__(self) -> None:
-        self.limiter = RateLimiter(50, 100)
-
-    def sibling(self) -> _Client:
-        return self
 
 
 class _Events:
@@ -48,7 +41,7 @@ def _scheduler(config: GpuschedConfig | None = None, follow: bool = True) -> tup
         config_map=NAME if follow else None,
         config=config or GpuschedConfig(),
     )
-    s = Scheduler(settings, cast(Kube, _Client()))
+    s = Scheduler(settings, cast(Kube, IdleClient()))
     events = _Events()
     s.binder = cast(Binder, events)
     return s, events

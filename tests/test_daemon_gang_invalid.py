@@ -16,48 +16,13 @@ from typing import Any, cast
 import pytest
 
 from gpusched.daemon import DaemonSettings, Scheduler, _NodeHandler
-from gpusched.kube.binder import Binder, BindResult
-from gpusched.kube.client import Kube, RateLimiter
-from gpusched.model import Pod
+from gpusched.kube.binder import Binder
+from gpusched.kube.client import Kube
+from tests.doubles import IdleClient, RecordingApi
 from tests.e2e import kit
 
 DRAWN_WITHIN_S = 10.0
 HELD = "; no member is placed until all of them can be, together."
-
-
-class _Client:
-    """What the scheduler reads of its client before any request: the rate limiter."""
-
-    def __init__(self) -> None:
-        self.limiter = RateLimiter(50, 100)
-
-    def sibling(self) -> _Client:
-        return self
-
-
-class _ApiServer:
-    """Every Binding succeeds; Bindings and Events recorded, conditions dropped."""
-
-    def __init__(self) -> None:
-        self.bound: list[str] = []
-        self.events: list[tuple[str, str, str]] = []
-        """(pod key, reason, message) of every Event written."""
-
-    async def bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> tuple[BindResult, str]:
-        self.bound.append(pod.key)
-        return BindResult.BOUND, ""
-
-    async def event(self, pod: Pod, reason: str, message: str, kind: str = "Normal") -> None:
-        self.events.append((pod.key, reason, message))
-
-    async def unschedulable(self, *_: Any, **__: Any) -> None:
-        pass
-
-    async def exists(self, pod: Pod) -> bool | None:
-        return True
-
-    def told(self, key: str) -> list[str]:
-        return [message for k, reason, message in self.events if k == key and reason == "FailedScheduling"]
 
 
 def _member(name: str, min_members: str | None = "2") -> dict[str, Any]:
@@ -81,9 +46,9 @@ def _bad_cpu(obj: dict[str, Any]) -> None:
     obj["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "lots"
 
 
-async def _run(members: list[dict[str, Any]], gpus: int = 8) -> _ApiServer:
-    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy="bestfit"), cast(Kube, _Client()))
-    api = _ApiServer()
+async def _run(members: list[dict[str, Any]], gpus: int = 8) -> RecordingApi:
+    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy="bestfit"), cast(Kube, IdleClient()))
+    api = RecordingApi()
     s.binder = cast(Binder, api)
     _NodeHandler(s).apply("ADDED", kit.node("n0", gpus, "A100"))
     for obj in members:
@@ -119,9 +84,9 @@ async def test_the_peers_of_an_invalid_member_are_told_which_member_holds_the_ga
     spoil(invalid)
     api = await _run([invalid, _member("b")])
     assert api.bound == []
-    [told_a] = api.told("default/a")
+    [told_a] = api.failed("default/a")
     assert told_a.startswith(f"pod default/a: {cause}")
-    [told_b] = api.told("default/b")
+    [told_b] = api.failed("default/b")
     assert (
         told_b
         == f"gang default/g: member default/a cannot be scheduled: {told_a.removeprefix('pod default/a: ')}{HELD}"
@@ -138,9 +103,9 @@ async def test_the_valid_members_are_placed_when_they_alone_reach_the_minimum(mi
     _fpga(invalid)
     api = await _run([invalid, _member("b", min_members), _member("c", min_members)])
     assert sorted(api.bound) == ["default/b", "default/c"]
-    [told] = api.told("default/a")
+    [told] = api.failed("default/a")
     assert told.startswith("pod default/a: resources example.com/fpga ")
-    assert api.told("default/b") == api.told("default/c") == []
+    assert api.failed("default/b") == api.failed("default/c") == []
 
 
 async def test_when_the_valid_members_reach_the_minimum_capacity_is_blamed_not_the_invalid_one() -> None:
@@ -151,6 +116,6 @@ async def test_when_the_valid_members_reach_the_minimum_capacity_is_blamed_not_t
     api = await _run([invalid, _member("b"), _member("c")], gpus=1)
     assert api.bound == []
     for peer in ("default/b", "default/c"):
-        [told] = api.told(peer)
+        [told] = api.failed(peer)
         assert "member default/a" not in told
         assert told.startswith("gang default/g: its 2 members do not all fit at once")

@@ -15,23 +15,14 @@ import pytest
 from gpusched import daemon
 from gpusched.daemon import DaemonSettings, Scheduler, _NodeHandler
 from gpusched.kube.binder import Binder, BindResult
-from gpusched.kube.client import Kube, RateLimiter
+from gpusched.kube.client import Kube
 from gpusched.model import Pod
+from tests.doubles import IdleClient, member_pod, settle
 from tests.e2e import kit
 
 DRAWN_WITHIN_S = 10.0
 """How long a batch may take to be drawn: ample for a busy machine, and well short of the minute
 after which the queue retries parked pods anyway (a pod never woken would be drawn only then)."""
-
-
-class _Client:
-    """What the scheduler reads of its client before any request: the rate limiter."""
-
-    def __init__(self) -> None:
-        self.limiter = RateLimiter(50, 100)
-
-    def sibling(self) -> _Client:
-        return self
 
 
 class _Answers:
@@ -68,36 +59,21 @@ class _Answers:
 
 
 def _scheduler(gpus: int) -> tuple[Scheduler, _Answers]:
-    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy="bestfit"), cast(Kube, _Client()))
+    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy="bestfit"), cast(Kube, IdleClient()))
     answers = _Answers()
     s.binder = cast(Binder, answers)
     _NodeHandler(s).apply("ADDED", kit.node("n0", gpus, "A100"))
     return s, answers
 
 
-def _pod(name: str, gang: str = "") -> dict[str, Any]:
-    obj = kit.pod(name, "s", gpus=1)
-    obj["metadata"].update({"namespace": "default", "uid": f"uid-{name}", "labels": {}})
-    if gang:
-        obj["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = gang
-        obj["metadata"]["annotations"]["gpusched.io/gang-min-members"] = "2"
-    return obj
-
-
-async def _settle(s: Scheduler) -> None:
-    await asyncio.sleep(0)
-    while s.pending_tasks():
-        await asyncio.wait(s.pending_tasks())
-
-
 async def test_a_gang_whose_member_is_deleted_during_the_solve_binds_no_member() -> None:
     s, answers = _scheduler(gpus=2)
     for name in ("m1", "m2"):
-        s._pending.apply("ADDED", _pod(name, gang="g"))
+        s._pending.apply("ADDED", member_pod(name, gang="g"))
     batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
-    s._pending.apply("DELETED", _pod("m1", gang="g"))  # after the draw, before the binds
+    s._pending.apply("DELETED", member_pod("m1", gang="g"))  # after the draw, before the binds
     await s.schedule_batch(batch)
-    await _settle(s)
+    await settle(s)
     assert answers.bound == []  # m2 alone would run below the gang's minimum of 2
     assert "default/m2" in s.queue
     assert "default/m1" not in s.queue
@@ -108,9 +84,9 @@ async def test_capacity_freed_by_a_bind_that_finds_its_pod_gone_wakes_the_parked
     s, answers = _scheduler(gpus=1)
     answers.results["default/a"] = (BindResult.GONE, "pod deleted")
     for name in ("a", "b"):
-        s._pending.apply("ADDED", _pod(name))
+        s._pending.apply("ADDED", member_pod(name))
     await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))  # a placed, b parked
-    await _settle(s)
+    await settle(s)
     # a's Binding found it deleted: its GPU is free again, and b is drawn at once.
     batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
     assert [r.key for r in batch] == ["default/b"]
@@ -125,7 +101,7 @@ async def test_a_pod_bound_and_deleted_before_a_relist_that_missed_it_frees_its_
     answers.unanswered = unanswered  # the API server cannot say at first: asked again
     answers.held["default/a"] = asyncio.Event()
     for name in ("a", "b"):
-        s._pending.apply("ADDED", _pod(name))
+        s._pending.apply("ADDED", member_pod(name))
     await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))  # a placed, b parked
     await asyncio.sleep(0)
     # While a's Binding is in flight it lands, a is deleted, and then a relist (a watch that
@@ -133,7 +109,7 @@ async def test_a_pod_bound_and_deleted_before_a_relist_that_missed_it_frees_its_
     s._bound.replace([])
     answers.deleted.add("default/a")
     answers.held["default/a"].set()
-    await _settle(s)
+    await settle(s)
     assert answers.read_back == ["default/a"] * (1 + unanswered)
     batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
     assert [r.key for r in batch] == ["default/b"]
@@ -149,7 +125,7 @@ async def test_a_bind_that_lands_while_the_scheduler_drains_still_has_its_event_
 
     answers.event = event  # type: ignore[method-assign]
     answers.held["default/a"] = asyncio.Event()
-    s._pending.apply("ADDED", _pod("a"))
+    s._pending.apply("ADDED", member_pod("a"))
     await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
     await asyncio.sleep(0)  # a's Binding is in flight when SIGTERM comes
     asyncio.get_running_loop().call_later(0.1, answers.held["default/a"].set)
@@ -168,15 +144,15 @@ async def test_a_binding_the_api_server_refuses_is_told_on_the_pod_and_retried()
 
     answers.event = event  # type: ignore[method-assign]
     answers.results["default/a"] = (BindResult.FAILED, "403 Forbidden: admission webhook denied the request")
-    s._pending.apply("ADDED", _pod("a"))
+    s._pending.apply("ADDED", member_pod("a"))
     await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
-    await _settle(s)
+    await settle(s)
     assert events == [
         ("FailedScheduling", "Warning", "Binding rejected: 403 Forbidden: admission webhook denied the request")
     ]
     assert s.queue.counts().backoff == 1  # tried again, not forgotten
     del answers.results["default/a"]  # the webhook lets it through now
     await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
-    await _settle(s)
+    await settle(s)
     assert answers.bound == ["default/a", "default/a"]
     assert events[-1][0] == "Scheduled"

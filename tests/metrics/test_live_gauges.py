@@ -13,22 +13,13 @@ from typing import Any, cast
 
 from gpusched.daemon import DaemonSettings, Scheduler
 from gpusched.kube.binder import Binder, BindResult
-from gpusched.kube.client import Kube, RateLimiter
+from gpusched.kube.client import Kube
 from gpusched.kube.watch import Handler
 from gpusched.metrics import SchedulerMetrics
 from gpusched.model import Pod
+from tests.doubles import IdleClient
 
 SCHEDULER = "s"
-
-
-class _Client:
-    """What the scheduler reads of its client before any request: the rate limiter."""
-
-    def __init__(self) -> None:
-        self.limiter = RateLimiter(50, 100)
-
-    def sibling(self) -> _Client:
-        return self
 
 
 class _Binder:
@@ -80,7 +71,9 @@ def _watch(s: Scheduler, name: str) -> Handler:
 
 
 def _scheduler(*nodes: tuple[str, int]) -> Scheduler:
-    s = Scheduler(DaemonSettings(scheduler_name=SCHEDULER, leader_elect=False, policy="bestfit"), cast(Kube, _Client()))
+    s = Scheduler(
+        DaemonSettings(scheduler_name=SCHEDULER, leader_elect=False, policy="bestfit"), cast(Kube, IdleClient())
+    )
     s.binder = cast(Binder, _Binder())
     for name, gpus in nodes:
         _watch(s, "nodes").apply("ADDED", _node(name, gpus))
