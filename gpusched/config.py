@@ -33,7 +33,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from gpusched.solver.params import Limits, SolverParams, Weights
 
-__all__ = ["BatchingConfig", "ConfigError", "GpuschedConfig", "load_config"]
+__all__ = ["BatchingConfig", "ConfigError", "GpuschedConfig", "load_config", "yaml_problem"]
 
 
 _W = Weights()
@@ -185,7 +185,7 @@ class _UniqueKeys(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
+def yaml_problem(exc: yaml.YAMLError) -> str:
     """One line: what is wrong and where (the parser's own text runs over several lines and
     names the document ``<unicode string>``)."""
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
@@ -199,5 +199,5 @@ def load_config(text: str, source: str = "config") -> GpuschedConfig:
     try:
         data = yaml.load(text, Loader=_UniqueKeys)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {_yaml_problem(exc)}") from None
+        raise ConfigError(f"{source}: not valid YAML: {yaml_problem(exc)}") from None
     return parse_config(data, source)

@@ -348,11 +348,12 @@ def _reason(exc: Exception) -> str:
     ``TypeError`` or ``AttributeError`` whose text says nothing to the user."""
     import yaml
 
+    from gpusched.config import yaml_problem  # only on this error path: it brings in pydantic
+
     if isinstance(exc, (TypeError, AttributeError, KeyError)):
         return "not a kubeconfig the client can read"
-    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
-        mark = exc.problem_mark
-        return f"not valid YAML: {exc.problem} (line {mark.line + 1}, column {mark.column + 1})"
+    if isinstance(exc, yaml.YAMLError):
+        return f"not valid YAML: {yaml_problem(exc)}"
     return str(exc)
 
 
