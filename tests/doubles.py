@@ -5,11 +5,11 @@ scheduler writes."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
-from gpusched.daemon import Scheduler
-from gpusched.kube.binder import BindResult
-from gpusched.kube.client import RateLimiter
+from gpusched.daemon import DaemonSettings, Scheduler, _NodeHandler
+from gpusched.kube.binder import Binder, BindResult
+from gpusched.kube.client import Kube, RateLimiter
 from gpusched.model import Pod
 from tests.e2e import kit
 
@@ -70,3 +70,12 @@ async def settle(s: Scheduler) -> None:
     await asyncio.sleep(0)
     while s.pending_tasks():
         await asyncio.wait(s.pending_tasks())
+
+
+def one_node_scheduler(api: object, gpus: int) -> Scheduler:
+    """A scheduler of pods for ``s`` (best fit) talking to ``api``, over one node ``n0`` with
+    ``gpus`` A100s."""
+    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy="bestfit"), cast(Kube, IdleClient()))
+    s.binder = cast(Binder, api)
+    _NodeHandler(s).apply("ADDED", kit.node("n0", gpus, "A100"))
+    return s

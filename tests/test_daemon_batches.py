@@ -11,27 +11,22 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from gpusched import daemon
-from gpusched.daemon import DaemonSettings, Scheduler, _NodeHandler
-from gpusched.kube.binder import Binder
-from gpusched.kube.client import Kube
+from gpusched.daemon import Scheduler, _NodeHandler
 from gpusched.state.records import PodRecord
-from tests.doubles import IdleClient, RecordingApi, member_pod, settle
+from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle
 from tests.e2e import kit
 
 DRAWN_WITHIN_S = 10.0
 
 
 def _scheduler(gpus: int) -> tuple[Scheduler, RecordingApi]:
-    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy="bestfit"), cast(Kube, IdleClient()))
     api = RecordingApi()
-    s.binder = cast(Binder, api)
-    _NodeHandler(s).apply("ADDED", kit.node("n0", gpus, "A100"))
-    return s, api
+    return one_node_scheduler(api, gpus), api
 
 
 class _HeldSolve:

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
-from gpusched.daemon import DaemonSettings, Scheduler, _NodeHandler
-from gpusched.kube.binder import Binder
-from gpusched.kube.client import Kube
-from tests.doubles import IdleClient, RecordingApi
+from tests.doubles import RecordingApi, one_node_scheduler
 from tests.e2e import kit
 
 DRAWN_WITHIN_S = 10.0
@@ -47,10 +44,8 @@ def _bad_cpu(obj: dict[str, Any]) -> None:
 
 
 async def _run(members: list[dict[str, Any]], gpus: int = 8) -> RecordingApi:
-    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy="bestfit"), cast(Kube, IdleClient()))
     api = RecordingApi()
-    s.binder = cast(Binder, api)
-    _NodeHandler(s).apply("ADDED", kit.node("n0", gpus, "A100"))
+    s = one_node_scheduler(api, gpus)
     for obj in members:
         s._pending.apply("ADDED", obj)
     batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)

@@ -8,17 +8,15 @@ it (the API-server tests in tests/e2e cover the Bindings themselves).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from gpusched import daemon
-from gpusched.daemon import DaemonSettings, Scheduler, _NodeHandler
-from gpusched.kube.binder import Binder, BindResult
-from gpusched.kube.client import Kube
+from gpusched.daemon import Scheduler
+from gpusched.kube.binder import BindResult
 from gpusched.model import Pod
-from tests.doubles import IdleClient, member_pod, settle
-from tests.e2e import kit
+from tests.doubles import member_pod, one_node_scheduler, settle
 
 DRAWN_WITHIN_S = 10.0
 """How long a batch may take to be drawn: ample for a busy machine, and well short of the minute
@@ -59,11 +57,8 @@ class _Answers:
 
 
 def _scheduler(gpus: int) -> tuple[Scheduler, _Answers]:
-    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy="bestfit"), cast(Kube, IdleClient()))
     answers = _Answers()
-    s.binder = cast(Binder, answers)
-    _NodeHandler(s).apply("ADDED", kit.node("n0", gpus, "A100"))
-    return s, answers
+    return one_node_scheduler(answers, gpus), answers
 
 
 async def test_a_gang_whose_member_is_deleted_during_the_solve_binds_no_member() -> None:
