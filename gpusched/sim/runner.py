@@ -11,7 +11,6 @@ result does not depend on it, since every run is deterministic per seed.
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import math
 import multiprocessing
@@ -39,7 +38,7 @@ from gpusched.model import Cluster, Pod
 from gpusched.sim.engine import RunResult, replay
 from gpusched.sim.protocol import prepare_workload
 from gpusched.sim.report import group_by_policy, plot_allocation, summarize
-from gpusched.sim.trace import read_nodes, read_pods
+from gpusched.sim.trace import TraceError, csv_rows, read_nodes, read_pods
 from gpusched.solver.fragmentation import TypicalPods, typical_from
 from gpusched.solver.params import SolverParams
 from gpusched.solver.registry import POLICIES, make_policy
@@ -92,48 +91,23 @@ def trace_name(pods_csv: str | Path) -> str | None:
 def load_published(path: str | Path) -> dict[tuple[str, str], float]:
     """Published allocation at 130% arrival, keyed by (trace, lower-case policy name).
 
-    The file has at least the columns ``trace,policy,alloc_pct_at_arrival130``, read as the
-    trace files are: UTF-8 (a byte-order mark is allowed), spaces around names and cells ignored.
+    The file has at least the columns ``trace,policy,alloc_pct_at_arrival130``, read by the trace
+    files' reader (``csv_rows``); what cannot be read raises ``TraceError`` with file and line.
     """
     p = Path(path)
-    try:
-        handle = p.open(newline="", encoding="utf-8-sig")
-    except OSError as exc:
-        raise SimulationError(f"{p}: cannot open published results: {exc.strerror or exc}") from None
     out: dict[tuple[str, str], float] = {}
-    with handle:
-        reader = csv.reader(handle)
+    for line, row in csv_rows(p, PUBLISHED_COLUMNS):
+        for column in ("trace", "policy"):
+            if not row[column]:
+                raise TraceError(p, line, column, f"empty; name the {column}")
+        text = row["alloc_pct_at_arrival130"]
         try:
-            header = [h.strip() for h in next(reader, [])]
-            missing = [c for c in PUBLISHED_COLUMNS if c not in header]
-            if missing:
-                raise SimulationError(
-                    f"{p}: missing column(s) {', '.join(missing)}; expected {','.join(PUBLISHED_COLUMNS)}"
-                )
-            at = {c: header.index(c) for c in PUBLISHED_COLUMNS}
-            for raw in reader:
-                if all(not c.strip() for c in raw):
-                    continue
-                row = {c: raw[i].strip() if i < len(raw) else "" for c, i in at.items()}
-                for column in ("trace", "policy"):
-                    if not row[column]:
-                        raise SimulationError(f"{p}:{reader.line_num}: column {column!r}: empty; name the {column}")
-                text = row["alloc_pct_at_arrival130"]
-                try:
-                    value = float(text)
-                except ValueError:
-                    value = math.nan
-                if not math.isfinite(value):
-                    raise SimulationError(
-                        f"{p}:{reader.line_num}: column 'alloc_pct_at_arrival130': expected a number, got {text!r}"
-                    )
-                out[(row["trace"], row["policy"].lower())] = value
-        except UnicodeDecodeError as exc:
-            raise SimulationError(
-                f"{p}:{reader.line_num + 1}: not UTF-8 text (from here on: {exc.reason}); save the file as UTF-8"
-            ) from None
-        except csv.Error as exc:
-            raise SimulationError(f"{p}:{reader.line_num}: not a CSV row: {exc} (a quote left open?)") from None
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise TraceError(p, line, "alloc_pct_at_arrival130", f"expected a number, got {text!r}")
+        out[(row["trace"], row["policy"].lower())] = value
     return out
 
 

@@ -27,7 +27,7 @@ from gpusched.model.mig import resource_name
 from gpusched.model.pod import Gang
 from gpusched.model.topology import default_islands, parse_islands
 
-__all__ = ["TraceError", "read_nodes", "read_pods"]
+__all__ = ["TraceError", "csv_rows", "read_nodes", "read_pods"]
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
@@ -50,7 +50,10 @@ class TraceError(ValueError):
         self.path, self.line, self.column = path, line, column
 
 
-def _rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
+def csv_rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
+    """The rows of a CSV file with at least the columns ``required``, by line number, cells
+    stripped and short rows padded, blank rows skipped; ``TraceError`` names the file and line
+    of what cannot be read (not UTF-8, an unclosed quote, a missing column)."""
     try:
         handle = path.open(newline="", encoding="utf-8-sig")  # a spreadsheet's byte-order mark is no column name
     except OSError as exc:
@@ -170,7 +173,7 @@ def read_nodes(path: str | Path, *, gpu_only: bool = True) -> list[Node]:
     p = Path(path)
     nodes: list[Node] = []
     seen: set[str] = set()
-    for line, row in _rows(p, NODE_COLUMNS):
+    for line, row in csv_rows(p, NODE_COLUMNS):
         name = row["sn"]
         if not name:
             raise TraceError(p, line, "sn", "node name is empty")
@@ -223,7 +226,7 @@ def read_pods(path: str | Path) -> list[Pod]:
     p = Path(path)
     pods: list[Pod] = []
     seen: set[str] = set()
-    rows = list(_rows(p, POD_COLUMNS))
+    rows = list(csv_rows(p, POD_COLUMNS))
     gangs = _gangs(p, rows)
     for line, row in rows:
         name = row["name"]
