@@ -11,7 +11,7 @@ import math
 import re
 from decimal import Decimal, InvalidOperation
 
-__all__ = ["QuantityError", "cpu_milli", "memory_mib", "parse_quantity"]
+__all__ = ["MAX_UNITS", "QuantityError", "cpu_milli", "memory_mib", "parse_quantity"]
 
 _SUFFIXES: dict[str, Decimal] = {
     "": Decimal(1),
@@ -85,14 +85,14 @@ def _round(value: Decimal, up: bool) -> int:
     return math.ceil(value) if up else math.floor(value)
 
 
-_MAX_UNITS = 1 << 50
+MAX_UNITS = 1 << 50
 """The most millicores or MiB a quantity may come to (a million times any machine): what the
 books add up per node stays far inside 64-bit integers."""
 
 
 def _units(value: Decimal, text: object, up: bool) -> int:
     units = _round(value, up)
-    if units > _MAX_UNITS:
+    if units > MAX_UNITS:
         raise _too_large(text, "2^50 millicores or MiB")
     return units
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from gpusched.model import Node, Pod
 from gpusched.model.mig import resource_name
 from gpusched.model.pod import Gang
+from gpusched.model.quantity import MAX_UNITS
 from gpusched.model.topology import default_islands, parse_islands
 
 __all__ = ["TraceError", "csv_rows", "read_nodes", "read_pods"]
@@ -36,9 +37,6 @@ NODE_OPTIONAL = ("gpu_islands", "mig_slices", "mig_repartition", "labels")
 POD_OPTIONAL = ("mig_profile", "gpu_island", "gang", "gang_min", "gang_topology_key", "gang_topology")
 """Optional pod columns; an absent column or an empty cell keeps the plain openb meaning."""
 _MODES = ("required", "preferred")
-MAX_VALUE = 1 << 50
-"""The largest number a cell may hold (as for the daemon, 2^50 millicores or MiB): sums over a
-cluster stay inside 64-bit integers."""
 
 
 class TraceError(ValueError):
@@ -98,8 +96,8 @@ def _int(path: Path, line: int, row: dict[str, str], column: str, default: int |
         raise TraceError(path, line, column, f"expected an integer, got {text!r}") from None
     if value < 0:
         raise TraceError(path, line, column, f"must not be negative, got {value}")
-    if value > MAX_VALUE:
-        raise TraceError(path, line, column, f"too large: at most 2^50 ({MAX_VALUE}), got {text}")
+    if value > MAX_UNITS:  # as for the daemon: sums over a cluster stay inside 64-bit integers
+        raise TraceError(path, line, column, f"too large: at most 2^50 ({MAX_UNITS}), got {text}")
     return value
 
 
