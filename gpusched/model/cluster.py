@@ -45,6 +45,14 @@ def _frozen(a: _A) -> _A:
     return a
 
 
+def _headroom(cap: IntArray, used: IntArray) -> IntArray:
+    """What is free of a resource: never below 0, so a node whose running pods request more than
+    its allocatable (it shrank under them) takes no pod asking for any of it, and still takes one
+    asking for none, as kube-scheduler checks only what a pod requests."""
+    free: IntArray = np.maximum(cap - used, 0)
+    return free
+
+
 class Cluster:
     """Static inventory: nodes, capacities and GPU models, indexed 0..N-1."""
 
@@ -425,26 +433,22 @@ class ClusterState:
         cols = [((isl == i) & idle).sum(axis=1) for i in range(self.cluster.island_count)]
         return _frozen(np.column_stack(cols).astype(np.int64) if cols else np.zeros((len(isl), 0), np.int64))
 
-    # Free CPU, memory and storage are never below 0: a node whose running pods request more
-    # than its allocatable (it shrank under them) takes no pod asking for any of it, and still
-    # takes one asking for none, as kube-scheduler checks only what a pod requests.
-
     @cached_property
     def cpu_free(self) -> IntArray:
         """Unrequested CPU per node, millicores (0 where over-committed)."""
-        return _frozen(np.maximum(self.cluster.cpu_cap - self.cpu_used, 0))
+        return _frozen(_headroom(self.cluster.cpu_cap, self.cpu_used))
 
     @cached_property
     def mem_free(self) -> IntArray:
         """Unrequested memory per node, MiB (0 where over-committed)."""
-        return _frozen(np.maximum(self.cluster.mem_cap - self.mem_used, 0))
+        return _frozen(_headroom(self.cluster.mem_cap, self.mem_used))
 
     @cached_property
     def storage_free(self) -> IntArray:
         """Unrequested ephemeral storage per node, MiB (0 where over-committed)."""
         if self.storage_used is None:
             return self.cluster.storage_cap
-        return _frozen(np.maximum(self.cluster.storage_cap - self.storage_used, 0))
+        return _frozen(_headroom(self.cluster.storage_cap, self.storage_used))
 
     @cached_property
     def pods_free(self) -> IntArray:
@@ -939,10 +943,10 @@ class ClusterState:
                     arr = done[name].copy()
                     new.__dict__[name] = arr
             d = new.__dict__
-            if "cpu_free" in d:  # never below 0, as the properties compute it
-                d["cpu_free"][touched] = np.maximum(self.cluster.cpu_cap[touched] - cpu[touched], 0)
+            if "cpu_free" in d:
+                d["cpu_free"][touched] = _headroom(self.cluster.cpu_cap[touched], cpu[touched])
             if "mem_free" in d:
-                d["mem_free"][touched] = np.maximum(self.cluster.mem_cap[touched] - mem[touched], 0)
+                d["mem_free"][touched] = _headroom(self.cluster.mem_cap[touched], mem[touched])
             if "gpu_free" in d:
                 g_free = self.cluster.gpu_cap[touched] - gpu[touched]
                 d["gpu_free"][touched] = g_free
