@@ -13,6 +13,7 @@ down before its Lease can expire for the others.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -70,8 +71,9 @@ class LeaderElector:
         self.retry_period = retry_period
         self.on_change = on_change
         self.is_leader = False
-        self.valid_until = 0.0
-        """Monotonic time until which the last renewal keeps us leader (``holds``)."""
+        self.renewed_at = -math.inf
+        """Monotonic time the last renewal that was answered in time was sent; the lead holds a
+        renew deadline from then (``holds``)."""
         self.holder = ""
         self._observed: tuple[str, str] | None = None
         self._observed_at = 0.0
@@ -88,14 +90,14 @@ class LeaderElector:
                     if await self._renew(self.renew_deadline):
                         break
                     await asyncio.sleep(self.retry_period)
-                last_renew, self.valid_until = sent, sent + self.renew_deadline
+                self.renewed_at = sent
                 self._set(True)
                 while True:
                     await asyncio.sleep(self.retry_period)
                     sent = time.monotonic()
-                    if await self._renew(self.renew_deadline - (sent - last_renew)):
-                        last_renew, self.valid_until = sent, sent + self.renew_deadline
-                    elif time.monotonic() - last_renew >= self.renew_deadline:
+                    if await self._renew(self.renew_deadline - (sent - self.renewed_at)):
+                        self.renewed_at = sent
+                    elif time.monotonic() - self.renewed_at >= self.renew_deadline:
                         log.warning("leadership lost: lease not renewed in time", lease=self.name)
                         self._set(False)
                         break
@@ -106,7 +108,7 @@ class LeaderElector:
     def holds(self) -> bool:
         """Leader, and within the renew deadline of the last renewal, by the clock rather than by
         the loop that steps down (which a busy event loop may run late)."""
-        return self.is_leader and time.monotonic() < self.valid_until
+        return self.is_leader and time.monotonic() < self.renewed_at + self.renew_deadline
 
     async def _renew(self, time_left: float) -> bool:
         """One attempt to acquire or renew, cut off when the renew deadline passes: a slow API
