@@ -729,6 +729,11 @@ class Scheduler:
             if not self._binds_in_flight:
                 self.queue.nudge()
         ms = round((time.perf_counter() - start) * 1000, 1)
+        self._bind_outcome(pod, node, gpus, result, why)
+        log.info("bind", pod=pod.key, node=node, gpus=list(gpus), result=result.value, why=why or None, ms=ms)
+
+    def _bind_outcome(self, pod: Pod, node: str, gpus: tuple[int, ...], result: BindResult, why: str) -> None:
+        """Act on how a Binding ended: the books, the queue, the Events and the counters."""
         if result is BindResult.BOUND:
             if self.cache.confirm(pod.key):  # a relist missed it: it may be gone already
                 self.spawn(self._read_back(pod), f"read-back:{pod.key}")
@@ -740,6 +745,11 @@ class Scheduler:
                 self.binder.event(pod, "Scheduled", f"Successfully assigned {pod.key} to {node}{gpu_text}"),
                 f"event:{pod.key}",
             )
+        elif result is BindResult.UNKNOWN:
+            # The Binding may have been written: its capacity stays taken, and the pod in
+            # flight, until the pod is read back or the watch shows where it went.
+            self.metrics.bind_error("unknown")
+            self.spawn(self._resolve(pod, node, gpus, why), f"resolve:{pod.key}")
         else:
             if self.cache.forget(pod.key):  # its capacity is free again: the parked may fit
                 self.queue.move_all()
@@ -755,7 +765,30 @@ class Scheduler:
                 if result is BindResult.TAKEN:
                     self.metrics.bind_error("taken")
                 self.queue.done(pod.key)
-        log.info("bind", pod=pod.key, node=node, gpus=list(gpus), result=result.value, why=why or None, ms=ms)
+
+    async def _resolve(self, pod: Pod, node: str, gpus: tuple[int, ...], cause: str) -> None:
+        """A Binding whose outcome is unknown: read the pod back (with a growing delay) until the
+        API server or the watch tells whether it was bound, then act as if the bind had said so."""
+        delay = READ_BACK_RETRY_S
+        while True:
+            await asyncio.sleep(delay)
+            if not (self.cache.holds(pod.key, pod.uid) and self.cache.is_assumed(pod.key)):
+                # The watch settled it: bound (to our node or not) or deleted.
+                where = self.cache.placement(pod.key) if self.cache.holds(pod.key, pod.uid) else None
+                if where is None:
+                    result, why = BindResult.GONE, "pod deleted"
+                elif where[0] == node:
+                    result, why = BindResult.BOUND, ""
+                else:
+                    result, why = BindResult.TAKEN, f"already bound to {where[0]}"
+            else:
+                result, why = await self.binder.settle(pod, node, cause)
+                if result is BindResult.UNKNOWN:
+                    delay = min(2 * delay, READ_BACK_RETRY_MAX_S)
+                    continue
+            self._bind_outcome(pod, node, gpus, result, why)
+            log.info("bind resolved", pod=pod.key, node=node, result=result.value, why=why or None)
+            return
 
     async def _read_back(self, pod: Pod) -> None:
         """A pod bound while a relist was taken and absent from it: bound and deleted before the

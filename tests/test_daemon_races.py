@@ -35,6 +35,8 @@ class _Answers:
         self.read_back: list[str] = []
         self.unanswered = 0
         """Read-backs the API server cannot answer before it does."""
+        self.settles: list[tuple[BindResult, str]] = []
+        """What the read-backs after a Binding of unknown outcome find, in turn; then nothing."""
 
     async def bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> tuple[BindResult, str]:
         self.bound.append(pod.key)
@@ -51,6 +53,10 @@ class _Answers:
             self.unanswered -= 1
             return None
         return pod.key not in self.deleted
+
+    async def settle(self, pod: Pod, node: str, cause: str) -> tuple[BindResult, str]:
+        self.read_back.append(pod.key)
+        return self.settles.pop(0) if self.settles else (BindResult.UNKNOWN, f"{cause}; and no answer")
 
     async def unschedulable(self, *_: Any, **__: Any) -> None:
         pass
@@ -151,3 +157,61 @@ async def test_a_binding_the_api_server_refuses_is_told_on_the_pod_and_retried()
     await settle(s)
     assert answers.bound == ["default/a", "default/a"]
     assert events[-1][0] == "Scheduled"
+
+
+LOST = (BindResult.UNKNOWN, "connection lost; and reading the pod failed: connection lost")
+
+
+async def _unknown_bind_of_a_then_b_waits(s: Scheduler, answers: _Answers) -> None:
+    answers.results["default/a"] = LOST
+    for name in ("a", "b"):
+        s._pending.apply("ADDED", member_pod(name))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))  # a placed, b parked
+
+
+async def test_a_binding_of_unknown_outcome_keeps_its_gpu_until_the_pod_is_read_back_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(daemon, "READ_BACK_RETRY_S", 0.01)
+    s, answers = _scheduler(gpus=1)
+    answers.settles = [LOST, (BindResult.BOUND, "")]  # the first read-back fails too
+    await _unknown_bind_of_a_then_b_waits(s, answers)
+    await asyncio.wait_for(settle(s), DRAWN_WITHIN_S)
+    assert answers.read_back == ["default/a"] * 2
+    assert answers.bound == ["default/a"]  # b was never given the GPU a may hold
+    assert s.cache.placement("default/a") == ("n0", (0,))
+    assert not s.cache.is_assumed("default/a")
+    assert "default/a" not in s.queue
+    assert s.queue.counts().unschedulable == 1  # b waits for a change in the cluster
+
+
+async def test_a_binding_of_unknown_outcome_read_back_unbound_frees_the_gpu_and_retries_the_pod(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(daemon, "READ_BACK_RETRY_S", 0.01)
+    s, answers = _scheduler(gpus=1)
+    answers.settles = [(BindResult.FAILED, "connection lost")]
+    await _unknown_bind_of_a_then_b_waits(s, answers)
+    await asyncio.wait_for(settle(s), DRAWN_WITHIN_S)
+    assert s.cache.snapshot().state.gpu_used.sum() == 0
+    batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
+    assert [r.key for r in batch] == ["default/b"]  # woken at once; a waits out its backoff
+    assert "default/a" in s.queue
+
+
+async def test_a_binding_of_unknown_outcome_is_settled_by_the_watch_when_reads_keep_failing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(daemon, "READ_BACK_RETRY_S", 0.01)
+    s, answers = _scheduler(gpus=1)
+    await _unknown_bind_of_a_then_b_waits(s, answers)
+    await asyncio.sleep(0.05)  # a few read-backs, none answered
+    assert s.cache.is_assumed("default/a")
+    bound = member_pod("a", node="n0")
+    s._bound.apply("MODIFIED", bound)
+    s._pending.apply("MODIFIED", bound)
+    await asyncio.wait_for(settle(s), DRAWN_WITHIN_S)
+    assert answers.bound == ["default/a"]
+    assert s.cache.placement("default/a") == ("n0", (0,))
+    assert "default/a" not in s.queue
+    assert s.queue.counts().unschedulable == 1

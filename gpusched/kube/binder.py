@@ -7,7 +7,10 @@ without them).  A 409 means the pod already has a node: if it is the node we
 chose the bind counts as done (a retry after a lost response, or an earlier
 leader's bind; the cache takes the GPU indices from the pod's annotation when
 the watch shows it), otherwise someone else placed it.  Transient failures (429, 5xx, a lost connection)
-are retried here and nowhere else, never sooner than the server's ``Retry-After``.
+are retried here and nowhere else, never sooner than the server's ``Retry-After``.  When the
+last attempt's answer was lost or a server error (the Binding may have been written all the
+same), the pod is read back to learn what happened; if that read fails too, the outcome is
+``UNKNOWN`` and the caller keeps the capacity until ``settle`` or its watch can tell.
 """
 
 from __future__ import annotations
@@ -50,7 +53,9 @@ class BindResult(enum.Enum):
     TAKEN = "taken"
     """Bound elsewhere by someone else."""
     FAILED = "failed"
-    """Refused or unreachable after retries; retry later."""
+    """Refused, or not written after retries; retry later."""
+    UNKNOWN = "unknown"
+    """No answer, and the pod could not be read back: the Binding may have been written."""
 
 
 def _transient(exc: BaseException) -> bool:
@@ -169,8 +174,8 @@ class Binder:
         except ApiError as exc:
             if exc.status == 404:
                 return BindResult.GONE, exc.message
-            if exc.status == 409 or (exc.status == 0 and self.attempts > 1):
-                return await self._settle(pod, node, exc)
+            if exc.status in (0, 409) or exc.status >= 500:  # it may have been written
+                return await self.settle(pod, node, str(exc))
             return BindResult.FAILED, str(exc)
 
     async def exists(self, pod: Pod) -> bool | None:
@@ -187,25 +192,33 @@ class Binder:
         phase = (obj.get("status") or {}).get("phase")
         return (not pod.uid or meta.get("uid") == pod.uid) and phase not in ("Succeeded", "Failed")
 
-    async def _settle(self, pod: Pod, node: str, exc: ApiError) -> tuple[BindResult, str]:
-        """After a conflict or a lost answer: read the pod to learn what happened."""
+    async def settle(self, pod: Pod, node: str, cause: str) -> tuple[BindResult, str]:
+        """After a conflict or a lost answer (``cause``): read the pod once to learn whether the
+        Binding to ``node`` was written.  ``UNKNOWN`` when the read fails in passing."""
         try:
             r = await self.kube.request("GET", _path(pod))
-        except ApiError as again:
-            return BindResult.FAILED, f"{exc}; and reading the pod failed: {again}"
-        if r.status == 404:
-            return BindResult.GONE, "pod deleted"
-        if not r.ok:
-            return BindResult.FAILED, str(r.error())
-        meta = r.body.get("metadata") or {}
+        except ApiError as exc:
+            err = exc
+        else:
+            if r.status == 404:
+                return BindResult.GONE, "pod deleted"
+            if r.ok:
+                return self._outcome(pod, node, r.body, cause)
+            err = r.error()
+        result = BindResult.UNKNOWN if _transient(err) else BindResult.FAILED
+        return result, f"{cause}; and reading the pod failed: {err}"
+
+    @staticmethod
+    def _outcome(pod: Pod, node: str, obj: dict[str, Any], cause: str) -> tuple[BindResult, str]:
+        meta = obj.get("metadata") or {}
         if pod.uid and meta.get("uid") != pod.uid:
             return BindResult.GONE, "pod replaced (new UID)"
-        bound_to = (r.body.get("spec") or {}).get("nodeName") or ""
+        bound_to = (obj.get("spec") or {}).get("nodeName") or ""
         if bound_to == node:
             return BindResult.BOUND, ""
         if bound_to:
             return BindResult.TAKEN, f"already bound to {bound_to}"
-        return BindResult.FAILED, str(exc)
+        return BindResult.FAILED, cause
 
     async def event(self, pod: Pod, reason: str, message: str, kind: str = "Normal") -> None:
         """An Event on the pod (repeats of one reason and message are sent at most every ``event_repeat_s``)."""

@@ -1,5 +1,6 @@
 """The binder's requests against a scripted server: how long it waits after a 429 (Retry-After),
-that a lost Lease stops a queued Binding, and that verdicts never hold a Binding up."""
+that a lost Lease stops a queued Binding, that verdicts never hold a Binding up, and what a
+Binding answered with a server error is taken to mean."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 
 from gpusched.kube import client
@@ -99,3 +101,34 @@ async def test_unschedulable_verdicts_do_not_make_a_binding_wait_its_turn(
     binding = "POST /api/v1/namespaces/default/pods/p/binding"
     assert sorted(seen) == [f"PATCH /api/v1/namespaces/default/pods/v{i}/status" for i in range(3)] + [binding]
     assert seen.index(binding) <= 1  # not behind the three verdicts queued before it
+
+
+def _pod_object(uid: str, node: str) -> web.Response:
+    return web.json_response({"kind": "Pod", "metadata": {"name": "p", "uid": uid}, "spec": {"nodeName": node}})
+
+
+@pytest.mark.parametrize(
+    ("read_back", "expected"),
+    [
+        (_status(503, "ServiceUnavailable"), BindResult.UNKNOWN),  # cannot tell: keep the GPUs
+        (_status(403, "Forbidden"), BindResult.FAILED),  # will not tell: retried as a refusal
+        (_pod_object("u1", "n1"), BindResult.BOUND),  # the server wrote it before it failed
+        (_pod_object("u1", "n2"), BindResult.TAKEN),
+        (_pod_object("u1", ""), BindResult.FAILED),  # not written: safe to place again
+        (_pod_object("u2", "n1"), BindResult.GONE),
+    ],
+)
+async def test_a_binding_answered_with_a_server_error_is_read_back_before_it_counts_as_failed(
+    server: tuple[Path, list[web.Response], list[str]], read_back: web.Response, expected: BindResult
+) -> None:
+    kubeconfig, script, seen = server
+    script += [_status(500, "InternalError"), read_back]  # e.g. etcd timed out after the write
+    kube = await client.connect(kubeconfig, None, 1000, 1000)
+    try:
+        result, why = await Binder(kube, "me", attempts=1).bind(replace(pod("p", gpus=1), uid="u1"), "n1", (0,))
+    finally:
+        await kube.close()
+    assert seen == ["POST /api/v1/namespaces/default/pods/p/binding", "GET /api/v1/namespaces/default/pods/p"]
+    assert result is expected
+    if expected in (BindResult.UNKNOWN, BindResult.FAILED):
+        assert "internalerror" in why  # the Binding's own answer is what the pod's Event shows
