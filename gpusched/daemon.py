@@ -540,6 +540,7 @@ class Scheduler:
         for r in invalid:
             self._unschedulable(r.pod, r.error, "InvalidRequest")
         todo: list[PodRecord] = []
+        waiting = 0  # pods held back by their volumes
         held_back: dict[str, str] = {}  # gang -> why one of its members cannot be bound yet
         for r in batch:
             if r.error:
@@ -553,11 +554,23 @@ class Scheduler:
             volumes = self.claims.problem(r.key, r.uid, r.claims, r.ephemeral_claims) if r.claims else ""
             if volumes:
                 self._unschedulable(r.pod, volumes, "Volumes")
+                waiting += 1
                 if r.pod.gang is not None:
                     held_back.setdefault(r.pod.gang.name, f"member {r.key}: {volumes}")
                 continue
             todo.append(r)
-        if not todo:
+        if not todo:  # every pod told why already (or in flight): nothing to solve
+            log.info(
+                "batch",
+                batch_id=batch_id,
+                pods=len(batch),
+                placed=0,
+                unplaced=waiting,
+                invalid=len(invalid),
+                policy=None,
+                status="NOT_SOLVED",
+                total_ms=round((time.perf_counter() - start) * 1000, 1),
+            )
             return
         snap = self.cache.snapshot()
         policy = self._policy_for(snap.cluster)
@@ -649,7 +662,7 @@ class Scheduler:
             batch_id=batch_id,
             pods=len(batch),
             placed=len(plan.assignments),
-            unplaced=len(plan.unplaced),
+            unplaced=len(plan.unplaced) + waiting,
             invalid=len(invalid),
             policy=stats.policy,
             status=stats.status,

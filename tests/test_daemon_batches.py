@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from gpusched import daemon
 from gpusched.daemon import Scheduler, _NodeHandler
@@ -107,3 +108,21 @@ async def test_a_pod_left_out_for_one_bound_elsewhere_during_the_solve_takes_the
     await s.schedule_batch(batch)
     await settle(s)
     assert api.bound == ["default/b"]
+
+
+@pytest.mark.parametrize("with_valid_pod", [False, True])
+async def test_every_batch_writes_its_one_log_line_even_when_no_pod_is_left_to_solve(with_valid_pod: bool) -> None:
+    s, api = _scheduler(gpus=1)
+    bad = member_pod("bad")
+    bad["metadata"]["annotations"]["gpusched.io/gang-min-members"] = "two"  # not a number
+    s._pending.apply("ADDED", bad)
+    if with_valid_pod:
+        s._pending.apply("ADDED", member_pod("good"))
+    batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
+    with capture_logs() as logs:
+        await s.schedule_batch(batch)
+        await settle(s)
+    (line,) = [e for e in logs if e["event"] == "batch"]
+    placed = 1 if with_valid_pod else 0
+    assert (line["pods"], line["placed"], line["unplaced"], line["invalid"]) == (1 + placed, placed, 0, 1)
+    assert api.reasons("default/bad") == ["FailedScheduling"]
