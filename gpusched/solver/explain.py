@@ -1,12 +1,16 @@
-"""Why a pod does not fit: per node, the first unmet requirement, counted the way
-kube-scheduler reports it ("0/12 nodes are available: 4 GPU model not accepted,
+"""Why a pod does not fit: per node, the unmet requirements kube-scheduler would report,
+counted the way it counts them ("0/12 nodes are available: 4 GPU model not accepted,
 8 Insufficient nvidia.com/gpu.").
 
 Checks run in kube-scheduler's filter order (taints, node affinity, host ports, resources,
-topology spread, inter-pod affinity) and each node is counted once, under the first check it
-fails, so the counts add up to the number of nodes.  The GPU model check sits with node
-affinity, as a selector on the GPU product would; GPU shares, islands and MIG slices with the
-other resources, after whole GPUs.
+topology spread, inter-pod affinity), and a node is counted under the first filter it fails,
+as kube-scheduler stops at a node's first failing filter.  Within the resource filter every
+resource the node lacks is counted, as kube-scheduler's NodeResourcesFit lists them all (the
+pod count, cpu, memory, ephemeral storage, then the GPUs), so a node short of both cpu and
+memory counts under each and the counts can add up to more than the nodes.  The GPU model
+check sits with node affinity, as a selector on the GPU product would; GPU shares, islands and
+MIG slices with the other resources, after whole GPUs, one reason per node among them (a node
+without GPUs is short of GPUs, not also of islands).
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ class Explanation:
     total: int
     fits: int
     reasons: Mapping[str, int]
-    """Reason -> number of nodes, every node counted once."""
+    """Reason -> number of nodes (a node short of several resources counts under each)."""
 
     @property
     def reason(self) -> str:
@@ -113,6 +117,26 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
             reasons[reason] += int(failed.sum())
         left = left & ok
 
+    def check_all(checks: list[tuple[np.ndarray, str]]) -> None:
+        """One filter that reports every check a node fails (NodeResourcesFit)."""
+        nonlocal left
+        passed = left.copy()
+        for ok, reason in checks:
+            failed = left & ~ok
+            if failed.any():
+                reasons[reason] += int(failed.sum())
+            passed &= ok
+        left = passed
+
+    def first_of(chain: list[tuple[np.ndarray, str]]) -> list[tuple[np.ndarray, str]]:
+        """Checks that each fail a node only where the earlier ones in ``chain`` passed it."""
+        rest = np.ones(n, dtype=np.bool_)
+        out = []
+        for ok, reason in chain:
+            out.append((~rest | ok, reason))
+            rest = rest & ok
+        return out
+
     # TaintToleration, then NodeAffinity (with the accepted GPU models, a selector on the product).
     if cluster.tainted:
         for i, taints in enumerate(cluster.taint_sets):
@@ -128,23 +152,26 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
     # NodePorts.
     if pod.host_ports:
         check(state.ports_free(pod.host_ports), PORTS_TAKEN)
-    # NodeResourcesFit: the pod count, cpu, memory, ephemeral storage, then GPUs.
+    # NodeResourcesFit: the pod count, cpu, memory, ephemeral storage, then GPUs, all reported.
+    fit: list[tuple[np.ndarray, str]] = []
     if cluster.pods_metered:
-        check(state.pods_free >= 1, TOO_MANY_PODS)
-    check(state.cpu_free >= pod.cpu_milli, INSUFFICIENT_CPU)
-    check(state.mem_free >= pod.memory_mib, INSUFFICIENT_MEMORY)
+        fit.append((state.pods_free >= 1, TOO_MANY_PODS))
+    fit.append((state.cpu_free >= pod.cpu_milli, INSUFFICIENT_CPU))
+    fit.append((state.mem_free >= pod.memory_mib, INSUFFICIENT_MEMORY))
     if pod.storage_mib:
-        check(state.storage_free >= pod.storage_mib, INSUFFICIENT_STORAGE)
+        fit.append((state.storage_free >= pod.storage_mib, INSUFFICIENT_STORAGE))
     if pod.num_gpu:
-        check(cluster.gpu_count > 0, INSUFFICIENT_GPU)
+        gpu = [(cluster.gpu_count > 0, INSUFFICIENT_GPU)]
         if pod.is_fractional:
-            check(state.max_gpu_free >= pod.gpu_milli, INSUFFICIENT_SHARE)
+            gpu.append((state.max_gpu_free >= pod.gpu_milli, INSUFFICIENT_SHARE))
         else:
-            check(state.full_free_gpus >= pod.num_gpu, INSUFFICIENT_GPU)
+            gpu.append((state.full_free_gpus >= pod.num_gpu, INSUFFICIENT_GPU))
             if pod.island == "required" and pod.num_gpu > 1:
-                check(state.island_idle.max(axis=1, initial=0) >= pod.num_gpu, INSUFFICIENT_ISLAND)
+                gpu.append((state.island_idle.max(axis=1, initial=0) >= pod.num_gpu, INSUFFICIENT_ISLAND))
+        fit += first_of(gpu)
     elif pod.mig_profile:
-        check(state.mig_available(pod.mig_profile), insufficient_mig(pod.mig_profile))
+        fit.append((state.mig_available(pod.mig_profile), insufficient_mig(pod.mig_profile)))
+    check_all(fit)
     # PodTopologySpread: the constraint's label first, then the skew.
     spread = state.spread_mask(pod)
     if spread is not None:

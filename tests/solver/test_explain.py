@@ -1,4 +1,5 @@
-"""Explanations count every node once, under its first unmet requirement."""
+"""Explanations count every node under its first failing filter (every resource it lacks when
+that is the resource filter), as kube-scheduler does."""
 
 from __future__ import annotations
 

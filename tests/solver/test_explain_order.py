@@ -1,7 +1,8 @@
 """The FailedScheduling message reads as kube-scheduler's: each node is counted under the first
-requirement it fails, in kube-scheduler's filter order (taints, node affinity, host ports, the
-pod count, cpu, memory, ephemeral storage, GPUs, topology spread, pod affinity), with its
-wording, and the "count reason" parts sorted as strings."""
+filter it fails, in kube-scheduler's filter order (taints, node affinity, host ports, resources,
+topology spread, pod affinity), under every resource it lacks when that filter is the resource
+one (the pod count, cpu, memory, ephemeral storage, GPUs), with its wording, and the
+"count reason" parts sorted as strings."""
 
 from __future__ import annotations
 
@@ -23,15 +24,16 @@ def node(name: str, zone: str, pool: str = "gpu", gpus: int = 8, model: str = "A
     return replace(gpu_node(name, gpus=gpus, model=model), labels={"zone": zone, "pool": pool}, **kw)
 
 
-def test_each_node_counts_under_the_first_requirement_kube_scheduler_checks() -> None:
+def test_each_node_counts_under_the_first_filter_kube_scheduler_checks() -> None:
     nodes = [
-        # Every node but the last fails two or more requirements; the first one checked counts.
+        # Every node but the last fails two or more filters; the first one checked counts, with
+        # every resource it lacks when that is the resource filter.
         node("tainted", "a", pool="other", gpus=0, taints=(Taint("nvidia.com/gpu", "present", "NoSchedule"),)),
         node("other-pool", "a", pool="other"),  # + spread, pod affinity
         node("h100", "a", model="H100"),  # + spread, pod affinity
         node("port", "a", max_pods=1),  # + pod count, cpu, spread, pod affinity
-        node("full", "a", max_pods=1),  # + cpu, spread, pod affinity
-        node("busy", "a"),  # cpu + GPUs, spread, pod affinity
+        node("full", "a", max_pods=1),  # pod count and cpu, + spread, pod affinity
+        node("busy", "a"),  # cpu and GPUs, + spread, pod affinity
         node("skew", "a"),  # spread + pod affinity
         node("b", "b"),  # GPUs only
     ]
@@ -64,16 +66,17 @@ def test_each_node_counts_under_the_first_requirement_kube_scheduler_checks() ->
         "GPU model not accepted": 1,
         "node(s) didn't have free ports for the requested pod ports": 1,
         "Too many pods": 1,
-        "Insufficient cpu": 1,
-        "Insufficient nvidia.com/gpu": 1,
+        "Insufficient cpu": 2,
+        "Insufficient nvidia.com/gpu": 2,
         "node(s) didn't match pod topology spread constraints": 1,
     }
     assert e.message == (
-        "0/8 nodes are available: 1 GPU model not accepted, 1 Insufficient cpu, 1 Insufficient nvidia.com/gpu, "
-        "1 Too many pods, 1 node(s) didn't have free ports for the requested pod ports, "
+        "0/8 nodes are available: 1 GPU model not accepted, 1 Too many pods, "
+        "1 node(s) didn't have free ports for the requested pod ports, "
         "1 node(s) didn't match Pod's node affinity/selector, "
         "1 node(s) didn't match pod topology spread constraints, "
-        "1 node(s) had untolerated taint {nvidia.com/gpu: present}."
+        "1 node(s) had untolerated taint {nvidia.com/gpu: present}, "
+        "2 Insufficient cpu, 2 Insufficient nvidia.com/gpu."
     )
 
 
@@ -97,5 +100,19 @@ def test_gpu_reasons_come_after_cpu_and_memory_and_name_the_resource() -> None:
     }
     mig = replace(pod("slice"), mig_profile="1g.10gb")
     assert explain(mig, c.empty_state()).message == (
-        "0/2 nodes are available: 1 Insufficient memory, 1 Insufficient nvidia.com/mig-1g.10gb."
+        "0/2 nodes are available: 1 Insufficient memory, 2 Insufficient nvidia.com/mig-1g.10gb."
+    )
+
+
+def test_a_node_short_of_several_resources_counts_under_each_but_once_among_the_gpu_checks() -> None:
+    c = Cluster([gpu_node("cpu-only", gpus=0, cpu=1000, mem=512), gpu_node("busy", gpus=8, cpu=1000)])
+    state = c.empty_state().apply([Assignment(pod("old", gpus=6), 1, tuple(range(6)))])
+    e = explain(replace(pod("p", cpu=2000, gpus=4), island="required"), state)
+    assert dict(e.reasons) == {
+        "Insufficient cpu": 2,
+        "Insufficient memory": 1,
+        "Insufficient nvidia.com/gpu": 2,  # cpu-only: no GPUs at all, not also no island
+    }
+    assert e.message == (
+        "0/2 nodes are available: 1 Insufficient memory, 2 Insufficient cpu, 2 Insufficient nvidia.com/gpu."
     )
