@@ -285,8 +285,13 @@ def main() -> int:
         outcome = run(name, cluster, arrivals, typical, params)
         rows.append(outcome.row(cluster.total_gpus))
         if name == "cpsat" and args.mig_plan and outcome.final is not None:
-            args.mig_plan.parent.mkdir(parents=True, exist_ok=True)
-            args.mig_plan.write_text(yaml.safe_dump(mig_plan(cluster, outcome.final.partitions), sort_keys=False))
+            try:
+                doc = mig_plan(cluster, outcome.final.partitions)
+            except ValueError as exc:
+                print(f"  no MIG plan written to {args.mig_plan}: {exc}", file=sys.stderr)
+            else:
+                args.mig_plan.parent.mkdir(parents=True, exist_ok=True)
+                args.mig_plan.write_text(yaml.safe_dump(doc, sort_keys=False))
         print(f"  {name}: done", file=sys.stderr)
     cols = list(rows[0])
     print(" ".join(f"{c:>14}" for c in cols))

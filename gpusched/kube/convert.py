@@ -69,7 +69,7 @@ from gpusched.model.affinity import (
     label_selector_selects,
 )
 from gpusched.model.mig import profile_of
-from gpusched.model.node import MAX_GPUS, Taint
+from gpusched.model.node import LABEL_GPU_COUNT, MAX_GPUS, Taint
 from gpusched.model.pod import Gang, Toleration
 from gpusched.model.ports import host_port
 from gpusched.model.topology import ISLANDS_ANNOTATION, default_islands, parse_islands
@@ -101,7 +101,6 @@ STORAGE_RESOURCE = "ephemeral-storage"
 MIG_PREFIX = "nvidia.com/mig-"
 LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"
 LABEL_GPU_MEMORY = "nvidia.com/gpu.memory"
-LABEL_GPU_COUNT = "nvidia.com/gpu.count"
 ANNOTATION_GPU_MILLI = "gpusched.io/gpu-milli"
 ANNOTATION_GPU_MODELS = "gpusched.io/gpu-models"
 ANNOTATION_GPU_INDICES = "gpusched.io/gpu-indices"

@@ -8,6 +8,7 @@ greedy policies and the simulator run thousands of times cheap.
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,12 +20,12 @@ import numpy.typing as npt
 
 from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Spread, preference_score, selects
 from gpusched.model.mig import MigGeometry, MigLayout, geometry_for, mig_config
-from gpusched.model.node import GPU_MILLI, Node, Taint
+from gpusched.model.node import GPU_MILLI, LABEL_GPU_COUNT, Node, Taint
 from gpusched.model.placement import Assignment, MigPartition
 from gpusched.model.pod import Pod, PodShape, Toleration, tolerated, untolerated
 from gpusched.model.ports import ports_clash
 
-__all__ = ["BoolArray", "Cluster", "ClusterState", "IntArray", "SpreadView", "mig_plan"]
+__all__ = ["BoolArray", "Cluster", "ClusterState", "IntArray", "SpreadView", "mig_config_name", "mig_plan"]
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -35,6 +36,9 @@ _A = TypeVar("_A", bound=npt.NDArray[Any])
 
 _SELECTOR_CACHE = 256
 """Node selector masks a Cluster keeps; more distinct selectors start the cache afresh."""
+
+_LABEL_VALUE_MAX = 63
+"""The longest a Kubernetes label value may be."""
 
 UNMETERED = 1 << 50
 """Ephemeral storage of a node that does not report any, MiB: more than any pod asks for."""
@@ -1051,14 +1055,39 @@ def _forbidden_by(
 
 def mig_plan(cluster: Cluster, partitions: Iterable[MigPartition]) -> dict[str, Any]:
     """The MIG layouts of ``partitions`` as one mig-parted (NVIDIA MIG manager) v1 document: one
-    named configuration per node, named after the node (its ``nvidia.com/mig.config`` label value),
-    listing the partitioned GPUs with their instances and the node's other GPUs with MIG off."""
+    named configuration per node (its ``nvidia.com/mig.config`` label value, ``mig_config_name``),
+    listing the partitioned GPUs with their instances and the node's other GPUs with MIG off.
+
+    mig-parted reads ``devices`` as the host's GPU indices, so a node is refused (``ValueError``)
+    when its whole GPUs may not be all of its GPUs: it advertises MIG slices already, or GPU
+    feature discovery counts more GPUs than it advertises (some in MIG mode or unhealthy); a
+    plan with no partition is refused too (mig-parted refuses an empty document).
+    """
     per_node: dict[int, dict[int, MigLayout]] = {}
     for n, g, layout in partitions:
         per_node.setdefault(n, {})[g] = layout
+    if not per_node:
+        raise ValueError("no GPU is partitioned: there is no MIG layout to write")
     configs: dict[str, Any] = {}
     for n in sorted(per_node):
         node = cluster.nodes[n]
+        counted = node.labels.get(LABEL_GPU_COUNT, "")
+        if node.mig_slices or (counted.isdigit() and int(counted) != node.gpu_count):
+            raise ValueError(
+                f"node {node.name}: its GPU indices are not known (it advertises {node.gpu_count} whole GPUs "
+                f"{'and MIG slices' if node.mig_slices else f'of the {counted} that {LABEL_GPU_COUNT} counts'}); "
+                "a layout for it could re-partition the wrong GPU"
+            )
         gpus = {g: (dict(per_node[n][g].counts) if g in per_node[n] else None) for g in range(node.gpu_count)}
-        configs.update(mig_config(node.name, gpus)["mig-configs"])
+        configs.update(mig_config(mig_config_name(node.name), gpus)["mig-configs"])
     return {"version": "v1", "mig-configs": configs}
+
+
+def mig_config_name(node: str) -> str:
+    """The name of ``node``'s configuration: a valid label value (at most 63 characters), the node
+    name itself when it is one, else its first characters and a hash of the whole."""
+    if len(node) <= _LABEL_VALUE_MAX:
+        return node
+    digest = hashlib.sha256(node.encode()).hexdigest()[:10]
+    head = node[: _LABEL_VALUE_MAX - len(digest) - 1].rstrip("-._")
+    return f"{head}-{digest}"

@@ -239,10 +239,13 @@ def profile_of(resource: str) -> str | None:
 def mig_config(name: str, gpus: Mapping[int, Mapping[str, int] | None]) -> dict[str, Any]:
     """Render a mig-parted (NVIDIA MIG manager) v1 config with one named configuration.
 
-    GPUs with the same layout share one entry; ``None`` disables MIG on that GPU.
+    GPUs with the same layout share one entry; ``None`` disables MIG on that GPU.  A config
+    names at least one GPU (mig-parted refuses an empty one).
     """
     if not name:
         raise ValueError("a MIG config needs a name")
+    if not gpus:
+        raise ValueError(f"MIG config {name!r} names no GPU")
     groups: dict[tuple[tuple[str, int], ...] | None, list[int]] = {}
     for index, counts in gpus.items():
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:

@@ -6,13 +6,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["GPU_MILLI", "Node", "Taint"]
+__all__ = ["GPU_MILLI", "LABEL_GPU_COUNT", "Node", "Taint"]
 
 GPU_MILLI = 1000
 """Capacity of one whole GPU in thousandths; fractional shares are carved from it."""
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
+
+LABEL_GPU_COUNT = "nvidia.com/gpu.count"
+"""GPU feature discovery's count of a node's GPUs, those in MIG mode and unhealthy ones too."""
 
 MAX_GPUS = 64
 """GPUs one node may have (the books keep a column per GPU of the largest node)."""

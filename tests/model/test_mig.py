@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from itertools import combinations
+from typing import Any
 
 import pytest
 import yaml
 
+from gpusched.model import Cluster, Node, mig_plan
+from gpusched.model.cluster import mig_config_name
 from gpusched.model.mig import (
     GEOMETRIES,
     MIG_RESOURCE_PREFIX,
@@ -336,7 +340,6 @@ def test_mig_config_groups_and_renders() -> None:
         ["1g.10gb", "2g.20gb", "3g.40gb"],
         [],
     ]
-    assert mig_config("empty", {}) == {"version": "v1", "mig-configs": {"empty": []}}
 
 
 def test_mig_config_yaml_round_trips() -> None:
@@ -353,6 +356,7 @@ def test_mig_config_yaml_round_trips() -> None:
     ("name", "gpus", "message"),
     [
         ("", {0: None}, "name"),
+        ("c", {}, "names no GPU"),  # mig-parted refuses a config without entries
         ("c", {-1: None}, "GPU index"),
         ("c", {True: None}, "GPU index"),
         ("c", {0: {"1g.10gb": -1}}, "negative"),
@@ -362,3 +366,41 @@ def test_mig_config_yaml_round_trips() -> None:
 def test_mig_config_rejects_bad_input(name: str, gpus: dict[int, dict[str, int] | None], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         mig_config(name, gpus)
+
+
+def _repartitionable(name: str, gpus: int, **kw: Any) -> Node:
+    return Node(name, 64000, 262144, gpu_count=gpus, gpu_model="NVIDIA-H100-80GB-HBM3", mig_repartition=True, **kw)
+
+
+def test_a_mig_plan_names_each_config_by_a_valid_label_value() -> None:
+    long_name = "gpu-node-" + "a" * 60 + ".example.internal"  # a DNS name, too long for a label value
+    cluster = Cluster([_repartitionable("n0", 1), _repartitionable(long_name, 1)])
+    layout = GEOMETRIES["H100-80GB"].pack({"7g.80gb": 1})
+    assert layout is not None
+    doc = mig_plan(cluster, [(0, 0, layout), (1, 0, layout)])
+    assert list(doc["mig-configs"]) == ["n0", mig_config_name(long_name)]
+    name = mig_config_name(long_name)
+    assert len(name) <= 63
+    assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", name)
+    assert name != mig_config_name(long_name.replace(".example", ".example2"))  # the hash tells them apart
+
+
+@pytest.mark.parametrize(
+    ("node", "why"),
+    [
+        # GPU 0 is in MIG mode already: the whole GPU the solver numbers 0 is physical GPU 1.
+        (_repartitionable("n0", 1, mig_slices=(("1g.10gb", 7),)), "and MIG slices"),
+        # Feature discovery counts two GPUs, the device plugin offers one (the other unhealthy).
+        (_repartitionable("n0", 1, labels={"nvidia.com/gpu.count": "2"}), "of the 2 that nvidia.com/gpu.count counts"),
+    ],
+)
+def test_a_mig_plan_is_refused_for_a_node_whose_gpu_indices_are_not_known(node: Node, why: str) -> None:
+    layout = GEOMETRIES["H100-80GB"].pack({"3g.40gb": 2})
+    assert layout is not None
+    with pytest.raises(ValueError, match=f"node n0: .*{why}.*wrong GPU"):
+        mig_plan(Cluster([node]), [(0, 0, layout)])
+
+
+def test_a_mig_plan_without_partitions_is_refused_rather_than_written_empty() -> None:
+    with pytest.raises(ValueError, match="no GPU is partitioned"):
+        mig_plan(Cluster([_repartitionable("n0", 1)]), [])
