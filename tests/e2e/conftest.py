@@ -14,7 +14,6 @@ from kubernetes_asyncio.client import ApiClient
 
 from tests.controlplane import (
     REPO_ROOT,
-    SCHEDULER_NAMESPACE,
     AssetsMissing,
     ControlPlane,
     find_assets,
@@ -22,10 +21,6 @@ from tests.controlplane import (
 )
 
 MANIFESTS = REPO_ROOT / "manifests"
-
-
-def manifests_present() -> bool:
-    return (MANIFESTS / "kustomization.yaml").is_file()
 
 
 def _wait_for_scheduler_rbac(cp: ControlPlane, timeout: float = 60.0) -> None:
@@ -55,7 +50,7 @@ def _leaks_show_up_here() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """One kube-apiserver + etcd per session, with manifests/ applied (or just the namespace)."""
+    """One kube-apiserver + etcd per session, with manifests/ applied (RBAC, namespace, ConfigMap)."""
     try:
         assets = find_assets()
     except AssetsMissing as exc:
@@ -65,11 +60,8 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         pytest.skip(reason)
     cp = start_control_plane(tmp_path_factory.mktemp("controlplane"), assets)
     try:
-        if manifests_present():
-            cp.kubectl("apply", "-k", str(MANIFESTS))
-            _wait_for_scheduler_rbac(cp)
-        else:
-            cp.kubectl("create", "namespace", SCHEDULER_NAMESPACE)
+        cp.kubectl("apply", "-k", str(MANIFESTS))
+        _wait_for_scheduler_rbac(cp)
         yield cp
     finally:
         cp.stop()

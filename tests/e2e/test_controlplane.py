@@ -25,7 +25,6 @@ from tests.controlplane import (
     start_control_plane,
 )
 from tests.e2e import kit
-from tests.e2e.conftest import manifests_present
 
 
 async def test_server_version(admin_api: ApiClient) -> None:
@@ -85,8 +84,6 @@ async def test_scheduler_cannot_read_secrets(scheduler_api: ApiClient, namespace
 
 
 async def test_scheduler_rbac_from_manifests(scheduler_api: ApiClient) -> None:
-    if not manifests_present():
-        pytest.skip("manifests/kustomization.yaml not present yet")
     core = client.CoreV1Api(scheduler_api)
     await core.list_node()
     await core.list_pod_for_all_namespaces(limit=1)
