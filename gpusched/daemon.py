@@ -43,6 +43,7 @@ from gpusched.kube.configmap import ConfigMapHandler
 from gpusched.kube.convert import (
     ConvertError,
     claim_record,
+    gang_disagreements,
     namespace_labels,
     node_record,
     pod_record,
@@ -559,6 +560,14 @@ class Scheduler:
                     held_back.setdefault(r.pod.gang.name, f"member {r.key}: {volumes}")
                 continue
             todo.append(r)
+        disagree = gang_disagreements(r.pod for r in todo)
+        if disagree:  # one gang, two sets of rules: no member's may win by arriving first
+            split = {r.key: disagree[g.name] for r in todo if (g := r.pod.gang) is not None and g.name in disagree}
+            for r in todo:
+                if r.key in split:
+                    self._unschedulable(r.pod, split[r.key], "InvalidRequest")
+            invalid += [r for r in todo if r.key in split]
+            todo = [r for r in todo if r.key not in split]
         if not todo:  # every pod told why already (or in flight): nothing to solve
             log.info(
                 "batch",

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from tests.doubles import RecordingApi, one_node_scheduler
+from gpusched.daemon import DaemonSettings, Scheduler, _NodeHandler
+from gpusched.kube.binder import Binder
+from gpusched.kube.client import Kube
+from tests.doubles import IdleClient, RecordingApi, one_node_scheduler, settle
 from tests.e2e import kit
 
 DRAWN_WITHIN_S = 10.0
@@ -114,3 +117,79 @@ async def test_when_the_valid_members_reach_the_minimum_capacity_is_blamed_not_t
         [told] = api.failed(peer)
         assert "member default/a" not in told
         assert told.startswith("gang default/g: its 2 members do not all fit at once")
+
+
+def _racks_scheduler(nodes: list[dict[str, Any]]) -> tuple[Scheduler, RecordingApi]:
+    api = RecordingApi()
+    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy="cpsat"), cast(Kube, IdleClient()))
+    s.binder = cast(Binder, api)
+    for n in nodes:
+        _NodeHandler(s).apply("ADDED", n)
+    return s, api
+
+
+def _ranked(name: str, min_members: str, gpus: int = 8, key: str = "", node: str = "") -> dict[str, Any]:
+    obj = _member(name, min_members)
+    obj["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = str(gpus)
+    if key:
+        obj["metadata"]["annotations"]["gpusched.io/gang-topology-key"] = key
+    if node:
+        obj["spec"]["nodeName"] = node
+    return obj
+
+
+async def _one_batch(s: Scheduler) -> None:
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+
+
+@pytest.mark.parametrize("launcher_first", [True, False])
+async def test_members_that_disagree_on_the_gangs_rules_are_all_refused_whichever_comes_first(
+    launcher_first: bool,
+) -> None:
+    """A launcher and its worker from two pod templates, only one of which asks for one rack: no
+    rack holds both, and which rules win must not depend on which pod the watch delivered first."""
+    s, api = _racks_scheduler([kit.node("n0", 8, "H100", rack="r1"), kit.node("n1", 8, "H100", rack="r2")])
+    pods = [_ranked("launcher", "2"), _ranked("worker", "2", key="rack")]
+    for obj in pods if launcher_first else pods[::-1]:
+        s._pending.apply("ADDED", obj)
+    await _one_batch(s)
+    assert api.bound == []
+    for key in ("default/launcher", "default/worker"):
+        [told] = api.failed(key)
+        assert told.startswith("gang default/g: its members disagree: ")
+        assert "at least 2 members, no topology" in told
+        assert "at least 2 members, required one rack" in told
+        assert told.endswith(
+            "give every member the same gpusched.io/gang-min-members, gpusched.io/gang-topology-key "
+            "and gpusched.io/gang-topology"
+        )
+
+
+async def test_a_required_topology_key_that_no_node_has_is_named_in_the_message() -> None:
+    s, api = _racks_scheduler([kit.node(f"n{i}", 8, "H100", rack="r1") for i in range(2)])
+    for i in range(2):
+        s._pending.apply("ADDED", _ranked(f"m{i}", "2", gpus=1, key="rakc"))  # a typo for rack
+    await _one_batch(s)
+    assert api.bound == []
+    [told] = api.failed("default/m0")
+    assert told == (
+        "gang default/g: its members must share one rakc domain, but no node has a rakc label; "
+        "label the nodes, or check the gang's topology key"
+    )
+
+
+async def test_members_of_a_gang_still_terminating_do_not_let_a_new_member_go_alone() -> None:
+    """A job restarted while its old members terminate: the old members hold their GPUs until they
+    are gone, but the new members are placed together, not one by one on the strength of the old."""
+    s, api = _racks_scheduler([kit.node(f"n{i}", 8, "H100") for i in range(8)])
+    for i in range(4):
+        old = _ranked(f"old{i}", "4", node=f"n{i}")
+        old["metadata"]["deletionTimestamp"] = "2026-12-06T08:00:00Z"
+        s._bound.apply("ADDED", old)
+    s._pending.apply("ADDED", _ranked("new0", "4"))
+    await _one_batch(s)
+    assert api.bound == []
+    [told] = api.failed("default/new0")
+    assert told.startswith("gang default/g: 1 of at least 4 members are pending")
+    assert s.cache.snapshot().state.gpu_used.sum() == 4 * 8 * 1000  # the old ones still hold theirs

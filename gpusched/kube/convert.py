@@ -53,7 +53,7 @@ together with the Binding.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -91,6 +91,7 @@ __all__ = [
     "LABEL_POD_GROUP",
     "ConvertError",
     "claim_record",
+    "gang_disagreements",
     "node_record",
     "pod_record",
     "volume_record",
@@ -997,6 +998,26 @@ def _share(reqs: Mapping[str, int], annotations: Mapping[str, str], num_gpu: int
     if milli and not 0 < milli <= GPU_MILLI:
         return 0, f"{where}: {ANNOTATION_GPU_MILLI} must be 1..{GPU_MILLI}, got {milli}"
     return milli, ""
+
+
+def gang_disagreements(pods: Iterable[Pod]) -> dict[str, str]:
+    """Gangs whose members give different rules (minimum, topology key or mode), by name, with
+    the message that says which members and how to fix it: a gang has one set of rules, and
+    no member's may silently win over another's."""
+    first: dict[str, Pod] = {}
+    found: dict[str, str] = {}
+    for p in pods:
+        g = p.gang
+        if g is None or g.name in found:
+            continue
+        f = first.setdefault(g.name, p)
+        if f.gang is not None and f.gang.rules != g.rules:
+            found[g.name] = (
+                f"gang {g.name}: its members disagree: {f.key} asks {f.gang.describe()}, {p.key} asks "
+                f"{g.describe()}; give every member the same {ANNOTATION_GANG_MIN}, {ANNOTATION_GANG_KEY} "
+                f"and {ANNOTATION_GANG_TOPOLOGY}"
+            )
+    return found
 
 
 def _gang(

@@ -51,6 +51,16 @@ class Gang:
         if bool(self.topology) != bool(self.topology_key):
             raise ValueError(f"gang {self.name}: give both a topology key and a topology mode, or neither")
 
+    @property
+    def rules(self) -> tuple[int, str, str]:
+        """What every member must give alike: the minimum, the topology key and its mode."""
+        return (self.min_members, self.topology_key, self.topology)
+
+    def describe(self) -> str:
+        """The rules in words: ``at least 3 members, required one rack``."""
+        where = f", {self.topology} one {self.topology_key}" if self.topology_key else ", no topology"
+        return f"at least {self.min_members} members{where}"
+
 
 @dataclass(frozen=True, slots=True)
 class Toleration:

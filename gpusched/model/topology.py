@@ -6,6 +6,8 @@ index lists separated by ``;``, each a comma list of indices and ranges:
 product: SXM boards (NVSwitch, every GPU reaches every other at full NVLink
 bandwidth) are one island; PCIe cards in a node of four or more are split in
 two halves, one per CPU socket, as the common two-socket servers wire them.
+The NVL cards (``NVIDIA-H100-NVL``, ``NVIDIA-H200-NVL``) are PCIe cards joined
+in pairs or fours by NVLink bridges, not by a switch: they count as PCIe cards.
 """
 
 from __future__ import annotations
@@ -14,14 +16,15 @@ __all__ = ["ISLANDS_ANNOTATION", "default_islands", "format_islands", "parse_isl
 
 ISLANDS_ANNOTATION = "gpusched.io/gpu-islands"
 
-_ONE_FABRIC = ("SXM", "HGX", "DGX", "NVL", "HBM", "GH200", "GB200", "B200", "H200")
+_ONE_FABRIC = ("SXM", "HGX", "DGX", "HBM", "GH200", "GB200", "B200", "H200")
 """Product name parts of boards whose GPUs all share one NVLink/NVSwitch fabric."""
 
 
 def default_islands(product: str, gpu_count: int) -> tuple[int, ...]:
     """Island id per GPU for a node of ``gpu_count`` GPUs of ``product`` (its gpu.product label)."""
     name = product.upper()
-    if gpu_count < 4 or any(part in name for part in _ONE_FABRIC):
+    pcie = "PCIE" in name or name.endswith("-NVL")
+    if gpu_count < 4 or (not pcie and any(part in name for part in _ONE_FABRIC)):
         return (0,) * gpu_count
     half = gpu_count // 2
     return tuple(0 if g < half else 1 for g in range(gpu_count))

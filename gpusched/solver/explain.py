@@ -201,7 +201,15 @@ def explain_gang(pod: Pod, members: int, state: ClusterState, excluded: Mapping[
             f"gang {gang.name}: {members} of at least {gang.min_members} members are pending; "
             "no member is placed until all of them can be, together."
         )
-    where = f" within one {gang.topology_key} domain" if gang.topology == "required" else ""
+    where = ""
+    if gang.topology == "required":
+        key = gang.topology_key
+        if not any(n.labels.get(key) for n in state.cluster.nodes):
+            return (
+                f"gang {gang.name}: its members must share one {key} domain, but no node has a {key} label; "
+                f"label the nodes, or check the gang's topology key"
+            )
+        where = f" within {key} {gang.domain}, where its members run" if gang.domain else f" within one {key} domain"
     e = explain(pod, state, excluded)
     detail = e.message if not e.fits else f"{e.fits}/{e.total} nodes could take this member alone"
     return f"gang {gang.name}: its {members} members do not all fit at once{where}; {detail}"

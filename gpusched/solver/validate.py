@@ -364,13 +364,15 @@ def _gang_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None) 
     for name, nodes in where.items():
         total = len(members.get(name, []))
         gang = members[name][0].gang if members.get(name) else None
+        if len({p.gang.rules for p in members.get(name, ()) if p.gang is not None}) > 1:
+            problems.append(f"gang {name}: placed although its members disagree on its minimum or topology")
         if len(nodes) != total:
             problems.append(f"gang {name}: {len(nodes)} of {total} members placed (all or none)")
         if gang is not None and total < gang.min_members:
             problems.append(f"gang {name}: placed with {total} members, fewer than its minimum {gang.min_members}")
         if gang is not None and gang.topology == "required":
             doms = {state.cluster.nodes[n].labels.get(gang.topology_key) for n in nodes if 0 <= n < len(state.cluster)}
-            if len(doms) > 1 or None in doms or (gang.domain and doms != {gang.domain}):
+            if len(doms) > 1 or not all(doms) or (gang.domain and doms != {gang.domain}):
                 problems.append(f"gang {name}: members span {gang.topology_key} domains {sorted(map(str, doms))}")
     return problems
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpusched.model import Assignment, Cluster, ClusterState, Node, Plan, Pod, SolveStats
+from gpusched.model.pod import Gang
 from gpusched.solver.validate import PlanError, plan_problems, validate_plan
 
 A100, V100, CPU = 0, 1, 2
@@ -216,3 +217,28 @@ def test_a_slice_pod_naming_its_model_fits_a_node_whose_gpus_are_all_in_mig_mode
     for policy in ("cpsat", "fgd"):
         plan = make_policy(policy, cluster, TypicalPods.from_pods([wants]), 0).place([wants, other], state)
         assert [a.pod.name for a in plan.assignments] == ["p"], policy
+
+
+def _racks(*values: str) -> ClusterState:
+    rack = [
+        Node(f"n{i}", 64000, 262144, gpu_count=8, gpu_model="H100", labels={"rack": v}) for i, v in enumerate(values)
+    ]
+    return Cluster(rack).empty_state()
+
+
+def test_a_gang_on_nodes_whose_domain_label_is_empty_is_in_no_domain() -> None:
+    """As the solver and the greedy policies read it: ``rack=""`` names no rack."""
+    gang = Gang("ns/g", 2, "rack", "required")
+    m0, m1 = (Pod(f"m{i}", 1000, 1024, 8, 1000, gang=gang) for i in range(2))
+    plan = Plan((Assignment(m0, 0, tuple(range(8))), Assignment(m1, 1, tuple(range(8)))), ())
+    assert plan_problems(plan, _racks("", ""), [m0, m1]) == ["gang ns/g: members span rack domains ['']"]
+    assert plan_problems(plan, _racks("r1", "r1"), [m0, m1]) == []
+
+
+def test_a_gang_placed_although_its_members_disagree_on_its_rules_is_rejected() -> None:
+    m0 = Pod("m0", 1000, 1024, 1, 1000, gang=Gang("ns/g", 3))
+    m1 = Pod("m1", 1000, 1024, 1, 1000, gang=Gang("ns/g", 1))
+    plan = Plan((Assignment(m0, 0, (0,)), Assignment(m1, 0, (1,))), ())
+    assert "gang ns/g: placed although its members disagree on its minimum or topology" in plan_problems(
+        plan, _racks("r1"), [m0, m1]
+    )
