@@ -7,7 +7,11 @@ advances with every event and bookmark, so a dropped connection or a refused
 watch request is retried (with backoff) from where it stopped, without a new
 list; only a 410 Gone (the version fell out of etcd's window) relists, and so
 does a handler that raises (a bug), after a backoff, so that the change it
-failed on is not lost.
+failed on is not lost.  A watch the server (or a proxy) ends within a second
+without a single event counts as failed and is retried with backoff, as
+client-go's "very short watch": reopened at once, it would spend the client's
+rate limit, which the Bindings share.  Each watch asks the server to end it
+after 5 to 10 minutes, at random, so that the watches do not all reopen at once.
 ``synced`` is set after the first full list: until every reflector is synced
 the scheduler does not place anything, because it cannot know what is already
 in use.
@@ -29,6 +33,9 @@ __all__ = ["Handler", "Reflector"]
 log = structlog.get_logger("gpusched.watch")
 
 GONE = 410
+
+SHORT_WATCH_S = 1.0
+"""A watch that ends sooner than this without an event is retried with backoff, not at once."""
 
 
 class Handler(Protocol):
@@ -71,6 +78,7 @@ class Reflector:
         page_size: int = 500,
         watch_timeout_s: int = 300,
     ) -> None:
+        """``watch_timeout_s``: the least a watch asks the server to last (at random up to twice it)."""
         self.kube = kube
         self.name = name
         self.path = path
@@ -131,13 +139,17 @@ class Reflector:
     async def _watch(self) -> None:
         """Watch until an error; a stream the server closes normally is reopened from the last version."""
         while True:
+            lasts = int(self.watch_timeout_s * (1 + random.random()))
             query = {
                 **self.selectors,
                 "resourceVersion": self.resource_version,
                 "allowWatchBookmarks": "true",
-                "timeoutSeconds": self.watch_timeout_s,
+                "timeoutSeconds": lasts,
             }
-            async for event in self.kube.stream(self.path, query, timeout=self.watch_timeout_s + 30):
+            opened = time.monotonic()
+            events = 0
+            async for event in self.kube.stream(self.path, query, timeout=lasts + 30):
+                events += 1
                 kind = event.get("type")
                 obj = event.get("object") or {}
                 if kind == "ERROR":
@@ -154,3 +166,5 @@ class Reflector:
                         meta = obj.get("metadata") or {}
                         name = f"{meta.get('namespace', '')}/{meta.get('name', '')}".lstrip("/")
                         raise _ApplyFailed(kind, name) from exc
+            if not events and time.monotonic() - opened < SHORT_WATCH_S:
+                raise ApiError(0, f"very short watch: the server ended it within {SHORT_WATCH_S:g} s without an event")

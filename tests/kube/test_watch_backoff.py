@@ -95,3 +95,43 @@ async def test_a_slow_list_does_not_hide_that_the_watch_expired_at_once(monkeypa
     with contextlib.suppress(asyncio.CancelledError):
         await task
     assert waits[:3] == [0.2, 0.4, 0.8]  # each expiry came at once after its list: growing waits
+
+
+class ClosingApi:
+    """Lists fine; every watch is accepted and ended at once without an event (a proxy that cuts
+    streaming answers, an API server going away)."""
+
+    def __init__(self) -> None:
+        self.watches = 0
+        self.timeouts: list[int] = []
+
+    async def list(self, path: str, query: Mapping[str, Any] | None = None, page: int = 500) -> tuple[list[Any], str]:
+        await asyncio.sleep(0)
+        return [], "5"
+
+    async def stream(self, path: str, query: Mapping[str, Any], timeout: float) -> AsyncIterator[dict[str, Any]]:
+        self.watches += 1
+        self.timeouts.append(int(query["timeoutSeconds"]))
+        await asyncio.sleep(0.001)  # the round trip
+        return
+        yield {}  # pragma: no cover - makes this an async generator
+
+
+def test_a_watch_ended_at_once_without_an_event_is_reopened_with_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    loop = VirtualTimeLoop()
+    monkeypatch.setattr(watch, "time", virtual_time.clock_of(loop))
+    api = ClosingApi()
+
+    async def main() -> None:
+        task = asyncio.create_task(Reflector(cast(Kube, api), "pods", "/api/v1/pods", Nothing()).run())
+        await asyncio.sleep(1.0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    virtual_time.run(loop, main())
+    # Reopened after 0.2, 0.4 s (+ up to half again): three watches in the first second, where
+    # reopening at once would have sent one per round trip, a thousand, each spending a token
+    # of the client the Bindings share.
+    assert api.watches == 3, api.watches
+    assert all(300 <= t < 600 for t in api.timeouts), api.timeouts  # spread, so watches do not reopen together
