@@ -181,7 +181,9 @@ class LeaderElector:
     def _spec(self, acquired: str, renewed: str, transitions: int) -> dict[str, Any]:
         return {
             "holderIdentity": self.identity,
-            "leaseDurationSeconds": max(1, round(self.lease_duration)),
+            # Whole seconds in the API: rounded up, so that the others never count the lease out
+            # before this instance stops binding (its renew deadline, checked against the float).
+            "leaseDurationSeconds": max(1, math.ceil(self.lease_duration)),
             "acquireTime": acquired,
             "renewTime": renewed,
             "leaseTransitions": transitions,

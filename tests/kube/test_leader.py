@@ -190,3 +190,37 @@ def test_a_renewed_lead_ends_at_the_deadline_counted_from_when_the_renewal_was_s
             await _stop(task)
 
     virtual_time.run(loop, main())
+
+
+class LeaseStore:
+    """No Lease at first; records every Lease written and accepts it."""
+
+    def __init__(self) -> None:
+        self.written: list[dict[str, Any]] = []
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Response:
+        if method == "GET":
+            return Response(404, {}) if not self.written else Response(200, self.written[-1])
+        self.written.append(body)
+        return Response(201, body)
+
+
+@pytest.mark.parametrize(("duration", "deadline"), [(10.5, 10.4), (15.2, 15.1)])
+def test_a_fractional_lease_duration_is_written_long_enough_to_outlast_the_renew_deadline(
+    loop: VirtualTimeLoop, duration: float, deadline: float
+) -> None:
+    """The API takes whole seconds; the others count the lease out by what is written, so it must
+    not come out shorter than the time this instance may go on binding unrenewed."""
+    store = LeaseStore()
+
+    async def main() -> None:
+        elector = LeaderElector(
+            cast(Kube, store), "ns", "lease", "me", lease_duration=duration, renew_deadline=deadline, retry_period=0.1
+        )
+        task = asyncio.create_task(elector.run())
+        await asyncio.sleep(0.5)
+        await _stop(task)
+
+    virtual_time.run(loop, main())
+    assert store.written
+    assert {w["spec"]["leaseDurationSeconds"] for w in store.written} == {int(duration) + 1}
