@@ -297,7 +297,9 @@ class Scheduler:
         self.cache = Cache()
         self.claims = Claims()
         self.metrics = SchedulerMetrics()
-        self.binder = Binder(kube, self.identity, events=kube.sibling(), leading=lambda: self.is_leader)
+        self.binder = Binder(
+            kube, self.identity, events=kube.sibling(), leading=lambda: self.is_leader, lead_left=self._lead_left
+        )
         self._bind_slots = asyncio.Semaphore(bind_concurrency(settings.kube_qps))
         self.warm_connections = bind_concurrency(settings.kube_qps)
         """Connections kept open while idle (``keep_warm``), one per bind slot."""
@@ -402,6 +404,10 @@ class Scheduler:
     def is_leader(self) -> bool:
         """Whether this instance schedules now (with an elector: its last renewal still holds)."""
         return self._leading.is_set() and (self.elector is None or self.elector.holds())
+
+    def _lead_left(self) -> float:
+        """Seconds a request made for the leader may still take (without an elector, unbounded)."""
+        return math.inf if self.elector is None else self.elector.time_left()
 
     def ready(self) -> tuple[bool, str]:
         """For ``/readyz``: every watch has listed and the solver is loaded, so a pod that

@@ -105,6 +105,7 @@ class Binder:
         events: Kube | None = None,
         leading: Callable[[], bool] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        lead_left: Callable[[], float] | None = None,
     ) -> None:
         self.kube = kube
         self.sleep = sleep
@@ -112,6 +113,9 @@ class Binder:
         self.leading = leading
         """Whether this instance may still bind: checked before every Binding attempt, so that
         retries never reach the API server after another instance may have taken over."""
+        self.lead_left = lead_left
+        """Seconds the lead still holds: a Binding sent must be over by then (its timeout, and
+        the API server's), since another instance may be binding after that."""
         self.events = events or kube
         """Client for Events and Unschedulable conditions (a sibling with its own rate limit, as
         kube-scheduler's event client): a burst of verdicts never makes a Binding wait."""
@@ -128,6 +132,7 @@ class Binder:
         content_type: str = "application/json",
         kube: Kube | None = None,
         leading: Callable[[], bool] | None = None,
+        deadline: Callable[[], float] | None = None,
     ) -> Any:
         """The request, retried while it fails in passing; with ``leading``, each attempt is made
         only while it holds (else ``NotLeading``)."""
@@ -146,7 +151,9 @@ class Binder:
         ):
             with attempt:
                 check()  # and again once the rate limiter lets it go, which can take seconds
-                r = await client.request(method, path, body=body, content_type=content_type, before_send=check)
+                r = await client.request(
+                    method, path, body=body, content_type=content_type, before_send=check, deadline=deadline
+                )
                 if not r.ok:
                     raise r.error()
                 return r.body
@@ -167,7 +174,7 @@ class Binder:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         try:
-            await self._retrying("POST", path, body, leading=self.leading)
+            await self._retrying("POST", path, body, leading=self.leading, deadline=self.lead_left)
             return BindResult.BOUND, ""
         except NotLeading:
             return BindResult.FAILED, "no longer the leader"

@@ -178,13 +178,21 @@ class Kube:
         content_type: str = JSON,
         timeout: float | None = 30.0,
         before_send: Callable[[], None] | None = None,
+        deadline: Callable[[], float] | None = None,
     ) -> Response:
         """One rate-limited request; the body is decoded JSON (or text when it is not JSON).
         ``before_send`` runs once the rate limiter lets the request go, and may raise to stop
-        it: what held when the request was queued may not hold seconds later."""
+        it: what held when the request was queued may not hold seconds later.  ``deadline``,
+        read at the same moment, is how many seconds the request may still take: it shortens
+        ``timeout`` and goes to the API server as the request's own ``timeout``, so that one
+        queued there is dropped rather than carried out late."""
         await self.limiter.acquire()
         if before_send is not None:
             before_send()
+        left = deadline() if deadline is not None else math.inf
+        if left < (timeout or math.inf):
+            timeout = max(left, 0.001)
+            query = {**(query or {}), "timeout": f"{timeout:.3f}s"}
         resp = await self._raw(method, path, query, body, content_type, timeout)
         try:
             data = await resp.read()

@@ -110,6 +110,13 @@ class LeaderElector:
         the loop that steps down (which a busy event loop may run late)."""
         return self.is_leader and time.monotonic() < self.renewed_at + self.renew_deadline
 
+    def time_left(self) -> float:
+        """Seconds this instance may still act as leader (0 when it does not lead): a request
+        made for the leader must be over by then, for the Lease may then pass to another."""
+        if not self.is_leader:
+            return 0.0
+        return max(0.0, self.renewed_at + self.renew_deadline - time.monotonic())
+
     async def _renew(self, time_left: float) -> bool:
         """One attempt to acquire or renew, cut off when the renew deadline passes: a slow API
         must not keep (or make) a leader after its Lease may have gone to another replica."""

@@ -132,3 +132,51 @@ async def test_a_binding_answered_with_a_server_error_is_read_back_before_it_cou
     assert result is expected
     if expected in (BindResult.UNKNOWN, BindResult.FAILED):
         assert "internalerror" in why  # the Binding's own answer is what the pod's Event shows
+
+
+async def test_a_binding_is_given_up_when_the_lead_runs_out_and_asks_the_server_to_give_up_too(
+    tmp_path: Path,
+) -> None:
+    """An API server that holds the Binding (queued behind others) must not write it after the
+    lead is over, when another instance may be binding: the request carries what is left of the
+    lead as its timeout, and the client stops waiting then."""
+    asked: list[str] = []
+    release = asyncio.Event()
+
+    async def answer(request: web.Request) -> web.Response:
+        if request.method == "POST":
+            asked.append(request.query.get("timeout", ""))
+            await release.wait()  # held until the test ends
+            return web.json_response({"kind": "Status", "code": 201}, status=201)
+        return _pod_object("u1", "")  # read back: not bound
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    kube = await client.connect(kubeconfig, None, 1000, 1000)
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 0.5  # the lead holds half a second more
+    try:
+        binder = Binder(kube, "me", attempts=1, lead_left=lambda: until - loop.time())
+        result = await asyncio.wait_for(binder.bind(replace(pod("p", gpus=1), uid="u1"), "n1", (0,)), 10)
+        gave_up = loop.time()
+    finally:
+        release.set()
+        await kube.close()
+        await runner.cleanup()
+    assert result[0] is BindResult.FAILED  # read back unbound after the timeout
+    assert gave_up < until + 2.0  # not the client's usual 30 s
+    (timeout,) = asked
+    assert timeout.endswith("s")
+    assert 0 < float(timeout.removesuffix("s")) <= 0.5
