@@ -214,6 +214,11 @@ def test_derived_arrays_of_an_applied_state_match_a_fresh_computation() -> None:
         _ = (state.cpu_free, state.mem_free, state.gpu_free, state.full_free_gpus, state.max_gpu_free)
         pod = Pod(f"p{k}", cpu_milli=1000, memory_mib=1024, num_gpu=1, gpu_milli=300 + 50 * k % 700)
         state = state.apply([Assignment(pod, k % 5, ((k // 5) % 4,))])
+    for g in range(4):  # every GPU of n7 shared: its largest free share drops below a whole GPU
+        _ = (state.cpu_free, state.mem_free, state.gpu_free, state.full_free_gpus, state.max_gpu_free)
+        state = state.apply([Assignment(Pod(f"q{g}", 1000, 1024, num_gpu=1, gpu_milli=300), 7, (g,))])
+    assert state.max_gpu_free[7] == 700
+    assert state.full_free_gpus[7] == 0
     fresh = ClusterState(cluster, state.cpu_used.copy(), state.mem_used.copy(), state.gpu_used.copy())
     for name in ("cpu_free", "mem_free", "gpu_free", "full_free_gpus", "max_gpu_free"):
         assert (getattr(state, name) == getattr(fresh, name)).all(), name
