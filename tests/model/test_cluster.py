@@ -229,11 +229,15 @@ def test_changed_since_names_exactly_the_nodes_touched_since_a_stamp() -> None:
     base = cluster.empty_state()
     stamp = base.stamp
     s1 = base.apply([Assignment(Pod("a", 100, 10), 1)])
-    s2 = s1.apply([Assignment(Pod("b", 100, 10), 4), Assignment(Pod("c", 100, 10), 1)])
+    s2 = s1.apply([Assignment(Pod("b", 100, 10), 4), Assignment(Pod("c", 100, 10), 3)])
     changed = s2.changed_since(stamp)
     assert changed is not None
-    assert sorted(changed.tolist()) == [1, 4]
+    assert sorted(changed.tolist()) == [1, 3, 4]  # both steps: n1 only in the first
+    since_s1 = s2.changed_since(s1.stamp)
+    assert since_s1 is not None
+    assert sorted(since_s1.tolist()) == [3, 4]
     sibling = base.apply([Assignment(Pod("d", 100, 10), 2)])  # a second branch from base
+    sibling = sibling.apply([Assignment(Pod("e", 100, 10), 5)])  # as far along its own log as s1 and further
     assert sibling.changed_since(s1.stamp) is None  # not derived from s1: callers must diff arrays
 
 
