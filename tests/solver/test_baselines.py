@@ -71,12 +71,18 @@ def test_gpupacking_puts_a_share_on_a_partly_used_gpu() -> None:
     assert where(place("gpupacking", [pod("p", gpus=1)], state)) == {"p": (1, (0,))}
 
 
-def test_gpupacking_prefers_the_fuller_gpu() -> None:
+@pytest.mark.parametrize("fuller", [0, 1])
+def test_gpupacking_prefers_the_fuller_gpu(fuller: int) -> None:
     cluster = Cluster([gpu_node("a"), gpu_node("b")])
     state = cluster.empty_state().apply(
-        [Assignment(pod("o1", gpus=1, milli=200), 0, (0,)), Assignment(pod("o2", gpus=1, milli=600), 1, (0,))]
+        [
+            Assignment(pod("o1", gpus=1, milli=200), 1 - fuller, (0,)),
+            Assignment(pod("o2", gpus=1, milli=600), fuller, (0,)),
+        ]
     )
-    assert where(place("gpupacking", [pod("p", gpus=1, milli=300)], state)) == {"p": (1, (0,))}
+    for seed in range(8):  # whatever order the seed breaks ties in
+        plan = place("gpupacking", [pod("p", gpus=1, milli=300)], state, seed=seed)
+        assert where(plan) == {"p": (fuller, (0,))}, seed
 
 
 def test_gpupacking_prefers_a_partly_used_gpu_to_an_idle_gpu_of_a_partly_used_node() -> None:
