@@ -109,11 +109,20 @@ async def test_a_pod_bound_and_deleted_before_a_relist_that_missed_it_frees_its_
     # expired) reads the bound pods: a is in neither the list nor any later watch event.
     s._bound.replace([])
     answers.deleted.add("default/a")
+    # The relist woke b, and b is tried at once: a still holds the GPU, so b is parked again.
+    again = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
+    assert [r.key for r in again] == ["default/b"]
+    await s.schedule_batch(again)
+    assert s.queue.counts().unschedulable == 1
     answers.held["default/a"].set()
     await settle(s)
     assert answers.read_back == ["default/a"] * (1 + unanswered)
-    batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
+    assert s.cache.snapshot().state.gpu_used.sum() == 0  # a is gone: its GPU is free
+    batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)  # b woken by the read-back
     assert [r.key for r in batch] == ["default/b"]
+    await s.schedule_batch(batch)
+    await settle(s)
+    assert answers.bound == ["default/a", "default/b"]
 
 
 async def test_a_bind_that_lands_while_the_scheduler_drains_still_has_its_event_written() -> None:
