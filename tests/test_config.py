@@ -30,6 +30,10 @@ weights:
   fragmentation: 7
   activeNodes: 8
   packing: 9
+  keepHint: 12
+  migPartition: 13
+  islandSpill: 14
+  gangDomains: 15
   preferredAffinity: 11
   workConserving: false
 solver:
@@ -49,6 +53,10 @@ batching:
         fragmentation=7,
         active_nodes=8,
         packing=9,
+        keep_hint=12,
+        mig_partition=13,
+        island_spill=14,
+        gang_domains=15,
         preferred_affinity=11,
         work_conserving=False,
     )
