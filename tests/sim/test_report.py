@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gpusched.sim.engine import RunResult
+from gpusched.sim.engine import RunResult, allocation_curve
 from gpusched.sim.report import (
     SUMMARY_KEYS,
     allocation_bands,
@@ -73,6 +74,14 @@ def test_single_seed_has_zero_std_and_unknowns_are_none() -> None:
 def test_allocation_at_130_falls_back_to_the_last_recorded_point() -> None:
     s = summarize([run("fgd", 1, 93.0, top=128)], total_gpus=100)
     assert s["alloc_pct_130"] == 93.0
+    # Still rising where arrivals stop, and a pod of 4% of the GPUs arriving at 98% leaves no
+    # record within one percent of 100: each falls back to the nearest point below.
+    records = [(x, 0.75 * x) for x in (*range(99), *range(102, 129))]
+    rising = dataclasses.replace(run("fgd", 1, 0.0), curve=allocation_curve(records, top=128))
+    assert 100 not in rising.curve
+    s = summarize([rising], total_gpus=100)
+    assert s["alloc_pct_130"] == 96.0  # 0.75 * 128
+    assert s["alloc_pct_100"] == 73.5  # 0.75 * 98, the records nearest 99
 
 
 def test_summarize_rejects_bad_input() -> None:
