@@ -145,8 +145,19 @@ def test_a_failing_refresh_does_not_fail_the_scrape() -> None:
     metrics = SchedulerMetrics()
     metrics.scheduled(2)
 
+    ran: list[str] = []
+
     def broken() -> None:
+        ran.append("broken")
         raise RuntimeError("books unavailable")
 
+    def queue_depths() -> None:
+        ran.append("queue_depths")
+        metrics.set_pending(3, 0, 0)
+
     metrics.on_scrape(broken)
-    assert _scrape(metrics)["gpusched_pods_scheduled_total"] == 2
+    metrics.on_scrape(queue_depths)  # registered after the failing one: still refreshed
+    m = _scrape(metrics)
+    assert m["gpusched_pods_scheduled_total"] == 2
+    assert ran == ["broken", "queue_depths"]
+    assert m['gpusched_pending_pods{queue="active"}'] == 3
