@@ -96,6 +96,18 @@ async def test_backoff_grows_and_releases() -> None:
     (r,) = await asyncio.wait_for(q.next_batch(), PROMPT)
     q.backoff(r.pod.key)  # second failure: 2 s
     assert q._backoff[r.pod.key] == 3.0
+    clock.t = 3.0
+    (r,) = await asyncio.wait_for(q.next_batch(), PROMPT)
+    q.backoff(r.pod.key)  # third failure: 4 s, the cap
+    clock.t = 7.0
+    (r,) = await asyncio.wait_for(q.next_batch(), PROMPT)
+    q.backoff(r.pod.key)  # fourth failure: 8 s would be past the cap, so 4 s again
+    assert q._backoff[r.pod.key] == 11.0
+    q._release_due(10.9)
+    assert q.counts().backoff == 1
+    clock.t = 11.0
+    (r,) = await asyncio.wait_for(q.next_batch(), PROMPT)
+    assert r.pod.key == "default/a"
 
 
 async def test_pod_deleted_in_flight_is_dropped_when_its_batch_resolves() -> None:
