@@ -73,17 +73,29 @@ def test_empty_plan_passes() -> None:
 def test_cpu_over_commit() -> None:
     p = plan(Assignment(cpu_pod("a", cpu=5000), A100), Assignment(cpu_pod("b", cpu=4000), A100))
     assert only_problem(p, make_state()) == "a100-0: CPU over-committed (9000m > 8000m free)"
+    p = plan(Assignment(cpu_pod("a", cpu=5000), A100), Assignment(cpu_pod("b", cpu=3001), A100))
+    assert only_problem(p, make_state()) == "a100-0: CPU over-committed (8001m > 8000m free)"  # one millicore
+    p = plan(Assignment(cpu_pod("a", cpu=5000), A100), Assignment(cpu_pod("b", cpu=3000), A100))
+    assert plan_problems(p, make_state()) == []  # exactly full
 
 
 def test_cpu_over_commit_counts_what_is_already_used() -> None:
     state = make_state().apply([Assignment(cpu_pod("old", cpu=3500), V100)])
     p = plan(Assignment(cpu_pod("a", cpu=1000), V100))
     assert only_problem(p, state) == "v100-0: CPU over-committed (1000m > 500m free)"
+    assert only_problem(plan(Assignment(cpu_pod("a", cpu=501), V100)), state) == (
+        "v100-0: CPU over-committed (501m > 500m free)"
+    )
+    assert plan_problems(plan(Assignment(cpu_pod("a", cpu=500), V100)), state) == []  # exactly full
 
 
 def test_memory_over_commit() -> None:
     p = plan(Assignment(cpu_pod("a", mem=10000), V100), Assignment(cpu_pod("b", mem=10000), V100))
     assert only_problem(p, make_state()) == "v100-0: memory over-committed (20000Mi > 16384Mi)"
+    p = plan(Assignment(cpu_pod("a", mem=10000), V100), Assignment(cpu_pod("b", mem=6385), V100))
+    assert only_problem(p, make_state()) == "v100-0: memory over-committed (16385Mi > 16384Mi)"  # one MiB
+    p = plan(Assignment(cpu_pod("a", mem=10000), V100), Assignment(cpu_pod("b", mem=6384), V100))
+    assert plan_problems(p, make_state()) == []  # exactly full
 
 
 def test_gpu_over_commit_by_shares() -> None:
