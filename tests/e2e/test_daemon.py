@@ -556,8 +556,9 @@ async def test_gangs_mig_slices_and_gpu_islands(control_plane: ControlPlane, kub
         daemon.stop()
     (pair2,) = [p for p in after if p["metadata"]["name"] == "pair-2"]
     assert not pair2["spec"].get("nodeName")
-    assert "within one rack domain" in events["FailedScheduling/pair-2"][0]["message"]
     bound = {n: p["spec"].get("nodeName") for n, p in final.items() if p["spec"].get("nodeName")}
+    pair_rack = {"h-0": "r0", "h-1": "r0", "h-2": "r1", "h-3": "r1"}[bound["pair-0"]]
+    assert f"within rack {pair_rack}, where its members run" in events["FailedScheduling/pair-2"][0]["message"]
     # Gangs: whole or not at all; the pair in one rack.
     assert not any(n.startswith("big-") for n in bound)
     assert "do not all fit at once within one rack domain" in events["FailedScheduling/big-0"][0]["message"]
