@@ -139,6 +139,9 @@ def _island_best(gpu_free: IntArray, islands: IntArray) -> IntArray:
     return best
 
 
+DEDUP_ROWS = 512
+"""From this many rows on, the fragmentation a pod adds is computed once per distinct node state."""
+
 CHUNK_ROWS = 2048
 """Rows per pass: the temporaries are (rows x typical pods x GPUs), so a 5,000-node cluster with
 a hundred typical shapes would otherwise allocate tens of MiB for a moment in every pass."""
@@ -350,6 +353,24 @@ class FragScorer:
     def _compute(
         self, state: ClusterState, shape: PodShape, rows: npt.NDArray[np.intp], base: FloatArray
     ) -> tuple[FloatArray, IntArray, IntArray, FloatArray]:
+        """``_rows`` for ``rows``, computed once per distinct node state among them: what it returns
+        for a row depends only on the row's free CPU, free share per GPU, model and islands, and
+        a large cluster has a few hundred distinct ones among thousands of nodes (those of one
+        type that nothing runs on are all alike)."""
+        if rows.size >= DEDUP_ROWS:
+            parts = [state.cpu_free[rows, None], self.cluster.model_id[rows, None], state.gpu_free[rows]]
+            if self._ta.islands is not None:
+                parts.append(self._ta.islands[rows])
+            alike = _distinct_rows(np.hstack(parts))
+            if alike is not None and alike[0].size * 2 <= rows.size:
+                first, inverse = alike
+                d, s, g, pg = self._rows(state, shape, rows[first], base)
+                return d[inverse], s[inverse], g[inverse], pg[inverse]
+        return self._rows(state, shape, rows, base)
+
+    def _rows(
+        self, state: ClusterState, shape: PodShape, rows: npt.NDArray[np.intp], base: FloatArray
+    ) -> tuple[FloatArray, IntArray, IntArray, FloatArray]:
         cpu = state.cpu_free[rows]
         gpu = state.gpu_free[rows]
         model = self.cluster.model_id[rows]
@@ -400,6 +421,28 @@ class FragScorer:
             delta[sel] = d
             score[sel] = _sigmoid_score(-d)
         return delta, score, best_gpu, per_gpu
+
+
+_MIX = np.random.default_rng(0x5EED).integers(1, 2**62, size=256, dtype=np.int64) | 1
+"""Odd multipliers that mix a row's columns into one 64-bit key (columns beyond 256 are not mixed)."""
+
+
+def _distinct_rows(key: IntArray) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]] | None:
+    """(a row index of each distinct row of ``key``, each row's distinct-row number), or None if
+    two different rows hash alike (then every row is computed on its own).
+
+    Rows are mixed into one 64-bit number and those are sorted, far faster than sorting the rows
+    themselves; every row is then compared with its group's representative, so the answer is
+    exact."""
+    cols = min(key.shape[1], _MIX.size)
+    with np.errstate(over="ignore"):
+        mixed = key[:, :cols] @ _MIX[:cols]
+        mixed ^= mixed >> 29
+    _, first, inverse = np.unique(mixed, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if not np.array_equal(key[first[inverse]], key):
+        return None
+    return first, inverse
 
 
 def cluster_frag_ratio(state: ClusterState, typical: TypicalPods) -> float:

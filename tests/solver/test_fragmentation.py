@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -284,6 +285,40 @@ def test_delta_matches_recomputation_from_scratch(chunk: int, monkeypatch: pytes
                 assert score[n] == -1
             else:
                 assert score[n] == int(100 / (1 + math.exp(want_d / 1000))), (p.name, n)
+
+
+# Every node of SCORER_CLUSTER four times over, some copies busy: many nodes share a state.
+MANY = Cluster([replace(n, name=f"{n.name}-{k}") for k in range(4) for n in SCORER_CLUSTER.nodes])
+
+
+@pytest.mark.parametrize("mix", ["real", "colliding"])
+def test_nodes_alike_are_scored_once_and_each_gets_what_it_would_alone(
+    mix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nodes in the same state are scored once for all of them; the answer is each node's own
+    (checked by brute force), also when two different states hash alike."""
+    monkeypatch.setattr(fragmentation, "DEDUP_ROWS", 1)
+    if mix == "colliding":  # every row mixes to 0: all of them hash alike
+        monkeypatch.setattr(fragmentation, "_MIX", np.zeros(256, dtype=np.int64))
+    state = busy(MANY, {0: [0, 250, 600, 1000], 5: [500, 0], 4: [0, 250, 600, 1000], 6: [0] * 7 + [900]}, {8: 5000})
+    scorer = FragScorer(MANY, SCORER_TYPICAL)
+    for p in SCORER_SHAPES:
+        delta, score, gpu = scorer.delta(state, p.shape)
+        for n in range(len(MANY)):
+            want_d, want_g = brute_delta(state, SCORER_TYPICAL, p, n)
+            assert delta[n] == pytest.approx(want_d), (p.name, n)
+            assert gpu[n] == want_g, (p.name, n)
+            assert score[n] == (-1 if math.isinf(want_d) else int(100 / (1 + math.exp(want_d / 1000)))), (p.name, n)
+
+
+def test_distinct_rows_groups_exactly_the_equal_rows() -> None:
+    key = np.array([[1, 2, 3], [4, 5, 6], [1, 2, 3], [0, 0, 0], [4, 5, 6]], dtype=np.int64)
+    alike = fragmentation._distinct_rows(key)
+    assert alike is not None
+    first, inverse = alike
+    assert first.size == 3
+    np.testing.assert_array_equal(key[first[inverse]], key)
+    assert inverse[0] == inverse[2] != inverse[1] == inverse[4] != inverse[3]
 
 
 def _assert_scorers_agree(cached: FragScorer, state: ClusterState) -> None:
