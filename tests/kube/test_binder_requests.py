@@ -14,6 +14,7 @@ from aiohttp import web
 from gpusched.kube import client
 from gpusched.kube.binder import Binder, BindResult
 from tests.factories import pod
+from tests.kube.conftest import serving
 
 
 def _status(code: int, reason: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -150,31 +151,17 @@ async def test_a_binding_is_given_up_when_the_lead_runs_out_and_asks_the_server_
             return web.json_response({"kind": "Status", "code": 201}, status=201)
         return _pod_object("u1", "")  # read back: not bound
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        f"clusters: [{{name: k, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
-    )
-    kube = await client.connect(kubeconfig, None, 1000, 1000)
-    loop = asyncio.get_running_loop()
-    until = loop.time() + 0.5  # the lead holds half a second more
-    try:
-        binder = Binder(kube, "me", attempts=1, lead_left=lambda: until - loop.time())
-        result = await asyncio.wait_for(binder.bind(replace(pod("p", gpus=1), uid="u1"), "n1", (0,)), 10)
-        gave_up = loop.time()
-    finally:
-        release.set()
-        await kube.close()
-        await runner.cleanup()
+    async with serving(answer, tmp_path) as kubeconfig:
+        kube = await client.connect(kubeconfig, None, 1000, 1000)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + 0.5  # the lead holds half a second more
+        try:
+            binder = Binder(kube, "me", attempts=1, lead_left=lambda: until - loop.time())
+            result = await asyncio.wait_for(binder.bind(replace(pod("p", gpus=1), uid="u1"), "n1", (0,)), 10)
+            gave_up = loop.time()
+        finally:
+            release.set()
+            await kube.close()
     assert result[0] is BindResult.FAILED  # read back unbound after the timeout
     assert gave_up < until + 2.0  # not the client's usual 30 s
     (timeout,) = asked

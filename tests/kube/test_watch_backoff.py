@@ -40,11 +40,11 @@ class Nothing:
         pass
 
 
-def test_a_watch_expiring_right_after_each_list_relists_with_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    # On a clock of the loop's own: a loaded machine neither adds lists nor takes them away.
+def _reflect_for_a_second(api: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run a reflector against ``api`` for one second of a clock of the loop's own: a loaded
+    machine neither adds requests nor takes them away."""
     loop = VirtualTimeLoop()
     monkeypatch.setattr(watch, "time", virtual_time.clock_of(loop))
-    api = ExpiringApi()
 
     async def main() -> None:
         task = asyncio.create_task(Reflector(cast(Kube, api), "pods", "/api/v1/pods", Nothing()).run())
@@ -54,6 +54,11 @@ def test_a_watch_expiring_right_after_each_list_relists_with_backoff(monkeypatch
             await task
 
     virtual_time.run(loop, main())
+
+
+def test_a_watch_expiring_right_after_each_list_relists_with_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = ExpiringApi()
+    _reflect_for_a_second(api, monkeypatch)
     # 0.2, 0.4, 0.8 s (+ up to half again of jitter) between lists: the second comes by 0.3 s,
     # the third by 0.9 s, the fourth not before 1.4 s.  A handful in a second, not thousands.
     assert api.lists == 3, api.lists
@@ -118,18 +123,8 @@ class ClosingApi:
 
 
 def test_a_watch_ended_at_once_without_an_event_is_reopened_with_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    loop = VirtualTimeLoop()
-    monkeypatch.setattr(watch, "time", virtual_time.clock_of(loop))
     api = ClosingApi()
-
-    async def main() -> None:
-        task = asyncio.create_task(Reflector(cast(Kube, api), "pods", "/api/v1/pods", Nothing()).run())
-        await asyncio.sleep(1.0)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-    virtual_time.run(loop, main())
+    _reflect_for_a_second(api, monkeypatch)
     # Reopened after 0.2, 0.4 s (+ up to half again): three watches in the first second, where
     # reopening at once would have sent one per round trip, a thousand, each spending a token
     # of the client the Bindings share.

@@ -274,17 +274,18 @@ def test_delta_matches_recomputation_from_scratch(chunk: int, monkeypatch: pytes
     # Rows and candidate GPUs are processed CHUNK_ROWS at a time; chunk boundaries must not show.
     monkeypatch.setattr(fragmentation, "CHUNK_ROWS", chunk)
     state = busy(SCORER_CLUSTER, {0: [0, 250, 600, 1000], 1: [500, 0], 2: [0] * 7 + [900]}, cpu={0: 5000})
-    scorer = FragScorer(SCORER_CLUSTER, SCORER_TYPICAL)
+    _assert_brute_force(FragScorer(SCORER_CLUSTER, SCORER_TYPICAL), state)
+
+
+def _assert_brute_force(scorer: FragScorer, state: ClusterState) -> None:
+    """Every node's delta, score and GPU for every shape are what a brute-force placement gives."""
     for p in SCORER_SHAPES:
         delta, score, gpu = scorer.delta(state, p.shape)
-        for n in range(len(SCORER_CLUSTER)):
+        for n in range(len(state.cluster)):
             want_d, want_g = brute_delta(state, SCORER_TYPICAL, p, n)
             assert delta[n] == pytest.approx(want_d), (p.name, n)
             assert gpu[n] == want_g, (p.name, n)
-            if math.isinf(want_d):
-                assert score[n] == -1
-            else:
-                assert score[n] == int(100 / (1 + math.exp(want_d / 1000))), (p.name, n)
+            assert score[n] == (-1 if math.isinf(want_d) else int(100 / (1 + math.exp(want_d / 1000)))), (p.name, n)
 
 
 # Every node of SCORER_CLUSTER four times over, some copies busy: many nodes share a state.
@@ -301,14 +302,7 @@ def test_nodes_alike_are_scored_once_and_each_gets_what_it_would_alone(
     if mix == "colliding":  # every row mixes to 0: all of them hash alike
         monkeypatch.setattr(fragmentation, "_MIX", np.zeros(256, dtype=np.int64))
     state = busy(MANY, {0: [0, 250, 600, 1000], 5: [500, 0], 4: [0, 250, 600, 1000], 6: [0] * 7 + [900]}, {8: 5000})
-    scorer = FragScorer(MANY, SCORER_TYPICAL)
-    for p in SCORER_SHAPES:
-        delta, score, gpu = scorer.delta(state, p.shape)
-        for n in range(len(MANY)):
-            want_d, want_g = brute_delta(state, SCORER_TYPICAL, p, n)
-            assert delta[n] == pytest.approx(want_d), (p.name, n)
-            assert gpu[n] == want_g, (p.name, n)
-            assert score[n] == (-1 if math.isinf(want_d) else int(100 / (1 + math.exp(want_d / 1000)))), (p.name, n)
+    _assert_brute_force(FragScorer(MANY, SCORER_TYPICAL), state)
 
 
 def test_distinct_rows_groups_exactly_the_equal_rows() -> None:
