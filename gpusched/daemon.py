@@ -72,6 +72,8 @@ log = structlog.get_logger("gpusched.daemon")
 SCHEDULER_NAME = "gpu-scheduler"
 READ_BACK_RETRY_S = 1.0
 READ_BACK_RETRY_MAX_S = 60.0
+_READ_BACKS = ("resolve:", "read-back:")
+"""Names of the tasks that read a pod back until it is settled (``drain`` does not wait for them)."""
 """How often a pod a relist missed is asked for again while the API server cannot answer."""
 BOUND_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 """Pods that hold resources on a node, whoever bound them."""
@@ -489,10 +491,14 @@ class Scheduler:
 
     async def drain(self, timeout: float) -> None:
         """Wait (bounded) for in-flight binds and Events, and for the Events of binds that land
-        meanwhile (a Binding's answer starts its Scheduled Event as a new task)."""
+        meanwhile (a Binding's answer starts its Scheduled Event as a new task).  Read-backs that
+        wait between tries are not waited for: the next leader reads the pods afresh."""
         deadline = time.monotonic() + timeout
-        while self._tasks and (left := deadline - time.monotonic()) > 0:
-            await asyncio.wait(set(self._tasks), timeout=left)
+        while (busy := self._draining()) and (left := deadline - time.monotonic()) > 0:
+            await asyncio.wait(busy, timeout=left)
+
+    def _draining(self) -> set[asyncio.Task[None]]:
+        return {t for t in self._tasks if not t.get_name().startswith(_READ_BACKS)}
 
     # -- scheduling --------------------------------------------------------------------------
     async def schedule_forever(self) -> None:
@@ -810,7 +816,11 @@ class Scheduler:
                 else:
                     result, why = BindResult.TAKEN, f"already bound to {where[0]}"
             else:
-                result, why = await self.binder.settle(pod, node, cause)
+                try:
+                    result, why = await self.binder.settle(pod, node, cause)
+                except Exception as exc:  # not the API's answer: ask again later, as for no answer
+                    log.warning("read-back of a bind failed", pod=pod.key, error=repr(exc))
+                    result, why = BindResult.UNKNOWN, cause
                 if result is BindResult.UNKNOWN:
                     delay = min(2 * delay, READ_BACK_RETRY_MAX_S)
                     continue

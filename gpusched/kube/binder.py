@@ -90,7 +90,12 @@ def _now() -> str:
 
 
 class NotLeading(Exception):
-    """This instance stopped leading before the request went out."""
+    """This instance stopped leading before the request (or its next attempt) went out;
+    ``sent`` says whether an earlier attempt had gone out, whose outcome is then unknown."""
+
+    def __init__(self, sent: bool = False) -> None:
+        super().__init__("no longer the leader")
+        self.sent = sent
 
 
 class Binder:
@@ -137,10 +142,16 @@ class Binder:
         """The request, retried while it fails in passing; with ``leading``, each attempt is made
         only while it holds (else ``NotLeading``)."""
         client = kube or self.kube
+        sent = False
 
         def check() -> None:
             if leading is not None and not leading():
-                raise NotLeading
+                raise NotLeading(sent)
+
+        def send() -> None:
+            nonlocal sent
+            check()  # again once the rate limiter lets it go, which can take seconds
+            sent = True
 
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
@@ -150,9 +161,9 @@ class Binder:
             reraise=True,
         ):
             with attempt:
-                check()  # and again once the rate limiter lets it go, which can take seconds
+                check()
                 r = await client.request(
-                    method, path, body=body, content_type=content_type, before_send=check, deadline=deadline
+                    method, path, body=body, content_type=content_type, before_send=send, deadline=deadline
                 )
                 if not r.ok:
                     raise r.error()
@@ -176,7 +187,9 @@ class Binder:
         try:
             await self._retrying("POST", path, body, leading=self.leading, deadline=self.lead_left)
             return BindResult.BOUND, ""
-        except NotLeading:
+        except NotLeading as exc:
+            if exc.sent:  # an earlier attempt went out and got no answer: it may have been written
+                return await self.settle(pod, node, "no longer the leader after a Binding with no answer")
             return BindResult.FAILED, "no longer the leader"
         except ApiError as exc:
             if exc.status == 404:
@@ -209,9 +222,9 @@ class Binder:
         else:
             if r.status == 404:
                 return BindResult.GONE, "pod deleted"
-            if r.ok:
+            if r.ok and isinstance(r.body, dict):
                 return self._outcome(pod, node, r.body, cause)
-            err = r.error()
+            err = r.error() if not r.ok else ApiError(0, f"the answer is not a pod: {str(r.body)[:80]!r}")
         result = BindResult.UNKNOWN if _transient(err) else BindResult.FAILED
         return result, f"{cause}; and reading the pod failed: {err}"
 

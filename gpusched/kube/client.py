@@ -185,7 +185,8 @@ class Kube:
         it: what held when the request was queued may not hold seconds later.  ``deadline``,
         read at the same moment, is how many seconds the request may still take: it shortens
         ``timeout`` and goes to the API server as the request's own ``timeout``, so that one
-        queued there is dropped rather than carried out late."""
+        still queued there is dropped (one already being written may still land: a caller for
+        whom that matters reads the object back)."""
         await self.limiter.acquire()
         if before_send is not None:
             before_send()

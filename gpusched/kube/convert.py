@@ -70,7 +70,7 @@ from gpusched.model.affinity import (
 )
 from gpusched.model.mig import profile_of
 from gpusched.model.node import LABEL_GPU_COUNT, MAX_GPUS, Taint
-from gpusched.model.pod import Gang, Toleration
+from gpusched.model.pod import Gang, Toleration, gang_conflicts
 from gpusched.model.ports import host_port
 from gpusched.model.topology import ISLANDS_ANNOTATION, default_islands, parse_islands
 from gpusched.state.records import NodeRecord, PodRecord
@@ -407,6 +407,7 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
             gang=gang,
             labels=_labels(labels),
             anti_affinity=anti,
+            terminating=bool(meta.get("deletionTimestamp")),
         )
         error = str(exc)
     return PodRecord(
@@ -1004,20 +1005,15 @@ def gang_disagreements(pods: Iterable[Pod]) -> dict[str, str]:
     """Gangs whose members give different rules (minimum, topology key or mode), by name, with
     the message that says which members and how to fix it: a gang has one set of rules, and
     no member's may silently win over another's."""
-    first: dict[str, Pod] = {}
-    found: dict[str, str] = {}
-    for p in pods:
-        g = p.gang
-        if g is None or g.name in found:
-            continue
-        f = first.setdefault(g.name, p)
-        if f.gang is not None and f.gang.rules != g.rules:
-            found[g.name] = (
-                f"gang {g.name}: its members disagree: {f.key} asks {f.gang.describe()}, {p.key} asks "
-                f"{g.describe()}; give every member the same {ANNOTATION_GANG_MIN}, {ANNOTATION_GANG_KEY} "
-                f"and {ANNOTATION_GANG_TOPOLOGY}"
-            )
-    return found
+    return {
+        name: (
+            f"gang {name}: its members disagree: {a.key} asks {a.gang.describe()}, {b.key} asks "
+            f"{b.gang.describe()}; give every member the same {ANNOTATION_GANG_MIN}, {ANNOTATION_GANG_KEY} "
+            f"and {ANNOTATION_GANG_TOPOLOGY}"
+        )
+        for name, (a, b) in gang_conflicts(pods).items()
+        if a.gang is not None and b.gang is not None
+    }
 
 
 def _gang(

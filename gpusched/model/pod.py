@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Spread
 from gpusched.model.node import GPU_MILLI, Taint
 
-__all__ = ["ISLAND_MODES", "Gang", "Pod", "PodShape", "Toleration", "mig_milli"]
+__all__ = ["ISLAND_MODES", "Gang", "Pod", "PodShape", "Toleration", "gang_conflicts", "mig_milli"]
 
 ISLAND_MODES = ("", "required", "preferred")
 """How a multi-GPU pod asks for its GPUs within one island: not at all, as a must, as a wish."""
@@ -299,3 +300,18 @@ class Pod(_Wishes):
     def is_fractional(self) -> bool:
         """True when the pod takes a share of exactly one GPU."""
         return self.num_gpu == 1 and self.gpu_milli < GPU_MILLI
+
+
+def gang_conflicts(pods: Iterable[Pod]) -> dict[str, tuple[Pod, Pod]]:
+    """Gangs whose members give different rules (minimum, topology key or mode), by name, with
+    the first member and the first that disagrees with it: a gang has one set of rules."""
+    first: dict[str, Pod] = {}
+    found: dict[str, tuple[Pod, Pod]] = {}
+    for p in pods:
+        g = p.gang
+        if g is None or g.name in found:
+            continue
+        f = first.setdefault(g.name, p)
+        if f.gang is not None and f.gang.rules != g.rules:
+            found[g.name] = (f, p)
+    return found

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from gpusched.model import GPU_MILLI, Assignment, ClusterState, Node, Plan, Pod
 from gpusched.model.affinity import PodAffinityTerm, Spread, selects
-from gpusched.model.pod import tolerated
+from gpusched.model.pod import gang_conflicts, tolerated
 from gpusched.model.ports import ports_clash
 
 __all__ = ["PlanError", "island_problems", "plan_problems", "validate_plan"]
@@ -361,10 +361,11 @@ def _gang_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None) 
     for a in plan.assignments:
         if a.pod.gang is not None:
             where[a.pod.gang.name].append(a.node)
+    disagree = gang_conflicts(p for ps in members.values() for p in ps)
     for name, nodes in where.items():
         total = len(members.get(name, []))
         gang = members[name][0].gang if members.get(name) else None
-        if len({p.gang.rules for p in members.get(name, ()) if p.gang is not None}) > 1:
+        if name in disagree:
             problems.append(f"gang {name}: placed although its members disagree on its minimum or topology")
         if len(nodes) != total:
             problems.append(f"gang {name}: {len(nodes)} of {total} members placed (all or none)")

@@ -62,9 +62,6 @@ class _Held:
     assumed: bool
     wanted: tuple[int, ...] | None
     """GPU indices the pod's annotation names, if any."""
-    leaving: bool = False
-    """Being deleted: it holds its resources until it is gone, but no longer counts as a
-    member of its gang."""
 
 
 def _another(held: _Held, uid: str) -> bool:
@@ -180,17 +177,16 @@ class Cache:
                 annotated = record.gpu_indices
                 if _request(held.pod) == _request(record.pod) and annotated in (None, held.wanted):
                     held.assumed = False  # confirmed
-                    held.leaving = record.deleting
                     return False
                 # Same pod, new request (an in-place resize), or other GPUs than we assumed (an
                 # earlier instance bound it first): count what it asks for now, on the GPUs its
                 # annotation names, else the ones it holds.
                 wanted = annotated or held.gpus or held.wanted
                 self._drop(key)
-                self._add(key, _Held(record.pod, record.node_name, (), False, wanted, record.deleting))
+                self._add(key, _Held(record.pod, record.node_name, (), False, wanted))
                 return True
             self._drop(key)
-        self._add(key, _Held(record.pod, record.node_name, (), False, record.gpu_indices, record.deleting))
+        self._add(key, _Held(record.pod, record.node_name, (), False, record.gpu_indices))
         return held is not None
 
     def delete_pod(self, key: str, uid: str = "") -> bool:
@@ -221,7 +217,7 @@ class Cache:
                 self._shadowed[r.key] = r  # as ``observe_pod`` does: the bind decides
                 continue
             self._unlisted.discard(r.key)
-            self._held[r.key] = _Held(r.pod, r.node_name, (), False, r.gpu_indices, r.deleting)
+            self._held[r.key] = _Held(r.pod, r.node_name, (), False, r.gpu_indices)
         for k, h in assumed.items():
             self._held.setdefault(k, h)
 
@@ -300,7 +296,7 @@ class Cache:
         domain = dict.fromkeys(names, "")
         for held in self._held.values():
             gang = held.pod.gang
-            if gang is None or gang.name not in count or held.leaving:
+            if gang is None or gang.name not in count or held.pod.terminating:
                 continue
             count[gang.name] += 1
             node = self._nodes.get(held.node)

@@ -167,3 +167,44 @@ async def test_a_binding_is_given_up_when_the_lead_runs_out_and_asks_the_server_
     (timeout,) = asked
     assert timeout.endswith("s")
     assert 0 < float(timeout.removesuffix("s")) <= 0.5
+
+
+async def test_a_binding_cut_off_when_the_lead_ran_out_is_read_back_before_it_counts_as_failed(
+    server: tuple[Path, list[web.Response], list[str]],
+) -> None:
+    """The first attempt got no answer (a server error), and the lead was gone before the retry:
+    the Binding may have been written, so the pod is read back (no lead needed for that)."""
+    kubeconfig, script, seen = server
+    script += [_status(503, "ServiceUnavailable"), _pod_object("u1", "n1")]
+    attempts = 0
+
+    def leading() -> bool:  # holds for the first attempt's checks only
+        nonlocal attempts
+        attempts += 1
+        return attempts <= 2
+
+    async def no_wait(_: float) -> None:
+        pass
+
+    kube = await client.connect(kubeconfig, None, 1000, 1000)
+    try:
+        binder = Binder(kube, "me", attempts=4, leading=leading, sleep=no_wait)
+        result = await binder.bind(replace(pod("p", gpus=1), uid="u1"), "n1", (0,))
+    finally:
+        await kube.close()
+    assert seen == ["POST /api/v1/namespaces/default/pods/p/binding", "GET /api/v1/namespaces/default/pods/p"]
+    assert result == (BindResult.BOUND, "")  # it had been written
+
+
+async def test_a_read_back_answered_with_something_other_than_a_pod_is_no_answer(
+    server: tuple[Path, list[web.Response], list[str]],
+) -> None:
+    kubeconfig, script, _ = server
+    script += [web.Response(text="<html>sign in</html>", content_type="text/html")]  # a proxy's page
+    kube = await client.connect(kubeconfig, None, 1000, 1000)
+    try:
+        result, why = await Binder(kube, "me").settle(replace(pod("p", gpus=1), uid="u1"), "n1", "no answer")
+    finally:
+        await kube.close()
+    assert result is BindResult.UNKNOWN
+    assert "the answer is not a pod" in why
