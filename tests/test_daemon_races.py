@@ -172,18 +172,25 @@ async def test_a_binding_the_api_server_refuses_is_told_on_the_pod_and_retried()
 LOST = (BindResult.UNKNOWN, "connection lost; and reading the pod failed: connection lost")
 
 
-async def _unknown_bind_of_a_then_b_waits(s: Scheduler, answers: _Answers) -> None:
+@pytest.fixture
+def unknown(monkeypatch: pytest.MonkeyPatch) -> tuple[Scheduler, _Answers]:
+    """One GPU; a's Binding will end with its outcome unknown; read-backs 10 ms apart."""
+    monkeypatch.setattr(daemon, "READ_BACK_RETRY_S", 0.01)
+    s, answers = _scheduler(gpus=1)
     answers.results["default/a"] = LOST
+    return s, answers
+
+
+async def _unknown_bind_of_a_then_b_waits(s: Scheduler, answers: _Answers) -> None:
     for name in ("a", "b"):
         s._pending.apply("ADDED", member_pod(name))
     await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))  # a placed, b parked
 
 
 async def test_a_binding_of_unknown_outcome_keeps_its_gpu_until_the_pod_is_read_back_bound(
-    monkeypatch: pytest.MonkeyPatch,
+    unknown: tuple[Scheduler, _Answers],
 ) -> None:
-    monkeypatch.setattr(daemon, "READ_BACK_RETRY_S", 0.01)
-    s, answers = _scheduler(gpus=1)
+    s, answers = unknown
     await _unknown_bind_of_a_then_b_waits(s, answers)
     await asyncio.sleep(0.05)  # read back a few times, no answer
     s.queue.move_all()  # something wakes b while a's outcome is unknown
@@ -199,10 +206,9 @@ async def test_a_binding_of_unknown_outcome_keeps_its_gpu_until_the_pod_is_read_
 
 
 async def test_a_binding_of_unknown_outcome_read_back_unbound_frees_the_gpu_and_retries_the_pod(
-    monkeypatch: pytest.MonkeyPatch,
+    unknown: tuple[Scheduler, _Answers],
 ) -> None:
-    monkeypatch.setattr(daemon, "READ_BACK_RETRY_S", 0.01)
-    s, answers = _scheduler(gpus=1)
+    s, answers = unknown
     answers.settles = [(BindResult.FAILED, "connection lost")]
     await _unknown_bind_of_a_then_b_waits(s, answers)
     await asyncio.wait_for(settle(s), DRAWN_WITHIN_S)
@@ -213,10 +219,9 @@ async def test_a_binding_of_unknown_outcome_read_back_unbound_frees_the_gpu_and_
 
 
 async def test_a_binding_of_unknown_outcome_is_settled_by_the_watch_when_reads_keep_failing(
-    monkeypatch: pytest.MonkeyPatch,
+    unknown: tuple[Scheduler, _Answers],
 ) -> None:
-    monkeypatch.setattr(daemon, "READ_BACK_RETRY_S", 0.01)
-    s, answers = _scheduler(gpus=1)
+    s, answers = unknown
     await _unknown_bind_of_a_then_b_waits(s, answers)
     await asyncio.sleep(0.05)  # a few read-backs, none answered
     assert s.cache.is_assumed("default/a")
@@ -231,10 +236,9 @@ async def test_a_binding_of_unknown_outcome_is_settled_by_the_watch_when_reads_k
 
 
 async def test_a_read_back_that_raises_is_tried_again_rather_than_leaving_the_pod_in_flight(
-    monkeypatch: pytest.MonkeyPatch,
+    unknown: tuple[Scheduler, _Answers],
 ) -> None:
-    monkeypatch.setattr(daemon, "READ_BACK_RETRY_S", 0.01)
-    s, answers = _scheduler(gpus=1)
+    s, answers = unknown
     calls = 0
     real = answers.settle
 
@@ -256,10 +260,9 @@ async def test_a_read_back_that_raises_is_tried_again_rather_than_leaving_the_po
 
 @pytest.mark.parametrize(("where", "gone"), [("elsewhere", False), ("", True)])
 async def test_a_binding_of_unknown_outcome_settled_by_the_watch_elsewhere_or_gone_frees_nothing_twice(
-    where: str, gone: bool, monkeypatch: pytest.MonkeyPatch
+    where: str, gone: bool, unknown: tuple[Scheduler, _Answers]
 ) -> None:
-    monkeypatch.setattr(daemon, "READ_BACK_RETRY_S", 0.01)
-    s, answers = _scheduler(gpus=1)
+    s, answers = unknown
     await _unknown_bind_of_a_then_b_waits(s, answers)
     _NodeHandler(s).apply("ADDED", kit.node("elsewhere", 1, "A100"))
     await asyncio.sleep(0.05)
@@ -281,11 +284,10 @@ async def test_a_binding_of_unknown_outcome_settled_by_the_watch_elsewhere_or_go
 
 
 async def test_shutdown_does_not_wait_for_a_binding_of_unknown_outcome_to_be_read_back(
-    monkeypatch: pytest.MonkeyPatch,
+    unknown: tuple[Scheduler, _Answers],
 ) -> None:
     """The next leader reads the pod afresh; the drain waits for binds and Events only."""
-    monkeypatch.setattr(daemon, "READ_BACK_RETRY_S", 0.01)
-    s, answers = _scheduler(gpus=1)
+    s, answers = unknown
     await _unknown_bind_of_a_then_b_waits(s, answers)
     loop = asyncio.get_running_loop()
     start = loop.time()
