@@ -40,6 +40,9 @@ async def test_burst_then_steady_rate(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bad_limits_are_rejected() -> None:
     with pytest.raises(ValueError, match="qps > 0"):
         RateLimiter(0, 1)
+    with pytest.raises(ValueError, match="burst >= 1, got qps=1 burst=0"):
+        RateLimiter(1, 0)
+    RateLimiter(1, 1)  # the smallest bucket there is
 
 
 async def test_available_tokens_refill_up_to_the_burst() -> None:
@@ -76,6 +79,7 @@ async def test_connect_keeps_a_pool_sized_to_the_request_rate(tmp_path: Path) ->
 def test_binds_in_flight_follow_the_rate_and_fit_the_pool() -> None:
     assert client.bind_concurrency(50) == 25  # 50 binds a second at 0.5 s each
     assert client.bind_concurrency(5) == 8
+    assert client.bind_concurrency(51) == 26  # half a second rounds up: 25.5 binds need 26
     assert client.bind_concurrency(500) == 100
     assert client.bind_concurrency(5000) == 100
     for qps in (50, 200, 500, 5000):
