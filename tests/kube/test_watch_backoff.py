@@ -1,10 +1,13 @@
-"""A watch that expires as soon as it is opened must not turn into back-to-back relists."""
+"""How a reflector waits between lists and watches: backoff that grows, is capped, honours the
+server's Retry-After, and starts over after a success; a watch that expires as soon as it is
+opened must not turn into back-to-back relists."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -130,3 +133,115 @@ def test_a_watch_ended_at_once_without_an_event_is_reopened_with_backoff(monkeyp
     # of the client the Bindings share.
     assert api.watches == 3, api.watches
     assert all(300 <= t < 600 for t in api.timeouts), api.timeouts  # spread, so watches do not reopen together
+
+
+class ScriptedApi:
+    """Lists and watches that do what a script says, in turn; each call is recorded with when it
+    began and ended on the loop's clock.  A call past the end of its script waits for ever.
+
+    A step is ``(seconds, outcome)``: the call takes ``seconds``, then a list returns (``None``)
+    or raises (an ``ApiError``); a watch ends without an event (``None``), raises, or, for
+    ``"bookmark"``, sends one bookmark and ends."""
+
+    def __init__(self, lists: list[tuple[float, Any]], watches: list[tuple[float, Any]]) -> None:
+        self.lists = lists
+        self.watches = watches
+        self.calls: list[tuple[str, float, float]] = []
+
+    async def _step(self, kind: str, script: list[tuple[float, Any]]) -> Any:
+        loop = asyncio.get_running_loop()
+        if not script:
+            await asyncio.sleep(1e9)
+        seconds, outcome = script.pop(0)
+        began = loop.time()
+        await asyncio.sleep(seconds)
+        self.calls.append((kind, began, loop.time()))
+        if isinstance(outcome, ApiError):
+            raise outcome
+        return outcome
+
+    async def list(self, path: str, query: Mapping[str, Any] | None = None, page: int = 500) -> tuple[list[Any], str]:
+        await self._step("list", self.lists)
+        return [], "7"
+
+    async def stream(self, path: str, query: Mapping[str, Any], timeout: float) -> AsyncIterator[dict[str, Any]]:
+        if await self._step("watch", self.watches) == "bookmark":
+            yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "8"}}}
+
+    def waits(self) -> list[tuple[str, float]]:
+        """Each call after the first, with how long after the previous call ended it began."""
+        return [
+            (kind, round(began - ended, 3))
+            for (_, _, ended), (kind, began, _) in zip(self.calls, self.calls[1:], strict=False)
+        ]
+
+
+def _reflect(api: ScriptedApi, seconds: float, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float]]:
+    """Run a reflector against ``api`` for ``seconds`` of the loop's clock, without jitter."""
+    loop = VirtualTimeLoop()
+    monkeypatch.setattr(watch, "time", virtual_time.clock_of(loop))
+    monkeypatch.setattr(watch, "random", SimpleNamespace(random=lambda: 0.0))
+
+    async def main() -> None:
+        task = asyncio.create_task(Reflector(cast(Kube, api), "pods", "/api/v1/pods", Nothing()).run())
+        await asyncio.sleep(seconds)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    virtual_time.run(loop, main())
+    return api.waits()
+
+
+def _broken(status: int = 0, retry_after: float | None = None) -> ApiError:
+    return ApiError(status, "connection refused", "Unreachable", retry_after)
+
+
+def test_a_failing_watch_backs_off_doubling_up_to_ten_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = ScriptedApi([(0.0, None)], [(0.0, _broken())] * 8)
+    waits = _reflect(api, 60.0, monkeypatch)
+    assert waits == [("watch", w) for w in (0.0, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10.0)]
+
+
+def test_a_failing_watch_waits_at_least_what_the_server_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = ScriptedApi([(0.0, None)], [(0.0, _broken(429, retry_after=5.0)), (0.0, _broken(500)), (0.0, _broken())])
+    waits = _reflect(api, 60.0, monkeypatch)
+    assert waits == [("watch", 0.0), ("watch", 5.0), ("watch", 0.4)]  # the server's 5 s, then the backoff resumes
+
+
+def test_a_successful_list_starts_the_watch_backoff_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = ScriptedApi([(0.0, _broken(500)), (0.0, _broken(500)), (0.0, None)], [(0.0, _broken()), (0.0, _broken())])
+    waits = _reflect(api, 60.0, monkeypatch)
+    assert waits == [("list", 0.2), ("list", 0.4), ("watch", 0.0), ("watch", 0.2)]
+
+
+def test_a_watch_that_ran_a_while_before_failing_is_retried_soon(monkeypatch: pytest.MonkeyPatch) -> None:
+    steps = [(0.0, _broken())] * 3 + [(60.0, _broken()), (0.0, _broken())]
+    api = ScriptedApi([(0.0, None)], steps)
+    waits = _reflect(api, 120.0, monkeypatch)
+    # 0.2, 0.4 s between the quick failures; the one that had been watching a minute starts over.
+    assert waits == [("watch", 0.0), ("watch", 0.2), ("watch", 0.4), ("watch", 0.8), ("watch", 0.2)]
+
+
+def test_a_watch_that_ran_a_while_before_expiring_relists_without_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    gone = ApiError(410, "too old resource version", "Expired")
+    api = ScriptedApi([(0.0, None)] * 5, [(0.0, gone), (0.0, gone), (60.0, gone), (0.0, gone)])
+    waits = _reflect(api, 120.0, monkeypatch)
+    # Expired at once after each list: 0.2, 0.4 s; after a minute of watching, relisted at once,
+    # and the next expiry right after that list waits 0.2 s again, not 0.8 s.
+    assert waits == [
+        ("watch", 0.0),
+        ("list", 0.2),
+        ("watch", 0.0),
+        ("list", 0.4),
+        ("watch", 0.0),
+        ("list", 0.0),
+        ("watch", 0.0),
+        ("list", 0.2),
+    ]
+
+
+def test_a_watch_ended_at_once_after_an_event_is_reopened_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = ScriptedApi([(0.0, None)], [(0.001, "bookmark")] * 3)
+    waits = _reflect(api, 10.0, monkeypatch)
+    assert waits == [("watch", 0.0), ("watch", 0.0), ("watch", 0.0)]  # it said something: not a failure
