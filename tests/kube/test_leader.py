@@ -8,6 +8,7 @@ loaded machine's scheduling delays would otherwise decide.
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -224,3 +225,160 @@ def test_a_fractional_lease_duration_is_written_long_enough_to_outlast_the_renew
     virtual_time.run(loop, main())
     assert store.written
     assert {w["spec"]["leaseDurationSeconds"] for w in store.written} == {int(duration) + 1}
+
+
+class HeldLease:
+    """A Lease another replica holds; ``alive`` says whether it keeps renewing it (each GET sees a
+    new renewTime).  Every write is accepted and recorded with the loop's time."""
+
+    def __init__(self, alive: bool) -> None:
+        self.alive = alive
+        self.renewals = 0
+        self.lease: dict[str, Any] = {
+            "metadata": {"name": "lease", "namespace": "ns", "resourceVersion": "1"},
+            "spec": {
+                "holderIdentity": "other",
+                "leaseDurationSeconds": 2,
+                "acquireTime": "2026-01-01T00:00:00.000000Z",
+                "renewTime": "2026-01-01T00:00:00.000000Z",
+                "leaseTransitions": 3,
+            },
+        }
+        self.puts: list[tuple[float, dict[str, Any]]] = []
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Response:
+        if method == "GET":
+            if self.alive and self.lease["spec"]["holderIdentity"] == "other":
+                self.renewals += 1
+                self.lease["spec"]["renewTime"] = f"2026-01-01T00:00:{self.renewals % 60:02d}.000000Z"
+            return Response(200, copy.deepcopy(self.lease))
+        assert method == "PUT", method
+        self.puts.append((asyncio.get_running_loop().time(), copy.deepcopy(body)))
+        self.lease = copy.deepcopy(body)
+        return Response(200, body)
+
+    async def get(self, path: str) -> Any:
+        r = await self.request("GET", path)
+        return r.body
+
+
+def test_a_lease_another_replica_keeps_renewing_is_never_taken(loop: VirtualTimeLoop) -> None:
+    store = HeldLease(alive=True)
+    changes: list[bool] = []
+
+    async def main() -> None:
+        task = asyncio.create_task(_elector(store, changes.append).run())
+        await asyncio.sleep(10.0)
+        await _stop(task)
+
+    virtual_time.run(loop, main())
+    assert changes == []
+    assert store.puts == []
+    assert store.renewals > 50  # it kept asking
+
+
+def test_a_lease_left_unrenewed_is_taken_once_its_duration_has_passed_on_our_clock(loop: VirtualTimeLoop) -> None:
+    store = HeldLease(alive=False)
+    changes: list[tuple[bool, float]] = []
+
+    async def main() -> None:
+        elector = _elector(store, lambda leader: changes.append((leader, loop.time())))
+        task = asyncio.create_task(elector.run())
+        await asyncio.sleep(3.0)
+        assert elector.holder == "me"
+        await _stop(task)
+
+    start = loop.time()
+    virtual_time.run(loop, main())
+    # The record was first seen at the start: its 2 s run from then, whatever renewTime says.
+    assert [c[0] for c in changes] == [True, False]  # False: the cancellation
+    assert start + 2.0 <= changes[0][1] <= start + 2.1 + 1e-6
+    taken, *renewed = [body["spec"] for _, body in store.puts]
+    assert taken["holderIdentity"] == "me"
+    assert taken["leaseTransitions"] == 4  # one more hand-over
+    assert taken["acquireTime"] != "2026-01-01T00:00:00.000000Z"
+    assert taken["leaseDurationSeconds"] == 2  # 1.5 s, rounded up
+    assert renewed  # and kept: renewals change neither the acquisition nor the count
+    assert {(r["acquireTime"], r["leaseTransitions"]) for r in renewed} == {(taken["acquireTime"], 4)}
+    assert all(r["renewTime"] >= taken["renewTime"] for r in renewed)
+
+
+@pytest.mark.parametrize(("duration", "deadline", "retry"), [(1.0, 1.0, 0.1), (1.5, 0.6, 0.6), (1.5, 0.6, 0.0)])
+def test_timings_that_cannot_work_are_refused(duration: float, deadline: float, retry: float) -> None:
+    assert leader.timing_problem(duration, deadline, retry) is not None
+    with pytest.raises(ValueError, match="lease duration > renew deadline > retry period > 0"):
+        LeaderElector(
+            cast(Kube, None), "ns", "l", "me", lease_duration=duration, renew_deadline=deadline, retry_period=retry
+        )
+    assert leader.timing_problem(1.5, 0.6, 0.1) is None
+
+
+def test_the_lead_lasts_a_renew_deadline_from_the_last_renewal(loop: VirtualTimeLoop) -> None:
+    async def main() -> None:
+        elector = _elector(SlowApi(0.0), lambda _: None)
+        assert elector.time_left() == 0.0  # not leading
+        task = asyncio.create_task(elector.run())
+        try:
+            for _ in range(100):
+                if elector.is_leader:
+                    break
+                await asyncio.sleep(0.01)
+            assert elector.time_left() == pytest.approx(0.6 - (loop.time() - elector.renewed_at))
+            loop.advance(0.5)
+            assert elector.time_left() == pytest.approx(0.6 - (loop.time() - elector.renewed_at))
+            assert elector.time_left() < 0.11
+            loop.advance(0.5)
+            assert elector.time_left() == 0.0
+        finally:
+            await _stop(task)
+
+    virtual_time.run(loop, main())
+
+
+def test_a_leader_releases_its_lease_at_shutdown(loop: VirtualTimeLoop) -> None:
+    store = HeldLease(alive=False)
+    store.lease["spec"]["holderIdentity"] = "me"
+
+    async def main() -> None:
+        elector = _elector(store, lambda _: None)
+        await elector.release()  # not known to hold it yet: nothing written
+        assert store.puts == []
+        assert await elector._renew(0.6)
+        await elector.release()
+
+    virtual_time.run(loop, main())
+    assert len(store.puts) == 2  # the renewal, then the release
+    released = store.puts[-1][1]["spec"]
+    assert released["holderIdentity"] == ""
+    assert released["leaseDurationSeconds"] == 1
+
+
+def test_a_lease_taken_over_meanwhile_is_not_released(loop: VirtualTimeLoop) -> None:
+    store = HeldLease(alive=False)
+    store.lease["spec"]["holderIdentity"] = "me"
+
+    async def main() -> None:
+        elector = _elector(store, lambda _: None)
+        assert await elector._renew(0.6)
+        store.lease["spec"]["holderIdentity"] = "other"  # it lost the Lease without noticing yet
+        await elector.release()
+
+    virtual_time.run(loop, main())
+    assert len(store.puts) == 1  # only the renewal
+    assert store.lease["spec"]["holderIdentity"] == "other"
+
+
+def test_a_released_lease_is_taken_at_once(loop: VirtualTimeLoop) -> None:
+    store = HeldLease(alive=False)
+    store.lease["spec"].update({"holderIdentity": "", "leaseDurationSeconds": 1})  # given up at a shutdown
+    changes: list[float] = []
+
+    async def main() -> None:
+        task = asyncio.create_task(_elector(store, lambda leader: changes.append(loop.time())).run())
+        await asyncio.sleep(0.5)
+        await _stop(task)
+
+    start = loop.time()
+    virtual_time.run(loop, main())
+    assert changes[:1] == [start]  # no wait for the released Lease to run out
+    assert store.puts[0][1]["spec"]["leaseTransitions"] == 4
