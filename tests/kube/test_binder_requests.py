@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -53,6 +54,7 @@ async def test_a_binding_refused_with_retry_after_is_retried_no_sooner(
 def test_retry_after_is_read_as_client_go_reads_it() -> None:
     assert client.retry_after(429, "2") == 2.0
     assert client.retry_after(503, " 7 ") == 7.0
+    assert client.retry_after(500, "2") == 2.0  # every 5xx, from 500 on
     assert client.retry_after(429, "3600") == client.RETRY_AFTER_MAX_S
     assert client.retry_after(429, "Wed, 21 Oct 2026 07:28:00 GMT") is None  # dates are not honoured
     assert client.retry_after(409, "2") is None  # only on 429 and 5xx
@@ -117,6 +119,7 @@ def _pod_object(uid: str, node: str) -> web.Response:
         (_pod_object("u1", "n2"), BindResult.TAKEN),
         (_pod_object("u1", ""), BindResult.FAILED),  # not written: safe to place again
         (_pod_object("u2", "n1"), BindResult.GONE),
+        (_status(404, "NotFound"), BindResult.GONE),  # deleted meanwhile
     ],
 )
 async def test_a_binding_answered_with_a_server_error_is_read_back_before_it_counts_as_failed(
@@ -208,3 +211,58 @@ async def test_a_read_back_answered_with_something_other_than_a_pod_is_no_answer
         await kube.close()
     assert result is BindResult.UNKNOWN
     assert "the answer is not a pod" in why
+
+
+async def test_a_binding_names_the_pod_its_uid_the_node_and_the_gpus(tmp_path: Path) -> None:
+    bodies: list[dict[str, Any]] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        bodies.append(await request.json())
+        return web.json_response({"kind": "Status", "status": "Success", "code": 201}, status=201)
+
+    async with serving(answer, tmp_path) as kubeconfig:
+        kube = await client.connect(kubeconfig, None, 1000, 1000)
+        try:
+            result = await Binder(kube, "me").bind(replace(pod("p", gpus=2), uid="u1"), "n1", (0, 3))
+        finally:
+            await kube.close()
+    assert result == (BindResult.BOUND, "")
+    assert bodies == [
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {
+                "name": "p",
+                "namespace": "default",
+                "uid": "u1",  # a later pod of the same name is not bound in its place
+                "annotations": {"gpusched.io/gpu-indices": "0,3"},
+            },
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"},
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("answers", "expected", "requests"),
+    [
+        ([_status(404, "NotFound")], BindResult.GONE, ["POST"]),  # the pod is gone: nothing to read
+        ([_status(409, "Conflict"), _pod_object("u1", "n2")], BindResult.TAKEN, ["POST", "GET"]),
+        ([_status(409, "Conflict"), _pod_object("u1", "n1")], BindResult.BOUND, ["POST", "GET"]),  # our own
+        ([_status(422, "Invalid")], BindResult.FAILED, ["POST"]),  # refused: nothing was written
+    ],
+)
+async def test_what_a_refused_binding_means(
+    server: tuple[Path, list[web.Response], list[str]],
+    answers: list[web.Response],
+    expected: BindResult,
+    requests: list[str],
+) -> None:
+    kubeconfig, script, seen = server
+    script += answers
+    kube = await client.connect(kubeconfig, None, 1000, 1000)
+    try:
+        result, _ = await Binder(kube, "me", attempts=3).bind(replace(pod("p", gpus=1), uid="u1"), "n1", (0,))
+    finally:
+        await kube.close()
+    assert result is expected
+    assert [s.split()[0] for s in seen] == requests
