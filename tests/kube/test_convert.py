@@ -839,3 +839,59 @@ def test_a_namespace_selector_that_is_refused_is_not_tracked_for_namespace_chang
     assert pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, affinity=good), {}).namespace_selectors == (
         (Requirement("team", "In", ("a",)),),
     )
+
+
+def test_a_node_reporting_only_capacity_is_read_from_it() -> None:
+    obj = node_obj()
+    obj["status"] = {"capacity": obj["status"].pop("allocatable")}  # an old or minimal kubelet
+    n = node_record(obj).node
+    assert (n.cpu_milli, n.memory_mib, n.gpu_count) == (64000, 512 * 1024, 8)
+
+
+def test_a_node_may_hold_up_to_the_most_gpus_a_node_holds() -> None:
+    assert node_record(node_obj(gpus="64")).node.gpu_count == 64
+    with pytest.raises(ConvertError, match="65 is more GPUs than a node holds"):
+        node_record(node_obj(gpus="65"))
+
+
+def test_mig_profiles_with_no_slices_left_are_not_offered() -> None:
+    obj = node_obj(gpus="0")
+    obj["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] = "0"  # reconfigured away
+    obj["status"]["allocatable"]["nvidia.com/mig-3g.40gb"] = "2"
+    rec = node_record(obj)
+    assert rec.mig == (("nvidia.com/mig-3g.40gb", 2),)
+    assert rec.node.mig_slices == (("3g.40gb", 2),)
+    assert rec.node.gpu_model == "unknown"  # MIG slices without a product label: still a GPU node
+
+
+def test_init_containers_count_at_their_largest_not_their_last() -> None:
+    obj = pod_obj(
+        requests={"cpu": "1", "memory": "1Gi"},
+        initContainers=[
+            {"name": "big", "resources": {"requests": {"cpu": "6", "memory": "8Gi"}}},
+            {"name": "small", "resources": {"requests": {"cpu": "2", "memory": "2Gi"}}},
+        ],
+    )
+    pod = pod_record(obj).pod
+    assert (pod.cpu_milli, pod.memory_mib) == (6000, 8 * 1024)
+
+
+def test_pod_level_requests_stand_only_for_cpu_and_memory() -> None:
+    obj = pod_obj(requests={"cpu": "1", "ephemeral-storage": "1Gi"})
+    obj["spec"]["resources"] = {"requests": {"cpu": "4", "ephemeral-storage": "10Gi"}}  # not pod-level
+    pod = pod_record(obj).pod
+    assert (pod.cpu_milli, pod.storage_mib) == (4000, 1024)
+
+
+def test_creation_time_is_read_as_utc_whatever_the_local_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    obj = pod_obj()
+    obj["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        assert pod_record(obj).created == 1767225600.0
+    finally:
+        monkeypatch.undo()
+        time.tzset()
