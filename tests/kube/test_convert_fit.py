@@ -142,3 +142,9 @@ def test_a_pod_being_resized_in_place_holds_the_larger_of_its_old_and_new_reques
         {"name": "setup", "resources": {"requests": {"cpu": "10"}}},
     ]
     assert pod_record(sidecar).pod.cpu_milli == 8000 + 3000
+
+
+def test_a_resize_the_kubelet_allocated_but_has_not_applied_holds_what_it_allocated() -> None:
+    obj = _resized("24", "4", infeasible=True)  # 24 is infeasible; 6, asked before, was allocated
+    obj["status"]["containerStatuses"][0]["allocatedResources"] = {"cpu": "6", "memory": "4Gi"}
+    assert pod_record(obj).pod.cpu_milli == 6000
