@@ -16,7 +16,7 @@ import pytest
 import structlog
 
 from gpusched import __version__, logs
-from gpusched.cli import main, parse_seeds
+from gpusched.cli import MAX_SEEDS, build_parser, main, parse_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = Path(str(resources.files("gpusched.sim") / "demo"))
@@ -501,3 +501,63 @@ def test_module_entry_point_exit_code() -> None:
     assert bad.returncode == 2
     assert "unknown policy 'nosuch'" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_seeds_count_up_to_the_limit_inclusive() -> None:
+    assert len(parse_seeds(f"1-{MAX_SEEDS}")) == MAX_SEEDS
+    with pytest.raises(ValueError, match=f"more than {MAX_SEEDS} seeds"):
+        parse_seeds(f"0-{MAX_SEEDS}")
+
+
+@pytest.mark.parametrize(
+    ("argv", "dest", "value"),
+    [
+        (["simulate", "--tune", "10"], "tune", 10.0),  # the largest multiple there is
+        (["run", "--metrics-port", "65535"], "metrics_port", 65535),
+        (["run", "--metrics-port", "0"], "metrics_port", 0),
+        (["run", "--lease-duration", "0.5"], "lease_duration", 0.5),
+    ],
+)
+def test_arguments_at_their_limits_are_taken(argv: list[str], dest: str, value: object) -> None:
+    assert getattr(build_parser().parse_args(argv), dest) == value
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["simulate", "--tune", "10.5"], "argument --tune: 10.5 times the cluster's GPUs is more than 10"),
+        (["run", "--metrics-port", "65536"], "argument --metrics-port: must be 0..65535"),
+        (["run", "--lease-duration", "0"], "argument --lease-duration: must be a positive number, got '0'"),
+        (["run", "--retry-period", "inf"], "argument --retry-period: must be a positive number, got 'inf'"),
+    ],
+)
+def test_arguments_past_their_limits_are_refused(
+    capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
+) -> None:
+    assert expected in rejected(capsys, argv)
+
+
+@pytest.mark.parametrize(("flags", "leader_elect"), [([], True), (["--no-leader-elect"], False)])
+def test_run_holds_the_lease_unless_told_not_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], leader_elect: bool
+) -> None:
+    import gpusched.daemon
+
+    seen: list[Any] = []
+
+    async def run_daemon(settings: Any) -> int:
+        seen.append(settings)
+        return 0
+
+    monkeypatch.setattr(gpusched.daemon, "run_daemon", run_daemon)
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG + "current-context: ctx\n", encoding="utf-8")
+    assert main(["run", "--kubeconfig", str(path), "--lease-name", "l", *flags]) == 0
+    (settings,) = seen
+    assert settings.leader_elect is leader_elect
+    assert (settings.lease_name, settings.lease_duration_s, settings.renew_deadline_s, settings.retry_period_s) == (
+        "l",
+        15.0,
+        10.0,
+        2.0,
+    )
