@@ -895,3 +895,29 @@ def test_creation_time_is_read_as_utc_whatever_the_local_zone(monkeypatch: pytes
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_pod_identity_fields_and_their_defaults() -> None:
+    obj = pod_obj(priority=1000)
+    obj["metadata"]["resourceVersion"] = "4711"
+    rec = pod_record(obj)
+    assert (rec.pod.priority, rec.resource_version, rec.scheduler) == (1000, "4711", "gpu-scheduler")
+    bare = pod_obj()
+    del bare["metadata"]["namespace"], bare["spec"]["schedulerName"]
+    rec = pod_record(bare)
+    assert (rec.pod.namespace, rec.pod.priority, rec.scheduler) == ("default", 0, "default-scheduler")
+
+
+def test_a_container_port_without_a_host_port_binds_none() -> None:
+    ports = [{"containerPort": 8080, "hostPort": 0}, {"containerPort": 9090}]
+    obj = pod_obj(containers=[{"name": "c", "resources": {}, "ports": ports}])
+    assert pod_record(obj).pod.host_ports == frozenset()
+
+
+def test_an_unreadable_pod_that_is_being_deleted_is_still_known_as_terminating() -> None:
+    obj = pod_obj(limits={"cpu": "lots"})
+    obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    rec = pod_record(obj)
+    assert rec.error
+    assert rec.pod.terminating
+    assert rec.deleting
