@@ -111,11 +111,7 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
     reasons: Counter[str] = Counter()
 
     def check(ok: np.ndarray, reason: str) -> None:
-        nonlocal left
-        failed = left & ~ok
-        if failed.any():
-            reasons[reason] += int(failed.sum())
-        left = left & ok
+        check_all([(ok, reason)])
 
     def check_all(checks: list[tuple[np.ndarray, str]]) -> None:
         """One filter that reports every check a node fails (NodeResourcesFit)."""
@@ -204,7 +200,7 @@ def explain_gang(pod: Pod, members: int, state: ClusterState, excluded: Mapping[
     where = ""
     if gang.topology == "required":
         key = gang.topology_key
-        if not any(n.labels.get(key) for n in state.cluster.nodes):
+        if not any(state.cluster.domains(key)[1]):  # no node has a non-empty value of it
             return (
                 f"gang {gang.name}: its members must share one {key} domain, but no node has a {key} label; "
                 f"label the nodes, or check the gang's topology key"
