@@ -2,8 +2,10 @@
 
 ``Cluster`` is the static inventory; ``ClusterState`` is what is in use on it.
 Both are immutable: ``ClusterState.apply`` returns a new state and shares the
-static part.  Dense numpy arrays make the per-pod filters and scores that the
-greedy policies and the simulator run thousands of times cheap.
+static part (a pass that places pods one by one may hand a state it made itself
+on to the next, ``apply(consume=True)``).  Dense numpy arrays make the per-pod
+filters and scores that the greedy policies and the simulator run thousands of
+times cheap.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, TypeVar
 
@@ -299,6 +301,7 @@ class ClusterState:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_log", _ChangeLog())
         object.__setattr__(self, "_version", 0)
+        object.__setattr__(self, "_own", frozenset())  # arrays made for this state alone (``apply``)
         object.__setattr__(self, "_selected", {})
         object.__setattr__(self, "_selected_counts", {})
         object.__setattr__(self, "_forbidding", {})
@@ -758,9 +761,18 @@ class ClusterState:
             ok &= self.cluster.product_mask(shape.gpu_models)
         return ok & self.mig_available(shape.mig_profile)
 
-    def apply(self, assignments: Iterable[Assignment]) -> ClusterState:
-        """A new state with ``assignments`` added (no checks: validate plans first)."""
-        return self._add(assignments, 1)
+    def apply(self, assignments: Iterable[Assignment], *, consume: bool = False) -> ClusterState:
+        """A new state with ``assignments`` added (no checks: validate plans first).
+
+        ``consume``: this state is never read again, and its caller made it (by ``apply`` or
+        ``partition`` on another state) and shared it with no one.  The arrays this state made for
+        itself are then updated in place and handed on instead of copied, and this state is spent:
+        its arrays are gone and reading it fails.  A greedy pass that places a thousand pods one by
+        one on 10,000 nodes copies about 3 GB less.  Anything that keeps this state's
+        arrays to compare with later must ask ``changed_since`` first: the arrays are the same
+        objects in the new state, with new values.
+        """
+        return self._add(assignments, 1, consume=consume)
 
     def release(self, assignments: Iterable[Assignment]) -> ClusterState:
         """A new state with ``assignments`` removed."""
@@ -771,17 +783,34 @@ class ClusterState:
         return self._add((), 1, tuple(partitions))
 
     def _add(
-        self, assignments: Iterable[Assignment], sign: int, partitions: tuple[MigPartition, ...] = ()
+        self,
+        assignments: Iterable[Assignment],
+        sign: int,
+        partitions: tuple[MigPartition, ...] = (),
+        consume: bool = False,
     ) -> ClusterState:
-        cpu = self.cpu_used.copy()
-        mem = self.mem_used.copy()
-        gpu = self.gpu_used.copy()
-        kinds = self.kinds.copy()
+        log: _ChangeLog = self.__dict__["_log"]
+        version: int = self.__dict__["_version"]
+        # In place only where the new state extends this one's change log: a cache that kept these
+        # arrays learns from the log which rows changed under it (``changed_since``).
+        extends = version == len(log.rows) < _MAX_LOG
+        mine: frozenset[str] = self.__dict__["_own"] if consume and extends else frozenset()
+
+        def take(name: str, arr: IntArray) -> IntArray:
+            if name in mine:
+                arr.setflags(write=True)
+                return arr
+            return arr.copy()
+
+        cpu = take("cpu_used", self.cpu_used)
+        mem = take("mem_used", self.mem_used)
+        gpu = take("gpu_used", self.gpu_used)
+        kinds = take("pod_kinds", self.kinds)
         mig = self.mig
         storage = self.storage_used
         pods = self.pods_used
         if self.cluster.pods_metered:
-            pods = np.zeros(len(self.cluster), dtype=np.int64) if pods is None else pods.copy()
+            pods = np.zeros(len(self.cluster), dtype=np.int64) if pods is None else take("pods_used", pods)
         ports: dict[int, frozenset[str]] | None = None  # copied on the first pod with host ports
         residents: dict[int, tuple[Pod, ...]] | None = None  # copied on the first pod it concerns
         holders = self.holders
@@ -826,7 +855,10 @@ class ClusterState:
                         holders = tuple(h for h in holders if not (h[0] == a.node and h[1].key == p.key))
             if p.storage_mib:
                 if storage is None or storage is self.storage_used:
-                    storage = np.zeros(len(self.cluster), dtype=np.int64) if storage is None else storage.copy()
+                    if storage is None:
+                        storage = np.zeros(len(self.cluster), dtype=np.int64)
+                    else:
+                        storage = take("storage_used", storage)
                 storage[a.node] += sign * p.storage_mib
             for g in a.gpus:
                 gpu[a.node, g] += sign * p.gpu_milli
@@ -834,7 +866,7 @@ class ClusterState:
                 kinds[a.node, 0 if p.is_fractional else min(p.num_gpu, self.cluster.max_gpus)] += sign
             elif p.mig_profile:
                 if mig is self.mig_used:
-                    mig = mig.copy()
+                    mig = take("mig_used", mig)
                 mig[a.node, self.cluster.mig_index[p.mig_profile]] += sign
         new = ClusterState(
             self.cluster,
@@ -932,19 +964,36 @@ class ClusterState:
                     after.setflags(write=False)
                 carried_counts[spread] = after
         touched = np.fromiter(rows, dtype=np.intp, count=len(rows))
-        log: _ChangeLog = self.__dict__["_log"]
-        version: int = self.__dict__["_version"]
-        if version == len(log.rows) < _MAX_LOG:  # the newest state of its log: extend it
+        if extends:  # the newest state of its log: extend it
             log.rows.append(touched)
             object.__setattr__(new, "_log", log)
             object.__setattr__(new, "_version", version + 1)
+        # The new state owns every array made for it here, and those it took over from this one.
+        parent = {
+            "cpu_used": self.cpu_used,
+            "mem_used": self.mem_used,
+            "gpu_used": self.gpu_used,
+            "pod_kinds": self.pod_kinds,
+            "mig_used": self.mig_used,
+            "storage_used": self.storage_used,
+            "pods_used": self.pods_used,
+        }
+        made: dict[str, IntArray | None] = {"cpu_used": cpu, "mem_used": mem, "gpu_used": gpu, "pod_kinds": kinds}
+        made |= {"mig_used": mig, "storage_used": storage, "pods_used": pods}
+        own = frozenset(k for k, arr in made.items() if arr is not None and (arr is not parent[k] or k in mine))
+        object.__setattr__(new, "_own", own)
         # Derived arrays already computed here are patched on the touched rows
-        # instead of being recomputed over the whole cluster.
+        # instead of being recomputed over the whole cluster (in place when consuming: a
+        # state's derived arrays are always its own).
         done = self.__dict__
         if touched.size * 8 < len(self.cluster):
             for name in ("cpu_free", "mem_free", "gpu_free", "full_free_gpus", "max_gpu_free"):
                 if name in done:
-                    arr = done[name].copy()
+                    arr = done[name]
+                    if mine:
+                        arr.setflags(write=True)
+                    else:
+                        arr = arr.copy()
                     new.__dict__[name] = arr
             d = new.__dict__
             if "cpu_free" in d:
@@ -964,6 +1013,13 @@ class ClusterState:
             for name in ("cpu_free", "mem_free", "gpu_free", "full_free_gpus", "max_gpu_free"):
                 if name in d:
                     d[name].setflags(write=False)
+        if mine:  # spent: its arrays live on in ``new``; reading it now fails rather than lies
+            for k in list(self.__dict__):
+                if k in _STATE_FIELDS:
+                    self.__dict__[k] = None
+                elif k not in ("_log", "_version"):
+                    del self.__dict__[k]
+            self.__dict__["_own"] = frozenset()
         return new
 
     @property
@@ -983,10 +1039,25 @@ class ClusterState:
         parts = log.rows[stamp[1] : version]
         return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.intp)
 
+    @staticmethod
+    def changed_after(stamp: tuple[object, int]) -> npt.NDArray[np.intp]:
+        """Nodes changed by every state derived since ``stamp`` in its chain, to the newest.
+
+        The arrays of the state that gave ``stamp`` may have been updated in place since
+        (``apply(consume=True)``) only on these rows: elsewhere they still hold what it held.
+        """
+        log = stamp[0]
+        assert isinstance(log, _ChangeLog)
+        parts = log.rows[stamp[1] :]
+        return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.intp)
+
     @property
     def gpu_allocated_milli(self) -> int:
         """GPU share in use across the cluster."""
         return int(self.gpu_used.sum())
+
+
+_STATE_FIELDS = frozenset(f.name for f in fields(ClusterState))
 
 
 @dataclass(frozen=True)

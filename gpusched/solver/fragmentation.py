@@ -301,17 +301,22 @@ class FragScorer:
         cpu_used: IntArray | None,
         gpu_used: IntArray | None,
     ) -> npt.NDArray[np.intp] | None:
-        """Rows that differ from the state last seen; None when everything must be computed."""
+        """Rows that differ from the state last seen; None when everything must be computed.
+
+        ``cpu_used`` and ``gpu_used`` are that state's arrays, which a greedy pass may have
+        updated in place since (``ClusterState.apply(consume=True)``): on the rows its change log
+        names after ``seen``, so those are computed again whatever the arrays say.
+        """
         if cpu_used is None or gpu_used is None:
             return None
-        if cpu_used is state.cpu_used and gpu_used is state.gpu_used:
-            return np.empty(0, dtype=np.intp)
         if seen is not None:
             rows = state.changed_since(seen)
             if rows is not None:
                 return rows
-        diff = (cpu_used != state.cpu_used) | (gpu_used != state.gpu_used).any(axis=1)
-        return np.flatnonzero(diff)
+        diff = np.flatnonzero((cpu_used != state.cpu_used) | (gpu_used != state.gpu_used).any(axis=1))
+        if seen is None:
+            return diff
+        return np.union1d(diff, ClusterState.changed_after(seen))
 
     def delta(self, state: ClusterState, shape: PodShape) -> tuple[FloatArray, IntArray, IntArray]:
         """(fragmentation added, FGD score, GPU index) per node for one pod of ``shape``."""

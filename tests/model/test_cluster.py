@@ -319,3 +319,70 @@ def test_a_node_over_committed_before_a_placement_still_takes_pods_asking_no_cpu
     s1 = s0.apply([Assignment(gpu_only[0], 0, (0,))])
     assert s1.pod_mask(gpu_only[1])[0]
     assert not s1.pod_mask(Pod("cpu", 1, 0, uid="u-cpu"))[0]  # asking for any CPU: refused there
+
+
+class TestConsume:
+    """``apply(consume=True)``: the arrays a state made for itself are updated in place and handed on."""
+
+    def test_a_consumed_state_hands_its_arrays_on_and_is_spent(self) -> None:
+        # Twenty nodes: derived arrays are patched on the rows touched (not recomputed) past eight.
+        c = Cluster([Node(f"n{i}", 16000, 65536, gpu_count=4, gpu_model="A100") for i in range(20)])
+        s1 = c.empty_state().apply([Assignment(pod("a", cpu=1000, gpus=1, milli=300), 0, (0,))])
+        _ = (s1.cpu_free, s1.gpu_free, s1.full_free_gpus)
+        arrays = (s1.cpu_used, s1.gpu_used, s1.cpu_free, s1.gpu_free, s1.full_free_gpus)
+        s2 = s1.apply([Assignment(pod("b", cpu=2000, gpus=2, milli=1000), 1, (0, 1))], consume=True)
+        now = (s2.cpu_used, s2.gpu_used, s2.cpu_free, s2.gpu_free, s2.full_free_gpus)
+        for a, b in zip(arrays, now, strict=True):
+            assert b is a  # no copy
+        assert s2.cpu_used.tolist()[:3] == [1000, 2000, 0]
+        assert s2.gpu_used[1].tolist() == [1000, 1000, 0, 0]
+        assert s2.full_free_gpus.tolist()[:3] == [3, 2, 4]
+        with pytest.raises(ValueError, match="read-only"):
+            s2.cpu_used[0] = 0  # read-only again
+        assert s1.cpu_used is None
+        assert s1.cluster is None
+        with pytest.raises((TypeError, AttributeError)):
+            _ = s1.cpu_free
+        fresh = ClusterState(c, s2.cpu_used.copy(), s2.mem_used.copy(), s2.gpu_used.copy())
+        for name in ("cpu_free", "mem_free", "gpu_free", "full_free_gpus", "max_gpu_free"):
+            assert (getattr(s2, name) == getattr(fresh, name)).all(), name
+
+    def test_a_state_not_made_by_apply_is_copied_and_stays_readable(self) -> None:
+        s0 = make_cluster().empty_state()
+        s1 = s0.apply([Assignment(pod("a", cpu=1000), 0)], consume=True)
+        assert s0.cpu_used.tolist() == [0, 0, 0, 0]
+        assert s1.cpu_used is not s0.cpu_used
+        assert s1.cpu_used.tolist() == [1000, 0, 0, 0]
+
+    def test_arrays_shared_with_the_parent_are_copied_not_updated(self) -> None:
+        # s1 made cpu, memory and GPU arrays for itself but shares s0's storage array: consuming
+        # s1 must leave s0's storage as it was.
+        c = Cluster([Node(f"n{i}", 8000, 8192, storage_mib=10000) for i in range(3)])
+        s0 = c.empty_state().apply([Assignment(Pod("disk", 100, 10, storage_mib=500), 0)])
+        s1 = s0.apply([Assignment(Pod("plain", 100, 10), 1)])
+        assert s1.storage_used is s0.storage_used
+        s2 = s1.apply([Assignment(Pod("disk2", 100, 10, storage_mib=700), 2)], consume=True)
+        assert s0.storage_used is not None
+        assert s0.storage_used.tolist() == [500, 0, 0]
+        assert s0.cpu_used.tolist() == [100, 0, 0]
+        assert s2.storage_used is not None
+        assert s2.storage_used.tolist() == [500, 0, 700]
+        assert s2.cpu_used.tolist() == [100, 100, 100]
+
+    def test_in_place_only_along_the_change_log(self) -> None:
+        # A state that is not the newest of its log cannot extend it; without a log to say which
+        # rows changed, a cache that kept its arrays could not tell: it is copied instead.
+        s0 = make_cluster().empty_state()
+        s1 = s0.apply([Assignment(pod("a", cpu=10), 0)])
+        s2 = s1.apply([Assignment(pod("b", cpu=10), 1)])
+        s3 = s1.apply([Assignment(pod("c", cpu=10), 2)], consume=True)  # s1 is no longer the newest
+        assert s3.cpu_used is not s1.cpu_used
+        assert s1.cpu_used.tolist() == [10, 0, 0, 0]
+        assert s2.cpu_used.tolist() == [10, 10, 0, 0]
+        assert s3.cpu_used.tolist() == [10, 0, 10, 0]
+        assert s2.changed_since(s1.stamp) is not None
+        s4 = s2.apply([Assignment(pod("d", cpu=10), 3)], consume=True)  # s2 is: in place
+        changed = s4.changed_since(s1.stamp)
+        assert changed is not None
+        assert changed.tolist() == [1, 3]
+        assert ClusterState.changed_after(s1.stamp).tolist() == [1, 3]

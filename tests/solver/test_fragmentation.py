@@ -543,3 +543,16 @@ def test_cpsat_learns_typical_pods_unless_it_is_given_them() -> None:
     assert [s.gpu_milli for s in learning.tracker.scorer.typical.shapes] == [300]
     assert learning.tracker.scorer.typical != given
     assert fixed.tracker.scorer.typical == given
+
+
+def test_scores_cached_from_arrays_later_updated_in_place_are_not_served_stale() -> None:
+    # The scorer keeps the arrays of the last state it saw; a greedy pass then updates them in
+    # place.  A snapshot built afresh with the same usage as the pass's end (the daemon's next
+    # batch, with the pod bound where the pass put it) must not look unchanged to the scorer.
+    scorer = FragScorer(SCORER_CLUSTER, SCORER_TYPICAL)
+    s1 = SCORER_CLUSTER.empty_state().apply([Assignment(pod("a", cpu=1000, gpus=1), 0, (0,))])
+    _assert_scorers_agree(scorer, s1)
+    s2 = s1.apply([Assignment(pod("b", cpu=2000, gpus=2), 2, (0, 1))], consume=True)
+    s3 = s2.apply([Assignment(pod("c", cpu=500, gpus=1, milli=300), 1, (0,))], consume=True)
+    snapshot = ClusterState(SCORER_CLUSTER, s3.cpu_used.copy(), s3.mem_used.copy(), s3.gpu_used.copy())
+    _assert_scorers_agree(scorer, snapshot)

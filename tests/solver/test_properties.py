@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -177,7 +178,13 @@ def cases(draw: st.DrawFn) -> Case:
 
 def run(name: str, case: Case) -> Plan:
     policy = make_policy(name, case.state.cluster, case.typical, case.seed, FAST)
-    plan = policy.place(case.pods, case.state)
+    s = case.state
+    before = [a.copy() for a in (s.cpu_used, s.mem_used, s.gpu_used, s.kinds, s.mig, s.cpu_free, s.gpu_free)]
+    plan = policy.place(case.pods, s)
+    # The caller's state is the caller's: a policy updates in place only states it made itself.
+    after = (s.cpu_used, s.mem_used, s.gpu_used, s.kinds, s.mig, s.cpu_free, s.gpu_free)
+    for was, now in zip(before, after, strict=True):
+        np.testing.assert_array_equal(was, now)
     validate_plan(plan, case.state, case.pods)
     assert len(plan.assignments) + len(plan.unplaced) == len(case.pods)
     return plan

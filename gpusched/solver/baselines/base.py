@@ -137,13 +137,14 @@ class GreedyPolicy:
             if pod.gang is not None:
                 gangs.setdefault(pod.gang.name, []).append(pod)
         done: set[str] = set()
+        given = state  # the caller's: copied once, then the states made here are updated in place
         for pod in pods:
             if pod.gang is None:
                 step = self._step(pod, state, None)
                 if step is None:
                     failed.append(pod)
                     continue
-                state = self._commit(step, state, placed, partitions)
+                state = self._commit(step, state, placed, partitions, consume=state is not given)
                 continue
             if pod.gang.name in done:
                 continue
@@ -165,7 +166,7 @@ class GreedyPolicy:
                 step = self._step(pod, state, None)
                 if step is not None:
                     failed.remove(pod)
-                    state = self._commit(step, state, placed, partitions)
+                    state = self._commit(step, state, placed, partitions, consume=state is not given)
                     progress = True
         ms = (time.perf_counter() - start) * 1000
         gpu = float(sum(a.pod.gpu_demand_milli for a in placed))
@@ -177,13 +178,15 @@ class GreedyPolicy:
         state: ClusterState,
         placed: list[Assignment],
         partitions: list[MigPartition],
+        consume: bool,
     ) -> ClusterState:
+        """``state`` with the step applied; ``consume``: ``state`` was made by this pass alone."""
         a, parts = step
         if parts:
             partitions.extend(parts)
-            state = state.partition(parts)
+            state, consume = state.partition(parts), True
         placed.append(a)
-        return state.apply((a,))
+        return state.apply((a,), consume=consume)
 
     def _step(
         self, pod: Pod, state: ClusterState, allowed: BoolArray | None
@@ -232,9 +235,10 @@ class GreedyPolicy:
                 if step is None:
                     break
                 steps.append(step)
+                fresh = trial is not state  # made by this trial alone: updated in place
                 if step[1]:
-                    trial = trial.partition(step[1])
-                trial = trial.apply((step[0],))
+                    trial, fresh = trial.partition(step[1]), True
+                trial = trial.apply((step[0],), consume=fresh)
             else:
                 return steps, trial
         return None, state
