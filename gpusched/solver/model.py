@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from ortools.sat.python import cp_model
+from ortools.sat.python import cp_model, cp_model_helper
 
 from gpusched.solver import constraints, objectives
 from gpusched.solver.instance import Instance, domain_of
 from gpusched.solver.params import Weights
 from gpusched.solver.vars import Vars
 
-__all__ = ["build_model", "hint_from_plan"]
+__all__ = ["build_model", "hint_from_plan", "maximize"]
 
 
 def build_model(inst: Instance, weights: Weights) -> tuple[cp_model.CpModel, Vars]:
@@ -21,8 +21,23 @@ def build_model(inst: Instance, weights: Weights) -> tuple[cp_model.CpModel, Var
     v = Vars.create(inst, model)
     for c in constraints.ALL:
         c.build(inst, model, v)
-    model.maximize(sum(o.build(inst, model, v, weights) for o in objectives.ALL))
+    maximize(model, sum(o.build(inst, model, v, weights) for o in objectives.ALL))
     return model, v
+
+
+def maximize(model: cp_model.CpModel, objective: cp_model.LinearExprT) -> None:
+    """``model.maximize(objective)`` for an integer objective, with its terms written to the proto
+    in bulk: ``maximize`` appends them one at a time, 60 ms for a 10,000-node batch."""
+    if isinstance(objective, int) or not isinstance(objective, cp_model.LinearExpr):
+        model.maximize(objective)
+        return
+    flat = cp_model_helper.FlatIntExpr(objective)
+    model.clear_objective()  # type: ignore[no-untyped-call]
+    proto = model.proto.objective
+    proto.vars.extend([var.index for var in flat.vars])
+    proto.coeffs.extend([-c for c in flat.coeffs])  # CP-SAT minimises: maximising is minimising -f
+    proto.scaling_factor = -1.0
+    proto.offset = -flat.offset
 
 
 def hint_from_plan(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:

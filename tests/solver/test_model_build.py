@@ -1,0 +1,49 @@
+"""Writing the objective to the model: the bulk path gives the model ``CpModel.maximize`` gives."""
+
+from __future__ import annotations
+
+import pytest
+from ortools.sat.python import cp_model
+
+from gpusched.solver.model import maximize
+
+
+def _pair() -> tuple[cp_model.CpModel, cp_model.CpModel, list[cp_model.IntVar], list[cp_model.IntVar]]:
+    a, b = cp_model.CpModel(), cp_model.CpModel()
+    xa = [a.new_int_var(0, 3, f"x{i}") for i in range(4)]
+    xb = [b.new_int_var(0, 3, f"x{i}") for i in range(4)]
+    for m, x in ((a, xa), (b, xb)):
+        m.add(x[0] + x[1] + x[2] + x[3] <= 5)
+    return a, b, xa, xb
+
+
+@pytest.mark.parametrize(
+    "terms",
+    [
+        lambda x: 7 * x[0] - 2 * x[1] + 3 * x[2] + 11,  # an offset, a negative coefficient
+        lambda x: 4 * x[0] + 1 * x[0] - x[3],  # one variable twice: merged
+        lambda x: sum(c * v for c, v in zip((5, 0, 2, 9), x, strict=True)) - 4,  # a zero coefficient
+    ],
+)
+def test_the_objective_is_the_one_maximize_writes_and_solves_the_same(terms: object) -> None:
+    a, b, xa, xb = _pair()
+    a.maximize(terms(xa))  # type: ignore[operator]
+    maximize(b, terms(xb))  # type: ignore[operator]
+    pa, pb = a.proto.objective, b.proto.objective
+    got = sorted((v, c) for v, c in zip(pb.vars, pb.coeffs, strict=True) if c)
+    want: dict[int, int] = {}
+    for v, c in zip(pa.vars, pa.coeffs, strict=True):
+        want[v] = want.get(v, 0) + c
+    assert got == sorted((v, c) for v, c in want.items() if c)
+    assert (pb.offset, pb.scaling_factor) == (pa.offset, pa.scaling_factor)
+    sa, sb = cp_model.CpSolver(), cp_model.CpSolver()
+    assert sa.solve(a) == sb.solve(b) == cp_model.OPTIMAL
+    assert sb.objective_value == sa.objective_value
+
+
+def test_a_constant_objective_is_written_as_maximize_writes_it() -> None:
+    a, b, _, _ = _pair()
+    a.maximize(0)
+    maximize(b, 0)
+    pa, pb = a.proto.objective, b.proto.objective
+    assert (list(pb.vars), list(pb.coeffs), pb.offset) == (list(pa.vars), list(pa.coeffs), pa.offset) == ([], [], 0)
