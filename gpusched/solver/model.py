@@ -21,7 +21,7 @@ def build_model(inst: Instance, weights: Weights) -> tuple[cp_model.CpModel, Var
     v = Vars.create(inst, model)
     for c in constraints.ALL:
         c.build(inst, model, v)
-    maximize(model, sum(o.build(inst, model, v, weights) for o in objectives.ALL))
+    maximize(model, cp_model.LinearExpr.sum([o.build(inst, model, v, weights) for o in objectives.ALL]))
     return model, v
 
 

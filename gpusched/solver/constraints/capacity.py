@@ -30,4 +30,4 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
                 continue  # nothing asks for it here (the node may even be over-committed already)
             # Skip constraints that cannot bind (each ub already respects capacity alone).
             if sum(r * inst.candidates[ci].ub for r, ci in zip(req, cis, strict=True)) > free:
-                model.add(sum(r * v.x[ci] for r, ci in zip(req, cis, strict=True)) <= free)
+                model.add(cp_model.LinearExpr.weighted_sum([v.x[ci] for ci in cis], req) <= free)

@@ -17,14 +17,14 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
     for ci, c in enumerate(inst.candidates):
         if not c.gpus:
             continue
-        model.add(v.x[ci] == sum(v.y[ci, g] for g, _, _ in c.gpus))
+        model.add(v.x[ci] == cp_model.LinearExpr.sum([v.y[ci, g] for g, _, _ in c.gpus]))
         milli = inst.groups[c.group].shape.gpu_milli
         for g, fit, _ in c.gpus:
             load[c.node, g].append((milli, ci, min(fit, c.ub)))
     for (n, g), items in load.items():
         free = int(inst.state.gpu_free[n, g])
         taken = v.whole.get((n, g))
-        used = sum(m * v.y[ci, g] for m, ci, _ in items)
+        used = cp_model.LinearExpr.weighted_sum([v.y[ci, g] for _, ci, _ in items], [m for m, _, _ in items])
         if taken is not None:
             model.add(used <= free - GPU_MILLI * taken)
         elif sum(m * ub for m, _, ub in items) > free:

@@ -41,5 +41,5 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
         v.active[n] = a
         for ci in gpu_cis:
             model.add(v.x[ci] <= inst.candidates[ci].ub * a)
-        terms.append(-w.active_nodes * a)
-    return sum(terms)
+        terms.append(a)
+    return -w.active_nodes * cp_model.LinearExpr.sum(terms)

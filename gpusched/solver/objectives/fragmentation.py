@@ -39,7 +39,9 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
     """-fragmentation * added fragmentation."""
     if not w.fragmentation:
         return 0
-    return sum(-cost * (v.x[ci] if g is None else v.y[ci, g]) for ci, g, cost in _charges(inst, w))
+    charges = list(_charges(inst, w))
+    xs = [v.x[ci] if g is None else v.y[ci, g] for ci, g, _ in charges]
+    return cp_model.LinearExpr.weighted_sum(xs, [-cost for _, _, cost in charges])
 
 
 def stake(inst: Instance, w: Weights) -> int:

@@ -13,7 +13,8 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
     """packing * fullness of the chosen node, per pod."""
     if not w.packing:
         return 0
-    return sum(w.packing * c.pack * v.x[ci] for ci, c in enumerate(inst.candidates) if c.pack)
+    packed = [(v.x[ci], w.packing * c.pack) for ci, c in enumerate(inst.candidates) if c.pack]
+    return cp_model.LinearExpr.weighted_sum([x for x, _ in packed], [k for _, k in packed])
 
 
 def stake(inst: Instance, w: Weights) -> int:

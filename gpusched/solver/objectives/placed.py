@@ -22,12 +22,13 @@ def worth(w: Weights, gpu_demand_milli: int) -> int:
 
 def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_model.LinearExprT:
     """placement_factor * (placed_gpu * GPU demand placed + placed_pods * pods placed)."""
-    terms = []
+    xs, coefs = [], []
     for ci, c in enumerate(inst.candidates):
         coef = w.placement_factor * worth(w, inst.groups[c.group].shape.gpu_demand_milli)
         if coef:
-            terms.append(coef * v.x[ci])
-    return sum(terms)
+            xs.append(v.x[ci])
+            coefs.append(coef)
+    return cp_model.LinearExpr.weighted_sum(xs, coefs)
 
 
 def stake(inst: Instance, w: Weights) -> int:

@@ -26,7 +26,7 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
         return 0
     group_of = inst.group_of()
     hinted = Counter((group_of[inst.key_of(a.pod)], a.node) for a in inst.hint.assignments)
-    terms: list[cp_model.LinearExprT] = []
+    terms: list[cp_model.IntVar] = []
     for ci, c in enumerate(inst.candidates):
         count = hinted.get((c.group, c.node), 0)
         if not count:
@@ -34,8 +34,8 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
         kept = model.new_int_var(0, min(count, c.ub), f"k{ci}")
         model.add(kept <= v.x[ci])
         v.kept[ci] = kept
-        terms.append(w.keep_hint * kept)
-    return sum(terms)
+        terms.append(kept)
+    return w.keep_hint * cp_model.LinearExpr.sum(terms)
 
 
 def stake(inst: Instance, w: Weights) -> int:
