@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -105,6 +106,17 @@ class Instance:
     def key_of(self, pod: Pod) -> GroupKey:
         """The ``Group.key`` of the group ``pod`` belongs to."""
         return _group_key(pod, self.terms, self.spreads, self.state if self.identities else None, self.wishes)
+
+    @cached_property
+    def _member_of(self) -> dict[int, int]:
+        """Group index by the identity of each pod the groups hold (they keep the pods alive)."""
+        return {id(p): gi for gi, g in enumerate(self.groups) for p in g.pods}
+
+    def group_index(self, pod: Pod) -> int:
+        """The index of the group ``pod`` belongs to (found by identity for the batch's own pods:
+        the plans of the batch hold those; by ``key_of`` for any other)."""
+        gi = self._member_of.get(id(pod))
+        return gi if gi is not None else self.group_of()[self.key_of(pod)]
 
     def conflicts(self, a: int, b: int) -> list[str]:
         """Topology keys of the anti-affinity terms by which groups ``a`` and ``b`` (or a group's
@@ -259,8 +271,10 @@ def build_instance(
     identities = preferences and bool(state.wish_terms or wishes)
     told = state if identities else None  # preferred terms tell pods apart
     by_shape: dict[GroupKey, list[tuple[int, Pod]]] = defaultdict(list)
+    key_by_pod: dict[int, GroupKey] = {}  # by pod identity: the hint holds the batch's own pods
     for i, p in enumerate(pods):
-        by_shape[_group_key(p, terms, spreads, told, wishes)].append((i, p))
+        key_by_pod[id(p)] = gk = _group_key(p, terms, spreads, told, wishes)
+        by_shape[gk].append((i, p))
     groups = tuple(
         Group(
             key[0],
@@ -281,7 +295,8 @@ def build_instance(
             gang_sizes[g.gang.name] += len(g.pods)
     hinted: dict[GroupKey, set[int]] = defaultdict(set)
     for a in hint.assignments:
-        hinted[_group_key(a.pod, terms, spreads, told, wishes)].add(a.node)
+        hk = key_by_pod.get(id(a.pod))
+        hinted[hk if hk is not None else _group_key(a.pod, terms, spreads, told, wishes)].add(a.node)
 
     classes = node_classes(state, _class_extras(state, groups, peers, penalties))
     order = np.argsort(classes, kind="stable")

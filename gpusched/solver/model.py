@@ -43,7 +43,6 @@ def maximize(model: cp_model.CpModel, objective: cp_model.LinearExprT) -> None:
 def hint_from_plan(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
     """Warm start: hint every variable with the value it takes in ``inst.hint``."""
     index = {(c.group, c.node): ci for ci, c in enumerate(inst.candidates)}
-    group_of = inst.group_of()
     islands = inst.state.cluster.islands
     x: dict[int, int] = dict.fromkeys(v.x, 0)
     y: dict[tuple[int, int], int] = dict.fromkeys(v.y, 0)
@@ -55,7 +54,7 @@ def hint_from_plan(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
     gang: dict[str, int] = dict.fromkeys(v.gang, 0)
     domain: dict[tuple[str, str], int] = dict.fromkeys(v.domain, 0)
     for a in inst.hint.assignments:
-        ci = index.get((group_of[inst.key_of(a.pod)], a.node))
+        ci = index.get((inst.group_index(a.pod), a.node))
         if ci is None:
             return  # the hint is not expressible; solve cold rather than hint part of it
         x[ci] += 1

@@ -1,11 +1,17 @@
-"""Writing the objective to the model: the bulk path gives the model ``CpModel.maximize`` gives."""
+"""Building the model: the bulk objective gives what ``CpModel.maximize`` gives; pods find their groups."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 from ortools.sat.python import cp_model
 
+from gpusched.model import Cluster, Plan
+from gpusched.solver.fragmentation import FragScorer, TypicalPods
+from gpusched.solver.instance import build_instance
 from gpusched.solver.model import maximize
+from tests.factories import gpu_node, pod
 
 
 def _pair() -> tuple[cp_model.CpModel, cp_model.CpModel, list[cp_model.IntVar], list[cp_model.IntVar]]:
@@ -47,3 +53,14 @@ def test_a_constant_objective_is_written_as_maximize_writes_it() -> None:
     maximize(b, 0)
     pa, pb = a.proto.objective, b.proto.objective
     assert (list(pb.vars), list(pb.coeffs), pb.offset) == (list(pa.vars), list(pa.coeffs), pa.offset) == ([], [], 0)
+
+
+def test_a_pod_finds_its_group_whether_it_is_the_batchs_own_object_or_an_equal_copy() -> None:
+    c = Cluster([gpu_node(f"n{i}", gpus=4) for i in range(3)])
+    pods = [pod("a0", gpus=1), pod("a1", gpus=1), pod("f0", gpus=1, milli=300), pod("c0")]
+    inst = build_instance(pods, c.empty_state(), FragScorer(c, TypicalPods.from_pods(pods)), Plan((), tuple(pods)), 24)
+    for p in pods:
+        gi = inst.group_index(p)
+        assert any(q is p for q in inst.groups[gi].pods)
+        assert inst.group_index(replace(p)) == gi  # not the batch's object: found by its key
+    assert inst.group_index(pods[0]) == inst.group_index(pods[1]) != inst.group_index(pods[2])

@@ -24,8 +24,7 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
     """keep_hint * pods placed on the node the warm start chose for their shape."""
     if not w.keep_hint:
         return 0
-    group_of = inst.group_of()
-    hinted = Counter((group_of[inst.key_of(a.pod)], a.node) for a in inst.hint.assignments)
+    hinted = Counter((inst.group_index(a.pod), a.node) for a in inst.hint.assignments)
     terms: list[cp_model.IntVar] = []
     for ci, c in enumerate(inst.candidates):
         count = hinted.get((c.group, c.node), 0)
