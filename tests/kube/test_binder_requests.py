@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 
 from gpusched.kube import client
 from gpusched.kube.binder import Binder, BindResult
@@ -266,3 +267,39 @@ async def test_what_a_refused_binding_means(
         await kube.close()
     assert result is expected
     assert [s.split()[0] for s in seen] == requests
+
+
+def _invalid(message: str) -> web.Response:
+    body = {"kind": "Status", "status": "Failure", "code": 422, "reason": "Invalid", "message": message}
+    return web.json_response(body, status=422)
+
+
+@pytest.mark.parametrize(
+    ("answer", "logged"),
+    [
+        # The UID precondition failed: the name is another pod's now (API servers say it thus).
+        (_invalid('Pod "v" is invalid: metadata.uid: Invalid value: "u9": field is immutable'), "pod replaced"),
+        (_status(409, "Conflict"), "pod replaced"),  # servers that check it as a precondition
+        (_invalid('Pod "v" is invalid: status.conditions[0].reason: Required value'), "refused"),
+        (_status(404, "NotFound"), None),  # deleted meanwhile: nothing to say
+    ],
+)
+async def test_a_condition_the_server_refuses_is_told_apart_from_a_pod_replaced_under_its_name(
+    server: tuple[Path, list[web.Response], list[str]], answer: web.Response, logged: str | None
+) -> None:
+    kubeconfig, script, seen = server
+    script.append(answer)
+    kube = await client.connect(kubeconfig, None, 1000, 1000)
+    try:
+        with capture_logs() as logs:
+            await Binder(kube, "me").unschedulable(replace(pod("v", gpus=1), uid="u9"), "no GPU free")
+    finally:
+        await kube.close()
+    assert seen == ["PATCH /api/v1/namespaces/default/pods/v/status"]  # not retried
+    events = [(e["event"], e["log_level"]) for e in logs]
+    if logged is None:
+        assert events == []
+    elif logged == "pod replaced":
+        assert events == [("condition not written: pod replaced", "info")]
+    else:
+        assert events == [("condition not written", "warning")]
