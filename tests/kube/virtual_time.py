@@ -26,6 +26,11 @@ BUSY_POLLS = 100_000
 otherwise spin for ever with the clock standing still."""
 
 
+VIRTUAL_LIMIT_S = 86_400.0
+"""How far the clock may move in one test: code that sleeps in a loop for ever (a retry that
+never gives up) would otherwise hang the test while the clock runs on."""
+
+
 class _Selector(selectors.DefaultSelector):
     """Polls without blocking; a wait for a timer moves the loop's clock on instead."""
 
@@ -45,6 +50,10 @@ class _Selector(selectors.DefaultSelector):
         if timeout is None:  # no timer and nothing ready: a real loop would wait for ever
             raise AssertionError("the event loop has nothing left to run: the test would hang")
         self._loop.now += timeout
+        if self._loop.now - START > VIRTUAL_LIMIT_S:
+            raise AssertionError(
+                f"{VIRTUAL_LIMIT_S:.0f} s passed on the test's clock: the code under test waits for ever"
+            )
         return ready
 
 
