@@ -1036,8 +1036,7 @@ class ClusterState:
         version: int = self.__dict__["_version"]
         if stamp[0] is not log or stamp[1] > version:
             return None
-        parts = log.rows[stamp[1] : version]
-        return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.intp)
+        return _union(log.rows[stamp[1] : version])
 
     @staticmethod
     def changed_after(stamp: tuple[object, int]) -> npt.NDArray[np.intp]:
@@ -1048,8 +1047,7 @@ class ClusterState:
         """
         log = stamp[0]
         assert isinstance(log, _ChangeLog)
-        parts = log.rows[stamp[1] :]
-        return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.intp)
+        return _union(log.rows[stamp[1] :])
 
     @property
     def gpu_allocated_milli(self) -> int:
@@ -1058,6 +1056,11 @@ class ClusterState:
 
 
 _STATE_FIELDS = frozenset(f.name for f in fields(ClusterState))
+
+
+def _union(parts: list[npt.NDArray[np.intp]]) -> npt.NDArray[np.intp]:
+    """The rows of a stretch of a change log, each once, in order."""
+    return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.intp)
 
 
 @dataclass(frozen=True)
