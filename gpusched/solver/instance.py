@@ -17,9 +17,8 @@ nodes times pods.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cached_property
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -98,6 +97,8 @@ class Instance:
     grouped by which of those terms select them too."""
     wishes: tuple[PodAffinityTerm, ...] = ()
     """The batch's own preferred pod (anti-)affinity terms (none when preferences are off)."""
+    member_of: Mapping[int, int] = field(default_factory=dict)
+    """Group index by the identity of each pod the groups hold (they keep the pods alive)."""
 
     def group_of(self) -> dict[GroupKey, int]:
         """Group index by ``Group.key``."""
@@ -107,15 +108,10 @@ class Instance:
         """The ``Group.key`` of the group ``pod`` belongs to."""
         return _group_key(pod, self.terms, self.spreads, self.state if self.identities else None, self.wishes)
 
-    @cached_property
-    def _member_of(self) -> dict[int, int]:
-        """Group index by the identity of each pod the groups hold (they keep the pods alive)."""
-        return {id(p): gi for gi, g in enumerate(self.groups) for p in g.pods}
-
     def group_index(self, pod: Pod) -> int:
         """The index of the group ``pod`` belongs to (found by identity for the batch's own pods:
         the plans of the batch hold those; by ``key_of`` for any other)."""
-        gi = self._member_of.get(id(pod))
+        gi = self.member_of.get(id(pod))
         return gi if gi is not None else self.group_of()[self.key_of(pod)]
 
     def conflicts(self, a: int, b: int) -> list[str]:
@@ -271,10 +267,8 @@ def build_instance(
     identities = preferences and bool(state.wish_terms or wishes)
     told = state if identities else None  # preferred terms tell pods apart
     by_shape: dict[GroupKey, list[tuple[int, Pod]]] = defaultdict(list)
-    key_by_pod: dict[int, GroupKey] = {}  # by pod identity: the hint holds the batch's own pods
     for i, p in enumerate(pods):
-        key_by_pod[id(p)] = gk = _group_key(p, terms, spreads, told, wishes)
-        by_shape[gk].append((i, p))
+        by_shape[_group_key(p, terms, spreads, told, wishes)].append((i, p))
     groups = tuple(
         Group(
             key[0],
@@ -293,10 +287,15 @@ def build_instance(
     for g in groups:
         if g.gang is not None:
             gang_sizes[g.gang.name] += len(g.pods)
-    hinted: dict[GroupKey, set[int]] = defaultdict(set)
+    member_of = {id(p): gi for gi, g in enumerate(groups) for p in g.pods}  # the hint holds these pods
+    by_key: dict[GroupKey, int] = {}
+    hinted: dict[int, set[int]] = defaultdict(set)
     for a in hint.assignments:
-        hk = key_by_pod.get(id(a.pod))
-        hinted[hk if hk is not None else _group_key(a.pod, terms, spreads, told, wishes)].add(a.node)
+        gi = member_of.get(id(a.pod))
+        if gi is None:  # not one of the batch's objects: found by its key
+            by_key = by_key or {g.key: i for i, g in enumerate(groups)}
+            gi = by_key.get(_group_key(a.pod, terms, spreads, told, wishes), -1)
+        hinted[gi].add(a.node)
 
     classes = node_classes(state, _class_extras(state, groups, peers, penalties))
     order = np.argsort(classes, kind="stable")
@@ -368,7 +367,7 @@ def build_instance(
             chosen.extend(int(n) for n in order[starts[c] : starts[c] + take])
             if per_domain is None and len(chosen) >= quota:
                 break
-        chosen_set = set(chosen) | hinted.get(group.key, set())
+        chosen_set = set(chosen) | hinted.get(gi, set())
         sel = np.array(sorted(chosen_set), dtype=np.int64)
         ub = np.full(sel.size, count, dtype=np.int64)
         if shape.cpu_milli:
@@ -406,4 +405,4 @@ def build_instance(
             d = float(delta[n])
             cands.append(Candidate(gi, int(n), int(ub[j]), round(d) if np.isfinite(d) else 0, int(packs[j]), gpus))
     nodes = tuple(sorted({c.node for c in cands}))
-    return Instance(state, groups, tuple(cands), nodes, hint, terms, spreads, identities, wishes)
+    return Instance(state, groups, tuple(cands), nodes, hint, terms, spreads, identities, wishes, member_of)

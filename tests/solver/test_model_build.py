@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from ortools.sat.python import cp_model
 
-from gpusched.model import Cluster, Plan
+from gpusched.model import Assignment, Cluster, Plan
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import build_instance
 from gpusched.solver.model import maximize
@@ -64,3 +64,17 @@ def test_a_pod_finds_its_group_whether_it_is_the_batchs_own_object_or_an_equal_c
         assert any(q is p for q in inst.groups[gi].pods)
         assert inst.group_index(replace(p)) == gi  # not the batch's object: found by its key
     assert inst.group_index(pods[0]) == inst.group_index(pods[1]) != inst.group_index(pods[2])
+
+
+def test_the_node_a_warm_start_chose_stays_a_candidate_whoever_holds_the_pod() -> None:
+    # Forty nodes, each a class of its own (different CPU); one candidate per pod is kept by rank,
+    # plus the node the hint put the pod on, also when the hint holds an equal copy of the pod.
+    c = Cluster([gpu_node(f"n{i}", gpus=2, cpu=4000 + 100 * i) for i in range(40)])
+    p = pod("a", gpus=1)
+    state, scorer = c.empty_state(), FragScorer(c, TypicalPods.from_pods([p]))
+    for held in (p, replace(p)):
+        hint = Plan((Assignment(held, 17, (0,)),), ())
+        inst = build_instance([p], state, scorer, hint, 1)
+        nodes = {cand.node for cand in inst.candidates}
+        assert 17 in nodes
+        assert len(nodes) == 2  # the best-ranked node and the hinted one
