@@ -326,7 +326,7 @@ def _greedy_order(
     head: list[Assignment], rest: list[Assignment], state: ClusterState
 ) -> tuple[list[Assignment], list[Assignment]]:
     ordered = list(head)
-    state = state.apply(head)
+    state = state.apply(head)  # the caller's state copied once; the ones made here are updated in place
     left = list(rest)
     while left:
         i = next((i for i, a in enumerate(left) if _peers_fit(state, a)), None)
@@ -334,7 +334,7 @@ def _greedy_order(
             break
         a = left.pop(i)
         ordered.append(a)
-        state = state.apply((a,))
+        state = state.apply((a,), consume=True)
     return ordered, left
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
@@ -111,6 +112,22 @@ def test_the_validator_rejects_a_skewed_plan_and_peer_order_fixes_a_good_one() -
     ordered, stuck = peer_order(fine, state)
     assert stuck == []
     assert plan_problems(Plan(tuple(ordered), (), SolveStats("test")), state) == []
+
+
+def test_peer_order_leaves_the_state_it_is_given_as_it_was() -> None:
+    # A state made by apply owns its arrays and is the newest of its log: the one kind a pass
+    # may update in place.  peer_order works on its own copies of it.
+    c = zones(names=("a", "b"), per_zone=1)
+    state = c.empty_state().apply([Assignment(pod("old", cpu=500), 1)])
+    before = (state.cpu_used.copy(), state.gpu_used.copy())
+    r = [replica(f"r{i}") for i in range(3)]
+    ordered, stuck = peer_order(
+        [Assignment(r[0], 0, (0,)), Assignment(r[1], 0, (1,)), Assignment(r[2], 1, (0,))], state
+    )
+    assert stuck == []
+    assert [a.pod.name for a in ordered] == ["r0", "r2", "r1"]
+    np.testing.assert_array_equal(state.cpu_used, before[0])
+    np.testing.assert_array_equal(state.gpu_used, before[1])
 
 
 def test_only_pods_on_nodes_that_count_for_the_pod_are_counted() -> None:
