@@ -72,9 +72,9 @@ log = structlog.get_logger("gpusched.daemon")
 SCHEDULER_NAME = "gpu-scheduler"
 READ_BACK_RETRY_S = 1.0
 READ_BACK_RETRY_MAX_S = 60.0
+"""How often a pod a relist missed is asked for again while the API server cannot answer."""
 _READ_BACKS = ("resolve:", "read-back:")
 """Names of the tasks that read a pod back until it is settled (``drain`` does not wait for them)."""
-"""How often a pod a relist missed is asked for again while the API server cannot answer."""
 BOUND_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 """Pods that hold resources on a node, whoever bound them."""
 
@@ -806,9 +806,10 @@ class Scheduler:
         delay = READ_BACK_RETRY_S
         while True:
             await asyncio.sleep(delay)
-            if not (self.cache.holds(pod.key, pod.uid) and self.cache.is_assumed(pod.key)):
+            held = self.cache.holds(pod.key, pod.uid)
+            if not (held and self.cache.is_assumed(pod.key)):
                 # The watch settled it: bound (to our node or not) or deleted.
-                where = self.cache.placement(pod.key) if self.cache.holds(pod.key, pod.uid) else None
+                where = self.cache.placement(pod.key) if held else None
                 if where is None:
                     result, why = BindResult.GONE, "pod deleted"
                 elif where[0] == node:
