@@ -667,11 +667,11 @@ class Scheduler:
                 message = (
                     f"gang {p.gang.name}: {why}; no member is placed until all of them can be, together."
                     if why
-                    else explain_gang(p, members[p.gang.name], after, snap.excluded)
+                    else explain_gang(p, members[p.gang.name], after)
                 )
                 self._unschedulable(p, message, "Gang")
                 continue
-            e = explain(p, after, snap.excluded)
+            e = explain(p, after)
             self._unschedulable(p, e.message, e.reason)
         stats = plan.stats
         gap = stats.gap_pct
@@ -689,7 +689,7 @@ class Scheduler:
             status=stats.status,
             solve_ms=round(stats.wall_ms, 1),
             gap_pct=None if math.isnan(gap) else round(gap, 3),
-            nodes=snap.node_count,
+            nodes=len(snap.cluster),
             generation=snap.generation,
             total_ms=round((time.perf_counter() - start) * 1000, 1),
         )
@@ -848,9 +848,10 @@ class Scheduler:
         batch, and from the books as they are at each scrape."""
         c = self.queue.counts()
         self.metrics.set_pending(c.active + c.in_flight, c.backoff, c.unschedulable)
-        gpus = state.cluster.total_gpus
-        alloc = state.gpu_allocated_milli / (gpus * 1000) if gpus else 0.0
-        active = int(((state.gpu_used.sum(axis=1) > 0) & (state.cluster.gpu_count > 0)).sum())
+        cl, open_ = state.cluster, ~state.cluster.cordoned  # a cordoned node is no capacity to place on
+        gpus = int(cl.gpu_count[open_].sum())
+        alloc = int(state.gpu_used[open_].sum()) / (gpus * 1000) if gpus else 0.0
+        active = int(((state.gpu_used.sum(axis=1) > 0) & (cl.gpu_count > 0) & open_).sum())
         self.metrics.set_cluster(gpus, alloc, frag, active)
 
 
@@ -883,7 +884,7 @@ def _solve(
     """
     plan = place_quick(policy, pods, state) if quick else policy.place(pods, state)
     after = state.apply(plan.assignments)
-    frag = cluster_frag_ratio(after, typical) if len(typical) else 0.0
+    frag = cluster_frag_ratio(after, typical, ~after.cluster.cordoned) if len(typical) else 0.0
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
     return plan, after, frag
@@ -1006,7 +1007,7 @@ async def explain_pod(
         bound, _ = await kube.list("/api/v1/pods", {"fieldSelector": BOUND_SELECTOR})
         cache.replace_pods(pod_record(o, namespaces) for o in bound)
         snap = cache.snapshot()
-        e = explain(rec.pod, snap.state, snap.excluded)
+        e = explain(rec.pod, snap.state)
         p = rec.pod
         if p.mig_profile:
             want = f"one MIG {p.mig_profile} slice"

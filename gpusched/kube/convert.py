@@ -208,7 +208,6 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
             continue
         if profile is not None and v:
             slices.append((profile, v))
-    excluded = "node(s) were unschedulable" if spec.get("unschedulable") else ""
     all_taints = [
         Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect")))
         for t in spec.get("taints") or ()
@@ -233,10 +232,11 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
             storage_mib=storage,
             max_pods=max_pods,
             soft_taints=soft_taints,
+            unschedulable=bool(spec.get("unschedulable")),
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
-    return NodeRecord(node, excluded, tuple((k, v) for k, v in mig if v), "; ".join(warnings))
+    return NodeRecord(node, tuple((k, v) for k, v in mig if v), "; ".join(warnings))
 
 
 _POD_LEVEL_RESOURCES = ("cpu", "memory")

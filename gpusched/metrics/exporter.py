@@ -118,7 +118,7 @@ class SchedulerMetrics:
         )
         self._gpus_total = Gauge(
             "gpus_total",
-            "GPUs on the nodes this scheduler manages.",
+            "GPUs on the nodes this scheduler manages that are not cordoned.",
             namespace=NAMESPACE,
             registry=reg,
         )

@@ -99,6 +99,8 @@ class Cluster:
         self.taint_id: IntArray = _frozen(np.array([taint_index[x.taints] for x in nodes], dtype=np.int64))
         """Index into ``taint_sets`` per node (nodes with equal taints share one)."""
         self.tainted: bool = any(x.taints for x in nodes)
+        self.cordoned: BoolArray = _frozen(np.array([x.unschedulable for x in nodes], dtype=np.bool_))
+        """Nodes cordoned (``spec.unschedulable``); they carry the taint that says so."""
         soft_sets = sorted({x.soft_taints for x in nodes}, key=repr)
         soft_index = {t: i for i, t in enumerate(soft_sets)}
         self.soft_taint_sets: tuple[tuple[Taint, ...], ...] = tuple(soft_sets)
@@ -287,10 +289,6 @@ class ClusterState:
     daemon's cache counts them and builds each snapshot afresh."""
     residents: Mapping[int, tuple[Pod, ...]] = field(default_factory=dict)
     """Pods per node that pod anti-affinity may concern (``Pod.has_affinity_identity``)."""
-    outside: tuple[tuple[Node, tuple[Pod, ...]], ...] = ()
-    """Nodes that take no new pods (cordoned ones), each with the pods on it that pod
-    (anti-)affinity may concern: kube-scheduler still counts them, and their nodes' domains, for
-    the nodes that share those domains."""
     term_holders: tuple[tuple[int, Pod], ...] | None = None
     """The residents with anti-affinity terms of their own, with their nodes (None: found from
     ``residents``; ``apply`` and ``release`` carry them over instead of searching again)."""
@@ -328,24 +326,15 @@ class ClusterState:
             object.__setattr__(self, "term_holders", holders)
 
     @cached_property
-    def outside_holders(self) -> list[tuple[Mapping[str, str], Pod]]:
-        """The pods on ``outside`` nodes with anti-affinity terms of their own, with their nodes' labels."""
-        return [(node.labels, p) for node, pods in self.outside for p in pods if p.anti_affinity]
-
-    @cached_property
     def wish_terms(self) -> dict[PodAffinityTerm, dict[str, int]]:
-        """The preferred pod (anti-)affinity terms of the pods placed (here or on ``outside``
-        nodes), each distinct term once with its summed weight (anti-affinity positive, affinity
-        negative) per value of its topology key where its holders run: kube-scheduler scores a
-        new pod those terms select by them too."""
+        """The preferred pod (anti-)affinity terms of the pods placed, each distinct term once with
+        its summed weight (anti-affinity positive, affinity negative) per value of its topology key
+        where its holders run: kube-scheduler scores a new pod those terms select by them too."""
         index: dict[PodAffinityTerm, dict[str, int]] = {}
         nodes = self.cluster.nodes
         for n, pods in self.residents.items():
             for p in pods:
                 _index_wishes(index, nodes[n].labels, p)
-        for node, pods in self.outside:
-            for p in pods:
-                _index_wishes(index, node.labels, p)
         return index
 
     @cached_property
@@ -498,11 +487,7 @@ class ClusterState:
                 value
                 for n, pods in self.residents.items()
                 if (value := nodes[n].labels.get(key)) is not None and any(p.selected_by(term) for p in pods)
-            ) | {
-                value
-                for node, pods in self.outside
-                if (value := node.labels.get(key)) is not None and any(p.selected_by(term) for p in pods)
-            }
+            )
         return got
 
     def selected_counts(self, term: PodAffinityTerm) -> IntArray:
@@ -516,10 +501,6 @@ class ClusterState:
             for n, pods in self.residents.items():
                 if column[n] >= 0:
                     counts[column[n]] += sum(1 for p in pods if p.selected_by(term))
-            for node, pods in self.outside:
-                value = node.labels.get(term.topology_key)
-                if value in ids:
-                    counts[ids[value]] += sum(1 for p in pods if p.selected_by(term))
             got = cache[term] = _frozen(counts)
         return got
 
@@ -531,7 +512,6 @@ class ClusterState:
         if got is None:
             nodes = self.cluster.nodes
             holders = [(nodes[n].labels, p) for n, p in self.holders]
-            holders += self.outside_holders
             got = cache[namespace, labels] = frozenset(_forbidden_by(holders, namespace, labels))
         return got
 
@@ -541,7 +521,7 @@ class ClusterState:
         found: dict[tuple[str, str, bool], None] = {}
         for term in pod.anti_affinity:
             found.update(dict.fromkeys((term.topology_key, v, False) for v in sorted(self.selected_domains(term))))
-        if self.holders or self.outside_holders:
+        if self.holders:
             found.update(
                 dict.fromkeys((k, v, True) for k, v in sorted(self._forbidding_domains(pod.namespace, pod.labels)))
             )
@@ -567,7 +547,7 @@ class ClusterState:
         """Nodes that ``pod``'s required anti-affinity, and that of the pods already placed, let it
         join; None when none of it applies.  ``existing`` picks the existing pods' terms (True)
         or the pod's own (False) only."""
-        if not pod.anti_affinity and not self.holders and not self.outside_holders:
+        if not pod.anti_affinity and not self.holders:
             return None
         values: dict[str, list[str]] = {}
         for key, value, theirs in self.anti_conflicts(pod):
@@ -578,7 +558,7 @@ class ClusterState:
         ok = np.ones(len(self.cluster), dtype=np.bool_)
         for key, out in values.items():
             column, ids = self.cluster.domains(key)
-            ok &= ~np.isin(column, [ids[v] for v in out if v in ids])  # a cordoned node's own value: none here
+            ok &= ~np.isin(column, [ids[v] for v in out if v in ids])
         return ok
 
     def _spread_node_counts(self, spread: Spread) -> IntArray:
@@ -601,8 +581,8 @@ class ClusterState:
     def spread_view(self, pod: Pod, spread: Spread) -> SpreadView:
         """What ``spread`` sees for ``pod``, as kube-scheduler's PodTopologySpread counts it: the
         nodes that count (every topology key of the pod's constraints, the pod's node selector
-        unless ``honor_affinity`` is off, tolerated taints when ``honor_taints``; cordoned nodes
-        too), the pods counted per domain over them, and the emptiest domain's count."""
+        unless ``honor_affinity`` is off, tolerated taints when ``honor_taints``, so cordoned nodes
+        unless it honours taints), the pods counted per domain over them, and the emptiest domain's count."""
         cl = self.cluster
         key = spread.topology_key
         column, ids = cl.domains(key)
@@ -616,26 +596,11 @@ class ClusterState:
         counts = counts.astype(np.int64)
         present = np.zeros(len(ids), dtype=np.bool_)
         present[column[nodes]] = True
-        elsewhere: dict[str, int] = {}  # domains only cordoned nodes have
-        keys = [c.topology_key for c in pod.spread]
-        for node, pods in self.outside:
-            if not all(k in node.labels for k in keys):
-                continue
-            if spread.honor_affinity and pod.node_selector and not selects(pod.node_selector, node):
-                continue
-            if spread.honor_taints and not tolerated(pod.tolerations, node.taints):
-                continue
-            value, count = node.labels[key], _spread_count(spread, pods)
-            if value in ids:
-                counts[ids[value]] += count
-                present[ids[value]] = True
-            else:
-                elsewhere[value] = elsewhere.get(value, 0) + count
-        domains = int(present.sum()) + len(elsewhere)
+        domains = int(present.sum())
         low = 0
         if domains >= spread.min_domains:
-            low = min([*counts[present].tolist(), *elsewhere.values()])
-        return SpreadView(eligible, counts, present, min(elsewhere.values(), default=None), domains, low)
+            low = int(counts[present].min())
+        return SpreadView(eligible, counts, present, domains, low)
 
     def spread_mask(self, pod: Pod, counted: bool = False) -> BoolArray | None:
         """Nodes where ``pod`` keeps every spread constraint it has (None: it has none): the
@@ -664,9 +629,7 @@ class ClusterState:
         if got is None:
             nodes = self.cluster.nodes
             placed = [(nodes[n], pods) for n, pods in self.residents.items()]
-            got = cache[terms] = frozenset(
-                pair for node, pods in (*placed, *self.outside) for pair in _pairs(node, pods, terms)
-            )
+            got = cache[terms] = frozenset(pair for node, pods in placed for pair in _pairs(node, pods, terms))
         return got
 
     def affinity_first(self, pod: Pod) -> bool:
@@ -879,7 +842,6 @@ class ClusterState:
             storage,
             self.ports_used if ports is None else ports,
             self.residents if residents is None else residents,
-            self.outside,
             holders,
             pods,
         )
@@ -1073,10 +1035,8 @@ class SpreadView:
     """Pods counted per domain (``Cluster.domains`` id of the key), over the eligible nodes."""
     present: BoolArray
     """Domains (ids) with an eligible node."""
-    elsewhere_low: int | None
-    """The emptiest count among domains only cordoned nodes have (None: no such domain)."""
     domains: int
-    """Eligible domains, those only cordoned nodes have included."""
+    """Eligible domains."""
     low: int
     """The emptiest eligible domain's count (0 with fewer domains than ``min_domains``)."""
 

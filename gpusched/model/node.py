@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["GPU_MILLI", "LABEL_GPU_COUNT", "Node", "Taint"]
+__all__ = ["GPU_MILLI", "LABEL_GPU_COUNT", "UNSCHEDULABLE_TAINT", "Node", "Taint"]
 
 GPU_MILLI = 1000
 """Capacity of one whole GPU in thousandths; fractional shares are carved from it."""
@@ -32,6 +32,10 @@ class Taint:
 
     def __str__(self) -> str:
         return f"{{{self.key}: {self.value}}}"
+
+
+UNSCHEDULABLE_TAINT = Taint("node.kubernetes.io/unschedulable", "", "NoSchedule")
+"""The taint the node controller gives a cordoned node; a pod that tolerates it may still land there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,10 @@ class Node:
     soft_taints: tuple[Taint, ...] = ()
     """PreferNoSchedule taints: pods that do not tolerate them go elsewhere when they can (the
     cluster autoscaler marks nodes it means to remove so)."""
+    unschedulable: bool = False
+    """Cordoned (``spec.unschedulable``): the node carries ``UNSCHEDULABLE_TAINT`` (added here when
+    the node controller has not added it yet), so only pods that tolerate it are placed here, as
+    kube-scheduler's NodeUnschedulable filter allows."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -100,6 +108,10 @@ class Node:
             if count < 0:
                 raise ValueError(f"node {self.name}: MIG {profile} count must not be negative, got {count}")
         object.__setattr__(self, "mig_slices", tuple(sorted((p, c) for p, c in self.mig_slices if c)))
+        if self.unschedulable and not any(
+            t.key == UNSCHEDULABLE_TAINT.key and t.effect == UNSCHEDULABLE_TAINT.effect for t in self.taints
+        ):
+            object.__setattr__(self, "taints", (*self.taints, UNSCHEDULABLE_TAINT))
         if not isinstance(self.labels, MappingProxyType):
             object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
 

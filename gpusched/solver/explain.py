@@ -2,7 +2,7 @@
 counted the way it counts them ("0/12 nodes are available: 4 GPU model not accepted,
 8 Insufficient nvidia.com/gpu.").
 
-Checks run in kube-scheduler's filter order (taints, node affinity, host ports, resources,
+Checks run in kube-scheduler's filter order (cordoned nodes, taints, node affinity, host ports, resources,
 topology spread, inter-pod affinity), and a node is counted under the first filter it fails,
 as kube-scheduler stops at a node's first failing filter.  Within the resource filter every
 resource the node lacks is counted, as kube-scheduler's NodeResourcesFit lists them all (the
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpusched.model import ClusterState, Pod
-from gpusched.model.pod import untolerated
+from gpusched.model.node import UNSCHEDULABLE_TAINT
+from gpusched.model.pod import tolerated, untolerated
 
 __all__ = [
     "AFFINITY",
@@ -47,6 +48,7 @@ __all__ = [
     "insufficient_mig",
 ]
 
+CORDONED = "node(s) were unschedulable"
 MODEL_NOT_ACCEPTED = "GPU model not accepted"
 SELECTOR_MISMATCH = "node(s) didn't match Pod's node affinity/selector"
 INSUFFICIENT_GPU = "Insufficient nvidia.com/gpu"
@@ -103,7 +105,7 @@ class Explanation:
         return f"0/{self.total} nodes are available: {parts}." if parts else f"0/{self.total} nodes are available."
 
 
-def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = None) -> Explanation:
+def explain(pod: Pod, state: ClusterState) -> Explanation:
     """Explain ``pod`` against ``state`` (the cluster after this batch's placements)."""
     cluster = state.cluster
     n = len(cluster)
@@ -133,7 +135,10 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
             rest = rest & ok
         return out
 
-    # TaintToleration, then NodeAffinity (with the accepted GPU models, a selector on the product).
+    # NodeUnschedulable (a cordoned node, unless the pod tolerates its taint), TaintToleration,
+    # then NodeAffinity (with the accepted GPU models, a selector on the product).
+    if cluster.tainted and not tolerated(pod.tolerations, (UNSCHEDULABLE_TAINT,)):
+        check(~cluster.cordoned, CORDONED)
     if cluster.tainted:
         for i, taints in enumerate(cluster.taint_sets):
             missing = untolerated(pod.tolerations, taints)
@@ -181,13 +186,10 @@ def explain(pod: Pod, state: ClusterState, excluded: Mapping[str, str] | None = 
         anti = state.anti_mask(pod, existing)
         if anti is not None:
             check(anti, reason)
-    for why in (excluded or {}).values():
-        reasons[why] += 1
-    total = n + len(excluded or {})
-    return Explanation(pod.key, total, int(left.sum()), dict(reasons))
+    return Explanation(pod.key, n, int(left.sum()), dict(reasons))
 
 
-def explain_gang(pod: Pod, members: int, state: ClusterState, excluded: Mapping[str, str] | None = None) -> str:
+def explain_gang(pod: Pod, members: int, state: ClusterState) -> str:
     """Why ``pod``'s gang (``members`` of it in the batch) was not placed: too few members, or
     not all of them fit at once (within one topology domain when the gang requires one)."""
     gang = pod.gang
@@ -206,6 +208,6 @@ def explain_gang(pod: Pod, members: int, state: ClusterState, excluded: Mapping[
                 f"label the nodes, or check the gang's topology key"
             )
         where = f" within {key} {gang.domain}, where its members run" if gang.domain else f" within one {key} domain"
-    e = explain(pod, state, excluded)
+    e = explain(pod, state)
     detail = e.message if not e.fits else f"{e.fits}/{e.total} nodes could take this member alone"
     return f"gang {gang.name}: its {members} members do not all fit at once{where}; {detail}"

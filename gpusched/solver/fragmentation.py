@@ -450,10 +450,14 @@ def _distinct_rows(key: IntArray) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.
     return first, inverse
 
 
-def cluster_frag_ratio(state: ClusterState, typical: TypicalPods) -> float:
-    """Fragmented / idle GPU share across the cluster (0 when nothing is idle)."""
+def cluster_frag_ratio(state: ClusterState, typical: TypicalPods, nodes: BoolArray | None = None) -> float:
+    """Fragmented / idle GPU share across the cluster, or across ``nodes`` (a mask) only (0 when
+    nothing is idle)."""
     f = node_fragmentation(state, typical)
-    idle = float(state.gpu_free.sum())
+    free = state.gpu_free
+    if nodes is not None:
+        f, free = f[nodes], free[nodes]
+    idle = float(free.sum())
     return float(f.sum()) / idle if idle > 0 else 0.0
 
 

@@ -128,7 +128,6 @@ def pod_terms(pods: Sequence[Pod], state: ClusterState) -> tuple[PodAffinityTerm
     the pods ``state`` holds."""
     seen = dict.fromkeys(t for p in pods for t in (*p.anti_affinity, *p.affinity))
     seen.update(dict.fromkeys(t for _, holder in state.holders for t in holder.anti_affinity))
-    seen.update(dict.fromkeys(t for _, holder in state.outside_holders for t in holder.anti_affinity))
     return tuple(seen)
 
 

@@ -169,8 +169,7 @@ def peer_problems(assignments: Sequence[Assignment], state: ClusterState) -> lis
         and (not a.pod.mig_profile or cluster.mig_id(a.pod.mig_profile) >= 0)
     ]
     held = [(n, p) for n, pods in state.residents.items() for p in pods]
-    nodes = [*cluster.nodes, *(node for node, _ in state.outside)]
-    held += [(len(cluster) + i, p) for i, (_, pods) in enumerate(state.outside) for p in pods]
+    nodes = cluster.nodes
     if not any(_has_peer_rules(a.pod) for a in placed) and not any(p.anti_affinity for _, p in held):
         return []
     peers = _Peers(nodes, held)

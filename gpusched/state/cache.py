@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import numpy as np
@@ -42,16 +42,9 @@ class Snapshot:
 
     generation: int
     cluster: Cluster
-    """Nodes that take new pods, sorted by name."""
+    """Every node, sorted by name (cordoned ones carry their taint)."""
     state: ClusterState
     """Usage by every bound and assumed pod on those nodes."""
-    excluded: Mapping[str, str] = field(default_factory=dict)
-    """Nodes that take no new pods -> why."""
-
-    @property
-    def node_count(self) -> int:
-        """All nodes, including excluded ones."""
-        return len(self.cluster) + len(self.excluded)
 
 
 @dataclass(slots=True)
@@ -107,10 +100,6 @@ class Cache:
         self._ports: dict[int, Counter[str]] = {}
         self._residents: dict[int, dict[str, Pod]] = {}
         self._resident_view: dict[int, tuple[Pod, ...]] = {}
-        self._excluded: list[NodeRecord] = []
-        """Known nodes that take no new pods, by name (set with the cluster)."""
-        self._outside: dict[str, dict[str, Pod]] = {}
-        """Pods on known nodes that take no new pods, by node name: anti-affinity and spread see them."""
         self._gpu: IntArray = np.zeros((0, 1), dtype=np.int64)
         self._kinds: IntArray = np.zeros((0, 2), dtype=np.int64)
         self._mig: IntArray = np.zeros((0, 0), dtype=np.int64)
@@ -128,7 +117,6 @@ class Cache:
             old is None
             or not same_offer(old.node, record.node)
             or old.node.labels != record.node.labels  # topology domains (rack, clique) the solver reads
-            or old.excluded != record.excluded
         )
         if changed or old is None or old.node.soft_taints != record.node.soft_taints:
             self._cluster = None
@@ -328,16 +316,13 @@ class Cache:
             storage,
             {n: p for n, p in ports.items() if p},
             dict(self._resident_view),
-            tuple((r.node, tuple(self._outside.get(r.name, {}).values())) for r in self._excluded),
             pods_used=self._pods.copy() if cluster.pods_metered else None,
         )
-        excluded = {n: r.excluded for n, r in self._nodes.items() if r.excluded}
-        return Snapshot(self.generation, cluster, state, MappingProxyType(excluded))
+        return Snapshot(self.generation, cluster, state)
 
     def _ensure_cluster(self) -> Cluster:
         if self._cluster is None:
-            nodes: list[Node] = [r.node for _, r in sorted(self._nodes.items()) if not r.excluded]
-            self._excluded = [r for _, r in sorted(self._nodes.items()) if r.excluded]
+            nodes: list[Node] = [r.node for _, r in sorted(self._nodes.items())]
             cluster = Cluster(nodes)
             n = len(cluster)
             self._cpu = np.zeros(n, dtype=np.int64)
@@ -347,7 +332,6 @@ class Cache:
             self._ports = {}
             self._residents = {}
             self._resident_view = {}
-            self._outside = {}
             self._gpu = np.zeros((n, cluster.max_gpus), dtype=np.int64)
             self._kinds = np.zeros((n, cluster.max_gpus + 1), dtype=np.int64)
             self._mig = np.zeros((n, len(cluster.mig_profiles)), dtype=np.int64)
@@ -372,14 +356,8 @@ class Cache:
     def _account(self, held: _Held, sign: int) -> None:
         assert self._cluster is not None
         i = self._cluster.index.get(held.node)
-        if i is None:  # node unknown or excluded: nothing to count against
+        if i is None:  # node unknown: nothing to count against
             held.gpus = ()
-            if held.node in self._nodes and held.pod.has_affinity_identity:
-                there = self._outside.setdefault(held.node, {})
-                if sign > 0:
-                    there[held.pod.key] = held.pod
-                else:
-                    there.pop(held.pod.key, None)
             return
         pod = held.pod
         if sign > 0:

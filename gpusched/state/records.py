@@ -16,11 +16,9 @@ __all__ = ["NodeRecord", "PodRecord"]
 
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
-    """A Node: its model view, and why it takes no new pods if it does not."""
+    """A Node: its model view, and what else was read from it."""
 
     node: Node
-    excluded: str = ""
-    """Empty when the node takes new pods; else the reason, e.g. ``node(s) were unschedulable``."""
     mig: tuple[tuple[str, int], ...] = ()
     """Allocatable MIG slices by resource name (``nvidia.com/mig-1g.10gb``), sorted."""
     warning: str = ""

@@ -247,6 +247,45 @@ async def test_tainted_gpu_nodes_take_only_pods_that_tolerate_them(
     assert "1 node(s) had untolerated taint {nvidia.com/gpu: present}" in message, message
 
 
+async def test_a_cordoned_node_takes_only_pods_that_tolerate_the_cordon(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    # No node controller runs here to add the node.kubernetes.io/unschedulable taint: the
+    # cordon is read from spec.unschedulable, as kube-scheduler's NodeUnschedulable reads it.
+    name = sched_name()
+    cordoned = kit.node("cordoned-0", 4, "T4")
+    cordoned["spec"] = {"unschedulable": True}
+    await kit.create_all(kube, "/api/v1/nodes", [cordoned, kit.node("uncordoned-0", 1, "T4")])
+    tolerating = kit.pod("tolerating", name, gpus=2)
+    tolerating["spec"]["tolerations"] = [
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        await kit.create_all(
+            kube, f"/api/v1/namespaces/{namespace}/pods", [tolerating, kit.pod("waiting", name, gpus=2)]
+        )
+        final = {p["metadata"]["name"]: p for p in await kit.wait_settled(kube, namespace, 2, timeout=90)}
+        assert final["tolerating"]["spec"].get("nodeName") == "cordoned-0"
+        assert not final["waiting"]["spec"].get("nodeName")
+        message = (kit.condition(final["waiting"]) or {}).get("message", "")
+        assert message == ("0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) were unschedulable."), (
+            message
+        )
+        # Uncordoned, the node takes the waiting pod: a cordon lifted is a change in the cluster.
+        r = await kube.request(
+            "PATCH", "/api/v1/nodes/cordoned-0", body={"spec": {"unschedulable": None}}, content_type=MERGE_PATCH
+        )
+        assert r.ok, r.body
+        p = await kit.wait_bound(kube, f"/api/v1/namespaces/{namespace}/pods/waiting")
+        assert p["spec"].get("nodeName") == "cordoned-0"
+        indices = [q["metadata"]["annotations"]["gpusched.io/gpu-indices"].split(",") for q in (p, final["tolerating"])]
+        assert sorted(map(len, indices)) == [2, 2], indices
+        assert not set(indices[0]) & set(indices[1]), indices
+    finally:
+        assert daemon.stop() == 0, "".join(daemon.raw[-30:])
+
+
 async def test_a_prefer_no_schedule_node_is_used_only_when_nothing_else_fits(
     control_plane: ControlPlane, kube: Kube, namespace: str
 ) -> None:

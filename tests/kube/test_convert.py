@@ -56,7 +56,7 @@ def test_node_gpus_model_and_memory_from_resources_and_labels() -> None:
         "A100-SXM4-80GB",
         81920,
     )
-    assert rec.excluded == ""
+    assert (rec.node.unschedulable, rec.node.taints) == (False, ())
 
 
 def test_gpus_count_only_when_the_device_plugin_advertises_them() -> None:
@@ -67,13 +67,21 @@ def test_gpus_count_only_when_the_device_plugin_advertises_them() -> None:
     assert node_record(node_obj(gpus="4")).node.gpu_model == "unknown"
 
 
-def test_cordoned_nodes_are_excluded_and_taints_kept_for_the_pods_to_tolerate() -> None:
-    assert "unschedulable" in node_record(node_obj(unschedulable=True)).excluded
+def test_cordoned_nodes_carry_the_unschedulable_taint_and_taints_are_kept_for_the_pods_to_tolerate() -> None:
+    cordoned = node_record(node_obj(unschedulable=True)).node
+    assert cordoned.unschedulable
+    assert cordoned.taints == (Taint("node.kubernetes.io/unschedulable", "", "NoSchedule"),)
+    # The node controller has added the taint already (with its timestamp): not added twice.
+    marked = [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule", "timeAdded": "2026-12-06T10:00:00Z"}]
+    assert node_record(node_obj(unschedulable=True, taints=marked)).node.taints == cordoned.taints
+    # Uncordoned before the controller took its taint off: the taint still keeps pods off.
+    lag = node_record(node_obj(taints=marked)).node
+    assert (lag.unschedulable, lag.taints) == (False, cordoned.taints)
     tainted = node_record(node_obj(taints=[{"key": "gpu", "value": "broken", "effect": "NoSchedule"}]))
-    assert tainted.excluded == ""
+    assert not tainted.node.unschedulable
     assert tainted.node.taints == (Taint("gpu", "broken", "NoSchedule"),)
     soft = node_record(node_obj(taints=[{"key": "x", "effect": "PreferNoSchedule"}]))
-    assert (soft.excluded, soft.node.taints) == ("", ())
+    assert soft.node.taints == ()
     assert soft.node.soft_taints == (Taint("x", "", "PreferNoSchedule"),)  # weighed, not required
 
 

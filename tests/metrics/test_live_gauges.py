@@ -141,6 +141,31 @@ async def test_allocation_falls_when_bound_pods_finish_without_another_batch() -
     assert m["gpusched_gpu_nodes_active"] == 1
 
 
+async def test_a_cordoned_node_is_no_capacity_though_a_tolerating_pod_may_go_there() -> None:
+    s = _scheduler(("n0", 2))
+    cordoned = _node("n1", 4)
+    cordoned["spec"] = {"unschedulable": True}
+    _watch(s, "nodes").apply("ADDED", cordoned)
+    _watch(s, "bound-pods").apply("ADDED", _pod("draining", "n1"))
+    m = _scrape(s.metrics)
+    assert m["gpusched_gpus_total"] == 2
+    assert m["gpusched_gpu_allocation_ratio"] == 0
+    assert m["gpusched_gpu_nodes_active"] == 0
+    tolerant = _pod("tolerant")
+    tolerant["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "3"
+    tolerant["spec"]["tolerations"] = [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}]
+    _watch(s, "pending-pods").apply("ADDED", tolerant)
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 5))
+    await _settle(s)
+    assert cast(_Binder, s.binder).bound == ["default/tolerant"]  # only n1 has three GPUs free
+    assert _scrape(s.metrics)["gpusched_gpus_total"] == 2
+    uncordoned = _node("n1", 4)
+    _watch(s, "nodes").apply("MODIFIED", uncordoned)
+    m = _scrape(s.metrics)
+    assert m["gpusched_gpus_total"] == 6
+    assert m["gpusched_gpu_nodes_active"] == 1
+
+
 def test_a_failing_refresh_does_not_fail_the_scrape() -> None:
     metrics = SchedulerMetrics()
     metrics.scheduled(2)

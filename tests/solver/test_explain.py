@@ -3,7 +3,11 @@ that is the resource filter), as kube-scheduler does."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpusched.model import Assignment, Cluster
+from gpusched.model.node import Taint
+from gpusched.model.pod import Toleration
 from gpusched.solver.explain import explain
 from tests.factories import gpu_node, pod
 
@@ -20,10 +24,11 @@ def test_message_counts_reasons_like_kube_scheduler() -> None:
     assert e.reason == "Insufficient nvidia.com/gpu"
 
 
-def test_cpu_memory_share_and_excluded_nodes() -> None:
-    cluster = Cluster([gpu_node("a", gpus=1, cpu=1000), gpu_node("b", gpus=1), gpu_node("c", gpus=0)])
+def test_cpu_memory_share_and_cordoned_nodes() -> None:
+    cordoned = replace(gpu_node("d", gpus=1, cpu=1000), unschedulable=True, taints=(Taint("gpu", "bad"),))
+    cluster = Cluster([gpu_node("a", gpus=1, cpu=1000), gpu_node("b", gpus=1), gpu_node("c", gpus=0), cordoned])
     state = cluster.empty_state().apply([Assignment(pod("x", gpus=1, milli=800), 1, (0,))])
-    e = explain(pod("p", cpu=2000, gpus=1, milli=500), state, {"d": "node(s) were unschedulable"})
+    e = explain(pod("p", cpu=2000, gpus=1, milli=500), state)
     assert dict(e.reasons) == {
         "Insufficient cpu": 1,
         "insufficient GPU share": 1,
@@ -32,6 +37,16 @@ def test_cpu_memory_share_and_excluded_nodes() -> None:
     }
     assert e.total == 4
     assert sum(e.reasons.values()) == 4
+    # Tolerating the cordon, the pod meets the cordoned node's other taint, then nothing else
+    # (kube-scheduler stops at a node's first failing filter).
+    tolerant = replace(pod("p", gpus=1), tolerations=(Toleration("node.kubernetes.io/unschedulable", "Exists"),))
+    e = explain(tolerant, cluster.empty_state())
+    assert (e.fits, dict(e.reasons)) == (
+        2,
+        {"node(s) had untolerated taint {gpu: bad}": 1, "Insufficient nvidia.com/gpu": 1},
+    )
+    e = explain(replace(tolerant, tolerations=(Toleration(operator="Exists"),)), cluster.empty_state())
+    assert (e.fits, dict(e.reasons)) == (3, {"Insufficient nvidia.com/gpu": 1})
 
 
 def test_a_pod_that_fits_is_reported_as_deferred() -> None:

@@ -13,7 +13,9 @@ from ortools.sat.python import cp_model
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Plan, Pod
 from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Requirement, Spread
+from gpusched.model.pod import Toleration
 from gpusched.solver.baselines import FgdPolicy
+from gpusched.solver.explain import explain
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import Group, build_instance
 from gpusched.solver.model import build_model, hint_from_plan
@@ -105,6 +107,7 @@ def states(draw: st.DrawFn) -> ClusterState:
                 labels={"pool": draw(st.sampled_from(POOLS)), "host": f"n{i}"}
                 | ({"zone": z} if (z := draw(st.sampled_from(["z0", "z1", ""]))) else {}),
                 storage_mib=draw(st.sampled_from([None, 2048, 8192])),
+                unschedulable=draw(st.sampled_from([False, False, False, True])),  # cordoned: tainted
             )
         )
     cluster = Cluster(nodes)
@@ -158,6 +161,7 @@ def pod_shapes(draw: st.DrawFn) -> Pod:
         affinity=draw(st.sampled_from(AFFINITIES)),
         preferred_apart=draw(st.sampled_from(((), (), ((50, _away("a", "host")[0]),), ((30, _away("a", "zone")[0]),)))),
         preferred_together=draw(st.sampled_from(((), (), ((40, _away("a", "zone")[0]),)))),
+        tolerations=draw(st.sampled_from(((), (), (Toleration("node.kubernetes.io/unschedulable", "Exists"),)))),
     )
 
 
@@ -319,3 +323,14 @@ def test_the_validators_peer_rules_agree_with_the_masks_the_policies_prune_by(ca
         state = state.apply((a,))
     by_rules = [p.split(":")[0].removeprefix("pod ") for p in peer_problems(plan, case.state)]
     assert sorted(set(by_rules)) == sorted(by_masks)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases())
+def test_explain_counts_as_fitting_exactly_the_nodes_the_policies_may_use(case: Case) -> None:
+    # A pod told "0/N nodes are available" must have no node to go to, and one told that
+    # k nodes fit must have k, cordoned nodes and their taints included.
+    for p in case.pods:
+        e = explain(p, case.state)
+        assert e.total == len(case.state.cluster)
+        assert e.fits == int(case.state.pod_mask(p).sum()), e.message

@@ -11,6 +11,7 @@ import pytest
 
 from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
 from gpusched.model.affinity import Requirement, Spread
+from gpusched.model.pod import Toleration
 from gpusched.solver.explain import explain
 from gpusched.solver.fragmentation import TypicalPods
 from gpusched.solver.params import Limits, SolverParams
@@ -149,18 +150,35 @@ def test_only_pods_on_nodes_that_count_for_the_pod_are_counted() -> None:
     assert [c.nodes[n].name for n in range(3) if state.pod_mask(new)[n]] == ["a-gpu"]
 
 
-def test_a_cordoned_nodes_zone_counts_and_terminating_pods_do_not() -> None:
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_cordoned_nodes_zone_counts_unless_taints_are_honoured_and_terminating_pods_do_not(policy: str) -> None:
     c = zones(names=("a", "b"), per_zone=1)
     llm = replace(pod("x"), labels=(("app", "llm"),))
     state = c.empty_state().apply([Assignment(replace(llm, name="x"), 0), Assignment(replace(llm, name="y"), 1)])
     mask = state.spread_mask(replica("new"))
     assert mask is not None
     assert mask.tolist() == [True, True]
-    # Zone c has only a cordoned node, with no llm pod: the emptiest domain now counts 0.
-    cordoned = replace(state, outside=((replace(gpu_node("c0"), labels={"zone": "c"}), ()),))
-    mask = cordoned.spread_mask(replica("new"))
+    # Zone c has only a cordoned node, with no llm pod: as for kube-scheduler (nodeTaintsPolicy
+    # Ignore, the default) the emptiest domain now counts 0, so a and b are full, and the pod
+    # cannot go to c either: it does not tolerate the cordon.
+    cordoned = Cluster([*c.nodes, replace(gpu_node("c0", gpus=8), labels={"zone": "c"}, unschedulable=True)])
+    both = cordoned.empty_state().apply([Assignment(replace(llm, name="x"), 0), Assignment(replace(llm, name="y"), 1)])
+    mask = both.spread_mask(replica("new"))
     assert mask is not None
-    assert mask.tolist() == [False, False]
+    assert mask.tolist() == [False, False, True]
+    assert not place_checked(policy, cordoned, [replica("new")], both, hint_kept=True).assignments
+    assert explain(replica("new"), both).reasons == {
+        "node(s) didn't match pod topology spread constraints": 2,
+        "node(s) were unschedulable": 1,
+    }
+    # Honouring taints leaves the cordoned node's zone out; so does tolerating the cordon, which
+    # lets the pod go to c0 as well.
+    honour = replica("new", spread(honor_taints=True))
+    assert {a.node for a in place_checked(policy, cordoned, [honour], both, hint_kept=True).assignments} <= {0, 1}
+    assert len(place_checked(policy, cordoned, [honour], both, hint_kept=True).assignments) == 1
+    tolerant = replace(replica("new"), tolerations=(Toleration("node.kubernetes.io/unschedulable", "Exists"),))
+    plan = place_checked(policy, cordoned, [tolerant], both, hint_kept=True)
+    assert [a.node for a in plan.assignments] == [2]
     leaving = c.empty_state().apply(
         [Assignment(replace(llm, name="x"), 0), Assignment(replace(llm, name="y", terminating=True), 1)]
     )

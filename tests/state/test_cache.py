@@ -90,12 +90,18 @@ def test_finished_and_deleted_pods_free_capacity() -> None:
     assert c.snapshot().state.gpu_used.sum() == 0
 
 
-def test_excluded_nodes_leave_the_cluster_and_say_why() -> None:
-    c = cache_with(NodeRecord(gpu_node("a")), NodeRecord(gpu_node("b"), excluded="node(s) were unschedulable"))
+def test_a_cordoned_node_stays_in_the_cluster_with_its_pods_and_cordoning_changes_its_offer() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)), NodeRecord(replace(gpu_node("b", gpus=2), unschedulable=True)))
+    c.observe_pod(bound(pod("x", gpus=1), "b", (1,)))
     s = c.snapshot()
-    assert [n.name for n in s.cluster.nodes] == ["a"]
-    assert dict(s.excluded) == {"b": "node(s) were unschedulable"}
-    assert s.node_count == 2
+    assert [n.name for n in s.cluster.nodes] == ["a", "b"]
+    assert s.cluster.cordoned.tolist() == [False, True]
+    assert s.state.gpu_used[1].tolist() == [0, 1000]  # its pod still holds its GPU
+    # Uncordoned: the node offers more (pods that do not tolerate the taint fit now).
+    assert c.upsert_node(NodeRecord(gpu_node("b", gpus=2))) is True
+    after = c.snapshot()
+    assert after.cluster.cordoned.tolist() == [False, False]
+    assert after.state.gpu_used[1].tolist() == [0, 1000]
 
 
 def test_node_change_rebuilds_and_keeps_pod_accounting() -> None:
@@ -264,7 +270,7 @@ def test_pods_on_a_cordoned_node_still_keep_replicas_out_of_their_zone() -> None
     zone = {"zone": "z0"}
     away = (PodAffinityTerm((Requirement("app", "In", ("llm",)),), None, "zone"),)
     c = cache_with(
-        NodeRecord(replace(gpu_node("a"), labels=zone), excluded="node(s) were unschedulable"),
+        NodeRecord(replace(gpu_node("a"), labels=zone, unschedulable=True)),
         NodeRecord(replace(gpu_node("b"), labels=zone)),
         NodeRecord(replace(gpu_node("c"), labels={"zone": "z1"})),
     )
@@ -274,7 +280,7 @@ def test_pods_on_a_cordoned_node_still_keep_replicas_out_of_their_zone() -> None
     new = replace(pod("r1", gpus=1), uid="u1", labels=(("app", "llm"),), anti_affinity=away)
     mask = state.anti_mask(new)
     assert mask is not None
-    assert mask.tolist() == [False, True]  # b shares the cordoned node's zone
+    assert mask.tolist() == [False, False, True]  # b shares the cordoned node's zone
     spread = Spread(1, "zone", (Requirement("app", "In", ("llm",)),), "default")
     assert state.spread_view(replace(new, spread=(spread,)), spread).counts.tolist() == [1, 0]
     c.delete_pod(running.key)

@@ -40,8 +40,6 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
                 moving = sum(inst.candidates[ci].ub for cs in counting.values() for ci in cs)
                 low_var = model.new_int_var(0, int(view.counts.max(initial=0)) + moving, f"low{gi}_{k}")
                 fixed = [int(view.counts[d]) for d in eligible if d not in counting]
-                if view.elsewhere_low is not None:
-                    fixed.append(view.elsewhere_low)
                 terms = [(int(view.counts[d]), tuple(counting[d])) for d in eligible if d in counting]
                 if fixed:  # the domains no candidate counts in: their emptiest, once
                     terms.append((min(fixed), ()))
