@@ -52,13 +52,14 @@ from gpusched.kube.convert import (
 from gpusched.kube.leader import LeaderElector
 from gpusched.kube.watch import Reflector
 from gpusched.metrics.exporter import HealthServer, SchedulerMetrics
-from gpusched.model import Cluster, ClusterState, Plan, Pod
+from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod
 from gpusched.model.affinity import Requirement, label_selector_selects
 from gpusched.queue.batcher import SchedulingQueue
-from gpusched.solver.explain import DEFERRED, explain, explain_gang
+from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.params import SolverParams
 from gpusched.solver.policy import Policy, place_quick
+from gpusched.solver.preempt import plan_preemptions
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
 from gpusched.state.cache import Cache, Snapshot, same_offer
@@ -219,20 +220,25 @@ class _PendingHandler:
         for r in records:
             self._take(r)
         for key in [k for k in self.s.queue.pending_keys() if k not in live]:
-            self.s.queue.delete(key)
+            self._drop(key)
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         rec = self.s.read_pod(obj, self.s.selecting_pending, kind == "DELETED")
         if kind == "DELETED":
-            self.s.queue.delete(rec.key)
+            self._drop(rec.key)
         else:
             self._take(rec)
 
     def _take(self, rec: PodRecord) -> None:
         if rec.bound or rec.terminal or rec.deleting or rec.gated:  # gated: queued once the gates are gone
-            self.s.queue.delete(rec.key)
+            self._drop(rec.key)
         else:
             self.s.queue.add(rec)
+
+    def _drop(self, key: str) -> None:
+        self.s.queue.delete(key)
+        if self.s.cache.unnominate(key):  # the room it held for itself is free for others
+            self.s.queue.move_all()
 
 
 Labels = dict[str, str]
@@ -401,6 +407,7 @@ class Scheduler:
             self._leading.set()
         else:
             self._leading.clear()
+            self.cache.clear_nominations()  # the next leader holds room for whom it preempts
 
     @property
     def is_leader(self) -> bool:
@@ -572,6 +579,7 @@ class Scheduler:
                     held_back.setdefault(r.pod.gang.name, f"member {r.key}: {volumes}")
                 continue
             todo.append(r)
+        todo = self._bind_nominated(todo)
         disagree = gang_disagreements(r.pod for r in todo)
         if disagree:  # one gang, two sets of rules: no member's may win by arriving first
             split = {r.key: disagree[g.name] for r in todo if (g := r.pod.gang) is not None and g.name in disagree}
@@ -593,7 +601,7 @@ class Scheduler:
                 total_ms=round((time.perf_counter() - start) * 1000, 1),
             )
             return
-        snap = self.cache.snapshot()
+        snap = self.cache.snapshot(free=[r.key for r in todo])  # room held for a pod is its own
         policy = self._policy_for(snap.cluster)
         pods = self._count_running_members([r.pod for r in todo])
         for p in pods:
@@ -641,14 +649,9 @@ class Scheduler:
                 self.queue.done(a.pod.key)
                 untaken = True
                 continue
-            node = names[a.node].name
-            self.cache.assume(a.pod, node, a.gpus)
-            self._binds_in_flight += 1
-            self._binds_unstarted += 1
-            self.spawn(self._bind(a.pod, node, a.gpus), f"bind:{a.pod.key}")
-        if self._binds_in_flight >= self.max_binds_in_flight:
-            self._bind_room.clear()
+            self._start_bind(a.pod, names[a.node].name, a.gpus)
         members = Counter(p.gang.name for p in pods if p.gang is not None)
+        preempting: list[tuple[Pod, Explanation]] = []
         if untaken and plan.unplaced:
             # The pods the plan left out were weighed against capacity it gave to pods that are
             # not bound after all: drawn again with the books as they are, not told they do not fit.
@@ -672,7 +675,12 @@ class Scheduler:
                 self._unschedulable(p, message, "Gang")
                 continue
             e = explain(p, after)
-            self._unschedulable(p, e.message, e.reason)
+            if e.fits or not p.preempts:
+                self._unschedulable(p, e.message, e.reason)
+            elif not self._waits_for_victims(p, e):
+                preempting.append((p, e))
+        if preempting:
+            await self._preempt(preempting, batch_id)
         stats = plan.stats
         gap = stats.gap_pct
         solve_s = stats.wall_ms / 1000
@@ -716,7 +724,7 @@ class Scheduler:
         """Events seen during the solve may have taken capacity: keep only what still fits."""
         if self.cache.generation == snap.generation:
             return plan
-        fresh = self.cache.snapshot()
+        fresh = self.cache.snapshot(free=[p.key for p in (*(a.pod for a in plan.assignments), *plan.unplaced)])
         if fresh.cluster is not snap.cluster and not _same_offers(snap.cluster, fresh.cluster):
             problems = ["the node inventory changed during the solve"]
         else:
@@ -728,7 +736,100 @@ class Scheduler:
             self.queue.requeue(p.key)  # all of the batch: pods it left out are in flight too
         return Plan((), (), plan.stats)
 
-    def _unschedulable(self, pod: Pod, message: str, reason: str) -> None:
+    def _start_bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
+        self.cache.assume(pod, node, gpus)
+        self._binds_in_flight += 1
+        self._binds_unstarted += 1
+        self.spawn(self._bind(pod, node, gpus), f"bind:{pod.key}")
+        if self._binds_in_flight >= self.max_binds_in_flight:
+            self._bind_room.clear()
+
+    def _bind_nominated(self, todo: list[PodRecord]) -> list[PodRecord]:
+        """Bind each pod whose victims are gone to the room held for it, as kube-scheduler tries
+        a pod's nominated node first: no other pod of the batch may take that room.  The rest of
+        ``todo`` (and such a pod when its room no longer fits it) is solved as usual."""
+        rest = []
+        for r in todo:
+            held = self.cache.nomination(r.key)
+            if held is None or held[2] or r.pod.gang is not None:
+                rest.append(r)
+                continue
+            node, gpus, _ = held
+            snap = self.cache.snapshot(free=[r.key])
+            i = snap.cluster.index.get(node)
+            room = () if i is None else plan_problems(Plan((Assignment(r.pod, i, gpus),), ()), snap.state, [r.pod])
+            if i is None or room:
+                log.info("held room no longer fits; solved with the batch", pod=r.key, node=node, problems=room[:3])
+                rest.append(r)
+                continue
+            self._start_bind(r.pod, node, gpus)
+        return rest
+
+    def _waits_for_victims(self, pod: Pod, e: Explanation) -> bool:
+        """Whether ``pod`` preempted pods that are still leaving: it is told so and waits for
+        them, and preempts no more.  Once they are gone and it still does not fit, the room held
+        for it is given up, and it may preempt again."""
+        held = self.cache.nomination(pod.key)
+        if held is None:
+            return False
+        node, _, left = held
+        if not left:
+            self.cache.unnominate(pod.key)
+            return False
+        message = f"{e.message} Waiting for {left} preempted pod(s) to leave node {node}."
+        self._unschedulable(pod, message, e.reason, nominated=node)
+        return True
+
+    async def _preempt(self, pods: list[tuple[Pod, Explanation]], batch_id: int) -> None:
+        """Look for running pods of lower priority whose eviction lets each of ``pods`` fit; evict
+        them, hold their room for it, and tell every pod where it stands."""
+        lowest = self.cache.lowest_priority()
+        hopeless = [(p, e) for p, e in pods if lowest is None or p.priority <= lowest]
+        for p, e in hopeless:  # every running pod matters as much: told as usual, at no cost
+            self._unschedulable(p, e.message, e.reason)
+        pods = [(p, e) for p, e in pods if lowest is not None and p.priority > lowest]
+        if not pods:
+            return
+        snap = self.cache.snapshot(free=[p.key for p, _ in pods])
+        running = self.cache.preemptible()  # as counted in ``snap``: taken together
+        try:
+            found = await asyncio.to_thread(plan_preemptions, [p for p, _ in pods], snap.state, running)
+        except Exception as exc:
+            log.error("preemption search failed", batch_id=batch_id, error=repr(exc))
+            found = []
+        if not self.is_leader:
+            found = []
+        chosen = {pre.pod.key: pre for pre in found}
+        self.metrics.preemption(len(pods), sum(len(pre.victims) for pre in found))
+        for p, e in pods:
+            pre = chosen.get(p.key)
+            if pre is None or not self.queue.current(p.key, p.uid):
+                self._unschedulable(p, e.message, e.reason)
+                continue
+            node = snap.cluster.nodes[pre.node].name
+            self.cache.nominate(p, node, pre.placement.gpus, [v.pod.key for v in pre.victims])
+            for v in pre.victims:
+                self.spawn(self._evict(v.pod, p, node), f"preempt:{v.pod.key}")
+            log.info(
+                "preempt",
+                batch_id=batch_id,
+                pod=p.key,
+                priority=p.priority,
+                node=node,
+                victims=[f"{v.pod.key}@{v.pod.priority}" for v in pre.victims],
+            )
+            message = f"{e.message} Preempting {len(pre.victims)} pod(s) of lower priority on node {node}."
+            self._unschedulable(p, message, e.reason, nominated=node)
+
+    async def _evict(self, victim: Pod, by: Pod, node: str) -> None:
+        """Delete one victim of ``by``; should that fail, ``by`` waits for it no longer: the room
+        held for it is given up and it is tried again (and may preempt again)."""
+        if await self.binder.preempt(victim, by, node):
+            return
+        if self.cache.unnominate(by.key):
+            self.queue.move_all(lambda r: r.key == by.key)
+
+    def _unschedulable(self, pod: Pod, message: str, reason: str, nominated: str | None = None) -> None:
         self.metrics.unschedulable(reason)
         if reason == DEFERRED:  # it fits now: the solve kept it back, so try again soon
             self.queue.backoff(pod.key)
@@ -737,7 +838,7 @@ class Scheduler:
         self.spawn(self.binder.event(pod, "FailedScheduling", message, "Warning"), f"event:{pod.key}")
         record = self.queue.record(pod.key)
         current = record.unschedulable if record is not None else None
-        self.spawn(self.binder.unschedulable(pod, message, current), f"condition:{pod.key}")
+        self.spawn(self.binder.unschedulable(pod, message, current, nominated), f"condition:{pod.key}")
         log.info("unschedulable", pod=pod.key, reason=reason, message=message)
 
     async def _bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:

@@ -282,8 +282,32 @@ class Binder:
         except ApiError as exc:
             log.warning("event not written", object=key[0], reason=reason, error=str(exc))
 
-    async def unschedulable(self, pod: Pod, message: str, current: str | None = None) -> None:
-        """``PodScheduled=False`` with reason ``Unschedulable``, as kube-scheduler sets it.
+    async def preempt(self, victim: Pod, by: Pod, node: str) -> bool:
+        """Delete ``victim`` (this UID, not a later pod of its name) to make room for ``by`` on
+        ``node``, with the victim's own grace period, as kube-scheduler does, and tell it so in a
+        ``Preempted`` Event.  False, logged, when it was not deleted (it was gone already: True)."""
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if victim.uid:
+            body["preconditions"] = {"uid": victim.uid}
+        try:
+            await self._retrying("DELETE", _path(victim), body, leading=self.leading)
+        except NotLeading:
+            log.info("victim not deleted: no longer the leader", pod=victim.key, preemptor=by.key)
+            return False
+        except ApiError as exc:
+            if exc.status == 404 or _replaced(exc):
+                log.info("victim gone already", pod=victim.key, uid=victim.uid)
+                return True
+            log.warning("victim not deleted", pod=victim.key, preemptor=by.key, node=node, error=str(exc))
+            return False
+        await self.event(victim, "Preempted", f"Preempted by pod {by.key} on node {node}")
+        return True
+
+    async def unschedulable(
+        self, pod: Pod, message: str, current: str | None = None, nominated: str | None = None
+    ) -> None:
+        """``PodScheduled=False`` with reason ``Unschedulable``, as kube-scheduler sets it, and
+        ``status.nominatedNodeName`` when the pod preempted others on that node.
 
         ``current`` is the message of the condition the pod already has, if any: the same
         message is not written again, and a new one keeps the condition's transition time.
@@ -294,6 +318,8 @@ class Binder:
         if current is None:
             condition["lastTransitionTime"] = _now()
         body: dict[str, Any] = {"status": {"conditions": [condition]}}
+        if nominated:
+            body["status"]["nominatedNodeName"] = nominated
         if pod.uid:  # a precondition: a pod created again under the name has not been tried yet
             body["metadata"] = {"uid": pod.uid}
         try:

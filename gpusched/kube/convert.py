@@ -646,6 +646,7 @@ def _pod(
             preferred_apart=apart,
             preferred_together=wished["podAffinity"],
             soft_spread=soft_spread,
+            preempts=spec.get("preemptionPolicy") != "Never",
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None

@@ -90,6 +90,18 @@ class SchedulerMetrics:
             namespace=NAMESPACE,
             registry=reg,
         )
+        self._preemption_victims = Counter(
+            "preemption_victims",
+            "Running pods of lower priority deleted to make room for pending ones.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._preemption_attempts = Counter(
+            "preemption_attempts",
+            "Pending pods that found no room and looked for pods of lower priority to preempt.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
         self._bind_errors = Counter(
             "bind_errors",
             "Binding requests that failed, by reason.",
@@ -171,6 +183,11 @@ class SchedulerMetrics:
     def unschedulable(self, reason: str, n: int = 1) -> None:
         """Count ``n`` pods left unplaced for ``reason``."""
         self._pods_unschedulable.labels(reason=reason).inc(n)
+
+    def preemption(self, attempts: int, victims: int) -> None:
+        """Count ``attempts`` pods that looked for room by preemption and the ``victims`` evicted."""
+        self._preemption_attempts.inc(attempts)
+        self._preemption_victims.inc(victims)
 
     def bind_error(self, reason: str) -> None:
         """Count one failed binding for ``reason``."""

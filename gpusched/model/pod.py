@@ -202,6 +202,9 @@ class Pod(_Wishes):
     """Terms of ``preferred_apart`` that stand for ``ScheduleAnyway`` spread constraints: they
     weigh this pod's own placement only (kube-scheduler's PodTopologySpread scores the incoming
     pod's constraints, not those of the pods running)."""
+    preempts: bool = True
+    """It may evict running pods of lower priority to make room (``preemptionPolicy`` is not
+    ``Never``)."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"

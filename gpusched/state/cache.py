@@ -17,13 +17,13 @@ never change a snapshot a solve is using.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import numpy as np
 
-from gpusched.model import GPU_MILLI, Cluster, ClusterState, Node, Pod
+from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Pod
 from gpusched.model.cluster import IntArray
 from gpusched.state.records import NodeRecord, PodRecord
 
@@ -55,6 +55,15 @@ class _Held:
     assumed: bool
     wanted: tuple[int, ...] | None
     """GPU indices the pod's annotation names, if any."""
+
+
+@dataclass(slots=True)
+class _Nomination:
+    """Room held on a node for a pod that preempted pods there, until it is bound or gives up."""
+
+    held: _Held
+    victims: frozenset[str]
+    """Keys of the pods it preempted."""
 
 
 def _another(held: _Held, uid: str) -> bool:
@@ -100,6 +109,9 @@ class Cache:
         self._ports: dict[int, Counter[str]] = {}
         self._residents: dict[int, dict[str, Pod]] = {}
         self._resident_view: dict[int, tuple[Pod, ...]] = {}
+        self._nominated: dict[str, _Nomination] = {}
+        """Pods that preempted others, by key: what each will take is counted on its node, so
+        that no other pod takes the room its victims leave."""
         self._gpu: IntArray = np.zeros((0, 1), dtype=np.int64)
         self._kinds: IntArray = np.zeros((0, 2), dtype=np.int64)
         self._mig: IntArray = np.zeros((0, 0), dtype=np.int64)
@@ -210,8 +222,10 @@ class Cache:
             self._held.setdefault(k, h)
 
     def assume(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
-        """Count ``pod`` on ``node`` before its Binding is confirmed.  A bound pod of the name
-        with another UID is set aside as ``observe_pod`` does: the bind decides which is current."""
+        """Count ``pod`` on ``node`` before its Binding is confirmed (instead of any room held for
+        it).  A bound pod of the name with another UID is set aside as ``observe_pod`` does: the
+        bind decides which is current."""
+        self.unnominate(pod.key)
         held = self._held.get(pod.key)
         if held is not None:
             if not held.assumed and _another(held, pod.uid):
@@ -292,15 +306,81 @@ class Cache:
                 domain[gang.name] = node.node.labels.get(gang.topology_key, "")
         return {n: (count[n], domain[n]) for n in names}
 
+    # -- preemption ------------------------------------------------------------------------
+    def preemptible(self) -> list[Assignment]:
+        """Bound pods that preemption may evict, as placed in the cluster of the last
+        ``snapshot`` (take both at once): confirmed, on a known node, not being deleted."""
+        cluster = self._ensure_cluster()
+        out = []
+        for held in self._held.values():
+            i = cluster.index.get(held.node)
+            if i is not None and not held.assumed and not held.pod.terminating:
+                out.append(Assignment(held.pod, i, held.gpus))
+        return out
+
+    def lowest_priority(self) -> int | None:
+        """The lowest priority among the pods ``preemptible`` would list (None: there are none):
+        only a pod of higher priority may preempt."""
+        return min(
+            (h.pod.priority for h in self._held.values() if not h.assumed and not h.pod.terminating), default=None
+        )
+
+    def nominate(self, pod: Pod, node: str, gpus: tuple[int, ...], victims: Iterable[str]) -> None:
+        """Hold room for ``pod`` on ``node`` (on ``gpus``) while the pods it preempted there
+        (``victims``, by key) terminate: other pods are placed as if it were there."""
+        self.unnominate(pod.key)
+        held = _Held(pod, node, (), True, gpus)
+        self._nominated[pod.key] = _Nomination(held, frozenset(victims))
+        self.generation += 1
+        if self._cluster is not None:
+            self._account(held, 1)
+
+    def unnominate(self, key: str) -> bool:
+        """Give up the room held for ``key``; True when there was some."""
+        nomination = self._nominated.pop(key, None)
+        if nomination is None:
+            return False
+        self.generation += 1
+        if self._cluster is not None:
+            self._account(nomination.held, -1)
+        return True
+
+    def nomination(self, key: str) -> tuple[str, tuple[int, ...], int] | None:
+        """The node and GPUs room is held on for ``key``, and how many of the pods it preempted
+        are still on the books (None: no room held)."""
+        nomination = self._nominated.get(key)
+        if nomination is None:
+            return None
+        held = nomination.held
+        return held.node, held.gpus, sum(1 for v in nomination.victims if v in self._held)
+
+    def clear_nominations(self) -> None:
+        """Give up all held room (another instance schedules now, and holds its own)."""
+        for key in list(self._nominated):
+            self.unnominate(key)
+
     @property
     def held_count(self) -> int:
         """Pods on the books."""
         return len(self._held)
 
     # -- snapshot ----------------------------------------------------------------------------
-    def snapshot(self) -> Snapshot:
-        """Freeze the books for a batch."""
+    def snapshot(self, free: Collection[str] = ()) -> Snapshot:
+        """Freeze the books for a batch; the room held for the pods of ``free`` (keys) is left
+        free for them."""
         cluster = self._ensure_cluster()
+        # Taken off the books themselves, not the snapshot: while its victims terminate, a
+        # GPU may be counted twice, and the snapshot counts at most a whole GPU.
+        held = [n.held for k in free if (n := self._nominated.get(k)) is not None]
+        for h in held:
+            self._account(h, -1)
+        try:
+            return self._freeze(cluster)
+        finally:
+            for h in held:
+                self._account(h, 1)
+
+    def _freeze(self, cluster: Cluster) -> Snapshot:
         gpu = np.minimum(self._gpu, cluster.gpu_cap)
         mig = np.minimum(self._mig, cluster.mig_cap)  # slices counted on a node that no longer offers them
         storage = self._storage.copy() if self._storage.any() else None
@@ -338,6 +418,8 @@ class Cache:
             self._cluster = cluster
             for held in self._held.values():
                 self._account(held, 1)
+            for nomination in self._nominated.values():
+                self._account(nomination.held, 1)
         return self._cluster
 
     def _add(self, key: str, held: _Held) -> None:

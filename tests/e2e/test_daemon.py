@@ -286,6 +286,88 @@ async def test_a_cordoned_node_takes_only_pods_that_tolerate_the_cordon(
         assert daemon.stop() == 0, "".join(daemon.raw[-30:])
 
 
+async def _until(kube: Kube, path: str, ok: Any, timeout: float = 60.0) -> dict[str, Any]:
+    """The object at ``path`` once ``ok(obj)`` holds (or as it is after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = await kube.request("GET", path)
+        assert r.ok, r.body
+        if ok(r.body) or time.monotonic() > deadline:
+            return dict(r.body)
+        await asyncio.sleep(0.2)
+
+
+async def test_a_pod_of_higher_priority_preempts_a_pod_of_lower_priority_and_takes_its_room(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    low, high, never = f"{name}-low", f"{name}-high", f"{name}-never"
+    for cls, value, policy in ((low, 10, None), (high, 1000, None), (never, 1000, "Never")):
+        body: dict[str, Any] = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass"}
+        body |= {"metadata": {"name": cls}, "value": value} | ({"preemptionPolicy": policy} if policy else {})
+        r = await kube.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body=body)
+        assert r.status == 201, r.body
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node("preempt-0", 2, "T4")])
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+
+    def with_class(p: dict[str, Any], cls: str) -> dict[str, Any]:
+        p["spec"]["priorityClassName"] = cls
+        return p
+
+    running = []
+    for i, cls in enumerate((low, high)):  # another scheduler's pods, one of each priority, fill the node
+        p = with_class(kit.pod(f"running-{i}", "default-scheduler", gpus=1, node_name="preempt-0"), cls)
+        p["spec"]["terminationGracePeriodSeconds"] = 30  # no kubelet here: deleted, they linger
+        p["metadata"]["annotations"]["gpusched.io/gpu-indices"] = str(i)
+        running.append(p)
+    await kit.create_all(kube, pods, running)
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        # As urgent as can be, but it may not preempt: it waits, and nothing is evicted.
+        await kit.create_all(kube, pods, [with_class(kit.pod("polite", name, gpus=1), never)])
+        (polite,) = [
+            p for p in await kit.wait_settled(kube, namespace, 3, timeout=60) if p["metadata"]["name"] == "polite"
+        ]
+        assert (kit.condition(polite) or {}).get("message") == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+        await kit.create_all(kube, pods, [with_class(kit.pod("urgent", name, gpus=1), high)])
+        victim = await _until(kube, f"{pods}/running-0", lambda o: o["metadata"].get("deletionTimestamp"))
+        assert victim["metadata"].get("deletionTimestamp"), "the pod of lower priority was not preempted"
+        urgent = await _until(kube, f"{pods}/urgent", lambda o: (o.get("status") or {}).get("nominatedNodeName"))
+        assert urgent["status"]["nominatedNodeName"] == "preempt-0"
+        told = (kit.condition(urgent) or {}).get("message")
+        fits = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+        # Tried again as the victim's deletion starts (a pod being deleted counts no more for
+        # spread), it says what it waits for instead.
+        assert told in (
+            f"{fits} Preempting 1 pod(s) of lower priority on node preempt-0.",
+            f"{fits} Waiting for 1 preempted pod(s) to leave node preempt-0.",
+        ), told
+        # While the victim terminates, its GPU is held for urgent: a pod arriving now waits.
+        await kit.create_all(kube, pods, [with_class(kit.pod("late", name, gpus=1), low)])
+        late = await _until(kube, f"{pods}/late", lambda o: kit.condition(o) is not None)
+        assert "Insufficient nvidia.com/gpu" in (kit.condition(late) or {}).get("message", "")
+        assert not urgent["spec"].get("nodeName")
+        # The kubelet's part: the victim has stopped; it leaves, and urgent takes its GPU.
+        r = await kube.request("DELETE", f"{pods}/running-0", query={"gracePeriodSeconds": "0"})
+        assert r.ok, r.body
+        urgent = await kit.wait_bound(kube, f"{pods}/urgent")
+        assert urgent["spec"].get("nodeName") == "preempt-0"
+        assert urgent["metadata"]["annotations"]["gpusched.io/gpu-indices"] == "0"
+        await asyncio.sleep(1.0)  # the two left waiting were tried again with it, and still wait
+        for n in ("polite", "late", "running-1"):
+            obj = (await kube.request("GET", f"{pods}/{n}")).body
+            assert not obj["metadata"].get("deletionTimestamp"), n
+            assert bool(obj["spec"].get("nodeName")) == (n == "running-1"), n
+        events = await kit.wait_events(kube, namespace, ["Preempted/running-0"])
+        (told,) = events["Preempted/running-0"]
+        assert told["message"] == f"Preempted by pod {namespace}/urgent on node preempt-0"
+        assert [x["pod"] for x in daemon.events("preempt")] == [f"{namespace}/urgent"]  # once, not again
+    finally:
+        assert daemon.stop() == 0, "".join(daemon.raw[-30:])
+        for cls in (low, high, never):
+            await kube.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{cls}")
+
+
 async def test_a_prefer_no_schedule_node_is_used_only_when_nothing_else_fits(
     control_plane: ControlPlane, kube: Kube, namespace: str
 ) -> None:

@@ -85,6 +85,15 @@ def test_cordoned_nodes_carry_the_unschedulable_taint_and_taints_are_kept_for_th
     assert soft.node.soft_taints == (Taint("x", "", "PreferNoSchedule"),)  # weighed, not required
 
 
+def test_priority_and_preemption_policy_are_read() -> None:
+    default = pod_record(pod_obj()).pod
+    assert (default.priority, default.preempts) == (0, True)
+    urgent = pod_record(pod_obj(priority=1000, preemptionPolicy="PreemptLowerPriority")).pod
+    assert (urgent.priority, urgent.preempts) == (1000, True)
+    polite = pod_record(pod_obj(priority=1000, preemptionPolicy="Never")).pod
+    assert (polite.priority, polite.preempts) == (1000, False)
+
+
 def test_tolerations_are_read() -> None:
     tolerations = [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},

@@ -329,3 +329,47 @@ def test_a_pod_seen_under_the_name_of_one_being_bound_counts_once_that_bind_fail
     assert s.state.gpu_used[s.cluster.index["b"]].sum() == 2000
     assert c.holds(theirs.key, "u2")
     assert not c.forget(ours.key)
+
+
+def test_room_held_for_a_preemptor_is_taken_from_others_and_left_free_for_it() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)), NodeRecord(gpu_node("b", gpus=1)))
+    victim = replace(pod("victim", gpus=1), uid="v", priority=0)
+    c.observe_pod(bound(victim, "a", (0,)))
+    c.observe_pod(bound(replace(pod("other", gpus=1), uid="o", priority=0), "a", (1,)))
+    c.observe_pod(bound(replace(pod("leaving", gpus=1), uid="l", terminating=True), "b", (0,)))
+    # Preemptible: confirmed, not being deleted, placed in the snapshot's cluster.
+    assert sorted((a.pod.name, a.node, a.gpus) for a in c.preemptible()) == [("other", 0, (1,)), ("victim", 0, (0,))]
+    urgent = replace(pod("urgent", gpus=1), uid="u", priority=10)
+    c.nominate(urgent, "a", (0,), [victim.key])
+    assert c.nomination(urgent.key) == ("a", (0,), 1)
+    # While the victim terminates, GPU 0 is counted twice; others see it taken, and so does the
+    # preemptor: its room is free for it, but the victim is still there.
+    c.observe_pod(bound(replace(victim, terminating=True), "a", (0,)))
+    assert c.snapshot().state.gpu_used[0].tolist() == [1000, 1000]
+    assert c.snapshot(free=[urgent.key]).state.gpu_used[0].tolist() == [1000, 1000]
+    c.delete_pod(victim.key, "v")
+    assert c.nomination(urgent.key) == ("a", (0,), 0)
+    assert c.snapshot().state.gpu_used[0].tolist() == [1000, 1000]  # held for urgent
+    assert c.snapshot(free=[urgent.key]).state.gpu_used[0].tolist() == [0, 1000]
+    # A node change rebuilds the books: the room is still held.
+    assert c.upsert_node(NodeRecord(gpu_node("c", gpus=1)))
+    assert c.snapshot().state.gpu_used[0].tolist() == [1000, 1000]
+    # Bound: the assumption replaces the held room, counted once.
+    c.assume(urgent, "a", (0,))
+    assert c.nomination(urgent.key) is None
+    assert c.snapshot(free=[urgent.key]).state.gpu_used[0].tolist() == [1000, 1000]
+    c.forget(urgent.key)
+    assert c.snapshot().state.gpu_used[0].tolist() == [0, 1000]
+
+
+def test_held_room_is_given_up_on_request_and_all_at_once_on_step_down() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    for i in range(2):
+        c.nominate(replace(pod(f"u{i}", gpus=1), uid=f"u{i}"), "a", (i,), ())
+    assert c.snapshot().state.gpu_used[0].tolist() == [1000, 1000]
+    assert c.unnominate("default/u0") is True
+    assert c.unnominate("default/u0") is False
+    assert c.snapshot().state.gpu_used[0].tolist() == [0, 1000]
+    c.clear_nominations()
+    assert c.snapshot().state.gpu_used[0].tolist() == [0, 0]
+    assert c.nomination("default/u1") is None

@@ -1,0 +1,121 @@
+"""Preemption: which running pods of lower priority to evict so that a pending pod fits.
+
+As kube-scheduler's DefaultPreemption chooses them, on the books as they are after a batch:
+
+1. Only a pod that may preempt (``Pod.preempts``: its ``preemptionPolicy`` is not ``Never``)
+   and only pods of strictly lower priority that are not being deleted already.
+2. Per node with such pods: remove them all; if the pod then fits there, add them back one
+   by one, highest priority first, keeping each one the pod still fits beside (kube-scheduler's
+   "reprieve"). What is left are the node's victims.
+3. Of the nodes where the pod fits so, the one whose most important victim has the lowest
+   priority, then the lowest sum of victim priorities, then the fewest victims, then the first
+   in the cluster's order.  As kube-scheduler does, the search stops once it has
+   ``max(min_candidates, 10 % of the nodes)`` candidate nodes.
+
+The result names the GPU indices the pod would take there, so that the scheduler can hold them
+for it while its victims terminate.  PodDisruptionBudgets are not consulted (kube-scheduler only
+prefers nodes that violate fewer of them).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpusched.model import Assignment, ClusterState, Pod
+from gpusched.solver.baselines.base import GreedyPolicy
+
+__all__ = ["MIN_CANDIDATES", "Preemption", "find_preemption", "plan_preemptions"]
+
+MIN_CANDIDATES = 100
+"""Candidate nodes to find before choosing among them (kube-scheduler's default), at least."""
+
+_GPUS = GreedyPolicy()  # only its GPU choice on one node is used: stateless
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """Evict ``victims`` so that ``placement`` (the pending pod on their node) fits."""
+
+    placement: Assignment
+    victims: tuple[Assignment, ...]
+
+    @property
+    def pod(self) -> Pod:
+        """The pod that preempts."""
+        return self.placement.pod
+
+    @property
+    def node(self) -> int:
+        """The node the victims leave."""
+        return self.placement.node
+
+
+def _rank(victims: Sequence[Assignment], node: int) -> tuple[int, int, int, int]:
+    prio = [v.pod.priority for v in victims]
+    return (max(prio), sum(prio), len(prio), node)
+
+
+def find_preemption(
+    pod: Pod, state: ClusterState, running: Sequence[Assignment], min_candidates: int = MIN_CANDIDATES
+) -> Preemption | None:
+    """The preemption that lets ``pod`` fit with the least harm, or None when evicting pods of
+    lower priority cannot make room for it anywhere.  ``running``: the pods that may be evicted
+    (bound, not being deleted), as they are counted in ``state``."""
+    if not pod.preempts:
+        return None
+    by_node: dict[int, list[Assignment]] = defaultdict(list)
+    for a in running:
+        if a.pod.priority < pod.priority and not a.pod.terminating:
+            by_node[a.node].append(a)
+    if not by_node:
+        return None
+    # Nodes where it cannot fit even with every pod of lower priority gone are not worth a look.
+    # (Gone everywhere at once, those pods may take a pod affinity peer away: such a node is
+    # missed, never wrongly chosen, since each node is checked on its own below.)
+    possible = state.release([a for lower in by_node.values() for a in lower]).pod_mask(pod)
+    want = max(min_candidates, len(state.cluster) // 10)
+    best: tuple[tuple[int, int, int, int], Preemption] | None = None
+    found = 0
+    for node in sorted(n for n in by_node if possible[n]):
+        lower = sorted(by_node[node], key=lambda a: (-a.pod.priority, a.pod.key))
+        room = state.release(lower)
+        if not room.pod_mask(pod)[node]:
+            continue
+        victims: list[Assignment] = []
+        for a in lower:  # reprieve, most important first
+            back = room.apply([a])
+            if back.pod_mask(pod)[node]:
+                room = back
+            else:
+                victims.append(a)
+        if not victims:  # it fits without evicting anyone (the batch left it out for another reason)
+            continue
+        found += 1
+        key = _rank(victims, node)
+        if best is None or key < best[0]:
+            placement = Assignment(pod, node, _GPUS.gpus(pod, room, node))
+            best = (key, Preemption(placement, tuple(victims)))
+        if found >= want:
+            break
+    return None if best is None else best[1]
+
+
+def plan_preemptions(
+    pods: Sequence[Pod], state: ClusterState, running: Sequence[Assignment], min_candidates: int = MIN_CANDIDATES
+) -> list[Preemption]:
+    """Preemptions for ``pods`` in turn (highest priority first), each against the state the
+    earlier ones leave (their victims gone, their pods placed): no two take the same room, and
+    no pod is evicted twice."""
+    out: list[Preemption] = []
+    left = list(running)
+    for pod in sorted(pods, key=lambda p: -p.priority):
+        found = find_preemption(pod, state, left, min_candidates)
+        if found is None:
+            continue
+        out.append(found)
+        gone = {id(v) for v in found.victims}
+        left = [a for a in left if id(a) not in gone]
+        state = state.release(found.victims).apply([found.placement])
+    return out

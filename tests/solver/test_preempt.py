@@ -1,0 +1,167 @@
+"""Which running pods a pending pod of higher priority evicts, and where it then goes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod
+from gpusched.model.affinity import PodAffinityTerm, Requirement
+from gpusched.solver.preempt import find_preemption, plan_preemptions
+from gpusched.solver.validate import validate_plan
+from tests.factories import gpu_node, pod
+
+
+def running(name: str, node: int, gpus: tuple[int, ...], priority: int, **kw: object) -> Assignment:
+    return Assignment(replace(pod(name, gpus=len(gpus)), priority=priority, **kw), node, gpus)  # type: ignore[arg-type]
+
+
+def state_of(cluster: Cluster, placed: list[Assignment]) -> ClusterState:
+    return cluster.empty_state().apply(placed)
+
+
+def check_room(state: ClusterState, found_victims: tuple[Assignment, ...], placement: Assignment) -> None:
+    """Once the victims are gone, the pod fits where the preemption says, on the GPUs it names."""
+    after = state.release(found_victims)
+    validate_plan(Plan((placement,), ()), after, [placement.pod])
+
+
+def urgent(name: str = "urgent", gpus: int = 1, priority: int = 10) -> Pod:
+    return replace(pod(name, gpus=gpus), priority=priority)
+
+
+def test_the_fewest_pods_of_lower_priority_are_evicted_and_the_others_reprieved() -> None:
+    c = Cluster([gpu_node("a", gpus=2), gpu_node("b", gpus=2)])
+    placed = [running("low-0", 0, (0,), 0), running("low-1", 0, (1,), 5), running("high", 1, (0, 1), 100)]
+    state = state_of(c, placed)
+    found = find_preemption(urgent(), state, placed)
+    assert found is not None
+    assert found.node == 0
+    assert [v.pod.name for v in found.victims] == ["low-0"]  # low-1 ranks higher: reprieved first
+    assert found.placement.gpus == (0,)
+    check_room(state, found.victims, found.placement)
+
+
+def test_no_preemption_without_a_pod_of_lower_priority_or_when_the_pod_may_not_preempt() -> None:
+    c = Cluster([gpu_node("a", gpus=1)])
+    equal = [running("peer", 0, (0,), 10)]
+    assert find_preemption(urgent(), state_of(c, equal), equal) is None
+    lower = [running("low", 0, (0,), 0)]
+    assert find_preemption(replace(urgent(), preempts=False), state_of(c, lower), lower) is None
+    # A pod being deleted already is no victim: its room is on its way.
+    leaving = [running("low", 0, (0,), 0, terminating=True)]
+    assert find_preemption(urgent(), state_of(c, leaving), leaving) is None
+    # Evicting everything of lower priority would still not make room.
+    assert find_preemption(urgent(gpus=2), state_of(c, lower), lower) is None
+
+
+def test_the_node_whose_most_important_victim_matters_least_wins_then_the_fewest_victims() -> None:
+    c = Cluster([gpu_node("a", gpus=1), gpu_node("b", gpus=1), gpu_node("c", gpus=2)])
+    placed = [
+        running("mid", 0, (0,), 5),
+        running("low", 1, (0,), 1),
+        running("tiny-0", 2, (0,), 0),
+        running("tiny-1", 2, (1,), 0),
+    ]
+    state = state_of(c, placed)
+    found = find_preemption(urgent(), state, placed)
+    assert found is not None
+    # c: one victim of priority 0 (the other reprieved: of equal priority, by name) beats b
+    # (priority 1) and a (priority 5).
+    assert (found.node, [v.pod.name for v in found.victims]) == (2, ["tiny-1"])
+    two = find_preemption(urgent(gpus=2), state, placed)
+    assert two is not None
+    assert (two.node, sorted(v.pod.name for v in two.victims)) == (2, ["tiny-0", "tiny-1"])
+    check_room(state, two.victims, two.placement)
+
+
+def test_a_fractional_pod_is_given_the_share_that_frees() -> None:
+    c = Cluster([gpu_node("a", gpus=2)])
+    placed = [
+        Assignment(replace(pod("half-low", gpus=1, milli=500), priority=0), 0, (0,)),
+        Assignment(replace(pod("half-high", gpus=1, milli=600), priority=50), 0, (0,)),
+        running("whole-high", 0, (1,), 50),
+    ]
+    state = state_of(c, placed)
+    share = replace(pod("share", gpus=1, milli=400), priority=10)
+    found = find_preemption(share, state, placed)
+    assert found is not None
+    assert [v.pod.name for v in found.victims] == ["half-low"]
+    assert found.placement.gpus == (0,)
+    check_room(state, found.victims, found.placement)
+
+
+def test_anti_affinity_of_a_running_pod_of_lower_priority_is_evicted_with_it() -> None:
+    # The pod fits on a by resources, but a running pod's anti-affinity keeps it out: evicting
+    # that pod is what makes room.
+    c = Cluster([replace(gpu_node("a", gpus=4), labels={"kubernetes.io/hostname": "a"})])
+    away = PodAffinityTerm((Requirement("app", "In", ("web",)),), None, "kubernetes.io/hostname")
+    placed = [running("loner", 0, (0,), 0, anti_affinity=(away,)), running("other", 0, (1,), 0)]
+    state = state_of(c, placed)
+    web = replace(urgent(), labels=(("app", "web"),))
+    found = find_preemption(web, state, placed)
+    assert found is not None
+    assert [v.pod.name for v in found.victims] == ["loner"]
+    check_room(state, found.victims, found.placement)
+
+
+def test_two_pods_never_share_victims_nor_the_room_they_leave() -> None:
+    c = Cluster([gpu_node("a", gpus=2), gpu_node("b", gpus=1)])
+    placed = [running("low-0", 0, (0,), 0), running("low-1", 0, (1,), 0), running("low-2", 1, (0,), 3)]
+    state = state_of(c, placed)
+    found = plan_preemptions([urgent("u0"), urgent("u1", priority=20), urgent("u2")], state, placed)
+    # Three pods, three GPUs of lower priority: each pod evicts one, the most urgent first.
+    assert [p.pod.name for p in found] == ["u1", "u0", "u2"]
+    victims = [v.pod.name for p in found for v in p.victims]
+    assert sorted(victims) == ["low-0", "low-1", "low-2"]
+    assert len({(p.node, p.placement.gpus) for p in found}) == 3
+    everything = state.release([v for p in found for v in p.victims])
+    validate_plan(Plan(tuple(p.placement for p in found), ()), everything, [p.pod for p in found])
+    # A fourth finds nothing left to evict.
+    assert len(plan_preemptions([urgent(f"u{i}") for i in range(4)], state, placed)) == 3
+
+
+@st.composite
+def crowded(draw: st.DrawFn) -> tuple[ClusterState, list[Assignment], Pod]:
+    """Small full-ish clusters of pods of priority 0-3 (whole GPUs and shares), and a pod of 0-4."""
+    nodes = [gpu_node(f"n{i}", gpus=draw(st.integers(1, 4)), cpu=4000) for i in range(draw(st.integers(1, 5)))]
+    cluster = Cluster(nodes)
+    placed: list[Assignment] = []
+    for n, node in enumerate(nodes):
+        for g in range(node.gpu_count):
+            for k in range(draw(st.integers(0, 2))):
+                milli = draw(st.sampled_from([1000, 500, 300])) if k == 0 else 300
+                p = replace(pod(f"r{n}-{g}-{k}", cpu=500, gpus=1, milli=milli), priority=draw(st.integers(0, 3)))
+                placed.append(Assignment(p, n, (g,)))
+                if milli == 1000:
+                    break
+    state = cluster.empty_state().apply(placed)
+    gpus = draw(st.sampled_from([1, 1, 2]))
+    milli = draw(st.sampled_from([1000, 400])) if gpus == 1 else 1000
+    new = replace(
+        pod("new", cpu=draw(st.sampled_from([500, 3000])), gpus=gpus, milli=milli), priority=draw(st.integers(0, 4))
+    )
+    return state, placed, new
+
+
+@settings(max_examples=300, deadline=None)
+@given(crowded())
+def test_a_preemption_evicts_only_lower_priority_makes_room_and_spares_every_pod_it_can(
+    case: tuple[ClusterState, list[Assignment], Pod],
+) -> None:
+    state, placed, new = case
+    found = find_preemption(new, state, placed)
+    if found is None:
+        # Nowhere does evicting every pod of lower priority from one node make room.
+        for n in range(len(state.cluster)):
+            lower = [a for a in placed if a.node == n and a.pod.priority < new.priority]
+            assert not (lower and state.release(lower).pod_mask(new)[n] and not state.pod_mask(new)[n])
+        return
+    assert found.victims
+    assert all(v.node == found.node and v.pod.priority < new.priority for v in found.victims)
+    check_room(state, found.victims, found.placement)
+    after = state.release(found.victims)
+    for v in found.victims:  # each victim is needed: put back, the pod no longer fits there
+        assert not after.apply([v]).pod_mask(new)[found.node], v.pod.name

@@ -1,0 +1,119 @@
+"""Preemption as the scheduler carries it out: who is evicted, what the preemptor waits for, and
+what happens when an eviction is refused.
+
+These drive a real ``Scheduler`` with watch events as the API server sends them; the Bindings and
+deletions are answered as scripted (tests/e2e covers them on a real API server)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gpusched.daemon import Scheduler
+from gpusched.model import Pod
+from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle
+
+DRAWN_WITHIN_S = 10.0
+
+
+class _Api(RecordingApi):
+    """Bindings succeed; deletions succeed unless refused, and are recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.evicted: list[tuple[str, str, str]] = []
+        self.refuse = False
+        self.nominated: dict[str, str | None] = {}
+
+    async def preempt(self, victim: Pod, by: Pod, node: str) -> bool:
+        self.evicted.append((victim.key, by.key, node))
+        return not self.refuse
+
+    async def unschedulable(
+        self, pod: Pod, message: str, current: str | None = None, nominated: str | None = None
+    ) -> None:
+        self.nominated[pod.key] = nominated
+
+
+def _pod(name: str, priority: int, node: str = "", never: bool = False) -> dict[str, Any]:
+    obj = member_pod(name, node=node)
+    obj["spec"]["priority"] = priority
+    if never:
+        obj["spec"]["preemptionPolicy"] = "Never"
+    return obj
+
+
+async def _cycle(s: Scheduler) -> list[str]:
+    batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
+    await s.schedule_batch(batch)
+    await settle(s)
+    return [r.key for r in batch]
+
+
+async def test_the_preemptor_waits_for_its_victim_and_then_takes_its_room_before_anyone_else() -> None:
+    api = _Api()
+    s = one_node_scheduler(api, gpus=2)
+    for name, prio in (("low", 0), ("high", 100)):
+        s._bound.apply("ADDED", _pod(name, prio, node="n0"))
+    s._pending.apply("ADDED", _pod("urgent", 50))
+    assert await _cycle(s) == ["default/urgent"]
+    assert api.evicted == [("default/low", "default/urgent", "n0")]
+    assert api.nominated["default/urgent"] == "n0"
+    scraped = s.metrics.render()[0].decode()
+    assert "gpusched_preemption_victims_total 1.0" in scraped
+    assert "gpusched_preemption_attempts_total 1.0" in scraped
+    assert api.failed("default/urgent")[-1].endswith("Preempting 1 pod(s) of lower priority on node n0.")
+    # The victim is being deleted; a pod of equal priority that arrives now finds no room, and
+    # the preemptor, tried again, waits and evicts no one else.
+    victim = _pod("low", 0, node="n0")
+    victim["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
+    s._bound.apply("MODIFIED", victim)
+    s._pending.apply("ADDED", _pod("rival", 50, never=True))
+    drawn = await _cycle(s)
+    assert "default/rival" in drawn
+    assert api.evicted == [("default/low", "default/urgent", "n0")]
+    assert api.failed("default/urgent")[-1].endswith("Waiting for 1 preempted pod(s) to leave node n0.")
+    # Gone: the preemptor is bound to the room held for it, and the rival waits on.
+    s._bound.apply("DELETED", victim)
+    assert sorted(await _cycle(s)) == ["default/rival", "default/urgent"]  # both woken, one batch
+    assert api.bound == ["default/urgent"]
+    assert s.cache.nomination("default/urgent") is None
+    assert "default/rival" in s.queue
+
+
+async def test_a_refused_eviction_frees_the_preemptor_to_look_again() -> None:
+    api = _Api()
+    api.refuse = True  # the victim cannot be deleted (a webhook, say)
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", _pod("low", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("urgent", 50))
+    assert await _cycle(s) == ["default/urgent"]
+    assert api.evicted == [("default/low", "default/urgent", "n0")]
+    assert s.cache.nomination("default/urgent") is None  # not waiting for a victim that stays
+    # It is drawn again at once, and tries again.
+    assert await _cycle(s) == ["default/urgent"]
+    assert len(api.evicted) == 2
+
+
+async def test_no_preemption_for_a_pod_that_may_not_or_for_a_gang() -> None:
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", _pod("low", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("polite", 50, never=True))
+    assert await _cycle(s) == ["default/polite"]
+    assert api.evicted == []
+    assert api.failed("default/polite")[-1] == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    # Nothing of lower priority runs: nothing to evict.
+    s._pending.apply("ADDED", _pod("peer", 0))
+    assert await _cycle(s) == ["default/peer"]
+    assert api.evicted == []
+    assert api.failed("default/peer")[-1] == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    # Gangs are placed whole or not at all, and do not preempt (one member's room is no use).
+    s._pending.apply("DELETED", _pod("polite", 50, never=True))
+    for name in ("m1", "m2"):
+        obj = member_pod(name, gang="g")
+        obj["spec"]["priority"] = 50
+        s._pending.apply("ADDED", obj)
+    assert sorted(await _cycle(s)) == ["default/m1", "default/m2"]
+    assert api.evicted == []
+    assert api.bound == []
