@@ -737,9 +737,9 @@ class ClusterState:
         """
         return self._add(assignments, 1, consume=consume)
 
-    def release(self, assignments: Iterable[Assignment]) -> ClusterState:
-        """A new state with ``assignments`` removed."""
-        return self._add(assignments, -1)
+    def release(self, assignments: Iterable[Assignment], *, consume: bool = False) -> ClusterState:
+        """A new state with ``assignments`` removed (``consume`` as for ``apply``)."""
+        return self._add(assignments, -1, consume=consume)
 
     def partition(self, partitions: Iterable[MigPartition]) -> ClusterState:
         """A new state with MIG layouts applied to idle re-partitionable GPUs (no checks: validate first)."""

@@ -10,7 +10,8 @@ As kube-scheduler's DefaultPreemption chooses them, on the books as they are aft
 3. Of the nodes where the pod fits so, the one whose most important victim has the lowest
    priority, then the lowest sum of victim priorities, then the fewest victims, then the first
    in the cluster's order.  As kube-scheduler does, the search stops once it has
-   ``max(min_candidates, 10 % of the nodes)`` candidate nodes.
+   ``max(min_candidates, 10 % of the nodes)`` candidate nodes, or sooner at a node where one
+   pod of the lowest priority there is makes room, which no later node can beat.
 
 The result names the GPU indices the pod would take there, so that the scheduler can hold them
 for it while its victims terminate.  PodDisruptionBudgets are not consulted (kube-scheduler only
@@ -57,47 +58,65 @@ def _rank(victims: Sequence[Assignment], node: int) -> tuple[int, int, int, int]
     return (max(prio), sum(prio), len(prio), node)
 
 
+def _lower(pod: Pod, running: Sequence[Assignment]) -> list[Assignment]:
+    """The pods of ``running`` that ``pod`` may evict."""
+    return [a for a in running if a.pod.priority < pod.priority and not a.pod.terminating]
+
+
 def find_preemption(
-    pod: Pod, state: ClusterState, running: Sequence[Assignment], min_candidates: int = MIN_CANDIDATES
+    pod: Pod,
+    state: ClusterState,
+    running: Sequence[Assignment],
+    min_candidates: int = MIN_CANDIDATES,
+    *,
+    lowered: ClusterState | None = None,
 ) -> Preemption | None:
     """The preemption that lets ``pod`` fit with the least harm, or None when evicting pods of
     lower priority cannot make room for it anywhere.  ``running``: the pods that may be evicted
-    (bound, not being deleted), as they are counted in ``state``."""
+    (bound, not being deleted), as they are counted in ``state``.  ``lowered``: ``state``
+    without every pod ``pod`` may evict (found here when not given: a caller searching for
+    several pods of one priority finds it once)."""
     if not pod.preempts:
         return None
     by_node: dict[int, list[Assignment]] = defaultdict(list)
-    for a in running:
-        if a.pod.priority < pod.priority and not a.pod.terminating:
-            by_node[a.node].append(a)
+    for a in _lower(pod, running):
+        by_node[a.node].append(a)
     if not by_node:
         return None
     # Nodes where it cannot fit even with every pod of lower priority gone are not worth a look.
     # (Gone everywhere at once, those pods may take a pod affinity peer away: such a node is
     # missed, never wrongly chosen, since each node is checked on its own below.)
-    possible = state.release([a for lower in by_node.values() for a in lower]).pod_mask(pod)
+    if lowered is None:
+        lowered = state.release(a for lower in by_node.values() for a in lower)
+    possible = lowered.pod_mask(pod)
+    # One private state, updated in place node after node and left as it was after each one: a
+    # state per trial would copy the whole cluster's arrays thousands of times.
+    work = state.apply(())
     want = max(min_candidates, len(state.cluster) // 10)
+    least = min(a.pod.priority for lower in by_node.values() for a in lower)
+    unbeatable = (least, least, 1)  # one victim of the lowest priority there is: stop at the first
     best: tuple[tuple[int, int, int, int], Preemption] | None = None
     found = 0
     for node in sorted(n for n in by_node if possible[n]):
         lower = sorted(by_node[node], key=lambda a: (-a.pod.priority, a.pod.key))
-        room = state.release(lower)
-        if not room.pod_mask(pod)[node]:
+        work = work.release(lower, consume=True)
+        if not work.pod_mask(pod)[node]:
+            work = work.apply(lower, consume=True)
             continue
         victims: list[Assignment] = []
         for a in lower:  # reprieve, most important first
-            back = room.apply([a])
-            if back.pod_mask(pod)[node]:
-                room = back
-            else:
+            work = work.apply([a], consume=True)
+            if not work.pod_mask(pod)[node]:
+                work = work.release([a], consume=True)
                 victims.append(a)
-        if not victims:  # it fits without evicting anyone (the batch left it out for another reason)
-            continue
-        found += 1
-        key = _rank(victims, node)
-        if best is None or key < best[0]:
-            placement = Assignment(pod, node, _GPUS.gpus(pod, room, node))
-            best = (key, Preemption(placement, tuple(victims)))
-        if found >= want:
+        if victims:  # else it fits without evicting anyone (the batch left it out for another reason)
+            found += 1
+            key = _rank(victims, node)
+            if best is None or key < best[0]:
+                placement = Assignment(pod, node, _GPUS.gpus(pod, work, node))
+                best = (key, Preemption(placement, tuple(victims)))
+        work = work.apply(victims, consume=True)
+        if found >= want or (best is not None and best[0][:3] == unbeatable):
             break
     return None if best is None else best[1]
 
@@ -110,12 +129,18 @@ def plan_preemptions(
     no pod is evicted twice."""
     out: list[Preemption] = []
     left = list(running)
+    level: int | None = None
+    lowered = state
     for pod in sorted(pods, key=lambda p: -p.priority):
-        found = find_preemption(pod, state, left, min_candidates)
+        if pod.priority != level:  # the pods a pod of this priority may evict, all gone at once
+            level = pod.priority
+            lowered = state.release(_lower(pod, left))
+        found = find_preemption(pod, state, left, min_candidates, lowered=lowered)
         if found is None:
             continue
         out.append(found)
         gone = {id(v) for v in found.victims}
         left = [a for a in left if id(a) not in gone]
         state = state.release(found.victims).apply([found.placement])
+        lowered = lowered.apply([found.placement], consume=True)  # its victims are out of it already
     return out

@@ -165,3 +165,22 @@ def test_a_preemption_evicts_only_lower_priority_makes_room_and_spares_every_pod
     after = state.release(found.victims)
     for v in found.victims:  # each victim is needed: put back, the pod no longer fits there
         assert not after.apply([v]).pod_mask(new)[found.node], v.pod.name
+
+
+@settings(max_examples=200, deadline=None)
+@given(crowded(), st.integers(0, 4), st.sampled_from([1, 2]))
+def test_several_preemptions_never_share_a_victim_and_all_fit_together(
+    case: tuple[ClusterState, list[Assignment], Pod], priority: int, gpus: int
+) -> None:
+    state, placed, new = case
+    pods = [new, replace(new, name="new-2", priority=priority), replace(pod("new-3", gpus=gpus), priority=priority)]
+    found = plan_preemptions(pods, state, placed)
+    gone = [v for p in found for v in p.victims]
+    assert len({id(v) for v in gone}) == len(gone)
+    assert all(v.pod.priority < p.pod.priority for p in found for v in p.victims)
+    validate_plan(Plan(tuple(p.placement for p in found), ()), state.release(gone), [p.pod for p in found])
+    # Each search sees the ones before it: alone, the first one finds the same.
+    if found:
+        first = find_preemption(found[0].pod, state, placed)
+        assert first is not None
+        assert (first.node, first.victims) == (found[0].node, found[0].victims)
