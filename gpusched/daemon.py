@@ -407,7 +407,8 @@ class Scheduler:
             self._leading.set()
         else:
             self._leading.clear()
-            self.cache.clear_nominations()  # the next leader holds room for whom it preempts
+            if self.cache.clear_nominations():  # the next leader holds room for whom it preempts
+                self.queue.move_all()
 
     @property
     def is_leader(self) -> bool:
@@ -601,7 +602,7 @@ class Scheduler:
                 total_ms=round((time.perf_counter() - start) * 1000, 1),
             )
             return
-        snap = self.cache.snapshot(free=[r.key for r in todo])  # room held for a pod is its own
+        snap = self.cache.snapshot(free=self._room_ready(r.key for r in todo))
         policy = self._policy_for(snap.cluster)
         pods = self._count_running_members([r.pod for r in todo])
         for p in pods:
@@ -724,7 +725,9 @@ class Scheduler:
         """Events seen during the solve may have taken capacity: keep only what still fits."""
         if self.cache.generation == snap.generation:
             return plan
-        fresh = self.cache.snapshot(free=[p.key for p in (*(a.pod for a in plan.assignments), *plan.unplaced)])
+        fresh = self.cache.snapshot(
+            free=self._room_ready(p.key for p in (*(a.pod for a in plan.assignments), *plan.unplaced))
+        )
         if fresh.cluster is not snap.cluster and not _same_offers(snap.cluster, fresh.cluster):
             problems = ["the node inventory changed during the solve"]
         else:
@@ -735,6 +738,12 @@ class Scheduler:
         for p in [a.pod for a in plan.assignments] + list(plan.unplaced):
             self.queue.requeue(p.key)  # all of the batch: pods it left out are in flight too
         return Plan((), (), plan.stats)
+
+    def _room_ready(self, keys: Iterable[str]) -> list[str]:
+        """Those of ``keys`` that hold room whose victims are all gone: the room is theirs in a
+        solve (the others' victims still hold it; and room left free for a pod is free for every
+        pod of its batch, so none is freed before it is needed)."""
+        return [k for k in keys if (held := self.cache.nomination(k)) is not None and not held[2]]
 
     def _start_bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
         self.cache.assume(pod, node, gpus)
@@ -775,6 +784,7 @@ class Scheduler:
         node, _, left = held
         if not left:
             self.cache.unnominate(pod.key)
+            self.queue.move_all()  # what it held is free for others
             return False
         message = f"{e.message} Waiting for {left} preempted pod(s) to leave node {node}."
         self._unschedulable(pod, message, e.reason, nominated=node)
@@ -803,11 +813,14 @@ class Scheduler:
         self.metrics.preemption(len(pods), sum(len(pre.victims) for pre in found))
         for p, e in pods:
             pre = chosen.get(p.key)
+            if self.cache.holds(p.key, p.uid):  # bound by someone else during the search
+                self.queue.done(p.key)
+                continue
             if pre is None or not self.queue.current(p.key, p.uid):
                 self._unschedulable(p, e.message, e.reason)
                 continue
             node = snap.cluster.nodes[pre.node].name
-            self.cache.nominate(p, node, pre.placement.gpus, [v.pod.key for v in pre.victims])
+            self.cache.nominate(p, node, pre.placement.gpus, [v.pod for v in pre.victims])
             for v in pre.victims:
                 self.spawn(self._evict(v.pod, p, node), f"preempt:{v.pod.key}")
             log.info(
@@ -823,13 +836,16 @@ class Scheduler:
 
     async def _evict(self, victim: Pod, by: Pod, node: str) -> None:
         """Delete one victim of ``by``; should that fail, ``by`` waits for it no longer: the room
-        held for it is given up and it is tried again (and may preempt again)."""
-        if await self.binder.preempt(victim, by, node):
-            return
-        if self.cache.unnominate(by.key):
-            self.queue.move_all(lambda r: r.key == by.key)
+        held for it is given up, and it looks again when the cluster changes or its wait runs out
+        (not at once: a deletion refused, by RBAC or a webhook, is likely to be refused again)."""
+        if not await self.binder.preempt(victim, by, node):
+            self.cache.unnominate(by.key)
 
     def _unschedulable(self, pod: Pod, message: str, reason: str, nominated: str | None = None) -> None:
+        """Tell ``pod`` why it waits (``nominated``: the node where it preempted pods and room is
+        held for it; without, any room held for it is given up)."""
+        if nominated is None and self.cache.unnominate(pod.key):
+            self.queue.move_all()  # what it held is free for others
         self.metrics.unschedulable(reason)
         if reason == DEFERRED:  # it fits now: the solve kept it back, so try again soon
             self.queue.backoff(pod.key)

@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gpusched.daemon import Scheduler
+import pytest
+
+from gpusched.daemon import Scheduler, _NodeHandler
 from gpusched.model import Pod
 from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle
+from tests.e2e import kit
 
 DRAWN_WITHIN_S = 10.0
 
@@ -81,7 +84,7 @@ async def test_the_preemptor_waits_for_its_victim_and_then_takes_its_room_before
     assert "default/rival" in s.queue
 
 
-async def test_a_refused_eviction_frees_the_preemptor_to_look_again() -> None:
+async def test_a_refused_eviction_frees_the_preemptor_to_look_again_when_the_cluster_changes() -> None:
     api = _Api()
     api.refuse = True  # the victim cannot be deleted (a webhook, say)
     s = one_node_scheduler(api, gpus=1)
@@ -90,9 +93,61 @@ async def test_a_refused_eviction_frees_the_preemptor_to_look_again() -> None:
     assert await _cycle(s) == ["default/urgent"]
     assert api.evicted == [("default/low", "default/urgent", "n0")]
     assert s.cache.nomination("default/urgent") is None  # not waiting for a victim that stays
-    # It is drawn again at once, and tries again.
+    # Not at once (the refusal is likely to stand), but when the cluster changes it looks again.
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(s.queue.next_batch(), 0.5)
+    _NodeHandler(s).apply("ADDED", kit.node("cpu-only", 0, ""))
     assert await _cycle(s) == ["default/urgent"]
     assert len(api.evicted) == 2
+
+
+async def test_room_held_while_victims_leave_is_taken_by_no_pod_of_the_batch() -> None:
+    api = _Api()
+    s = one_node_scheduler(api, gpus=2)
+    for name in ("v1", "v2"):
+        s._bound.apply("ADDED", _pod(name, 0, node="n0"))
+    urgent = _pod("urgent", 50)
+    urgent["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    s._pending.apply("ADDED", urgent)
+    assert await _cycle(s) == ["default/urgent"]
+    assert sorted(v for v, _, _ in api.evicted) == ["default/v1", "default/v2"]
+    # v1 is gone, v2 still terminating; a pod of lower priority arrives and is drawn with urgent.
+    leaving = _pod("v2", 0, node="n0")
+    leaving["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
+    s._bound.apply("MODIFIED", leaving)
+    s._bound.apply("DELETED", _pod("v1", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("q", 0, never=True))
+    assert sorted(await _cycle(s)) == ["default/q", "default/urgent"]
+    assert api.bound == []  # v1's GPU is urgent's, though v2 has not left yet
+    s._bound.apply("DELETED", leaving)
+    assert sorted(await _cycle(s)) == ["default/q", "default/urgent"]
+    assert api.bound == ["default/urgent"]
+    assert len(api.evicted) == 2  # and no one evicted again
+
+
+async def test_a_victim_is_evicted_once_and_one_created_again_under_its_name_is_another_pod() -> None:
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", _pod("web-0", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("u1", 50))
+    assert await _cycle(s) == ["default/u1"]
+    # Before the watch shows web-0 being deleted, u2 arrives: web-0 is u1's already.
+    s._pending.apply("ADDED", _pod("u2", 50))
+    assert await _cycle(s) == ["default/u2"]
+    assert api.evicted == [("default/web-0", "default/u1", "n0")]
+    assert api.failed("default/u2")[-1] == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    # web-0 goes, and its StatefulSet creates it again at once, bound to n0 by its scheduler:
+    # u1 waits for its victim no longer, and looks again.
+    s._bound.apply("DELETED", _pod("web-0", 0, node="n0"))
+    again = _pod("web-0", 0, node="n0")
+    again["metadata"]["uid"] = "uid-web-0-again"
+    s._bound.apply("ADDED", again)
+    assert s.cache.nomination("default/u1") == ("n0", (0,), 0)
+    drawn = await _cycle(s)
+    assert "default/u1" in drawn
+    assert api.evicted[-1] == ("default/web-0", "default/u1", "n0")
+    assert len(api.evicted) == 2
+    assert api.bound == []
 
 
 async def test_no_preemption_for_a_pod_that_may_not_or_for_a_gang() -> None:

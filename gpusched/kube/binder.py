@@ -284,8 +284,24 @@ class Binder:
 
     async def preempt(self, victim: Pod, by: Pod, node: str) -> bool:
         """Delete ``victim`` (this UID, not a later pod of its name) to make room for ``by`` on
-        ``node``, with the victim's own grace period, as kube-scheduler does, and tell it so in a
-        ``Preempted`` Event.  False, logged, when it was not deleted (it was gone already: True)."""
+        ``node``, with the victim's own grace period, as kube-scheduler does: first the
+        ``DisruptionTarget`` condition (best effort, as for kube-scheduler: a Job's pod failure
+        policy reads it), then the deletion, then a ``Preempted`` Event.  False, logged, when it
+        was not deleted (it was gone already: True)."""
+        condition = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "PreemptionByScheduler",
+            "message": f"{COMPONENT}: preempting to accommodate a higher priority pod",
+            "lastTransitionTime": _now(),
+        }
+        patch: dict[str, Any] = {"status": {"conditions": [condition]}}
+        if victim.uid:
+            patch["metadata"] = {"uid": victim.uid}
+        try:
+            await self._retrying("PATCH", f"{_path(victim)}/status", patch, STRATEGIC_PATCH, kube=self.events)
+        except ApiError as exc:
+            log.info("disruption condition not written", pod=victim.key, error=str(exc))
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if victim.uid:
             body["preconditions"] = {"uid": victim.uid}
@@ -307,7 +323,7 @@ class Binder:
         self, pod: Pod, message: str, current: str | None = None, nominated: str | None = None
     ) -> None:
         """``PodScheduled=False`` with reason ``Unschedulable``, as kube-scheduler sets it, and
-        ``status.nominatedNodeName`` when the pod preempted others on that node.
+        ``status.nominatedNodeName``: the node where the pod preempted others, or none.
 
         ``current`` is the message of the condition the pod already has, if any: the same
         message is not written again, and a new one keeps the condition's transition time.
@@ -317,9 +333,7 @@ class Binder:
         condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
         if current is None:
             condition["lastTransitionTime"] = _now()
-        body: dict[str, Any] = {"status": {"conditions": [condition]}}
-        if nominated:
-            body["status"]["nominatedNodeName"] = nominated
+        body: dict[str, Any] = {"status": {"conditions": [condition], "nominatedNodeName": nominated or None}}
         if pod.uid:  # a precondition: a pod created again under the name has not been tried yet
             body["metadata"] = {"uid": pod.uid}
         try:

@@ -8,10 +8,11 @@ As kube-scheduler's DefaultPreemption chooses them, on the books as they are aft
    by one, highest priority first, keeping each one the pod still fits beside (kube-scheduler's
    "reprieve"). What is left are the node's victims.
 3. Of the nodes where the pod fits so, the one whose most important victim has the lowest
-   priority, then the lowest sum of victim priorities, then the fewest victims, then the first
-   in the cluster's order.  As kube-scheduler does, the search stops once it has
-   ``max(min_candidates, 10 % of the nodes)`` candidate nodes, or sooner at a node where one
-   pod of the lowest priority there is makes room, which no later node can beat.
+   priority, then the lowest sum of victim priorities each raised by 2^31 (so that fewer
+   victims come first), then the first in the cluster's order.  As kube-scheduler does, the
+   search stops once it has ``max(min_candidates, 10 % of the nodes)`` candidate nodes, or
+   sooner at a node where one pod of the lowest priority there is makes room, which no later
+   node can beat.
 
 The result names the GPU indices the pod would take there, so that the scheduler can hold them
 for it while its victims terminate.  PodDisruptionBudgets are not consulted (kube-scheduler only
@@ -53,9 +54,14 @@ class Preemption:
         return self.placement.node
 
 
+_SHIFT = 2**31
+"""Added to each victim's priority in the sum, as kube-scheduler does, so that the sum counts
+victims first: fewer victims of higher priority beat more of lower priority."""
+
+
 def _rank(victims: Sequence[Assignment], node: int) -> tuple[int, int, int, int]:
     prio = [v.pod.priority for v in victims]
-    return (max(prio), sum(prio), len(prio), node)
+    return (max(prio), sum(p + _SHIFT for p in prio), len(prio), node)
 
 
 def _lower(pod: Pod, running: Sequence[Assignment]) -> list[Assignment]:
@@ -94,7 +100,7 @@ def find_preemption(
     work = state.apply(())
     want = max(min_candidates, len(state.cluster) // 10)
     least = min(a.pod.priority for lower in by_node.values() for a in lower)
-    unbeatable = (least, least, 1)  # one victim of the lowest priority there is: stop at the first
+    unbeatable = (least, least + _SHIFT, 1)  # one victim of the lowest priority there is: stop at the first
     best: tuple[tuple[int, int, int, int], Preemption] | None = None
     found = 0
     for node in sorted(n for n in by_node if possible[n]):

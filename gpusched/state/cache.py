@@ -62,8 +62,8 @@ class _Nomination:
     """Room held on a node for a pod that preempted pods there, until it is bound or gives up."""
 
     held: _Held
-    victims: frozenset[str]
-    """Keys of the pods it preempted."""
+    victims: frozenset[tuple[str, str]]
+    """Key and UID of each pod it preempted (a pod created again under the name is another)."""
 
 
 def _another(held: _Held, uid: str) -> bool:
@@ -158,6 +158,8 @@ class Cache:
     def observe_pod(self, record: PodRecord) -> bool:
         """Account a pod seen on the watch; True when it freed capacity."""
         key = record.key
+        if record.bound and key in self._nominated:  # bound (by us or another): it holds its own room now
+            self.unnominate(key)
         held = self._held.get(key)
         if held is not None and not _another(held, record.uid):
             self._unlisted.discard(key)  # seen since the list: its deletion will be seen too
@@ -212,6 +214,7 @@ class Cache:
         for r in records:
             if not r.bound or r.terminal:
                 continue
+            self._nominated.pop(r.key, None)  # bound: it holds its own room now (books rebuilt below)
             h = assumed.get(r.key)
             if h is not None and _another(h, r.uid):
                 self._shadowed[r.key] = r  # as ``observe_pod`` does: the bind decides
@@ -307,30 +310,37 @@ class Cache:
         return {n: (count[n], domain[n]) for n in names}
 
     # -- preemption ------------------------------------------------------------------------
+    def _evictable(self) -> Iterable[_Held]:
+        """Confirmed pods not being deleted, nor preempted already (the watch may not have shown
+        their deletion yet)."""
+        taken = {v for n in self._nominated.values() for v in n.victims}
+        for held in self._held.values():
+            if not held.assumed and not held.pod.terminating and (held.pod.key, held.pod.uid) not in taken:
+                yield held
+
     def preemptible(self) -> list[Assignment]:
         """Bound pods that preemption may evict, as placed in the cluster of the last
-        ``snapshot`` (take both at once): confirmed, on a known node, not being deleted."""
+        ``snapshot`` (take both at once): confirmed, on a known node, not being deleted, not
+        preempted already."""
         cluster = self._ensure_cluster()
         out = []
-        for held in self._held.values():
+        for held in self._evictable():
             i = cluster.index.get(held.node)
-            if i is not None and not held.assumed and not held.pod.terminating:
+            if i is not None:
                 out.append(Assignment(held.pod, i, held.gpus))
         return out
 
     def lowest_priority(self) -> int | None:
         """The lowest priority among the pods ``preemptible`` would list (None: there are none):
         only a pod of higher priority may preempt."""
-        return min(
-            (h.pod.priority for h in self._held.values() if not h.assumed and not h.pod.terminating), default=None
-        )
+        return min((h.pod.priority for h in self._evictable()), default=None)
 
-    def nominate(self, pod: Pod, node: str, gpus: tuple[int, ...], victims: Iterable[str]) -> None:
+    def nominate(self, pod: Pod, node: str, gpus: tuple[int, ...], victims: Iterable[Pod]) -> None:
         """Hold room for ``pod`` on ``node`` (on ``gpus``) while the pods it preempted there
-        (``victims``, by key) terminate: other pods are placed as if it were there."""
+        (``victims``) terminate: other pods are placed as if it were there."""
         self.unnominate(pod.key)
         held = _Held(pod, node, (), True, gpus)
-        self._nominated[pod.key] = _Nomination(held, frozenset(victims))
+        self._nominated[pod.key] = _Nomination(held, frozenset((v.key, v.uid) for v in victims))
         self.generation += 1
         if self._cluster is not None:
             self._account(held, 1)
@@ -352,12 +362,16 @@ class Cache:
         if nomination is None:
             return None
         held = nomination.held
-        return held.node, held.gpus, sum(1 for v in nomination.victims if v in self._held)
+        left = sum(1 for key, uid in nomination.victims if (h := self._held.get(key)) is not None and h.pod.uid == uid)
+        return held.node, held.gpus, left
 
-    def clear_nominations(self) -> None:
-        """Give up all held room (another instance schedules now, and holds its own)."""
-        for key in list(self._nominated):
+    def clear_nominations(self) -> bool:
+        """Give up all held room (another instance schedules now, and holds its own); True
+        when there was some."""
+        keys = list(self._nominated)
+        for key in keys:
             self.unnominate(key)
+        return bool(keys)
 
     @property
     def held_count(self) -> int:

@@ -103,6 +103,26 @@ async def test_the_unschedulable_condition_is_written_only_on_the_pod_it_was_mea
         await kube.close()
 
 
+async def test_nominated_node_name_is_set_with_a_preemption_and_cleared_when_it_is_given_up(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    kube = await kit.admin(control_plane)
+    path = f"/api/v1/namespaces/{namespace}/pods/urgent"
+    binder = Binder(kube, "test")
+    try:
+        urgent = await _create(kube, namespace, "urgent")
+        await binder.unschedulable(
+            urgent, "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. Preempting.", None, "n0"
+        )
+        assert (await kube.get(path))["status"].get("nominatedNodeName") == "n0"
+        await binder.unschedulable(urgent, "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.", "x")
+        status = (await kube.get(path))["status"]
+        assert "nominatedNodeName" not in status
+        assert status["conditions"][0]["message"] == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    finally:
+        await kube.close()
+
+
 async def test_a_pod_is_read_back_by_its_uid(control_plane: ControlPlane, namespace: str) -> None:
     """After a relist missed a bound pod, only the API server can say whether that pod is still
     there: a later pod of its name is not it."""

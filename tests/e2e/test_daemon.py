@@ -332,6 +332,8 @@ async def test_a_pod_of_higher_priority_preempts_a_pod_of_lower_priority_and_tak
         await kit.create_all(kube, pods, [with_class(kit.pod("urgent", name, gpus=1), high)])
         victim = await _until(kube, f"{pods}/running-0", lambda o: o["metadata"].get("deletionTimestamp"))
         assert victim["metadata"].get("deletionTimestamp"), "the pod of lower priority was not preempted"
+        marked = [c for c in victim["status"].get("conditions", []) if c["type"] == "DisruptionTarget"]
+        assert [(c["status"], c["reason"]) for c in marked] == [("True", "PreemptionByScheduler")]
         urgent = await _until(kube, f"{pods}/urgent", lambda o: (o.get("status") or {}).get("nominatedNodeName"))
         assert urgent["status"]["nominatedNodeName"] == "preempt-0"
         told = (kit.condition(urgent) or {}).get("message")

@@ -77,6 +77,24 @@ def test_the_node_whose_most_important_victim_matters_least_wins_then_the_fewest
     check_room(state, two.victims, two.placement)
 
 
+def test_fewer_victims_win_over_more_of_lower_priority_as_in_kube_scheduler() -> None:
+    # a: victims of 1000, 0 and 0 (three pods); b: two of 1000.  kube-scheduler sums
+    # priority + 2^31 per victim, so b's two victims beat a's three though their sum is higher.
+    c = Cluster([gpu_node("a", gpus=3), gpu_node("b", gpus=3)])
+    two = replace(pod("b-two", gpus=2), priority=1000)
+    placed = [
+        running("a-1000", 0, (0,), 1000),
+        running("a-0", 0, (1,), 0),
+        running("a-00", 0, (2,), 0),
+        Assignment(two, 1, (0, 1)),
+        running("b-1000", 1, (2,), 1000),
+    ]
+    state = state_of(c, placed)
+    found = find_preemption(urgent(gpus=3, priority=2000), state, placed)
+    assert found is not None
+    assert (found.node, sorted(v.pod.name for v in found.victims)) == (1, ["b-1000", "b-two"])
+
+
 def test_a_fractional_pod_is_given_the_share_that_frees() -> None:
     c = Cluster([gpu_node("a", gpus=2)])
     placed = [

@@ -340,8 +340,11 @@ def test_room_held_for_a_preemptor_is_taken_from_others_and_left_free_for_it() -
     # Preemptible: confirmed, not being deleted, placed in the snapshot's cluster.
     assert sorted((a.pod.name, a.node, a.gpus) for a in c.preemptible()) == [("other", 0, (1,)), ("victim", 0, (0,))]
     urgent = replace(pod("urgent", gpus=1), uid="u", priority=10)
-    c.nominate(urgent, "a", (0,), [victim.key])
+    c.nominate(urgent, "a", (0,), [victim])
     assert c.nomination(urgent.key) == ("a", (0,), 1)
+    # Preempted already: no other pod may pick it, even before the watch shows it leaving.
+    assert [a.pod.name for a in c.preemptible()] == ["other"]
+    assert c.lowest_priority() == 0
     # While the victim terminates, GPU 0 is counted twice; others see it taken, and so does the
     # preemptor: its room is free for it, but the victim is still there.
     c.observe_pod(bound(replace(victim, terminating=True), "a", (0,)))
@@ -349,11 +352,21 @@ def test_room_held_for_a_preemptor_is_taken_from_others_and_left_free_for_it() -
     assert c.snapshot(free=[urgent.key]).state.gpu_used[0].tolist() == [1000, 1000]
     c.delete_pod(victim.key, "v")
     assert c.nomination(urgent.key) == ("a", (0,), 0)
+    # A pod created again under its name is another pod, not the victim still leaving.
+    c.observe_pod(bound(replace(victim, uid="v2"), "b", (0,)))
+    assert c.nomination(urgent.key) == ("a", (0,), 0)
+    c.delete_pod(victim.key, "v2")
     assert c.snapshot().state.gpu_used[0].tolist() == [1000, 1000]  # held for urgent
     assert c.snapshot(free=[urgent.key]).state.gpu_used[0].tolist() == [0, 1000]
     # A node change rebuilds the books: the room is still held.
     assert c.upsert_node(NodeRecord(gpu_node("c", gpus=1)))
     assert c.snapshot().state.gpu_used[0].tolist() == [1000, 1000]
+    # Bound by someone else on its node: the watch's pod replaces the held room, counted once.
+    c.observe_pod(bound(urgent, "a", (0,)))
+    assert c.nomination(urgent.key) is None
+    assert c.snapshot().state.gpu_used[0].tolist() == [1000, 1000]
+    c.delete_pod(urgent.key, "u")
+    c.nominate(urgent, "a", (0,), [victim])
     # Bound: the assumption replaces the held room, counted once.
     c.assume(urgent, "a", (0,))
     assert c.nomination(urgent.key) is None
