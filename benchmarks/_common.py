@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from dataclasses import replace
@@ -54,6 +55,12 @@ def partly_filled(cluster: Cluster, pods: list[Pod], fill: float, seed: int) -> 
             break
         state = state.apply(plan.assignments)
     return state
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    s = sorted(values)
+    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
 
 
 def emit(

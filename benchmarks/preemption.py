@@ -25,18 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import emit, replicated_nodes, trace_pods
+from _common import emit, percentile, replicated_nodes, trace_pods
 
 from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod
 from gpusched.solver.baselines.best_fit import BestFitPolicy
 from gpusched.solver.preempt import plan_preemptions
 from gpusched.solver.validate import validate_plan
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    s = sorted(values)
-    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
 
 
 def filled(

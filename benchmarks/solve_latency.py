@@ -23,19 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import emit, partly_filled, replicated_nodes, trace_pods
+from _common import emit, partly_filled, percentile, replicated_nodes, trace_pods
 
 from gpusched.model import Cluster
 from gpusched.solver.fragmentation import typical_from
 from gpusched.solver.params import Limits, SolverParams
 from gpusched.solver.solve import CpSatPolicy
 from gpusched.solver.validate import validate_plan
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    s = sorted(values)
-    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
 
 
 def main() -> int:
