@@ -362,7 +362,7 @@ class Cache:
         if nomination is None:
             return None
         held = nomination.held
-        left = sum(1 for key, uid in nomination.victims if (h := self._held.get(key)) is not None and h.pod.uid == uid)
+        left = sum(1 for k, uid in nomination.victims if (h := self._held.get(k)) is not None and h.pod.uid == uid)
         return held.node, held.gpus, left
 
     def clear_nominations(self) -> bool:
