@@ -777,10 +777,19 @@ class Scheduler:
     def _waits_for_victims(self, pod: Pod, e: Explanation) -> bool:
         """Whether ``pod`` preempted pods that are still leaving: it is told so and waits for
         them, and preempts no more.  Once they are gone and it still does not fit, the room held
-        for it is given up, and it may preempt again."""
+        for it is given up, and it may preempt again.  A pod that preempted under another leader
+        (``status.nominatedNodeName``; the books hold no room for it) waits likewise while pods
+        of lower priority are being deleted on that node, as kube-scheduler lets it."""
         held = self.cache.nomination(pod.key)
         if held is None:
-            return False
+            record = self.queue.record(pod.key)
+            node = record.nominated if record is not None else ""
+            leaving = self.cache.leaving_below(node, pod.priority) if node else 0
+            if not leaving:
+                return False
+            message = f"{e.message} Waiting for {leaving} pod(s) of lower priority to leave node {node}."
+            self._unschedulable(pod, message, e.reason, nominated=node)
+            return True
         node, _, left = held
         if not left:
             self.cache.unnominate(pod.key)

@@ -172,3 +172,25 @@ async def test_no_preemption_for_a_pod_that_may_not_or_for_a_gang() -> None:
     assert sorted(await _cycle(s)) == ["default/m1", "default/m2"]
     assert api.evicted == []
     assert api.bound == []
+
+
+async def test_a_pod_that_preempted_under_the_last_leader_waits_for_pods_leaving_its_node() -> None:
+    # A new leader holds no room for it, but its nominatedNodeName says where it preempted:
+    # while pods of lower priority are being deleted there, it evicts no one else.
+    api = _Api()
+    s = one_node_scheduler(api, gpus=2)
+    leaving = _pod("victim", 0, node="n0")
+    leaving["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
+    s._bound.apply("ADDED", leaving)
+    s._bound.apply("ADDED", _pod("other", 0, node="n0"))
+    urgent = _pod("urgent", 50)
+    urgent["status"] = {"phase": "Pending", "nominatedNodeName": "n0"}
+    s._pending.apply("ADDED", urgent)
+    assert await _cycle(s) == ["default/urgent"]
+    assert api.evicted == []
+    assert api.failed("default/urgent")[-1].endswith("Waiting for 1 pod(s) of lower priority to leave node n0.")
+    assert api.nominated["default/urgent"] == "n0"
+    s._bound.apply("DELETED", leaving)
+    assert await _cycle(s) == ["default/urgent"]
+    assert api.bound == ["default/urgent"]
+    assert api.evicted == []

@@ -422,6 +422,7 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
         deleting=bool(meta.get("deletionTimestamp")),
         error=error,
         unschedulable=_unschedulable(status),
+        nominated=str(status.get("nominatedNodeName") or ""),
         gated=bool(spec.get("schedulingGates")),
         claims=claims,
         ephemeral_claims=ephemeral,

@@ -335,6 +335,10 @@ class Cache:
         only a pod of higher priority may preempt."""
         return min((h.pod.priority for h in self._evictable()), default=None)
 
+    def leaving_below(self, node: str, priority: int) -> int:
+        """Pods of lower priority than ``priority`` being deleted on ``node``."""
+        return sum(1 for h in self._held.values() if h.node == node and h.pod.terminating and h.pod.priority < priority)
+
     def nominate(self, pod: Pod, node: str, gpus: tuple[int, ...], victims: Iterable[Pod]) -> None:
         """Hold room for ``pod`` on ``node`` (on ``gpus``) while the pods it preempted there
         (``victims``) terminate: other pods are placed as if it were there."""

@@ -55,6 +55,8 @@ class PodRecord:
     error: str = ""
     unschedulable: str | None = None
     """The message of the pod's ``PodScheduled=False`` (reason ``Unschedulable``) condition, if it has one."""
+    nominated: str = ""
+    """``status.nominatedNodeName``: where it preempted pods (this instance, or one that led before)."""
     gated: bool = False
     """The pod has ``spec.schedulingGates``: nobody may bind it until they are removed."""
     claims: tuple[str, ...] = ()

@@ -92,6 +92,9 @@ def test_priority_and_preemption_policy_are_read() -> None:
     assert (urgent.priority, urgent.preempts) == (1000, True)
     polite = pod_record(pod_obj(priority=1000, preemptionPolicy="Never")).pod
     assert (polite.priority, polite.preempts) == (1000, False)
+    nominated = pod_obj(priority=1000)
+    nominated["status"]["nominatedNodeName"] = "n7"
+    assert (pod_record(nominated).nominated, pod_record(pod_obj()).nominated) == ("n7", "")
 
 
 def test_tolerations_are_read() -> None:
