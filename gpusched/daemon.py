@@ -42,6 +42,7 @@ from gpusched.kube.client import Kube, bind_concurrency, connect
 from gpusched.kube.configmap import ConfigMapHandler
 from gpusched.kube.convert import (
     ConvertError,
+    budget_record,
     claim_record,
     gang_disagreements,
     namespace_labels,
@@ -59,7 +60,7 @@ from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.params import SolverParams
 from gpusched.solver.policy import Policy, place_quick
-from gpusched.solver.preempt import plan_preemptions
+from gpusched.solver.preempt import Budget, plan_preemptions
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
 from gpusched.state.cache import Cache, Snapshot, same_offer
@@ -207,6 +208,32 @@ class _VolumeHandler:
             self.s.queue.move_all(_mounts_claims)
 
 
+class _BudgetHandler:
+    """PodDisruptionBudgets: preemption evicts the pods they protect last."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def _read(self, obj: dict[str, Any]) -> tuple[str, Budget] | None:
+        try:
+            return budget_record(obj)
+        except ConvertError as exc:
+            log.warning("disruption budget protects no pod", error=str(exc))
+            return None
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.s.budgets = dict(r for r in map(self._read, objects) if r is not None)
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
+        read = None if kind == "DELETED" else self._read(obj)
+        if read is None:
+            self.s.budgets.pop(key, None)
+        else:
+            self.s.budgets[read[0]] = read[1]
+
+
 class _PendingHandler:
     """Unbound pods that name this scheduler: what to place."""
 
@@ -331,6 +358,8 @@ class Scheduler:
         self.selecting_pending: Selecting = {}
         """The pods, bound and pending, whose pod (anti-)affinity picks namespaces by label: their
         latest objects, read again when namespaces' labels change."""
+        self.budgets: dict[str, Budget] = {}
+        """PodDisruptionBudgets by ``namespace/name``."""
         self._bound = _BoundHandler(self)
         self._pending = _PendingHandler(self)
         self.reflectors = [
@@ -352,6 +381,7 @@ class Scheduler:
             ),
             Reflector(kube, "claims", "/api/v1/persistentvolumeclaims", _ClaimHandler(self)),
             Reflector(kube, "volumes", "/api/v1/persistentvolumes", _VolumeHandler(self)),
+            Reflector(kube, "disruption-budgets", "/apis/policy/v1/poddisruptionbudgets", _BudgetHandler(self)),
         ]
         self.config_handler: ConfigMapHandler | None = None
         if settings.config_map:
@@ -812,7 +842,10 @@ class Scheduler:
         snap = self.cache.snapshot(free=[p.key for p, _ in pods])
         running = self.cache.preemptible()  # as counted in ``snap``: taken together
         try:
-            found = await asyncio.to_thread(plan_preemptions, [p for p, _ in pods], snap.state, running)
+            budgets = list(self.budgets.values())
+            found = await asyncio.to_thread(
+                plan_preemptions, [p for p, _ in pods], snap.state, running, budgets=budgets
+            )
         except Exception as exc:
             log.error("preemption search failed", batch_id=batch_id, error=repr(exc))
             found = []
@@ -839,6 +872,7 @@ class Scheduler:
                 priority=p.priority,
                 node=node,
                 victims=[f"{v.pod.key}@{v.pod.priority}" for v in pre.victims],
+                violations=pre.violations,
             )
             message = f"{e.message} Preempting {len(pre.victims)} pod(s) of lower priority on node {node}."
             self._unschedulable(p, message, e.reason, nominated=node)

@@ -73,6 +73,7 @@ from gpusched.model.node import LABEL_GPU_COUNT, MAX_GPUS, Taint
 from gpusched.model.pod import Gang, Toleration, gang_conflicts
 from gpusched.model.ports import host_port
 from gpusched.model.topology import ISLANDS_ANNOTATION, default_islands, parse_islands
+from gpusched.solver.preempt import Budget
 from gpusched.state.records import NodeRecord, PodRecord
 from gpusched.state.volumes import ClaimRecord, VolumeRecord
 
@@ -90,6 +91,7 @@ __all__ = [
     "LABEL_GPU_PRODUCT",
     "LABEL_POD_GROUP",
     "ConvertError",
+    "budget_record",
     "claim_record",
     "gang_disagreements",
     "node_record",
@@ -508,6 +510,31 @@ def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:
         bound=status.get("phase") == "Bound",
         deleting=bool(meta.get("deletionTimestamp")),
         owner=owner,
+    )
+
+
+def budget_record(obj: Mapping[str, Any]) -> tuple[str, Budget]:
+    """A PodDisruptionBudget (``policy/v1``), by ``namespace/name``, as preemption reads it.
+    Raises ``ConvertError`` for a selector it cannot read (such a budget protects no pod, as for
+    kube-scheduler)."""
+    meta = _meta(obj)
+    namespace, name = str(meta.get("namespace") or "default"), str(meta["name"])
+    spec: Mapping[str, Any] = obj.get("spec") or {}
+    status: Mapping[str, Any] = obj.get("status") or {}
+    chosen = spec.get("selector")
+    selector: tuple[Requirement, ...] = ()
+    if isinstance(chosen, Mapping):
+        try:
+            selector = _selector(chosen)
+            check_label_selector(selector)
+        except ValueError as exc:
+            raise ConvertError(f"PodDisruptionBudget {namespace}/{name}: selector: {exc}") from None
+    disrupted = status.get("disruptedPods") or {}
+    return f"{namespace}/{name}", Budget(
+        namespace,
+        selector,
+        int(status.get("disruptionsAllowed") or 0),
+        frozenset(str(k) for k in disrupted) if isinstance(disrupted, Mapping) else frozenset(),
     )
 
 

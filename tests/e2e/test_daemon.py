@@ -286,6 +286,25 @@ async def test_a_cordoned_node_takes_only_pods_that_tolerate_the_cordon(
         assert daemon.stop() == 0, "".join(daemon.raw[-30:])
 
 
+async def _priority_classes(kube: Kube, prefix: str, **classes: tuple[int, str]) -> list[str]:
+    """PriorityClasses ``prefix-NAME`` of (value, preemptionPolicy or ""), in the order given."""
+    names = []
+    for suffix, (value, policy) in classes.items():
+        body: dict[str, Any] = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass"}
+        body |= {"metadata": {"name": f"{prefix}-{suffix}"}, "value": value}
+        if policy:
+            body["preemptionPolicy"] = policy
+        r = await kube.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body=body)
+        assert r.status == 201, r.body
+        names.append(f"{prefix}-{suffix}")
+    return names
+
+
+async def _drop_priority_classes(kube: Kube, *names: str) -> None:
+    for n in names:
+        await kube.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{n}")
+
+
 async def _until(kube: Kube, path: str, ok: Any, timeout: float = 60.0) -> dict[str, Any]:
     """The object at ``path`` once ``ok(obj)`` holds (or as it is after ``timeout`` seconds)."""
     deadline = time.monotonic() + timeout
@@ -301,12 +320,7 @@ async def test_a_pod_of_higher_priority_preempts_a_pod_of_lower_priority_and_tak
     control_plane: ControlPlane, kube: Kube, namespace: str
 ) -> None:
     name = sched_name()
-    low, high, never = f"{name}-low", f"{name}-high", f"{name}-never"
-    for cls, value, policy in ((low, 10, None), (high, 1000, None), (never, 1000, "Never")):
-        body: dict[str, Any] = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass"}
-        body |= {"metadata": {"name": cls}, "value": value} | ({"preemptionPolicy": policy} if policy else {})
-        r = await kube.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body=body)
-        assert r.status == 201, r.body
+    low, high, never = await _priority_classes(kube, name, low=(10, ""), high=(1000, ""), never=(1000, "Never"))
     await kit.create_all(kube, "/api/v1/nodes", [kit.node("preempt-0", 2, "T4")])
     pods = f"/api/v1/namespaces/{namespace}/pods"
 
@@ -366,8 +380,50 @@ async def test_a_pod_of_higher_priority_preempts_a_pod_of_lower_priority_and_tak
         assert [x["pod"] for x in daemon.events("preempt")] == [f"{namespace}/urgent"]  # once, not again
     finally:
         assert daemon.stop() == 0, "".join(daemon.raw[-30:])
-        for cls in (low, high, never):
-            await kube.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{cls}")
+        await _drop_priority_classes(kube, low, high, never)
+
+
+async def test_preemption_evicts_a_pod_no_disruption_budget_protects_before_one_of_lower_priority(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    low, mid, high = await _priority_classes(kube, name, low=(10, ""), mid=(20, ""), high=(1000, ""))
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node("pdb-0", 1, "T4"), kit.node("pdb-1", 1, "T4")])
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    # No disruption controller runs here: the budget's status says no disruption is allowed.
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "web"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}},
+    }
+    r = await kube.request("POST", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", body=budget)
+    assert r.status == 201, r.body
+    running = []
+    for pod_name, node, cls in (("web-0", "pdb-0", low), ("batch-0", "pdb-1", mid)):
+        p = kit.pod(pod_name, "default-scheduler", gpus=1, node_name=node)
+        p["spec"]["priorityClassName"] = cls
+        p["spec"]["terminationGracePeriodSeconds"] = 30
+        if pod_name == "web-0":
+            p["metadata"]["labels"] = {"app": "web"}
+        running.append(p)
+    await kit.create_all(kube, pods, running)
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        urgent = kit.pod("urgent", name, gpus=1)
+        urgent["spec"]["priorityClassName"] = high
+        await kit.create_all(kube, pods, [urgent])
+        victim = await _until(kube, f"{pods}/batch-0", lambda o: o["metadata"].get("deletionTimestamp"))
+        assert victim["metadata"].get("deletionTimestamp"), "the unprotected pod was not preempted"
+        urgent = await _until(kube, f"{pods}/urgent", lambda o: (o.get("status") or {}).get("nominatedNodeName"))
+        assert urgent["status"]["nominatedNodeName"] == "pdb-1"
+        web = (await kube.request("GET", f"{pods}/web-0")).body
+        assert not web["metadata"].get("deletionTimestamp")  # protected, though of lower priority
+        (line,) = daemon.wait_count("preempt", 1)
+        assert (line["victims"], line["violations"]) == ([f"{namespace}/batch-0@20"], 0)
+    finally:
+        assert daemon.stop() == 0, "".join(daemon.raw[-30:])
+        await _drop_priority_classes(kube, low, mid, high)
 
 
 async def test_a_prefer_no_schedule_node_is_used_only_when_nothing_else_fits(
@@ -619,7 +675,8 @@ async def test_ready_only_once_the_watches_listed_and_the_solver_is_loaded(
     sched = Scheduler(DaemonSettings(scheduler_name=sched_name(), leader_elect=False), kube)
     ok, why = sched.ready()
     assert not ok
-    assert why == "waiting for the first list of namespaces, nodes, bound-pods, pending-pods, claims, volumes"
+    listed = "namespaces, nodes, bound-pods, pending-pods, claims, volumes, disruption-budgets"
+    assert why == f"waiting for the first list of {listed}"
     watches = [asyncio.create_task(r.run()) for r in sched.reflectors]
     tasks = list(watches)
     try:

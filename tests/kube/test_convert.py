@@ -6,11 +6,12 @@ from typing import Any
 
 import pytest
 
-from gpusched.kube.convert import ConvertError, claim_record, node_record, pod_record, volume_record
+from gpusched.kube.convert import ConvertError, budget_record, claim_record, node_record, pod_record, volume_record
 from gpusched.model import Assignment, Cluster, Pod
 from gpusched.model.affinity import PodAffinityTerm, Requirement, Spread
 from gpusched.model.node import Taint
 from gpusched.model.pod import Toleration
+from gpusched.solver.preempt import Budget
 from gpusched.state.volumes import ClaimRecord, VolumeRecord
 
 
@@ -95,6 +96,22 @@ def test_priority_and_preemption_policy_are_read() -> None:
     nominated = pod_obj(priority=1000)
     nominated["status"]["nominatedNodeName"] = "n7"
     assert (pod_record(nominated).nominated, pod_record(pod_obj()).nominated) == ("n7", "")
+
+
+def test_disruption_budgets_are_read_and_an_unreadable_selector_is_refused() -> None:
+    obj = {
+        "metadata": {"name": "web", "namespace": "ns"},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}},
+        "status": {"disruptionsAllowed": 1, "disruptedPods": {"web-0": "2026-12-06T12:00:00Z"}},
+    }
+    key, budget = budget_record(obj)
+    assert key == "ns/web"
+    assert budget == Budget("ns", (Requirement("app", "In", ("web",)),), 1, frozenset({"web-0"}))
+    # No controller has written its status yet: nothing may be disrupted.
+    assert budget_record({"metadata": {"name": "b"}, "spec": {"selector": {}}})[1] == Budget("default", (), 0)
+    bad = {"metadata": {"name": "bad"}, "spec": {"selector": {"matchExpressions": [{"key": "a", "operator": "Gt"}]}}}
+    with pytest.raises(ConvertError, match="PodDisruptionBudget default/bad: selector"):
+        budget_record(bad)
 
 
 def test_tolerations_are_read() -> None:

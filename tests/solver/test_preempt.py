@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod
 from gpusched.model.affinity import PodAffinityTerm, Requirement
-from gpusched.solver.preempt import find_preemption, plan_preemptions
+from gpusched.solver.preempt import Budget, find_preemption, plan_preemptions
 from gpusched.solver.validate import validate_plan
 from tests.factories import gpu_node, pod
 
@@ -93,6 +93,49 @@ def test_fewer_victims_win_over_more_of_lower_priority_as_in_kube_scheduler() ->
     found = find_preemption(urgent(gpus=3, priority=2000), state, placed)
     assert found is not None
     assert (found.node, sorted(v.pod.name for v in found.victims)) == (1, ["b-1000", "b-two"])
+
+
+def test_a_disruption_budget_steers_preemption_to_pods_it_does_not_protect() -> None:
+    # a's pod is protected (its budget allows no disruption); b's pod of higher priority is not:
+    # kube-scheduler counts budget violations before priorities.
+    c = Cluster([gpu_node("a", gpus=1), gpu_node("b", gpus=1)])
+    web = (("app", "web"),)
+    placed = [running("web-0", 0, (0,), 0, labels=web), running("batch-0", 1, (0,), 5)]
+    state = state_of(c, placed)
+    guard = Budget("default", (Requirement("app", "In", ("web",)),), allowed=0)
+    found = find_preemption(urgent(), state, placed, budgets=[guard])
+    assert found is not None
+    assert ([v.pod.name for v in found.victims], found.violations) == (["batch-0"], 0)
+    # A budget with room, one that counted the pod already, or one with an empty selector
+    # protects nothing: the lowest priority goes.
+    for loose in (
+        replace(guard, allowed=1),
+        replace(guard, disrupted=frozenset({"web-0"})),
+        replace(guard, selector=()),
+    ):
+        found = find_preemption(urgent(), state, placed, budgets=[loose])
+        assert found is not None
+        assert ([v.pod.name for v in found.victims], found.violations) == (["web-0"], 0)
+    # When every way breaks a budget, one is broken, and said so.
+    only = [placed[0]]
+    found = find_preemption(urgent(), state_of(c, only), only, budgets=[guard])
+    assert found is not None
+    assert ([v.pod.name for v in found.victims], found.violations) == (["web-0"], 1)
+
+
+def test_budgets_spent_by_one_preemption_count_for_the_next() -> None:
+    # One disruption allowed among three web pods on three nodes: the first preemptor takes it,
+    # the second breaks the budget only because nothing else is left.
+    c = Cluster([gpu_node(n, gpus=1) for n in "abc"])
+    web = (("app", "web"),)
+    placed = [running(f"web-{i}", i, (0,), 0, labels=web) for i in range(2)] + [running("batch", 2, (0,), 1)]
+    guard = Budget("default", (Requirement("app", "In", ("web",)),), allowed=1)
+    found = plan_preemptions([urgent("u0"), urgent("u1"), urgent("u2")], state_of(c, placed), placed, budgets=[guard])
+    assert [(p.pod.name, [v.pod.name for v in p.victims], p.violations) for p in found] == [
+        ("u0", ["web-0"], 0),
+        ("u1", ["batch"], 0),
+        ("u2", ["web-1"], 1),
+    ]
 
 
 def test_a_fractional_pod_is_given_the_share_that_frees() -> None:
