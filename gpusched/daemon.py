@@ -261,6 +261,8 @@ class _PendingHandler:
             self._drop(rec.key)
         else:
             self.s.queue.add(rec)
+            if rec.nominated:  # preempted for under another leader: its room is held here too
+                self.s.cache.adopt_nomination(rec.pod, rec.nominated)
 
     def _drop(self, key: str) -> None:
         self.s.queue.delete(key)
@@ -708,7 +710,7 @@ class Scheduler:
             e = explain(p, after)
             if e.fits or not p.preempts:
                 self._unschedulable(p, e.message, e.reason)
-            elif not self._waits_for_victims(p, e):
+            elif not self._waits_for_victims(p, e, after):
                 preempting.append((p, e))
         if preempting:
             await self._preempt(preempting, batch_id)
@@ -804,24 +806,25 @@ class Scheduler:
             self._start_bind(r.pod, node, gpus)
         return rest
 
-    def _waits_for_victims(self, pod: Pod, e: Explanation) -> bool:
+    def _waits_for_victims(self, pod: Pod, e: Explanation, after: ClusterState) -> bool:
         """Whether ``pod`` preempted pods that are still leaving: it is told so and waits for
-        them, and preempts no more.  Once they are gone and it still does not fit, the room held
-        for it is given up, and it may preempt again.  A pod that preempted under another leader
-        (``status.nominatedNodeName``; the books hold no room for it) waits likewise while pods
-        of lower priority are being deleted on that node, as kube-scheduler lets it."""
+        them, and preempts no more.  Once they are gone and it still does not fit, or once its
+        node could not take it anyway (gone, tainted, no longer selected), the room held for it
+        is given up, and it may preempt again.  Room is held likewise for a pod that preempted
+        under another leader (``status.nominatedNodeName``), as kube-scheduler's nominator does."""
         held = self.cache.nomination(pod.key)
+        record = self.queue.record(pod.key)
+        if (
+            held is None
+            and record is not None
+            and record.nominated
+            and self.cache.adopt_nomination(pod, record.nominated)
+        ):
+            held = self.cache.nomination(pod.key)
         if held is None:
-            record = self.queue.record(pod.key)
-            node = record.nominated if record is not None else ""
-            leaving = self.cache.leaving_below(node, pod.priority) if node else 0
-            if not leaving:
-                return False
-            message = f"{e.message} Waiting for {leaving} pod(s) of lower priority to leave node {node}."
-            self._unschedulable(pod, message, e.reason, nominated=node)
-            return True
+            return False
         node, _, left = held
-        if not left:
+        if not left or not _could_take(after.cluster, pod, node):
             self.cache.unnominate(pod.key)
             self.queue.move_all()  # what it held is free for others
             return False
@@ -881,7 +884,7 @@ class Scheduler:
         """Delete one victim of ``by``; should that fail, ``by`` waits for it no longer: the room
         held for it is given up, and it looks again when the cluster changes or its wait runs out
         (not at once: a deletion refused, by RBAC or a webhook, is likely to be refused again)."""
-        if not await self.binder.preempt(victim, by, node):
+        if not await self.binder.preempt(victim, by, node) and self.cache.preempted_for(by.key, victim):
             self.cache.unnominate(by.key)
 
     def _unschedulable(self, pod: Pod, message: str, reason: str, nominated: str | None = None) -> None:
@@ -1023,6 +1026,17 @@ def _load_malloc_trim() -> Callable[[int], int] | None:
 
 
 _MALLOC_TRIM = _load_malloc_trim()
+
+
+def _could_take(cluster: Cluster, pod: Pod, node: str) -> bool:
+    """Whether ``node`` is still there and the pod's taints and node selector let it go there,
+    whatever runs on it (kube-scheduler's "unresolvable" filters)."""
+    i = cluster.index.get(node)
+    if i is None:
+        return False
+    if cluster.tainted and not cluster.toleration_mask(pod.tolerations)[i]:
+        return False
+    return not pod.node_selector or bool(cluster.selector_mask(pod.node_selector)[i])
 
 
 def _same_offers(a: Cluster, b: Cluster) -> bool:

@@ -174,23 +174,90 @@ async def test_no_preemption_for_a_pod_that_may_not_or_for_a_gang() -> None:
     assert api.bound == []
 
 
-async def test_a_pod_that_preempted_under_the_last_leader_waits_for_pods_leaving_its_node() -> None:
-    # A new leader holds no room for it, but its nominatedNodeName says where it preempted:
-    # while pods of lower priority are being deleted there, it evicts no one else.
+def _leaving(name: str, priority: int, node: str, preempted: bool = True) -> dict[str, Any]:
+    """A pod being deleted on ``node``; with ``preempted``, marked so by a scheduler."""
+    obj = _pod(name, priority, node=node)
+    obj["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
+    if preempted:
+        mark = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+        obj["status"] = {"phase": "Running", "conditions": [mark]}
+    return obj
+
+
+async def test_room_is_held_for_a_pod_that_preempted_under_the_last_leader() -> None:
+    # A new leader learns from nominatedNodeName where the pod preempted: while its victim
+    # leaves, the room is held (a pod of lower priority drawn first does not take it), and it
+    # evicts no one else.
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    victim = _leaving("victim", 0, "n0")
+    s._bound.apply("ADDED", victim)
+    urgent = _pod("urgent", 50)
+    urgent["status"] = {"phase": "Pending", "nominatedNodeName": "n0"}
+    s._pending.apply("ADDED", urgent)
+    assert s.cache.nomination("default/urgent") == ("n0", (0,), 1)
+    assert await _cycle(s) == ["default/urgent"]
+    assert api.evicted == []
+    assert api.failed("default/urgent")[-1].endswith("Waiting for 1 preempted pod(s) to leave node n0.")
+    assert api.nominated["default/urgent"] == "n0"
+    s._bound.apply("DELETED", victim)
+    s._pending.apply("ADDED", _pod("early", 0))  # drawn in the same batch as urgent
+    assert sorted(await _cycle(s)) == ["default/early", "default/urgent"]
+    assert api.bound == ["default/urgent"]
+    assert api.evicted == []
+
+
+async def test_pods_deleted_for_other_reasons_are_no_one_s_room() -> None:
     api = _Api()
     s = one_node_scheduler(api, gpus=2)
-    leaving = _pod("victim", 0, node="n0")
-    leaving["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
-    s._bound.apply("ADDED", leaving)
+    s._bound.apply("ADDED", _leaving("rollout", 0, "n0", preempted=False))
     s._bound.apply("ADDED", _pod("other", 0, node="n0"))
     urgent = _pod("urgent", 50)
     urgent["status"] = {"phase": "Pending", "nominatedNodeName": "n0"}
     s._pending.apply("ADDED", urgent)
+    assert s.cache.nomination("default/urgent") is None
     assert await _cycle(s) == ["default/urgent"]
-    assert api.evicted == []
-    assert api.failed("default/urgent")[-1].endswith("Waiting for 1 pod(s) of lower priority to leave node n0.")
-    assert api.nominated["default/urgent"] == "n0"
-    s._bound.apply("DELETED", leaving)
+    assert api.evicted == [("default/other", "default/urgent", "n0")]
+
+
+async def test_a_victim_stuck_on_a_node_that_went_away_frees_the_preemptor() -> None:
+    # The victim's node becomes unreachable: it will not leave, and the node takes nothing
+    # new anyway.  The preemptor gives its room up and preempts elsewhere.
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    _NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    s._bound.apply("ADDED", _pod("low-0", 0, node="n0"))
+    s._bound.apply("ADDED", _pod("low-1", 1, node="n1"))
+    s._pending.apply("ADDED", _pod("urgent", 50))
     assert await _cycle(s) == ["default/urgent"]
-    assert api.bound == ["default/urgent"]
-    assert api.evicted == []
+    assert api.evicted == [("default/low-0", "default/urgent", "n0")]
+    s._bound.apply("MODIFIED", _leaving("low-0", 0, "n0"))
+    down = kit.node("n0", 1, "A100")
+    down["spec"] = {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]}
+    _NodeHandler(s).apply("MODIFIED", down)
+    assert await _cycle(s) == ["default/urgent"]
+    assert api.evicted[-1] == ("default/low-1", "default/urgent", "n1")
+    assert s.cache.nomination("default/urgent") == ("n1", (0,), 1)
+
+
+def test_disruption_budgets_follow_the_watch() -> None:
+    s = one_node_scheduler(_Api(), gpus=1)
+    handler = next(r.handler for r in s.reflectors if r.name == "disruption-budgets")
+
+    def budget(name: str, allowed: int, selector: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"selector": selector},
+            "status": {"disruptionsAllowed": allowed},
+        }
+
+    web = {"matchLabels": {"app": "web"}}
+    bad = {"matchExpressions": [{"key": "app", "operator": "Gt"}]}
+    handler.replace([budget("web", 0, web), budget("bad", 1, bad)])
+    assert {k: b.allowed for k, b in s.budgets.items()} == {"default/web": 0}  # bad: protects nothing
+    handler.apply("MODIFIED", budget("web", 2, web))
+    handler.apply("ADDED", budget("db", 1, {"matchLabels": {"app": "db"}}))
+    assert {k: b.allowed for k, b in s.budgets.items()} == {"default/web": 2, "default/db": 1}
+    handler.apply("MODIFIED", budget("db", 1, bad))  # a selector made unreadable: it protects nothing
+    handler.apply("DELETED", budget("web", 2, web))
+    assert s.budgets == {}

@@ -391,6 +391,8 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
         )
         if meta.get("deletionTimestamp"):
             pod = replace(pod, terminating=True)
+        if _preempted(status):
+            pod = replace(pod, preempted=True)
     except ConvertError as exc:  # kept with what others' anti-affinity and spread need of it
         anti, _ = _pod_terms(
             namespace,
@@ -543,6 +545,17 @@ def volume_record(obj: Mapping[str, Any]) -> VolumeRecord:
     meta = _meta(obj)
     affinity: Mapping[str, Any] = (obj.get("spec") or {}).get("nodeAffinity") or {}
     return VolumeRecord(str(meta["name"]), pinned=bool(affinity.get("required")))
+
+
+def _preempted(status: Mapping[str, Any]) -> bool:
+    """The pod carries kube-scheduler's (or gpusched's) mark of a preemption victim."""
+    return any(
+        isinstance(c, Mapping)
+        and c.get("type") == "DisruptionTarget"
+        and c.get("status") == "True"
+        and c.get("reason") == "PreemptionByScheduler"
+        for c in status.get("conditions") or ()
+    )
 
 
 def _unschedulable(status: Mapping[str, Any]) -> str | None:

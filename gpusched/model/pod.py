@@ -205,6 +205,9 @@ class Pod(_Wishes):
     preempts: bool = True
     """It may evict running pods of lower priority to make room (``preemptionPolicy`` is not
     ``Never``)."""
+    preempted: bool = False
+    """A scheduler preempted it (its ``DisruptionTarget`` condition says
+    ``PreemptionByScheduler``): once it is being deleted, its room is some pending pod's."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"

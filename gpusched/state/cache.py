@@ -156,10 +156,13 @@ class Cache:
 
     # -- pods --------------------------------------------------------------------------------
     def observe_pod(self, record: PodRecord) -> bool:
-        """Account a pod seen on the watch; True when it freed capacity."""
+        """Account a pod seen on the watch; True when it freed capacity (room held for it
+        included: bound, by us or another, it holds its own room now)."""
+        dropped = record.bound and self.unnominate(record.key)
+        return self._observe(record) or dropped
+
+    def _observe(self, record: PodRecord) -> bool:
         key = record.key
-        if record.bound and key in self._nominated:  # bound (by us or another): it holds its own room now
-            self.unnominate(key)
         held = self._held.get(key)
         if held is not None and not _another(held, record.uid):
             self._unlisted.discard(key)  # seen since the list: its deletion will be seen too
@@ -335,9 +338,27 @@ class Cache:
         only a pod of higher priority may preempt."""
         return min((h.pod.priority for h in self._evictable()), default=None)
 
-    def leaving_below(self, node: str, priority: int) -> int:
-        """Pods of lower priority than ``priority`` being deleted on ``node``."""
-        return sum(1 for h in self._held.values() if h.node == node and h.pod.terminating and h.pod.priority < priority)
+    def adopt_nomination(self, pod: Pod, node: str) -> bool:
+        """Hold room for ``pod`` on ``node``, where it preempted pods under another instance
+        (its ``status.nominatedNodeName``), while pods of lower priority that a scheduler
+        preempted are leaving there; on the GPUs they free.  True when room is now held."""
+        if pod.key in self._nominated:
+            return False
+        leaving = [
+            h
+            for h in self._held.values()
+            if h.node == node and h.pod.terminating and h.pod.preempted and h.pod.priority < pod.priority
+        ]
+        if not leaving:
+            return False
+        freed = tuple(sorted({g for h in leaving for g in h.gpus}))
+        self.nominate(pod, node, freed[: pod.num_gpu] if len(freed) >= pod.num_gpu else (), [h.pod for h in leaving])
+        return True
+
+    def preempted_for(self, key: str, victim: Pod) -> bool:
+        """Whether the room held for ``key`` waits for ``victim`` (this UID)."""
+        nomination = self._nominated.get(key)
+        return nomination is not None and (victim.key, victim.uid) in nomination.victims
 
     def nominate(self, pod: Pod, node: str, gpus: tuple[int, ...], victims: Iterable[Pod]) -> None:
         """Hold room for ``pod`` on ``node`` (on ``gpus``) while the pods it preempted there
@@ -365,6 +386,7 @@ class Cache:
         nomination = self._nominated.get(key)
         if nomination is None:
             return None
+        self._ensure_cluster()  # the GPUs are picked as the room is counted
         held = nomination.held
         left = sum(1 for k, uid in nomination.victims if (h := self._held.get(k)) is not None and h.pod.uid == uid)
         return held.node, held.gpus, left

@@ -245,3 +245,41 @@ def test_several_preemptions_never_share_a_victim_and_all_fit_together(
         first = find_preemption(found[0].pod, state, placed)
         assert first is not None
         assert (first.node, first.victims) == (found[0].node, found[0].victims)
+
+
+def _plain_search(pod: Pod, state: ClusterState, running: list[Assignment]) -> tuple[int, list[str]] | None:
+    """The search written plainly: a fresh state per trial, every node examined, no early stop."""
+    best: tuple[tuple[int, int, int, int], int, list[str]] | None = None
+    for node in range(len(state.cluster)):
+        lower = sorted(
+            (a for a in running if a.node == node and a.pod.priority < pod.priority),
+            key=lambda a: (-a.pod.priority, a.pod.key),
+        )
+        room = state.release(lower)
+        if not lower or not room.pod_mask(pod)[node]:
+            continue
+        victims = []
+        for a in lower:
+            back = room.apply([a])
+            if back.pod_mask(pod)[node]:
+                room = back
+            else:
+                victims.append(a)
+        if victims:
+            prio = [v.pod.priority for v in victims]
+            key = (max(prio), sum(p + 2**31 for p in prio), len(prio), node)
+            if best is None or key < best[0]:
+                best = (key, node, sorted(v.pod.name for v in victims))
+    return None if best is None else (best[1], best[2])
+
+
+@settings(max_examples=300, deadline=None)
+@given(crowded())
+def test_the_search_in_place_with_its_early_stop_finds_what_the_plain_search_finds(
+    case: tuple[ClusterState, list[Assignment], Pod],
+) -> None:
+    state, placed, new = case
+    found = find_preemption(new, state, placed)
+    assert (None if found is None else (found.node, sorted(v.pod.name for v in found.victims))) == _plain_search(
+        new, state, placed
+    )
