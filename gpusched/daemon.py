@@ -266,8 +266,7 @@ class _PendingHandler:
 
     def _drop(self, key: str) -> None:
         self.s.queue.delete(key)
-        if self.s.cache.unnominate(key):  # the room it held for itself is free for others
-            self.s.queue.move_all()
+        self.s.give_up_room(key)
 
 
 Labels = dict[str, str]
@@ -825,8 +824,7 @@ class Scheduler:
             return False
         node, _, left = held
         if not left or not _could_take(after.cluster, pod, node):
-            self.cache.unnominate(pod.key)
-            self.queue.move_all()  # what it held is free for others
+            self.give_up_room(pod.key)
             return False
         message = f"{e.message} Waiting for {left} preempted pod(s) to leave node {node}."
         self._unschedulable(pod, message, e.reason, nominated=node)
@@ -887,11 +885,16 @@ class Scheduler:
         if not await self.binder.preempt(victim, by, node) and self.cache.preempted_for(by.key, victim):
             self.cache.unnominate(by.key)
 
+    def give_up_room(self, key: str) -> None:
+        """Give up the room held for ``key``, if any: what it held is free for the parked pods."""
+        if self.cache.unnominate(key):
+            self.queue.move_all()
+
     def _unschedulable(self, pod: Pod, message: str, reason: str, nominated: str | None = None) -> None:
         """Tell ``pod`` why it waits (``nominated``: the node where it preempted pods and room is
         held for it; without, any room held for it is given up)."""
-        if nominated is None and self.cache.unnominate(pod.key):
-            self.queue.move_all()  # what it held is free for others
+        if nominated is None:
+            self.give_up_room(pod.key)
         self.metrics.unschedulable(reason)
         if reason == DEFERRED:  # it fits now: the solve kept it back, so try again soon
             self.queue.backoff(pod.key)

@@ -300,6 +300,20 @@ async def _priority_classes(kube: Kube, prefix: str, **classes: tuple[int, str])
     return names
 
 
+def _of_class(p: dict[str, Any], cls: str) -> dict[str, Any]:
+    """``p`` with the PriorityClass ``cls``."""
+    p["spec"]["priorityClassName"] = cls
+    return p
+
+
+def _running(name: str, node: str, cls: str) -> dict[str, Any]:
+    """A one-GPU pod of another scheduler, bound to ``node``, of PriorityClass ``cls``; with no
+    kubelet here, once deleted it lingers for its grace period."""
+    p = _of_class(kit.pod(name, "default-scheduler", gpus=1, node_name=node), cls)
+    p["spec"]["terminationGracePeriodSeconds"] = 30
+    return p
+
+
 async def _drop_priority_classes(kube: Kube, *names: str) -> None:
     for n in names:
         await kube.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{n}")
@@ -323,27 +337,21 @@ async def test_a_pod_of_higher_priority_preempts_a_pod_of_lower_priority_and_tak
     low, high, never = await _priority_classes(kube, name, low=(10, ""), high=(1000, ""), never=(1000, "Never"))
     await kit.create_all(kube, "/api/v1/nodes", [kit.node("preempt-0", 2, "T4")])
     pods = f"/api/v1/namespaces/{namespace}/pods"
-
-    def with_class(p: dict[str, Any], cls: str) -> dict[str, Any]:
-        p["spec"]["priorityClassName"] = cls
-        return p
-
     running = []
-    for i, cls in enumerate((low, high)):  # another scheduler's pods, one of each priority, fill the node
-        p = with_class(kit.pod(f"running-{i}", "default-scheduler", gpus=1, node_name="preempt-0"), cls)
-        p["spec"]["terminationGracePeriodSeconds"] = 30  # no kubelet here: deleted, they linger
+    for i, cls in enumerate((low, high)):  # one of each priority fills the node
+        p = _running(f"running-{i}", "preempt-0", cls)
         p["metadata"]["annotations"]["gpusched.io/gpu-indices"] = str(i)
         running.append(p)
     await kit.create_all(kube, pods, running)
     daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
     try:
         # As urgent as can be, but it may not preempt: it waits, and nothing is evicted.
-        await kit.create_all(kube, pods, [with_class(kit.pod("polite", name, gpus=1), never)])
+        await kit.create_all(kube, pods, [_of_class(kit.pod("polite", name, gpus=1), never)])
         (polite,) = [
             p for p in await kit.wait_settled(kube, namespace, 3, timeout=60) if p["metadata"]["name"] == "polite"
         ]
         assert (kit.condition(polite) or {}).get("message") == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
-        await kit.create_all(kube, pods, [with_class(kit.pod("urgent", name, gpus=1), high)])
+        await kit.create_all(kube, pods, [_of_class(kit.pod("urgent", name, gpus=1), high)])
         victim = await _until(kube, f"{pods}/running-0", lambda o: o["metadata"].get("deletionTimestamp"))
         assert victim["metadata"].get("deletionTimestamp"), "the pod of lower priority was not preempted"
         marked = [c for c in victim["status"].get("conditions", []) if c["type"] == "DisruptionTarget"]
@@ -359,7 +367,7 @@ async def test_a_pod_of_higher_priority_preempts_a_pod_of_lower_priority_and_tak
             f"{fits} Waiting for 1 preempted pod(s) to leave node preempt-0.",
         ), told
         # While the victim terminates, its GPU is held for urgent: a pod arriving now waits.
-        await kit.create_all(kube, pods, [with_class(kit.pod("late", name, gpus=1), low)])
+        await kit.create_all(kube, pods, [_of_class(kit.pod("late", name, gpus=1), low)])
         late = await _until(kube, f"{pods}/late", lambda o: kit.condition(o) is not None)
         assert "Insufficient nvidia.com/gpu" in (kit.condition(late) or {}).get("message", "")
         assert not urgent["spec"].get("nodeName")
@@ -399,20 +407,12 @@ async def test_preemption_evicts_a_pod_no_disruption_budget_protects_before_one_
     }
     r = await kube.request("POST", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", body=budget)
     assert r.status == 201, r.body
-    running = []
-    for pod_name, node, cls in (("web-0", "pdb-0", low), ("batch-0", "pdb-1", mid)):
-        p = kit.pod(pod_name, "default-scheduler", gpus=1, node_name=node)
-        p["spec"]["priorityClassName"] = cls
-        p["spec"]["terminationGracePeriodSeconds"] = 30
-        if pod_name == "web-0":
-            p["metadata"]["labels"] = {"app": "web"}
-        running.append(p)
-    await kit.create_all(kube, pods, running)
+    web = _running("web-0", "pdb-0", low)
+    web["metadata"]["labels"] = {"app": "web"}
+    await kit.create_all(kube, pods, [web, _running("batch-0", "pdb-1", mid)])
     daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
     try:
-        urgent = kit.pod("urgent", name, gpus=1)
-        urgent["spec"]["priorityClassName"] = high
-        await kit.create_all(kube, pods, [urgent])
+        await kit.create_all(kube, pods, [_of_class(kit.pod("urgent", name, gpus=1), high)])
         victim = await _until(kube, f"{pods}/batch-0", lambda o: o["metadata"].get("deletionTimestamp"))
         assert victim["metadata"].get("deletionTimestamp"), "the unprotected pod was not preempted"
         urgent = await _until(kube, f"{pods}/urgent", lambda o: (o.get("status") or {}).get("nominatedNodeName"))
