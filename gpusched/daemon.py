@@ -28,7 +28,7 @@ import signal
 import socket
 import time
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -60,7 +60,7 @@ from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.params import SolverParams
 from gpusched.solver.policy import Policy, place_quick
-from gpusched.solver.preempt import Budget, plan_preemptions
+from gpusched.solver.preempt import Budget, Preemption, plan_preemptions
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
 from gpusched.state.cache import Cache, Snapshot, same_offer
@@ -633,7 +633,7 @@ class Scheduler:
                 total_ms=round((time.perf_counter() - start) * 1000, 1),
             )
             return
-        snap = self.cache.snapshot(free=self._room_ready(r.key for r in todo))
+        snap = self.cache.snapshot(free=self._room_ready(r.pod for r in todo))
         policy = self._policy_for(snap.cluster)
         pods = self._count_running_members([r.pod for r in todo])
         for p in pods:
@@ -684,6 +684,7 @@ class Scheduler:
             self._start_bind(a.pod, names[a.node].name, a.gpus)
         members = Counter(p.gang.name for p in pods if p.gang is not None)
         preempting: list[tuple[Pod, Explanation]] = []
+        rejected: dict[str, list[Pod]] = defaultdict(list)  # gang -> its members left out
         if untaken and plan.unplaced:
             # The pods the plan left out were weighed against capacity it gave to pods that are
             # not bound after all: drawn again with the books as they are, not told they do not fit.
@@ -696,23 +697,36 @@ class Scheduler:
                 self.queue.requeue(p.key)
                 continue
             if p.gang is not None:
-                # A member left out is what the gang waits for only if the rest fall short of its
-                # minimum (already bound members counted in); otherwise capacity is.
-                why = held_back.get(p.gang.name) if members[p.gang.name] < p.gang.min_members else None
-                message = (
-                    f"gang {p.gang.name}: {why}; no member is placed until all of them can be, together."
-                    if why
-                    else explain_gang(p, members[p.gang.name], after)
-                )
-                self._unschedulable(p, message, "Gang")
+                rejected[p.gang.name].append(p)
                 continue
             e = explain(p, after)
             if e.fits or not p.preempts:
                 self._unschedulable(p, e.message, e.reason)
             elif not self._waits_for_victims(p, e, after):
                 preempting.append((p, e))
-        if preempting:
-            await self._preempt(preempting, batch_id)
+        gangs: list[dict[str, tuple[Pod, str]]] = []  # gangs that may preempt: key -> member, why it waits
+        for name, group in rejected.items():
+            gang = group[0].gang
+            assert gang is not None
+            # A member left out is what the gang waits for only if the rest fall short of its
+            # minimum (already bound members counted in); otherwise capacity is.
+            why = held_back.get(name) if members[name] < gang.min_members else None
+            told = {
+                p.key: (
+                    p,
+                    f"gang {name}: {why}; no member is placed until all of them can be, together."
+                    if why
+                    else explain_gang(p, members[name], after),
+                )
+                for p in group
+            }
+            if members[name] < gang.min_members or not all(p.preempts for p in group):
+                for p, message in told.values():  # preempting would not help: room held is given up
+                    self._unschedulable(p, message, "Gang")
+            elif not self._gang_waits_for_victims(told, after):
+                gangs.append(told)
+        if preempting or gangs:
+            await self._preempt(preempting, gangs, batch_id)
         stats = plan.stats
         gap = stats.gap_pct
         solve_s = stats.wall_ms / 1000
@@ -756,9 +770,7 @@ class Scheduler:
         """Events seen during the solve may have taken capacity: keep only what still fits."""
         if self.cache.generation == snap.generation:
             return plan
-        fresh = self.cache.snapshot(
-            free=self._room_ready(p.key for p in (*(a.pod for a in plan.assignments), *plan.unplaced))
-        )
+        fresh = self.cache.snapshot(free=self._room_ready((*(a.pod for a in plan.assignments), *plan.unplaced)))
         if fresh.cluster is not snap.cluster and not _same_offers(snap.cluster, fresh.cluster):
             problems = ["the node inventory changed during the solve"]
         else:
@@ -770,11 +782,26 @@ class Scheduler:
             self.queue.requeue(p.key)  # all of the batch: pods it left out are in flight too
         return Plan((), (), plan.stats)
 
-    def _room_ready(self, keys: Iterable[str]) -> list[str]:
-        """Those of ``keys`` that hold room whose victims are all gone: the room is theirs in a
-        solve (the others' victims still hold it; and room left free for a pod is free for every
-        pod of its batch, so none is freed before it is needed)."""
-        return [k for k in keys if (held := self.cache.nomination(k)) is not None and not held[2]]
+    def _room_ready(self, pods: Iterable[Pod]) -> list[str]:
+        """Keys of those of ``pods`` that hold room whose victims are all gone: the room is theirs
+        in a solve (the others' victims still hold it; and room left free for a pod is free for
+        every pod of its batch, so none is freed before it is needed).  A gang's members are
+        freed only together, once every one's victims are gone: until then the gang cannot be
+        placed, and the room freed for one member would go to other pods."""
+        ready: list[str] = []
+        waiting: set[str] = set()  # gangs a member of which still waits for its victims
+        gang_of: dict[str, str] = {}
+        for p in pods:
+            held = self.cache.nomination(p.key)
+            if held is None:
+                continue
+            if p.gang is not None:
+                gang_of[p.key] = p.gang.name
+                if held[2]:
+                    waiting.add(p.gang.name)
+            if not held[2]:
+                ready.append(p.key)
+        return [k for k in ready if gang_of.get(k) not in waiting]
 
     def _start_bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
         self.cache.assume(pod, node, gpus)
@@ -786,24 +813,47 @@ class Scheduler:
 
     def _bind_nominated(self, todo: list[PodRecord]) -> list[PodRecord]:
         """Bind each pod whose victims are gone to the room held for it, as kube-scheduler tries
-        a pod's nominated node first: no other pod of the batch may take that room.  The rest of
-        ``todo`` (and such a pod when its room no longer fits it) is solved as usual."""
-        rest = []
+        a pod's nominated node first: no other pod of the batch may take that room.  A gang's
+        members are bound so only all together.  The rest of ``todo`` (and such pods when their
+        room no longer fits them) is solved as usual."""
+        units: dict[str, list[PodRecord]] = defaultdict(list)  # a pod, or a gang's members
         for r in todo:
-            held = self.cache.nomination(r.key)
-            if held is None or held[2] or r.pod.gang is not None:
-                rest.append(r)
-                continue
-            node, gpus, _ = held
-            snap = self.cache.snapshot(free=[r.key])
-            i = snap.cluster.index.get(node)
-            room = () if i is None else plan_problems(Plan((Assignment(r.pod, i, gpus),), ()), snap.state, [r.pod])
-            if i is None or room:
-                log.info("held room no longer fits; solved with the batch", pod=r.key, node=node, problems=room[:3])
-                rest.append(r)
-                continue
-            self._start_bind(r.pod, node, gpus)
-        return rest
+            units[r.key if r.pod.gang is None else f"gang:{r.pod.gang.name}"].append(r)
+        bound = {r.key for group in units.values() if self._bind_rooms(group) for r in group}
+        return [r for r in todo if r.key not in bound]  # in their order: it matters to greedy policies
+
+    def _bind_rooms(self, records: list[PodRecord]) -> bool:
+        """Bind ``records`` (one pod, or the members of one gang in the batch) to the rooms held
+        for them, if each holds one whose victims are gone and they all fit there together."""
+        rooms = [self.cache.nomination(r.key) for r in records]
+        held = [h for h in rooms if h is not None and not h[2]]
+        if len(held) < len(records):
+            return False
+        snap = self.cache.snapshot(free=[r.key for r in records])
+        pods = self._count_running_members([r.pod for r in records])
+        at = [snap.cluster.index.get(node) for node, _, _ in held]
+        problems = (
+            [f"node {held[at.index(None)][0]} is gone"]
+            if None in at
+            else plan_problems(
+                Plan(
+                    tuple(Assignment(p, i, h[1]) for p, i, h in zip(pods, at, held, strict=True) if i is not None), ()
+                ),
+                snap.state,
+                pods,
+            )
+        )
+        if problems:
+            log.info(
+                "held room no longer fits; solved with the batch",
+                pods=[r.key for r in records],
+                nodes=sorted({h[0] for h in held}),
+                problems=problems[:3],
+            )
+            return False
+        for p, (node, gpus, _) in zip(pods, held, strict=True):
+            self._start_bind(p, node, gpus)
+        return True
 
     def _waits_for_victims(self, pod: Pod, e: Explanation, after: ClusterState) -> bool:
         """Whether ``pod`` preempted pods that are still leaving: it is told so and waits for
@@ -811,15 +861,7 @@ class Scheduler:
         node could not take it anyway (gone, tainted, no longer selected), the room held for it
         is given up, and it may preempt again.  Room is held likewise for a pod that preempted
         under another leader (``status.nominatedNodeName``), as kube-scheduler's nominator does."""
-        held = self.cache.nomination(pod.key)
-        record = self.queue.record(pod.key)
-        if (
-            held is None
-            and record is not None
-            and record.nominated
-            and self.cache.adopt_nomination(pod, record.nominated)
-        ):
-            held = self.cache.nomination(pod.key)
+        held = self._held_room(pod)
         if held is None:
             return False
         node, _, left = held
@@ -830,22 +872,67 @@ class Scheduler:
         self._unschedulable(pod, message, e.reason, nominated=node)
         return True
 
-    async def _preempt(self, pods: list[tuple[Pod, Explanation]], batch_id: int) -> None:
-        """Look for running pods of lower priority whose eviction lets each of ``pods`` fit; evict
-        them, hold their room for it, and tell every pod where it stands."""
+    def _gang_waits_for_victims(self, told: dict[str, tuple[Pod, str]], after: ClusterState) -> bool:
+        """``_waits_for_victims`` for the members of one gang left out (``told``: key -> member,
+        why it is left out): while any member's victims are leaving, every member waits and the
+        gang preempts no more.  Once they are all gone and the gang still does not fit, or once
+        a member's node could not take it anyway, every member's room is given up."""
+        rooms = {k: held for k, (p, _) in told.items() if (held := self._held_room(p)) is not None}
+        left = sum(held[2] for held in rooms.values())
+        if not left or any(not _could_take(after.cluster, told[k][0], held[0]) for k, held in rooms.items()):
+            for k in rooms:
+                self.give_up_room(k)
+            return False
+        nodes = ", ".join(sorted({held[0] for held in rooms.values()}))
+        for k, (p, message) in told.items():
+            node = rooms[k][0] if k in rooms else None
+            self._unschedulable(
+                p, f"{message} Waiting for {left} preempted pod(s) to leave node(s) {nodes}.", "Gang", nominated=node
+            )
+        return True
+
+    def _held_room(self, pod: Pod) -> tuple[str, tuple[int, ...], int] | None:
+        """The room held for ``pod`` (``Cache.nomination``); held now when it preempted under
+        another leader (``status.nominatedNodeName``) and its victims are still leaving."""
+        held = self.cache.nomination(pod.key)
+        record = self.queue.record(pod.key)
+        if (
+            held is None
+            and record is not None
+            and record.nominated
+            and self.cache.adopt_nomination(pod, record.nominated)
+        ):
+            held = self.cache.nomination(pod.key)
+        return held
+
+    async def _preempt(
+        self, pods: list[tuple[Pod, Explanation]], gangs: list[dict[str, tuple[Pod, str]]], batch_id: int
+    ) -> None:
+        """Look for running pods of lower priority whose eviction lets each of ``pods`` fit, and
+        each of ``gangs`` (key -> member, why it is left out) fit whole; evict them, hold their
+        room, and tell every pod where it stands."""
         lowest = self.cache.lowest_priority()
         hopeless = [(p, e) for p, e in pods if lowest is None or p.priority <= lowest]
         for p, e in hopeless:  # every running pod matters as much: told as usual, at no cost
             self._unschedulable(p, e.message, e.reason)
         pods = [(p, e) for p, e in pods if lowest is not None and p.priority > lowest]
-        if not pods:
+        for told in [g for g in gangs if lowest is None or min(p.priority for p, _ in g.values()) <= lowest]:
+            for p, message in told.values():
+                self._unschedulable(p, message, "Gang")
+        gangs = [g for g in gangs if lowest is not None and min(p.priority for p, _ in g.values()) > lowest]
+        if not pods and not gangs:
             return
-        snap = self.cache.snapshot(free=[p.key for p, _ in pods])
+        snap = self.cache.snapshot(free=[p.key for p, _ in pods] + [k for g in gangs for k in g])
         running = self.cache.preemptible()  # as counted in ``snap``: taken together
         try:
             budgets = list(self.budgets.values())
             found = await asyncio.to_thread(
-                plan_preemptions, [p for p, _ in pods], snap.state, running, budgets=budgets
+                plan_preemptions,
+                [p for p, _ in pods],
+                snap.state,
+                running,
+                budgets=budgets,
+                gangs=[[p for p, _ in g.values()] for g in gangs],
             )
         except Exception as exc:
             log.error("preemption search failed", batch_id=batch_id, error=repr(exc))
@@ -853,7 +940,7 @@ class Scheduler:
         if not self.is_leader:
             found = []
         chosen = {pre.pod.key: pre for pre in found}
-        self.metrics.preemption(len(pods), sum(len(pre.victims) for pre in found))
+        self.metrics.preemption(len(pods) + sum(map(len, gangs)), sum(len(pre.victims) for pre in found))
         for p, e in pods:
             pre = chosen.get(p.key)
             if self.cache.holds(p.key, p.uid):  # bound by someone else during the search
@@ -862,10 +949,7 @@ class Scheduler:
             if pre is None or not self.queue.current(p.key, p.uid):
                 self._unschedulable(p, e.message, e.reason)
                 continue
-            node = snap.cluster.nodes[pre.node].name
-            self.cache.nominate(p, node, pre.placement.gpus, [v.pod for v in pre.victims])
-            for v in pre.victims:
-                self.spawn(self._evict(v.pod, p, node), f"preempt:{v.pod.key}")
+            node = self._carry_out(pre, snap.cluster)
             log.info(
                 "preempt",
                 batch_id=batch_id,
@@ -877,6 +961,53 @@ class Scheduler:
             )
             message = f"{e.message} Preempting {len(pre.victims)} pod(s) of lower priority on node {node}."
             self._unschedulable(p, message, e.reason, nominated=node)
+        for told in gangs:
+            group = [chosen.get(k) for k in told]
+            for k, (p, _) in told.items():
+                if self.cache.holds(p.key, p.uid):  # bound by someone else during the search
+                    self.queue.done(k)
+            # Whole or not at all: a member gone or changed during the search leaves the gang
+            # short, and then no pod is evicted for it.
+            whole = all(pre is not None for pre in group) and all(
+                self.queue.current(k, p.uid) and not self.cache.holds(k, p.uid) for k, (p, _) in told.items()
+            )
+            if not whole:
+                for k, (p, message) in told.items():
+                    if not self.cache.holds(k, p.uid):
+                        self._unschedulable(p, message, "Gang")
+                continue
+            chosen_group = [pre for pre in group if pre is not None]
+            nodes = {pre.pod.key: self._carry_out(pre, snap.cluster) for pre in chosen_group}
+            victims = [v for pre in chosen_group for v in pre.victims]
+            gang = chosen_group[0].pod.gang
+            assert gang is not None
+            log.info(
+                "preempt",
+                batch_id=batch_id,
+                gang=gang.name,
+                pods=sorted(nodes),
+                priority=min(pre.pod.priority for pre in chosen_group),
+                nodes=sorted(set(nodes.values())),
+                victims=[f"{v.pod.key}@{v.pod.priority}" for v in victims],
+                violations=sum(pre.violations for pre in chosen_group),
+            )
+            where = ", ".join(sorted(set(nodes.values())))
+            for k, (p, message) in told.items():
+                self._unschedulable(
+                    p,
+                    f"{message} Preempting {len(victims)} pod(s) of lower priority on node(s) {where} "
+                    f"to make room for the whole gang.",
+                    "Gang",
+                    nominated=nodes[k],
+                )
+
+    def _carry_out(self, pre: Preemption, cluster: Cluster) -> str:
+        """Hold the room ``pre`` makes for its pod and start evicting its victims; its node."""
+        node = cluster.nodes[pre.node].name
+        self.cache.nominate(pre.pod, node, pre.placement.gpus, [v.pod for v in pre.victims])
+        for v in pre.victims:
+            self.spawn(self._evict(v.pod, pre.pod, node), f"preempt:{v.pod.key}")
+        return node
 
     async def _evict(self, victim: Pod, by: Pod, node: str) -> None:
         """Delete one victim of ``by``; should that fail, ``by`` waits for it no longer: the room

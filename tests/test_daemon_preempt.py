@@ -46,6 +46,13 @@ def _pod(name: str, priority: int, node: str = "", never: bool = False) -> dict[
     return obj
 
 
+def _member(name: str, priority: int, gang: str = "g") -> dict[str, Any]:
+    """A one-GPU member of ``gang`` (at least 2 members)."""
+    obj = member_pod(name, gang=gang)
+    obj["spec"]["priority"] = priority
+    return obj
+
+
 async def _cycle(s: Scheduler) -> list[str]:
     batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
     await s.schedule_batch(batch)
@@ -163,15 +170,16 @@ async def test_no_preemption_for_a_pod_that_may_not_or_for_a_gang() -> None:
     assert await _cycle(s) == ["default/peer"]
     assert api.evicted == []
     assert api.failed("default/peer")[-1] == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
-    # Gangs are placed whole or not at all, and do not preempt (one member's room is no use).
+    # Gangs are placed whole or not at all: one member's room is no use, so no pod is evicted
+    # for a gang that could not all fit.
     s._pending.apply("DELETED", _pod("polite", 50, never=True))
     for name in ("m1", "m2"):
-        obj = member_pod(name, gang="g")
-        obj["spec"]["priority"] = 50
-        s._pending.apply("ADDED", obj)
+        s._pending.apply("ADDED", _member(name, 50))
     assert sorted(await _cycle(s)) == ["default/m1", "default/m2"]
     assert api.evicted == []
     assert api.bound == []
+    assert api.failed("default/m1")[-1].startswith("gang default/g: its 2 members do not all fit at once")
+    assert s.cache.nomination("default/m1") is None
 
 
 def _leaving(name: str, priority: int, node: str, preempted: bool = True) -> dict[str, Any]:
@@ -220,14 +228,20 @@ async def test_pods_deleted_for_other_reasons_are_no_one_s_room() -> None:
     assert api.evicted == [("default/other", "default/urgent", "n0")]
 
 
+def _two_nodes(api: _Api, priorities: tuple[int, int] = (0, 0)) -> Scheduler:
+    """Nodes n0 and n1 of one GPU, running low-0 and low-1 of ``priorities``."""
+    s = one_node_scheduler(api, gpus=1)
+    _NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    for i, priority in enumerate(priorities):
+        s._bound.apply("ADDED", _pod(f"low-{i}", priority, node=f"n{i}"))
+    return s
+
+
 async def test_a_victim_stuck_on_a_node_that_went_away_frees_the_preemptor() -> None:
     # The victim's node becomes unreachable: it will not leave, and the node takes nothing
     # new anyway.  The preemptor gives its room up and preempts elsewhere.
     api = _Api()
-    s = one_node_scheduler(api, gpus=1)
-    _NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
-    s._bound.apply("ADDED", _pod("low-0", 0, node="n0"))
-    s._bound.apply("ADDED", _pod("low-1", 1, node="n1"))
+    s = _two_nodes(api, (0, 1))
     s._pending.apply("ADDED", _pod("urgent", 50))
     assert await _cycle(s) == ["default/urgent"]
     assert api.evicted == [("default/low-0", "default/urgent", "n0")]
@@ -261,3 +275,86 @@ def test_disruption_budgets_follow_the_watch() -> None:
     handler.apply("MODIFIED", budget("db", 1, bad))  # a selector made unreadable: it protects nothing
     handler.apply("DELETED", budget("web", 2, web))
     assert s.budgets == {}
+
+
+async def test_a_gang_preempts_for_all_its_members_waits_for_every_victim_then_binds_whole() -> None:
+    api = _Api()
+    s = _two_nodes(api)
+    for name in ("m1", "m2"):
+        s._pending.apply("ADDED", _member(name, 50))
+    assert sorted(await _cycle(s)) == ["default/m1", "default/m2"]
+    assert sorted(v for v, _, _ in api.evicted) == ["default/low-0", "default/low-1"]
+    assert sorted(api.nominated[f"default/{m}"] or "" for m in ("m1", "m2")) == ["n0", "n1"]
+    assert api.failed("default/m1")[-1].endswith(
+        "Preempting 2 pod(s) of lower priority on node(s) n0, n1 to make room for the whole gang."
+    )
+    assert "gpusched_preemption_attempts_total 2.0" in s.metrics.render()[0].decode()
+    # low-0 goes, low-1 is still leaving.  A pod of the gang's priority drawn now does not take
+    # the room freed on n0: the gang would then never fit.  Nor is anyone else evicted.
+    leaving = _leaving("low-1", 0, "n1")
+    s._bound.apply("MODIFIED", leaving)
+    s._bound.apply("DELETED", _pod("low-0", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("rival", 50, never=True))
+    assert sorted(await _cycle(s)) == ["default/m1", "default/m2", "default/rival"]
+    assert api.bound == []
+    assert len(api.evicted) == 2
+    assert api.failed("default/m2")[-1].endswith("Waiting for 1 preempted pod(s) to leave node(s) n0, n1.")
+    assert sorted(api.nominated[f"default/{m}"] or "" for m in ("m1", "m2")) == ["n0", "n1"]
+    # The last victim goes: the whole gang is bound to its room, before the rival is solved.
+    s._bound.apply("DELETED", leaving)
+    assert sorted(await _cycle(s)) == ["default/m1", "default/m2", "default/rival"]
+    assert sorted(api.bound) == ["default/m1", "default/m2"]
+    assert s.cache.nomination("default/m1") is None
+    assert len(api.evicted) == 2
+    assert "default/rival" in s.queue
+
+
+async def test_a_gang_preempts_only_pods_of_lower_priority_than_every_member() -> None:
+    api = _Api()
+    s = _two_nodes(api, (0, 30))
+    s._pending.apply("ADDED", _member("m1", 50))
+    s._pending.apply("ADDED", _member("m2", 20))  # may evict low-0 but not low-1
+    assert sorted(await _cycle(s)) == ["default/m1", "default/m2"]
+    assert api.evicted == []
+    assert api.failed("default/m2")[-1].startswith("gang default/g: its 2 members do not all fit at once")
+    # A member that may not preempt holds the whole gang back.
+    s._pending.apply("DELETED", _member("m1", 50))
+    s._pending.apply("DELETED", _member("m2", 20))
+    polite = _member("p2", 50, gang="h")
+    polite["spec"]["preemptionPolicy"] = "Never"
+    s._pending.apply("ADDED", _member("p1", 50, gang="h"))
+    s._pending.apply("ADDED", polite)
+    assert sorted(await _cycle(s)) == ["default/p1", "default/p2"]
+    assert api.evicted == []
+    assert api.failed("default/p1")[-1].startswith("gang default/h: its 2 members do not all fit at once")
+
+
+async def test_a_gang_whose_eviction_is_refused_gives_all_its_room_up_and_looks_again_later() -> None:
+    api = _Api()
+    api.refuse = True
+    s = _two_nodes(api)
+    for name in ("m1", "m2"):
+        s._pending.apply("ADDED", _member(name, 50))
+    await _cycle(s)
+    assert len(api.evicted) == 2
+    # One member's room is given up by the refusal; the other's victim stays too: once the gang
+    # is looked at again, nobody waits for anything, so all its room goes and it preempts anew.
+    _NodeHandler(s).apply("ADDED", kit.node("cpu-only", 0, ""))
+    assert sorted(await _cycle(s)) == ["default/m1", "default/m2"]
+    assert len(api.evicted) == 4
+
+
+async def test_a_gang_left_short_of_members_gives_up_the_room_its_members_hold() -> None:
+    api = _Api()
+    s = _two_nodes(api)
+    for name in ("m1", "m2"):
+        s._pending.apply("ADDED", _member(name, 50))
+    await _cycle(s)
+    assert len(api.evicted) == 2
+    s._pending.apply("DELETED", _member("m2", 50))
+    s._bound.apply("MODIFIED", _leaving("low-0", 0, "n0"))  # wakes m1 while its victim leaves
+    assert await _cycle(s) == ["default/m1"]
+    assert s.cache.nomination("default/m1") is None
+    assert api.nominated["default/m1"] is None
+    assert api.failed("default/m1")[-1].startswith("gang default/g: 1 of at least 2 members are pending")
+    assert len(api.evicted) == 2

@@ -16,6 +16,11 @@ As kube-scheduler's DefaultPreemption chooses them, on the books as they are aft
    ``max(min_candidates, 10 % of the nodes)`` candidate nodes, or sooner at a node where one
    unprotected pod of the lowest priority there is makes room, which no later node can beat.
 
+A gang (``find_gang_preemption``) has room for all its pending members or none: members are
+placed largest first, each where it fits as things are or else as a single pod would preempt,
+against what the members before it took, in each domain of its topology key in turn; the way
+with the least harm wins.
+
 The result names the GPU indices the pod would take there, so that the scheduler can hold them
 for it while its victims terminate.  As with kube-scheduler, a budget only steers the choice:
 when every way to make room breaks one, one is broken.
@@ -27,16 +32,29 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from gpusched.model import Assignment, ClusterState, Pod
 from gpusched.model.affinity import Requirement, label_selector_selects
-from gpusched.solver.baselines.base import GreedyPolicy
+from gpusched.model.cluster import BoolArray
+from gpusched.model.pod import Gang
+from gpusched.solver.baselines.base import GreedyPolicy, domains_of
+from gpusched.solver.baselines.best_fit import BestFitPolicy
 
-__all__ = ["MIN_CANDIDATES", "Budget", "Preemption", "find_preemption", "plan_preemptions"]
+__all__ = [
+    "MIN_CANDIDATES",
+    "Budget",
+    "Preemption",
+    "find_gang_preemption",
+    "find_preemption",
+    "plan_preemptions",
+]
 
 MIN_CANDIDATES = 100
 """Candidate nodes to find before choosing among them (kube-scheduler's default), at least."""
 
 _GPUS = GreedyPolicy()  # only its GPU choice on one node is used: stateless
+_FIT = BestFitPolicy()  # where a gang member goes that fits without evicting anyone
 
 
 @dataclass(frozen=True)
@@ -122,13 +140,15 @@ def find_preemption(
     lowered: ClusterState | None = None,
     budgets: Sequence[Budget] = (),
     spent: Sequence[int] | None = None,
+    allowed: BoolArray | None = None,
 ) -> Preemption | None:
     """The preemption that lets ``pod`` fit with the least harm, or None when evicting pods of
     lower priority cannot make room for it anywhere.  ``running``: the pods that may be evicted
     (bound, not being deleted), as they are counted in ``state``.  ``lowered``: ``state``
     without every pod ``pod`` may evict (found here when not given: a caller searching for
     several pods of one priority finds it once).  ``budgets``: the PodDisruptionBudgets, and
-    ``spent`` how much of each earlier preemptions took (none when not given)."""
+    ``spent`` how much of each earlier preemptions took (none when not given).  ``allowed``:
+    the nodes it may go to (all when not given)."""
     if not pod.preempts:
         return None
     by_node: dict[int, list[Assignment]] = defaultdict(list)
@@ -142,6 +162,8 @@ def find_preemption(
     if lowered is None:
         lowered = state.release(a for lower in by_node.values() for a in lower)
     possible = lowered.pod_mask(pod)
+    if allowed is not None:
+        possible = possible & allowed
     # One private state, updated in place node after node and left as it was after each one: a
     # state per trial would copy the whole cluster's arrays thousands of times.
     work = state.apply(())
@@ -179,33 +201,175 @@ def find_preemption(
     return None if best is None else best[1]
 
 
+def _spend(
+    pre: Preemption, budgets: Sequence[Budget], spent: list[int], left: Sequence[Assignment]
+) -> list[Assignment]:
+    """Count ``pre``'s victims against the budgets (``spent``, in place); ``left`` without them."""
+    for j, b in enumerate(budgets):
+        spent[j] += sum(1 for v in pre.victims if v.pod.labels and b.covers(v.pod))
+    gone = {id(v) for v in pre.victims}
+    return [a for a in left if id(a) not in gone]
+
+
 def plan_preemptions(
     pods: Sequence[Pod],
     state: ClusterState,
     running: Sequence[Assignment],
     min_candidates: int = MIN_CANDIDATES,
     budgets: Sequence[Budget] = (),
+    gangs: Sequence[Sequence[Pod]] = (),
 ) -> list[Preemption]:
-    """Preemptions for ``pods`` in turn (highest priority first), each against the state the
-    earlier ones leave (their victims gone, their pods placed, the budgets they spent): no two
-    take the same room, and no pod is evicted twice."""
+    """Preemptions for ``pods`` and for ``gangs`` (each all its pending members, room for all
+    or none) in turn, highest priority first (a gang at its least important member's), each
+    against the state the earlier ones leave (their victims gone, their pods placed, the
+    budgets they spent): no two take the same room, and no pod is evicted twice."""
     out: list[Preemption] = []
     spent = [0] * len(budgets)
     left = list(running)
     level: int | None = None
-    lowered = state
-    for pod in sorted(pods, key=lambda p: -p.priority):
-        if pod.priority != level:  # the pods a pod of this priority may evict, all gone at once
-            level = pod.priority
-            lowered = state.release(_lower(pod, left))
-        found = find_preemption(pod, state, left, min_candidates, lowered=lowered, budgets=budgets, spent=spent)
+    lowered: ClusterState | None = None  # made here, so updated in place
+    units: list[tuple[int, Pod | Sequence[Pod]]] = [(p.priority, p) for p in pods]
+    units += [(min(m.priority for m in g), g) for g in gangs if g]
+    for priority, unit in sorted(units, key=lambda u: -u[0]):
+        if isinstance(unit, Pod):
+            if priority != level:  # the pods a pod of this priority may evict, all gone at once
+                level = priority
+                lowered = state.release(_lower(unit, left))
+            one = find_preemption(unit, state, left, min_candidates, lowered=lowered, budgets=budgets, spent=spent)
+            found = [] if one is None else [one]
+        else:
+            found = find_gang_preemption(unit, state, left, min_candidates, budgets=budgets, spent=spent) or []
+        for pre in found:
+            out.append(pre)
+            left = _spend(pre, budgets, spent, left)
+            state = state.release(pre.victims).apply([pre.placement])
+            if lowered is not None:  # its victims, of lower priority, are out of it already
+                lowered = lowered.apply([pre.placement], consume=True)
+    return out
+
+
+def _gang_tries(gang: Gang, state: ClusterState) -> list[BoolArray | None]:
+    """Where a gang may go, as the solver reads its topology: each domain of its key (only the
+    one its members run in, when they do), those with the most free GPU first, and with no
+    topology or a preferred one, anywhere (last)."""
+    tries: list[BoolArray | None] = []
+    if gang.topology_key:
+        doms = [m for d, m in domains_of(state, gang.topology_key).items() if not gang.domain or d == gang.domain]
+        free = [int(state.gpu_free[m].sum()) for m in doms]
+        tries.extend(doms[i] for i in sorted(range(len(doms)), key=lambda i: -free[i]))  # stable: by name on ties
+    if gang.topology != "required":
+        tries.append(None)
+    return tries
+
+
+_Harm = tuple[int, int, int]
+"""Protected victims, the most important victim's priority, the sum of (priority + 2^31)."""
+
+
+def _harm(found: Sequence[Preemption]) -> _Harm:
+    prio = [v.pod.priority for pre in found for v in pre.victims]
+    return (sum(pre.violations for pre in found), max(prio, default=-_SHIFT), sum(p + _SHIFT for p in prio))
+
+
+def find_gang_preemption(
+    members: Sequence[Pod],
+    state: ClusterState,
+    running: Sequence[Assignment],
+    min_candidates: int = MIN_CANDIDATES,
+    *,
+    budgets: Sequence[Budget] = (),
+    spent: Sequence[int] | None = None,
+) -> list[Preemption] | None:
+    """Room for every member of one gang at once (all its pending ``members``), or None: a gang
+    is placed whole or not at all, so no pod is evicted for a part of it.  Members are placed
+    largest first, each where it fits as things are (best fit) or else as ``find_preemption``
+    chooses, against what the members before it took and evicted.  With a topology key each
+    domain is tried on its own (a preferred topology also anywhere), and the way with the least
+    harm is chosen: fewest protected victims, then the lowest most important victim, then the
+    lowest sum of victim priorities each raised by 2^31, then a domain before anywhere, then the
+    domain with the most free GPU.  A member placed without victims holds its room all the same.
+    As for a single pod, the search stops once the domains where the gang found room hold
+    ``max(min_candidates, 10 % of the nodes)`` nodes; a domain is left as soon as what its
+    members evict already harms more than the best found."""
+    gang = members[0].gang if members else None
+    if gang is None or not all(m.preempts and m.gang == gang for m in members):
+        return None
+    if len(members) < gang.min_members:
+        return None
+    order = sorted(members, key=lambda p: (-p.num_gpu, -p.gpu_milli, -p.cpu_milli, -p.memory_mib, p.key))
+    spent = [0] * len(budgets) if spent is None else spent
+    levels = {m.priority for m in members}
+    lowest = min(levels)
+    # Without every pod the least important member may evict: where no member could ever go.
+    base = state.release(_lower(order[0], running)) if len(levels) == 1 else None
+    tries = _gang_tries(gang, state)
+    where = np.full(len(state.cluster), -1, dtype=np.int64)  # node -> its domain's try
+    for t, allowed in enumerate(tries):
+        if allowed is not None:
+            where[allowed] = t
+    by_try: dict[int, list[Assignment]] = defaultdict(list)
+    for a in running:
+        by_try[int(where[a.node])].append(a)
+    want = max(min_candidates, len(state.cluster) // 10)
+    covered = 0
+    best: tuple[tuple[int, int, int, int], list[Preemption]] | None = None
+    for rank, allowed in enumerate(tries):
+        inside = list(running) if allowed is None else by_try[rank]
+        if not any(a.pod.priority < lowest for a in inside):
+            continue
+        bound = None if best is None else best[0][:3]
+        found = _gang_try(order, state, inside, min_candidates, base, budgets, list(spent), allowed, bound)
         if found is None:
             continue
-        out.append(found)
-        for j, b in enumerate(budgets):
-            spent[j] += sum(1 for v in found.victims if v.pod.labels and b.covers(v.pod))
-        gone = {id(v) for v in found.victims}
-        left = [a for a in left if id(a) not in gone]
-        state = state.release(found.victims).apply([found.placement])
-        lowered = lowered.apply([found.placement], consume=True)  # its victims are out of it already
+        if found:  # else it was left for harming more than the best: a candidate all the same
+            if not any(pre.victims for pre in found):  # it fits as things are: nothing to preempt
+                return None
+            key = (*_harm(found), rank)
+            if best is None or key < best[0]:
+                best = (key, found)
+        covered += len(state.cluster) if allowed is None else int(allowed.sum())
+        if covered >= want:
+            break
+    return None if best is None else best[1]
+
+
+def _gang_try(
+    order: Sequence[Pod],
+    state: ClusterState,
+    running: Sequence[Assignment],
+    min_candidates: int,
+    base: ClusterState | None,
+    budgets: Sequence[Budget],
+    spent: list[int],
+    allowed: BoolArray | None,
+    bound: _Harm | None,
+) -> list[Preemption] | None:
+    """``find_gang_preemption`` within ``allowed`` (None: no room there), or an empty list once
+    the harm reaches ``bound`` (what each member adds only raises it)."""
+    work = state
+    lowered = None if base is None else base.apply(())  # a private copy, updated member by member
+    left = list(running)
+    out: list[Preemption] = []
+    for pod in order:
+        fits = work.pod_mask(pod)
+        if allowed is not None:
+            fits = fits & allowed
+        nodes = np.flatnonzero(fits)
+        if nodes.size:
+            node = _FIT.choose(pod, work, nodes)
+            pre = Preemption(Assignment(pod, node, _GPUS.gpus(pod, work, node)), ())
+        else:
+            found = find_preemption(
+                pod, work, left, min_candidates, lowered=lowered, budgets=budgets, spent=spent, allowed=allowed
+            )
+            if found is None:
+                return None
+            pre = found
+        out.append(pre)
+        if bound is not None and pre.victims and _harm(out) >= bound:
+            return []
+        left = _spend(pre, budgets, spent, left)
+        work = work.release(pre.victims).apply([pre.placement])
+        if lowered is not None:
+            lowered = lowered.apply([pre.placement], consume=True)
     return out

@@ -700,6 +700,53 @@ def _member(name: str, scheduler: str, group: str, minimum: int, gpus: int = 8, 
     return p
 
 
+async def test_a_gang_of_higher_priority_preempts_for_all_its_members_in_one_rack(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    low, mid, high = await _priority_classes(kube, name, low=(10, ""), mid=(20, ""), high=(1000, ""))
+    nodes = [kit.node(f"gp-{i}", 1, "T4", rack=f"r{i // 2}") for i in range(4)]
+    await kit.create_all(kube, "/api/v1/nodes", nodes)
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    # Rack r0 runs two pods of low priority; r1 one of low and one of mid priority.
+    running = [_running(f"run-{i}", f"gp-{i}", cls) for i, cls in enumerate((low, low, low, mid))]
+    await kit.create_all(kube, pods, running)
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    rack = {"gpusched.io/gang-topology-key": "rack", "gpusched.io/gang-topology": "required"}
+    try:
+        gang = [_of_class(_member(f"worker-{i}", name, "train", 2, gpus=1, **rack), high) for i in range(2)]
+        await kit.create_all(kube, pods, gang)
+        for victim in ("run-0", "run-1"):
+            obj = await _until(kube, f"{pods}/{victim}", lambda o: o["metadata"].get("deletionTimestamp"))
+            assert obj["metadata"].get("deletionTimestamp"), f"{victim} was not preempted"
+        nominated = set()
+        for i in range(2):
+            w = await _until(kube, f"{pods}/worker-{i}", lambda o: (o.get("status") or {}).get("nominatedNodeName"))
+            nominated.add(w["status"]["nominatedNodeName"])
+            assert not w["spec"].get("nodeName")  # not before every victim has left
+        assert nominated == {"gp-0", "gp-1"}
+        # The victims leave one at a time; the gang is bound only once both have.
+        r = await kube.request("DELETE", f"{pods}/run-0", query={"gracePeriodSeconds": "0"})
+        assert r.ok, r.body
+        await asyncio.sleep(1.0)
+        for i in range(2):
+            assert not (await kube.request("GET", f"{pods}/worker-{i}")).body["spec"].get("nodeName")
+        r = await kube.request("DELETE", f"{pods}/run-1", query={"gracePeriodSeconds": "0"})
+        assert r.ok, r.body
+        bound = {(await kit.wait_bound(kube, f"{pods}/worker-{i}"))["spec"]["nodeName"] for i in range(2)}
+        assert bound == {"gp-0", "gp-1"}
+        for other in ("run-2", "run-3"):  # the other rack is left alone
+            assert not (await kube.request("GET", f"{pods}/{other}")).body["metadata"].get("deletionTimestamp")
+        events = await kit.wait_events(kube, namespace, ["Preempted/run-0", "Preempted/run-1"])
+        assert events["Preempted/run-0"][0]["message"].startswith(f"Preempted by pod {namespace}/worker-")
+        (line,) = daemon.wait_count("preempt", 1)  # once for the whole gang, not again
+        assert line["gang"] == f"{namespace}/train"
+        assert sorted(line["victims"]) == [f"{namespace}/run-0@10", f"{namespace}/run-1@10"]
+    finally:
+        assert daemon.stop() == 0, "".join(daemon.raw[-30:])
+        await _drop_priority_classes(kube, low, mid, high)
+
+
 async def test_gangs_mig_slices_and_gpu_islands(control_plane: ControlPlane, kube: Kube, namespace: str) -> None:
     name = sched_name()
     nodes = [kit.node(f"h-{i}", 8, "NVIDIA-H100-80GB-HBM3", rack=f"r{i // 2}") for i in range(4)]

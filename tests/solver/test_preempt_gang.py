@@ -1,0 +1,206 @@
+"""Room for a whole gang at once: which running pods of lower priority its members evict."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpusched.model import Assignment, Cluster, ClusterState, Node, Plan, Pod
+from gpusched.model.pod import Gang
+from gpusched.solver.preempt import Preemption, find_gang_preemption, plan_preemptions
+from gpusched.solver.validate import validate_plan
+from tests.factories import gpu_node, pod
+from tests.solver.test_preempt import running, state_of
+
+
+def members(n: int, gpus: int = 1, priority: int = 10, **gang: object) -> list[Pod]:
+    g = Gang("train", min_members=n, **gang)  # type: ignore[arg-type]
+    return [replace(pod(f"m{i}", gpus=gpus), priority=priority, gang=g) for i in range(n)]
+
+
+def regang(gang: list[Pod], **change: str) -> list[Pod]:
+    """The same members, their gang's rules changed."""
+    g = gang[0].gang
+    assert g is not None
+    return [replace(m, gang=replace(g, **change)) for m in gang]  # type: ignore[arg-type]
+
+
+def racked(name: str, rack: str, gpus: int = 2) -> Node:
+    return replace(gpu_node(name, gpus=gpus), labels={"rack": rack})
+
+
+def two_racks(priorities: tuple[int, int, int, int], a0_gpus: int = 2) -> tuple[ClusterState, list[Assignment]]:
+    """Racks a (a0, a1) and b (b0, b1) of 2-GPU nodes (a0 of ``a0_gpus``), each node running one
+    2-GPU pod (a-0, a-1, b-0, b-1) of ``priorities``."""
+    c = Cluster([racked("a0", "a", gpus=a0_gpus), racked("a1", "a"), racked("b0", "b"), racked("b1", "b")])
+    placed = [running(f"{'aabb'[i]}-{i % 2}", i, (0, 1), prio) for i, prio in enumerate(priorities)]
+    return state_of(c, placed), placed
+
+
+def check(state: ClusterState, found: list[Preemption], gang: list[Pod]) -> list[str]:
+    """Every member placed, beside the others, once every victim is gone; the victims' names."""
+    assert sorted(p.pod.name for p in found) == sorted(m.name for m in gang)
+    victims = [v for p in found for v in p.victims]
+    assert len({id(v) for v in victims}) == len(victims)
+    assert all(v.pod.priority < p.pod.priority for p in found for v in p.victims)
+    validate_plan(Plan(tuple(p.placement for p in found), ()), state.release(victims), gang)
+    return sorted(v.pod.name for v in victims)
+
+
+def test_every_member_gets_room_and_only_the_pods_in_the_way_go() -> None:
+    c = Cluster([gpu_node("a", gpus=2), gpu_node("b", gpus=2), gpu_node("c", gpus=2)])
+    placed = [
+        running("low-a", 0, (0, 1), 0),
+        running("low-b", 1, (0, 1), 1),
+        running("vip", 2, (0, 1), 100),
+    ]
+    state = state_of(c, placed)
+    gang = members(2, gpus=2)
+    found = find_gang_preemption(gang, state, placed)
+    assert found is not None
+    assert check(state, found, gang) == ["low-a", "low-b"]
+
+
+def test_no_pod_is_evicted_for_part_of_a_gang() -> None:
+    c = Cluster([gpu_node("a", gpus=2), gpu_node("b", gpus=2), gpu_node("c", gpus=2)])
+    placed = [running("low-a", 0, (0, 1), 0), running("low-b", 1, (0, 1), 0), running("vip", 2, (0, 1), 100)]
+    state = state_of(c, placed)
+    # Three members of two GPUs: two could have room, the third never: no one is evicted.
+    assert find_gang_preemption(members(3, gpus=2), state, placed) is None
+    # Fewer members than the gang's minimum: the rest have not arrived.
+    assert find_gang_preemption(members(2, gpus=2)[:1], state, placed) is None
+    # A member that may not preempt holds the gang back.
+    polite = members(2, gpus=2)
+    polite[1] = replace(polite[1], preempts=False)
+    assert find_gang_preemption(polite, state, placed) is None
+
+
+def test_a_member_that_fits_as_things_are_evicts_no_one() -> None:
+    c = Cluster([gpu_node("a", gpus=2), gpu_node("b", gpus=2)])
+    placed = [running("low", 0, (0, 1), 0)]
+    state = state_of(c, placed)
+    gang = members(2, gpus=2)
+    found = find_gang_preemption(gang, state, placed)
+    assert found is not None
+    assert check(state, found, gang) == ["low"]
+    assert sorted(len(p.victims) for p in found) == [0, 1]
+    # The whole gang fits as things are: nothing to preempt.
+    assert find_gang_preemption(members(2, gpus=1), state, placed) is None
+
+
+def test_a_required_domain_is_freed_whole_where_the_victims_matter_least() -> None:
+    state, placed = two_racks((5, 5, 0, 1))
+    gang = members(2, gpus=2, topology_key="rack", topology="required")
+    found = find_gang_preemption(gang, state, placed)
+    assert found is not None
+    assert check(state, found, gang) == ["b-0", "b-1"]
+    # Members already run in rack a: the rest go there, whatever it costs.
+    held = regang(gang, domain="a")
+    found = find_gang_preemption(held, state, placed)
+    assert found is not None
+    assert check(state, found, held) == ["a-0", "a-1"]
+    # One rack cannot hold three such members: none is evicted anywhere.
+    assert find_gang_preemption(members(3, gpus=2, topology_key="rack", topology="required"), state, placed) is None
+
+
+def test_a_preferred_domain_gives_way_to_less_harm_across_domains() -> None:
+    state, placed = two_racks((0, 5, 0, 5))
+    gang = members(2, gpus=2, topology_key="rack", topology="preferred")
+    found = find_gang_preemption(gang, state, placed)
+    assert found is not None
+    assert check(state, found, gang) == ["a-0", "b-0"]  # no priority-5 pod goes
+    # At equal harm, one domain: not the first two nodes in order, which are in two.
+    c = Cluster([racked("n0", "a"), racked("n1", "b"), racked("n2", "a"), racked("n3", "b")])
+    placed = [running(f"low-{i}", i, (0, 1), 0) for i in range(4)]
+    state = state_of(c, placed)
+    found = find_gang_preemption(gang, state, placed)
+    assert found is not None
+    assert check(state, found, gang) == ["low-0", "low-2"]
+
+
+@st.composite
+def racks(draw: st.DrawFn) -> tuple[ClusterState, list[Assignment], list[Pod]]:
+    """Small crowded clusters in two racks, pods of priority 0-3, and a gang of 2-4 of 0-4."""
+    nodes = [
+        replace(gpu_node(f"n{i}", gpus=draw(st.integers(1, 4)), cpu=4000), labels={"rack": "ab"[i % 2]})
+        for i in range(draw(st.integers(1, 6)))
+    ]
+    placed: list[Assignment] = []
+    for n, node in enumerate(nodes):
+        for g in range(node.gpu_count):
+            if draw(st.booleans()):
+                milli = draw(st.sampled_from([1000, 500]))
+                p = replace(pod(f"r{n}-{g}", cpu=500, gpus=1, milli=milli), priority=draw(st.integers(0, 3)))
+                placed.append(Assignment(p, n, (g,)))
+    topology = draw(st.sampled_from(["", "required", "preferred"]))
+    size = draw(st.integers(2, 4))
+    gang = members(size, gpus=draw(st.integers(1, 2)), priority=draw(st.integers(0, 4)))
+    if topology:
+        gang = regang(gang, topology_key="rack", topology=topology)
+    return Cluster(nodes).empty_state().apply(placed), placed, gang
+
+
+@settings(max_examples=300, deadline=None)
+@given(racks())
+def test_a_gang_preemption_frees_room_for_all_members_together_or_evicts_no_one(
+    case: tuple[ClusterState, list[Assignment], list[Pod]],
+) -> None:
+    state, placed, gang = case
+    found = find_gang_preemption(gang, state, placed)
+    if found is None:
+        return
+    assert any(p.victims for p in found)
+    check(state, found, gang)
+
+
+def test_with_every_lower_pod_gone_a_gang_that_fits_always_finds_room() -> None:
+    # The search is greedy member by member, but on empty-able nodes of one shape it cannot miss.
+    c = Cluster([gpu_node(f"n{i}", gpus=2) for i in range(4)])
+    placed = [running(f"low-{i}-{g}", i, (g,), i % 2) for i in range(4) for g in range(2)]
+    state = state_of(c, placed)
+    for size in (1, 2, 3, 4):
+        gang = members(size, gpus=2)
+        found = find_gang_preemption(gang, state, placed)
+        assert found is not None, size
+        victims = check(state, found, gang)
+        assert len(victims) == 2 * size
+        # Pods of priority 0 go before those of priority 1.
+        assert sum(int(v.split("-")[1]) % 2 for v in victims) == max(0, size - 2) * 2
+
+
+def test_gangs_and_pods_preempt_in_priority_order_never_sharing_a_victim() -> None:
+    c = Cluster([gpu_node(f"n{i}", gpus=2) for i in range(3)])
+    placed = [running(f"low-{i}", i, (0, 1), i) for i in range(3)]
+    for first, second in ((20, 10), (10, 20)):
+        state = state_of(c, placed)
+        before = state.gpu_free.copy()
+        gang = members(2, gpus=2, priority=first)
+        single = replace(pod("solo", gpus=2), priority=second)
+        found = plan_preemptions([single], state, placed, gangs=[gang])
+        assert (state.gpu_free == before).all()  # the caller's state is left as it was
+        assert sorted(p.pod.name for p in found) == ["m0", "m1", "solo"]
+        victims = [v for p in found for v in p.victims]
+        assert sorted(v.pod.name for v in victims) == ["low-0", "low-1", "low-2"]
+        validate_plan(Plan(tuple(p.placement for p in found), ()), state.release(victims), [*gang, single])
+        # The one that matters more frees the least important pods.
+        ahead = {p.pod.name: p for p in found}["solo" if second > first else "m0"]
+        assert ahead.victims[0].pod.name in {"low-0", "low-1"}
+    # A gang that cannot have room whole evicts no one, and leaves the rest to the pods after it.
+    state = state_of(c, placed)
+    found = plan_preemptions([replace(pod("solo", gpus=2), priority=5)], state, placed, gangs=[members(4, gpus=2)])
+    assert [(p.pod.name, [v.pod.name for v in p.victims]) for p in found] == [("solo", ["low-0"])]
+
+
+def test_the_search_stops_once_its_domains_hold_enough_candidate_nodes() -> None:
+    # Rack a has a free GPU, so it is tried first; rack b's victims matter less.
+    state, placed = two_racks((5, 5, 0, 0), a0_gpus=3)
+    gang = members(2, gpus=2, topology_key="rack", topology="required")
+    found = find_gang_preemption(gang, state, placed)
+    assert found is not None
+    assert check(state, found, gang) == ["b-0", "b-1"]
+    # With a budget of two candidate nodes, rack a alone is enough.
+    found = find_gang_preemption(gang, state, placed, min_candidates=2)
+    assert found is not None
+    assert check(state, found, gang) == ["a-0", "a-1"]
