@@ -60,7 +60,7 @@ from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.params import SolverParams
 from gpusched.solver.policy import Policy, place_quick
-from gpusched.solver.preempt import Budget, Preemption, plan_preemptions
+from gpusched.solver.preempt import Budget, Preemption, gang_budgets, plan_preemptions
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
 from gpusched.state.cache import Cache, Snapshot, same_offer
@@ -925,7 +925,7 @@ class Scheduler:
         snap = self.cache.snapshot(free=[p.key for p, _ in pods] + [k for g in gangs for k in g])
         running = self.cache.preemptible()  # as counted in ``snap``: taken together
         try:
-            budgets = list(self.budgets.values())
+            budgets = [*self.budgets.values(), *gang_budgets(running)]  # running gangs keep their minimum
             found = await asyncio.to_thread(
                 plan_preemptions,
                 [p for p, _ in pods],

@@ -358,3 +358,18 @@ async def test_a_gang_left_short_of_members_gives_up_the_room_its_members_hold()
     assert api.nominated["default/m1"] is None
     assert api.failed("default/m1")[-1].startswith("gang default/g: 1 of at least 2 members are pending")
     assert len(api.evicted) == 2
+
+
+async def test_a_running_gang_is_not_left_short_when_other_pods_can_make_room() -> None:
+    api = _Api()
+    s = one_node_scheduler(api, gpus=2)
+    _NodeHandler(s).apply("ADDED", kit.node("n1", 2, "A100"))
+    for name in ("w0", "w1"):  # a running job of two, the least important pods there are
+        s._bound.apply("ADDED", member_pod(name, gang="job", node="n0"))
+    for name in ("o0", "o1"):
+        s._bound.apply("ADDED", _pod(name, 1, node="n1"))
+    urgent = _pod("urgent", 50)
+    urgent["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    s._pending.apply("ADDED", urgent)
+    assert await _cycle(s) == ["default/urgent"]
+    assert sorted(api.evicted) == [("default/o0", "default/urgent", "n1"), ("default/o1", "default/urgent", "n1")]

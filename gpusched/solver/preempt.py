@@ -8,7 +8,8 @@ As kube-scheduler's DefaultPreemption chooses them, on the books as they are aft
    by one, those a PodDisruptionBudget protects first, each group highest priority first,
    keeping each one the pod still fits beside (kube-scheduler's "reprieve"). What is left are
    the node's victims.  A victim is protected when evicting it (with those before it on the
-   node) would take a budget it matches below zero (``status.disruptionsAllowed``).
+   node) would take a budget it matches below zero (``status.disruptionsAllowed``).  A running
+   gang is such a budget too (``gang_budgets``), allowing the members beyond its minimum.
 3. Of the nodes where the pod fits so, the one with the fewest protected victims, then the one
    whose most important victim has the lowest priority, then the lowest sum of victim
    priorities each raised by 2^31 (so that fewer victims come first), then the first in the
@@ -47,6 +48,7 @@ __all__ = [
     "Preemption",
     "find_gang_preemption",
     "find_preemption",
+    "gang_budgets",
     "plan_preemptions",
 ]
 
@@ -59,7 +61,7 @@ _FIT = BestFitPolicy()  # where a gang member goes that fits without evicting an
 
 @dataclass(frozen=True)
 class Budget:
-    """A PodDisruptionBudget as preemption reads it."""
+    """A PodDisruptionBudget as preemption reads it, or a running gang's (``gang_budgets``)."""
 
     namespace: str
     selector: tuple[Requirement, ...]
@@ -68,9 +70,13 @@ class Budget:
     """``status.disruptionsAllowed``: how many of its pods may go now."""
     disrupted: frozenset[str] = frozenset()
     """``status.disruptedPods``: pods whose eviction it has counted already."""
+    gang: str = ""
+    """A running gang's budget: it covers that gang's members (and ``selector`` is unused)."""
 
     def covers(self, pod: Pod) -> bool:
         """Whether evicting ``pod`` spends this budget."""
+        if self.gang:
+            return pod.gang is not None and pod.gang.name == self.gang
         return (
             bool(self.selector)
             and pod.namespace == self.namespace
@@ -104,6 +110,23 @@ _SHIFT = 2**31
 victims first: fewer victims of higher priority beat more of lower priority."""
 
 
+def gang_budgets(running: Sequence[Assignment]) -> list[Budget]:
+    """A budget per running gang (members bound and not being deleted, at least its minimum)
+    that lets preemption evict the members beyond its minimum: below it, the rest of a
+    distributed job is of no use.  As with a PodDisruptionBudget, a way to make room that
+    leaves a gang short is taken only when every way does.  A gang short already has none."""
+    members: dict[str, list[Pod]] = defaultdict(list)
+    for a in running:
+        if a.pod.gang is not None and not a.pod.terminating:
+            members[a.pod.gang.name].append(a.pod)
+    out = []
+    for name, pods in sorted(members.items()):
+        minimum = max(p.gang.min_members for p in pods if p.gang is not None)
+        if len(pods) >= minimum:
+            out.append(Budget(pods[0].namespace, (), len(pods) - minimum, gang=name))
+    return out
+
+
 def _rank(victims: Sequence[Assignment], violations: int, node: int) -> tuple[int, int, int, int, int]:
     prio = [v.pod.priority for v in victims]
     return (violations, max(prio), sum(p + _SHIFT for p in prio), len(prio), node)
@@ -116,7 +139,7 @@ def _protected(lower: Sequence[Assignment], budgets: Sequence[Budget], spent: Se
     left = [b.allowed - s for b, s in zip(budgets, spent, strict=True)]
     out = set()
     for i, a in enumerate(lower):
-        if not a.pod.labels:
+        if not a.pod.labels and a.pod.gang is None:  # no budget covers it
             continue
         for j, b in enumerate(budgets):
             if b.covers(a.pod):
@@ -206,7 +229,7 @@ def _spend(
 ) -> list[Assignment]:
     """Count ``pre``'s victims against the budgets (``spent``, in place); ``left`` without them."""
     for j, b in enumerate(budgets):
-        spent[j] += sum(1 for v in pre.victims if v.pod.labels and b.covers(v.pod))
+        spent[j] += sum(1 for v in pre.victims if b.covers(v.pod))
     gone = {id(v) for v in pre.victims}
     return [a for a in left if id(a) not in gone]
 

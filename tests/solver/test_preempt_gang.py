@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 from gpusched.model import Assignment, Cluster, ClusterState, Node, Plan, Pod
 from gpusched.model.pod import Gang
-from gpusched.solver.preempt import Preemption, find_gang_preemption, plan_preemptions
+from gpusched.solver.preempt import Preemption, find_gang_preemption, find_preemption, gang_budgets, plan_preemptions
 from gpusched.solver.validate import validate_plan
 from tests.factories import gpu_node, pod
-from tests.solver.test_preempt import running, state_of
+from tests.solver.test_preempt import running, state_of, urgent
 
 
 def members(n: int, gpus: int = 1, priority: int = 10, **gang: object) -> list[Pod]:
@@ -204,3 +204,35 @@ def test_the_search_stops_once_its_domains_hold_enough_candidate_nodes() -> None
     found = find_gang_preemption(gang, state, placed, min_candidates=2)
     assert found is not None
     assert check(state, found, gang) == ["a-0", "a-1"]
+
+
+def test_a_running_gang_is_left_its_minimum_as_a_disruption_budget_would_leave_it() -> None:
+    c = Cluster([gpu_node("a", gpus=2), gpu_node("b", gpus=2)])
+    job = Gang("ns/job", min_members=2)
+    workers = [running(f"w{g}", 0, (g,), 0, gang=job) for g in range(2)]
+    others = [running(f"o{g}", 1, (g,), 1) for g in range(2)]
+    placed = workers + others
+    state = state_of(c, placed)
+    budgets = gang_budgets(placed)
+    assert [(b.gang, b.allowed) for b in budgets] == [("ns/job", 0)]
+    # Evicting a worker would leave the job short: pods of higher priority go instead.
+    found = find_preemption(urgent(gpus=2), state, placed, budgets=budgets)
+    assert found is not None
+    assert (found.node, found.violations) == (1, 0)
+    found = find_preemption(urgent(gpus=1), state, placed, budgets=budgets)
+    assert found is not None
+    assert [v.pod.name for v in found.victims] == ["o1"]
+    # A worker beyond the minimum may go; and when every way breaks the job, one is taken.
+    spare = [replace(w, pod=replace(w.pod, gang=replace(job, min_members=1))) for w in workers]
+    budgets = gang_budgets(spare + others)
+    assert [(b.gang, b.allowed) for b in budgets] == [("ns/job", 1)]
+    found = find_preemption(urgent(gpus=1), state, spare + others, budgets=budgets)
+    assert found is not None
+    assert ([v.pod.name for v in found.victims], found.violations) == (["w0"], 0)
+    only = find_preemption(urgent(gpus=2), state_of(c, workers), workers, budgets=gang_budgets(workers))
+    assert only is not None
+    assert (sorted(v.pod.name for v in only.victims), only.violations) == (["w0", "w1"], 2)
+    # A gang short of its minimum already, or being deleted, is kept by nothing.
+    assert gang_budgets(workers[:1]) == []
+    leaving = [replace(w, pod=replace(w.pod, terminating=True)) for w in workers]
+    assert gang_budgets(leaving) == []
