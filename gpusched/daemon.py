@@ -29,7 +29,7 @@ import socket
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Collection, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -633,7 +633,8 @@ class Scheduler:
                 total_ms=round((time.perf_counter() - start) * 1000, 1),
             )
             return
-        snap = self.cache.snapshot(free=self._room_ready(r.pod for r in todo))
+        freed = set(self._room_ready(r.pod for r in todo))
+        snap = self.cache.snapshot(free=freed)
         policy = self._policy_for(snap.cluster)
         pods = self._count_running_members([r.pod for r in todo])
         for p in pods:
@@ -702,7 +703,7 @@ class Scheduler:
             e = explain(p, after)
             if e.fits or not p.preempts:
                 self._unschedulable(p, e.message, e.reason)
-            elif not self._waits_for_victims(p, e, after):
+            elif not self._waits_for_victims(p, e, after, freed):
                 preempting.append((p, e))
         gangs: list[dict[str, tuple[Pod, str]]] = []  # gangs that may preempt: key -> member, why it waits
         for name, group in rejected.items():
@@ -723,7 +724,7 @@ class Scheduler:
             if members[name] < gang.min_members or not all(p.preempts for p in group):
                 for p, message in told.values():  # preempting would not help: room held is given up
                     self._unschedulable(p, message, "Gang")
-            elif not self._gang_waits_for_victims(told, after):
+            elif not self._gang_waits_for_victims(told, after, freed):
                 gangs.append(told)
         if preempting or gangs:
             await self._preempt(preempting, gangs, batch_id)
@@ -855,34 +856,50 @@ class Scheduler:
             self._start_bind(p, node, gpus)
         return True
 
-    def _waits_for_victims(self, pod: Pod, e: Explanation, after: ClusterState) -> bool:
+    def _waits_for_victims(self, pod: Pod, e: Explanation, after: ClusterState, freed: Collection[str]) -> bool:
         """Whether ``pod`` preempted pods that are still leaving: it is told so and waits for
-        them, and preempts no more.  Once they are gone and it still does not fit, or once its
-        node could not take it anyway (gone, tainted, no longer selected), the room held for it
-        is given up, and it may preempt again.  Room is held likewise for a pod that preempted
-        under another leader (``status.nominatedNodeName``), as kube-scheduler's nominator does."""
+        them, and preempts no more.  Once they are gone and it still does not fit in the room
+        they left (``freed``: the pods whose room the solve left free), or once its node could
+        not take it anyway (gone, tainted, no longer selected), the room held for it is given
+        up, and it may preempt again.  Should they go during the solve, it is drawn again at
+        once, to its room.  Room is held likewise for a pod that preempted under another leader
+        (``status.nominatedNodeName``), as kube-scheduler's nominator does."""
         held = self._held_room(pod)
         if held is None:
             return False
         node, _, left = held
-        if not left or not _could_take(after.cluster, pod, node):
+        if not _could_take(after.cluster, pod, node) or (not left and pod.key in freed):
             self.give_up_room(pod.key)
             return False
+        if not left:  # its victims left during the solve, which counted them: its room was never tried
+            self.queue.requeue(pod.key)
+            return True
         message = f"{e.message} Waiting for {left} preempted pod(s) to leave node {node}."
         self._unschedulable(pod, message, e.reason, nominated=node)
         return True
 
-    def _gang_waits_for_victims(self, told: dict[str, tuple[Pod, str]], after: ClusterState) -> bool:
+    def _gang_waits_for_victims(
+        self, told: dict[str, tuple[Pod, str]], after: ClusterState, freed: Collection[str]
+    ) -> bool:
         """``_waits_for_victims`` for the members of one gang left out (``told``: key -> member,
         why it is left out): while any member's victims are leaving, every member waits and the
-        gang preempts no more.  Once they are all gone and the gang still does not fit, or once
-        a member's node could not take it anyway, every member's room is given up."""
+        gang preempts no more.  Once they are all gone and the gang still does not fit in its
+        room, or once a member's node could not take it anyway, every member's room is given up."""
         rooms = {k: held for k, (p, _) in told.items() if (held := self._held_room(p)) is not None}
         left = sum(held[2] for held in rooms.values())
-        if not left or any(not _could_take(after.cluster, told[k][0], held[0]) for k, held in rooms.items()):
+        tried = all(k in freed for k in rooms)  # the solve left all its room free
+        if (
+            not rooms
+            or (not left and tried)
+            or any(not _could_take(after.cluster, told[k][0], held[0]) for k, held in rooms.items())
+        ):
             for k in rooms:
                 self.give_up_room(k)
             return False
+        if not left:  # the last victims left during the solve: drawn again at once, to its room
+            for k in told:
+                self.queue.requeue(k)
+            return True
         nodes = ", ".join(sorted({held[0] for held in rooms.values()}))
         for k, (p, message) in told.items():
             node = rooms[k][0] if k in rooms else None

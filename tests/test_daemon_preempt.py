@@ -7,10 +7,13 @@ deletions are answered as scripted (tests/e2e covers them on a real API server).
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from gpusched import daemon
 from gpusched.daemon import Scheduler, _NodeHandler
 from gpusched.model import Pod
 from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle
@@ -373,3 +376,72 @@ async def test_a_running_gang_is_not_left_short_when_other_pods_can_make_room() 
     s._pending.apply("ADDED", urgent)
     assert await _cycle(s) == ["default/urgent"]
     assert sorted(api.evicted) == [("default/o0", "default/urgent", "n1"), ("default/o1", "default/urgent", "n1")]
+
+
+class _VictimLeavesDuringTheSolve:
+    """The batch's solve waits in its worker thread until ``leave`` has run on the loop."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, leave: Callable[[], None]) -> None:
+        loop = asyncio.get_running_loop()
+        real: Callable[..., Any] = daemon._solve
+        done = threading.Event()
+
+        def run() -> None:
+            leave()
+            done.set()
+
+        def solve(*args: Any) -> Any:
+            loop.call_soon_threadsafe(run)
+            done.wait(DRAWN_WITHIN_S)
+            return real(*args)
+
+        monkeypatch.setattr(daemon, "_solve", solve)
+
+
+async def test_victims_gone_during_the_solve_leave_the_room_held_and_the_pod_is_bound_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The preemptor is drawn while its victim is still leaving, so the solve counts the victim
+    # and finds no room; the victim goes during the solve.  The room was never offered to the
+    # pod: it is kept, no one else is evicted, and the pod is bound to it next.
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", _pod("low", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("urgent", 50))
+    assert await _cycle(s) == ["default/urgent"]
+    victim = _leaving("low", 0, "n0")
+    s._bound.apply("MODIFIED", victim)
+    s._bound.apply("ADDED", _pod("other", 10, node="cpu-0"))  # something else to evict, elsewhere
+    _VictimLeavesDuringTheSolve(monkeypatch, lambda: s._bound.apply("DELETED", victim))
+    s._pending.apply("ADDED", _pod("poke", 0, never=True))  # a batch is drawn with urgent in it
+    drawn = await _cycle(s)
+    assert "default/urgent" in drawn
+    assert api.evicted == [("default/low", "default/urgent", "n0")]
+    assert s.cache.nomination("default/urgent") == ("n0", (0,), 0)
+    monkeypatch.undo()
+    assert "default/urgent" in await _cycle(s)
+    assert api.bound == ["default/urgent"]
+
+
+async def test_a_gang_whose_victims_leave_during_the_solve_keeps_its_room(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = _Api()
+    s = _two_nodes(api)
+    for name in ("m1", "m2"):
+        s._pending.apply("ADDED", _member(name, 50))
+    await _cycle(s)
+    assert len(api.evicted) == 2
+    leaving = [_leaving(f"low-{i}", 0, f"n{i}") for i in range(2)]
+    for obj in leaving:
+        s._bound.apply("MODIFIED", obj)
+
+    def leave() -> None:
+        for obj in leaving:
+            s._bound.apply("DELETED", obj)
+
+    _VictimLeavesDuringTheSolve(monkeypatch, leave)
+    assert sorted(await _cycle(s)) == ["default/m1", "default/m2"]
+    assert len(api.evicted) == 2
+    monkeypatch.undo()
+    s._pending.apply("ADDED", _pod("rival", 50, never=True))  # drawn with the gang: it waits
+    assert sorted(await _cycle(s)) == ["default/m1", "default/m2", "default/rival"]
+    assert sorted(api.bound) == ["default/m1", "default/m2"]

@@ -747,6 +747,92 @@ async def test_a_gang_of_higher_priority_preempts_for_all_its_members_in_one_rac
         await _drop_priority_classes(kube, low, mid, high)
 
 
+async def _kubelet(kube: Kube, pods: str, rng: random.Random, gone: list[str]) -> None:
+    """A kubelet's part for every node: a pod being deleted stops after 0.2-1.5 s and leaves
+    (its name is added to ``gone``)."""
+    seen: set[str] = set()
+
+    async def stop(name: str) -> None:
+        await asyncio.sleep(rng.uniform(0.2, 1.5))
+        r = await kube.request("DELETE", f"{pods}/{name}", query={"gracePeriodSeconds": "0"})
+        assert r.ok or r.status == 404, r.body
+        gone.append(name)
+
+    stopping = []
+    try:
+        while True:
+            for p in await kit.list_all(kube, pods):
+                name = p["metadata"]["name"]
+                if p["metadata"].get("deletionTimestamp") and name not in seen:
+                    seen.add(name)
+                    stopping.append(asyncio.ensure_future(stop(name)))
+            await asyncio.sleep(0.2)
+    finally:
+        for t in stopping:
+            t.cancel()
+        await asyncio.gather(*stopping, return_exceptions=True)
+
+
+async def test_waves_of_preemption_evict_exactly_what_the_pods_of_higher_priority_need(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    # 24 GPUs full of pods of low priority.  Then, at once, 8 pods of mid priority, 4 of high
+    # priority and a high gang of two 4-GPU members that must share a rack; while their victims
+    # leave (each after its own short delay), 2 more high pods.  Everything of mid and high
+    # priority fits (22 GPUs): it must all be bound, by evicting exactly 22 low pods, never a
+    # pod of mid or high priority, never twice, and never over-committing a GPU.
+    name = sched_name()
+    low, mid, high = await _priority_classes(kube, name, low=(10, ""), mid=(100, ""), high=(1000, ""))
+    nodes = [kit.node(f"wave-{i}", 4, "T4", rack=f"r{i // 2}") for i in range(6)]
+    await kit.create_all(kube, "/api/v1/nodes", nodes)
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    gone: list[str] = []
+    kubelet = asyncio.ensure_future(_kubelet(kube, pods, random.Random(11), gone))
+    rack = {"gpusched.io/gang-topology-key": "rack", "gpusched.io/gang-topology": "required"}
+    try:
+        lows = [_of_class(kit.pod(f"low-{i}", name, gpus=1), low) for i in range(24)]
+        for p in lows:
+            p["spec"]["terminationGracePeriodSeconds"] = 30
+        await kit.create_all(kube, pods, lows)
+        await kit.wait_settled(kube, namespace, 24, timeout=60)
+        wave = [_of_class(kit.pod(f"mid-{i}", name, gpus=1), mid) for i in range(8)]
+        wave += [_of_class(kit.pod(f"high-{i}", name, gpus=1), high) for i in range(4)]
+        wave += [_of_class(_member(f"gang-{i}", name, "train", 2, gpus=4, **rack), high) for i in range(2)]
+        await kit.create_all(kube, pods, wave)
+        await asyncio.sleep(0.5)
+        late = [_of_class(kit.pod(f"high-{i}", name, gpus=1), high) for i in range(4, 6)]
+        await kit.create_all(kube, pods, late)
+        wanted = {p["metadata"]["name"] for p in wave + late}
+        deadline = time.monotonic() + 90
+        while True:
+            everything = await kit.list_all(kube, pods)
+            bound = {p["metadata"]["name"] for p in everything if p["spec"].get("nodeName")}
+            if wanted <= bound or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.3)
+        assert wanted <= bound, sorted(wanted - bound)
+        await asyncio.sleep(2.0)  # any further eviction would show now
+        everything = await kit.list_all(kube, pods)
+        kit.check_placements(nodes, everything)
+        by_name = {p["metadata"]["name"]: p for p in everything}
+        assert not [n for n in by_name if n in wanted and by_name[n]["metadata"].get("deletionTimestamp")]
+        assert sorted(n for n in gone if not n.startswith("low-")) == []
+        assert len(set(gone)) == len(gone)
+        assert len(gone) == 22, sorted(gone)
+        assert len([n for n in by_name if n.startswith("low-")]) == 2
+        racks = {by_name[f"gang-{i}"]["spec"]["nodeName"] for i in range(2)}
+        assert len({int(n.split("-")[1]) // 2 for n in racks}) == 1, racks
+        victims = [v for line in daemon.events("preempt") for v in line["victims"]]
+        assert len(victims) == len(set(victims)) == 22, victims
+        assert all(v.endswith("@10") for v in victims), victims
+    finally:
+        kubelet.cancel()
+        await asyncio.gather(kubelet, return_exceptions=True)
+        assert daemon.stop() == 0, "".join(daemon.raw[-30:])
+        await _drop_priority_classes(kube, low, mid, high)
+
+
 async def test_gangs_mig_slices_and_gpu_islands(control_plane: ControlPlane, kube: Kube, namespace: str) -> None:
     name = sched_name()
     nodes = [kit.node(f"h-{i}", 8, "NVIDIA-H100-80GB-HBM3", rack=f"r{i // 2}") for i in range(4)]
