@@ -56,6 +56,7 @@ from gpusched.metrics.exporter import HealthServer, SchedulerMetrics
 from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod
 from gpusched.model.affinity import Requirement, label_selector_selects
 from gpusched.queue.batcher import SchedulingQueue
+from gpusched.solver.baselines.base import GreedyPolicy
 from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.params import SolverParams
@@ -106,6 +107,10 @@ class DaemonSettings:
     kube_burst: int = 100
     policy: str = "cpsat"
     seed: int = 0
+
+
+_GPUS = GreedyPolicy()
+"""Only its choice of GPUs on one node is used (stateless): for room held again after a failover."""
 
 
 def default_identity() -> str:
@@ -262,7 +267,7 @@ class _PendingHandler:
         else:
             self.s.queue.add(rec)
             if rec.nominated:  # preempted for under another leader: its room is held here too
-                self.s.cache.adopt_nomination(rec.pod, rec.nominated)
+                self.s.adopt_room(rec.pod, rec.nominated)
 
     def _drop(self, key: str) -> None:
         self.s.queue.delete(key)
@@ -913,14 +918,25 @@ class Scheduler:
         another leader (``status.nominatedNodeName``) and its victims are still leaving."""
         held = self.cache.nomination(pod.key)
         record = self.queue.record(pod.key)
-        if (
-            held is None
-            and record is not None
-            and record.nominated
-            and self.cache.adopt_nomination(pod, record.nominated)
-        ):
+        if held is None and record is not None and record.nominated and self.adopt_room(pod, record.nominated):
             held = self.cache.nomination(pod.key)
         return held
+
+    def adopt_room(self, pod: Pod, node: str) -> bool:
+        """Hold room for ``pod`` on ``node`` (its ``status.nominatedNodeName``) as the last leader
+        held it: while pods it preempted there are leaving (``Cache.adopt_nomination``); for a
+        gang member, which may have held room without victims, also where it fits as things are.
+        True when room is now held."""
+        if self.cache.adopt_nomination(pod, node):
+            return True
+        if pod.gang is None or self.cache.nomination(pod.key) is not None:
+            return False
+        snap = self.cache.snapshot()
+        i = snap.cluster.index.get(node)
+        if i is None or not snap.state.pod_mask(pod)[i]:
+            return False
+        self.cache.nominate(pod, node, _GPUS.gpus(pod, snap.state, i), ())
+        return True
 
     async def _preempt(
         self, pods: list[tuple[Pod, Explanation]], gangs: list[dict[str, tuple[Pod, str]]], batch_id: int
@@ -1029,9 +1045,18 @@ class Scheduler:
     async def _evict(self, victim: Pod, by: Pod, node: str) -> None:
         """Delete one victim of ``by``; should that fail, ``by`` waits for it no longer: the room
         held for it is given up, and it looks again when the cluster changes or its wait runs out
-        (not at once: a deletion refused, by RBAC or a webhook, is likely to be refused again)."""
-        if not await self.binder.preempt(victim, by, node) and self.cache.preempted_for(by.key, victim):
+        (not at once: a deletion refused, by RBAC or a webhook, is likely to be refused again).
+        For a gang member, the room of every member goes (a gang has room whole or not at all),
+        and the pods parked outside the gang may take what was held."""
+        if await self.binder.preempt(victim, by, node) or not self.cache.preempted_for(by.key, victim):
+            return
+        if by.gang is None:
             self.cache.unnominate(by.key)
+            return
+        gang = by.gang.name
+        for key in self.cache.gang_nominations(gang):
+            self.cache.unnominate(key)
+        self.queue.move_all(lambda r: r.pod.gang is None or r.pod.gang.name != gang)
 
     def give_up_room(self, key: str) -> None:
         """Give up the room held for ``key``, if any: what it held is free for the parked pods."""

@@ -29,11 +29,12 @@ class _Api(RecordingApi):
         super().__init__()
         self.evicted: list[tuple[str, str, str]] = []
         self.refuse = False
+        self.refused: set[str] = set()  # victims whose deletion is refused
         self.nominated: dict[str, str | None] = {}
 
     async def preempt(self, victim: Pod, by: Pod, node: str) -> bool:
         self.evicted.append((victim.key, by.key, node))
-        return not self.refuse
+        return not self.refuse and victim.key not in self.refused
 
     async def unschedulable(
         self, pod: Pod, message: str, current: str | None = None, nominated: str | None = None
@@ -340,8 +341,11 @@ async def test_a_gang_whose_eviction_is_refused_gives_all_its_room_up_and_looks_
         s._pending.apply("ADDED", _member(name, 50))
     await _cycle(s)
     assert len(api.evicted) == 2
-    # One member's room is given up by the refusal; the other's victim stays too: once the gang
-    # is looked at again, nobody waits for anything, so all its room goes and it preempts anew.
+    # A refusal gives up the room of the whole gang; it looks again (and preempts anew) when
+    # the cluster changes, not at once.
+    assert s.cache.gang_nominations("default/g") == []
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(s.queue.next_batch(), 0.5)
     _NodeHandler(s).apply("ADDED", kit.node("cpu-only", 0, ""))
     assert sorted(await _cycle(s)) == ["default/m1", "default/m2"]
     assert len(api.evicted) == 4
@@ -445,3 +449,44 @@ async def test_a_gang_whose_victims_leave_during_the_solve_keeps_its_room(monkey
     s._pending.apply("ADDED", _pod("rival", 50, never=True))  # drawn with the gang: it waits
     assert sorted(await _cycle(s)) == ["default/m1", "default/m2", "default/rival"]
     assert sorted(api.bound) == ["default/m1", "default/m2"]
+
+
+async def test_one_refused_eviction_gives_up_the_whole_gangs_room_for_other_pods() -> None:
+    # m1 fits on n1 as things are, m2 must evict low-0 on n0, whose deletion is refused: the
+    # gang waits for nothing now, and the GPU held for m1 goes to the next pod.
+    api = _Api()
+    api.refused = {"default/low-0"}
+    s = one_node_scheduler(api, gpus=1)
+    _NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    s._bound.apply("ADDED", _pod("low-0", 0, node="n0"))
+    for name in ("m1", "m2"):
+        s._pending.apply("ADDED", _member(name, 50))
+    await _cycle(s)
+    assert api.evicted == [("default/low-0", api.evicted[0][1], "n0")]
+    assert s.cache.gang_nominations("default/g") == []
+    s._pending.apply("ADDED", _pod("q", 0, never=True))
+    assert await _cycle(s) == ["default/q"]
+    assert api.bound == ["default/q"]
+
+
+async def test_after_a_failover_a_gang_member_keeps_room_it_held_without_victims() -> None:
+    # The last leader preempted for m1 on n0 (its victim still leaving) and held free n1 for m2.
+    # A pod of lower priority drawn with the gang does not take n1, and no one is evicted.
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    _NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    victim = _leaving("victim", 0, "n0")
+    s._bound.apply("ADDED", victim)
+    for name, node in (("m1", "n0"), ("m2", "n1")):
+        obj = _member(name, 50)
+        obj["status"] = {"phase": "Pending", "nominatedNodeName": node}
+        s._pending.apply("ADDED", obj)
+    assert s.cache.nomination("default/m2") == ("n1", (0,), 0)
+    s._pending.apply("ADDED", _pod("q", 0, never=True))
+    assert sorted(await _cycle(s)) == ["default/m1", "default/m2", "default/q"]
+    assert api.bound == []
+    assert api.failed("default/m2")[-1].endswith("Waiting for 1 preempted pod(s) to leave node(s) n0, n1.")
+    s._bound.apply("DELETED", victim)
+    await _cycle(s)
+    assert sorted(api.bound) == ["default/m1", "default/m2"]
+    assert api.evicted == []

@@ -209,5 +209,5 @@ def explain_gang(pod: Pod, members: int, state: ClusterState) -> str:
             )
         where = f" within {key} {gang.domain}, where its members run" if gang.domain else f" within one {key} domain"
     e = explain(pod, state)
-    detail = e.message if not e.fits else f"{e.fits}/{e.total} nodes could take this member alone"
+    detail = e.message if not e.fits else f"{e.fits}/{e.total} nodes could take this member alone."
     return f"gang {gang.name}: its {members} members do not all fit at once{where}; {detail}"

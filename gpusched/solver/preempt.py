@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -39,7 +39,7 @@ from gpusched.model import Assignment, ClusterState, Pod
 from gpusched.model.affinity import Requirement, label_selector_selects
 from gpusched.model.cluster import BoolArray
 from gpusched.model.pod import Gang
-from gpusched.solver.baselines.base import GreedyPolicy, domains_of
+from gpusched.solver.baselines.base import GreedyPolicy, domains_of, lowest_idle_gpus, mig_layout_for
 from gpusched.solver.baselines.best_fit import BestFitPolicy
 
 __all__ = [
@@ -56,7 +56,6 @@ MIN_CANDIDATES = 100
 """Candidate nodes to find before choosing among them (kube-scheduler's default), at least."""
 
 _GPUS = GreedyPolicy()  # only its GPU choice on one node is used: stateless
-_FIT = BestFitPolicy()  # where a gang member goes that fits without evicting anyone
 
 
 @dataclass(frozen=True)
@@ -224,6 +223,19 @@ def find_preemption(
     return None if best is None else best[1]
 
 
+def _take_room(state: ClusterState, pre: Preemption, *, consume: bool = False) -> ClusterState:
+    """``state`` with ``pre``'s victims gone and its pod placed; a MIG pod that finds no free
+    instance of its profile there takes an idle GPU partitioned for it, as the greedy policies
+    partition one, so that the next pod cannot count that GPU as idle too."""
+    state = state.release(pre.victims, consume=consume)
+    a = pre.placement
+    profile = a.pod.mig_profile
+    if profile and state.mig_free[a.node, state.cluster.mig_index[profile]] <= 0:
+        gpu = lowest_idle_gpus(state, a.node, 1)[0]
+        state = state.partition(((a.node, gpu, mig_layout_for(state, a.node, profile)),))
+    return state.apply([a], consume=True)
+
+
 def _spend(
     pre: Preemption, budgets: Sequence[Budget], spent: list[int], left: Sequence[Assignment]
 ) -> list[Assignment]:
@@ -265,9 +277,9 @@ def plan_preemptions(
         for pre in found:
             out.append(pre)
             left = _spend(pre, budgets, spent, left)
-            state = state.release(pre.victims).apply([pre.placement])
+            state = _take_room(state, pre)
             if lowered is not None:  # its victims, of lower priority, are out of it already
-                lowered = lowered.apply([pre.placement], consume=True)
+                lowered = _take_room(lowered, replace(pre, victims=()), consume=True)
     return out
 
 
@@ -306,7 +318,9 @@ def find_gang_preemption(
     """Room for every member of one gang at once (all its pending ``members``), or None: a gang
     is placed whole or not at all, so no pod is evicted for a part of it.  Members are placed
     largest first, each where it fits as things are (best fit) or else as ``find_preemption``
-    chooses, against what the members before it took and evicted.  With a topology key each
+    chooses, against what the members before it took and evicted; every member evicts only
+    pods below the gang's least important member (a MIG member that partitions an idle GPU
+    takes it for the rest of the search).  With a topology key each
     domain is tried on its own (a preferred topology also anywhere), and the way with the least
     harm is chosen: fewest protected victims, then the lowest most important victim, then the
     lowest sum of victim priorities each raised by 2^31, then a domain before anywhere, then the
@@ -321,10 +335,9 @@ def find_gang_preemption(
         return None
     order = sorted(members, key=lambda p: (-p.num_gpu, -p.gpu_milli, -p.cpu_milli, -p.memory_mib, p.key))
     spent = [0] * len(budgets) if spent is None else spent
-    levels = {m.priority for m in members}
-    lowest = min(levels)
-    # Without every pod the least important member may evict: where no member could ever go.
-    base = state.release(_lower(order[0], running)) if len(levels) == 1 else None
+    lowest = min(m.priority for m in members)  # the gang preempts at its least important member's
+    # Without every pod the gang may evict: where no member could ever go.
+    base = state.release(_lower(replace(order[0], priority=lowest), running))
     tries = _gang_tries(gang, state)
     where = np.full(len(state.cluster), -1, dtype=np.int64)  # node -> its domain's try
     for t, allowed in enumerate(tries):
@@ -335,13 +348,14 @@ def find_gang_preemption(
         by_try[int(where[a.node])].append(a)
     want = max(min_candidates, len(state.cluster) // 10)
     covered = 0
+    fit = BestFitPolicy()  # where a member goes that fits as things are; its own: ties break alike every time
     best: tuple[tuple[int, int, int, int], list[Preemption]] | None = None
     for rank, allowed in enumerate(tries):
         inside = list(running) if allowed is None else by_try[rank]
         if not any(a.pod.priority < lowest for a in inside):
             continue
         bound = None if best is None else best[0][:3]
-        found = _gang_try(order, state, inside, min_candidates, base, budgets, list(spent), allowed, bound)
+        found = _gang_try(order, state, inside, min_candidates, base, budgets, list(spent), allowed, bound, lowest, fit)
         if found is None:
             continue
         if found:  # else it was left for harming more than the best: a candidate all the same
@@ -361,16 +375,18 @@ def _gang_try(
     state: ClusterState,
     running: Sequence[Assignment],
     min_candidates: int,
-    base: ClusterState | None,
+    base: ClusterState,
     budgets: Sequence[Budget],
     spent: list[int],
     allowed: BoolArray | None,
     bound: _Harm | None,
+    floor: int,
+    fit: GreedyPolicy,
 ) -> list[Preemption] | None:
     """``find_gang_preemption`` within ``allowed`` (None: no room there), or an empty list once
     the harm reaches ``bound`` (what each member adds only raises it)."""
     work = state
-    lowered = None if base is None else base.apply(())  # a private copy, updated member by member
+    lowered = base.apply(())  # a private copy, updated member by member
     left = list(running)
     out: list[Preemption] = []
     for pod in order:
@@ -379,20 +395,28 @@ def _gang_try(
             fits = fits & allowed
         nodes = np.flatnonzero(fits)
         if nodes.size:
-            node = _FIT.choose(pod, work, nodes)
+            node = fit.choose(pod, work, nodes)
             pre = Preemption(Assignment(pod, node, _GPUS.gpus(pod, work, node)), ())
         else:
+            # Every member evicts only what the gang's least important member may: the gang
+            # preempts at that priority, whatever order its members are searched in.
             found = find_preemption(
-                pod, work, left, min_candidates, lowered=lowered, budgets=budgets, spent=spent, allowed=allowed
+                replace(pod, priority=floor),
+                work,
+                left,
+                min_candidates,
+                lowered=lowered,
+                budgets=budgets,
+                spent=spent,
+                allowed=allowed,
             )
             if found is None:
                 return None
-            pre = found
+            pre = replace(found, placement=replace(found.placement, pod=pod))
         out.append(pre)
         if bound is not None and pre.victims and _harm(out) >= bound:
             return []
         left = _spend(pre, budgets, spent, left)
-        work = work.release(pre.victims).apply([pre.placement])
-        if lowered is not None:
-            lowered = lowered.apply([pre.placement], consume=True)
+        work = _take_room(work, pre)
+        lowered = _take_room(lowered, replace(pre, victims=()), consume=True)
     return out

@@ -380,6 +380,10 @@ class Cache:
             self._account(nomination.held, -1)
         return True
 
+    def gang_nominations(self, gang: str) -> list[str]:
+        """Keys of the members of ``gang`` (its name) that room is held for."""
+        return [k for k, n in self._nominated.items() if (g := n.held.pod.gang) is not None and g.name == gang]
+
     def nomination(self, key: str) -> tuple[str, tuple[int, ...], int] | None:
         """The node and GPUs room is held on for ``key``, and how many of the pods it preempted
         are still on the books (None: no room held)."""

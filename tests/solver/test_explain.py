@@ -7,8 +7,8 @@ from dataclasses import replace
 
 from gpusched.model import Assignment, Cluster
 from gpusched.model.node import Taint
-from gpusched.model.pod import Toleration
-from gpusched.solver.explain import explain
+from gpusched.model.pod import Gang, Toleration
+from gpusched.solver.explain import explain, explain_gang
 from tests.factories import gpu_node, pod
 
 
@@ -54,3 +54,12 @@ def test_a_pod_that_fits_is_reported_as_deferred() -> None:
     e = explain(pod("p", gpus=1), cluster.empty_state())
     assert e.fits == 1
     assert e.message.startswith("1/1 nodes could take the pod now")
+
+
+def test_a_gang_that_does_not_fit_whole_says_how_many_nodes_could_take_one_member() -> None:
+    state = Cluster([gpu_node("a", gpus=1)]).empty_state()
+    member = replace(pod("m1", gpus=1), gang=Gang("ns/g", min_members=2))
+    assert explain_gang(member, 2, state) == (
+        "gang ns/g: its 2 members do not all fit at once; 1/1 nodes could take this member alone."
+    )
+    assert explain_gang(member, 1, state).startswith("gang ns/g: 1 of at least 2 members are pending;")

@@ -44,7 +44,7 @@ def check(state: ClusterState, found: list[Preemption], gang: list[Pod]) -> list
     assert sorted(p.pod.name for p in found) == sorted(m.name for m in gang)
     victims = [v for p in found for v in p.victims]
     assert len({id(v) for v in victims}) == len(victims)
-    assert all(v.pod.priority < p.pod.priority for p in found for v in p.victims)
+    assert all(v.pod.priority < min(m.priority for m in gang) for v in victims)
     validate_plan(Plan(tuple(p.placement for p in found), ()), state.release(victims), gang)
     return sorted(v.pod.name for v in victims)
 
@@ -137,6 +137,7 @@ def racks(draw: st.DrawFn) -> tuple[ClusterState, list[Assignment], list[Pod]]:
     topology = draw(st.sampled_from(["", "required", "preferred"]))
     size = draw(st.integers(2, 4))
     gang = members(size, gpus=draw(st.integers(1, 2)), priority=draw(st.integers(0, 4)))
+    gang = [replace(m, priority=m.priority + draw(st.sampled_from([0, 0, 2]))) for m in gang]  # some mixed
     if topology:
         gang = regang(gang, topology_key="rack", topology=topology)
     return Cluster(nodes).empty_state().apply(placed), placed, gang
@@ -236,3 +237,50 @@ def test_a_running_gang_is_left_its_minimum_as_a_disruption_budget_would_leave_i
     assert gang_budgets(workers[:1]) == []
     leaving = [replace(w, pod=replace(w.pod, terminating=True)) for w in workers]
     assert gang_budgets(leaving) == []
+
+
+def _ranked(*named: tuple[str, int]) -> list[Pod]:
+    """One-GPU members of one gang, by (name, priority)."""
+    g = Gang("train", min_members=len(named))
+    return [replace(pod(n, gpus=1), priority=p, gang=g) for n, p in named]
+
+
+def test_a_gang_preempts_at_its_least_important_members_priority_whatever_the_names() -> None:
+    c = Cluster([gpu_node("n0", gpus=1), gpu_node("n1", gpus=1)])
+    placed = [running("low-0", 0, (0,), 0), running("low-1", 1, (0,), 30)]
+    state = state_of(c, placed)
+    # The member of 20 may not evict the pod of 30, and so neither may the member of 50.
+    assert find_gang_preemption(_ranked(("m1", 50), ("m2", 20)), state, placed) is None
+    assert find_gang_preemption(_ranked(("a2", 20), ("m1", 50)), state, placed) is None
+    found = find_gang_preemption(_ranked(("m1", 50), ("m2", 40)), state, placed)
+    assert found is not None
+    assert check(state, found, _ranked(("m1", 50), ("m2", 40))) == ["low-0", "low-1"]
+    # Placed at its own priority all the same.
+    assert sorted(p.pod.priority for p in found) == [40, 50]
+
+
+def test_mig_members_do_not_count_one_idle_gpu_twice() -> None:
+    a100 = "A100-SXM4-80GB"
+
+    def mig_node(name: str, cpu: int = 64000) -> Node:
+        return Node(name, cpu, 262144, gpu_count=1, gpu_model=a100, mig_repartition=True)
+
+    def workers(n: int) -> list[Pod]:
+        g = Gang("train", min_members=n)
+        return [replace(pod(f"w{i}"), mig_profile="7g.80gb", priority=10, gang=g) for i in range(n)]
+
+    # m's idle GPU holds one 7g.80gb instance: the second member needs b's GPU.
+    c = Cluster([mig_node("m"), mig_node("b")])
+    placed = [running("low", 1, (0,), 0)]
+    state = state_of(c, placed)
+    found = find_gang_preemption(workers(2), state, placed)
+    assert found is not None
+    assert sorted(v.pod.name for p in found for v in p.victims) == ["low"]
+    # Three members, three GPUs: both pods go, or none.
+    c = Cluster([mig_node("m", cpu=2000), mig_node("b"), mig_node("c")])
+    placed = [running("low-b", 1, (0,), 0), running("low-c", 2, (0,), 0)]
+    state = state_of(c, placed)
+    found = find_gang_preemption(workers(3), state, placed)
+    assert found is not None
+    assert sorted(v.pod.name for p in found for v in p.victims) == ["low-b", "low-c"]
+    assert sorted(c.nodes[p.node].name for p in found) == ["b", "c", "m"]
