@@ -490,3 +490,19 @@ async def test_after_a_failover_a_gang_member_keeps_room_it_held_without_victims
     await _cycle(s)
     assert sorted(api.bound) == ["default/m1", "default/m2"]
     assert api.evicted == []
+
+
+def test_two_members_held_again_on_one_node_after_a_failover_hold_different_gpus() -> None:
+    api = _Api()
+    s = one_node_scheduler(api, gpus=2)
+    for g in range(2):
+        victim = _leaving(f"victim-{g}", 0, "n0")
+        victim["metadata"]["annotations"]["gpusched.io/gpu-indices"] = str(g)
+        s._bound.apply("ADDED", victim)
+    s.cache.snapshot()  # the books as a running scheduler keeps them: GPUs picked
+    for name in ("m1", "m2"):
+        obj = _member(name, 50)
+        obj["status"] = {"phase": "Pending", "nominatedNodeName": "n0"}
+        s._pending.apply("ADDED", obj)
+    rooms = [s.cache.nomination(f"default/{m}") for m in ("m1", "m2")]
+    assert sorted(r[1] for r in rooms if r is not None) == [(0,), (1,)]

@@ -351,7 +351,9 @@ class Cache:
         ]
         if not leaving:
             return False
-        freed = tuple(sorted({g for h in leaving for g in h.gpus}))
+        self._ensure_cluster()  # the GPUs of the rooms held there are picked as they are counted
+        taken = {g for n in self._nominated.values() if n.held.node == node for g in n.held.gpus}
+        freed = tuple(sorted({g for h in leaving for g in h.gpus} - taken))  # not another room's
         self.nominate(pod, node, freed[: pod.num_gpu] if len(freed) >= pod.num_gpu else (), [h.pod for h in leaving])
         return True
 
