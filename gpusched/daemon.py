@@ -266,10 +266,10 @@ class _PendingHandler:
             self._drop(rec.key)
         else:
             self.s.queue.add(rec)
-            if rec.nominated:  # preempted for under another leader: its room is held here too
-                self.s.adopt_room(rec.pod, rec.nominated)
+            self.s.follow_nomination(rec.pod, rec.nominated)
 
     def _drop(self, key: str) -> None:
+        self.s.placed_here.discard(key)
         self.s.queue.delete(key)
         self.s.give_up_room(key)
 
@@ -353,6 +353,9 @@ class Scheduler:
         self._policy_cluster: Cluster | None = None
         self._policy_params: SolverParams | None = None
         self._shapes: Counter[TypicalShape] = Counter()
+        self.placed_here: set[str] = set()
+        """Pods this instance preempted for while leading: their ``nominatedNodeName`` is its own
+        word, never a reason to hold room again (``adopt_room``)."""
         self._leading = asyncio.Event()
         self._solver_loaded = False
         self._batches = 0
@@ -443,6 +446,7 @@ class Scheduler:
             self._leading.set()
         else:
             self._leading.clear()
+            self.placed_here.clear()
             if self.cache.clear_nominations():  # the next leader holds room for whom it preempts
                 self.queue.move_all()
 
@@ -922,11 +926,26 @@ class Scheduler:
             held = self.cache.nomination(pod.key)
         return held
 
+    def follow_nomination(self, pod: Pod, node: str) -> None:
+        """A pending pod's ``status.nominatedNodeName`` as the watch shows it: room held from
+        another leader's word follows it (given up when it moves or is cleared, held again where
+        it points); room this instance placed is its own business."""
+        if pod.key in self.placed_here:
+            return
+        held = self.cache.nomination(pod.key)
+        if held is not None and held[0] != node:
+            self.give_up_room(pod.key)
+        if node:
+            self.adopt_room(pod, node)
+
     def adopt_room(self, pod: Pod, node: str) -> bool:
         """Hold room for ``pod`` on ``node`` (its ``status.nominatedNodeName``) as the last leader
         held it: while pods it preempted there are leaving (``Cache.adopt_nomination``); for a
         gang member, which may have held room without victims, also where it fits as things are.
-        True when room is now held."""
+        True when room is now held.  Never for a pod this instance preempted for: the room it
+        gave up since is not held again from its own status write."""
+        if pod.key in self.placed_here:
+            return False
         if self.cache.adopt_nomination(pod, node):
             return True
         if pod.gang is None or self.cache.nomination(pod.key) is not None:
@@ -1037,6 +1056,7 @@ class Scheduler:
     def _carry_out(self, pre: Preemption, cluster: Cluster) -> str:
         """Hold the room ``pre`` makes for its pod and start evicting its victims; its node."""
         node = cluster.nodes[pre.node].name
+        self.placed_here.add(pre.pod.key)
         self.cache.nominate(pre.pod, node, pre.placement.gpus, [v.pod for v in pre.victims])
         for v in pre.victims:
             self.spawn(self._evict(v.pod, pre.pod, node), f"preempt:{v.pod.key}")

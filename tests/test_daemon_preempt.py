@@ -506,3 +506,93 @@ def test_two_members_held_again_on_one_node_after_a_failover_hold_different_gpus
         s._pending.apply("ADDED", obj)
     rooms = [s.cache.nomination(f"default/{m}") for m in ("m1", "m2")]
     assert sorted(r[1] for r in rooms if r is not None) == [(0,), (1,)]
+
+
+class _EchoApi(_Api):
+    """Status writes come back on the pending watch, as the API server sends them (nothing is
+    written for an unchanged message); ``refusal_first``: a refused deletion is answered before
+    the echo of the preemptor's status write arrives."""
+
+    def __init__(self, refusal_first: bool) -> None:
+        super().__init__()
+        self.refusal_first = refusal_first
+        self.scheduler: Scheduler | None = None
+        self.objects: dict[str, dict[str, Any]] = {}
+
+    async def preempt(self, victim: Pod, by: Pod, node: str) -> bool:
+        if not self.refusal_first:
+            await asyncio.sleep(0.05)
+        return await super().preempt(victim, by, node)
+
+    async def unschedulable(
+        self, pod: Pod, message: str, current: str | None = None, nominated: str | None = None
+    ) -> None:
+        await super().unschedulable(pod, message, current, nominated)
+        if current == message or pod.key not in self.objects or self.scheduler is None:
+            return
+        obj = dict(self.objects[pod.key])
+        told = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+        obj["status"] = {"phase": "Pending", "nominatedNodeName": nominated, "conditions": [told]}
+        if self.refusal_first:
+            await asyncio.sleep(0.05)
+        self.scheduler._pending.apply("MODIFIED", obj)
+
+
+def _gang_beside_a_pod_that_will_not_go(api: _EchoApi) -> Scheduler:
+    """n0 runs low-0, whose deletion is refused; n1 is free; gang g (m1, m2) of priority 50."""
+    api.refused = {"default/low-0"}
+    s = one_node_scheduler(api, gpus=1)
+    api.scheduler = s
+    _NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    s._bound.apply("ADDED", _pod("low-0", 0, node="n0"))
+    for name in ("m1", "m2"):
+        api.objects[f"default/{name}"] = _member(name, 50)
+        s._pending.apply("ADDED", api.objects[f"default/{name}"])
+    return s
+
+
+async def test_a_refused_gang_does_not_hold_its_room_again_from_its_own_status() -> None:
+    api = _EchoApi(refusal_first=True)
+    s = _gang_beside_a_pod_that_will_not_go(api)
+    await _cycle(s)
+    await asyncio.sleep(0.1)  # every echo delivered
+    assert s.cache.gang_nominations("default/g") == []
+    s._pending.apply("ADDED", _pod("q", 0, never=True))  # the GPU it held on n1 goes to the next pod
+    assert await _cycle(s) == ["default/q"]
+    assert api.bound == ["default/q"]
+
+
+async def test_a_refused_gang_looks_again_once_per_change_not_in_a_loop() -> None:
+    api = _EchoApi(refusal_first=False)
+    s = _gang_beside_a_pod_that_will_not_go(api)
+    s.queue.initial_backoff, s.queue.max_backoff = 0.1, 0.2
+    await _cycle(s)
+    await asyncio.sleep(0.1)
+    _NodeHandler(s).apply("ADDED", kit.node("cpu-only", 0, ""))  # one change: one more look
+    batches = 0
+    while batches < 10:
+        try:
+            batch = await asyncio.wait_for(s.queue.next_batch(), 1.0)
+        except TimeoutError:
+            break
+        await s.schedule_batch(batch)
+        await settle(s)
+        batches += 1
+    assert (batches, len(api.evicted)) == (1, 2)
+
+
+def test_a_follower_holds_room_where_the_leaders_word_now_points() -> None:
+    s = one_node_scheduler(_Api(), gpus=1)
+    s._leadership(False)
+    _NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    for name in ("m1", "m2"):
+        obj = _member(name, 50)
+        obj["status"] = {"phase": "Pending", "nominatedNodeName": "n0"}
+        s._pending.apply("ADDED", obj)
+    assert s.cache.nomination("default/m1") == ("n0", (0,), 0)
+    for name, node in (("m1", "n1"), ("m2", None)):  # the leader moved m1's room, gave m2's up
+        obj = _member(name, 50)
+        obj["status"] = {"phase": "Pending", "nominatedNodeName": node}
+        s._pending.apply("MODIFIED", obj)
+    assert s.cache.nomination("default/m1") == ("n1", (0,), 0)
+    assert s.cache.nomination("default/m2") is None

@@ -284,3 +284,45 @@ def test_mig_members_do_not_count_one_idle_gpu_twice() -> None:
     assert found is not None
     assert sorted(v.pod.name for p in found for v in p.victims) == ["low-b", "low-c"]
     assert sorted(c.nodes[p.node].name for p in found) == ["b", "c", "m"]
+
+
+def test_a_mig_pod_placed_by_one_preemption_is_not_counted_idle_by_the_next() -> None:
+    # b: GPU 0 runs a pod of priority 0, GPU 1 one of 5; c: one GPU running a pod of 7.  The
+    # first 7g.80gb pod takes b's GPU 0 (partitioned for it); the second must then evict the 5
+    # on b's GPU 1, which harms less than the 7 on c.
+    a100 = "A100-SXM4-80GB"
+    c = Cluster(
+        [
+            Node("b", 64000, 262144, gpu_count=2, gpu_model=a100, mig_repartition=True),
+            Node("c", 64000, 262144, gpu_count=1, gpu_model=a100, mig_repartition=True),
+        ]
+    )
+    placed = [running("b-0", 0, (0,), 0), running("b-1", 0, (1,), 5), running("c-0", 1, (0,), 7)]
+    state = state_of(c, placed)
+    pods = [replace(pod(f"p{i}"), mig_profile="7g.80gb", priority=10) for i in range(2)]
+    found = plan_preemptions(pods, state, placed)
+    assert [(p.pod.name, c.nodes[p.node].name, [v.pod.name for v in p.victims]) for p in found] == [
+        ("p0", "b", ["b-0"]),
+        ("p1", "b", ["b-1"]),
+    ]
+
+
+def test_ties_between_free_nodes_break_alike_in_every_search() -> None:
+    # m1 must evict; m2 fits on any of eight empty nodes, all alike: the same one every time,
+    # whatever was searched before.
+    def cluster(n: int) -> tuple[ClusterState, list[Assignment]]:
+        c = Cluster([gpu_node("busy", gpus=2)] + [gpu_node(f"free-{i}", gpus=1) for i in range(n)])
+        placed = [running("low", 0, (0, 1), 0)]
+        return state_of(c, placed), placed
+
+    g = Gang("train", min_members=2)
+    gang = [replace(pod("m1", gpus=2), priority=10, gang=g), replace(pod("m2", gpus=1), priority=10, gang=g)]
+    state, placed = cluster(8)
+    first = find_gang_preemption(gang, state, placed)
+    assert first is not None
+    for n in (3, 5, 8):  # searches on clusters of other sizes in between
+        other, others = cluster(n)
+        find_gang_preemption(gang, other, others)
+    again = find_gang_preemption(gang, state, placed)
+    assert again is not None
+    assert sorted((p.pod.name, p.node) for p in first) == sorted((p.pod.name, p.node) for p in again)
