@@ -596,3 +596,50 @@ def test_a_follower_holds_room_where_the_leaders_word_now_points() -> None:
         s._pending.apply("MODIFIED", obj)
     assert s.cache.nomination("default/m1") == ("n1", (0,), 0)
     assert s.cache.nomination("default/m2") is None
+
+
+async def test_a_pod_of_higher_priority_takes_over_the_room_held_for_one_of_lower_priority() -> None:
+    # As in kube-scheduler, a pod nominated with a lower priority does not keep a more
+    # important one out: urgent (100) takes the room held for mid (50), whose victim is
+    # leaving already; nobody else is evicted, and mid looks again.
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", _pod("low", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("mid", 50))
+    assert await _cycle(s) == ["default/mid"]
+    assert api.evicted == [("default/low", "default/mid", "n0")]
+    s._bound.apply("MODIFIED", _leaving("low", 0, "n0"))
+    # Of the same or lower priority: the room stays mid's.
+    s._pending.apply("ADDED", _pod("peer", 50))
+    assert "default/peer" in await _cycle(s)
+    assert s.cache.nomination("default/mid") == ("n0", (0,), 1)
+    assert len(api.evicted) == 1
+    s._pending.apply("DELETED", _pod("peer", 50))
+    s._pending.apply("ADDED", _pod("urgent", 100))
+    assert "default/urgent" in await _cycle(s)
+    assert s.cache.nomination("default/urgent") == ("n0", (0,), 1)
+    assert s.cache.nomination("default/mid") is None
+    assert api.nominated["default/urgent"] == "n0"
+    assert api.evicted == [("default/low", "default/mid", "n0")]  # leaving already: not deleted again
+    assert api.failed("default/urgent")[-1].endswith("Preempting 1 pod(s) of lower priority on node n0.")
+    s._bound.apply("DELETED", _leaving("low", 0, "n0"))
+    await _cycle(s)
+    assert api.bound == ["default/urgent"]
+    assert "default/mid" in s.queue
+
+
+async def test_room_of_lower_priority_that_a_preemption_does_not_need_is_kept() -> None:
+    api = _Api()
+    s = _two_nodes(api, (1, 60))  # low-0 (1) on n0; low-1 (60) on n1, which mid may not evict
+    s._pending.apply("ADDED", _pod("mid", 50))
+    assert await _cycle(s) == ["default/mid"]
+    assert api.evicted == [("default/low-0", "default/mid", "n0")]
+    s._bound.apply("MODIFIED", _leaving("low-0", 1, "n0"))
+    s._bound.apply("DELETED", _pod("low-1", 60, node="n1"))
+    s._bound.apply("ADDED", _pod("fresh", 0, node="n1"))
+    # urgent could take mid's room over (its victim is of priority 1), but evicting fresh (0)
+    # harms less: mid keeps its room.
+    s._pending.apply("ADDED", _pod("urgent", 100))
+    assert "default/urgent" in await _cycle(s)
+    assert api.evicted[-1] == ("default/fresh", "default/urgent", "n1")
+    assert s.cache.nomination("default/mid") == ("n0", (0,), 1)

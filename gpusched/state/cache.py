@@ -321,22 +321,43 @@ class Cache:
             if not held.assumed and not held.pod.terminating and (held.pod.key, held.pod.uid) not in taken:
                 yield held
 
-    def preemptible(self) -> list[Assignment]:
+    def preemptible(self, taking_over: Collection[str] = ()) -> list[Assignment]:
         """Bound pods that preemption may evict, as placed in the cluster of the last
         ``snapshot`` (take both at once): confirmed, on a known node, not being deleted, not
-        preempted already."""
+        preempted already.  With ``taking_over`` (keys of pods room is held for, which a pod of
+        higher priority may take over): their victims too, though leaving already, shown as not
+        being deleted so that the search counts them as victims like any other."""
         cluster = self._ensure_cluster()
         out = []
         for held in self._evictable():
             i = cluster.index.get(held.node)
             if i is not None:
                 out.append(Assignment(held.pod, i, held.gpus))
+        for k in taking_over:
+            nomination = self._nominated.get(k)
+            for key, uid in () if nomination is None else nomination.victims:
+                victim = self._held.get(key)
+                if victim is not None and victim.pod.uid == uid and (i := cluster.index.get(victim.node)) is not None:
+                    out.append(Assignment(replace(victim.pod, terminating=False), i, victim.gpus))
         return out
 
+    def rooms_below(self, priority: int) -> list[str]:
+        """Keys of the pods room is held for whose priority is below ``priority``: as in
+        kube-scheduler, a pod of that priority does not count their room as taken when it
+        preempts, and may take it over."""
+        return [k for k, n in self._nominated.items() if n.held.pod.priority < priority]
+
+    def room_of(self, key: str) -> tuple[Pod, frozenset[tuple[str, str]]] | None:
+        """The pod room is held for under ``key``, and the key and UID of each of its victims."""
+        nomination = self._nominated.get(key)
+        return None if nomination is None else (nomination.held.pod, nomination.victims)
+
     def lowest_priority(self) -> int | None:
-        """The lowest priority among the pods ``preemptible`` would list (None: there are none):
-        only a pod of higher priority may preempt."""
-        return min((h.pod.priority for h in self._evictable()), default=None)
+        """The lowest priority among the pods ``preemptible`` would list, with the victims of
+        every room held (None: there are none): only a pod of higher priority may preempt."""
+        victims = {v for n in self._nominated.values() for v in n.victims}
+        leaving = (h for h in self._held.values() if (h.pod.key, h.pod.uid) in victims)
+        return min((h.pod.priority for h in (*self._evictable(), *leaving)), default=None)
 
     def adopt_nomination(self, pod: Pod, node: str) -> bool:
         """Hold room for ``pod`` on ``node``, where it preempted pods under another instance
