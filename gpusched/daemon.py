@@ -981,8 +981,11 @@ class Scheduler:
         over = [k for k in self.cache.rooms_below(floor) if k not in own]
         snap = self.cache.snapshot(free=own + over)
         running = self.cache.preemptible(taking_over=over)  # as counted in ``snap``: taken together
+        leaving = {v for k in over if (room := self.cache.room_of(k)) is not None for v in room[1]}
         try:
-            budgets = [*self.budgets.values(), *gang_budgets(running)]  # running gangs keep their minimum
+            # Running gangs keep their minimum; members leaving already are no longer running.
+            staying = [a for a in running if (a.pod.key, a.pod.uid) not in leaving]
+            budgets = [*self.budgets.values(), *gang_budgets(staying)]
             found = await asyncio.to_thread(
                 plan_preemptions,
                 [p for p, _ in pods],
@@ -997,7 +1000,6 @@ class Scheduler:
         if not self.is_leader:
             found = []
         chosen = {pre.pod.key: pre for pre in found}
-        leaving = {v for k in over if (room := self.cache.room_of(k)) is not None for v in room[1]}
         carried: list[Preemption] = []
         self.metrics.preemption(len(pods) + sum(map(len, gangs)), sum(len(pre.victims) for pre in found))
         for p, e in pods:

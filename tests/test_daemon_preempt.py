@@ -609,11 +609,12 @@ async def test_a_pod_of_higher_priority_takes_over_the_room_held_for_one_of_lowe
     assert await _cycle(s) == ["default/mid"]
     assert api.evicted == [("default/low", "default/mid", "n0")]
     s._bound.apply("MODIFIED", _leaving("low", 0, "n0"))
-    # Of the same or lower priority: the room stays mid's.
+    # Of the same or lower priority: the room stays mid's, and no search is made for it.
     s._pending.apply("ADDED", _pod("peer", 50))
     assert "default/peer" in await _cycle(s)
     assert s.cache.nomination("default/mid") == ("n0", (0,), 1)
     assert len(api.evicted) == 1
+    assert "gpusched_preemption_attempts_total 1.0" in s.metrics.render()[0].decode()
     s._pending.apply("DELETED", _pod("peer", 50))
     s._pending.apply("ADDED", _pod("urgent", 100))
     assert "default/urgent" in await _cycle(s)

@@ -353,11 +353,12 @@ class Cache:
         return None if nomination is None else (nomination.held.pod, nomination.victims)
 
     def lowest_priority(self) -> int | None:
-        """The lowest priority among the pods ``preemptible`` would list, with the victims of
-        every room held (None: there are none): only a pod of higher priority may preempt."""
-        victims = {v for n in self._nominated.values() for v in n.victims}
-        leaving = (h for h in self._held.values() if (h.pod.key, h.pod.uid) in victims)
-        return min((h.pod.priority for h in (*self._evictable(), *leaving)), default=None)
+        """The lowest priority among the pods ``preemptible`` would list, and among the pods room
+        is held for (whose room a pod of higher priority may take over; None: there are none):
+        only a pod of higher priority may preempt."""
+        evictable = (h.pod.priority for h in self._evictable())
+        holding = (n.held.pod.priority for n in self._nominated.values())
+        return min((*evictable, *holding), default=None)
 
     def adopt_nomination(self, pod: Pod, node: str) -> bool:
         """Hold room for ``pod`` on ``node``, where it preempted pods under another instance
