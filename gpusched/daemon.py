@@ -974,18 +974,10 @@ class Scheduler:
         gangs = [g for g in gangs if lowest is not None and min(p.priority for p, _ in g.values()) > lowest]
         if not pods and not gangs:
             return
-        own = [p.key for p, _ in pods] + [k for g in gangs for k in g]
-        # As kube-scheduler's preemption ignores pods nominated with a lower priority, the room
-        # held for those below every pod here is free to it, their victims too.
-        floor = min([p.priority for p, _ in pods] + [p.priority for g in gangs for p, _ in g.values()])
-        over = [k for k in self.cache.rooms_below(floor) if k not in own]
-        snap = self.cache.snapshot(free=own + over)
-        running = self.cache.preemptible(taking_over=over)  # as counted in ``snap``: taken together
-        leaving = {v for k in over if (room := self.cache.room_of(k)) is not None for v in room[1]}
+        snap = self.cache.snapshot(free=[p.key for p, _ in pods] + [k for g in gangs for k in g])
+        running = self.cache.preemptible()  # as counted in ``snap``: taken together
         try:
-            # Running gangs keep their minimum; members leaving already are no longer running.
-            staying = [a for a in running if (a.pod.key, a.pod.uid) not in leaving]
-            budgets = [*self.budgets.values(), *gang_budgets(staying)]
+            budgets = [*self.budgets.values(), *gang_budgets(running)]  # running gangs keep their minimum
             found = await asyncio.to_thread(
                 plan_preemptions,
                 [p for p, _ in pods],
@@ -1000,7 +992,6 @@ class Scheduler:
         if not self.is_leader:
             found = []
         chosen = {pre.pod.key: pre for pre in found}
-        carried: list[Preemption] = []
         self.metrics.preemption(len(pods) + sum(map(len, gangs)), sum(len(pre.victims) for pre in found))
         for p, e in pods:
             pre = chosen.get(p.key)
@@ -1010,8 +1001,7 @@ class Scheduler:
             if pre is None or not self.queue.current(p.key, p.uid):
                 self._unschedulable(p, e.message, e.reason)
                 continue
-            node = self._carry_out(pre, snap.cluster, leaving)
-            carried.append(pre)
+            node = self._carry_out(pre, snap.cluster)
             log.info(
                 "preempt",
                 batch_id=batch_id,
@@ -1039,8 +1029,7 @@ class Scheduler:
                         self._unschedulable(p, message, "Gang")
                 continue
             chosen_group = [pre for pre in group if pre is not None]
-            nodes = {pre.pod.key: self._carry_out(pre, snap.cluster, leaving) for pre in chosen_group}
-            carried += chosen_group
+            nodes = {pre.pod.key: self._carry_out(pre, snap.cluster) for pre in chosen_group}
             victims = [v for pre in chosen_group for v in pre.victims]
             gang = chosen_group[0].pod.gang
             assert gang is not None
@@ -1063,48 +1052,15 @@ class Scheduler:
                     "Gang",
                     nominated=nodes[k],
                 )
-        if over and carried:
-            self._taken_over(over, carried, snap.cluster)
 
-    def _carry_out(self, pre: Preemption, cluster: Cluster, leaving: Collection[tuple[str, str]]) -> str:
-        """Hold the room ``pre`` makes for its pod and start evicting its victims, but those
-        ``leaving`` already (key, UID: the victims of room it takes over); its node."""
+    def _carry_out(self, pre: Preemption, cluster: Cluster) -> str:
+        """Hold the room ``pre`` makes for its pod and start evicting its victims; its node."""
         node = cluster.nodes[pre.node].name
         self.placed_here.add(pre.pod.key)
         self.cache.nominate(pre.pod, node, pre.placement.gpus, [v.pod for v in pre.victims])
         for v in pre.victims:
-            if (v.pod.key, v.pod.uid) not in leaving:
-                self.spawn(self._evict(v.pod, pre.pod, node), f"preempt:{v.pod.key}")
+            self.spawn(self._evict(v.pod, pre.pod, node), f"preempt:{v.pod.key}")
         return node
-
-    def _taken_over(self, rooms: Iterable[str], carried: list[Preemption], cluster: Cluster) -> None:
-        """Of ``rooms`` (held for pods of lower priority, free to the preemptions just carried
-        out), those a preemption took, a GPU of it or one of its victims: given up, all of a
-        gang's, as kube-scheduler's nominee of lower priority finds its node taken; their pods
-        look again."""
-        for k in rooms:
-            held, room = self.cache.nomination(k), self.cache.room_of(k)
-            if held is None or room is None:
-                continue
-            node, gpus, _ = held
-            pod, victims = room
-            by = next(
-                (
-                    pre
-                    for pre in carried
-                    if cluster.nodes[pre.node].name == node
-                    and (
-                        set(pre.placement.gpus) & set(gpus)
-                        or any((v.pod.key, v.pod.uid) in victims for v in pre.victims)
-                    )
-                ),
-                None,
-            )
-            if by is None:
-                continue
-            log.info("room taken over by a pod of higher priority", pod=k, node=node, by=by.pod.key)
-            for key in [k] if pod.gang is None else self.cache.gang_nominations(pod.gang.name):
-                self.give_up_room(key)
 
     async def _evict(self, victim: Pod, by: Pod, node: str) -> None:
         """Delete one victim of ``by``; should that fail, ``by`` waits for it no longer: the room

@@ -321,44 +321,22 @@ class Cache:
             if not held.assumed and not held.pod.terminating and (held.pod.key, held.pod.uid) not in taken:
                 yield held
 
-    def preemptible(self, taking_over: Collection[str] = ()) -> list[Assignment]:
+    def preemptible(self) -> list[Assignment]:
         """Bound pods that preemption may evict, as placed in the cluster of the last
         ``snapshot`` (take both at once): confirmed, on a known node, not being deleted, not
-        preempted already.  With ``taking_over`` (keys of pods room is held for, which a pod of
-        higher priority may take over): their victims too, though leaving already, shown as not
-        being deleted so that the search counts them as victims like any other."""
+        preempted already."""
         cluster = self._ensure_cluster()
         out = []
         for held in self._evictable():
             i = cluster.index.get(held.node)
             if i is not None:
                 out.append(Assignment(held.pod, i, held.gpus))
-        for k in taking_over:
-            nomination = self._nominated.get(k)
-            for key, uid in () if nomination is None else nomination.victims:
-                victim = self._held.get(key)
-                if victim is not None and victim.pod.uid == uid and (i := cluster.index.get(victim.node)) is not None:
-                    out.append(Assignment(replace(victim.pod, terminating=False), i, victim.gpus))
         return out
 
-    def rooms_below(self, priority: int) -> list[str]:
-        """Keys of the pods room is held for whose priority is below ``priority``: as in
-        kube-scheduler, a pod of that priority does not count their room as taken when it
-        preempts, and may take it over."""
-        return [k for k, n in self._nominated.items() if n.held.pod.priority < priority]
-
-    def room_of(self, key: str) -> tuple[Pod, frozenset[tuple[str, str]]] | None:
-        """The pod room is held for under ``key``, and the key and UID of each of its victims."""
-        nomination = self._nominated.get(key)
-        return None if nomination is None else (nomination.held.pod, nomination.victims)
-
     def lowest_priority(self) -> int | None:
-        """The lowest priority among the pods ``preemptible`` would list, and among the pods room
-        is held for (whose room a pod of higher priority may take over; None: there are none):
+        """The lowest priority among the pods ``preemptible`` would list (None: there are none):
         only a pod of higher priority may preempt."""
-        evictable = (h.pod.priority for h in self._evictable())
-        holding = (n.held.pod.priority for n in self._nominated.values())
-        return min((*evictable, *holding), default=None)
+        return min((h.pod.priority for h in self._evictable()), default=None)
 
     def adopt_nomination(self, pod: Pod, node: str) -> bool:
         """Hold room for ``pod`` on ``node``, where it preempted pods under another instance
