@@ -1096,7 +1096,8 @@ class Scheduler:
         self.spawn(self.binder.event(pod, "FailedScheduling", message, "Warning"), f"event:{pod.key}")
         record = self.queue.record(pod.key)
         current = record.unschedulable if record is not None else None
-        self.spawn(self.binder.unschedulable(pod, message, current, nominated), f"condition:{pod.key}")
+        was = record.nominated if record is not None else None
+        self.spawn(self.binder.unschedulable(pod, message, current, nominated, was), f"condition:{pod.key}")
         log.info("unschedulable", pod=pod.key, reason=reason, message=message)
 
     async def _bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:

@@ -37,7 +37,12 @@ class _Api(RecordingApi):
         return not self.refuse and victim.key not in self.refused
 
     async def unschedulable(
-        self, pod: Pod, message: str, current: str | None = None, nominated: str | None = None
+        self,
+        pod: Pod,
+        message: str,
+        current: str | None = None,
+        nominated: str | None = None,
+        current_nominated: str | None = None,
     ) -> None:
         self.nominated[pod.key] = nominated
 
@@ -525,10 +530,19 @@ class _EchoApi(_Api):
         return await super().preempt(victim, by, node)
 
     async def unschedulable(
-        self, pod: Pod, message: str, current: str | None = None, nominated: str | None = None
+        self,
+        pod: Pod,
+        message: str,
+        current: str | None = None,
+        nominated: str | None = None,
+        current_nominated: str | None = None,
     ) -> None:
-        await super().unschedulable(pod, message, current, nominated)
-        if current == message or pod.key not in self.objects or self.scheduler is None:
+        await super().unschedulable(pod, message, current, nominated, current_nominated)
+        if (
+            (current, current_nominated or None) == (message, nominated or None)
+            or pod.key not in self.objects
+            or self.scheduler is None
+        ):
             return
         obj = dict(self.objects[pod.key])
         told = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}

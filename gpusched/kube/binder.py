@@ -320,15 +320,21 @@ class Binder:
         return True
 
     async def unschedulable(
-        self, pod: Pod, message: str, current: str | None = None, nominated: str | None = None
+        self,
+        pod: Pod,
+        message: str,
+        current: str | None = None,
+        nominated: str | None = None,
+        current_nominated: str | None = None,
     ) -> None:
         """``PodScheduled=False`` with reason ``Unschedulable``, as kube-scheduler sets it, and
         ``status.nominatedNodeName``: the node where the pod preempted others, or none.
 
-        ``current`` is the message of the condition the pod already has, if any: the same
-        message is not written again, and a new one keeps the condition's transition time.
+        ``current`` is the message of the condition the pod already has, if any, and
+        ``current_nominated`` its ``nominatedNodeName``: the same message and node are not
+        written again, and a new one keeps the condition's transition time.
         """
-        if current == message:
+        if current == message and (current_nominated or None) == (nominated or None):
             return
         condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
         if current is None:

@@ -303,3 +303,20 @@ async def test_a_condition_the_server_refuses_is_told_apart_from_a_pod_replaced_
         assert events == [("condition not written: pod replaced", "info")]
     else:
         assert events == [("condition not written", "warning")]
+
+
+async def test_the_same_message_is_written_again_only_when_the_nominated_node_changed(
+    server: tuple[Path, list[web.Response], list[str]],
+) -> None:
+    kubeconfig, script, seen = server
+    script += [_status(200, "OK"), _status(200, "OK")]
+    kube = await client.connect(kubeconfig, None, 1000, 1000)
+    v = replace(pod("v", gpus=1), uid="u9")
+    try:
+        b = Binder(kube, "me")
+        await b.unschedulable(v, "waiting", "waiting", "n1", "n1")  # nothing new: nothing sent
+        await b.unschedulable(v, "waiting", "waiting", "n2", "n1")  # a member moved to another node
+        await b.unschedulable(v, "waiting", "waiting", None, "n2")  # its room given up
+    finally:
+        await kube.close()
+    assert seen == ["PATCH /api/v1/namespaces/default/pods/v/status"] * 2
