@@ -354,8 +354,8 @@ class Scheduler:
         self._policy_params: SolverParams | None = None
         self._shapes: Counter[TypicalShape] = Counter()
         self.placed_here: set[str] = set()
-        """Pods this instance preempted for while leading: their ``nominatedNodeName`` is its own
-        word, never a reason to hold room again (``adopt_room``)."""
+        """Pods whose ``nominatedNodeName`` this instance has written while leading (a node it
+        preempted on, or none): its own word, never a reason to hold room again (``adopt_room``)."""
         self._leading = asyncio.Event()
         self._solver_loaded = False
         self._batches = 0
@@ -942,8 +942,9 @@ class Scheduler:
         """Hold room for ``pod`` on ``node`` (its ``status.nominatedNodeName``) as the last leader
         held it: while pods it preempted there are leaving (``Cache.adopt_nomination``); for a
         gang member, which may have held room without victims, also where it fits as things are.
-        True when room is now held.  Never for a pod this instance preempted for: the room it
-        gave up since is not held again from its own status write."""
+        True when room is now held.  Never for a pod whose nominatedNodeName this instance has
+        written: room it gave up is not held again from its own status write, nor from an
+        older one the watch shows late."""
         if pod.key in self.placed_here:
             return False
         if self.cache.adopt_nomination(pod, node):
@@ -1088,6 +1089,8 @@ class Scheduler:
         held for it; without, any room held for it is given up)."""
         if nominated is None:
             self.give_up_room(pod.key)
+        if self.is_leader:  # its nominatedNodeName is written below: this instance's word now
+            self.placed_here.add(pod.key)
         self.metrics.unschedulable(reason)
         if reason == DEFERRED:  # it fits now: the solve kept it back, so try again soon
             self.queue.backoff(pod.key)

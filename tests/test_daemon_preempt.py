@@ -610,3 +610,25 @@ def test_a_follower_holds_room_where_the_leaders_word_now_points() -> None:
         s._pending.apply("MODIFIED", obj)
     assert s.cache.nomination("default/m1") == ("n1", (0,), 0)
     assert s.cache.nomination("default/m2") is None
+
+
+async def test_room_given_up_is_not_held_again_from_a_nomination_the_watch_shows_late() -> None:
+    # Held again after a failover, on n0, which then becomes unreachable: the room is given up,
+    # and nothing on n1 may be evicted.  An update of the pod that still shows the last
+    # leader's nominatedNodeName does not bring the room back.
+    api = _Api()
+    s = _two_nodes(api, (0, 60))
+    s._bound.apply("MODIFIED", _leaving("low-0", 0, "n0"))
+    urgent = _pod("urgent", 50)
+    urgent["status"] = {"phase": "Pending", "nominatedNodeName": "n0"}
+    s._pending.apply("ADDED", urgent)
+    assert s.cache.nomination("default/urgent") == ("n0", (0,), 1)
+    down = kit.node("n0", 1, "A100")
+    down["spec"] = {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]}
+    _NodeHandler(s).apply("MODIFIED", down)
+    assert await _cycle(s) == ["default/urgent"]
+    assert s.cache.nomination("default/urgent") is None
+    assert api.nominated["default/urgent"] is None
+    s._pending.apply("MODIFIED", urgent)  # late: still the last leader's word
+    assert s.cache.nomination("default/urgent") is None
+    assert api.evicted == []
