@@ -841,18 +841,16 @@ class Scheduler:
             return False
         snap = self.cache.snapshot(free=[r.key for r in records])
         pods = self._count_running_members([r.pod for r in records])
-        at = [snap.cluster.index.get(node) for node, _, _ in held]
-        problems = (
-            [f"node {held[at.index(None)][0]} is gone"]
-            if None in at
-            else plan_problems(
-                Plan(
-                    tuple(Assignment(p, i, h[1]) for p, i, h in zip(pods, at, held, strict=True) if i is not None), ()
-                ),
-                snap.state,
-                pods,
-            )
-        )
+        placed: list[Assignment] = []
+        problems: list[str] = []
+        for p, (node, gpus, _) in zip(pods, held, strict=True):
+            i = snap.cluster.index.get(node)
+            if i is None:
+                problems = [f"node {node} is gone"]
+                break
+            placed.append(Assignment(p, i, gpus))
+        else:
+            problems = plan_problems(Plan(tuple(placed), ()), snap.state, pods)
         if problems:
             log.info(
                 "held room no longer fits; solved with the batch",

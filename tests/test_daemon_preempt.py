@@ -15,6 +15,7 @@ import pytest
 
 from gpusched import daemon
 from gpusched.daemon import Scheduler, _NodeHandler
+from gpusched.kube.binder import condition_changes
 from gpusched.model import Pod
 from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle
 from tests.e2e import kit
@@ -539,7 +540,7 @@ class _EchoApi(_Api):
     ) -> None:
         await super().unschedulable(pod, message, current, nominated, current_nominated)
         if (
-            (current, current_nominated or None) == (message, nominated or None)
+            not condition_changes(message, nominated, current, current_nominated)
             or pod.key not in self.objects
             or self.scheduler is None
         ):

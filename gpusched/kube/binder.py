@@ -36,7 +36,7 @@ from gpusched.kube.client import STRATEGIC_PATCH, ApiError, Kube
 from gpusched.kube.convert import ANNOTATION_GPU_INDICES
 from gpusched.model import Pod
 
-__all__ = ["BindResult", "Binder"]
+__all__ = ["BindResult", "Binder", "condition_changes"]
 
 log = structlog.get_logger("gpusched.bind")
 
@@ -96,6 +96,12 @@ class NotLeading(Exception):
     def __init__(self, sent: bool = False) -> None:
         super().__init__("no longer the leader")
         self.sent = sent
+
+
+def condition_changes(message: str, nominated: str | None, current: str | None, current_nominated: str | None) -> bool:
+    """Whether telling a pod ``message`` (and ``nominated``) changes what it already carries (the
+    condition's ``current`` message and ``current_nominated``): only then is anything written."""
+    return (current, current_nominated or None) != (message, nominated or None)
 
 
 class Binder:
@@ -334,7 +340,7 @@ class Binder:
         ``current_nominated`` its ``nominatedNodeName``: the same message and node are not
         written again, and a new one keeps the condition's transition time.
         """
-        if current == message and (current_nominated or None) == (nominated or None):
+        if not condition_changes(message, nominated, current, current_nominated):
             return
         condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
         if current is None:
