@@ -21,6 +21,11 @@ configuration.  Example (every key optional)::
       maxSize: 64
       maxWaitSeconds: 0.5
       quickStart: true
+    utilisation:
+      avoidBusyGpus: true
+      busyPercent: 90
+      idlePercent: 5
+      maxAgeSeconds: 120
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from gpusched.solver.params import Limits, SolverParams, Weights
 
-__all__ = ["BatchingConfig", "ConfigError", "GpuschedConfig", "load_config", "yaml_problem"]
+__all__ = ["BatchingConfig", "ConfigError", "GpuschedConfig", "UtilisationConfig", "load_config", "yaml_problem"]
 
 
 _W = Weights()
@@ -92,6 +97,21 @@ class BatchingConfig(_Strict):
     start of a burst the solve would only leave the client idle."""
 
 
+class UtilisationConfig(_Strict):
+    """What GPU utilisation measured by DCGM changes (read only when ``gpusched run`` is given
+    ``--prometheus-url``)."""
+
+    avoid_busy_gpus: bool = Field(default=True, alias="avoidBusyGpus")
+    """A GPU at ``busyPercent`` or above takes no new pod (a share, or the whole GPU when the
+    books show it idle: then something outside the cluster's pods is using it)."""
+    busy_percent: _Number = Field(strict=False, default=90, gt=0, le=100, alias="busyPercent")
+    idle_percent: _Number = Field(strict=False, default=5, ge=0, le=100, alias="idlePercent")
+    """A GPU that pods hold and that is used less than this is counted in
+    ``gpusched_gpus_allocated_idle``."""
+    max_age_seconds: _Number = Field(strict=False, default=120, gt=0, le=3600, alias="maxAgeSeconds")
+    """An answer older than this is not used: placement goes on as though no GPU were busy."""
+
+
 def _empty_section(value: object) -> object:
     """A section whose keys are all left out (``weights:`` with every line below commented out)
     reads as null in YAML: it takes the defaults, as an empty document does."""
@@ -104,6 +124,7 @@ class GpuschedConfig(_Strict):
     weights: Annotated[WeightsConfig, BeforeValidator(_empty_section)] = WeightsConfig()
     solver: Annotated[SolverConfig, BeforeValidator(_empty_section)] = SolverConfig()
     batching: Annotated[BatchingConfig, BeforeValidator(_empty_section)] = BatchingConfig()
+    utilisation: Annotated[UtilisationConfig, BeforeValidator(_empty_section)] = UtilisationConfig()
 
     def solver_params(self, seed: int = 0) -> SolverParams:
         """The frozen parameters the solver takes."""

@@ -1,0 +1,233 @@
+"""GPU utilisation measured by DCGM, read through Prometheus, kept as a cached, timestamped view.
+
+The scheduler never asks Prometheus anything while it decides.  A task polls it
+(``UtilisationSource.poll_once``) every ``poll_s`` seconds in a worker thread (the client,
+prometheus-api-client, is blocking) and keeps the last good answer with the time it was read.
+A batch takes that view with ``current(max_age)``: a view older than that (Prometheus down,
+the exporter gone, a query that no longer answers) is not used, and placement goes on as
+though no GPU were busy.  What went wrong is logged once per change, with the cause, and
+counted in ``gpusched_utilisation_polls_total{result="error"}``.
+
+The query must return one sample per GPU carrying the node's name and the GPU's index as
+labels (``Hostname`` and ``gpu`` in dcgm-exporter's output; both names can be changed, for a
+Prometheus that relabels them).  Its value is a percentage, 0 to 100.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+__all__ = [
+    "DEFAULT_GPU_LABEL",
+    "DEFAULT_NODE_LABEL",
+    "UtilisationSource",
+    "UtilisationView",
+    "default_query",
+    "parse_samples",
+]
+
+log = structlog.get_logger("gpusched.utilisation")
+
+DEFAULT_NODE_LABEL = "Hostname"
+"""dcgm-exporter's label for the node it runs on."""
+DEFAULT_GPU_LABEL = "gpu"
+"""dcgm-exporter's label for the GPU's index on its node (as ``nvidia-smi`` numbers them)."""
+
+
+def default_query(node_label: str = DEFAULT_NODE_LABEL, gpu_label: str = DEFAULT_GPU_LABEL) -> str:
+    """Each GPU's utilisation averaged over the last two minutes (one series per GPU, whatever
+    pods dcgm-exporter names on it)."""
+    return f"avg by ({node_label}, {gpu_label}) (avg_over_time(DCGM_FI_DEV_GPU_UTIL[2m]))"
+
+
+@dataclass(frozen=True)
+class UtilisationView:
+    """Utilisation per GPU as one query answered it."""
+
+    taken_at: float
+    """When the answer arrived (``time.time()`` seconds)."""
+    percent: Mapping[str, Mapping[int, float]]
+    """Node name -> GPU index -> utilisation, 0..100."""
+
+    def age(self, now: float) -> float:
+        """Seconds since the answer arrived."""
+        return max(0.0, now - self.taken_at)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the answer covers."""
+        return sum(len(g) for g in self.percent.values())
+
+    def at_least(self, limit: float) -> dict[str, frozenset[int]]:
+        """GPUs at ``limit`` percent or above, by node."""
+        out = {node: frozenset(i for i, v in gpus.items() if v >= limit) for node, gpus in self.percent.items()}
+        return {node: gpus for node, gpus in out.items() if gpus}
+
+    def below(self, limit: float) -> dict[str, frozenset[int]]:
+        """GPUs under ``limit`` percent, by node."""
+        out = {node: frozenset(i for i, v in gpus.items() if v < limit) for node, gpus in self.percent.items()}
+        return {node: gpus for node, gpus in out.items() if gpus}
+
+
+def parse_samples(
+    result: Any, node_label: str = DEFAULT_NODE_LABEL, gpu_label: str = DEFAULT_GPU_LABEL
+) -> tuple[dict[str, dict[int, float]], list[str]]:
+    """Read the ``result`` of an instant query (``resultType`` vector): utilisation per node and
+    GPU, and one line per sample left out, saying why.  A GPU given twice keeps its highest
+    value (a query that does not aggregate over pods may return one series per pod)."""
+    if not isinstance(result, list):
+        return {}, [f"expected a list of samples (an instant vector), got {type(result).__name__}"]
+    out: dict[str, dict[int, float]] = {}
+    problems: list[str] = []
+    for i, sample in enumerate(result):
+        metric = sample.get("metric") if isinstance(sample, dict) else None
+        value = sample.get("value") if isinstance(sample, dict) else None
+        if not isinstance(metric, dict) or not isinstance(value, list) or len(value) != 2:
+            problems.append(f"sample {i}: not a vector sample ({{'metric': ..., 'value': [time, value]}})")
+            continue
+        node, index = metric.get(node_label), metric.get(gpu_label)
+        if not node:
+            problems.append(f"sample {i} {_labels(metric)}: no {node_label!r} label (the node's name)")
+            continue
+        try:
+            gpu = int(str(index))
+        except ValueError:
+            problems.append(f"sample {i} {_labels(metric)}: {gpu_label!r} label is not a GPU index: {index!r}")
+            continue
+        try:
+            pct = float(value[1])
+        except (TypeError, ValueError):
+            problems.append(f"sample {i} {_labels(metric)}: value is not a number: {value[1]!r}")
+            continue
+        if math.isnan(pct) or not 0 <= pct <= 100:
+            problems.append(f"sample {i} {_labels(metric)}: {pct} is not a percentage (0..100)")
+            continue
+        gpus = out.setdefault(str(node), {})
+        gpus[gpu] = max(pct, gpus.get(gpu, 0.0))
+    return out, problems
+
+
+def _labels(metric: Mapping[str, Any]) -> str:
+    return "{" + ",".join(f"{k}={v!r}" for k, v in sorted(metric.items())) + "}"
+
+
+_HTTP_ERROR = re.compile(r"HTTP Status Code (\d+) \((b'.*'|b\".*\")\)$", re.DOTALL)
+
+
+def _query_error(exc: Exception) -> str:
+    """What went wrong with one query, in a line: Prometheus's own error text where it gave one."""
+    text = str(exc)
+    m = _HTTP_ERROR.match(text)  # prometheus-api-client: "HTTP Status Code 400 (b'<the body>')"
+    if m is not None:
+        try:
+            answer = json.loads(ast.literal_eval(m.group(2)))
+        except (ValueError, SyntaxError):
+            return f"HTTP {m.group(1)} from Prometheus"
+        if isinstance(answer, dict) and "error" in answer:
+            return f"Prometheus refused the query ({answer.get('errorType', 'error')}): {answer['error']}"
+        return f"HTTP {m.group(1)} from Prometheus"
+    return f"{type(exc).__name__}: {text}"
+
+
+class UtilisationSource:
+    """Polls Prometheus for GPU utilisation and keeps the last good answer.
+
+    ``query`` runs as an instant query; see the module's docstring for what it must return.
+    ``on_poll(ok)`` is called after each poll (for the scheduler's own metrics).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        query: str | None = None,
+        node_label: str = DEFAULT_NODE_LABEL,
+        gpu_label: str = DEFAULT_GPU_LABEL,
+        poll_s: float = 15.0,
+        timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+        on_poll: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.url = url
+        self.query = query or default_query(node_label, gpu_label)
+        self.node_label = node_label
+        self.gpu_label = gpu_label
+        self.poll_s = poll_s
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._on_poll = on_poll
+        self._client: Any = None
+        self.view: UtilisationView | None = None
+        """The last good answer (None until the first)."""
+        self.error = ""
+        """Why the last poll failed ("" after a good one)."""
+        self._told: str | None = None  # the outcome last logged: each is logged once, until it changes
+
+    def current(self, max_age_s: float) -> UtilisationView | None:
+        """The last good answer if it is at most ``max_age_s`` old, else None."""
+        view = self.view
+        if view is None or view.age(self._clock()) > max_age_s:
+            return None
+        return view
+
+    def _ask(self) -> Any:
+        """One instant query (blocking: runs in a worker thread)."""
+        if self._client is None:
+            from prometheus_api_client import PrometheusConnect  # only a scheduler told of Prometheus loads it
+            from urllib3.util.retry import Retry
+
+            # No retries inside the client: the next poll is the retry, and a poll must not
+            # outlast its interval waiting on a server that is down.
+            self._client = PrometheusConnect(self.url, retry=Retry(total=0), timeout=self.timeout_s)
+        return self._client.custom_query(self.query)
+
+    async def poll_once(self) -> bool:
+        """Ask once; on success replace the view.  Never raises for a failed query."""
+        try:
+            result = await asyncio.to_thread(self._ask)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._failed(f"cannot read GPU utilisation from {self.url}: {_query_error(exc)}")
+            return False
+        percent, problems = parse_samples(result, self.node_label, self.gpu_label)
+        if problems and not percent:
+            self._failed(
+                f"the utilisation query answered no usable sample ({len(problems)} left out; first: {problems[0]}); "
+                f"it must return one sample per GPU with the labels {self.node_label!r} and {self.gpu_label!r}"
+            )
+            return False
+        self.view = UtilisationView(self._clock(), percent)
+        self.error = ""
+        told = f"read, {len(problems)} samples left out"
+        if told != self._told:
+            log.info(
+                "GPU utilisation read",
+                url=self.url,
+                nodes=len(percent),
+                gpus=self.view.gpus,
+                left_out=len(problems),
+                first_left_out=problems[0] if problems else None,
+            )
+            self._told = told
+        if self._on_poll is not None:
+            self._on_poll(True)
+        return True
+
+    def _failed(self, why: str) -> None:
+        self.error = why
+        if why != self._told:
+            log.warning("GPU utilisation not read; the last answer is used until it is too old", cause=why)
+            self._told = why
+        if self._on_poll is not None:
+            self._on_poll(False)

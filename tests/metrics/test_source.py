@@ -1,0 +1,127 @@
+"""GPU utilisation read from Prometheus: the answer parsed, its age checked, failures told."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from structlog.testing import capture_logs
+
+from gpusched.metrics.source import UtilisationSource, UtilisationView, default_query, parse_samples
+from tests.promstack import DcgmExporter, Prometheus, free_port
+
+
+def sample(value: object, **labels: str) -> dict[str, object]:
+    return {"metric": labels, "value": [1733500000.0, value]}
+
+
+def test_samples_are_read_per_node_and_gpu() -> None:
+    got, problems = parse_samples(
+        [sample("97.5", Hostname="a", gpu="0"), sample("3", Hostname="a", gpu="1"), sample("0", Hostname="b", gpu="0")]
+    )
+    assert got == {"a": {0: 97.5, 1: 3.0}, "b": {0: 0.0}}
+    assert problems == []
+
+
+def test_a_gpu_given_twice_keeps_its_highest_value() -> None:
+    got, _ = parse_samples([sample("20", Hostname="a", gpu="0", pod="x"), sample("80", Hostname="a", gpu="0", pod="y")])
+    assert got == {"a": {0: 80.0}}
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        (sample("5", gpu="0"), "no 'Hostname' label"),
+        (sample("5", Hostname="a", gpu="first"), "'gpu' label is not a GPU index: 'first'"),
+        (sample("5", Hostname="a"), "'gpu' label is not a GPU index: None"),
+        (sample("NaN", Hostname="a", gpu="0"), "nan is not a percentage"),
+        (sample("140", Hostname="a", gpu="0"), "140.0 is not a percentage"),
+        (sample("high", Hostname="a", gpu="0"), "value is not a number: 'high'"),
+        ({"metric": {}}, "not a vector sample"),
+    ],
+)
+def test_a_sample_that_cannot_be_used_is_left_out_with_the_reason(bad: dict[str, object], why: str) -> None:
+    got, problems = parse_samples([sample("50", Hostname="ok", gpu="1"), bad])
+    assert got == {"ok": {1: 50.0}}
+    assert len(problems) == 1
+    assert problems[0].startswith("sample 1")
+    assert why in problems[0]
+
+
+def test_labels_of_another_name_are_read_when_told() -> None:
+    got, problems = parse_samples([sample("12", node="n1", gpu_index="3")], node_label="node", gpu_label="gpu_index")
+    assert got == {"n1": {3: 12.0}}
+    assert problems == []
+    assert default_query("node", "gpu_index").startswith("avg by (node, gpu_index) (")
+
+
+def test_a_matrix_answer_is_refused_whole() -> None:
+    got, problems = parse_samples({"resultType": "matrix"})
+    assert got == {}
+    assert problems == ["expected a list of samples (an instant vector), got dict"]
+
+
+def test_the_view_says_which_gpus_are_busy_and_which_idle_and_how_old_it_is() -> None:
+    view = UtilisationView(100.0, {"a": {0: 95.0, 1: 90.0, 2: 89.9}, "b": {0: 4.0}})
+    assert view.at_least(90) == {"a": frozenset({0, 1})}
+    assert view.below(5) == {"b": frozenset({0})}
+    assert view.gpus == 4
+    assert view.age(130.0) == 30.0
+    assert view.age(90.0) == 0.0  # a clock stepped back: never negative
+
+
+def test_an_answer_too_old_is_not_used() -> None:
+    now = [1000.0]
+    src = UtilisationSource("http://127.0.0.1:1", clock=lambda: now[0])
+    assert src.current(120) is None  # nothing read yet
+    src.view = UtilisationView(1000.0, {"a": {0: 99.0}})
+    now[0] = 1120.0
+    assert src.current(120) is src.view
+    now[0] = 1120.5
+    assert src.current(120) is None
+
+
+async def test_a_prometheus_that_does_not_answer_is_told_once_and_the_last_view_kept() -> None:
+    polls: list[bool] = []
+    src = UtilisationSource(f"http://127.0.0.1:{free_port()}", timeout_s=2, on_poll=polls.append)
+    kept = UtilisationView(0.0, {"a": {0: 50.0}})
+    src.view = kept
+    with capture_logs() as logs:
+        assert not await src.poll_once()
+        assert not await src.poll_once()
+    assert polls == [False, False]
+    assert src.view is kept
+    assert src.error.startswith(f"cannot read GPU utilisation from {src.url}: ConnectionError")
+    warnings = [x for x in logs if x["log_level"] == "warning"]
+    assert len(warnings) == 1, logs  # the same cause is not repeated every poll
+    assert warnings[0]["cause"] == src.error
+
+
+async def test_utilisation_is_read_from_a_real_prometheus(prometheus: Prometheus, dcgm: DcgmExporter) -> None:
+    node = f"util-{uuid.uuid4().hex[:8]}"
+    dcgm.set(node, 0, 97, pod=("team-a", "train-0"))
+    dcgm.set(node, 1, 2)
+    prometheus.wait_for(f'DCGM_FI_DEV_GPU_UTIL{{Hostname="{node}",gpu="1"}}', 2)
+    polls: list[bool] = []
+    src = UtilisationSource(prometheus.url, on_poll=polls.append)  # the shipped query: 2-minute averages
+    assert await src.poll_once(), src.error
+    assert polls == [True]
+    assert src.view is not None
+    assert src.view.percent[node] == {0: 97.0, 1: 2.0}
+    assert src.view.at_least(90)[node] == frozenset({0})
+    assert src.current(120) is src.view
+
+
+async def test_a_query_prometheus_refuses_is_told_with_its_reason(prometheus: Prometheus) -> None:
+    src = UtilisationSource(prometheus.url, query="avg by (Hostname, gpu) (DCGM_FI_DEV_GPU_UTIL[2m]")
+    assert not await src.poll_once()
+    assert "Prometheus refused the query (bad_data):" in src.error
+    assert "parse error" in src.error
+    assert src.view is None
+
+
+async def test_a_query_without_the_labels_is_told_what_it_must_return(prometheus: Prometheus) -> None:
+    src = UtilisationSource(prometheus.url, query="vector(42)")
+    assert not await src.poll_once()
+    assert "no usable sample (1 left out; first: sample 0 {}: no 'Hostname' label" in src.error
+    assert "with the labels 'Hostname' and 'gpu'" in src.error
