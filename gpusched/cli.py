@@ -19,12 +19,14 @@ from contextlib import ExitStack
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
+from urllib.parse import urlsplit
 
 import structlog
 from rich.console import Console
 
 from gpusched import __version__, logs
 from gpusched.config import ConfigError, GpuschedConfig, load_config
+from gpusched.metrics.source import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, default_query
 from gpusched.sim.report import render_extended_table, render_table
 from gpusched.sim.runner import TYPICAL_SOURCES, SimulationError, normalize_policies, run_simulation
 from gpusched.sim.trace import TraceError
@@ -262,6 +264,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--kube-api-burst", type=_positive_int, default=100, help="burst of each client (default: 100)")
     run.add_argument("--policy", default="cpsat", choices=POLICIES, help="placement policy (default: %(default)s)")
+    util = run.add_argument_group(
+        "GPU utilisation",
+        "Read GPU utilisation measured by DCGM from Prometheus; the ConfigMap's utilisation section "
+        "says what it changes (see docs/deploy.md).",
+    )
+    util.add_argument(
+        "--prometheus-url", metavar="URL", help="Prometheus to read from, e.g. http://prometheus.monitoring:9090"
+    )
+    util.add_argument(
+        "--utilisation-query",
+        metavar="PROMQL",
+        help="instant query answering one sample per GPU, 0-100, labelled with the node and the GPU index "
+        f"(default: {default_query()})",
+    )
+    util.add_argument(
+        "--utilisation-node-label",
+        default=DEFAULT_NODE_LABEL,
+        metavar="LABEL",
+        help="the label holding the node's name (default: %(default)s)",
+    )
+    util.add_argument(
+        "--utilisation-gpu-label",
+        default=DEFAULT_GPU_LABEL,
+        metavar="LABEL",
+        help="the label holding the GPU's index on its node (default: %(default)s)",
+    )
+    util.add_argument(
+        "--utilisation-poll",
+        type=_positive_float,
+        default=15.0,
+        metavar="S",
+        help="seconds between queries (default: 15)",
+    )
     run.add_argument("--log-level", default=argparse.SUPPRESS, choices=logs.LEVELS, help="default: info")
     run.set_defaults(handler=_run, default_log_level="info")
 
@@ -347,11 +382,26 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         kube_qps=args.kube_api_qps,
         kube_burst=args.kube_api_burst,
         policy=args.policy,
+        prometheus_url=_prometheus_url(args.prometheus_url),
+        utilisation_query=args.utilisation_query,
+        utilisation_node_label=args.utilisation_node_label,
+        utilisation_gpu_label=args.utilisation_gpu_label,
+        utilisation_poll_s=args.utilisation_poll,
     )
     try:
         return asyncio.run(run_daemon(settings))
     except (CredentialsError, StartupError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def _prometheus_url(value: str | None) -> str | None:
+    """``--prometheus-url``, checked: an http(s) address with a host."""
+    if value is None:
+        return None
+    url = urlsplit(value)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise UsageError(f"--prometheus-url {value!r}: expected http://HOST:PORT or https://HOST:PORT")
+    return value.rstrip("/")
 
 
 def _pod_ref(text: str, namespace: str | None) -> tuple[str, str]:

@@ -8,6 +8,8 @@ Deployment restarts it rather than leaving a half-working scheduler):
 - ``leader``: the Lease (only the leader schedules; a standby keeps its cache warm);
 - ``schedule``: waits until every watch has listed, then draws batches from the
   queue, solves each in a worker thread and starts its binds;
+- ``utilisation`` (with ``--prometheus-url``): polls Prometheus for GPU utilisation
+  measured by DCGM; a batch reads the last answer and leaves busy GPUs out;
 - ``health``: ``/metrics``, ``/healthz``, ``/readyz``.
 
 Binds, Events and conditions run as short named tasks limited by a semaphore
@@ -53,6 +55,7 @@ from gpusched.kube.convert import (
 from gpusched.kube.leader import LeaderElector
 from gpusched.kube.watch import Reflector
 from gpusched.metrics.exporter import HealthServer, SchedulerMetrics
+from gpusched.metrics.source import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, UtilisationSource, UtilisationView
 from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod
 from gpusched.model.affinity import Requirement, label_selector_selects
 from gpusched.queue.batcher import SchedulingQueue
@@ -107,6 +110,13 @@ class DaemonSettings:
     kube_burst: int = 100
     policy: str = "cpsat"
     seed: int = 0
+    prometheus_url: str | None = None
+    """Where GPU utilisation measured by DCGM is read (None: it is not)."""
+    utilisation_query: str | None = None
+    """The instant query that answers it (None: ``metrics.source.default_query``)."""
+    utilisation_node_label: str = DEFAULT_NODE_LABEL
+    utilisation_gpu_label: str = DEFAULT_GPU_LABEL
+    utilisation_poll_s: float = 15.0
 
 
 _GPUS = GreedyPolicy()
@@ -359,8 +369,18 @@ class Scheduler:
         self._leading = asyncio.Event()
         self._solver_loaded = False
         self._batches = 0
+        self.utilisation: UtilisationSource | None = None
+        if settings.prometheus_url:
+            self.utilisation = UtilisationSource(
+                settings.prometheus_url,
+                query=settings.utilisation_query,
+                node_label=settings.utilisation_node_label,
+                gpu_label=settings.utilisation_gpu_label,
+                poll_s=settings.utilisation_poll_s,
+                on_poll=self.metrics.utilisation_poll,
+            )
         self.set_config(self.config)
-        self.metrics.on_scrape(lambda: self._cluster_metrics(self.cache.snapshot().state, None))
+        self.metrics.on_scrape(self._scrape)
         self.namespaces: dict[str, dict[str, str]] = {}
         """Labels per namespace (``namespaceSelector`` picks from them)."""
         self.selecting_bound: Selecting = {}
@@ -643,7 +663,7 @@ class Scheduler:
             )
             return
         freed = set(self._room_ready(r.pod for r in todo))
-        snap = self.cache.snapshot(free=freed)
+        snap = self.cache.snapshot(free=freed, busy=self.busy_gpus())
         policy = self._policy_for(snap.cluster)
         pods = self._count_running_members([r.pod for r in todo])
         for p in pods:
@@ -711,7 +731,7 @@ class Scheduler:
                 continue
             e = explain(p, after)
             if e.fits or not p.preempts:
-                self._unschedulable(p, e.message, e.reason)
+                self._unschedulable(p, self._busy_note(p, e.message, snap.busy), e.reason)
             elif not self._waits_for_victims(p, e, after, freed):
                 preempting.append((p, e))
         gangs: list[dict[str, tuple[Pod, str]]] = []  # gangs that may preempt: key -> member, why it waits
@@ -726,7 +746,7 @@ class Scheduler:
                     p,
                     f"gang {name}: {why}; no member is placed until all of them can be, together."
                     if why
-                    else explain_gang(p, members[name], after),
+                    else self._busy_note(p, explain_gang(p, members[name], after), snap.busy),
                 )
                 for p in group
             }
@@ -736,12 +756,13 @@ class Scheduler:
             elif not self._gang_waits_for_victims(told, after, freed):
                 gangs.append(told)
         if preempting or gangs:
-            await self._preempt(preempting, gangs, batch_id)
+            await self._preempt(preempting, gangs, batch_id, snap.busy)
         stats = plan.stats
         gap = stats.gap_pct
         solve_s = stats.wall_ms / 1000
         self.metrics.observe_batch(len(batch), solve_s, gap / 100 if not math.isnan(gap) else math.nan)
-        self._cluster_metrics(after, frag)
+        # Busy GPUs count as full in ``after``; the gauges say what pods hold.
+        self._cluster_metrics(self.cache.snapshot().state if snap.busy else after, frag)
         log.info(
             "batch",
             batch_id=batch_id,
@@ -754,6 +775,7 @@ class Scheduler:
             solve_ms=round(stats.wall_ms, 1),
             gap_pct=None if math.isnan(gap) else round(gap, 3),
             nodes=len(snap.cluster),
+            busy_gpus=snap.busy,
             generation=snap.generation,
             total_ms=round((time.perf_counter() - start) * 1000, 1),
         )
@@ -957,15 +979,19 @@ class Scheduler:
         return True
 
     async def _preempt(
-        self, pods: list[tuple[Pod, Explanation]], gangs: list[dict[str, tuple[Pod, str]]], batch_id: int
+        self,
+        pods: list[tuple[Pod, Explanation]],
+        gangs: list[dict[str, tuple[Pod, str]]],
+        batch_id: int,
+        busy: int = 0,
     ) -> None:
         """Look for running pods of lower priority whose eviction lets each of ``pods`` fit, and
         each of ``gangs`` (key -> member, why it is left out) fit whole; evict them, hold their
-        room, and tell every pod where it stands."""
+        room, and tell every pod where it stands (``busy``: GPUs the batch left out as busy)."""
         lowest = self.cache.lowest_priority()
         hopeless = [(p, e) for p, e in pods if lowest is None or p.priority <= lowest]
         for p, e in hopeless:  # every running pod matters as much: told as usual, at no cost
-            self._unschedulable(p, e.message, e.reason)
+            self._unschedulable(p, self._busy_note(p, e.message, busy), e.reason)
         pods = [(p, e) for p, e in pods if lowest is not None and p.priority > lowest]
         for told in [g for g in gangs if lowest is None or min(p.priority for p, _ in g.values()) <= lowest]:
             for p, message in told.values():
@@ -973,7 +999,9 @@ class Scheduler:
         gangs = [g for g in gangs if lowest is not None and min(p.priority for p, _ in g.values()) > lowest]
         if not pods and not gangs:
             return
-        snap = self.cache.snapshot(free=[p.key for p, _ in pods] + [k for g in gangs for k in g])
+        # Busy GPUs are left out here too, or a pod would find room "by preemption" with no victim.
+        freeing = [p.key for p, _ in pods] + [k for g in gangs for k in g]
+        snap = self.cache.snapshot(free=freeing, busy=self.busy_gpus())
         running = self.cache.preemptible()  # as counted in ``snap``: taken together
         try:
             budgets = [*self.budgets.values(), *gang_budgets(running)]  # running gangs keep their minimum
@@ -998,7 +1026,7 @@ class Scheduler:
                 self.queue.done(p.key)
                 continue
             if pre is None or not self.queue.current(p.key, p.uid):
-                self._unschedulable(p, e.message, e.reason)
+                self._unschedulable(p, self._busy_note(p, e.message, busy), e.reason)
                 continue
             node = self._carry_out(pre, snap.cluster)
             log.info(
@@ -1204,6 +1232,72 @@ class Scheduler:
             log.info("bound pod was gone before the relist; books corrected", pod=pod.key)
             self.queue.move_all()
 
+    def _scrape(self) -> None:
+        state = self.cache.snapshot().state
+        self._cluster_metrics(state, None)
+        if self.utilisation is not None:
+            self._utilisation_metrics(state)
+
+    def utilisation_view(self) -> UtilisationView | None:
+        """The last answer about GPU utilisation, if there is one young enough to use."""
+        if self.utilisation is None:
+            return None
+        return self.utilisation.current(self.config.utilisation.max_age_seconds)
+
+    def busy_gpus(self) -> dict[str, frozenset[int]] | None:
+        """GPUs (node name -> indices) a batch leaves out as busy; None when none are."""
+        u = self.config.utilisation
+        view = self.utilisation_view() if u.avoid_busy_gpus else None
+        return None if view is None else view.at_least(u.busy_percent) or None
+
+    async def follow_utilisation(self) -> None:
+        """Poll for GPU utilisation until cancelled.  When a GPU is no longer busy (or the answer
+        grew too old to use), the pods parked as unschedulable are drawn again: it may be room."""
+        assert self.utilisation is not None
+        before = self.busy_gpus() or {}
+        while True:
+            await self.utilisation.poll_once()
+            now = self.busy_gpus() or {}
+            if any(gpus - now.get(node, frozenset()) for node, gpus in before.items()):
+                log.info("GPUs no longer busy; unschedulable pods drawn again")
+                self.queue.move_all()
+            before = now
+            await asyncio.sleep(self.utilisation.poll_s)
+
+    def _busy_note(self, pod: Pod, message: str, busy: int) -> str:
+        """``message``, saying also how many GPUs with room were left out as ``busy`` when that
+        may be why ``pod`` found none."""
+        if not busy or not (pod.num_gpu or pod.gpu_milli):
+            return message
+        pct = self.config.utilisation.busy_percent
+        return (
+            f"{message.rstrip('.')}; {busy} GPU{'s' if busy != 1 else ''} with room left "
+            f"{'were' if busy != 1 else 'was'} not offered: busy, at {pct:g} % utilisation or more (DCGM)."
+        )
+
+    def _utilisation_metrics(self, state: ClusterState) -> None:
+        """The age of the utilisation answer, the GPUs it finds busy and those pods hold idle."""
+        assert self.utilisation is not None
+        u = self.config.utilisation
+        view = self.utilisation.view
+        if view is None:
+            self.metrics.set_utilisation(math.nan, 0, 0)
+            return
+        age = view.age(time.time())
+        if age > u.max_age_seconds:  # not used: nothing is busy or idle by it
+            self.metrics.set_utilisation(age, 0, 0)
+            return
+        index, used = state.cluster.index, state.gpu_used
+        busy = sum(len(g) for n, g in view.at_least(u.busy_percent).items() if n in index)
+        idle = sum(
+            1
+            for n, gpus in view.below(u.idle_percent).items()
+            if (i := index.get(n)) is not None
+            for g in gpus
+            if 0 <= g < used.shape[1] and used[i, g] > 0
+        )
+        self.metrics.set_utilisation(age, busy, idle)
+
     def _cluster_metrics(self, state: ClusterState, frag: float | None) -> None:
         """Queue depths and cluster gauges (``frag`` None: as the last batch left it); after each
         batch, and from the books as they are at each scrape."""
@@ -1299,6 +1393,8 @@ async def run_daemon(settings: DaemonSettings) -> int:
     named = {f"watch-{k}": v for k, v in named.items()}
     named["schedule"] = sched.schedule_forever()
     named["keep-warm"] = sched.keep_warm()
+    if sched.utilisation is not None:
+        named["utilisation"] = sched.follow_utilisation()
     if sched.elector is not None:
         named["leader"] = sched.elector.run()
     tasks = {asyncio.create_task(coro, name=name) for name, coro in named.items()}

@@ -8,6 +8,7 @@ Deployment points its liveness and readiness checks at.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 import structlog
@@ -17,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 __all__ = [
     "BATCH_SIZE_BUCKETS",
     "PENDING_QUEUES",
+    "POLL_RESULTS",
     "RELOAD_RESULTS",
     "SOLVE_SECONDS_BUCKETS",
     "HealthServer",
@@ -38,6 +40,9 @@ PENDING_QUEUES: tuple[str, ...] = ("active", "backoff", "unschedulable")
 
 RELOAD_RESULTS: tuple[str, ...] = ("ok", "rejected")
 """Values of the ``result`` label of ``gpusched_config_reloads_total``."""
+
+POLL_RESULTS: tuple[str, ...] = ("ok", "error")
+"""Values of the ``result`` label of ``gpusched_utilisation_polls_total``."""
 
 ReadyCheck = Callable[[], tuple[bool, str]]
 """Readiness callback of ``HealthServer``: ``(ready, reason)``; ``reason`` explains a ``False``."""
@@ -160,10 +165,39 @@ class SchedulerMetrics:
             namespace=NAMESPACE,
             registry=reg,
         )
+        self._utilisation_polls = Counter(
+            "utilisation_polls",
+            "Queries to Prometheus for GPU utilisation (DCGM), by result (ok, error).",
+            ["result"],
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._utilisation_age = Gauge(
+            "utilisation_age_seconds",
+            "Age of the last GPU utilisation answer; NaN before the first.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._gpus_busy = Gauge(
+            "gpus_busy",
+            "GPUs at utilisation.busyPercent or above by the last answer young enough to use.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._gpus_allocated_idle = Gauge(
+            "gpus_allocated_idle",
+            "GPUs that pods hold and that are used less than utilisation.idlePercent, by the last answer "
+            "young enough to use.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
         for queue in PENDING_QUEUES:
             self._pending_pods.labels(queue=queue).set(0)
         for result in RELOAD_RESULTS:
             self._config_reloads.labels(result=result)
+        for result in POLL_RESULTS:
+            self._utilisation_polls.labels(result=result)
+        self._utilisation_age.set(math.nan)
         self._on_scrape: list[Callable[[], None]] = []
 
     def on_scrape(self, refresh: Callable[[], None]) -> None:
@@ -208,6 +242,16 @@ class SchedulerMetrics:
         if fragmentation_ratio is not None:
             self._gpu_fragmentation_ratio.set(fragmentation_ratio)
         self._gpu_nodes_active.set(active_gpu_nodes)
+
+    def utilisation_poll(self, ok: bool) -> None:
+        """Count one query for GPU utilisation, answered (``ok``) or not."""
+        self._utilisation_polls.labels(result="ok" if ok else "error").inc()
+
+    def set_utilisation(self, age_seconds: float, busy: int, allocated_idle: int) -> None:
+        """Set the utilisation gauges: the answer's age (NaN: none yet), busy GPUs, GPUs held idle."""
+        self._utilisation_age.set(age_seconds)
+        self._gpus_busy.set(busy)
+        self._gpus_allocated_idle.set(allocated_idle)
 
     def set_leader(self, leader: bool) -> None:
         """Set ``gpusched_is_leader`` to 1 or 0."""

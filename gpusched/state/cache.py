@@ -44,7 +44,10 @@ class Snapshot:
     cluster: Cluster
     """Every node, sorted by name (cordoned ones carry their taint)."""
     state: ClusterState
-    """Usage by every bound and assumed pod on those nodes."""
+    """Usage by every bound and assumed pod on those nodes (and busy GPUs counted as full)."""
+    busy: int = 0
+    """GPUs with room left that were counted as full because they are busy (``busy`` of
+    ``Cache.snapshot``)."""
 
 
 @dataclass(slots=True)
@@ -411,9 +414,12 @@ class Cache:
         return len(self._held)
 
     # -- snapshot ----------------------------------------------------------------------------
-    def snapshot(self, free: Collection[str] = ()) -> Snapshot:
+    def snapshot(self, free: Collection[str] = (), busy: Mapping[str, Collection[int]] | None = None) -> Snapshot:
         """Freeze the books for a batch; the room held for the pods of ``free`` (keys) is left
-        free for them."""
+        free for them.  The GPUs of ``busy`` (node name -> GPU indices) count as full, so no
+        pod is placed on them; room held for ``free`` is left free all the same (its victims
+        are gone, and with them what kept the GPU busy), and nodes with MIG slices are left
+        as they are (their slices are not numbered as their GPUs)."""
         cluster = self._ensure_cluster()
         # Taken off the books themselves, not the snapshot: while its victims terminate, a
         # GPU may be counted twice, and the snapshot counts at most a whole GPU.
@@ -421,13 +427,27 @@ class Cache:
         for h in held:
             self._account(h, -1)
         try:
-            return self._freeze(cluster)
+            if not busy:
+                return self._freeze(cluster)
+            rooms = {(h.node, g) for h in held for g in h.gpus}
+            blocked = [
+                (i, g)
+                for node, gpus in busy.items()
+                if (i := cluster.index.get(node)) is not None and not cluster.mig_cap[i].any()
+                for g in gpus
+                if 0 <= g < cluster.gpu_count[i] and (node, g) not in rooms
+            ]
+            return self._freeze(cluster, blocked)
         finally:
             for h in held:
                 self._account(h, 1)
 
-    def _freeze(self, cluster: Cluster) -> Snapshot:
+    def _freeze(self, cluster: Cluster, busy: Collection[tuple[int, int]] = ()) -> Snapshot:
         gpu = np.minimum(self._gpu, cluster.gpu_cap)
+        blocked = 0
+        for i, g in busy:
+            blocked += int(gpu[i, g] < cluster.gpu_cap[i, g])
+            gpu[i, g] = cluster.gpu_cap[i, g]
         mig = np.minimum(self._mig, cluster.mig_cap)  # slices counted on a node that no longer offers them
         storage = self._storage.copy() if self._storage.any() else None
         ports = {n: frozenset(p for p, c in held.items() if c > 0) for n, held in self._ports.items()}
@@ -444,7 +464,7 @@ class Cache:
             dict(self._resident_view),
             pods_used=self._pods.copy() if cluster.pods_metered else None,
         )
-        return Snapshot(self.generation, cluster, state)
+        return Snapshot(self.generation, cluster, state, blocked)
 
     def _ensure_cluster(self) -> Cluster:
         if self._cluster is None:

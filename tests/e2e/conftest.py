@@ -12,6 +12,7 @@ import pytest
 from kubernetes_asyncio import config
 from kubernetes_asyncio.client import ApiClient
 
+from gpusched.kube.client import Kube
 from tests.controlplane import (
     REPO_ROOT,
     AssetsMissing,
@@ -19,6 +20,7 @@ from tests.controlplane import (
     find_assets,
     start_control_plane,
 )
+from tests.e2e import kit
 
 MANIFESTS = REPO_ROOT / "manifests"
 
@@ -87,3 +89,15 @@ async def scheduler_api(control_plane: ControlPlane) -> AsyncIterator[ApiClient]
     """A kubernetes_asyncio ApiClient as the scheduler's ServiceAccount identity (RBAC from manifests/)."""
     async with await config.new_client_from_config(config_file=str(control_plane.scheduler_kubeconfig)) as api:
         yield api
+
+
+@pytest.fixture
+async def kube(control_plane: ControlPlane) -> AsyncIterator[Kube]:
+    """Admin client; every node is deleted after the test so tests do not share capacity."""
+    k = await kit.admin(control_plane)
+    try:
+        await kit.delete_all_nodes(k)
+        yield k
+    finally:
+        await kit.delete_all_nodes(k)
+        await k.close()

@@ -9,7 +9,6 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,18 +22,6 @@ from tests.controlplane import SCHEDULER_NAMESPACE, ControlPlane
 from tests.e2e import kit
 
 MODELS = ("A100-SXM4-80GB", "V100-SXM2-32GB", "T4", "H800")
-
-
-@pytest.fixture
-async def kube(control_plane: ControlPlane) -> AsyncIterator[Kube]:
-    """Admin client; every node is deleted after the test so tests do not share capacity."""
-    k = await kit.admin(control_plane)
-    try:
-        await kit.delete_all_nodes(k)
-        yield k
-    finally:
-        await kit.delete_all_nodes(k)
-        await k.close()
 
 
 def sched_name() -> str:

@@ -386,3 +386,30 @@ def test_held_room_is_given_up_on_request_and_all_at_once_on_step_down() -> None
     c.clear_nominations()
     assert c.snapshot().state.gpu_used[0].tolist() == [0, 0]
     assert c.nomination("default/u1") is None
+
+
+def test_busy_gpus_count_as_full_in_the_snapshot_only() -> None:
+    from gpusched.model import Node
+
+    mig = Node("m", 64000, 65536, gpu_count=1, gpu_model="A100-SXM4-80GB", mig_slices=(("1g.10gb", 7),))
+    c = cache_with(NodeRecord(gpu_node("a", gpus=4)), NodeRecord(gpu_node("b", gpus=1)), NodeRecord(mig))
+    c.observe_pod(bound(pod("x", gpus=1, milli=400), "a", (0,)))
+    c.observe_pod(bound(pod("y", gpus=1), "a", (1,)))
+    snap = c.snapshot(busy={"a": {0, 1, 2, 9}, "gone": {0}, "m": {0}})
+    assert list(snap.state.gpu_used[0]) == [1000, 1000, 1000, 0]
+    # Of the GPUs named: 0 had a share left, 2 was idle; 1 was full, 9 is not there, nor is node "gone";
+    # a node with MIG slices is left as it is.
+    assert snap.busy == 2
+    assert int(snap.state.gpu_used[2, 0]) == 0
+    assert list(c.snapshot().state.gpu_used[0]) == [400, 1000, 0, 0]  # the books are untouched
+
+
+def test_room_held_for_a_preemptor_whose_victims_left_is_never_busy() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    victim = pod("low", gpus=1)
+    c.observe_pod(bound(victim, "a", (0,)))
+    c.nominate(pod("high", gpus=1), "a", (0,), [victim])
+    c.delete_pod(victim.key)
+    snap = c.snapshot(free=["default/high"], busy={"a": {0, 1}})
+    assert list(snap.state.gpu_used[0]) == [0, 1000]  # GPU 0 is the room; 1 is busy
+    assert snap.busy == 1

@@ -1,0 +1,115 @@
+"""`gpusched run` reading GPU utilisation from a real Prometheus that scrapes a DCGM-format exporter."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from gpusched.kube.client import Kube
+from tests.controlplane import ControlPlane
+from tests.e2e import kit
+from tests.e2e.test_daemon import _metric_once
+from tests.promstack import DcgmExporter, Prometheus
+
+QUERY = "max by (Hostname, gpu) (DCGM_FI_DEV_GPU_UTIL)"
+"""The latest value, not the shipped two-minute average: the test changes it and waits seconds."""
+
+
+async def measure(
+    dcgm: DcgmExporter, prometheus: Prometheus, node: str, value: float, pod: tuple[str, str] = ("", "")
+) -> None:
+    """GPU 0 of ``node`` at ``value`` %, once Prometheus has scraped it."""
+    dcgm.set(node, 0, value, pod=pod)
+    await asyncio.to_thread(prometheus.wait_for, f'DCGM_FI_DEV_GPU_UTIL{{Hostname="{node}"}}', value)
+
+
+async def test_busy_gpus_take_no_new_pods_until_they_cool_down(
+    control_plane: ControlPlane, kube: Kube, namespace: str, prometheus: Prometheus, dcgm: DcgmExporter
+) -> None:
+    name = f"gs-{uuid.uuid4().hex[:8]}"
+    hot, cool = f"hot-{name}", f"cool-{name}"
+    model = "A100-SXM4-80GB"
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node(hot, 1, model), kit.node(cool, 1, model)])
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    # A share already running on hot: a new share packs beside it, while hot is not busy.
+    running = kit.pod("running", "other-scheduler", milli=600, node_name=hot)
+    running["metadata"]["annotations"]["gpusched.io/gpu-indices"] = "0"
+    await kit.create_all(kube, pods, [running])
+    await measure(dcgm, prometheus, hot, 40, (namespace, "running"))
+    await measure(dcgm, prometheus, cool, 10)
+    daemon = kit.Daemon.start(
+        control_plane,
+        name,
+        "--no-leader-elect",
+        "--prometheus-url",
+        prometheus.url,
+        "--utilisation-query",
+        QUERY,
+        "--utilisation-poll",
+        "0.5",
+    )
+    try:
+        port = daemon.metrics_port
+        read = daemon.wait_log("GPU utilisation read")
+        assert read["url"] == prometheus.url
+        await kit.create_all(kube, pods, [kit.pod("share-a", name, milli=200)])
+        a = await kit.wait_bound(kube, f"{pods}/share-a")
+        assert a["spec"].get("nodeName") == hot
+
+        # hot turns busy: the next share goes to cool, although hot has room left for it.
+        await measure(dcgm, prometheus, hot, 97, (namespace, "running"))
+        assert await _metric_once(port, "gpusched_gpus_busy", 1) == 1
+        await kit.create_all(kube, pods, [kit.pod("share-b", name, milli=200)])
+        b = await kit.wait_bound(kube, f"{pods}/share-b")
+        assert b["spec"].get("nodeName") == cool
+
+        # Both busy: a pod that fits on either waits, and says why.
+        await measure(dcgm, prometheus, cool, 95, (namespace, "share-b"))
+        assert await _metric_once(port, "gpusched_gpus_busy", 2) == 2
+        await kit.create_all(kube, pods, [kit.pod("share-c", name, milli=100)])
+        (c,) = [p for p in await kit.wait_settled(kube, namespace, 4) if p["metadata"]["name"] == "share-c"]
+        assert not c["spec"].get("nodeName")
+        message = (kit.condition(c) or {}).get("message", "")
+        assert message.endswith(
+            "; 2 GPUs with room left were not offered: busy, at 90 % utilisation or more (DCGM)."
+        ), message
+        events = await kit.wait_events(kube, namespace, ["FailedScheduling/share-c"])
+        assert events["FailedScheduling/share-c"][0]["message"] == message
+
+        # hot cools down: the waiting pod is drawn again at once (no cluster event is needed) and bound.
+        started = time.monotonic()
+        dcgm.set(hot, 0, 0, pod=(namespace, "running"))
+        c = await kit.wait_bound(kube, f"{pods}/share-c", timeout=30)
+        assert c["spec"].get("nodeName") == hot, time.monotonic() - started
+        daemon.wait_log("GPUs no longer busy; unschedulable pods drawn again")
+        # hot holds three pods and is idle; cool is busy: one GPU is held idle.
+        assert await _metric_once(port, "gpusched_gpus_allocated_idle", 1) == 1
+        assert await _metric_once(port, "gpusched_gpus_busy", 1) == 1
+        settled = await kit.list_all(kube, pods)
+        nodes = await kit.list_all(kube, "/api/v1/nodes")
+        kit.check_placements(nodes, settled)
+    finally:
+        daemon.stop()
+        dcgm.drop(hot)
+        dcgm.drop(cool)
+
+
+async def test_a_prometheus_that_is_down_leaves_placement_as_it_would_be(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    from tests.promstack import free_port
+
+    name = f"gs-{uuid.uuid4().hex[:8]}"
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node(f"n-{name}", 1, "A100-SXM4-80GB")])
+    url = f"http://127.0.0.1:{free_port()}"
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect", "--prometheus-url", url)
+    try:
+        warned = daemon.wait_log("GPU utilisation not read; the last answer is used until it is too old")
+        assert warned["cause"].startswith(f"cannot read GPU utilisation from {url}: ConnectionError")
+        assert await _metric_once(daemon.metrics_port, 'gpusched_utilisation_polls_total{result="error"}', 1) == 1
+        await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [kit.pod("p", name, gpus=1)])
+        p = await kit.wait_bound(kube, f"/api/v1/namespaces/{namespace}/pods/p")
+        assert p["spec"].get("nodeName") == f"n-{name}"
+    finally:
+        daemon.stop()
