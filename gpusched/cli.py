@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import tempfile
@@ -22,10 +23,12 @@ from typing import TYPE_CHECKING, NoReturn
 from urllib.parse import urlsplit
 
 import structlog
+import yaml
 from rich.console import Console
 
 from gpusched import __version__, logs
 from gpusched.config import ConfigError, GpuschedConfig, load_config
+from gpusched.metrics.cost import render_report, report_json
 from gpusched.metrics.source import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, default_query
 from gpusched.sim.report import render_extended_table, render_table
 from gpusched.sim.runner import TYPICAL_SOURCES, SimulationError, normalize_policies, run_simulation
@@ -122,6 +125,16 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage, got {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be 0..100 (a percentage), got {text!r}")
     return value
 
 
@@ -264,33 +277,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--kube-api-burst", type=_positive_int, default=100, help="burst of each client (default: 100)")
     run.add_argument("--policy", default="cpsat", choices=POLICIES, help="placement policy (default: %(default)s)")
-    util = run.add_argument_group(
-        "GPU utilisation",
+    _utilisation_args(
+        run,
         "Read GPU utilisation measured by DCGM from Prometheus; the ConfigMap's utilisation section "
         "says what it changes (see docs/deploy.md).",
     )
-    util.add_argument(
-        "--prometheus-url", metavar="URL", help="Prometheus to read from, e.g. http://prometheus.monitoring:9090"
-    )
-    util.add_argument(
-        "--utilisation-query",
-        metavar="PROMQL",
-        help="instant query answering one sample per GPU, 0-100, labelled with the node and the GPU index "
-        f"(default: {default_query()})",
-    )
-    util.add_argument(
-        "--utilisation-node-label",
-        default=DEFAULT_NODE_LABEL,
-        metavar="LABEL",
-        help="the label holding the node's name (default: %(default)s)",
-    )
-    util.add_argument(
-        "--utilisation-gpu-label",
-        default=DEFAULT_GPU_LABEL,
-        metavar="LABEL",
-        help="the label holding the GPU's index on its node (default: %(default)s)",
-    )
-    util.add_argument(
+    run.add_argument(
         "--utilisation-poll",
         type=_positive_float,
         default=15.0,
@@ -313,12 +305,66 @@ def build_parser() -> argparse.ArgumentParser:
         help="namespace of the pod, as NAMESPACE/ in front of POD does (default: default)",
     )
     exp.set_defaults(handler=_explain)
+
+    rep = sub.add_parser(
+        "report",
+        help="what the cluster's GPUs cost per hour: by namespace, held idle, on idle nodes",
+        description=(
+            "Read the cluster once (and Prometheus, with --prometheus-url) and print what the GPUs cost per "
+            "hour: held by each namespace, held but idle, free on nodes in use, and on nodes nobody uses."
+        ),
+    )
+    _cluster_args(rep, daemon=False, scheduler=False)
+    rep.add_argument(
+        "--prices",
+        type=Path,
+        metavar="YAML",
+        help="price per GPU-hour by GPU product: {currency: USD, default: 1.0, gpuHour: {A100-SXM4-80GB: 3.0}} "
+        "(default: 1.0 per GPU-hour for every product)",
+    )
+    rep.add_argument(
+        "--idle-percent",
+        type=_percent,
+        default=5.0,
+        metavar="PCT",
+        help="a held GPU used less than this is idle (default: 5, as utilisation.idlePercent)",
+    )
+    _utilisation_args(rep, "Read GPU utilisation once, to find the held GPUs that are idle.")
+    rep.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    rep.set_defaults(handler=_report)
     return parser
 
 
-def _cluster_args(p: argparse.ArgumentParser, daemon: bool = True) -> None:
+def _utilisation_args(p: argparse.ArgumentParser, what: str) -> None:
+    util = p.add_argument_group("GPU utilisation", what)
+    util.add_argument(
+        "--prometheus-url", metavar="URL", help="Prometheus to read from, e.g. http://prometheus.monitoring:9090"
+    )
+    util.add_argument(
+        "--utilisation-query",
+        metavar="PROMQL",
+        help="instant query answering one sample per GPU, 0-100, labelled with the node and the GPU index "
+        f"(default: {default_query()})",
+    )
+    util.add_argument(
+        "--utilisation-node-label",
+        default=DEFAULT_NODE_LABEL,
+        metavar="LABEL",
+        help="the label holding the node's name (default: %(default)s)",
+    )
+    util.add_argument(
+        "--utilisation-gpu-label",
+        default=DEFAULT_GPU_LABEL,
+        metavar="LABEL",
+        help="the label holding the GPU's index on its node (default: %(default)s)",
+    )
+
+
+def _cluster_args(p: argparse.ArgumentParser, daemon: bool = True, scheduler: bool = True) -> None:
     p.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: in-cluster service account)")
     p.add_argument("--context", help="kubeconfig context (default: its current context)")
+    if not scheduler:
+        return
     if daemon:
         p.add_argument(
             "--namespace",
@@ -443,6 +489,49 @@ def _explain(args: argparse.Namespace, console: Console) -> int:
         raise UsageError(_cluster_unreadable(exc)) from None
     print(text)
     return code
+
+
+def _report(args: argparse.Namespace, console: Console) -> int:
+    from gpusched.daemon import report_costs
+    from gpusched.kube.client import ApiError, CredentialsError
+    from gpusched.metrics.cost import Prices, parse_prices
+    from gpusched.metrics.source import UtilisationSource
+
+    prices = Prices()
+    if args.prices is not None:
+        path = _existing_file(args.prices, "--prices", "a YAML price list")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise UsageError(f"--prices {path}: cannot read: {' '.join(str(exc).split())}") from None
+        try:
+            prices = parse_prices(data, str(path))
+        except ValueError as exc:
+            raise UsageError(f"--prices {exc}") from None
+    url = _prometheus_url(args.prometheus_url)
+    source = None
+    if url is not None:
+        source = UtilisationSource(
+            url,
+            query=args.utilisation_query,
+            node_label=args.utilisation_node_label,
+            gpu_label=args.utilisation_gpu_label,
+        )
+    try:
+        report, notes = asyncio.run(
+            report_costs(_kubeconfig(args.kubeconfig), args.context, prices, source, args.idle_percent)
+        )
+    except CredentialsError as exc:
+        raise UsageError(str(exc)) from None
+    except ApiError as exc:
+        raise UsageError(_cluster_unreadable(exc)) from None
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report_json(report), indent=2))
+    else:
+        render_report(report, console)
+    return 0
 
 
 def _existing_file(path: Path, flag: str, what: str) -> Path:

@@ -54,6 +54,7 @@ from gpusched.kube.convert import (
 )
 from gpusched.kube.leader import LeaderElector
 from gpusched.kube.watch import Reflector
+from gpusched.metrics.cost import CostReport, Prices, cost_report
 from gpusched.metrics.exporter import HealthServer, SchedulerMetrics
 from gpusched.metrics.source import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, UtilisationSource, UtilisationView
 from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod
@@ -1501,3 +1502,38 @@ async def explain_pod(
         return "\n".join(lines), 1
     finally:
         await kube.close()
+
+
+async def report_costs(
+    kubeconfig: Path | None,
+    context: str | None,
+    prices: Prices,
+    utilisation: UtilisationSource | None = None,
+    idle_percent: float = 5.0,
+) -> tuple[CostReport, list[str]]:
+    """Read the cluster once (and, with ``utilisation``, Prometheus once): the cost report, and
+    notes on what could not be read."""
+    kube = await connect(kubeconfig, context, 50.0, 100)
+    try:
+        notes: list[str] = []
+        cache = Cache()
+        nodes, _ = await kube.list("/api/v1/nodes")
+        recs = []
+        for obj in nodes:
+            try:
+                recs.append(node_record(obj))
+            except ConvertError as exc:
+                notes.append(f"node ignored: {exc}")
+        cache.replace_nodes(recs)
+        bound, _ = await kube.list("/api/v1/pods", {"fieldSelector": BOUND_SELECTOR})
+        cache.replace_pods(pod_record(o, None) for o in bound)
+    finally:
+        await kube.close()
+    view = None
+    if utilisation is not None:
+        if await utilisation.poll_once():
+            view = utilisation.view
+        else:
+            notes.append(f"{utilisation.error}; nothing is counted idle")
+    placed = cache.placed()
+    return cost_report(cache.snapshot().cluster, placed, prices, view, idle_percent), notes

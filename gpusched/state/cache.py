@@ -336,6 +336,14 @@ class Cache:
                 out.append(Assignment(held.pod, i, held.gpus))
         return out
 
+    def placed(self) -> list[Assignment]:
+        """Every pod on the books (bound or assumed) on a known node, as placed in the cluster
+        of the last ``snapshot`` (take both at once)."""
+        cluster = self._ensure_cluster()
+        return [
+            Assignment(h.pod, i, h.gpus) for h in self._held.values() if (i := cluster.index.get(h.node)) is not None
+        ]
+
     def lowest_priority(self) -> int | None:
         """The lowest priority among the pods ``preemptible`` would list (None: there are none):
         only a pod of higher priority may preempt."""

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 from gpusched.kube.client import Kube
 from tests.controlplane import ControlPlane
@@ -113,3 +117,62 @@ async def test_a_prometheus_that_is_down_leaves_placement_as_it_would_be(
         assert p["spec"].get("nodeName") == f"n-{name}"
     finally:
         daemon.stop()
+
+
+async def test_the_cost_report_prices_what_each_namespace_holds_and_finds_it_idle(
+    control_plane: ControlPlane, kube: Kube, namespace: str, prometheus: Prometheus, dcgm: DcgmExporter, tmp_path: Path
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    busy, spare = f"busy-{tag}", f"spare-{tag}"
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node(busy, 4, "A100-SXM4-80GB"), kit.node(spare, 2, "T4")])
+    train = kit.pod("train", "other-scheduler", gpus=2, node_name=busy)
+    train["metadata"]["annotations"]["gpusched.io/gpu-indices"] = "0,1"
+    share = kit.pod("share", "other-scheduler", milli=500, node_name=busy)
+    share["metadata"]["annotations"]["gpusched.io/gpu-indices"] = "2"
+    await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [train, share])
+    await measure(dcgm, prometheus, busy, 0, (namespace, "train"))  # GPU 0: idle
+    dcgm.set(busy, 1, 80, pod=(namespace, "train"))
+    dcgm.set(busy, 2, 60, pod=(namespace, "share"))
+    await asyncio.to_thread(prometheus.wait_for, f'DCGM_FI_DEV_GPU_UTIL{{Hostname="{busy}",gpu="2"}}', 60)
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("currency: EUR\ngpuHour:\n  A100-SXM4-80GB: 3.0\n  T4: 0.5\n")
+    argv = [sys.executable, "-m", "gpusched", "report", "--kubeconfig", str(control_plane.scheduler_kubeconfig)]
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [
+                *argv,
+                "--prices",
+                str(prices),
+                "--prometheus-url",
+                prometheus.url,
+                "--utilisation-query",
+                QUERY,
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=kit.repo_file(),
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["namespaces"] == [
+            {"namespace": namespace, "pods": 2, "gpus": 2.5, "idle_gpus": 1.0, "per_hour": 7.5, "idle_per_hour": 3.0}
+        ]
+        assert (report["gpus_total"], report["per_hour_total"], report["currency"]) == (6, 13.0, "EUR")
+        assert (report["idle_nodes"], report["idle_node_gpus"], report["per_hour_idle_nodes"]) == (1, 2, 1.0)
+        assert report["free_gpus_in_use_nodes"] == 1.5
+        assert report["measured"] is True
+
+        # A price list with a typo: exit 2, one line naming the key and the fix.
+        prices.write_text("gpuHours:\n  T4: 0.5\n")
+        bad = await asyncio.to_thread(
+            subprocess.run, [*argv, "--prices", str(prices)], capture_output=True, text=True, cwd=kit.repo_file()
+        )
+        assert bad.returncode == 2
+        assert bad.stderr.strip() == (
+            f"gpusched report: error: --prices {prices}: gpuHours: unknown key (known here: currency, default, gpuHour)"
+        )
+    finally:
+        dcgm.drop(busy)

@@ -1,0 +1,221 @@
+"""What the GPUs cost per hour: held by each namespace, held and idle, and left on nodes nobody uses.
+
+Pure: the cluster, the pods placed on it, the prices and, when there is one, the utilisation
+view go in; a ``CostReport`` comes out (``gpusched report`` prints it).  A pod's share of a GPU
+costs that share of the GPU's hourly price; a GPU is idle when the view has it under the idle
+percentage (a share on an idle GPU is idle in proportion); a MIG slice costs its compute
+slices' part of its GPU (``3g.40gb``: three sevenths) and is never counted idle.  GPUs on a node where no pod holds a
+GPU are the autoscaler's to take away; they are reported apart from the free GPUs of nodes in use,
+which packing can still fill.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from gpusched.metrics.source import UtilisationView
+from gpusched.model import GPU_MILLI, Assignment, Cluster
+
+__all__ = ["CostReport", "NamespaceCost", "Prices", "cost_report", "parse_prices", "render_report", "report_json"]
+
+
+@dataclass(frozen=True)
+class Prices:
+    """Price of one GPU for one hour, by GPU product (``nvidia.com/gpu.product``)."""
+
+    per_model: Mapping[str, float] = field(default_factory=dict)
+    default: float = 1.0
+    """For a product not listed."""
+    currency: str = "USD"
+
+    def of(self, model: str) -> float:
+        return self.per_model.get(model, self.default)
+
+
+def parse_prices(data: object, source: str = "prices") -> Prices:
+    """``{currency: EUR, default: 2.0, gpuHour: {A100-SXM4-80GB: 3.1, ...}}``, every key optional;
+    a bad document raises ``ValueError`` naming the key."""
+    if data is None:
+        return Prices()
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: expected a mapping, got {type(data).__name__}")
+    unknown = sorted(set(data) - {"currency", "default", "gpuHour"})
+    if unknown:
+        raise ValueError(f"{source}: {unknown[0]}: unknown key (known here: currency, default, gpuHour)")
+    currency = data.get("currency", "USD")
+    if not isinstance(currency, str) or not currency:
+        raise ValueError(f"{source}: currency: expected a name such as USD, got {currency!r}")
+    default = _price(data.get("default", 1.0), f"{source}: default")
+    table = data.get("gpuHour") or {}
+    if not isinstance(table, dict):
+        raise ValueError(f"{source}: gpuHour: expected a mapping of GPU product to price, got {type(table).__name__}")
+    per_model = {str(k): _price(v, f"{source}: gpuHour.{k}") for k, v in table.items()}
+    return Prices(per_model, default, currency)
+
+
+def _mig_share(profile: str) -> float:
+    """``3g.40gb`` -> 3/7: the compute slices of the seven a GPU has."""
+    head = profile.split("g.", 1)[0]
+    return min(7, int(head)) / 7 if head.isdigit() else 1.0
+
+
+def _price(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"{where}: expected a price per GPU-hour, a number >= 0, got {value!r}")
+    return float(value)
+
+
+@dataclass
+class NamespaceCost:
+    namespace: str
+    pods: int = 0
+    gpus: float = 0.0
+    """GPUs held (a share counts as its fraction)."""
+    idle_gpus: float = 0.0
+    """Of those, on GPUs under the idle percentage (0 without a utilisation view)."""
+    per_hour: float = 0.0
+    idle_per_hour: float = 0.0
+
+
+@dataclass(frozen=True)
+class CostReport:
+    namespaces: tuple[NamespaceCost, ...]
+    """Those holding a GPU, dearest first."""
+    gpus_total: int
+    gpus_held: float
+    free_gpus_in_use_nodes: float
+    """Free GPU capacity on nodes where some GPU is held: packing can still fill it."""
+    idle_nodes: int
+    """GPU nodes where no GPU is held."""
+    idle_node_gpus: int
+    per_hour_total: float
+    """Every GPU of the cluster, held or not."""
+    per_hour_held: float
+    per_hour_idle_held: float
+    per_hour_idle_nodes: float
+    per_hour_free_in_use_nodes: float
+    currency: str
+    measured: bool
+    """Whether a utilisation view was read (without one nothing counts as idle)."""
+
+
+def cost_report(
+    cluster: Cluster,
+    placed: Iterable[Assignment],
+    prices: Prices,
+    view: UtilisationView | None = None,
+    idle_percent: float = 5.0,
+) -> CostReport:
+    """The report for ``placed`` (pods on nodes, by index into ``cluster``, on GPU indices)."""
+    idle = view.below(idle_percent) if view is not None else {}
+    held: dict[tuple[int, int], int] = defaultdict(int)  # (node, gpu) -> milli held
+    by_ns: dict[str, NamespaceCost] = {}
+    in_use: set[int] = set()
+    for a in placed:
+        pod = a.pod
+        node = cluster.nodes[a.node]
+        price = prices.of(node.gpu_model)
+        if pod.mig_profile:  # a slice of g compute slices costs g sevenths of its GPU
+            share = _mig_share(pod.mig_profile)
+            in_use.add(a.node)
+            ns = by_ns.setdefault(pod.namespace, NamespaceCost(pod.namespace))
+            ns.pods += 1
+            ns.gpus += share
+            ns.per_hour += share * price
+            continue
+        if not (pod.num_gpu or pod.gpu_milli):
+            continue
+        in_use.add(a.node)
+        ns = by_ns.setdefault(pod.namespace, NamespaceCost(pod.namespace))
+        ns.pods += 1
+        per_gpu = pod.gpu_milli / GPU_MILLI
+        for g in a.gpus:
+            held[(a.node, g)] += pod.gpu_milli
+            ns.gpus += per_gpu
+            ns.per_hour += per_gpu * price
+            if g in idle.get(node.name, ()):
+                ns.idle_gpus += per_gpu
+                ns.idle_per_hour += per_gpu * price
+    total = idle_nodes = idle_node_gpus = 0
+    per_hour_total = per_hour_idle_nodes = free_in_use = per_hour_free = 0.0
+    for i, node in enumerate(cluster.nodes):
+        if not node.gpu_count:
+            continue
+        price = prices.of(node.gpu_model)
+        total += node.gpu_count
+        per_hour_total += node.gpu_count * price
+        if i in in_use:
+            free = sum(max(0, GPU_MILLI - held.get((i, g), 0)) for g in range(node.gpu_count)) / GPU_MILLI
+            free_in_use += free
+            per_hour_free += free * price
+        else:
+            idle_nodes += 1
+            idle_node_gpus += node.gpu_count
+            per_hour_idle_nodes += node.gpu_count * price
+    spaces = sorted(by_ns.values(), key=lambda c: (-c.per_hour, c.namespace))
+    return CostReport(
+        namespaces=tuple(spaces),
+        gpus_total=total,
+        gpus_held=sum(c.gpus for c in spaces),
+        free_gpus_in_use_nodes=free_in_use,
+        idle_nodes=idle_nodes,
+        idle_node_gpus=idle_node_gpus,
+        per_hour_total=per_hour_total,
+        per_hour_held=sum(c.per_hour for c in spaces),
+        per_hour_idle_held=sum(c.idle_per_hour for c in spaces),
+        per_hour_idle_nodes=per_hour_idle_nodes,
+        per_hour_free_in_use_nodes=per_hour_free,
+        currency=prices.currency,
+        measured=view is not None,
+    )
+
+
+def report_json(report: CostReport) -> dict[str, Any]:
+    """The report as one JSON object (amounts per hour, rounded to cents; GPUs to thousandths)."""
+    out = asdict(report)
+    out["namespaces"] = [
+        {
+            k: round(v, 3) if k in ("gpus", "idle_gpus") else round(v, 2) if isinstance(v, float) else v
+            for k, v in n.items()
+        }
+        for n in out["namespaces"]
+    ]
+    for k, v in out.items():
+        if isinstance(v, float):
+            out[k] = round(v, 3) if k.startswith(("gpus_", "free_gpus")) else round(v, 2)
+    return out
+
+
+def render_report(report: CostReport, console: Console) -> None:
+    """The report as a table per namespace and a summary of where the rest goes."""
+    c = report.currency
+    table = Table(title=f"GPU cost per hour ({c})")
+    for col in ("namespace", "pods", "GPUs held", "idle", f"{c}/h", f"idle {c}/h"):
+        table.add_column(col, justify="left" if col == "namespace" else "right")
+    for n in report.namespaces:
+        idle = f"{n.idle_gpus:.2f}" if report.measured else "-"
+        idle_cost = f"{n.idle_per_hour:.2f}" if report.measured else "-"
+        table.add_row(n.namespace, str(n.pods), f"{n.gpus:.2f}", idle, f"{n.per_hour:.2f}", idle_cost)
+    console.print(table)
+    share = report.per_hour_held / report.per_hour_total if report.per_hour_total else 0.0
+    console.print(
+        f"{report.gpus_total} GPUs cost {report.per_hour_total:.2f} {c}/h; held {report.gpus_held:.2f} GPUs, "
+        f"{report.per_hour_held:.2f} {c}/h ({share:.1%})"
+    )
+    if report.measured:
+        console.print(f"held but idle: {report.per_hour_idle_held:.2f} {c}/h")
+    else:
+        console.print("held but idle: not measured (pass --prometheus-url)")
+    console.print(
+        f"free on nodes in use: {report.free_gpus_in_use_nodes:.2f} GPUs, {report.per_hour_free_in_use_nodes:.2f} {c}/h"
+    )
+    console.print(
+        f"nodes with no GPU held: {report.idle_nodes} ({report.idle_node_gpus} GPUs), "
+        f"{report.per_hour_idle_nodes:.2f} {c}/h"
+    )

@@ -1,0 +1,103 @@
+"""The cost report: held GPUs priced by namespace, idle ones found by the utilisation view."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from gpusched.metrics.cost import Prices, cost_report, parse_prices, render_report, report_json
+from gpusched.metrics.source import UtilisationView
+from gpusched.model import Assignment, Cluster, Node, Pod
+from tests.factories import gpu_node, pod
+
+PRICES = Prices({"A100": 3.0}, default=1.0, currency="EUR")
+
+
+def on(ns: str, p: Pod) -> Pod:
+    from dataclasses import replace
+
+    return replace(p, namespace=ns)
+
+
+def cluster() -> Cluster:
+    mig = Node("m", 64000, 65536, gpu_count=0, gpu_model="A100", mig_slices=(("3g.40gb", 2),))
+    return Cluster([gpu_node("a", gpus=4), gpu_node("t", gpus=2, model="T4"), gpu_node("idle", gpus=8), mig])
+
+
+def placed() -> list[Assignment]:
+    return [
+        Assignment(on("train", pod("w", gpus=2)), 0, (0, 1)),
+        Assignment(on("infer", pod("s1", gpus=1, milli=500)), 0, (2,)),
+        Assignment(on("infer", pod("s2", gpus=1, milli=250)), 1, (0,)),
+        Assignment(on("infer", Pod("slice", 100, 100, mig_profile="3g.40gb", namespace="infer")), 3, ()),
+        Assignment(on("web", pod("cpu-only")), 1, ()),
+    ]
+
+
+def test_held_gpus_are_priced_by_namespace_dearest_first() -> None:
+    r = cost_report(cluster(), placed(), PRICES)
+    assert [(n.namespace, n.pods, n.gpus) for n in r.namespaces] == [("train", 1, 2.0), ("infer", 3, 0.75 + 3 / 7)]
+    train, infer = r.namespaces
+    assert train.per_hour == pytest.approx(6.0)
+    assert infer.per_hour == pytest.approx(0.5 * 3.0 + 0.25 * 1.0 + 3 / 7 * 3.0)
+    assert r.gpus_total == 14  # the MIG node advertises slices, not GPUs
+    assert r.per_hour_total == pytest.approx(4 * 3.0 + 2 * 1.0 + 8 * 3.0)
+    assert r.per_hour_held == pytest.approx(train.per_hour + infer.per_hour)
+    # a: GPU 2 half free, GPU 3 idle; t: GPU 0 three quarters free, GPU 1 free.
+    assert r.free_gpus_in_use_nodes == pytest.approx(1.5 + 1.75)
+    assert r.per_hour_free_in_use_nodes == pytest.approx(1.5 * 3.0 + 1.75 * 1.0)
+    assert (r.idle_nodes, r.idle_node_gpus, r.per_hour_idle_nodes) == (1, 8, 24.0)  # the MIG node is in use
+    assert not r.measured
+    assert r.per_hour_idle_held == 0.0
+    assert r.currency == "EUR"
+
+
+def test_held_gpus_under_the_idle_percentage_are_idle_in_proportion() -> None:
+    view = UtilisationView(0.0, {"a": {0: 1.0, 1: 80.0, 2: 4.9, 3: 0.0}, "t": {0: 5.0}, "elsewhere": {0: 0.0}})
+    r = cost_report(cluster(), placed(), PRICES, view, idle_percent=5)
+    by = {n.namespace: n for n in r.namespaces}
+    assert by["train"].idle_gpus == 1.0  # GPU 0 of its two
+    assert by["train"].idle_per_hour == pytest.approx(3.0)
+    assert by["infer"].idle_gpus == 0.5  # s1's half of GPU 2; s2's GPU is at 5.0, not under it
+    assert r.per_hour_idle_held == pytest.approx(3.0 + 1.5)
+    assert r.measured
+
+
+def test_the_report_as_json_and_as_a_table() -> None:
+    view = UtilisationView(0.0, {"a": {0: 0.0}})
+    r = cost_report(cluster(), placed(), PRICES, view)
+    out = report_json(r)
+    assert out["namespaces"][0] == {
+        "namespace": "train",
+        "pods": 1,
+        "gpus": 2.0,
+        "idle_gpus": 1.0,
+        "per_hour": 6.0,
+        "idle_per_hour": 3.0,
+    }
+    assert out["per_hour_total"] == 38.0
+    assert out["measured"] is True
+    console = Console(width=120, record=True)
+    render_report(r, console)
+    text = console.export_text()
+    assert "GPU cost per hour (EUR)" in text
+    assert "14 GPUs cost 38.00 EUR/h" in text
+    assert "held but idle: 3.00 EUR/h" in text
+    assert "nodes with no GPU held: 1 (8 GPUs), 24.00 EUR/h" in text
+
+
+def test_prices_are_read_and_bad_ones_refused_with_the_key() -> None:
+    got = parse_prices({"currency": "EUR", "default": 2, "gpuHour": {"H100-SXM5-80GB": 4.5}})
+    assert got == Prices({"H100-SXM5-80GB": 4.5}, 2.0, "EUR")
+    assert parse_prices(None) == Prices()
+    for data, why in [
+        ({"gpuhour": {}}, "prices: gpuhour: unknown key (known here: currency, default, gpuHour)"),
+        ({"gpuHour": {"T4": -1}}, "prices: gpuHour.T4: expected a price per GPU-hour, a number >= 0, got -1"),
+        ({"gpuHour": {"T4": "cheap"}}, "prices: gpuHour.T4: expected a price per GPU-hour"),
+        ({"default": True}, "prices: default: expected a price per GPU-hour"),
+        ({"gpuHour": [1]}, "prices: gpuHour: expected a mapping of GPU product to price, got list"),
+        ({"currency": 3}, "prices: currency: expected a name such as USD, got 3"),
+        ([1, 2], "prices: expected a mapping, got list"),
+    ]:
+        with pytest.raises(ValueError, match="^" + why.replace("(", r"\(").replace(")", r"\)")):
+            parse_prices(data)
