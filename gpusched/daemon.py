@@ -57,7 +57,7 @@ from gpusched.kube.watch import Reflector
 from gpusched.metrics.cost import CostReport, Prices, cost_report
 from gpusched.metrics.exporter import HealthServer, SchedulerMetrics
 from gpusched.metrics.source import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, UtilisationSource, UtilisationView
-from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod
+from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, Pod
 from gpusched.model.affinity import Requirement, label_selector_selects
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.solver.baselines.base import GreedyPolicy
@@ -1307,8 +1307,11 @@ class Scheduler:
         cl, open_ = state.cluster, ~state.cluster.cordoned  # a cordoned node is no capacity to place on
         gpus = int(cl.gpu_count[open_].sum())
         alloc = int(state.gpu_used[open_].sum()) / (gpus * 1000) if gpus else 0.0
-        active = int(((state.gpu_used.sum(axis=1) > 0) & (cl.gpu_count > 0) & open_).sum())
-        self.metrics.set_cluster(gpus, alloc, frag, active)
+        in_use = state.gpu_used.sum(axis=1) > 0
+        active = int((in_use & (cl.gpu_count > 0) & open_).sum())
+        idle = int((~in_use & (cl.gpu_count > 0) & open_).sum())
+        wanted = sum(r.pod.gpu_demand_milli for r in self.queue.parked()) / GPU_MILLI
+        self.metrics.set_cluster(gpus, alloc, frag, active, idle, wanted)
 
 
 def _load_malloc_trim() -> Callable[[int], int] | None:

@@ -145,6 +145,19 @@ class SchedulerMetrics:
             namespace=NAMESPACE,
             registry=reg,
         )
+        self._gpu_nodes_idle = Gauge(
+            "gpu_nodes_idle",
+            "GPU nodes, not cordoned, with no GPU in use: what a cluster autoscaler could remove.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._unschedulable_gpu_demand = Gauge(
+            "unschedulable_gpu_demand",
+            "GPUs asked for by the pods waiting as unschedulable (a share as its fraction): what more nodes "
+            "would have to offer.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
         self._is_leader = Gauge(
             "is_leader",
             "1 while this replica holds the leader lease, else 0.",
@@ -233,15 +246,23 @@ class SchedulerMetrics:
             self._pending_pods.labels(queue=queue).set(depth)
 
     def set_cluster(
-        self, gpus_total: int, allocation_ratio: float, fragmentation_ratio: float | None, active_gpu_nodes: int
+        self,
+        gpus_total: int,
+        allocation_ratio: float,
+        fragmentation_ratio: float | None,
+        active_gpu_nodes: int,
+        idle_gpu_nodes: int = 0,
+        unschedulable_gpu_demand: float = 0.0,
     ) -> None:
         """Set the cluster gauges: total GPUs, allocated share, fragmentation (``None``: left as it
-        is) and active GPU nodes."""
+        is), active and idle GPU nodes, and the GPUs the unschedulable pods ask for."""
         self._gpus_total.set(gpus_total)
         self._gpu_allocation_ratio.set(allocation_ratio)
         if fragmentation_ratio is not None:
             self._gpu_fragmentation_ratio.set(fragmentation_ratio)
         self._gpu_nodes_active.set(active_gpu_nodes)
+        self._gpu_nodes_idle.set(idle_gpu_nodes)
+        self._unschedulable_gpu_demand.set(unschedulable_gpu_demand)
 
     def utilisation_poll(self, ok: bool) -> None:
         """Count one query for GPU utilisation, answered (``ok``) or not."""

@@ -200,6 +200,10 @@ class SchedulingQueue:
         """How many pods are where."""
         return QueueCounts(len(self._active), len(self._backoff), len(self._parked), len(self._in_flight))
 
+    def parked(self) -> list[PodRecord]:
+        """The pods waiting as unschedulable (until something changes, or the flush)."""
+        return [r for k in self._parked if (r := self._records.get(k)) is not None]
+
     def pending_keys(self) -> list[str]:
         """Every pending pod the queue holds, wherever it is."""
         return list(self._records)

@@ -636,21 +636,24 @@ async def test_bad_configmap_is_rejected_and_old_weights_stay(
 
 async def test_metrics_health_and_readiness(control_plane: ControlPlane, kube: Kube, namespace: str) -> None:
     name = sched_name()
-    await kit.create_all(kube, "/api/v1/nodes", [kit.node("m-0", 8, "A100-SXM4-80GB")])
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node("m-0", 8, "A100-SXM4-80GB"), kit.node("m-1", 2, "T4")])
     daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
     try:
         port = daemon.metrics_port
-        await kit.create_all(
-            kube, f"/api/v1/namespaces/{namespace}/pods", [kit.pod(f"m{i}", name, gpus=1) for i in range(3)]
-        )
-        await kit.wait_settled(kube, namespace, 3, timeout=90)
+        pods = [kit.pod(f"m{i}", name, gpus=1, models=("A100-SXM4-80GB",)) for i in range(3)]
+        pods += [kit.pod("too-big", name, gpus=16), kit.pod("too-big-share", name, milli=300, models=("H800",))]
+        await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", pods)
+        await kit.wait_settled(kube, namespace, 5, timeout=90)
         async with aiohttp.ClientSession() as s:
             for path in ("/healthz", "/readyz"):
                 async with s.get(f"http://127.0.0.1:{port}{path}") as r:
                     assert r.status == 200, path
         assert await _metric_once(port, "gpusched_pods_scheduled_total", 3) == 3
-        assert await _metric(port, "gpusched_gpus_total") == 8
-        assert await _metric(port, "gpusched_gpu_allocation_ratio") == pytest.approx(3 / 8)
+        assert await _metric(port, "gpusched_gpus_total") == 10
+        assert await _metric(port, "gpusched_gpu_allocation_ratio") == pytest.approx(3 / 10)
+        # The autoscaling signals: one GPU node with nothing on it, 16.3 GPUs asked for in vain.
+        assert await _metric(port, "gpusched_gpu_nodes_idle") == 1
+        assert await _metric_once(port, "gpusched_unschedulable_gpu_demand", 16.3) == 16.3
     finally:
         daemon.stop()
 
