@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -342,6 +343,7 @@ def _utilisation_args(p: argparse.ArgumentParser, what: str) -> None:
     )
     util.add_argument(
         "--utilisation-query",
+        type=_query,
         metavar="PROMQL",
         help="instant query answering one sample per GPU, 0-100, labelled with the node and the GPU index "
         f"(default: {default_query()})",
@@ -349,12 +351,14 @@ def _utilisation_args(p: argparse.ArgumentParser, what: str) -> None:
     util.add_argument(
         "--utilisation-node-label",
         default=DEFAULT_NODE_LABEL,
+        type=_label_name,
         metavar="LABEL",
         help="the label holding the node's name (default: %(default)s)",
     )
     util.add_argument(
         "--utilisation-gpu-label",
         default=DEFAULT_GPU_LABEL,
+        type=_label_name,
         metavar="LABEL",
         help="the label holding the GPU's index on its node (default: %(default)s)",
     )
@@ -404,6 +408,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     from gpusched.kube.client import CredentialsError
     from gpusched.kube.leader import timing_problem
 
+    prometheus_url = _prometheus_url(args.prometheus_url)  # bad flags first: before the cluster is looked for
     config_map, config = _daemon_config(args.config)
     if timing_problem(args.lease_duration, args.renew_deadline, args.retry_period):
         raise UsageError(
@@ -428,7 +433,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         kube_qps=args.kube_api_qps,
         kube_burst=args.kube_api_burst,
         policy=args.policy,
-        prometheus_url=_prometheus_url(args.prometheus_url),
+        prometheus_url=prometheus_url,
         utilisation_query=args.utilisation_query,
         utilisation_node_label=args.utilisation_node_label,
         utilisation_gpu_label=args.utilisation_gpu_label,
@@ -444,10 +449,30 @@ def _prometheus_url(value: str | None) -> str | None:
     """``--prometheus-url``, checked: an http(s) address with a host."""
     if value is None:
         return None
-    url = urlsplit(value)
+    try:
+        url = urlsplit(value)
+        _ = url.port  # a port that is not a number is refused here, not at the first query
+    except ValueError as exc:
+        raise UsageError(f"--prometheus-url {value!r}: {exc}; expected http://HOST:PORT or https://HOST:PORT") from None
     if url.scheme not in ("http", "https") or not url.hostname:
         raise UsageError(f"--prometheus-url {value!r}: expected http://HOST:PORT or https://HOST:PORT")
+    if url.query or url.fragment:
+        raise UsageError(
+            f"--prometheus-url {value!r}: no ?query or #fragment; give the address its /api/v1/query is under"
+        )
     return value.rstrip("/")
+
+
+def _label_name(text: str) -> str:
+    if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)")
+    return text
+
+
+def _query(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty query; leave the flag out for the default one")
+    return text
 
 
 def _pod_ref(text: str, namespace: str | None) -> tuple[str, str]:
@@ -497,6 +522,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     from gpusched.metrics.cost import Prices, parse_prices
     from gpusched.metrics.source import UtilisationSource
 
+    url = _prometheus_url(args.prometheus_url)
     prices = Prices()
     if args.prices is not None:
         path = _existing_file(args.prices, "--prices", "a YAML price list")
@@ -508,7 +534,6 @@ def _report(args: argparse.Namespace, console: Console) -> int:
             prices = parse_prices(data, str(path))
         except ValueError as exc:
             raise UsageError(f"--prices {exc}") from None
-    url = _prometheus_url(args.prometheus_url)
     source = None
     if url is not None:
         source = UtilisationSource(

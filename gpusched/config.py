@@ -26,6 +26,10 @@ configuration.  Example (every key optional)::
       busyPercent: 90
       idlePercent: 5
       maxAgeSeconds: 120
+    headroom:
+      gpus: 0
+      priorityAtLeast: 1000000
+      models: []
 """
 
 from __future__ import annotations
@@ -38,7 +42,15 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from gpusched.solver.params import Limits, SolverParams, Weights
 
-__all__ = ["BatchingConfig", "ConfigError", "GpuschedConfig", "UtilisationConfig", "load_config", "yaml_problem"]
+__all__ = [
+    "BatchingConfig",
+    "ConfigError",
+    "GpuschedConfig",
+    "HeadroomConfig",
+    "UtilisationConfig",
+    "load_config",
+    "yaml_problem",
+]
 
 
 _W = Weights()
@@ -112,6 +124,16 @@ class UtilisationConfig(_Strict):
     """An answer older than this is not used: placement goes on as though no GPU were busy."""
 
 
+class HeadroomConfig(_Strict):
+    """Idle GPUs kept free for pods of high priority, so that they start at once."""
+
+    gpus: int = Field(default=0, ge=0, le=1_000_000)
+    """Whole GPUs a batch leaves idle for pods of ``priorityAtLeast`` or more (0: none)."""
+    priority_at_least: int = Field(default=1_000_000, ge=-(2**31), le=2**31 - 1, alias="priorityAtLeast")
+    models: list[str] = Field(default_factory=list)
+    """Only GPUs of these products (``nvidia.com/gpu.product``) are kept (empty: any)."""
+
+
 def _empty_section(value: object) -> object:
     """A section whose keys are all left out (``weights:`` with every line below commented out)
     reads as null in YAML: it takes the defaults, as an empty document does."""
@@ -125,6 +147,7 @@ class GpuschedConfig(_Strict):
     solver: Annotated[SolverConfig, BeforeValidator(_empty_section)] = SolverConfig()
     batching: Annotated[BatchingConfig, BeforeValidator(_empty_section)] = BatchingConfig()
     utilisation: Annotated[UtilisationConfig, BeforeValidator(_empty_section)] = UtilisationConfig()
+    headroom: Annotated[HeadroomConfig, BeforeValidator(_empty_section)] = HeadroomConfig()
 
     def solver_params(self, seed: int = 0) -> SolverParams:
         """The frozen parameters the solver takes."""

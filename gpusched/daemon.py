@@ -31,7 +31,7 @@ import socket
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Coroutine, Iterable
+from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,7 @@ from gpusched.solver.policy import Policy, place_quick
 from gpusched.solver.preempt import Budget, Preemption, gang_budgets, plan_preemptions
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
-from gpusched.state.cache import Cache, Snapshot, same_offer
+from gpusched.state.cache import Cache, Snapshot, keep_free, same_offer
 from gpusched.state.records import PodRecord
 from gpusched.state.volumes import Claims
 
@@ -449,7 +449,10 @@ class Scheduler:
 
     # -- configuration and leadership -----------------------------------------------------
     def set_config(self, cfg: GpuschedConfig) -> None:
-        """Take a validated configuration; the next batch uses it."""
+        """Take a validated configuration; the next batch uses it.  Pods waiting as unschedulable
+        are drawn again when what kept GPUs from them (busy GPUs, headroom) changed."""
+        if (cfg.utilisation, cfg.headroom) != (self.config.utilisation, self.config.headroom):
+            self.queue.move_all()
         self.config = cfg
         self.metrics.set_weights({k: float(v) for k, v in cfg.weights.model_dump(by_alias=True).items()})
         self.queue.max_size = cfg.batching.max_size
@@ -664,9 +667,10 @@ class Scheduler:
             )
             return
         freed = set(self._room_ready(r.pod for r in todo))
-        snap = self.cache.snapshot(free=freed, busy=self.busy_gpus())
-        policy = self._policy_for(snap.cluster)
         pods = self._count_running_members([r.pod for r in todo])
+        keep, models = self._keep(pods)
+        snap = self.cache.snapshot(free=freed, busy=self.busy_gpus(), keep=keep, keep_models=models)
+        policy = self._policy_for(snap.cluster)
         for p in pods:
             self._shapes[TypicalShape.of(p)] += 1
         typical = TypicalPods.from_counts(self._shapes)
@@ -686,6 +690,14 @@ class Scheduler:
             for r in todo:
                 self.queue.backoff(r.key)
             return
+        after_low = after  # what pods below the headroom's priority are weighed against
+        if snap.kept:  # pods of high priority left out may take the GPUs kept free for them
+            placed, after, frag = await self._place_on_kept(plan, after, frag, snap, policy, typical, batch_id)
+            if placed is not plan:  # the GPUs still kept are idle in ``after``: not to pods of low priority
+                taken = {(a.node, g) for a in placed.assignments[len(plan.assignments) :] for g in a.gpus}
+                snap = replace(snap, kept=tuple(c for c in snap.kept if c not in taken))
+                after_low = after.with_gpus_at(snap.kept, GPU_MILLI)
+                plan = placed
         if not self.is_leader:  # lost the Lease during the solve: the new leader places these
             log.info("leadership lost during a solve; batch requeued", batch_id=batch_id, pods=len(todo))
             for r in todo:
@@ -730,10 +742,11 @@ class Scheduler:
             if p.gang is not None:
                 rejected[p.gang.name].append(p)
                 continue
-            e = explain(p, after)
+            seen = after_low if self._below_headroom(p) else after
+            e = explain(p, seen)
             if e.fits or not p.preempts:
-                self._unschedulable(p, self._busy_note(p, e.message, snap.busy), e.reason)
-            elif not self._waits_for_victims(p, e, after, freed):
+                self._unschedulable(p, self._notes(p, e.message, snap, seen), e.reason)
+            elif not self._waits_for_victims(p, e, seen, freed):
                 preempting.append((p, e))
         gangs: list[dict[str, tuple[Pod, str]]] = []  # gangs that may preempt: key -> member, why it waits
         for name, group in rejected.items():
@@ -747,23 +760,28 @@ class Scheduler:
                     p,
                     f"gang {name}: {why}; no member is placed until all of them can be, together."
                     if why
-                    else self._busy_note(p, explain_gang(p, members[name], after), snap.busy),
+                    else self._notes(p, explain_gang(p, members[name], after_low), snap, after_low),
                 )
                 for p in group
             }
             if members[name] < gang.min_members or not all(p.preempts for p in group):
                 for p, message in told.values():  # preempting would not help: room held is given up
                     self._unschedulable(p, message, "Gang")
-            elif not self._gang_waits_for_victims(told, after, freed):
+            elif not self._gang_waits_for_victims(told, after_low, freed):
                 gangs.append(told)
         if preempting or gangs:
-            await self._preempt(preempting, gangs, batch_id, snap.busy)
+            await self._preempt(preempting, gangs, batch_id, snap)
         stats = plan.stats
         gap = stats.gap_pct
         solve_s = stats.wall_ms / 1000
         self.metrics.observe_batch(len(batch), solve_s, gap / 100 if not math.isnan(gap) else math.nan)
-        # Busy GPUs count as full in ``after``; the gauges say what pods hold.
-        self._cluster_metrics(self.cache.snapshot().state if snap.busy else after, frag)
+        if snap.busy or snap.kept:  # they count as full in ``after``: the gauges say what pods hold
+            books = self.cache.snapshot().state
+            if len(typical):
+                frag = await asyncio.to_thread(cluster_frag_ratio, books, typical, ~books.cluster.cordoned)
+            self._cluster_metrics(books, frag)
+        else:
+            self._cluster_metrics(after, frag)
         log.info(
             "batch",
             batch_id=batch_id,
@@ -777,6 +795,7 @@ class Scheduler:
             gap_pct=None if math.isnan(gap) else round(gap, 3),
             nodes=len(snap.cluster),
             busy_gpus=snap.busy,
+            kept_gpus=len(snap.kept),
             generation=snap.generation,
             total_ms=round((time.perf_counter() - start) * 1000, 1),
         )
@@ -984,15 +1003,16 @@ class Scheduler:
         pods: list[tuple[Pod, Explanation]],
         gangs: list[dict[str, tuple[Pod, str]]],
         batch_id: int,
-        busy: int = 0,
+        batch: Snapshot | None = None,
     ) -> None:
         """Look for running pods of lower priority whose eviction lets each of ``pods`` fit, and
         each of ``gangs`` (key -> member, why it is left out) fit whole; evict them, hold their
-        room, and tell every pod where it stands (``busy``: GPUs the batch left out as busy)."""
+        room, and tell every pod where it stands (``batch``: the batch's snapshot, for what it
+        kept from the pods: busy GPUs, GPUs kept free)."""
         lowest = self.cache.lowest_priority()
         hopeless = [(p, e) for p, e in pods if lowest is None or p.priority <= lowest]
         for p, e in hopeless:  # every running pod matters as much: told as usual, at no cost
-            self._unschedulable(p, self._busy_note(p, e.message, busy), e.reason)
+            self._unschedulable(p, self._notes(p, e.message, batch), e.reason)
         pods = [(p, e) for p, e in pods if lowest is not None and p.priority > lowest]
         for told in [g for g in gangs if lowest is None or min(p.priority for p, _ in g.values()) <= lowest]:
             for p, message in told.values():
@@ -1000,9 +1020,16 @@ class Scheduler:
         gangs = [g for g in gangs if lowest is not None and min(p.priority for p, _ in g.values()) > lowest]
         if not pods and not gangs:
             return
-        # Busy GPUs are left out here too, or a pod would find room "by preemption" with no victim.
+        # A busy GPU that no pod on the books holds stays out of reach: no eviction makes it less
+        # busy.  One that pods hold is seen as the books have it, and room on it is taken only
+        # where every pod holding it is evicted (``_busy_room_ok``).  The GPUs kept free stay
+        # out of reach while any of these pods is below the headroom's priority.
         freeing = [p.key for p, _ in pods] + [k for g in gangs for k in g]
-        snap = self.cache.snapshot(free=freeing, busy=self.busy_gpus())
+        busy = self.busy_gpus() or {}
+        holders = self.cache.holders_of([(n, g) for n, gpus in busy.items() for g in gpus])
+        outside = {n: frozenset(g for g in gpus if not holders.get((n, g))) for n, gpus in busy.items()}
+        keep, models = self._keep([p for p, _ in pods] + [p for g in gangs for p, _ in g.values()])
+        snap = self.cache.snapshot(free=freeing, busy=outside, keep=keep, keep_models=models)
         running = self.cache.preemptible()  # as counted in ``snap``: taken together
         try:
             budgets = [*self.budgets.values(), *gang_budgets(running)]  # running gangs keep their minimum
@@ -1019,6 +1046,8 @@ class Scheduler:
             found = []
         if not self.is_leader:
             found = []
+        if busy:
+            found = _busy_room_ok(found, busy, holders, snap.cluster)
         chosen = {pre.pod.key: pre for pre in found}
         self.metrics.preemption(len(pods) + sum(map(len, gangs)), sum(len(pre.victims) for pre in found))
         for p, e in pods:
@@ -1027,7 +1056,7 @@ class Scheduler:
                 self.queue.done(p.key)
                 continue
             if pre is None or not self.queue.current(p.key, p.uid):
-                self._unschedulable(p, self._busy_note(p, e.message, busy), e.reason)
+                self._unschedulable(p, self._notes(p, e.message, batch), e.reason)
                 continue
             node = self._carry_out(pre, snap.cluster)
             log.info(
@@ -1255,26 +1284,116 @@ class Scheduler:
         """Poll for GPU utilisation until cancelled.  When a GPU is no longer busy (or the answer
         grew too old to use), the pods parked as unschedulable are drawn again: it may be room."""
         assert self.utilisation is not None
-        before = self.busy_gpus() or {}
+        blocking = self.cache.blocking(self.busy_gpus() or {})  # GPUs a batch would not be offered
+        unmatched = False
         while True:
-            await self.utilisation.poll_once()
-            now = self.busy_gpus() or {}
-            if any(gpus - now.get(node, frozenset()) for node, gpus in before.items()):
-                log.info("GPUs no longer busy; unschedulable pods drawn again")
-                self.queue.move_all()
-            before = now
+            if await self.utilisation.poll_once():
+                unmatched = self._check_node_names(unmatched)
+            blocking = self.utilisation_changed(blocking)
             await asyncio.sleep(self.utilisation.poll_s)
 
-    def _busy_note(self, pod: Pod, message: str, busy: int) -> str:
-        """``message``, saying also how many GPUs with room were left out as ``busy`` when that
-        may be why ``pod`` found none."""
-        if not busy or not (pod.num_gpu or pod.gpu_milli):
-            return message
-        pct = self.config.utilisation.busy_percent
-        return (
-            f"{message.rstrip('.')}; {busy} GPU{'s' if busy != 1 else ''} with room left "
-            f"{'were' if busy != 1 else 'was'} not offered: busy, at {pct:g} % utilisation or more (DCGM)."
+    def utilisation_changed(self, blocking: set[tuple[str, int]]) -> set[tuple[str, int]]:
+        """After a poll: wake the pods parked as unschedulable if a GPU of ``blocking`` (those a
+        batch was not offered as busy) is busy no more; the GPUs blocking now."""
+        now = self.busy_gpus() or {}
+        if any(g not in now.get(node, ()) for node, g in blocking):
+            log.info("GPUs no longer busy; unschedulable pods drawn again")
+            self.queue.move_all()
+        return self.cache.blocking(now)
+
+    def _check_node_names(self, told: bool) -> bool:
+        """Warn (once, until it changes) when no node of the answer is a node of the cluster:
+        the node label names something else, and no GPU would ever count as busy or idle."""
+        assert self.utilisation is not None
+        assert self.utilisation.view is not None
+        names = self.utilisation.view.percent.keys()
+        nodes = self.cache.nodes
+        unmatched = bool(names) and bool(nodes) and not any(n in nodes for n in names)
+        if unmatched and not told:
+            log.warning(
+                "no node of the utilisation answer is a node of the cluster; nothing counts as busy or idle",
+                label=self.utilisation.node_label,
+                answered=sorted(names)[:3],
+                cluster=sorted(nodes)[:3],
+                fix="--utilisation-node-label must name the label that holds the Kubernetes node name",
+            )
+        return unmatched
+
+    def _below_headroom(self, pod: Pod) -> bool:
+        """Whether ``pod`` may not take the GPUs the headroom keeps free."""
+        return pod.priority < self.config.headroom.priority_at_least
+
+    def _keep(self, pods: Iterable[Pod]) -> tuple[int, frozenset[str]]:
+        """How many idle GPUs (and of which products) to keep from ``pods``: the headroom's,
+        when any of them is below its priority; else none."""
+        h = self.config.headroom
+        if h.gpus and any(self._below_headroom(p) for p in pods):
+            return h.gpus, frozenset(h.models)
+        return 0, frozenset()
+
+    async def _place_on_kept(
+        self,
+        plan: Plan,
+        after: ClusterState,
+        frag: float,
+        snap: Snapshot,
+        policy: Policy,
+        typical: TypicalPods,
+        batch_id: int,
+    ) -> tuple[Plan, ClusterState, float]:
+        """Place the pods of high priority that ``plan`` left out with the GPUs kept free for
+        them given back: the batch's plan with theirs added.  A gang goes there only whole."""
+        below = {p.gang.name for p in plan.unplaced if p.gang is not None and self._below_headroom(p)}
+        high = [
+            p for p in plan.unplaced if not self._below_headroom(p) and (p.gang is None or p.gang.name not in below)
+        ]
+        if not high:
+            return plan, after, frag
+        state = after.with_gpus_at(snap.kept, 0)
+        try:
+            extra, after2, frag2 = await asyncio.to_thread(_solve, policy, high, state, typical, False)
+        except Exception as exc:
+            log.error(
+                "solve on the GPUs kept free failed; its pods are told as left out", batch_id=batch_id, error=repr(exc)
+            )
+            return plan, after, frag
+        problems = plan_problems(extra, state, high)
+        if problems:
+            log.error("plan on the GPUs kept free rejected", batch_id=batch_id, problems=problems[:5])
+            return plan, after, frag
+        placed = {a.pod.key for a in extra.assignments}
+        log.info("kept GPUs used", batch_id=batch_id, pods=len(placed), kept=len(snap.kept))
+        merged = replace(
+            plan,
+            assignments=plan.assignments + extra.assignments,
+            unplaced=tuple(p for p in plan.unplaced if p.key not in placed),
         )
+        return merged, after2, frag2
+
+    def _notes(self, pod: Pod, message: str, snap: Snapshot | None, state: ClusterState | None = None) -> str:
+        """``message``, saying also how many GPUs ``pod`` could have used the batch did not offer
+        it, and why (busy; kept free for pods of higher priority), when it found no room.
+        ``state``: what the pod was weighed against (default: the snapshot's)."""
+        if snap is None or not (snap.busy_cells or snap.kept) or not (pod.num_gpu or pod.gpu_milli):
+            return message
+        seen = snap.state if state is None else state
+        host = seen.host_mask(pod.shape)
+        need = pod.gpu_milli if pod.shape.is_fractional else GPU_MILLI
+        notes = []
+        busy = sum(1 for i, _, room in snap.busy_cells if host[i] and room >= need)
+        if busy:
+            pct = self.config.utilisation.busy_percent
+            notes.append(
+                f"{busy} GPU{'s' if busy != 1 else ''} with room for it {'were' if busy != 1 else 'was'} "
+                f"not offered: busy, at {pct:g} % utilisation or more (DCGM)"
+            )
+        kept = sum(1 for i, _ in snap.kept if host[i]) if self._below_headroom(pod) else 0
+        if kept:
+            notes.append(
+                f"{kept} idle GPU{'s' if kept != 1 else ''} {'are' if kept != 1 else 'is'} kept free for pods of "
+                f"priority {self.config.headroom.priority_at_least} or more (headroom)"
+            )
+        return "; ".join([message.rstrip("."), *notes]) + "." if notes else message
 
     def _utilisation_metrics(self, state: ClusterState) -> None:
         """The age of the utilisation answer, the GPUs it finds busy and those pods hold idle."""
@@ -1284,12 +1403,12 @@ class Scheduler:
         if view is None:
             self.metrics.set_utilisation(math.nan, 0, 0)
             return
-        age = view.age(time.time())
+        age = self.utilisation.age()
         if age > u.max_age_seconds:  # not used: nothing is busy or idle by it
             self.metrics.set_utilisation(age, 0, 0)
             return
         index, used = state.cluster.index, state.gpu_used
-        busy = sum(len(g) for n, g in view.at_least(u.busy_percent).items() if n in index)
+        busy = len(self.cache.blocking(view.at_least(u.busy_percent))) if u.avoid_busy_gpus else 0
         idle = sum(
             1
             for n, gpus in view.below(u.idle_percent).items()
@@ -1312,6 +1431,8 @@ class Scheduler:
         idle = int((~in_use & (cl.gpu_count > 0) & open_).sum())
         wanted = sum(r.pod.gpu_demand_milli for r in self.queue.parked()) / GPU_MILLI
         self.metrics.set_cluster(gpus, alloc, frag, active, idle, wanted)
+        h = self.config.headroom
+        self.metrics.set_kept(len(keep_free(cl, state.gpu_used, h.gpus, frozenset(h.models))))
 
 
 def _load_malloc_trim() -> Callable[[int], int] | None:
@@ -1322,6 +1443,31 @@ def _load_malloc_trim() -> Callable[[int], int] | None:
 
 
 _MALLOC_TRIM = _load_malloc_trim()
+
+
+def _busy_room_ok(
+    found: list[Preemption],
+    busy: Mapping[str, frozenset[int]],
+    holders: Mapping[tuple[str, int], set[str]],
+    cluster: Cluster,
+) -> list[Preemption]:
+    """The preemptions of ``found`` that take room on a busy GPU only where every pod holding it
+    is evicted (by the pod, or for a gang by its members together); a gang keeps all its
+    members' or none."""
+    victims: dict[str, set[str]] = defaultdict(set)  # pod, or gang, -> the keys of its victims
+
+    def unit(pre: Preemption) -> str:
+        return f"gang:{pre.pod.gang.name}" if pre.pod.gang is not None else pre.pod.key
+
+    for pre in found:
+        victims[unit(pre)].update(v.pod.key for v in pre.victims)
+    refused = set()
+    for pre in found:
+        name = cluster.nodes[pre.placement.node].name
+        for g in pre.placement.gpus:
+            if g in busy.get(name, ()) and not holders.get((name, g), set()) <= victims[unit(pre)]:
+                refused.add(unit(pre))
+    return [pre for pre in found if unit(pre) not in refused]
 
 
 def _could_take(cluster: Cluster, pod: Pod, node: str) -> bool:
@@ -1429,6 +1575,23 @@ async def run_daemon(settings: DaemonSettings) -> int:
     return code
 
 
+async def _read_books(kube: Kube, namespaces: dict[str, dict[str, str]] | None, notes: list[str]) -> Cache:
+    """The nodes and the pods bound to them, read once into books; a node that cannot be read
+    is left out with a line in ``notes``."""
+    cache = Cache()
+    nodes, _ = await kube.list("/api/v1/nodes")
+    recs = []
+    for obj in nodes:
+        try:
+            recs.append(node_record(obj))
+        except ConvertError as exc:
+            notes.append(f"node ignored: {exc}")
+    cache.replace_nodes(recs)
+    bound, _ = await kube.list("/api/v1/pods", {"fieldSelector": BOUND_SELECTOR})
+    cache.replace_pods(pod_record(o, namespaces) for o in bound)
+    return cache
+
+
 async def explain_pod(
     kubeconfig: Path | None, context: str | None, namespace: str, name: str, scheduler_name: str = SCHEDULER_NAME
 ) -> tuple[str, int]:
@@ -1467,17 +1630,7 @@ async def explain_pod(
             if volumes:
                 lines.append(f"pod {rec.key} cannot be bound: {volumes}")
                 return "\n".join(lines), 1
-        cache = Cache()
-        nodes, _ = await kube.list("/api/v1/nodes")
-        recs = []
-        for obj in nodes:
-            try:
-                recs.append(node_record(obj))
-            except ConvertError as exc:
-                lines.append(f"node ignored: {exc}")
-        cache.replace_nodes(recs)
-        bound, _ = await kube.list("/api/v1/pods", {"fieldSelector": BOUND_SELECTOR})
-        cache.replace_pods(pod_record(o, namespaces) for o in bound)
+        cache = await _read_books(kube, namespaces, lines)
         snap = cache.snapshot()
         e = explain(rec.pod, snap.state)
         p = rec.pod
@@ -1519,17 +1672,7 @@ async def report_costs(
     kube = await connect(kubeconfig, context, 50.0, 100)
     try:
         notes: list[str] = []
-        cache = Cache()
-        nodes, _ = await kube.list("/api/v1/nodes")
-        recs = []
-        for obj in nodes:
-            try:
-                recs.append(node_record(obj))
-            except ConvertError as exc:
-                notes.append(f"node ignored: {exc}")
-        cache.replace_nodes(recs)
-        bound, _ = await kube.list("/api/v1/pods", {"fieldSelector": BOUND_SELECTOR})
-        cache.replace_pods(pod_record(o, None) for o in bound)
+        cache = await _read_books(kube, None, notes)
     finally:
         await kube.close()
     view = None

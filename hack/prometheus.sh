@@ -11,6 +11,7 @@
 # be had, it fails under CI=true (the tests that need it must run there) and elsewhere warns and
 # succeeds (those tests then skip).
 set -euo pipefail
+CI="${CI:-}"
 
 log() { printf 'prometheus: %s\n' "$*" >&2; }
 
@@ -28,7 +29,7 @@ if command -v prometheus >/dev/null 2>&1; then
 fi
 
 missing() {
-	if [[ "${CI:-}" == "true" ]]; then
+	if [[ "${CI,,}" == "true" ]]; then
 		log "error: $*"
 		exit 1
 	fi

@@ -22,7 +22,7 @@ def _comment_out(text: str, section: str) -> str:
     return "\n".join(out) + "\n"
 
 
-@pytest.mark.parametrize("section", ["weights", "solver", "batching", "utilisation"])
+@pytest.mark.parametrize("section", ["weights", "solver", "batching", "utilisation", "headroom"])
 def test_the_shipped_document_with_a_section_commented_out_keeps_the_defaults(section: str) -> None:
     text = _comment_out(SHIPPED.read_text(), section)
     assert re.search(rf"^{section}:\s*$", text, re.M)  # the section is still there, empty

@@ -158,6 +158,12 @@ class SchedulerMetrics:
             namespace=NAMESPACE,
             registry=reg,
         )
+        self._gpus_kept_free = Gauge(
+            "gpus_kept_free",
+            "Idle GPUs kept free for pods of headroom.priorityAtLeast or more (at most headroom.gpus).",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
         self._is_leader = Gauge(
             "is_leader",
             "1 while this replica holds the leader lease, else 0.",
@@ -273,6 +279,10 @@ class SchedulerMetrics:
         self._utilisation_age.set(age_seconds)
         self._gpus_busy.set(busy)
         self._gpus_allocated_idle.set(allocated_idle)
+
+    def set_kept(self, gpus: int) -> None:
+        """Set how many idle GPUs the headroom keeps free now."""
+        self._gpus_kept_free.set(gpus)
 
     def set_leader(self, leader: bool) -> None:
         """Set ``gpusched_is_leader`` to 1 or 0."""

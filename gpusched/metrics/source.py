@@ -55,7 +55,7 @@ class UtilisationView:
     """Utilisation per GPU as one query answered it."""
 
     taken_at: float
-    """When the answer arrived (``time.time()`` seconds)."""
+    """When the answer arrived (by the source's clock: ``time.monotonic`` unless told)."""
     percent: Mapping[str, Mapping[int, float]]
     """Node name -> GPU index -> utilisation, 0..100."""
 
@@ -136,6 +136,8 @@ def _query_error(exc: Exception) -> str:
         if isinstance(answer, dict) and "error" in answer:
             return f"Prometheus refused the query ({answer.get('errorType', 'error')}): {answer['error']}"
         return f"HTTP {m.group(1)} from Prometheus"
+    if isinstance(exc, ValueError) and "Expecting value" in text:  # a 200 answer that is no JSON
+        return "the answer is not JSON: is the URL a Prometheus (its /api/v1/query)?"
     return f"{type(exc).__name__}: {text}"
 
 
@@ -155,7 +157,7 @@ class UtilisationSource:
         gpu_label: str = DEFAULT_GPU_LABEL,
         poll_s: float = 15.0,
         timeout_s: float = 10.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         on_poll: Callable[[bool], None] | None = None,
     ) -> None:
         self.url = url
@@ -172,6 +174,10 @@ class UtilisationSource:
         self.error = ""
         """Why the last poll failed ("" after a good one)."""
         self._told: str | None = None  # the outcome last logged: each is logged once, until it changes
+
+    def age(self) -> float:
+        """Seconds since the last good answer (NaN before the first)."""
+        return math.nan if self.view is None else self.view.age(self._clock())
 
     def current(self, max_age_s: float) -> UtilisationView | None:
         """The last good answer if it is at most ``max_age_s`` old, else None."""
@@ -201,6 +207,12 @@ class UtilisationSource:
             self._failed(f"cannot read GPU utilisation from {self.url}: {_query_error(exc)}")
             return False
         percent, problems = parse_samples(result, self.node_label, self.gpu_label)
+        if not percent and not problems:
+            self._failed(
+                "the utilisation query answered no sample: is dcgm-exporter scraped by this Prometheus, "
+                f"and does the query name its metric? ({self.query})"
+            )
+            return False
         if problems and not percent:
             self._failed(
                 f"the utilisation query answered no usable sample ({len(problems)} left out; first: {problems[0]}); "

@@ -695,6 +695,12 @@ class ClusterState:
             ok &= self.cluster.selector_mask(shape.node_selector)
         return ok
 
+    def host_mask(self, shape: PodShape) -> BoolArray:
+        """Nodes that could host ``shape`` if their GPUs had room: all it asks for but GPUs,
+        and a GPU model it accepts."""
+        ok = self._room_mask(shape)
+        return ok & self.cluster.model_mask(shape.gpu_models) if shape.num_gpu else ok
+
     def fit_mask(self, shape: PodShape) -> BoolArray:
         """Nodes that can host one pod of ``shape`` now."""
         if shape.mig_profile:
@@ -1015,6 +1021,29 @@ class ClusterState:
     def gpu_allocated_milli(self) -> int:
         """GPU share in use across the cluster."""
         return int(self.gpu_used.sum())
+
+    def with_gpus_at(self, cells: Iterable[tuple[int, int]], milli: int) -> ClusterState:
+        """A new state with the GPUs at ``cells`` (node, GPU index) counted ``milli`` in use,
+        capped at each GPU's capacity; pods, CPU and memory as they are.  For what no pod
+        holds: GPUs kept from a batch (busy, or kept free for pods of high priority) and given
+        back."""
+        gpu = self.gpu_used.copy()
+        for i, g in cells:
+            gpu[i, g] = min(milli, int(self.cluster.gpu_cap[i, g]))
+        return ClusterState(
+            self.cluster,
+            self.cpu_used,
+            self.mem_used,
+            gpu,
+            self.pod_kinds,
+            self.mig_used,
+            self.partitions,
+            self.storage_used,
+            self.ports_used,
+            self.residents,
+            self.term_holders,
+            self.pods_used,
+        )
 
 
 _STATE_FIELDS = frozenset(f.name for f in fields(ClusterState))

@@ -45,9 +45,48 @@ class Snapshot:
     """Every node, sorted by name (cordoned ones carry their taint)."""
     state: ClusterState
     """Usage by every bound and assumed pod on those nodes (and busy GPUs counted as full)."""
-    busy: int = 0
+    busy_cells: tuple[tuple[int, int, int], ...] = ()
     """GPUs with room left that were counted as full because they are busy (``busy`` of
-    ``Cache.snapshot``)."""
+    ``Cache.snapshot``): node index, GPU index, the room they had."""
+    kept: tuple[tuple[int, int], ...] = ()
+    """Idle GPUs (node index, GPU index) counted as full because they are kept free for pods
+    of high priority (``keep`` of ``Cache.snapshot``)."""
+
+    @property
+    def busy(self) -> int:
+        """How many GPUs with room were left out as busy."""
+        return len(self.busy_cells)
+
+
+def keep_free(
+    cluster: Cluster,
+    gpu_used: IntArray,
+    count: int,
+    models: frozenset[str] = frozenset(),
+    spared: Collection[tuple[int, int]] = (),
+) -> tuple[tuple[int, int], ...]:
+    """The ``count`` idle GPUs (node index, GPU index) to keep free: on nodes that are not
+    cordoned and offer no MIG slices, of ``models`` if any, never those of ``spared``; whole
+    idle nodes first, then the nodes with the most idle GPUs, by name, so that what is kept
+    takes pods that need several GPUs on one node.  Fewer when fewer are idle."""
+    if count <= 0:
+        return ()
+    ok = (cluster.gpu_count > 0) & ~cluster.cordoned & ~cluster.mig_cap.any(axis=1)
+    if models:
+        ok &= cluster.product_mask(models)
+    idle = (gpu_used == 0) & (cluster.gpu_cap > 0) & ok[:, None]
+    for i, g in spared:
+        idle[i, g] = False
+    counts = idle.sum(axis=1)
+    whole = counts == cluster.gpu_count
+    order = sorted(np.flatnonzero(counts), key=lambda i: (not whole[i], -int(counts[i]), cluster.nodes[i].name))
+    out: list[tuple[int, int]] = []
+    for node in order:
+        for gpu in np.flatnonzero(idle[node]):
+            if len(out) == count:
+                return tuple(out)
+            out.append((int(node), int(gpu)))
+    return tuple(out)
 
 
 @dataclass(slots=True)
@@ -336,6 +375,32 @@ class Cache:
                 out.append(Assignment(held.pod, i, held.gpus))
         return out
 
+    def blocking(self, busy: Mapping[str, Collection[int]]) -> set[tuple[str, int]]:
+        """The GPUs of ``busy`` (node name -> GPU indices) that a snapshot would count as full:
+        on a node of the cluster with no MIG slices, and with room left by the books."""
+        cluster = self._ensure_cluster()
+        gpu = self._gpu
+        return {
+            (node, g)
+            for node, gpus in busy.items()
+            if (i := cluster.index.get(node)) is not None and not cluster.mig_cap[i].any()
+            for g in gpus
+            if 0 <= g < cluster.gpu_count[i] and gpu[i, g] < cluster.gpu_cap[i, g]
+        }
+
+    def holders_of(self, gpus: Collection[tuple[str, int]]) -> dict[tuple[str, int], set[str]]:
+        """The keys of the pods on the books (bound or assumed) holding each of ``gpus`` (node
+        name, GPU index); a GPU nobody holds is left out."""
+        out: dict[tuple[str, int], set[str]] = {}
+        if not gpus:
+            return out
+        wanted = set(gpus)
+        for h in self._held.values():
+            for g in h.gpus:
+                if (h.node, g) in wanted:
+                    out.setdefault((h.node, g), set()).add(h.pod.key)
+        return out
+
     def placed(self) -> list[Assignment]:
         """Every pod on the books (bound or assumed) on a known node, as placed in the cluster
         of the last ``snapshot`` (take both at once)."""
@@ -422,12 +487,19 @@ class Cache:
         return len(self._held)
 
     # -- snapshot ----------------------------------------------------------------------------
-    def snapshot(self, free: Collection[str] = (), busy: Mapping[str, Collection[int]] | None = None) -> Snapshot:
+    def snapshot(
+        self,
+        free: Collection[str] = (),
+        busy: Mapping[str, Collection[int]] | None = None,
+        keep: int = 0,
+        keep_models: Collection[str] = (),
+    ) -> Snapshot:
         """Freeze the books for a batch; the room held for the pods of ``free`` (keys) is left
         free for them.  The GPUs of ``busy`` (node name -> GPU indices) count as full, so no
         pod is placed on them; room held for ``free`` is left free all the same (its victims
         are gone, and with them what kept the GPU busy), and nodes with MIG slices are left
-        as they are (their slices are not numbered as their GPUs)."""
+        as they are (their slices are not numbered as their GPUs).  Then ``keep`` idle GPUs
+        (of ``keep_models``, if any are named) count as full too (``keep_free``)."""
         cluster = self._ensure_cluster()
         # Taken off the books themselves, not the snapshot: while its victims terminate, a
         # GPU may be counted twice, and the snapshot counts at most a whole GPU.
@@ -435,26 +507,39 @@ class Cache:
         for h in held:
             self._account(h, -1)
         try:
-            if not busy:
+            if not busy and not keep:
                 return self._freeze(cluster)
             rooms = {(h.node, g) for h in held for g in h.gpus}
             blocked = [
                 (i, g)
-                for node, gpus in busy.items()
+                for node, gpus in (busy or {}).items()
                 if (i := cluster.index.get(node)) is not None and not cluster.mig_cap[i].any()
                 for g in gpus
                 if 0 <= g < cluster.gpu_count[i] and (node, g) not in rooms
             ]
-            return self._freeze(cluster, blocked)
+            spared = {(cluster.index[n], g) for n, g in rooms if n in cluster.index}
+            return self._freeze(cluster, blocked, keep, frozenset(keep_models), spared)
         finally:
             for h in held:
                 self._account(h, 1)
 
-    def _freeze(self, cluster: Cluster, busy: Collection[tuple[int, int]] = ()) -> Snapshot:
+    def _freeze(
+        self,
+        cluster: Cluster,
+        busy: Collection[tuple[int, int]] = (),
+        keep: int = 0,
+        keep_models: frozenset[str] = frozenset(),
+        spared: Collection[tuple[int, int]] = (),
+    ) -> Snapshot:
         gpu = np.minimum(self._gpu, cluster.gpu_cap)
-        blocked = 0
+        blocked = []
         for i, g in busy:
-            blocked += int(gpu[i, g] < cluster.gpu_cap[i, g])
+            room = int(cluster.gpu_cap[i, g] - gpu[i, g])
+            if room > 0:
+                blocked.append((i, g, room))
+            gpu[i, g] = cluster.gpu_cap[i, g]
+        kept = keep_free(cluster, gpu, keep, keep_models, spared) if keep else ()
+        for i, g in kept:
             gpu[i, g] = cluster.gpu_cap[i, g]
         mig = np.minimum(self._mig, cluster.mig_cap)  # slices counted on a node that no longer offers them
         storage = self._storage.copy() if self._storage.any() else None
@@ -472,7 +557,7 @@ class Cache:
             dict(self._resident_view),
             pods_used=self._pods.copy() if cluster.pods_metered else None,
         )
-        return Snapshot(self.generation, cluster, state, blocked)
+        return Snapshot(self.generation, cluster, state, tuple(blocked), kept)
 
     def _ensure_cluster(self) -> Cluster:
         if self._cluster is None:

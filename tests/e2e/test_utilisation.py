@@ -76,7 +76,7 @@ async def test_busy_gpus_take_no_new_pods_until_they_cool_down(
         assert not c["spec"].get("nodeName")
         message = (kit.condition(c) or {}).get("message", "")
         assert message.endswith(
-            "; 2 GPUs with room left were not offered: busy, at 90 % utilisation or more (DCGM)."
+            "; 2 GPUs with room for it were not offered: busy, at 90 % utilisation or more (DCGM)."
         ), message
         events = await kit.wait_events(kube, namespace, ["FailedScheduling/share-c"])
         assert events["FailedScheduling/share-c"][0]["message"] == message

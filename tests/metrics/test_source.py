@@ -125,3 +125,20 @@ async def test_a_query_without_the_labels_is_told_what_it_must_return(prometheus
     assert not await src.poll_once()
     assert "no usable sample (1 left out; first: sample 0 {}: no 'Hostname' label" in src.error
     assert "with the labels 'Hostname' and 'gpu'" in src.error
+
+
+async def test_an_answer_with_no_sample_is_a_failed_poll(prometheus: Prometheus) -> None:
+    polls: list[bool] = []
+    src = UtilisationSource(
+        prometheus.url, query="avg by (Hostname, gpu) (DCGM_FI_DEV_GPU_UTILL)", on_poll=polls.append
+    )
+    assert not await src.poll_once()
+    assert polls == [False]
+    assert src.error.startswith("the utilisation query answered no sample: is dcgm-exporter scraped")
+    assert src.view is None
+
+
+async def test_a_server_that_is_not_a_prometheus_is_told_so(dcgm: DcgmExporter) -> None:
+    src = UtilisationSource(f"http://127.0.0.1:{dcgm.port}")  # answers 200 with text, not JSON
+    assert not await src.poll_once()
+    assert src.error.endswith("the answer is not JSON: is the URL a Prometheus (its /api/v1/query)?")

@@ -1,0 +1,196 @@
+"""Busy GPUs and GPUs kept free, as a real ``Scheduler`` meets them batch by batch.
+
+The utilisation view is set by hand here (tests/e2e/test_utilisation.py reads it from a real
+Prometheus); the API server's answers are scripted (tests/doubles.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from gpusched.config import parse_config
+from gpusched.daemon import Scheduler, _NodeHandler
+from gpusched.metrics.source import UtilisationSource, UtilisationView
+from gpusched.solver.fragmentation import TypicalPods, cluster_frag_ratio
+from tests.doubles import RecordingApi, one_node_scheduler, settle
+from tests.e2e import kit
+
+
+class EvictingApi(RecordingApi):
+    """Records the pods the scheduler evicts too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.evicted: list[str] = []
+
+    async def preempt(self, victim: Any, by: Any, node: str) -> bool:
+        self.evicted.append(victim.key)
+        return True
+
+
+def pod(name: str, priority: int = 0, *, gpus: int = 1, milli: int = 0, node: str = "", gpu: int = 0) -> dict[str, Any]:
+    obj = kit.pod(name, "s", gpus=0 if milli else gpus, milli=milli, node_name=node)
+    obj["metadata"].update({"namespace": "default", "uid": f"uid-{name}", "labels": {}})
+    if node:
+        obj["metadata"]["annotations"]["gpusched.io/gpu-indices"] = ",".join(str(gpu + k) for k in range(gpus))
+    obj["spec"]["priority"] = priority
+    return obj
+
+
+def measured(s: Scheduler, percent: dict[str, dict[int, float]]) -> None:
+    if s.utilisation is None:
+        s.utilisation = UtilisationSource("http://prometheus.invalid:9090")
+    s.utilisation.view = UtilisationView(time.monotonic(), percent)
+
+
+async def batch(s: Scheduler) -> None:
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 10))
+    await settle(s)
+
+
+# -- busy GPUs and preemption ---------------------------------------------------------------
+
+
+async def test_a_busy_gpu_held_only_by_pods_of_lower_priority_is_taken_by_evicting_them() -> None:
+    for busy in (False, True):
+        api = EvictingApi()
+        s = one_node_scheduler(api, gpus=1)
+        if busy:
+            measured(s, {"n0": {0: 95.0}})  # the share below keeps it busy
+        s._bound.apply("ADDED", pod("low", 0, milli=500, node="n0"))
+        s._pending.apply("ADDED", pod("urgent", 100))
+        await batch(s)
+        assert api.evicted == ["default/low"], (busy, api.failed("default/urgent"))
+
+
+async def test_no_pod_is_evicted_for_room_on_a_gpu_that_others_keep_busy() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    measured(s, {"n0": {0: 99.0}})
+    s._bound.apply("ADDED", pod("w", 1000, milli=300, node="n0"))  # stays: higher priority
+    s._bound.apply("ADDED", pod("v", 0, milli=500, node="n0"))
+    s._pending.apply("ADDED", pod("p", 100, milli=500))
+    await batch(s)
+    assert api.evicted == []
+    assert api.failed("default/p") == ["0/1 nodes are available: 1 insufficient GPU share."]
+
+
+async def test_a_busy_gpu_no_pod_holds_is_not_taken_by_preemption_either() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=2)
+    measured(s, {"n0": {1: 97.0}})  # something outside the cluster's pods
+    s._bound.apply("ADDED", pod("low", 0, node="n0", gpu=0))
+    s._pending.apply("ADDED", pod("urgent", 100, gpus=2))
+    await batch(s)
+    assert api.evicted == []
+    assert api.bound == []
+
+
+# -- who is told what, and woken when ----------------------------------------------------------
+
+
+async def test_the_busy_note_counts_only_gpus_the_pod_could_have_used() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=1)  # n0: one A100, busy
+    _NodeHandler(s).apply("ADDED", kit.node("n1", 1, "H100"))
+    measured(s, {"n0": {0: 99.0}})
+    s._bound.apply("ADDED", pod("other", 0, node="n1"))
+    h100 = pod("h100-only")
+    h100["metadata"]["annotations"]["gpusched.io/gpu-models"] = "H100"
+    s._pending.apply("ADDED", h100)
+    s._pending.apply("ADDED", pod("any"))
+    await batch(s)
+    (message,) = api.failed("default/h100-only")
+    assert "busy" not in message, message
+    (message,) = api.failed("default/any")
+    assert message.endswith("; 1 GPU with room for it was not offered: busy, at 90 % utilisation or more (DCGM)."), (
+        message
+    )
+
+
+async def test_parked_pods_are_woken_only_when_a_gpu_they_were_denied_cools_down() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=2)
+    s._bound.apply("ADDED", pod("train", 0, node="n0", gpu=0))
+    s._pending.apply("ADDED", pod("waiting", 0, gpus=2))
+    measured(s, {"n0": {0: 95.0, 1: 95.0}, "elsewhere": {0: 95.0}})
+    await batch(s)
+    assert s.queue.counts().unschedulable == 1
+    blocking = s.cache.blocking(s.busy_gpus() or {})
+    assert blocking == {("n0", 1)}  # GPU 0 is full by the books; "elsewhere" is no node here
+    measured(s, {"n0": {0: 10.0, 1: 95.0}, "elsewhere": {0: 10.0}})
+    blocking = s.utilisation_changed(blocking)
+    assert s.queue.counts().unschedulable == 1  # what cooled was denied to nobody
+    measured(s, {"n0": {0: 10.0, 1: 10.0}})
+    s.utilisation_changed(blocking)
+    assert s.queue.counts().unschedulable == 0
+
+
+async def test_the_fragmentation_gauge_after_a_batch_counts_busy_gpus_as_the_books_do() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=4)
+    measured(s, {"n0": {0: 99.0, 1: 99.0}})
+    s._bound.apply("ADDED", pod("r0", milli=700, node="n0", gpu=0))
+    s._bound.apply("ADDED", pod("r1", milli=700, node="n0", gpu=1))
+    for i in range(6):
+        s._pending.apply("ADDED", pod(f"small{i}", milli=300))
+    await batch(s)
+    state = s.cache.snapshot().state
+    books = cluster_frag_ratio(state, TypicalPods.from_counts(s._shapes), ~state.cluster.cordoned)
+    line = next(
+        x for x in s.metrics.render()[0].decode().splitlines() if x.startswith("gpusched_gpu_fragmentation_ratio")
+    )
+    assert float(line.split()[-1]) == books
+
+
+# -- headroom --------------------------------------------------------------------------------
+
+
+def kept_for(s: Scheduler, gpus: int, priority: int = 1000) -> None:
+    s.set_config(parse_config({"headroom": {"gpus": gpus, "priorityAtLeast": priority}}))
+
+
+async def test_pods_below_the_headroom_priority_leave_the_kept_gpus_idle_and_are_told() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=4)
+    kept_for(s, 2)
+    for i in range(3):
+        s._pending.apply("ADDED", pod(f"batch{i}", 0))
+    await batch(s)
+    assert len(api.bound) == 2
+    (left,) = {f"default/batch{i}" for i in range(3)} - set(api.bound)
+    (message,) = api.failed(left)
+    assert message.endswith("; 2 idle GPUs are kept free for pods of priority 1000 or more (headroom)."), message
+    line = next(x for x in s.metrics.render()[0].decode().splitlines() if x.startswith("gpusched_gpus_kept_free"))
+    assert line == "gpusched_gpus_kept_free 2.0"
+
+
+async def test_a_pod_of_high_priority_takes_the_kept_gpus_in_the_same_batch() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=4)
+    kept_for(s, 2)
+    s._bound.apply("ADDED", pod("running", 0, gpus=2, node="n0"))  # GPUs 0 and 1: two idle, both kept
+    s._pending.apply("ADDED", pod("critical", 1000, gpus=2))
+    s._pending.apply("ADDED", pod("low", 0))
+    await batch(s)
+    assert api.bound == ["default/critical"]
+    # Nothing is kept any more (the critical pod took it): the low pod is told only that it does not fit.
+    assert api.failed("default/low") == ["0/1 nodes are available: 1 Insufficient nvidia.com/gpu."]
+    line = next(x for x in s.metrics.render()[0].decode().splitlines() if x.startswith("gpusched_gpus_kept_free"))
+    assert line == "gpusched_gpus_kept_free 0.0"
+
+
+async def test_a_pod_below_the_headroom_priority_does_not_preempt_its_way_onto_kept_gpus() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=2)
+    kept_for(s, 2)
+    s._pending.apply("ADDED", pod("mid", 500))
+    await batch(s)
+    assert api.bound == []
+    assert api.evicted == []
+    s.set_config(parse_config({}))  # no headroom: woken at once, and placed
+    assert s.queue.counts().unschedulable == 0
+    await batch(s)
+    assert api.bound == ["default/mid"]
