@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import structlog
 
 from gpusched.config import GpuschedConfig
@@ -68,7 +69,7 @@ from gpusched.solver.policy import Policy, place_quick
 from gpusched.solver.preempt import Budget, Preemption, gang_budgets, plan_preemptions
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
-from gpusched.state.cache import Cache, Snapshot, keep_free, same_offer
+from gpusched.state.cache import Cache, Snapshot, same_offer
 from gpusched.state.records import PodRecord
 from gpusched.state.volumes import Claims
 
@@ -364,6 +365,9 @@ class Scheduler:
         self._policy_cluster: Cluster | None = None
         self._policy_params: SolverParams | None = None
         self._shapes: Counter[TypicalShape] = Counter()
+        self._kept_last: tuple[tuple[str, int], ...] = ()
+        """The GPUs the last batch kept free (node name, index): kept first again, so that what
+        is kept does not wander from node to node as pods come and go."""
         self.placed_here: set[str] = set()
         """Pods whose ``nominatedNodeName`` this instance has written while leading (a node it
         preempted on, or none): its own word, never a reason to hold room again (``adopt_room``)."""
@@ -669,7 +673,11 @@ class Scheduler:
         freed = set(self._room_ready(r.pod for r in todo))
         pods = self._count_running_members([r.pod for r in todo])
         keep, models = self._keep(pods)
-        snap = self.cache.snapshot(free=freed, busy=self.busy_gpus(), keep=keep, keep_models=models)
+        snap = self.cache.snapshot(
+            free=freed, busy=self.busy_gpus(), keep=keep, keep_models=models, kept_before=self._kept_last
+        )
+        if snap.kept:
+            self._kept_last = tuple((snap.cluster.nodes[i].name, g) for i, g in snap.kept)
         policy = self._policy_for(snap.cluster)
         for p in pods:
             self._shapes[TypicalShape.of(p)] += 1
@@ -692,7 +700,7 @@ class Scheduler:
             return
         after_low = after  # what pods below the headroom's priority are weighed against
         if snap.kept:  # pods of high priority left out may take the GPUs kept free for them
-            placed, after, frag = await self._place_on_kept(plan, after, frag, snap, policy, typical, batch_id)
+            placed, after, frag = await self._place_on_kept(plan, after, frag, snap, policy, typical, quick, batch_id)
             if placed is not plan:  # the GPUs still kept are idle in ``after``: not to pods of low priority
                 taken = {(a.node, g) for a in placed.assignments[len(plan.assignments) :] for g in a.gpus}
                 snap = replace(snap, kept=tuple(c for c in snap.kept if c not in taken))
@@ -755,12 +763,13 @@ class Scheduler:
             # A member left out is what the gang waits for only if the rest fall short of its
             # minimum (already bound members counted in); otherwise capacity is.
             why = held_back.get(name) if members[name] < gang.min_members else None
+            low_gang = any(self._below_headroom(p) for p in group)  # the kept GPUs are for all its members or none
             told = {
                 p.key: (
                     p,
                     f"gang {name}: {why}; no member is placed until all of them can be, together."
                     if why
-                    else self._notes(p, explain_gang(p, members[name], after_low), snap, after_low),
+                    else self._notes(p, explain_gang(p, members[name], after_low), snap, after_low, low_gang),
                 )
                 for p in group
             }
@@ -1020,6 +1029,33 @@ class Scheduler:
         gangs = [g for g in gangs if lowest is not None and min(p.priority for p, _ in g.values()) > lowest]
         if not pods and not gangs:
             return
+        # Pods at the headroom's priority or more may have the kept GPUs; those below may not.
+        # Searched together, the kept GPUs would be out of reach of both: the first look first,
+        # and the others only if they evict nobody (else they look again once victims left).
+        if self.config.headroom.gpus:
+            high = [(p, e) for p, e in pods if not self._below_headroom(p)]
+            high_gangs = [g for g in gangs if not any(self._below_headroom(p) for p, _ in g.values())]
+            low = [(p, e) for p, e in pods if self._below_headroom(p)]
+            low_gangs = [g for g in gangs if any(self._below_headroom(p) for p, _ in g.values())]
+            if (high or high_gangs) and (low or low_gangs):
+                if await self._preempt_for(high, high_gangs, batch_id, batch):
+                    for p, e in low:
+                        self._unschedulable(p, self._notes(p, e.message, batch), e.reason)
+                    for told in low_gangs:
+                        for p, message in told.values():
+                            self._unschedulable(p, message, "Gang")
+                    return
+                pods, gangs = low, low_gangs
+        await self._preempt_for(pods, gangs, batch_id, batch)
+
+    async def _preempt_for(
+        self,
+        pods: list[tuple[Pod, Explanation]],
+        gangs: list[dict[str, tuple[Pod, str]]],
+        batch_id: int,
+        batch: Snapshot | None,
+    ) -> bool:
+        """One search for ``pods`` and ``gangs``, carried out; whether anything is evicted."""
         # A busy GPU that no pod on the books holds stays out of reach: no eviction makes it less
         # busy.  One that pods hold is seen as the books have it, and room on it is taken only
         # where every pod holding it is evicted (``_busy_room_ok``).  The GPUs kept free stay
@@ -1029,7 +1065,9 @@ class Scheduler:
         holders = self.cache.holders_of([(n, g) for n, gpus in busy.items() for g in gpus])
         outside = {n: frozenset(g for g in gpus if not holders.get((n, g))) for n, gpus in busy.items()}
         keep, models = self._keep([p for p, _ in pods] + [p for g in gangs for p, _ in g.values()])
-        snap = self.cache.snapshot(free=freeing, busy=outside, keep=keep, keep_models=models)
+        snap = self.cache.snapshot(
+            free=freeing, busy=outside, keep=keep, keep_models=models, kept_before=self._kept_last
+        )
         running = self.cache.preemptible()  # as counted in ``snap``: taken together
         try:
             budgets = [*self.budgets.values(), *gang_budgets(running)]  # running gangs keep their minimum
@@ -1049,6 +1087,7 @@ class Scheduler:
         if busy:
             found = _busy_room_ok(found, busy, holders, snap.cluster)
         chosen = {pre.pod.key: pre for pre in found}
+        evicting = False
         self.metrics.preemption(len(pods) + sum(map(len, gangs)), sum(len(pre.victims) for pre in found))
         for p, e in pods:
             pre = chosen.get(p.key)
@@ -1059,6 +1098,7 @@ class Scheduler:
                 self._unschedulable(p, self._notes(p, e.message, batch), e.reason)
                 continue
             node = self._carry_out(pre, snap.cluster)
+            evicting = evicting or bool(pre.victims)
             log.info(
                 "preempt",
                 batch_id=batch_id,
@@ -1088,6 +1128,7 @@ class Scheduler:
             chosen_group = [pre for pre in group if pre is not None]
             nodes = {pre.pod.key: self._carry_out(pre, snap.cluster) for pre in chosen_group}
             victims = [v for pre in chosen_group for v in pre.victims]
+            evicting = evicting or bool(victims)
             gang = chosen_group[0].pod.gang
             assert gang is not None
             log.info(
@@ -1109,6 +1150,7 @@ class Scheduler:
                     "Gang",
                     nominated=nodes[k],
                 )
+        return evicting
 
     def _carry_out(self, pre: Preemption, cluster: Cluster) -> str:
         """Hold the room ``pre`` makes for its pod and start evicting its victims; its node."""
@@ -1339,6 +1381,7 @@ class Scheduler:
         snap: Snapshot,
         policy: Policy,
         typical: TypicalPods,
+        quick: bool,
         batch_id: int,
     ) -> tuple[Plan, ClusterState, float]:
         """Place the pods of high priority that ``plan`` left out with the GPUs kept free for
@@ -1351,7 +1394,7 @@ class Scheduler:
             return plan, after, frag
         state = after.with_gpus_at(snap.kept, 0)
         try:
-            extra, after2, frag2 = await asyncio.to_thread(_solve, policy, high, state, typical, False)
+            extra, after2, frag2 = await asyncio.to_thread(_solve, policy, high, state, typical, quick)
         except Exception as exc:
             log.error(
                 "solve on the GPUs kept free failed; its pods are told as left out", batch_id=batch_id, error=repr(exc)
@@ -1370,10 +1413,18 @@ class Scheduler:
         )
         return merged, after2, frag2
 
-    def _notes(self, pod: Pod, message: str, snap: Snapshot | None, state: ClusterState | None = None) -> str:
+    def _notes(
+        self,
+        pod: Pod,
+        message: str,
+        snap: Snapshot | None,
+        state: ClusterState | None = None,
+        below: bool | None = None,
+    ) -> str:
         """``message``, saying also how many GPUs ``pod`` could have used the batch did not offer
         it, and why (busy; kept free for pods of higher priority), when it found no room.
-        ``state``: what the pod was weighed against (default: the snapshot's)."""
+        ``state``: what the pod was weighed against (default: the snapshot's); ``below``:
+        whether the kept GPUs are not for it (default: by its own priority)."""
         if snap is None or not (snap.busy_cells or snap.kept) or not (pod.num_gpu or pod.gpu_milli):
             return message
         seen = snap.state if state is None else state
@@ -1387,7 +1438,8 @@ class Scheduler:
                 f"{busy} GPU{'s' if busy != 1 else ''} with room for it {'were' if busy != 1 else 'was'} "
                 f"not offered: busy, at {pct:g} % utilisation or more (DCGM)"
             )
-        kept = sum(1 for i, _ in snap.kept if host[i]) if self._below_headroom(pod) else 0
+        below = self._below_headroom(pod) if below is None else below
+        kept = sum(1 for i, _ in snap.kept if host[i]) if below else 0
         if kept:
             notes.append(
                 f"{kept} idle GPU{'s' if kept != 1 else ''} {'are' if kept != 1 else 'is'} kept free for pods of "
@@ -1426,13 +1478,34 @@ class Scheduler:
         cl, open_ = state.cluster, ~state.cluster.cordoned  # a cordoned node is no capacity to place on
         gpus = int(cl.gpu_count[open_].sum())
         alloc = int(state.gpu_used[open_].sum()) / (gpus * 1000) if gpus else 0.0
-        in_use = state.gpu_used.sum(axis=1) > 0
-        active = int((in_use & (cl.gpu_count > 0) & open_).sum())
-        idle = int((~in_use & (cl.gpu_count > 0) & open_).sum())
-        wanted = sum(r.pod.gpu_demand_milli for r in self.queue.parked()) / GPU_MILLI
+        in_use = (state.gpu_used.sum(axis=1) > 0) | (state.mig.sum(axis=1) > 0)
+        gpu_nodes = (cl.gpu_count > 0) | cl.mig_cap.any(axis=1)
+        active = int((in_use & gpu_nodes & open_).sum())
+        kept = self._kept_now()
+        keeping = np.zeros(len(cl), dtype=np.bool_)  # nodes holding GPUs kept free: not to be removed
+        keeping[[i for i, _ in kept]] = True
+        idle = int((~in_use & gpu_nodes & open_ & ~keeping).sum())
+        # What more nodes would have to offer: not pods holding room already, nor pods no node takes as written.
+        wanted = (
+            sum(
+                r.pod.gpu_demand_milli
+                for r in self.queue.parked()
+                if not r.error and self.cache.nomination(r.key) is None
+            )
+            / GPU_MILLI
+        )
         self.metrics.set_cluster(gpus, alloc, frag, active, idle, wanted)
+        self.metrics.set_kept(len(kept))
+
+    def _kept_now(self) -> tuple[tuple[int, int], ...]:
+        """The GPUs the headroom would keep free from a batch now (busy ones left out)."""
         h = self.config.headroom
-        self.metrics.set_kept(len(keep_free(cl, state.gpu_used, h.gpus, frozenset(h.models))))
+        if not h.gpus:
+            return ()
+        snap = self.cache.snapshot(
+            busy=self.busy_gpus(), keep=h.gpus, keep_models=frozenset(h.models), kept_before=self._kept_last
+        )
+        return snap.kept
 
 
 def _load_malloc_trim() -> Callable[[int], int] | None:
@@ -1682,4 +1755,4 @@ async def report_costs(
         else:
             notes.append(f"{utilisation.error}; nothing is counted idle")
     placed = cache.placed()
-    return cost_report(cache.snapshot().cluster, placed, prices, view, idle_percent), notes
+    return cost_report(cache.snapshot().cluster, placed, prices, view, idle_percent, cache.guessed_gpus()), notes

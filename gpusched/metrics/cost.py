@@ -11,8 +11,9 @@ which packing can still fill.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -52,7 +53,9 @@ def parse_prices(data: object, source: str = "prices") -> Prices:
     if not isinstance(currency, str) or not currency:
         raise ValueError(f"{source}: currency: expected a name such as USD, got {currency!r}")
     default = _price(data.get("default", 1.0), f"{source}: default")
-    table = data.get("gpuHour") or {}
+    table = data.get("gpuHour", {})
+    if table is None:  # ``gpuHour:`` with nothing under it
+        table = {}
     if not isinstance(table, dict):
         raise ValueError(f"{source}: gpuHour: expected a mapping of GPU product to price, got {type(table).__name__}")
     per_model = {str(k): _price(v, f"{source}: gpuHour.{k}") for k, v in table.items()}
@@ -66,8 +69,8 @@ def _mig_share(profile: str) -> float:
 
 
 def _price(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ValueError(f"{where}: expected a price per GPU-hour, a number >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise ValueError(f"{where}: expected a price per GPU-hour, a finite number >= 0, got {value!r}")
     return float(value)
 
 
@@ -87,13 +90,14 @@ class NamespaceCost:
 class CostReport:
     namespaces: tuple[NamespaceCost, ...]
     """Those holding a GPU, dearest first."""
-    gpus_total: int
+    gpus_total: float
+    """Whole GPUs, and GPUs in MIG mode counted by their slices' compute share."""
     gpus_held: float
     free_gpus_in_use_nodes: float
     """Free GPU capacity on nodes where some GPU is held: packing can still fill it."""
     idle_nodes: int
     """GPU nodes where no GPU is held."""
-    idle_node_gpus: int
+    idle_node_gpus: float
     per_hour_total: float
     """Every GPU of the cluster, held or not."""
     per_hour_held: float
@@ -111,19 +115,30 @@ def cost_report(
     prices: Prices,
     view: UtilisationView | None = None,
     idle_percent: float = 5.0,
+    guessed: Collection[str] = (),
 ) -> CostReport:
-    """The report for ``placed`` (pods on nodes, by index into ``cluster``, on GPU indices)."""
+    """The report for ``placed`` (pods on nodes, by index into ``cluster``, on GPU indices).
+
+    ``guessed``: keys of pods whose GPU indices are a guess (another scheduler's pods that do
+    not name them): such a pod is idle only when every GPU of its node is.  A GPU held beyond
+    its capacity (two pods on one GPU where the books could not tell them apart, or a GPU the
+    node no longer has) is shared among its holders, never charged twice."""
     idle = view.below(idle_percent) if view is not None else {}
-    held: dict[tuple[int, int], int] = defaultdict(int)  # (node, gpu) -> milli held
+    placed = list(placed)
+    held: dict[tuple[int, int], int] = defaultdict(int)  # (node, GPU) -> thousandths held
+    for a in placed:
+        if not a.pod.mig_profile:
+            for g in a.gpus:
+                held[(a.node, g)] += a.pod.gpu_milli
+    mig_held: dict[int, float] = defaultdict(float)  # node -> GPUs held in MIG slices
     by_ns: dict[str, NamespaceCost] = {}
-    in_use: set[int] = set()
     for a in placed:
         pod = a.pod
         node = cluster.nodes[a.node]
         price = prices.of(node.gpu_model)
         if pod.mig_profile:  # a slice of g compute slices costs g sevenths of its GPU
             share = _mig_share(pod.mig_profile)
-            in_use.add(a.node)
+            mig_held[a.node] += share
             ns = by_ns.setdefault(pod.namespace, NamespaceCost(pod.namespace))
             ns.pods += 1
             ns.gpus += share
@@ -131,33 +146,39 @@ def cost_report(
             continue
         if not (pod.num_gpu or pod.gpu_milli):
             continue
-        in_use.add(a.node)
         ns = by_ns.setdefault(pod.namespace, NamespaceCost(pod.namespace))
         ns.pods += 1
-        per_gpu = pod.gpu_milli / GPU_MILLI
+        all_idle = len(idle.get(node.name, ())) >= node.gpu_count > 0
         for g in a.gpus:
-            held[(a.node, g)] += pod.gpu_milli
-            ns.gpus += per_gpu
-            ns.per_hour += per_gpu * price
-            if g in idle.get(node.name, ()):
-                ns.idle_gpus += per_gpu
-                ns.idle_per_hour += per_gpu * price
-    total = idle_nodes = idle_node_gpus = 0
-    per_hour_total = per_hour_idle_nodes = free_in_use = per_hour_free = 0.0
+            if g >= node.gpu_count:  # a GPU the node no longer offers
+                continue
+            share = pod.gpu_milli / GPU_MILLI * min(1.0, GPU_MILLI / held[(a.node, g)])
+            ns.gpus += share
+            ns.per_hour += share * price
+            if all_idle if pod.key in guessed else g in idle.get(node.name, ()):
+                ns.idle_gpus += share
+                ns.idle_per_hour += share * price
+    in_use = {n for n, g in held if g < cluster.nodes[n].gpu_count} | set(mig_held)
+    idle_nodes = 0
+    total = 0.0
+    idle_node_gpus = per_hour_total = per_hour_idle_nodes = free_in_use = per_hour_free = 0.0
     for i, node in enumerate(cluster.nodes):
-        if not node.gpu_count:
+        mig = sum(_mig_share(p) * c for p, c in node.mig_slices)  # GPUs in MIG mode, by their slices
+        gpus = node.gpu_count + mig
+        if not gpus:
             continue
         price = prices.of(node.gpu_model)
-        total += node.gpu_count
-        per_hour_total += node.gpu_count * price
+        total += gpus
+        per_hour_total += gpus * price
         if i in in_use:
             free = sum(max(0, GPU_MILLI - held.get((i, g), 0)) for g in range(node.gpu_count)) / GPU_MILLI
+            free += max(0.0, mig - mig_held.get(i, 0.0))
             free_in_use += free
             per_hour_free += free * price
         else:
             idle_nodes += 1
-            idle_node_gpus += node.gpu_count
-            per_hour_idle_nodes += node.gpu_count * price
+            idle_node_gpus += gpus
+            per_hour_idle_nodes += gpus * price
     spaces = sorted(by_ns.values(), key=lambda c: (-c.per_hour, c.namespace))
     return CostReport(
         namespaces=tuple(spaces),
@@ -205,7 +226,7 @@ def render_report(report: CostReport, console: Console) -> None:
     console.print(table)
     share = report.per_hour_held / report.per_hour_total if report.per_hour_total else 0.0
     console.print(
-        f"{report.gpus_total} GPUs cost {report.per_hour_total:.2f} {c}/h; held {report.gpus_held:.2f} GPUs, "
+        f"{report.gpus_total:.4g} GPUs cost {report.per_hour_total:.2f} {c}/h; held {report.gpus_held:.2f} GPUs, "
         f"{report.per_hour_held:.2f} {c}/h ({share:.1%})"
     )
     if report.measured:
@@ -216,6 +237,6 @@ def render_report(report: CostReport, console: Console) -> None:
         f"free on nodes in use: {report.free_gpus_in_use_nodes:.2f} GPUs, {report.per_hour_free_in_use_nodes:.2f} {c}/h"
     )
     console.print(
-        f"nodes with no GPU held: {report.idle_nodes} ({report.idle_node_gpus} GPUs), "
+        f"nodes with no GPU held: {report.idle_nodes} ({report.idle_node_gpus:.4g} GPUs), "
         f"{report.per_hour_idle_nodes:.2f} {c}/h"
     )

@@ -64,28 +64,42 @@ def keep_free(
     count: int,
     models: frozenset[str] = frozenset(),
     spared: Collection[tuple[int, int]] = (),
+    prefer: Iterable[tuple[int, int]] = (),
 ) -> tuple[tuple[int, int], ...]:
-    """The ``count`` idle GPUs (node index, GPU index) to keep free: on nodes that are not
-    cordoned and offer no MIG slices, of ``models`` if any, never those of ``spared``; whole
-    idle nodes first, then the nodes with the most idle GPUs, by name, so that what is kept
-    takes pods that need several GPUs on one node.  Fewer when fewer are idle."""
+    """The ``count`` idle GPUs (node index, GPU index) to keep free: on nodes with no taint that
+    keeps pods off (nor cordoned) and no MIG slices, of ``models`` if any, never those of
+    ``spared``.  Those of ``prefer`` (the last ones kept) first, so that what is kept does not
+    move from batch to batch; then the rest on the node with the fewest idle GPUs that has
+    enough (what is kept stays on one node for pods that need several, and the largest idle
+    blocks stay open), else across the nodes with the most.  Fewer when fewer are idle."""
     if count <= 0:
         return ()
     ok = (cluster.gpu_count > 0) & ~cluster.cordoned & ~cluster.mig_cap.any(axis=1)
+    if cluster.tainted:
+        ok &= np.array([not cluster.taint_sets[t] for t in cluster.taint_id], dtype=np.bool_)
     if models:
         ok &= cluster.product_mask(models)
     idle = (gpu_used == 0) & (cluster.gpu_cap > 0) & ok[:, None]
     for i, g in spared:
         idle[i, g] = False
-    counts = idle.sum(axis=1)
-    whole = counts == cluster.gpu_count
-    order = sorted(np.flatnonzero(counts), key=lambda i: (not whole[i], -int(counts[i]), cluster.nodes[i].name))
     out: list[tuple[int, int]] = []
+    for i, g in prefer:
+        if len(out) < count and 0 <= i < idle.shape[0] and 0 <= g < idle.shape[1] and idle[i, g]:
+            out.append((i, g))
+            idle[i, g] = False
+    need = count - len(out)
+    counts = idle.sum(axis=1)
+    nodes = np.flatnonzero(counts)
+    enough = [int(i) for i in nodes if counts[i] >= need]
+    if enough:
+        order = [min(enough, key=lambda i: (int(counts[i]), cluster.nodes[i].name))]
+    else:
+        order = sorted((int(i) for i in nodes), key=lambda i: (-int(counts[i]), cluster.nodes[i].name))
     for node in order:
         for gpu in np.flatnonzero(idle[node]):
             if len(out) == count:
                 return tuple(out)
-            out.append((int(node), int(gpu)))
+            out.append((node, int(gpu)))
     return tuple(out)
 
 
@@ -409,6 +423,16 @@ class Cache:
             Assignment(h.pod, i, h.gpus) for h in self._held.values() if (i := cluster.index.get(h.node)) is not None
         ]
 
+    def guessed_gpus(self) -> set[str]:
+        """Keys of the pods on the books whose GPU indices are the books' guess: pods of other
+        schedulers that do not name them (``gpusched.io/gpu-indices``)."""
+        self._ensure_cluster()  # the books place pods on GPUs only once they know the nodes
+        return {
+            h.pod.key
+            for h in self._held.values()
+            if h.gpus and not h.pod.mig_profile and (h.wanted is None or tuple(h.wanted) != h.gpus)
+        }
+
     def lowest_priority(self) -> int | None:
         """The lowest priority among the pods ``preemptible`` would list (None: there are none):
         only a pod of higher priority may preempt."""
@@ -493,13 +517,15 @@ class Cache:
         busy: Mapping[str, Collection[int]] | None = None,
         keep: int = 0,
         keep_models: Collection[str] = (),
+        kept_before: Collection[tuple[str, int]] = (),
     ) -> Snapshot:
         """Freeze the books for a batch; the room held for the pods of ``free`` (keys) is left
         free for them.  The GPUs of ``busy`` (node name -> GPU indices) count as full, so no
         pod is placed on them; room held for ``free`` is left free all the same (its victims
         are gone, and with them what kept the GPU busy), and nodes with MIG slices are left
         as they are (their slices are not numbered as their GPUs).  Then ``keep`` idle GPUs
-        (of ``keep_models``, if any are named) count as full too (``keep_free``)."""
+        (of ``keep_models``, if any are named; those of ``kept_before`` first, by node name and
+        GPU index) count as full too (``keep_free``)."""
         cluster = self._ensure_cluster()
         # Taken off the books themselves, not the snapshot: while its victims terminate, a
         # GPU may be counted twice, and the snapshot counts at most a whole GPU.
@@ -518,7 +544,8 @@ class Cache:
                 if 0 <= g < cluster.gpu_count[i] and (node, g) not in rooms
             ]
             spared = {(cluster.index[n], g) for n, g in rooms if n in cluster.index}
-            return self._freeze(cluster, blocked, keep, frozenset(keep_models), spared)
+            prefer = [(cluster.index[n], g) for n, g in kept_before if n in cluster.index]
+            return self._freeze(cluster, blocked, keep, frozenset(keep_models), spared, prefer)
         finally:
             for h in held:
                 self._account(h, 1)
@@ -530,6 +557,7 @@ class Cache:
         keep: int = 0,
         keep_models: frozenset[str] = frozenset(),
         spared: Collection[tuple[int, int]] = (),
+        prefer: Iterable[tuple[int, int]] = (),
     ) -> Snapshot:
         gpu = np.minimum(self._gpu, cluster.gpu_cap)
         blocked = []
@@ -538,7 +566,7 @@ class Cache:
             if room > 0:
                 blocked.append((i, g, room))
             gpu[i, g] = cluster.gpu_cap[i, g]
-        kept = keep_free(cluster, gpu, keep, keep_models, spared) if keep else ()
+        kept = keep_free(cluster, gpu, keep, keep_models, spared, prefer) if keep else ()
         for i, g in kept:
             gpu[i, g] = cluster.gpu_cap[i, g]
         mig = np.minimum(self._mig, cluster.mig_cap)  # slices counted on a node that no longer offers them

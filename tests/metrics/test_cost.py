@@ -40,12 +40,13 @@ def test_held_gpus_are_priced_by_namespace_dearest_first() -> None:
     train, infer = r.namespaces
     assert train.per_hour == pytest.approx(6.0)
     assert infer.per_hour == pytest.approx(0.5 * 3.0 + 0.25 * 1.0 + 3 / 7 * 3.0)
-    assert r.gpus_total == 14  # the MIG node advertises slices, not GPUs
-    assert r.per_hour_total == pytest.approx(4 * 3.0 + 2 * 1.0 + 8 * 3.0)
+    # The MIG node advertises two 3g slices, not GPUs: 6/7 of a GPU by their compute share.
+    assert r.gpus_total == pytest.approx(14 + 6 / 7)
+    assert r.per_hour_total == pytest.approx(4 * 3.0 + 2 * 1.0 + 8 * 3.0 + 6 / 7 * 3.0)
     assert r.per_hour_held == pytest.approx(train.per_hour + infer.per_hour)
-    # a: GPU 2 half free, GPU 3 idle; t: GPU 0 three quarters free, GPU 1 free.
-    assert r.free_gpus_in_use_nodes == pytest.approx(1.5 + 1.75)
-    assert r.per_hour_free_in_use_nodes == pytest.approx(1.5 * 3.0 + 1.75 * 1.0)
+    # a: GPU 2 half free, GPU 3 idle; t: GPU 0 three quarters free, GPU 1 free; m: one 3g slice free.
+    assert r.free_gpus_in_use_nodes == pytest.approx(1.5 + 1.75 + 3 / 7)
+    assert r.per_hour_free_in_use_nodes == pytest.approx(1.5 * 3.0 + 1.75 * 1.0 + 3 / 7 * 3.0)
     assert (r.idle_nodes, r.idle_node_gpus, r.per_hour_idle_nodes) == (1, 8, 24.0)  # the MIG node is in use
     assert not r.measured
     assert r.per_hour_idle_held == 0.0
@@ -75,13 +76,13 @@ def test_the_report_as_json_and_as_a_table() -> None:
         "per_hour": 6.0,
         "idle_per_hour": 3.0,
     }
-    assert out["per_hour_total"] == 38.0
+    assert out["per_hour_total"] == 40.57  # 38 for the whole GPUs, 18/7 for the two MIG slices
     assert out["measured"] is True
     console = Console(width=120, record=True)
     render_report(r, console)
     text = console.export_text()
     assert "GPU cost per hour (EUR)" in text
-    assert "14 GPUs cost 38.00 EUR/h" in text
+    assert "14.86 GPUs cost 40.57 EUR/h" in text
     assert "held but idle: 3.00 EUR/h" in text
     assert "nodes with no GPU held: 1 (8 GPUs), 24.00 EUR/h" in text
 
@@ -92,7 +93,7 @@ def test_prices_are_read_and_bad_ones_refused_with_the_key() -> None:
     assert parse_prices(None) == Prices()
     for data, why in [
         ({"gpuhour": {}}, "prices: gpuhour: unknown key (known here: currency, default, gpuHour)"),
-        ({"gpuHour": {"T4": -1}}, "prices: gpuHour.T4: expected a price per GPU-hour, a number >= 0, got -1"),
+        ({"gpuHour": {"T4": -1}}, "prices: gpuHour.T4: expected a price per GPU-hour, a finite number >= 0, got -1"),
         ({"gpuHour": {"T4": "cheap"}}, "prices: gpuHour.T4: expected a price per GPU-hour"),
         ({"default": True}, "prices: default: expected a price per GPU-hour"),
         ({"gpuHour": [1]}, "prices: gpuHour: expected a mapping of GPU product to price, got list"),

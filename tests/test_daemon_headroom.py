@@ -1,0 +1,288 @@
+"""Headroom, the autoscaling signals and the cost report where they meet preemption, gangs,
+busy GPUs, MIG slices, taints and pods whose GPUs the books can only guess."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpusched.config import parse_config
+from gpusched.daemon import Scheduler, _NodeHandler
+from tests.doubles import RecordingApi, one_node_scheduler
+from tests.e2e import kit
+from tests.test_daemon_utilisation import EvictingApi, batch, kept_for, pod
+
+
+def gauge(s: Scheduler, name: str) -> float:
+    line = next(x for x in s.metrics.render()[0].decode().splitlines() if x.startswith(name + " "))
+    return float(line.split()[-1])
+
+
+async def test_a_pod_of_high_priority_is_not_denied_preemption_because_a_low_pod_searched_with_it() -> None:
+    # n0: 2 GPUs; 'v' (priority 0) holds GPU 0, GPU 1 is idle and kept (headroom 1 for >= 1000).
+    def scheduler(with_low: bool) -> tuple[EvictingApi, Scheduler]:
+        api = EvictingApi()
+        s = one_node_scheduler(api, gpus=2)
+        kept_for(s, 1)
+        s._bound.apply("ADDED", pod("v", 0, node="n0", gpu=0))
+        s._pending.apply("ADDED", pod("critical", 1000, gpus=2))
+        if with_low:
+            s._pending.apply("ADDED", pod("mid", 500))
+        return api, s
+
+    api, s = scheduler(with_low=False)
+    await batch(s)
+    assert api.evicted == ["default/v"]
+    assert s.cache.nomination("default/critical") is not None  # alone, it preempts 'v' for both GPUs
+
+    api, s = scheduler(with_low=True)
+    await batch(s)
+    # With a pod of priority 500 in the same batch, the kept GPU is blocked for 'critical' too:
+    # 'critical' gets nothing and 'mid' (below the headroom) evicts 'v' instead.
+    assert s.cache.nomination("default/critical") is not None, (api.evicted, api.failed("default/critical"))
+
+
+async def test_low_pods_may_take_idle_gpus_beyond_the_last_headroom_ones() -> None:
+    # Docs: "pods below it never take the last `gpus` idle GPUs".  15 idle GPUs, headroom 4:
+    # an 8-GPU pod of low priority leaves 7 idle; it should be placed.
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=8)  # n0
+    _NodeHandler(s).apply("ADDED", kit.node("n1", 8, "A100"))
+    kept_for(s, 4)
+    s._bound.apply("ADDED", pod("small", 0, node="n0", gpu=3))  # n0: 7 idle, n1: 8 idle
+    s._pending.apply("ADDED", pod("big", 0, gpus=8))
+    await batch(s)
+    assert api.bound == ["default/big"], api.failed("default/big")
+
+
+async def test_kept_gpus_do_not_flip_between_batches_and_split_both_nodes() -> None:
+    # Two idle 8-GPU nodes, headroom 4.  One 1-GPU pod of low priority, then an 8-GPU one:
+    # without headroom both fit (the small one packs beside the other on one node).
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=8)
+    _NodeHandler(s).apply("ADDED", kit.node("n1", 8, "A100"))
+    kept_for(s, 4)
+    s._pending.apply("ADDED", pod("small", 0))
+    await batch(s)
+    assert api.bound == ["default/small"]
+    first = s.cache.placement("default/small")
+    s._pending.apply("ADDED", pod("big", 0, gpus=8))
+    await batch(s)
+    assert api.bound == ["default/small", "default/big"], (first, api.failed("default/big"))
+
+
+async def test_kept_gauge_does_not_count_busy_gpus_the_batch_cannot_keep() -> None:
+    from tests.test_daemon_utilisation import measured
+
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=2)
+    kept_for(s, 2)
+    measured(s, {"n0": {0: 99.0, 1: 99.0}})  # both idle by the books, both busy (outside use)
+    s._pending.apply("ADDED", pod("low", 0))
+    await batch(s)
+    assert api.failed("default/low")  # no GPU was kept: both were busy
+    s._scrape()
+    assert gauge(s, "gpusched_gpus_kept_free") == 0.0
+
+
+async def test_idle_node_signal_does_not_offer_the_headroom_to_the_autoscaler() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=8)
+    _NodeHandler(s).apply("ADDED", kit.node("n1", 8, "A100"))
+    s.set_config(parse_config({"headroom": {"gpus": 8, "priorityAtLeast": 1000}}))
+    s._bound.apply("ADDED", pod("running", 0, node="n0"))
+    s._scrape()
+    # n1's 8 GPUs are the headroom: an autoscaler told 'n1 is idle, remove it' removes the headroom.
+    assert gauge(s, "gpusched_gpus_kept_free") == 8.0
+    assert gauge(s, "gpusched_gpu_nodes_idle") == 0.0
+
+
+def mig_node(name: str, whole: int) -> dict[str, Any]:
+    obj = kit.node(name, whole, "A100")
+    for key in ("capacity", "allocatable"):
+        obj["status"][key]["nvidia.com/mig-1g.10gb"] = "7"
+    return obj
+
+
+async def test_a_node_whose_mig_slices_are_in_use_is_not_reported_idle() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=1)
+    _NodeHandler(s).apply("ADDED", mig_node("m", 1))  # one whole GPU, one GPU in MIG mode
+    s._bound.apply("ADDED", pod("busy", 0, node="n0"))
+    sliced = pod("sliced", 0, gpus=0, node="m")
+    sliced["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"] = "1"
+    s._bound.apply("ADDED", sliced)
+    assert s.cache.holds("default/sliced", "uid-sliced")
+    s._scrape()
+    # 'm' runs a pod on a MIG slice: an autoscaler must not be told it can remove it.
+    assert gauge(s, "gpusched_gpu_nodes_idle") == 0.0
+
+
+def test_the_cost_report_never_holds_more_than_the_cluster_costs() -> None:
+    from gpusched.metrics.cost import Prices, cost_report
+    from gpusched.model import Assignment, Cluster, Node, Pod
+
+    mig = Node("m", 64000, 65536, gpu_count=0, gpu_model="A100", mig_slices=(("3g.40gb", 2),))
+    slices = [Assignment(Pod(f"s{i}", 100, 100, mig_profile="3g.40gb", namespace="infer"), 0, ()) for i in range(2)]
+    r = cost_report(Cluster([mig]), slices, Prices({"A100": 3.0}))
+    assert r.per_hour_held <= r.per_hour_total, (r.gpus_total, r.per_hour_total, r.gpus_held, r.per_hour_held)
+
+
+async def test_a_pod_waiting_for_its_victims_is_no_demand_for_new_nodes() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", pod("low", 0, node="n0"))
+    s._pending.apply("ADDED", pod("urgent", 100))
+    await batch(s)
+    assert api.evicted == ["default/low"]
+    assert s.cache.nomination("default/urgent") is not None  # room held on n0, its victim leaving
+    s._scrape()
+    assert gauge(s, "gpusched_unschedulable_gpu_demand") == 0.0
+
+
+async def test_no_churn_low_pod_evicts_then_is_evicted_by_the_high_pod_it_beat() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=2)
+    kept_for(s, 1)
+    v = pod("v", 0, node="n0", gpu=0)
+    s._bound.apply("ADDED", v)
+    s._pending.apply("ADDED", pod("critical", 1000, gpus=2))
+    s._pending.apply("ADDED", pod("mid", 500))
+    await batch(s)
+    s._bound.apply("DELETED", v)  # the victim leaves
+    s.queue.move_all()
+    for _ in range(3):
+        if not s.queue.counts().active:
+            break
+        await batch(s)
+    # 'mid' got GPU 0, and then 'critical' evicted it: two evictions where one ('v') would do.
+    assert api.evicted == ["default/v"], api.evicted
+
+
+async def test_the_headroom_is_not_kept_on_a_node_the_pods_it_is_for_cannot_use() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)  # n0: the only node a plain pod may use
+    dedicated = kit.node("a-dedicated", 1, "A100")
+    dedicated["spec"] = {"taints": [{"key": "team", "value": "x", "effect": "NoSchedule"}]}
+    _NodeHandler(s).apply("ADDED", dedicated)
+    kept_for(s, 1)
+    s._pending.apply("ADDED", pod("low", 0))
+    await batch(s)
+    s._pending.apply("ADDED", pod("critical", 1000))
+    await batch(s)
+    # The GPU 'kept' was on a node 'critical' may not use; 'low' took the only one it could.
+    assert api.bound == ["default/critical"], (api.bound, api.failed("default/critical"))
+
+
+def test_a_pod_whose_gpu_is_not_known_is_not_reported_idle_by_a_guess() -> None:
+    import time
+
+    from gpusched.kube.convert import node_record, pod_record
+    from gpusched.metrics.cost import Prices, cost_report
+    from gpusched.metrics.source import UtilisationView
+    from gpusched.state.cache import Cache
+
+    cache = Cache()
+    cache.replace_nodes([node_record(kit.node("n0", 2, "A100"))])
+    other = kit.pod("trainer", "default-scheduler", gpus=1, node_name="n0")  # no gpusched.io/gpu-indices
+    other["metadata"].update({"namespace": "research", "uid": "u1"})
+    cache.replace_pods([pod_record(other)])
+    view = UtilisationView(time.monotonic(), {"n0": {0: 0.0, 1: 100.0}})  # one GPU idle, one saturated
+    assert cache.guessed_gpus() == {"research/trainer"}
+    r = cost_report(cache.snapshot().cluster, cache.placed(), Prices(), view, guessed=cache.guessed_gpus())
+    (ns,) = r.namespaces
+    # Which of the two GPUs 'trainer' has is not known; the report says it is idle by a guess (GPU 0).
+    assert ns.idle_gpus == 0.0, cache.placed()[0].gpus
+
+
+def test_a_bad_price_list_is_refused_naming_the_key() -> None:
+    import pytest
+
+    from gpusched.metrics.cost import parse_prices
+
+    for bad in ({"gpuHour": []}, {"gpuHour": 0}, {"gpuHour": False}):  # taken as "no prices listed"
+        with pytest.raises(ValueError, match="gpuHour"):
+            parse_prices(bad)
+
+
+def test_an_infinite_price_is_refused() -> None:
+    import math
+
+    import pytest
+
+    from gpusched.metrics.cost import parse_prices
+
+    with pytest.raises(ValueError, match="default"):  # else --json prints "Infinity": not JSON
+        parse_prices({"default": math.inf})
+
+
+async def test_a_member_of_high_priority_kept_out_by_its_gang_is_told_of_the_headroom() -> None:
+    from tests.doubles import member_pod
+
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=2)
+    kept_for(s, 1)
+    hi, lo = member_pod("hi", gang="g"), member_pod("lo", gang="g")
+    hi["spec"]["priority"], lo["spec"]["priority"] = 1000, 0
+    s._pending.apply("ADDED", hi)
+    s._pending.apply("ADDED", lo)
+    await batch(s)
+    assert api.bound == []
+    (low,) = api.failed("default/lo")
+    (high,) = api.failed("default/hi")
+    assert "headroom" in low
+    assert "headroom" in high, high  # 2 idle GPUs, told only "insufficient"
+
+
+async def test_the_quick_start_is_not_undone_by_a_full_solve_on_the_kept_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpusched import daemon
+
+    calls: list[bool] = []
+    real = daemon._solve
+
+    def spy(policy: Any, pods: Any, state: Any, typical: Any, quick: bool) -> Any:
+        calls.append(quick)
+        return real(policy, pods, state, typical, quick)
+
+    monkeypatch.setattr(daemon, "_solve", spy)
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=4)
+    kept_for(s, 2)
+    s._bound.apply("ADDED", pod("running", 0, gpus=2, node="n0"))
+    s._pending.apply("ADDED", pod("critical", 1000, gpus=2))
+    s._pending.apply("ADDED", pod("low", 0))
+    for i in range(3):  # a burst: more pods wait
+        s._pending.apply("ADDED", pod(f"later{i}", 0, gpus=0))
+    await s.schedule_batch(await s.queue.next_batch(2, early=2))
+    assert calls[0] is True  # the burst's first batch is solved quick
+    assert calls == [True, True], calls  # the second pass is a full solve (CP-SAT with --policy cpsat)
+
+
+def test_pods_over_a_nodes_capacity_are_not_priced_beyond_it() -> None:
+    from gpusched.kube.convert import node_record, pod_record
+    from gpusched.metrics.cost import Prices, cost_report
+    from gpusched.state.cache import Cache
+
+    cache = Cache()
+    cache.replace_nodes([node_record(kit.node("n0", 1, "A100"))])  # one GPU left (another failed)
+    pods = []
+    for i in range(2):  # both were bound while the node had two
+        obj = kit.pod(f"p{i}", "default-scheduler", gpus=1, node_name="n0")
+        obj["metadata"].update({"namespace": f"ns{i}", "uid": f"u{i}"})
+        pods.append(pod_record(obj))
+    cache.replace_pods(pods)
+    r = cost_report(cache.snapshot().cluster, cache.placed(), Prices())
+    assert r.per_hour_held <= r.per_hour_total, (r.gpus_held, r.gpus_total)
+
+
+async def test_a_pod_refused_as_invalid_is_no_demand_for_new_nodes() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=1)
+    bad = pod("bad", 0, gpus=2)
+    bad["metadata"]["annotations"]["gpusched.io/gpu-milli"] = "half"  # a typo: no node can fix it
+    s._pending.apply("ADDED", bad)
+    await batch(s)
+    assert api.reasons("default/bad") == ["FailedScheduling"]
+    s._scrape()
+    assert gauge(s, "gpusched_unschedulable_gpu_demand") == 0.0
