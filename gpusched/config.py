@@ -30,6 +30,7 @@ configuration.  Example (every key optional)::
       gpus: 0
       priorityAtLeast: 1000000
       models: []
+      toleratedTaints: [nvidia.com/gpu]
 """
 
 from __future__ import annotations
@@ -132,6 +133,9 @@ class HeadroomConfig(_Strict):
     priority_at_least: int = Field(default=1_000_000, ge=-(2**31), le=2**31 - 1, alias="priorityAtLeast")
     models: list[str] = Field(default_factory=list)
     """Only GPUs of these products (``nvidia.com/gpu.product``) are kept (empty: any)."""
+    tolerated_taints: list[str] = Field(default_factory=lambda: ["nvidia.com/gpu"], alias="toleratedTaints")
+    """Keys of the taints the pods it is for tolerate: GPUs are kept only on nodes with no other
+    taint (the default is the taint many clusters put on every GPU node)."""
 
 
 def _empty_section(value: object) -> object:

@@ -672,10 +672,7 @@ class Scheduler:
             return
         freed = set(self._room_ready(r.pod for r in todo))
         pods = self._count_running_members([r.pod for r in todo])
-        keep, models = self._keep(pods)
-        snap = self.cache.snapshot(
-            free=freed, busy=self.busy_gpus(), keep=keep, keep_models=models, kept_before=self._kept_last
-        )
+        snap = self.cache.snapshot(free=freed, busy=self.busy_gpus(), **self._keep(pods))
         if snap.kept:
             self._kept_last = tuple((snap.cluster.nodes[i].name, g) for i, g in snap.kept)
         policy = self._policy_for(snap.cluster)
@@ -1039,11 +1036,13 @@ class Scheduler:
             low_gangs = [g for g in gangs if any(self._below_headroom(p) for p, _ in g.values())]
             if (high or high_gangs) and (low or low_gangs):
                 if await self._preempt_for(high, high_gangs, batch_id, batch):
-                    for p, e in low:
-                        self._unschedulable(p, self._notes(p, e.message, batch), e.reason)
-                    for told in low_gangs:
-                        for p, message in told.values():
-                            self._unschedulable(p, message, "Gang")
+                    told_now = [(p, self._notes(p, e.message, batch), e.reason) for p, e in low]
+                    told_now += [(p, message, "Gang") for told in low_gangs for p, message in told.values()]
+                    for p, message, reason in told_now:  # as things are after the search
+                        if self.cache.holds(p.key, p.uid):  # bound by someone else meanwhile
+                            self.queue.done(p.key)
+                        elif self.queue.current(p.key, p.uid):
+                            self._unschedulable(p, message, reason)
                     return
                 pods, gangs = low, low_gangs
         await self._preempt_for(pods, gangs, batch_id, batch)
@@ -1064,10 +1063,8 @@ class Scheduler:
         busy = self.busy_gpus() or {}
         holders = self.cache.holders_of([(n, g) for n, gpus in busy.items() for g in gpus])
         outside = {n: frozenset(g for g in gpus if not holders.get((n, g))) for n, gpus in busy.items()}
-        keep, models = self._keep([p for p, _ in pods] + [p for g in gangs for p, _ in g.values()])
-        snap = self.cache.snapshot(
-            free=freeing, busy=outside, keep=keep, keep_models=models, kept_before=self._kept_last
-        )
+        keep = self._keep([p for p, _ in pods] + [p for g in gangs for p, _ in g.values()])
+        snap = self.cache.snapshot(free=freeing, busy=outside, **keep)
         running = self.cache.preemptible()  # as counted in ``snap``: taken together
         try:
             budgets = [*self.budgets.values(), *gang_budgets(running)]  # running gangs keep their minimum
@@ -1365,13 +1362,18 @@ class Scheduler:
         """Whether ``pod`` may not take the GPUs the headroom keeps free."""
         return pod.priority < self.config.headroom.priority_at_least
 
-    def _keep(self, pods: Iterable[Pod]) -> tuple[int, frozenset[str]]:
-        """How many idle GPUs (and of which products) to keep from ``pods``: the headroom's,
-        when any of them is below its priority; else none."""
+    def _keep(self, pods: Iterable[Pod] | None = None) -> dict[str, Any]:
+        """What ``Cache.snapshot`` is to keep free from ``pods`` (None: from pods of low priority):
+        the headroom's GPUs when any of them is below its priority; else none."""
         h = self.config.headroom
-        if h.gpus and any(self._below_headroom(p) for p in pods):
-            return h.gpus, frozenset(h.models)
-        return 0, frozenset()
+        if not h.gpus or (pods is not None and not any(self._below_headroom(p) for p in pods)):
+            return {}
+        return {
+            "keep": h.gpus,
+            "keep_models": frozenset(h.models),
+            "kept_before": self._kept_last,
+            "keep_tolerated": frozenset(h.tolerated_taints),
+        }
 
     async def _place_on_kept(
         self,
@@ -1483,7 +1485,7 @@ class Scheduler:
         active = int((in_use & gpu_nodes & open_).sum())
         kept = self._kept_now()
         keeping = np.zeros(len(cl), dtype=np.bool_)  # nodes holding GPUs kept free: not to be removed
-        keeping[[i for i, _ in kept]] = True
+        keeping[[i for n, _ in kept if (i := cl.index.get(n)) is not None]] = True  # by name: ``state`` may be older
         idle = int((~in_use & gpu_nodes & open_ & ~keeping).sum())
         # What more nodes would have to offer: not pods holding room already, nor pods no node takes as written.
         wanted = (
@@ -1497,15 +1499,14 @@ class Scheduler:
         self.metrics.set_cluster(gpus, alloc, frag, active, idle, wanted)
         self.metrics.set_kept(len(kept))
 
-    def _kept_now(self) -> tuple[tuple[int, int], ...]:
-        """The GPUs the headroom would keep free from a batch now (busy ones left out)."""
-        h = self.config.headroom
-        if not h.gpus:
+    def _kept_now(self) -> tuple[tuple[str, int], ...]:
+        """The GPUs (node name, index) the headroom would keep free from a batch now (busy ones
+        left out)."""
+        keep = self._keep()
+        if not keep:
             return ()
-        snap = self.cache.snapshot(
-            busy=self.busy_gpus(), keep=h.gpus, keep_models=frozenset(h.models), kept_before=self._kept_last
-        )
-        return snap.kept
+        snap = self.cache.snapshot(busy=self.busy_gpus(), **keep)
+        return tuple((snap.cluster.nodes[i].name, g) for i, g in snap.kept)
 
 
 def _load_malloc_trim() -> Callable[[int], int] | None:

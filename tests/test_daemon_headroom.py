@@ -3,12 +3,17 @@ busy GPUs, MIG slices, taints and pods whose GPUs the books can only guess."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
+from gpusched import daemon
 from gpusched.config import parse_config
 from gpusched.daemon import Scheduler, _NodeHandler
+from gpusched.metrics.cost import Prices, cost_report
+from gpusched.metrics.source import UtilisationView
+from gpusched.model import Assignment, Cluster, Node, Pod
 from tests.doubles import RecordingApi, one_node_scheduler
 from tests.e2e import kit
 from tests.test_daemon_utilisation import EvictingApi, batch, kept_for, pod
@@ -286,3 +291,153 @@ async def test_a_pod_refused_as_invalid_is_no_demand_for_new_nodes() -> None:
     assert api.reasons("default/bad") == ["FailedScheduling"]
     s._scrape()
     assert gauge(s, "gpusched_unschedulable_gpu_demand") == 0.0
+
+
+# The gauges after a batch read the kept GPUs by node name: the node list may have changed since.
+async def test_a_node_added_during_a_solve_does_not_crash_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=8)  # n0
+    kept_for(s, 8)
+    s._bound.apply("ADDED", pod("running", 0, node="n0", gpu=0))  # n0: 7 idle
+    real = daemon._solve
+
+    def solve_while_a_node_joins(*args: Any) -> Any:
+        out = real(*args)
+        _NodeHandler(s).apply("ADDED", kit.node("z-new", 8, "A100"))  # the autoscaler's node shows up
+        return out
+
+    monkeypatch.setattr(daemon, "_solve", solve_while_a_node_joins)
+    s._pending.apply("ADDED", pod("critical", 1000))  # only pods of high priority: nothing kept in the batch
+    await batch(s)  # once an IndexError in the gauges, ending the schedule loop
+    assert api.bound == []  # the inventory changed during the solve: drawn again ...
+    monkeypatch.setattr(daemon, "_solve", real)
+    await batch(s)
+    assert api.bound == ["default/critical"]  # ... and placed
+
+
+# Every GPU node tainted nvidia.com/gpu:NoSchedule (GKE's default) -> nothing is ever kept.
+def tolerating(obj: dict[str, Any]) -> dict[str, Any]:
+    obj["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    return obj
+
+
+async def test_headroom_works_on_gpu_nodes_tainted_for_gpu_pods() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=1)
+    _NodeHandler(s).apply("DELETED", kit.node("n0", 1, "A100"))
+    n = kit.node("g0", 2, "A100")
+    n["spec"] = {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}
+    _NodeHandler(s).apply("ADDED", n)
+    kept_for(s, 1)
+    for i in range(2):
+        s._pending.apply("ADDED", tolerating(pod(f"low{i}", 0)))
+    await batch(s)
+    assert len(api.bound) == 1, api.bound  # one GPU kept for the critical pods (which tolerate it too)
+
+
+# Stickiness kept a split set: an 8-GPU headroom that can no longer host an 8-GPU pod,
+#    while a whole idle node was there to keep.
+async def test_kept_gpus_stay_one_block_when_one_is_idle() -> None:
+    from tests.test_daemon_utilisation import EvictingApi
+
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    _NodeHandler(s).apply("DELETED", kit.node("n0", 1, "A100"))
+    for name in ("a", "b"):
+        _NodeHandler(s).apply("ADDED", kit.node(name, 8, "A100"))
+    kept_for(s, 8)
+    s._pending.apply("ADDED", pod("small", 0))
+    await batch(s)  # kept: a0-7; small on b
+    other = kit.pod("other", "default-scheduler", gpus=1, node_name="a")
+    other["metadata"].update({"namespace": "x", "uid": "u-other", "annotations": {"gpusched.io/gpu-indices": "0"}})
+    s._bound.apply("ADDED", other)  # a: 7 idle, b: 7 idle
+    _NodeHandler(s).apply("ADDED", kit.node("c", 8, "A100"))  # c: 8 idle, the only 8-GPU block
+    s._pending.apply("ADDED", pod("big", 0, gpus=8))
+    await batch(s)  # kept: a1-7 (sticky) + b1; 'big' takes c
+    s._pending.apply("ADDED", pod("critical", 1000, gpus=8))
+    await batch(s)
+    assert api.evicted == []
+    assert "default/critical" in api.bound, (api.bound, api.failed("default/critical"))
+
+
+# Best fit must see CPU: the headroom lands on a node whose CPU is gone.
+async def test_kept_gpus_are_on_a_node_a_gpu_pod_can_still_use() -> None:
+    from tests.test_daemon_utilisation import EvictingApi
+
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    _NodeHandler(s).apply("DELETED", kit.node("n0", 1, "A100"))
+    for name in ("a", "b"):
+        _NodeHandler(s).apply("ADDED", kit.node(name, 8, "A100", cpu="64"))
+    kept_for(s, 4)
+    hog = kit.pod("hog", "default-scheduler", gpus=4, cpu="63", node_name="a")
+    hog["metadata"].update({"namespace": "x", "uid": "u-hog", "annotations": {"gpusched.io/gpu-indices": "0,1,2,3"}})
+    s._bound.apply("ADDED", hog)  # a: 4 GPUs idle, 1 CPU left
+    s._pending.apply("ADDED", pod("big", 0, gpus=8))
+    await batch(s)
+    crit = pod("critical", 1000, gpus=4)
+    crit["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "8"  # 4 GPUs, 8 CPUs
+    s._pending.apply("ADDED", crit)
+    await batch(s)
+    assert api.evicted == []
+    assert "default/critical" in api.bound, (api.bound, api.failed("default/critical"))
+
+
+# A MIG pod on a node that no longer offers slices (device plugin restarting: allocatable 0)
+#    is charged while the node is left out of the totals.
+def test_mig_pods_on_a_node_that_lost_its_slices_are_not_charged_beyond_the_total() -> None:
+    m = Node("m", 64000, 65536, gpu_count=0, gpu_model="A100")
+    placed = [Assignment(Pod("s", 100, 100, mig_profile="1g.10gb", namespace="infer"), 0, ())]
+    r = cost_report(Cluster([m]), placed, Prices({"A100": 3.0}))
+    assert r.per_hour_held <= r.per_hour_total, (r.per_hour_held, r.per_hour_total)
+
+
+# An 8-GPU A100 node partitioned 4g.40gb (one slice per GPU) costs 8 GPU-hours, not 4.57.
+def test_a_mig_node_costs_all_its_gpus() -> None:
+    m = Node(
+        "m",
+        64000,
+        65536,
+        gpu_count=0,
+        gpu_model="A100",
+        mig_slices=(("4g.40gb", 8),),
+        labels={"nvidia.com/gpu.count": "8"},
+    )
+    r = cost_report(Cluster([m]), [], Prices({"A100": 3.0}))
+    assert r.per_hour_total == pytest.approx(24.0), (r.gpus_total, r.per_hour_total)
+
+
+# A guessed pod is "idle when every GPU of its node is", checked by counting, not by index.
+def test_a_guessed_pod_is_not_idle_while_one_of_its_nodes_gpus_is_saturated() -> None:
+    n = Node("n", 64000, 65536, gpu_count=2, gpu_model="A100")
+    p = Pod("trainer", 100, 100, num_gpu=1, gpu_milli=1000, namespace="research")
+    view = UtilisationView(time.monotonic(), {"n": {0: 100.0, 1: 0.0, 2: 0.0}})  # GPU 2: failed, out of allocatable
+    r = cost_report(Cluster([n]), [Assignment(p, 0, (1,))], Prices(), view, guessed={p.key})
+    (ns,) = r.namespaces
+    assert ns.idle_gpus == 0.0
+
+
+# The low group told after the high group's search awaited: no "bound meanwhile" guard.
+async def test_a_low_pod_bound_during_the_high_search_is_not_told_it_is_unschedulable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.test_daemon_utilisation import EvictingApi
+
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=2)
+    kept_for(s, 1)
+    s._bound.apply("ADDED", pod("v", 0, node="n0", gpu=0))
+    s._pending.apply("ADDED", pod("critical", 1000, gpus=2))
+    s._pending.apply("ADDED", pod("mid", 500))
+    real = daemon.plan_preemptions
+
+    def search(*args: Any, **kw: Any) -> Any:
+        bound = pod("mid", 500, node="n0", gpu=1)  # bound meanwhile (e.g. the previous leader's Binding lands)
+        s._bound.apply("ADDED", bound)
+        s._pending.apply("MODIFIED", bound)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(daemon, "plan_preemptions", search)
+    await batch(s)
+    assert s.cache.holds("default/mid", "uid-mid")
+    assert api.failed("default/mid") == [], api.failed("default/mid")

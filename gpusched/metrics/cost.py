@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpusched.metrics.source import UtilisationView
-from gpusched.model import GPU_MILLI, Assignment, Cluster
+from gpusched.model import GPU_MILLI, Assignment, Cluster, Node
 
 __all__ = ["CostReport", "NamespaceCost", "Prices", "cost_report", "parse_prices", "render_report", "report_json"]
 
@@ -60,6 +60,17 @@ def parse_prices(data: object, source: str = "prices") -> Prices:
         raise ValueError(f"{source}: gpuHour: expected a mapping of GPU product to price, got {type(table).__name__}")
     per_model = {str(k): _price(v, f"{source}: gpuHour.{k}") for k, v in table.items()}
     return Prices(per_model, default, currency)
+
+
+def mig_gpus(node: Node) -> float:
+    """GPUs of ``node`` in MIG mode: by its ``nvidia.com/gpu.count`` label (all its GPUs) less
+    those it offers whole; without the label, the compute slices it offers, in sevenths."""
+    if not node.mig_slices:
+        return 0.0
+    label = node.labels.get("nvidia.com/gpu.count", "")
+    if label.isdigit() and int(label) > node.gpu_count:
+        return float(int(label) - node.gpu_count)
+    return sum(_mig_share(p) * c for p, c in node.mig_slices)
 
 
 def _mig_share(profile: str) -> float:
@@ -131,14 +142,17 @@ def cost_report(
             for g in a.gpus:
                 held[(a.node, g)] += a.pod.gpu_milli
     mig_held: dict[int, float] = defaultdict(float)  # node -> GPUs held in MIG slices
+    for a in placed:
+        if a.pod.mig_profile:
+            mig_held[a.node] += _mig_share(a.pod.mig_profile)
     by_ns: dict[str, NamespaceCost] = {}
     for a in placed:
         pod = a.pod
         node = cluster.nodes[a.node]
         price = prices.of(node.gpu_model)
         if pod.mig_profile:  # a slice of g compute slices costs g sevenths of its GPU
-            share = _mig_share(pod.mig_profile)
-            mig_held[a.node] += share
+            # ... of what the node still offers in MIG mode, shared as GPUs held twice are
+            share = _mig_share(pod.mig_profile) * min(1.0, mig_gpus(node) / mig_held[a.node])
             ns = by_ns.setdefault(pod.namespace, NamespaceCost(pod.namespace))
             ns.pods += 1
             ns.gpus += share
@@ -148,7 +162,7 @@ def cost_report(
             continue
         ns = by_ns.setdefault(pod.namespace, NamespaceCost(pod.namespace))
         ns.pods += 1
-        all_idle = len(idle.get(node.name, ())) >= node.gpu_count > 0
+        all_idle = node.gpu_count > 0 and set(range(node.gpu_count)) <= set(idle.get(node.name, ()))
         for g in a.gpus:
             if g >= node.gpu_count:  # a GPU the node no longer offers
                 continue
@@ -158,12 +172,14 @@ def cost_report(
             if all_idle if pod.key in guessed else g in idle.get(node.name, ()):
                 ns.idle_gpus += share
                 ns.idle_per_hour += share * price
-    in_use = {n for n, g in held if g < cluster.nodes[n].gpu_count} | set(mig_held)
+    in_use = {n for n, g in held if g < cluster.nodes[n].gpu_count} | {
+        n for n in mig_held if mig_gpus(cluster.nodes[n])
+    }
     idle_nodes = 0
     total = 0.0
     idle_node_gpus = per_hour_total = per_hour_idle_nodes = free_in_use = per_hour_free = 0.0
     for i, node in enumerate(cluster.nodes):
-        mig = sum(_mig_share(p) * c for p, c in node.mig_slices)  # GPUs in MIG mode, by their slices
+        mig = mig_gpus(node)
         gpus = node.gpu_count + mig
         if not gpus:
             continue

@@ -64,37 +64,49 @@ def keep_free(
     count: int,
     models: frozenset[str] = frozenset(),
     spared: Collection[tuple[int, int]] = (),
-    prefer: Iterable[tuple[int, int]] = (),
+    prefer: Collection[tuple[int, int]] = (),
+    tolerated: frozenset[str] = frozenset(),
+    cpu_used: IntArray | None = None,
+    mem_used: IntArray | None = None,
 ) -> tuple[tuple[int, int], ...]:
-    """The ``count`` idle GPUs (node index, GPU index) to keep free: on nodes with no taint that
-    keeps pods off (nor cordoned) and no MIG slices, of ``models`` if any, never those of
-    ``spared``.  Those of ``prefer`` (the last ones kept) first, so that what is kept does not
-    move from batch to batch; then the rest on the node with the fewest idle GPUs that has
-    enough (what is kept stays on one node for pods that need several, and the largest idle
-    blocks stay open), else across the nodes with the most.  Fewer when fewer are idle."""
+    """The ``count`` idle GPUs (node index, GPU index) to keep free.
+
+    Only on nodes not cordoned, with no MIG slices, no taint but of the keys in ``tolerated``,
+    of ``models`` if any; never those of ``spared``.  ``prefer`` (the last ones kept) is kept
+    again while all of it is idle, so that what is kept does not move from batch to batch.
+    Else: on the node with the fewest idle GPUs that has enough, and the CPU and memory to go
+    with them (as much of each as of its GPUs: with ``cpu_used`` and ``mem_used``), so that what
+    is kept stays on one node for pods that need several and the largest idle blocks stay open
+    to everyone; failing that, across the nodes with the most.  Fewer when fewer are idle."""
     if count <= 0:
         return ()
     ok = (cluster.gpu_count > 0) & ~cluster.cordoned & ~cluster.mig_cap.any(axis=1)
     if cluster.tainted:
-        ok &= np.array([not cluster.taint_sets[t] for t in cluster.taint_id], dtype=np.bool_)
+        bare = [all(t.key in tolerated for t in taints) for taints in cluster.taint_sets]
+        ok &= np.array(bare, dtype=np.bool_)[cluster.taint_id]
     if models:
         ok &= cluster.product_mask(models)
     idle = (gpu_used == 0) & (cluster.gpu_cap > 0) & ok[:, None]
     for i, g in spared:
         idle[i, g] = False
-    out: list[tuple[int, int]] = []
-    for i, g in prefer:
-        if len(out) < count and 0 <= i < idle.shape[0] and 0 <= g < idle.shape[1] and idle[i, g]:
-            out.append((i, g))
-            idle[i, g] = False
-    need = count - len(out)
+    inside = all(0 <= i < idle.shape[0] and 0 <= g < idle.shape[1] for i, g in prefer)
+    if prefer and len(prefer) == count and inside and all(idle[i, g] for i, g in prefer):
+        return tuple(prefer)
     counts = idle.sum(axis=1)
-    nodes = np.flatnonzero(counts)
-    enough = [int(i) for i in nodes if counts[i] >= need]
+    nodes = [int(i) for i in np.flatnonzero(counts)]
+
+    def roomy(i: int, gpus: int) -> bool:  # CPU and memory for ``gpus`` of its GPUs
+        share = gpus / int(cluster.gpu_count[i])
+        cpu = cpu_used is None or cluster.cpu_cap[i] - cpu_used[i] >= share * cluster.cpu_cap[i]
+        mem = mem_used is None or cluster.mem_cap[i] - mem_used[i] >= share * cluster.mem_cap[i]
+        return bool(cpu and mem)
+
+    enough = [i for i in nodes if counts[i] >= count and roomy(i, count)]
     if enough:
         order = [min(enough, key=lambda i: (int(counts[i]), cluster.nodes[i].name))]
     else:
-        order = sorted((int(i) for i in nodes), key=lambda i: (-int(counts[i]), cluster.nodes[i].name))
+        order = sorted(nodes, key=lambda i: (not roomy(i, int(counts[i])), -int(counts[i]), cluster.nodes[i].name))
+    out: list[tuple[int, int]] = []
     for node in order:
         for gpu in np.flatnonzero(idle[node]):
             if len(out) == count:
@@ -518,14 +530,16 @@ class Cache:
         keep: int = 0,
         keep_models: Collection[str] = (),
         kept_before: Collection[tuple[str, int]] = (),
+        keep_tolerated: Collection[str] = (),
     ) -> Snapshot:
         """Freeze the books for a batch; the room held for the pods of ``free`` (keys) is left
         free for them.  The GPUs of ``busy`` (node name -> GPU indices) count as full, so no
         pod is placed on them; room held for ``free`` is left free all the same (its victims
         are gone, and with them what kept the GPU busy), and nodes with MIG slices are left
         as they are (their slices are not numbered as their GPUs).  Then ``keep`` idle GPUs
-        (of ``keep_models``, if any are named; those of ``kept_before`` first, by node name and
-        GPU index) count as full too (``keep_free``)."""
+        (of ``keep_models``, if any are named; those of ``kept_before`` again, by node name and
+        GPU index, while all are idle; on nodes with no taint but of the keys of
+        ``keep_tolerated``) count as full too (``keep_free``)."""
         cluster = self._ensure_cluster()
         # Taken off the books themselves, not the snapshot: while its victims terminate, a
         # GPU may be counted twice, and the snapshot counts at most a whole GPU.
@@ -545,7 +559,9 @@ class Cache:
             ]
             spared = {(cluster.index[n], g) for n, g in rooms if n in cluster.index}
             prefer = [(cluster.index[n], g) for n, g in kept_before if n in cluster.index]
-            return self._freeze(cluster, blocked, keep, frozenset(keep_models), spared, prefer)
+            return self._freeze(
+                cluster, blocked, keep, frozenset(keep_models), spared, prefer, frozenset(keep_tolerated)
+            )
         finally:
             for h in held:
                 self._account(h, 1)
@@ -557,7 +573,8 @@ class Cache:
         keep: int = 0,
         keep_models: frozenset[str] = frozenset(),
         spared: Collection[tuple[int, int]] = (),
-        prefer: Iterable[tuple[int, int]] = (),
+        prefer: Collection[tuple[int, int]] = (),
+        tolerated: frozenset[str] = frozenset(),
     ) -> Snapshot:
         gpu = np.minimum(self._gpu, cluster.gpu_cap)
         blocked = []
@@ -566,7 +583,9 @@ class Cache:
             if room > 0:
                 blocked.append((i, g, room))
             gpu[i, g] = cluster.gpu_cap[i, g]
-        kept = keep_free(cluster, gpu, keep, keep_models, spared, prefer) if keep else ()
+        kept = (
+            keep_free(cluster, gpu, keep, keep_models, spared, prefer, tolerated, self._cpu, self._mem) if keep else ()
+        )
         for i, g in kept:
             gpu[i, g] = cluster.gpu_cap[i, g]
         mig = np.minimum(self._mig, cluster.mig_cap)  # slices counted on a node that no longer offers them
