@@ -1332,3 +1332,37 @@ async def test_pod_affinity_picks_namespaces_by_label_and_follows_their_changes(
         daemon.stop()
     assert got["spec"].get("nodeName") == "nsel-gpu-1"
     assert (reread["bound"], reread["pending"]) == (0, 1)
+
+
+async def test_headroom_keeps_idle_gpus_for_pods_of_high_priority_which_start_without_evicting(
+    control_plane: ControlPlane, kube: Kube, namespace: str, tmp_path: Path
+) -> None:
+    name = sched_name()
+    low, high = await _priority_classes(kube, name, low=(10, ""), high=(1000, ""))
+    config = tmp_path / "headroom.yaml"
+    config.write_text("headroom:\n  gpus: 2\n  priorityAtLeast: 1000\n")
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node("hr-0", 4, "T4")])
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect", "--config", str(config))
+    try:
+        await kit.create_all(kube, pods, [_of_class(kit.pod(f"batch-{i}", name, gpus=1), low) for i in range(3)])
+        settled = await kit.wait_settled(kube, namespace, 3)
+        waiting = [p for p in settled if not p["spec"].get("nodeName")]
+        assert len(waiting) == 1, [p["spec"].get("nodeName") for p in settled]
+        message = (kit.condition(waiting[0]) or {}).get("message", "")
+        assert message == (
+            "0/1 nodes are available: 1 Insufficient nvidia.com/gpu; "
+            "2 idle GPUs are kept free for pods of priority 1000 or more (headroom)."
+        )
+        assert await _metric_once(daemon.metrics_port, "gpusched_gpus_kept_free", 2) == 2
+        # The pod the headroom is for starts at once, on the kept GPUs, and nobody is evicted.
+        await kit.create_all(kube, pods, [_of_class(kit.pod("critical", name, gpus=2), high)])
+        critical = await kit.wait_bound(kube, f"{pods}/critical")
+        assert critical["spec"].get("nodeName") == "hr-0"
+        everyone = await kit.list_all(kube, pods)
+        assert all(not p["metadata"].get("deletionTimestamp") for p in everyone)
+        kit.check_placements(await kit.list_all(kube, "/api/v1/nodes"), everyone)
+        assert await _metric_once(daemon.metrics_port, "gpusched_gpus_kept_free", 0) == 0
+    finally:
+        daemon.stop()
+        await _drop_priority_classes(kube, low, high)
