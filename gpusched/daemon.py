@@ -1323,6 +1323,13 @@ class Scheduler:
         """Poll for GPU utilisation until cancelled.  When a GPU is no longer busy (or the answer
         grew too old to use), the pods parked as unschedulable are drawn again: it may be room."""
         assert self.utilisation is not None
+        if self.utilisation.poll_s >= self.config.utilisation.max_age_seconds:
+            log.warning(
+                "GPU utilisation is polled less often than an answer may be used; between polls no GPU is busy",
+                poll_s=self.utilisation.poll_s,
+                max_age_s=self.config.utilisation.max_age_seconds,
+                fix="a --utilisation-poll below utilisation.maxAgeSeconds",
+            )
         blocking = self.cache.blocking(self.busy_gpus() or {})  # GPUs a batch would not be offered
         unmatched = False
         while True:
@@ -1461,14 +1468,23 @@ class Scheduler:
         if age > u.max_age_seconds:  # not used: nothing is busy or idle by it
             self.metrics.set_utilisation(age, 0, 0)
             return
-        index, used = state.cluster.index, state.gpu_used
+        cl, used = state.cluster, state.gpu_used
         busy = len(self.cache.blocking(view.at_least(u.busy_percent))) if u.avoid_busy_gpus else 0
+        low = view.below(u.idle_percent)
+        held = [
+            (n, g)
+            for n, gpus in low.items()
+            if (i := cl.index.get(n)) is not None
+            for g in gpus
+            if 0 <= g < cl.gpu_count[i] and used[i, g] > 0
+        ]
+        # A pod whose GPUs the books only guess makes its node's GPUs idle only all together.
+        guessed = self.cache.guessed_gpus() if held else set()
+        holders = self.cache.holders_of(held) if guessed else {}
         idle = sum(
             1
-            for n, gpus in view.below(u.idle_percent).items()
-            if (i := index.get(n)) is not None
-            for g in gpus
-            if 0 <= g < used.shape[1] and used[i, g] > 0
+            for n, g in held
+            if not (holders.get((n, g), set()) & guessed) or set(range(int(cl.gpu_count[cl.index[n]]))) <= low[n]
         )
         self.metrics.set_utilisation(age, busy, idle)
 
@@ -1753,6 +1769,14 @@ async def report_costs(
     if utilisation is not None:
         if await utilisation.poll_once():
             view = utilisation.view
+            names = view.percent.keys() if view is not None else ()
+            if names and not any(n in cache.nodes for n in names):
+                notes.append(
+                    f"no node of the utilisation answer is a node of the cluster (label {utilisation.node_label!r} "
+                    f"gave {', '.join(sorted(names)[:3])}); nothing is counted idle: --utilisation-node-label "
+                    "must name the label that holds the Kubernetes node name"
+                )
+                view = None
         else:
             notes.append(f"{utilisation.error}; nothing is counted idle")
     placed = cache.placed()

@@ -41,7 +41,7 @@ if [[ "$(id -u)" -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
 	missing "no prometheus on PATH: install it (sudo apt-get install prometheus) or set GPUSCHED_PROMETHEUS"
 fi
 log "installing Debian's prometheus package"
-install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >&2; }
+install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=300 --no-install-recommends prometheus >&2; }
 if ! install; then
 	apt-get update -q >&2 || true
 	install || missing "apt-get install prometheus failed"

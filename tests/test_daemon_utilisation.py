@@ -194,3 +194,21 @@ async def test_a_pod_below_the_headroom_priority_does_not_preempt_its_way_onto_k
     assert s.queue.counts().unschedulable == 0
     await batch(s)
     assert api.bound == ["default/mid"]
+
+
+async def test_the_idle_gauge_does_not_trust_the_books_guess_of_a_pods_gpu() -> None:
+    s = one_node_scheduler(RecordingApi(), gpus=2)
+    other = kit.pod("trainer", "default-scheduler", gpus=1, node_name="n0")  # no gpusched.io/gpu-indices
+    other["metadata"].update({"namespace": "research", "uid": "u1"})
+    s._bound.apply("ADDED", other)
+    measured(s, {"n0": {0: 0.0, 1: 100.0}})  # the books guess GPU 0; it may well be on GPU 1, saturated
+    s._scrape()
+    assert gauge(s, "gpusched_gpus_allocated_idle") == 0.0
+    measured(s, {"n0": {0: 0.0, 1: 1.0}})  # both idle: whichever it has is idle
+    s._scrape()
+    assert gauge(s, "gpusched_gpus_allocated_idle") == 1.0
+
+
+def gauge(s: Scheduler, name: str) -> float:
+    line = next(x for x in s.metrics.render()[0].decode().splitlines() if x.startswith(name + " "))
+    return float(line.split()[-1])

@@ -11,7 +11,6 @@ which packing can still fill.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -24,6 +23,10 @@ from gpusched.metrics.source import UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, Node
 
 __all__ = ["CostReport", "NamespaceCost", "Prices", "cost_report", "parse_prices", "render_report", "report_json"]
+
+
+MAX_PRICE = 1e9
+"""The highest price per GPU-hour taken: any cluster's sum of them stays a finite number."""
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,8 @@ def _mig_share(profile: str) -> float:
 
 
 def _price(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-        raise ValueError(f"{where}: expected a price per GPU-hour, a finite number >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_PRICE:
+        raise ValueError(f"{where}: expected a price per GPU-hour, a number from 0 to {MAX_PRICE:g}, got {value!r}")
     return float(value)
 
 

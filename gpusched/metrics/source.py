@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import structlog
 
@@ -77,6 +78,18 @@ class UtilisationView:
         """GPUs under ``limit`` percent, by node."""
         out = {node: frozenset(i for i, v in gpus.items() if v < limit) for node, gpus in self.percent.items()}
         return {node: gpus for node, gpus in out.items() if gpus}
+
+
+def shown(url: str) -> str:
+    """``url`` as logs may show it: a password in it masked."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def parse_samples(
@@ -156,16 +169,20 @@ class UtilisationSource:
         node_label: str = DEFAULT_NODE_LABEL,
         gpu_label: str = DEFAULT_GPU_LABEL,
         poll_s: float = 15.0,
-        timeout_s: float = 10.0,
+        timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_poll: Callable[[bool], None] | None = None,
     ) -> None:
         self.url = url
+        self.shown_url = shown(url)
+        """``url`` with any password in it masked: what logs and messages show."""
         self.query = query or default_query(node_label, gpu_label)
         self.node_label = node_label
         self.gpu_label = gpu_label
         self.poll_s = poll_s
-        self.timeout_s = timeout_s
+        self.timeout_s = min(10.0, poll_s) if timeout_s is None else timeout_s
+        """Per request (default: the poll interval, at most 10 s): a server that takes the
+        connection and never answers holds a worker thread, and the process's exit, no longer."""
         self._clock = clock
         self._on_poll = on_poll
         self._client: Any = None
@@ -204,7 +221,7 @@ class UtilisationSource:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._failed(f"cannot read GPU utilisation from {self.url}: {_query_error(exc)}")
+            self._failed(f"cannot read GPU utilisation from {self.shown_url}: {_query_error(exc)}")
             return False
         percent, problems = parse_samples(result, self.node_label, self.gpu_label)
         if not percent and not problems:
@@ -225,7 +242,7 @@ class UtilisationSource:
         if told != self._told:
             log.info(
                 "GPU utilisation read",
-                url=self.url,
+                url=self.shown_url,
                 nodes=len(percent),
                 gpus=self.view.gpus,
                 left_out=len(problems),

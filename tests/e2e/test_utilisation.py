@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -176,3 +178,89 @@ async def test_the_cost_report_prices_what_each_namespace_holds_and_finds_it_idl
         )
     finally:
         dcgm.drop(busy)
+
+
+def report(cp: ControlPlane, *extra: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "gpusched", "report", "--kubeconfig", str(cp.scheduler_kubeconfig), *extra]
+    return subprocess.run(argv, check=False, capture_output=True, text=True, cwd=kit.repo_file(), timeout=60)
+
+
+async def test_empty_and_cpu_only_clusters(control_plane: ControlPlane, kube: Kube) -> None:
+    done = await asyncio.to_thread(report, control_plane)
+    assert done.returncode == 0, done.stderr
+    assert "0 GPUs cost 0.00 USD/h" in done.stdout, done.stdout
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node(f"cpu-{uuid.uuid4().hex[:6]}", 0, "")])
+    done = await asyncio.to_thread(report, control_plane, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["gpus_total"] == 0
+
+
+async def test_an_answer_naming_no_node_of_the_cluster_is_noted(
+    control_plane: ControlPlane, kube: Kube, namespace: str, prometheus: Prometheus, dcgm: DcgmExporter
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    node = f"n-{tag}"
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node(node, 1, "A100-SXM4-80GB")])
+    held = kit.pod("held", "other", gpus=1, node_name=node)
+    held["metadata"]["annotations"]["gpusched.io/gpu-indices"] = "0"
+    await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [held])
+    # dcgm-exporter without NODE_NAME: Hostname is the exporter pod's name, not the node's.
+    await measure(dcgm, prometheus, f"dcgm-exporter-{tag}", 0)
+    try:
+        done = await asyncio.to_thread(
+            report, control_plane, "--prometheus-url", prometheus.url, "--utilisation-query", QUERY, "--json"
+        )
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout)
+        assert out["measured"] is False  # nothing was measured of this cluster's GPUs
+        assert done.stderr.startswith("note: no node of the utilisation answer is a node of the cluster")
+        assert "--utilisation-node-label" in done.stderr
+    finally:
+        dcgm.drop(f"dcgm-exporter-{tag}")
+
+
+def hung_server() -> tuple[int, list[socket.socket]]:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            held.append(c)  # read nothing, answer nothing
+
+    threading.Thread(target=accept, daemon=True).start()
+    held.append(srv)
+    return srv.getsockname()[1], held
+
+
+async def test_sigterm_with_a_hung_prometheus_exits_promptly(control_plane: ControlPlane, kube: Kube) -> None:
+    port, held = hung_server()
+    name = f"gs-{uuid.uuid4().hex[:8]}"
+    daemon = kit.Daemon.start(
+        control_plane,
+        name,
+        "--no-leader-elect",
+        "--prometheus-url",
+        f"http://127.0.0.1:{port}",
+        "--utilisation-poll",
+        "0.5",
+    )
+    try:
+        daemon.wait_log("caches synced")
+        time.sleep(1.0)  # a poll is in flight, waiting on the server
+        sent = time.monotonic()
+        daemon.proc.send_signal(15)
+        daemon.proc.wait(60)
+        took = time.monotonic() - sent
+        stopped = daemon.wait_count("stopped", 1, timeout=1)
+        assert stopped, daemon.raw[-20:]
+        assert took < 3.0, f"exited {took:.1f}s after SIGTERM, the log said 'stopped' long before"
+    finally:
+        daemon.stop()
+        for s in held:
+            s.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from rich.console import Console
 
@@ -93,12 +95,26 @@ def test_prices_are_read_and_bad_ones_refused_with_the_key() -> None:
     assert parse_prices(None) == Prices()
     for data, why in [
         ({"gpuhour": {}}, "prices: gpuhour: unknown key (known here: currency, default, gpuHour)"),
-        ({"gpuHour": {"T4": -1}}, "prices: gpuHour.T4: expected a price per GPU-hour, a finite number >= 0, got -1"),
+        (
+            {"gpuHour": {"T4": -1}},
+            "prices: gpuHour.T4: expected a price per GPU-hour, a number from 0 to 1e+09, got -1",
+        ),
         ({"gpuHour": {"T4": "cheap"}}, "prices: gpuHour.T4: expected a price per GPU-hour"),
         ({"default": True}, "prices: default: expected a price per GPU-hour"),
         ({"gpuHour": [1]}, "prices: gpuHour: expected a mapping of GPU product to price, got list"),
         ({"currency": 3}, "prices: currency: expected a name such as USD, got 3"),
         ([1, 2], "prices: expected a mapping, got list"),
     ]:
-        with pytest.raises(ValueError, match="^" + why.replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(ValueError, match="^" + re.escape(why)):
             parse_prices(data)
+
+
+def test_a_price_list_at_the_highest_price_still_gives_json() -> None:
+    import json
+
+    with pytest.raises(ValueError, match=r"^prices: default: expected a price per GPU-hour, a number from 0 to 1e\+09"):
+        parse_prices({"default": 1.0e308})  # any sum of such would be no number JSON has
+    prices = parse_prices({"default": 1e9})
+    big = Cluster([Node(f"n{i}", 64000, 65536, gpu_count=8, gpu_model="A100") for i in range(100)])
+    out = json.dumps(report_json(cost_report(big, [], prices)))
+    json.loads(out, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))

@@ -142,3 +142,13 @@ async def test_a_server_that_is_not_a_prometheus_is_told_so(dcgm: DcgmExporter) 
     src = UtilisationSource(f"http://127.0.0.1:{dcgm.port}")  # answers 200 with text, not JSON
     assert not await src.poll_once()
     assert src.error.endswith("the answer is not JSON: is the URL a Prometheus (its /api/v1/query)?")
+
+
+async def test_a_password_in_the_url_is_not_logged() -> None:
+    src = UtilisationSource(f"http://gpusched:s3cret@127.0.0.1:{free_port()}", timeout_s=2)
+    assert src.shown_url.startswith("http://gpusched:***@127.0.0.1:")
+    with capture_logs() as logs:
+        assert not await src.poll_once()
+    assert logs
+    assert "s3cret" not in repr(logs)
+    assert "s3cret" not in src.error
