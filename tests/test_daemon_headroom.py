@@ -16,12 +16,7 @@ from gpusched.metrics.source import UtilisationView
 from gpusched.model import Assignment, Cluster, Node, Pod
 from tests.doubles import RecordingApi, one_node_scheduler
 from tests.e2e import kit
-from tests.test_daemon_utilisation import EvictingApi, batch, kept_for, pod
-
-
-def gauge(s: Scheduler, name: str) -> float:
-    line = next(x for x in s.metrics.render()[0].decode().splitlines() if x.startswith(name + " "))
-    return float(line.split()[-1])
+from tests.test_daemon_utilisation import EvictingApi, batch, gauge, kept_for, pod
 
 
 async def test_a_pod_of_high_priority_is_not_denied_preemption_because_a_low_pod_searched_with_it() -> None:
