@@ -1352,14 +1352,13 @@ class Scheduler:
         the node label names something else, and no GPU would ever count as busy or idle."""
         assert self.utilisation is not None
         assert self.utilisation.view is not None
-        names = self.utilisation.view.percent.keys()
-        nodes = self.cache.nodes
-        unmatched = bool(names) and bool(nodes) and not any(n in nodes for n in names)
+        view, nodes = self.utilisation.view, self.cache.nodes
+        unmatched = view.names_none_of(nodes)
         if unmatched and not told:
             log.warning(
                 "no node of the utilisation answer is a node of the cluster; nothing counts as busy or idle",
                 label=self.utilisation.node_label,
-                answered=sorted(names)[:3],
+                answered=sorted(view.percent)[:3],
                 cluster=sorted(nodes)[:3],
                 fix="--utilisation-node-label must name the label that holds the Kubernetes node name",
             )
@@ -1769,11 +1768,10 @@ async def report_costs(
     if utilisation is not None:
         if await utilisation.poll_once():
             view = utilisation.view
-            names = view.percent.keys() if view is not None else ()
-            if names and not any(n in cache.nodes for n in names):
+            if view is not None and view.names_none_of(cache.nodes):
                 notes.append(
                     f"no node of the utilisation answer is a node of the cluster (label {utilisation.node_label!r} "
-                    f"gave {', '.join(sorted(names)[:3])}); nothing is counted idle: --utilisation-node-label "
+                    f"gave {', '.join(sorted(view.percent)[:3])}); nothing is counted idle: --utilisation-node-label "
                     "must name the label that holds the Kubernetes node name"
                 )
                 view = None

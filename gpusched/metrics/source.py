@@ -21,7 +21,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -68,6 +68,11 @@ class UtilisationView:
     def gpus(self) -> int:
         """GPUs the answer covers."""
         return sum(len(g) for g in self.percent.values())
+
+    def names_none_of(self, nodes: Collection[str]) -> bool:
+        """Whether the answer names GPUs, of nodes all outside ``nodes`` (and there are some): its
+        node label holds something other than the Kubernetes node name."""
+        return bool(self.percent) and bool(nodes) and not any(n in nodes for n in self.percent)
 
     def at_least(self, limit: float) -> dict[str, frozenset[int]]:
         """GPUs at ``limit`` percent or above, by node."""

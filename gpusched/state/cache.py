@@ -58,6 +58,19 @@ class Snapshot:
         return len(self.busy_cells)
 
 
+def _busy_cells(cluster: Cluster, busy: Mapping[str, Collection[int]]) -> list[tuple[int, int]]:
+    """The GPUs of ``busy`` (node name -> GPU indices) a snapshot may count as full: on nodes of
+    ``cluster`` with no MIG slices (their slices are not numbered as their GPUs), within each
+    node's GPU count; as (node index, GPU index)."""
+    return [
+        (i, g)
+        for node, gpus in busy.items()
+        if (i := cluster.index.get(node)) is not None and not cluster.mig_cap[i].any()
+        for g in gpus
+        if 0 <= g < cluster.gpu_count[i]
+    ]
+
+
 def keep_free(
     cluster: Cluster,
     gpu_used: IntArray,
@@ -405,13 +418,8 @@ class Cache:
         """The GPUs of ``busy`` (node name -> GPU indices) that a snapshot would count as full:
         on a node of the cluster with no MIG slices, and with room left by the books."""
         cluster = self._ensure_cluster()
-        gpu = self._gpu
         return {
-            (node, g)
-            for node, gpus in busy.items()
-            if (i := cluster.index.get(node)) is not None and not cluster.mig_cap[i].any()
-            for g in gpus
-            if 0 <= g < cluster.gpu_count[i] and gpu[i, g] < cluster.gpu_cap[i, g]
+            (cluster.nodes[i].name, g) for i, g in _busy_cells(cluster, busy) if self._gpu[i, g] < cluster.gpu_cap[i, g]
         }
 
     def holders_of(self, gpus: Collection[tuple[str, int]]) -> dict[tuple[str, int], set[str]]:
@@ -550,14 +558,8 @@ class Cache:
             if not busy and not keep:
                 return self._freeze(cluster)
             rooms = {(h.node, g) for h in held for g in h.gpus}
-            blocked = [
-                (i, g)
-                for node, gpus in (busy or {}).items()
-                if (i := cluster.index.get(node)) is not None and not cluster.mig_cap[i].any()
-                for g in gpus
-                if 0 <= g < cluster.gpu_count[i] and (node, g) not in rooms
-            ]
             spared = {(cluster.index[n], g) for n, g in rooms if n in cluster.index}
+            blocked = [c for c in _busy_cells(cluster, busy or {}) if c not in spared]
             prefer = [(cluster.index[n], g) for n, g in kept_before if n in cluster.index]
             return self._freeze(
                 cluster, blocked, keep, frozenset(keep_models), spared, prefer, frozenset(keep_tolerated)
