@@ -203,10 +203,7 @@ class UtilisationSource:
 
     def current(self, max_age_s: float) -> UtilisationView | None:
         """The last good answer if it is at most ``max_age_s`` old, else None."""
-        view = self.view
-        if view is None or view.age(self._clock()) > max_age_s:
-            return None
-        return view
+        return self.view if self.age() <= max_age_s else None  # NaN (no answer) compares false
 
     def _ask(self) -> Any:
         """One instant query (blocking: runs in a worker thread)."""
