@@ -446,19 +446,28 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
 
 def _prometheus_url(value: str | None) -> str | None:
-    """``--prometheus-url``, checked: an http(s) address with a host."""
+    """``--prometheus-url``, checked: an http(s) address with a host.  A rejected address is
+    echoed with any password in it masked."""
     if value is None:
         return None
+    scheme, sep, rest = value.partition("://")
+    user, at, host = rest.rpartition("@")
+    shown = f"{scheme}{sep}{user.split(':', 1)[0]}:***@{host}" if at and ":" in user else value
+    expected = "expected http://HOST:PORT or https://HOST:PORT"
     try:
         url = urlsplit(value)
         _ = url.port  # a port that is not a number is refused here, not at the first query
-    except ValueError as exc:
-        raise UsageError(f"--prometheus-url {value!r}: {exc}; expected http://HOST:PORT or https://HOST:PORT") from None
+    except ValueError:
+        raise UsageError(
+            f"--prometheus-url {shown!r}: not an address; {expected} (percent-encode '/', '#', '?' and '@' "
+            "in a user name or password)"
+        ) from None
     if url.scheme not in ("http", "https") or not url.hostname:
-        raise UsageError(f"--prometheus-url {value!r}: expected http://HOST:PORT or https://HOST:PORT")
+        raise UsageError(f"--prometheus-url {shown!r}: {expected}")
     if url.query or url.fragment:
         raise UsageError(
-            f"--prometheus-url {value!r}: no ?query or #fragment; give the address its /api/v1/query is under"
+            f"--prometheus-url {shown!r}: no ?query or #fragment; give the address its /api/v1/query is under "
+            "(percent-encode '#' and '?' in a password)"
         )
     return value.rstrip("/")
 

@@ -1473,7 +1473,7 @@ class Scheduler:
         held = [
             (n, g)
             for n, gpus in low.items()
-            if (i := cl.index.get(n)) is not None
+            if (i := cl.index.get(n)) is not None and not cl.mig_cap[i].any()  # as ``_busy_cells``
             for g in gpus
             if 0 <= g < cl.gpu_count[i] and used[i, g] > 0
         ]

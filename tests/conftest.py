@@ -1,4 +1,5 @@
-"""Fixtures shared by every tier: a real Prometheus scraping a DCGM-format exporter (tests/promstack.py)."""
+"""Fixtures shared by every tier: logging kept from leaking between tests, and a real Prometheus
+scraping a DCGM-format exporter (tests/promstack.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,18 @@ import os
 from collections.abc import Iterator
 
 import pytest
+import structlog
 
 from tests.promstack import DcgmExporter, Prometheus, PrometheusMissing, find_prometheus, start_prometheus
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """``gpusched`` run in process (``main``, the simulator) configures logging for the process;
+    the next test finds it as it was, whatever the order tests run in."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture(scope="session")

@@ -550,3 +550,18 @@ def test_run_holds_the_lease_unless_told_not_to(
         10.0,
         2.0,
     )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://admin:s3cr/t@prometheus:9090",  # a '/' in the password: read as the port
+        "http://admin:p#ss@prometheus:9090",  # a '#': read as a fragment
+    ],
+)
+def test_a_rejected_prometheus_url_does_not_print_its_password(capsys: pytest.CaptureFixture[str], url: str) -> None:
+    message = rejected(capsys, ["report", "--prometheus-url", url])
+    assert "s3cr" not in message
+    assert "p#ss" not in message
+    assert "'http://admin:***@prometheus:9090'" in message
+    assert "percent-encode" in message

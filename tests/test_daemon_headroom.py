@@ -16,7 +16,7 @@ from gpusched.metrics.source import UtilisationView
 from gpusched.model import Assignment, Cluster, Node, Pod
 from tests.doubles import RecordingApi, one_node_scheduler
 from tests.e2e import kit
-from tests.test_daemon_utilisation import EvictingApi, batch, gauge, kept_for, pod
+from tests.test_daemon_utilisation import EvictingApi, batch, gauge, kept_for, measured, pod
 
 
 async def test_a_pod_of_high_priority_is_not_denied_preemption_because_a_low_pod_searched_with_it() -> None:
@@ -436,3 +436,37 @@ async def test_a_low_pod_bound_during_the_high_search_is_not_told_it_is_unschedu
     await batch(s)
     assert s.cache.holds("default/mid", "uid-mid")
     assert api.failed("default/mid") == [], api.failed("default/mid")
+
+
+async def test_kept_gpus_do_not_stay_on_a_node_whose_cpu_is_gone() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=2)  # n0: 2 GPUs, 64 CPUs
+    _NodeHandler(s).apply("ADDED", kit.node("n1", 3, "A100"))
+    kept_for(s, 1)
+    s._bound.apply("ADDED", pod("a", 0, node="n0", gpu=0))  # n0: 1 idle, n1: 3 idle
+    s._pending.apply("ADDED", pod("first", 0))
+    await batch(s)
+    assert s._kept_last == (("n0", 1),)
+    # Another scheduler's CPU-only pod takes the rest of n0's CPU: n0's idle GPU is no use to anyone.
+    hog = kit.pod("hog", "default-scheduler", cpu="63", node_name="n0")
+    hog["metadata"].update({"namespace": "other", "uid": "u-hog"})
+    s._bound.apply("ADDED", hog)
+    assert s.cache.snapshot(keep=1, keep_tolerated=["nvidia.com/gpu"]).kept == ((1, 1),)  # n1, without prefer
+    s._pending.apply("ADDED", pod("p", 0))
+    s._pending.apply("ADDED", pod("q", 0))
+    await batch(s)
+    s._pending.apply("ADDED", pod("critical", 1000))
+    await batch(s)
+    assert api.evicted == []
+    assert "default/critical" in api.bound, (s._kept_last, api.bound)
+
+
+async def test_the_idle_gauge_reads_mig_nodes_by_the_rule_the_busy_one_does() -> None:
+    s = one_node_scheduler(RecordingApi(), gpus=1)
+    _NodeHandler(s).apply("ADDED", mig_node("m", 1))  # one whole GPU (books: 0), one in MIG mode
+    s._bound.apply("ADDED", pod("train", 0, node="m", gpu=0))
+    # nvidia-smi numbers the MIG GPU 0 and the whole one 1: the pod's GPU is saturated.
+    measured(s, {"m": {0: 0.0, 1: 100.0}})
+    s._scrape()
+    assert gauge(s, "gpusched_gpus_busy") == 0.0  # MIG node: not read for busy (indices differ)
+    assert gauge(s, "gpusched_gpus_allocated_idle") == 0.0  # ... but read for idle

@@ -138,6 +138,8 @@ def cost_report(
     its capacity (two pods on one GPU where the books could not tell them apart, or a GPU the
     node no longer has) is shared among its holders, never charged twice."""
     idle = view.below(idle_percent) if view is not None else {}
+    # GPU indices of nodes with MIG slices are not those the books number: nothing idle there.
+    idle = {n: g for n, g in idle.items() if (i := cluster.index.get(n)) is None or not cluster.mig_cap[i].any()}
     placed = list(placed)
     held: dict[tuple[int, int], int] = defaultdict(int)  # (node, GPU) -> thousandths held
     for a in placed:

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import json
 import math
 import re
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -159,6 +161,32 @@ def _query_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+async def _detached(fn: Callable[[], Any]) -> Any:
+    """``fn()`` in a daemon thread of its own: unlike ``asyncio.to_thread`` (the loop's default
+    executor, which ``asyncio.run`` joins on exit), a call still blocked when the loop ends
+    holds nothing up.  One call at a time per source, so threads do not pile up."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not done.done():
+            if ok:
+                done.set_result(value)
+            else:
+                done.set_exception(value)
+
+    def run() -> None:
+        try:
+            out: tuple[bool, Any] = (True, fn())
+        except Exception as exc:
+            out = (False, exc)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, *out)
+
+    threading.Thread(target=run, name="gpusched-utilisation", daemon=True).start()
+    return await done
+
+
 class UtilisationSource:
     """Polls Prometheus for GPU utilisation and keeps the last good answer.
 
@@ -185,9 +213,10 @@ class UtilisationSource:
         self.node_label = node_label
         self.gpu_label = gpu_label
         self.poll_s = poll_s
-        self.timeout_s = min(10.0, poll_s) if timeout_s is None else timeout_s
-        """Per request (default: the poll interval, at most 10 s): a server that takes the
-        connection and never answers holds a worker thread, and the process's exit, no longer."""
+        self.timeout_s = max(10.0, poll_s) if timeout_s is None else timeout_s
+        """Per request (default: 10 s, or the poll interval when longer).  The request runs in a
+        thread of its own that the process does not wait for, so a server that takes the
+        connection and never answers delays no shutdown."""
         self._clock = clock
         self._on_poll = on_poll
         self._client: Any = None
@@ -219,7 +248,7 @@ class UtilisationSource:
     async def poll_once(self) -> bool:
         """Ask once; on success replace the view.  Never raises for a failed query."""
         try:
-            result = await asyncio.to_thread(self._ask)
+            result = await _detached(self._ask)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

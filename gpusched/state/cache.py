@@ -102,17 +102,20 @@ def keep_free(
     idle = (gpu_used == 0) & (cluster.gpu_cap > 0) & ok[:, None]
     for i, g in spared:
         idle[i, g] = False
-    inside = all(0 <= i < idle.shape[0] and 0 <= g < idle.shape[1] for i, g in prefer)
-    if prefer and len(prefer) == count and inside and all(idle[i, g] for i, g in prefer):
-        return tuple(prefer)
-    counts = idle.sum(axis=1)
-    nodes = [int(i) for i in np.flatnonzero(counts)]
 
     def roomy(i: int, gpus: int) -> bool:  # CPU and memory for ``gpus`` of its GPUs
         share = gpus / int(cluster.gpu_count[i])
         cpu = cpu_used is None or cluster.cpu_cap[i] - cpu_used[i] >= share * cluster.cpu_cap[i]
         mem = mem_used is None or cluster.mem_cap[i] - mem_used[i] >= share * cluster.mem_cap[i]
         return bool(cpu and mem)
+
+    inside = all(0 <= i < idle.shape[0] and 0 <= g < idle.shape[1] for i, g in prefer)
+    if prefer and len(prefer) == count and inside and all(idle[i, g] for i, g in prefer):
+        per_node = Counter(i for i, _ in prefer)
+        if all(roomy(i, n) for i, n in per_node.items()):
+            return tuple(prefer)
+    counts = idle.sum(axis=1)
+    nodes = [int(i) for i in np.flatnonzero(counts)]
 
     enough = [i for i in nodes if counts[i] >= count and roomy(i, count)]
     if enough:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from structlog.testing import capture_logs
@@ -152,3 +156,39 @@ async def test_a_password_in_the_url_is_not_logged() -> None:
     assert logs
     assert "s3cret" not in repr(logs)
     assert "s3cret" not in src.error
+
+
+ANSWER = json.dumps(
+    {
+        "status": "success",
+        "data": {"resultType": "vector", "result": [{"metric": {"Hostname": "n0", "gpu": "0"}, "value": [0, "50"]}]},
+    }
+).encode()
+
+
+class Slow(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # a Prometheus that answers in 0.3 s
+        time.sleep(0.3)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(ANSWER)))
+        self.end_headers()
+        self.wfile.write(ANSWER)
+
+    do_POST = do_GET
+
+    def log_message(self, *a: object) -> None:
+        pass
+
+
+async def test_a_short_poll_interval_does_not_make_a_slowish_prometheus_unreadable() -> None:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        assert await UtilisationSource(url, poll_s=15).poll_once()
+        src = UtilisationSource(url, poll_s=0.2)  # --utilisation-poll 0.2
+        assert await src.poll_once(), src.error
+    finally:
+        srv.shutdown()
+        srv.server_close()
