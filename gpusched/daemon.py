@@ -1304,6 +1304,7 @@ class Scheduler:
     def _scrape(self) -> None:
         state = self.cache.snapshot().state
         self._cluster_metrics(state, None)
+        self._signal_metrics(state)
         if self.utilisation is not None:
             self._utilisation_metrics(state)
 
@@ -1496,11 +1497,18 @@ class Scheduler:
         gpus = int(cl.gpu_count[open_].sum())
         alloc = int(state.gpu_used[open_].sum()) / (gpus * 1000) if gpus else 0.0
         in_use = (state.gpu_used.sum(axis=1) > 0) | (state.mig.sum(axis=1) > 0)
+        active = int((in_use & ((cl.gpu_count > 0) | cl.mig_cap.any(axis=1)) & open_).sum())
+        self.metrics.set_cluster(gpus, alloc, frag, active)
+
+    def _signal_metrics(self, state: ClusterState) -> None:
+        """The autoscaling gauges and the GPUs kept free: from the books, at each scrape only
+        (nothing a batch learns changes them sooner)."""
+        cl, open_ = state.cluster, ~state.cluster.cordoned
+        in_use = (state.gpu_used.sum(axis=1) > 0) | (state.mig.sum(axis=1) > 0)
         gpu_nodes = (cl.gpu_count > 0) | cl.mig_cap.any(axis=1)
-        active = int((in_use & gpu_nodes & open_).sum())
         kept = self._kept_now()
         keeping = np.zeros(len(cl), dtype=np.bool_)  # nodes holding GPUs kept free: not to be removed
-        keeping[[i for n, _ in kept if (i := cl.index.get(n)) is not None]] = True  # by name: ``state`` may be older
+        keeping[[i for n, _ in kept if (i := cl.index.get(n)) is not None]] = True
         idle = int((~in_use & gpu_nodes & open_ & ~keeping).sum())
         # What more nodes would have to offer: not pods holding room already, nor pods no node takes as written.
         wanted = (
@@ -1511,8 +1519,7 @@ class Scheduler:
             )
             / GPU_MILLI
         )
-        self.metrics.set_cluster(gpus, alloc, frag, active, idle, wanted)
-        self.metrics.set_kept(len(kept))
+        self.metrics.set_signals(idle, wanted, len(kept))
 
     def _kept_now(self) -> tuple[tuple[str, int], ...]:
         """The GPUs (node name, index) the headroom would keep free from a batch now (busy ones

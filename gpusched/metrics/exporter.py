@@ -257,18 +257,21 @@ class SchedulerMetrics:
         allocation_ratio: float,
         fragmentation_ratio: float | None,
         active_gpu_nodes: int,
-        idle_gpu_nodes: int = 0,
-        unschedulable_gpu_demand: float = 0.0,
     ) -> None:
         """Set the cluster gauges: total GPUs, allocated share, fragmentation (``None``: left as it
-        is), active and idle GPU nodes, and the GPUs the unschedulable pods ask for."""
+        is) and active GPU nodes."""
         self._gpus_total.set(gpus_total)
         self._gpu_allocation_ratio.set(allocation_ratio)
         if fragmentation_ratio is not None:
             self._gpu_fragmentation_ratio.set(fragmentation_ratio)
         self._gpu_nodes_active.set(active_gpu_nodes)
+
+    def set_signals(self, idle_gpu_nodes: int, unschedulable_gpu_demand: float, kept_free: int) -> None:
+        """Set the autoscaling gauges (idle GPU nodes, the GPUs the unschedulable pods ask for)
+        and how many idle GPUs the headroom keeps free now."""
         self._gpu_nodes_idle.set(idle_gpu_nodes)
         self._unschedulable_gpu_demand.set(unschedulable_gpu_demand)
+        self._gpus_kept_free.set(kept_free)
 
     def utilisation_poll(self, ok: bool) -> None:
         """Count one query for GPU utilisation, answered (``ok``) or not."""
@@ -279,10 +282,6 @@ class SchedulerMetrics:
         self._utilisation_age.set(age_seconds)
         self._gpus_busy.set(busy)
         self._gpus_allocated_idle.set(allocated_idle)
-
-    def set_kept(self, gpus: int) -> None:
-        """Set how many idle GPUs the headroom keeps free now."""
-        self._gpus_kept_free.set(gpus)
 
     def set_leader(self, leader: bool) -> None:
         """Set ``gpusched_is_leader`` to 1 or 0."""

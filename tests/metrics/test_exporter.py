@@ -84,14 +84,8 @@ def test_gauges_hold_the_last_value() -> None:
     m = SchedulerMetrics()
     m.set_pending(active=5, backoff=2, unschedulable=7)
     m.set_pending(active=4, backoff=1, unschedulable=7)
-    m.set_cluster(
-        gpus_total=64,
-        allocation_ratio=0.75,
-        fragmentation_ratio=0.125,
-        active_gpu_nodes=9,
-        idle_gpu_nodes=3,
-        unschedulable_gpu_demand=2.5,
-    )
+    m.set_cluster(gpus_total=64, allocation_ratio=0.75, fragmentation_ratio=0.125, active_gpu_nodes=9)
+    m.set_signals(idle_gpu_nodes=3, unschedulable_gpu_demand=2.5, kept_free=4)
     m.set_leader(True)
     out = lines(m)
     assert 'gpusched_pending_pods{queue="active"} 4.0' in out
@@ -103,6 +97,7 @@ def test_gauges_hold_the_last_value() -> None:
     assert "gpusched_gpu_nodes_active 9.0" in out
     assert "gpusched_gpu_nodes_idle 3.0" in out
     assert "gpusched_unschedulable_gpu_demand 2.5" in out
+    assert "gpusched_gpus_kept_free 4.0" in out
     assert "gpusched_is_leader 1.0" in out
     m.set_leader(False)
     assert "gpusched_is_leader 0.0" in lines(m)
