@@ -31,16 +31,25 @@ configuration.  Example (every key optional)::
       priorityAtLeast: 1000000
       models: []
       toleratedTaints: [nvidia.com/gpu]
+    tenants:
+      label: ""
+      reclaim: true
+      reclaimBelowPriority: 1000000
+      default: {quotaGpus: 0, limitGpus: null, weight: 1}
+      quotas:
+        research: {quotaGpus: 16, limitGpus: 32, weight: 2}
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from gpusched.model.node import GPU_MILLI
+from gpusched.model.tenants import TenantRule, Tenants
 from gpusched.solver.params import Limits, SolverParams, Weights
 
 __all__ = [
@@ -48,6 +57,7 @@ __all__ = [
     "ConfigError",
     "GpuschedConfig",
     "HeadroomConfig",
+    "TenantsConfig",
     "UtilisationConfig",
     "load_config",
     "yaml_problem",
@@ -138,6 +148,52 @@ class HeadroomConfig(_Strict):
     taint (the default is the taint many clusters put on every GPU node)."""
 
 
+class TenantRuleConfig(_Strict):
+    """What one tenant is guaranteed and may hold, in GPUs (a share counts its fraction)."""
+
+    quota_gpus: _Number = Field(strict=False, default=0, ge=0, le=1_000_000, alias="quotaGpus")
+    """GPUs the tenant is guaranteed: within them its pods are drawn first, and may reclaim
+    GPUs that tenants past their own quota hold."""
+    limit_gpus: _Number | None = Field(strict=False, default=None, ge=0, le=1_000_000, alias="limitGpus")
+    """GPUs the tenant never holds more of (null: no limit); at least ``quotaGpus``."""
+    weight: _Number = Field(strict=False, default=1, gt=0, le=1_000_000)
+    """Its share of the GPUs beyond every quota, against the other tenants' weights."""
+
+    def rule(self) -> TenantRule:
+        """The rule in thousandths of a GPU."""
+        limit = None if self.limit_gpus is None else round(self.limit_gpus * GPU_MILLI)
+        return TenantRule(round(self.quota_gpus * GPU_MILLI), limit, self.weight)
+
+    def model_post_init(self, context: Any, /) -> None:
+        if self.limit_gpus is not None and self.limit_gpus < self.quota_gpus:
+            raise ValueError(f"limitGpus ({self.limit_gpus:g}) is below quotaGpus ({self.quota_gpus:g})")
+
+
+class TenantsConfig(_Strict):
+    """Quotas, limits and fair shares of GPUs between tenants (off while nothing is set)."""
+
+    label: str = ""
+    """The pod label that names a pod's tenant; empty, or absent on a pod: its namespace."""
+    reclaim: bool = True
+    """A pod within its tenant's quota may evict pods of tenants past theirs to get it."""
+    reclaim_below_priority: int = Field(default=1_000_000, ge=-(2**31), le=2**31 - 1, alias="reclaimBelowPriority")
+    """Pods of this priority or more are never reclaimed."""
+    default: Annotated[TenantRuleConfig, BeforeValidator(lambda v: {} if v is None else v)] = TenantRuleConfig()
+    """The rule of every tenant ``quotas`` does not name."""
+    quotas: dict[str, TenantRuleConfig] = Field(default_factory=dict)
+    """Rules by tenant name."""
+
+    def tenants(self) -> Tenants:
+        """The rules as placement reads them."""
+        return Tenants(
+            label=self.label,
+            rules={name: r.rule() for name, r in self.quotas.items()},
+            default=self.default.rule(),
+            reclaim=self.reclaim,
+            reclaim_below=self.reclaim_below_priority,
+        )
+
+
 def _empty_section(value: object) -> object:
     """A section whose keys are all left out (``weights:`` with every line below commented out)
     reads as null in YAML: it takes the defaults, as an empty document does."""
@@ -152,6 +208,7 @@ class GpuschedConfig(_Strict):
     batching: Annotated[BatchingConfig, BeforeValidator(_empty_section)] = BatchingConfig()
     utilisation: Annotated[UtilisationConfig, BeforeValidator(_empty_section)] = UtilisationConfig()
     headroom: Annotated[HeadroomConfig, BeforeValidator(_empty_section)] = HeadroomConfig()
+    tenants: Annotated[TenantsConfig, BeforeValidator(_empty_section)] = TenantsConfig()
 
     def solver_params(self, seed: int = 0) -> SolverParams:
         """The frozen parameters the solver takes."""
@@ -182,11 +239,17 @@ class ConfigError(ValueError):
 def _keys_at(loc: tuple[int | str, ...]) -> list[str]:
     """The keys the document accepts at ``loc`` (a path of keys), as written in YAML."""
     model: type[BaseModel] = GpuschedConfig
-    for part in loc:
+    parts = list(loc)
+    while parts:
+        part = parts.pop(0)
         field = next((f for name, f in model.model_fields.items() if (f.alias or name) == part), None)
-        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+        kind = None if field is None else field.annotation
+        if get_origin(kind) is dict and parts:  # a mapping of named sections: the next part is a name
+            parts.pop(0)
+            kind = get_args(kind)[1]
+        if not (isinstance(kind, type) and issubclass(kind, BaseModel)):
             return []
-        model = field.annotation
+        model = kind
     return [f.alias or name for name, f in model.model_fields.items()]
 
 

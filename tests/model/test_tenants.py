@@ -1,0 +1,119 @@
+"""Tenants: who a pod counts against, what a limit holds back, what a quota guarantees, and in
+what order tenants are drawn."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from gpusched.config import ConfigError, load_config
+from gpusched.model import Pod
+from gpusched.model.pod import Gang
+from gpusched.model.tenants import TenantRule, Tenants
+from tests.factories import pod
+
+
+def of(name: str, ns: str, gpus: int = 1, milli: int = 0, **labels: str) -> Pod:
+    return replace(pod(name, gpus=gpus, milli=milli), namespace=ns, labels=tuple(labels.items()))
+
+
+def member(name: str, ns: str, gang: str, gpus: int = 1) -> Pod:
+    return replace(of(name, ns, gpus), gang=Gang(gang, 2))
+
+
+T = Tenants(rules={"a": TenantRule(quota=2000, limit=4000), "b": TenantRule(quota=1000, weight=2.0)})
+
+
+def test_a_pod_counts_against_its_label_else_its_namespace() -> None:
+    labelled = Tenants(label="team")
+    assert labelled.of(of("p", "ns1", team="vision")) == "vision"
+    assert labelled.of(of("p", "ns1")) == "ns1"
+    assert labelled.of(of("p", "ns1", team="")) == "ns1"
+    assert Tenants().of(of("p", "ns1", team="vision")) == "ns1"
+
+
+def test_nothing_configured_is_inactive_and_a_label_alone_is_active() -> None:
+    assert not Tenants().active
+    assert Tenants(label="team").active
+    assert T.active
+
+
+def test_usage_counts_gpu_demand_only() -> None:
+    pods = [of("w", "a", 2), of("s", "a", 1, milli=250), of("cpu", "a", 0), of("x", "b", 1)]
+    assert T.usage(pods) == {"a": 2250, "b": 1000}
+
+
+def test_a_limit_holds_back_the_pods_past_it_in_queue_order_and_says_how_far() -> None:
+    pods = [of("p1", "a", 1), of("p2", "a", 2), of("p3", "a", 1), of("q", "b", 8)]
+    admitted, held = T.admit(pods, {"a": 1000})
+    assert [p.name for p in admitted] == ["p1", "p2", "q"]  # 1 held + 1 + 2 = 4; p3 would make 5
+    assert held == {pods[2].key: "tenant a is at its GPU limit: it holds 4 of 4 GPUs and this pod asks for 1 more"}
+
+
+def test_a_gang_is_admitted_whole_or_held_back_whole() -> None:
+    gang = [member("m0", "a", "g"), member("m1", "a", "g"), member("m2", "a", "g")]
+    admitted, held = T.admit(gang, {"a": 2000})
+    assert admitted == []
+    assert set(held) == {m.key for m in gang}
+    assert "this gang asks for 3 more" in held[gang[0].key]
+    admitted, held = T.admit(gang, {"a": 1000})
+    assert admitted == gang
+    assert not held
+
+
+def test_quota_guarantees_pods_in_order_and_a_gang_whole() -> None:
+    pods = [of("p1", "a", 1), of("p2", "a", 2), of("p3", "a", 1), of("q", "b", 1), of("r", "b", 1)]
+    assert T.guaranteed(pods, {}) == {pods[0].key, pods[2].key, pods[3].key}
+    gang = [member("m0", "b", "g"), member("m1", "b", "g")]
+    assert T.guaranteed(gang, {}) == set()  # 2 GPUs, quota 1: neither member alone
+    assert T.guaranteed([of("cpu", "a", 0)], {}) == set()  # no GPU: nothing to guarantee
+
+
+def test_tenants_below_quota_are_drawn_first_then_the_least_used_for_their_weight() -> None:
+    assert T.order_key("a", 1999)[0] == 0
+    assert T.order_key("a", 2000)[0] == 1
+    assert T.order_key("a", 1999) < T.order_key("other", 0)  # below quota beats past it, however little used
+    assert T.order_key("b", 2000) < T.order_key("other", 1500)  # weight 2: 1.0 against 1.5
+    assert T.order_key("a", 500) < T.order_key("b", 500)  # a quarter of its quota against half
+
+
+def test_borrowed_is_usage_past_quota() -> None:
+    assert T.borrowed({"a": 3000, "b": 1000, "c": 500}) == {"a": 1000, "c": 500}
+
+
+def test_the_config_section_turns_into_rules_in_thousandths() -> None:
+    cfg = load_config(
+        "tenants:\n  label: team\n  default: {limitGpus: 8}\n"
+        "  quotas:\n    research: {quotaGpus: 2.5, limitGpus: 4, weight: 3}\n"
+    )
+    t = cfg.tenants.tenants()
+    assert t.label == "team"
+    assert t.rule("research") == TenantRule(2500, 4000, 3.0)
+    assert t.rule("anyone") == TenantRule(0, 8000, 1.0)
+    assert not load_config("").tenants.tenants().active
+
+
+@pytest.mark.parametrize(
+    ("doc", "says"),
+    [
+        (
+            "tenants: {quotas: {a: {quotaGpus: 4, limitGpus: 2}}}",
+            "tenants.quotas.a: Value error, limitGpus (2) is below quotaGpus (4)",
+        ),
+        (
+            "tenants: {quotas: {a: {quota: 4}}}",
+            "tenants.quotas.a.quota: unknown key (known here: quotaGpus, limitGpus, weight)",
+        ),
+        ("tenants: {quotas: {a: {weight: 0}}}", "tenants.quotas.a.weight: Input should be greater than 0"),
+        (
+            "tenants: {default: {quotaGpus: -1}}",
+            "tenants.default.quotaGpus: Input should be greater than or equal to 0",
+        ),
+        ("tenants: {reclaim: maybe}", "tenants.reclaim: Input should be a valid boolean"),
+    ],
+)
+def test_bad_tenant_rules_are_refused_with_the_field(doc: str, says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(doc)
+    assert says in str(err.value)
