@@ -11,7 +11,10 @@ A batch closes when ``max_size`` pods are active or the oldest active pod has
 waited ``max_wait`` seconds; while the scheduler is not busy (``busy`` says
 so: the daemon counts it busy while binds wait on its client) it closes after
 only ``idle_wait``, so a lone pod is not held back, while under load pods
-gather into full batches.  Higher priority pops first, then arrival order.
+gather into full batches.  Higher priority pops first, then arrival order.  With tenants
+configured (``set_tenants``), a batch draws tenant by tenant: each next pod is the head of the
+tenant that ``Tenants.order_key`` puts first, counting what it holds and what the batch drew
+for it already; within a tenant, priority and then arrival order.
 A pod updated while in flight keeps its place; deleted, it is dropped when its
 batch resolves; deleted and created again under the same name (a new UID), the
 new pod is queued afresh when the old one's batch resolves, whatever became of
@@ -38,9 +41,10 @@ import contextlib
 import heapq
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from gpusched.model.tenants import Tenants, demand_of
 from gpusched.state.records import PodRecord
 
 __all__ = ["QueueCounts", "SchedulingQueue"]
@@ -81,7 +85,10 @@ class SchedulingQueue:
         self._clock = clock
         self._records: dict[str, PodRecord] = {}
         self._active: dict[str, tuple[int, float]] = {}  # key -> (seq, enqueued at)
-        self._heap: list[tuple[int, int, str]] = []  # (-priority, seq, key); stale entries skipped
+        self._heaps: dict[str, list[tuple[int, int, str]]] = {}
+        """Per tenant ("" for all, without tenants): (-priority, seq, key); stale entries skipped."""
+        self._tenants: Tenants | None = None
+        self._usage: Callable[[], Mapping[str, int]] = dict
         self._backoff: dict[str, float] = {}  # key -> ready at
         self._parked: dict[str, float] = {}  # key -> parked at
         self._in_flight: dict[str, str] = {}  # key -> UID of the pod that was drawn
@@ -254,13 +261,48 @@ class SchedulingQueue:
                 return True
         return False
 
+    def set_tenants(self, tenants: Tenants | None, usage: Callable[[], Mapping[str, int]] = dict) -> None:
+        """Draw batches fairly between ``tenants`` (None or inactive: by priority alone);
+        ``usage`` says what each tenant holds now, read once per batch."""
+        self._tenants = tenants if tenants is not None and tenants.active else None
+        self._usage = usage
+        self._heaps = {}
+        for key in sorted(self._active, key=lambda k: self._active[k][0]):
+            self._push(key, self._active[key][0])
+
+    def _tenant(self, key: str) -> str:
+        return self._tenants.of(self._records[key].pod) if self._tenants is not None else ""
+
+    def _head(self, tenant: str) -> tuple[int, int, str] | None:
+        """The first live entry of ``tenant``'s heap (stale ones dropped); None: it is empty."""
+        heap = self._heaps[tenant]
+        while heap:
+            entry = heap[0]
+            live = self._active.get(entry[2])
+            if live is not None and live[0] == entry[1]:
+                return entry
+            heapq.heappop(heap)
+        del self._heaps[tenant]
+        return None
+
     def _pop(self, limit: int) -> list[PodRecord]:
         batch: list[PodRecord] = []
-        while self._heap and len(batch) < limit:
-            _, seq, key = heapq.heappop(self._heap)
-            entry = self._active.get(key)
-            if entry is None or entry[0] != seq:
-                continue  # stale
+        tenants = self._tenants
+        used = dict(self._usage()) if tenants is not None else {}
+        while len(batch) < limit:
+            best: tuple[tuple[int, float], tuple[int, int, str], str] | None = None
+            for tenant in list(self._heaps):
+                head = self._head(tenant)
+                if head is None:
+                    continue
+                rank = tenants.order_key(tenant, used.get(tenant, 0)) if tenants is not None else (0, 0.0)
+                if best is None or (rank, head) < best[:2]:
+                    best = (rank, head, tenant)
+            if best is None:
+                break
+            _, (_, _, key), tenant = best
+            heapq.heappop(self._heaps[tenant])
+            drawn = len(batch)
             self._take(key, batch)
             gang = self._records[key].pod.gang
             if gang is not None:
@@ -271,6 +313,10 @@ class SchedulingQueue:
                         self._active[peer] = (next(self._seq), self._clock())
                     if peer in self._active:
                         self._take(peer, batch)
+            if tenants is not None:
+                for r in batch[drawn:]:
+                    t = tenants.of(r.pod)
+                    used[t] = used.get(t, 0) + demand_of(r.pod)
         return batch
 
     def _take(self, key: str, batch: list[PodRecord]) -> None:
@@ -299,11 +345,16 @@ class SchedulingQueue:
     def _activate(self, key: str) -> None:
         seq = next(self._seq)
         self._active[key] = (seq, self._clock())
-        heapq.heappush(self._heap, (-self._records[key].pod.priority, seq, key))
-        if len(self._heap) > 4 * len(self._active) + 1024:  # drop stale entries
-            self._heap = [e for e in self._heap if self._active.get(e[2], (-1, 0.0))[0] == e[1]]
-            heapq.heapify(self._heap)
+        self._push(key, seq)
         self._wake.set()
+
+    def _push(self, key: str, seq: int) -> None:
+        tenant = self._tenant(key)
+        heap = self._heaps.setdefault(tenant, [])
+        heapq.heappush(heap, (-self._records[key].pod.priority, seq, key))
+        if len(heap) > 4 * len(self._active) + 1024:  # drop stale entries
+            heap[:] = [e for e in heap if self._active.get(e[2], (-1, 0.0))[0] == e[1]]
+            heapq.heapify(heap)
 
     def _settle(self, key: str) -> bool:
         """End the in-flight state; True when the outcome applies to the pod now queued.
