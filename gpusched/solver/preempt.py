@@ -30,7 +30,7 @@ when every way to make room breaks one, one is broken.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -253,27 +253,31 @@ def plan_preemptions(
     min_candidates: int = MIN_CANDIDATES,
     budgets: Sequence[Budget] = (),
     gangs: Sequence[Sequence[Pod]] = (),
+    scope: Callable[[Pod], str] | None = None,
 ) -> list[Preemption]:
     """Preemptions for ``pods`` and for ``gangs`` (each all its pending members, room for all
     or none) in turn, highest priority first (a gang at its least important member's), each
     against the state the earlier ones leave (their victims gone, their pods placed, the
-    budgets they spent): no two take the same room, and no pod is evicted twice."""
+    budgets they spent): no two take the same room, and no pod is evicted twice.  ``scope``:
+    a pod evicts only pods of its own scope (its tenant's); None: any."""
     out: list[Preemption] = []
     spent = [0] * len(budgets)
     left = list(running)
-    level: int | None = None
+    level: tuple[int, str] | None = None
     lowered: ClusterState | None = None  # made here, so updated in place
     units: list[tuple[int, Pod | Sequence[Pod]]] = [(p.priority, p) for p in pods]
     units += [(min(m.priority for m in g), g) for g in gangs if g]
     for priority, unit in sorted(units, key=lambda u: -u[0]):
+        mine = scope(unit if isinstance(unit, Pod) else unit[0]) if scope is not None else ""
+        reach = left if scope is None else [a for a in left if scope(a.pod) == mine]
         if isinstance(unit, Pod):
-            if priority != level:  # the pods a pod of this priority may evict, all gone at once
-                level = priority
-                lowered = state.release(_lower(unit, left))
-            one = find_preemption(unit, state, left, min_candidates, lowered=lowered, budgets=budgets, spent=spent)
+            if (priority, mine) != level:  # the pods a pod of this priority may evict, all gone at once
+                level = (priority, mine)
+                lowered = state.release(_lower(unit, reach))
+            one = find_preemption(unit, state, reach, min_candidates, lowered=lowered, budgets=budgets, spent=spent)
             found = [] if one is None else [one]
         else:
-            found = find_gang_preemption(unit, state, left, min_candidates, budgets=budgets, spent=spent) or []
+            found = find_gang_preemption(unit, state, reach, min_candidates, budgets=budgets, spent=spent) or []
         for pre in found:
             out.append(pre)
             left = _spend(pre, budgets, spent, left)

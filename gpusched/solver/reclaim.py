@@ -1,0 +1,96 @@
+"""Reclaim: GPUs a tenant is guaranteed, taken back from tenants that borrowed beyond their quota.
+
+Between tenants, quota decides, not priority.  A pending pod may reclaim when its tenant's usage
+with it stays within the tenant's quota (``Tenants.guaranteed``).  It may evict only pods that
+are all of the following:
+
+* of another tenant that holds more than its quota;
+* below ``Tenants.reclaim_below`` in priority;
+* not being deleted already.
+
+It may evict no more of a tenant than that tenant holds beyond its quota.  So no tenant is
+pushed below its quota, and no pod gets past its own: nothing taken back is taken back again.
+
+Per node, each tenant's pods are offered lowest priority first, and only as many as its
+borrowed GPUs cover.  The node is chosen as ``find_preemption`` chooses one: fewest budgets
+broken, then the least important victims, then the fewest.  Several pods reclaim in turn, each
+against what the earlier ones took.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from gpusched.model import Assignment, ClusterState, Pod
+from gpusched.model.tenants import Tenants, demand_of
+from gpusched.solver.preempt import MIN_CANDIDATES, Budget, Preemption, _spend, _take_room, find_preemption
+
+__all__ = ["plan_reclaims", "reclaimable"]
+
+_TOP = 2**31 - 1
+"""The priority a pod reclaims at: every pod offered to it counts as below it."""
+
+
+def reclaimable(
+    running: Sequence[Assignment], tenants: Tenants, room: Mapping[str, int], exclude: str
+) -> list[Assignment]:
+    """The pods of ``running`` a pod of tenant ``exclude`` may evict, given ``room``: per tenant,
+    how much of its usage may still be taken.  Per node and tenant, lowest priority first (then
+    by key), as many as fit in that tenant's room."""
+    per: dict[tuple[int, str], list[Assignment]] = defaultdict(list)
+    for a in running:
+        t = tenants.of(a.pod)
+        wanted = t != exclude and room.get(t, 0) > 0 and a.pod.priority < tenants.reclaim_below
+        if wanted and not a.pod.terminating and demand_of(a.pod):
+            per[a.node, t].append(a)
+    out: list[Assignment] = []
+    for (_, t), pods in per.items():
+        left = room[t]
+        for a in sorted(pods, key=lambda a: (a.pod.priority, a.pod.key)):
+            d = demand_of(a.pod)
+            if d > left:
+                break
+            left -= d
+            out.append(a)
+    return out
+
+
+def plan_reclaims(
+    pods: Sequence[Pod],
+    state: ClusterState,
+    running: Sequence[Assignment],
+    tenants: Tenants,
+    usage: Mapping[str, int],
+    min_candidates: int = MIN_CANDIDATES,
+    budgets: Sequence[Budget] = (),
+) -> list[Preemption]:
+    """Reclaims for ``pods`` in the order given (the queue's), each against the state the
+    earlier ones leave; ``usage``: GPU demand per tenant now (``Cache.tenant_usage``).  A pod
+    of a gang, one that may not preempt, or one that asks for no GPU does not reclaim."""
+    room = dict(tenants.borrowed(usage))
+    claimed: dict[str, int] = defaultdict(int)
+    spent = [0] * len(budgets)
+    left = list(running)
+    out: list[Preemption] = []
+    for pod in pods:
+        t, d = tenants.of(pod), demand_of(pod)
+        if pod.gang is not None or not pod.preempts or not d:
+            continue
+        if usage.get(t, 0) + claimed[t] + d > tenants.rule(t).quota:
+            continue
+        offered = reclaimable(left, tenants, room, t)
+        if not offered:
+            continue
+        pre = find_preemption(replace(pod, priority=_TOP), state, offered, min_candidates, budgets=budgets, spent=spent)
+        if pre is None:
+            continue
+        pre = replace(pre, placement=replace(pre.placement, pod=pod))
+        out.append(pre)
+        claimed[t] += d
+        for v in pre.victims:
+            room[tenants.of(v.pod)] -= demand_of(v.pod)
+        left = _spend(pre, budgets, spent, left)
+        state = _take_room(state, pre)
+    return out

@@ -1,0 +1,92 @@
+"""Reclaim between tenants: quota decides, never pushing a tenant below its own quota nor a pod
+past its tenant's; and preemption kept within a tenant when asked to."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod
+from gpusched.model.pod import Gang
+from gpusched.model.tenants import TenantRule, Tenants
+from gpusched.solver.preempt import Budget, plan_preemptions
+from gpusched.solver.reclaim import plan_reclaims
+from gpusched.solver.validate import validate_plan
+from tests.factories import gpu_node, pod
+
+
+def of(name: str, tenant: str, gpus: int = 1, priority: int = 0) -> Pod:
+    return replace(pod(name, gpus=gpus), namespace=tenant, priority=priority)
+
+
+def on(name: str, tenant: str, node: int, gpus: tuple[int, ...], priority: int = 0) -> Assignment:
+    return Assignment(of(name, tenant, len(gpus), priority), node, gpus)
+
+
+def setup(placed: list[Assignment], nodes: int = 1, gpus: int = 2) -> ClusterState:
+    return Cluster([gpu_node(f"n{i}", gpus=gpus) for i in range(nodes)]).empty_state().apply(placed)
+
+
+def reclaims(pods: list[Pod], placed: list[Assignment], tenants: Tenants, **kw: object) -> list[tuple[str, list[str]]]:
+    state = setup(placed, **kw)  # type: ignore[arg-type]
+    found = plan_reclaims(pods, state, placed, tenants, tenants.usage(a.pod for a in placed))
+    for pre in found:  # each pod fits where it says once its victims are gone
+        validate_plan(Plan((pre.placement,), ()), state.release(pre.victims), [pre.pod])
+    return [(pre.pod.name, sorted(v.pod.name for v in pre.victims)) for pre in found]
+
+
+QUOTA_B = Tenants(rules={"b": TenantRule(quota=2000)})
+
+
+def test_a_pod_within_its_quota_evicts_the_lowest_borrowed_pod() -> None:
+    placed = [on("a-hi", "a", 0, (0,), priority=5), on("a-lo", "a", 0, (1,), priority=1)]
+    assert reclaims([of("b0", "b", priority=-100)], placed, QUOTA_B) == [("b0", ["a-lo"])]
+
+
+def test_no_tenant_is_pushed_below_its_quota() -> None:
+    t = Tenants(rules={"a": TenantRule(quota=1000), "b": TenantRule(quota=2000)})
+    placed = [on("a0", "a", 0, (0,)), on("a1", "a", 0, (1,))]  # a borrows 1 GPU
+    assert reclaims([of("b-two", "b", gpus=2)], placed, t) == []  # would take both of a's
+    assert reclaims([of("b0", "b"), of("b1", "b")], placed, t) == [("b0", ["a0"])]  # the second finds no room
+
+
+def test_a_pod_past_its_own_quota_reclaims_nothing() -> None:
+    t = Tenants(rules={"b": TenantRule(quota=1000)})
+    placed = [on("a0", "a", 0, (0,)), on("b-run", "b", 0, (1,))]
+    assert reclaims([of("b1", "b")], placed, t) == []
+    placed = [on("a0", "a", 0, (0,)), on("a1", "a", 0, (1,))]
+    (found,) = reclaims([of("b1", "b"), of("b2", "b")], placed, t)  # one pod's worth only
+    assert found[0] == "b1"
+    assert len(found[1]) == 1
+
+
+def test_pods_of_the_protected_priority_its_own_tenant_and_gangs_are_left_alone() -> None:
+    placed = [on("crit", "a", 0, (0,), priority=1_000_000), on("own", "b", 0, (1,))]
+    t = Tenants(rules={"b": TenantRule(quota=2000)})
+    assert reclaims([of("b1", "b")], placed, t) == []
+    placed = [on("a0", "a", 0, (0,)), on("a1", "a", 0, (1,))]
+    member = replace(of("m", "b"), gang=Gang("g", 1))
+    assert reclaims([member], placed, t) == []
+    assert reclaims([replace(of("never", "b"), preempts=False)], placed, t) == []
+
+
+def test_disruption_budgets_steer_reclaim_to_the_unprotected_pod() -> None:
+    placed = [on("kept", "a", 0, (0,)), on("free", "a", 1, (0,))]
+    placed = [replace(placed[0], pod=replace(placed[0].pod, labels=(("app", "x"),))), placed[1]]
+    state = setup(placed, nodes=2, gpus=1)
+    from gpusched.model.affinity import Requirement
+
+    budget = Budget("a", (Requirement("app", "In", ("x",)),), 0)
+    found = plan_reclaims([of("b0", "b")], state, placed, QUOTA_B, {"a": 2000}, budgets=[budget])
+    assert [v.pod.name for pre in found for v in pre.victims] == ["free"]
+
+
+def test_preemption_within_a_tenant_leaves_other_tenants_pods_alone() -> None:
+    placed = [on("a-low", "a", 0, (0,)), on("b-low", "b", 1, (0,))]
+    state = setup(placed, nodes=2, gpus=1)
+    urgent = of("b-urgent", "b", priority=10)
+    anyone = plan_preemptions([urgent], state, placed)
+    assert [v.pod.name for pre in anyone for v in pre.victims] == ["a-low"]  # the first node, by order
+    mine = plan_preemptions([urgent], state, placed, scope=lambda p: p.namespace)
+    assert [v.pod.name for pre in mine for v in pre.victims] == ["b-low"]
+    alone = plan_preemptions([of("c-urgent", "c", priority=10)], state, placed, scope=lambda p: p.namespace)
+    assert alone == []
