@@ -67,6 +67,7 @@ from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_fra
 from gpusched.solver.params import SolverParams
 from gpusched.solver.policy import Policy, place_quick
 from gpusched.solver.preempt import Budget, Preemption, gang_budgets, plan_preemptions
+from gpusched.solver.reclaim import plan_reclaims
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
 from gpusched.state.cache import Cache, Snapshot, same_offer
@@ -454,16 +455,31 @@ class Scheduler:
     # -- configuration and leadership -----------------------------------------------------
     def set_config(self, cfg: GpuschedConfig) -> None:
         """Take a validated configuration; the next batch uses it.  Pods waiting as unschedulable
-        are drawn again when what kept GPUs from them (busy GPUs, headroom) changed."""
-        if (cfg.utilisation, cfg.headroom) != (self.config.utilisation, self.config.headroom):
+        are drawn again when what kept GPUs from them (busy GPUs, headroom, tenants' rules)
+        changed."""
+        if (cfg.utilisation, cfg.headroom, cfg.tenants) != (
+            self.config.utilisation,
+            self.config.headroom,
+            self.config.tenants,
+        ):
             self.queue.move_all()
         self.config = cfg
+        self.tenants = cfg.tenants.tenants()
+        self.queue.set_tenants(self.tenants, self._tenant_usage)
         self.metrics.set_weights({k: float(v) for k, v in cfg.weights.model_dump(by_alias=True).items()})
         self.queue.max_size = cfg.batching.max_size
         self.queue.max_wait = cfg.batching.max_wait_seconds
         self.queue.nudge()  # the batch being gathered closes by the new size and wait
         self.max_binds_in_flight = max(2 * cfg.batching.max_size, self.settings.kube_burst)
         self._policy = None  # rebuilt with the new weights
+
+    def _tenant_usage(self) -> dict[str, int]:
+        return self.cache.tenant_usage(self.tenants)
+
+    def _scope(self) -> Callable[[Pod], str] | None:
+        """Whose pods a pod may preempt by priority: its own tenant's, when tenants are set
+        (between tenants, only quota decides: ``_preempt_for(reclaim=True)``); else anyone's."""
+        return self.tenants.of if self.tenants.active else None
 
     async def _config_rejected(self, involved: dict[str, str], message: str) -> None:
         await self.binder.object_event(involved, "InvalidConfiguration", message, "Warning")
@@ -657,6 +673,16 @@ class Scheduler:
                     self._unschedulable(r.pod, split[r.key], "InvalidRequest")
             invalid += [r for r in todo if r.key in split]
             todo = [r for r in todo if r.key not in split]
+        first: frozenset[str] = frozenset()  # pods within their tenant's quota: placed first
+        if self.tenants.active and todo:
+            usage = self.cache.tenant_usage(self.tenants)
+            admitted, over = self.tenants.admit([r.pod for r in todo], usage)
+            for r in todo:
+                if r.key in over:
+                    self._unschedulable(r.pod, over[r.key], "TenantLimit")
+            waiting += len(over)
+            todo = [r for r in todo if r.key not in over]
+            first = frozenset(self.tenants.guaranteed(admitted, usage))
         if not todo:  # every pod told why already (or in flight): nothing to solve
             log.info(
                 "batch",
@@ -683,7 +709,7 @@ class Scheduler:
         # plan at once when it places every pod, rather than leave the client idle.
         quick = self.config.batching.quick_start and self._client_idle() and self._burst()
         try:
-            plan, after, frag = await asyncio.to_thread(_solve, policy, pods, snap.state, typical, quick)
+            plan, after, frag = await asyncio.to_thread(_solve, policy, pods, snap.state, typical, quick, first)
         except Exception as exc:
             log.error("solve failed; batch requeued with backoff", batch_id=batch_id, error=repr(exc))
             for r in todo:
@@ -802,6 +828,7 @@ class Scheduler:
             nodes=len(snap.cluster),
             busy_gpus=snap.busy,
             kept_gpus=len(snap.kept),
+            within_quota=len(first) if self.tenants.active else None,
             generation=snap.generation,
             total_ms=round((time.perf_counter() - start) * 1000, 1),
         )
@@ -1014,7 +1041,15 @@ class Scheduler:
         """Look for running pods of lower priority whose eviction lets each of ``pods`` fit, and
         each of ``gangs`` (key -> member, why it is left out) fit whole; evict them, hold their
         room, and tell every pod where it stands (``batch``: the batch's snapshot, for what it
-        kept from the pods: busy GPUs, GPUs kept free)."""
+        kept from the pods: busy GPUs, GPUs kept free).  With tenants, a pod within its
+        tenant's quota first reclaims GPUs that other tenants borrowed, and preempts pods of
+        lower priority (of its own tenant) only where that finds nothing."""
+        if pods and self.tenants.active and self.tenants.reclaim:
+            left: list[tuple[Pod, Explanation]] = []
+            await self._preempt_for(pods, [], batch_id, batch, reclaim=left)
+            pods = left
+            if not pods and not gangs:
+                return
         lowest = self.cache.lowest_priority()
         hopeless = [(p, e) for p, e in pods if lowest is None or p.priority <= lowest]
         for p, e in hopeless:  # every running pod matters as much: told as usual, at no cost
@@ -1053,8 +1088,11 @@ class Scheduler:
         gangs: list[dict[str, tuple[Pod, str]]],
         batch_id: int,
         batch: Snapshot | None,
+        reclaim: list[tuple[Pod, Explanation]] | None = None,
     ) -> bool:
-        """One search for ``pods`` and ``gangs``, carried out; whether anything is evicted."""
+        """One search for ``pods`` and ``gangs``, carried out; whether anything is evicted.
+        ``reclaim``: search for reclaims instead (``plan_reclaims``; ``gangs`` are not searched),
+        and leave the pods it finds nothing for there, untold, for the preemption search."""
         # A busy GPU that no pod on the books holds stays out of reach: no eviction makes it less
         # busy.  One that pods hold is seen as the books have it, and room on it is taken only
         # where every pod holding it is evicted (``_busy_room_ok``).  The GPUs kept free stay
@@ -1068,14 +1106,26 @@ class Scheduler:
         running = self.cache.preemptible()  # as counted in ``snap``: taken together
         try:
             budgets = [*self.budgets.values(), *gang_budgets(running)]  # running gangs keep their minimum
-            found = await asyncio.to_thread(
-                plan_preemptions,
-                [p for p, _ in pods],
-                snap.state,
-                running,
-                budgets=budgets,
-                gangs=[[p for p, _ in g.values()] for g in gangs],
-            )
+            if reclaim is not None:
+                found = await asyncio.to_thread(
+                    plan_reclaims,
+                    [p for p, _ in pods],
+                    snap.state,
+                    running,
+                    self.tenants,
+                    self.cache.tenant_usage(self.tenants, without=freeing),
+                    budgets=budgets,
+                )
+            else:
+                found = await asyncio.to_thread(
+                    plan_preemptions,
+                    [p for p, _ in pods],
+                    snap.state,
+                    running,
+                    budgets=budgets,
+                    gangs=[[p for p, _ in g.values()] for g in gangs],
+                    scope=self._scope(),
+                )
         except Exception as exc:
             log.error("preemption search failed", batch_id=batch_id, error=repr(exc))
             found = []
@@ -1085,27 +1135,42 @@ class Scheduler:
             found = _busy_room_ok(found, busy, holders, snap.cluster)
         chosen = {pre.pod.key: pre for pre in found}
         evicting = False
-        self.metrics.preemption(len(pods) + sum(map(len, gangs)), sum(len(pre.victims) for pre in found))
+        if reclaim is None:
+            self.metrics.preemption(len(pods) + sum(map(len, gangs)), sum(len(pre.victims) for pre in found))
+        else:
+            self.metrics.reclaim(len(pods), sum(len(pre.victims) for pre in found))
         for p, e in pods:
             pre = chosen.get(p.key)
             if self.cache.holds(p.key, p.uid):  # bound by someone else during the search
                 self.queue.done(p.key)
                 continue
+            if pre is None and reclaim is not None and self.queue.current(p.key, p.uid):
+                reclaim.append((p, e))  # the preemption search looks next
+                continue
             if pre is None or not self.queue.current(p.key, p.uid):
                 self._unschedulable(p, self._notes(p, e.message, batch), e.reason)
                 continue
-            node = self._carry_out(pre, snap.cluster)
+            why = self._reclaim_note(pre) if reclaim is not None else ""
+            node = self._carry_out(pre, snap.cluster, why)
             evicting = evicting or bool(pre.victims)
             log.info(
-                "preempt",
+                "reclaim" if reclaim is not None else "preempt",
                 batch_id=batch_id,
                 pod=p.key,
                 priority=p.priority,
                 node=node,
                 victims=[f"{v.pod.key}@{v.pod.priority}" for v in pre.victims],
                 violations=pre.violations,
+                **({"tenant": self.tenants.of(p)} if reclaim is not None else {}),
             )
-            message = f"{e.message} Preempting {len(pre.victims)} pod(s) of lower priority on node {node}."
+            if reclaim is not None:
+                owners = sorted({self.tenants.of(v.pod) for v in pre.victims})
+                message = (
+                    f"{e.message} Reclaiming the GPUs of {len(pre.victims)} pod(s) on node {node} from "
+                    f"tenant(s) {', '.join(owners)}, past their quota: tenant {self.tenants.of(p)} is within its own."
+                )
+            else:
+                message = f"{e.message} Preempting {len(pre.victims)} pod(s) of lower priority on node {node}."
             self._unschedulable(p, message, e.reason, nominated=node)
         for told in gangs:
             group = [chosen.get(k) for k in told]
@@ -1149,22 +1214,34 @@ class Scheduler:
                 )
         return evicting
 
-    def _carry_out(self, pre: Preemption, cluster: Cluster) -> str:
-        """Hold the room ``pre`` makes for its pod and start evicting its victims; its node."""
+    def _carry_out(self, pre: Preemption, cluster: Cluster, why: str = "") -> str:
+        """Hold the room ``pre`` makes for its pod and start evicting its victims; its node.
+        ``why``: what the victims are told, when not priority."""
         node = cluster.nodes[pre.node].name
         self.placed_here.add(pre.pod.key)
         self.cache.nominate(pre.pod, node, pre.placement.gpus, [v.pod for v in pre.victims])
         for v in pre.victims:
-            self.spawn(self._evict(v.pod, pre.pod, node), f"preempt:{v.pod.key}")
+            self.spawn(self._evict(v.pod, pre.pod, node, why), f"preempt:{v.pod.key}")
         return node
 
-    async def _evict(self, victim: Pod, by: Pod, node: str) -> None:
+    def _reclaim_note(self, pre: Preemption) -> str:
+        """What the victims of a reclaim are told."""
+        mine = self.tenants.of(pre.pod)
+        owners = sorted({self.tenants.of(v.pod) for v in pre.victims})
+        quotas = ", ".join(f"{t} (quota {self.tenants.rule(t).quota / GPU_MILLI:g})" for t in owners)
+        return (
+            f"reclaiming GPUs for tenant {mine}, within its quota of {self.tenants.rule(mine).quota / GPU_MILLI:g} "
+            f"GPUs, from tenants past their own quota: {quotas}"
+        )
+
+    async def _evict(self, victim: Pod, by: Pod, node: str, why: str = "") -> None:
         """Delete one victim of ``by``; should that fail, ``by`` waits for it no longer: the room
         held for it is given up, and it looks again when the cluster changes or its wait runs out
         (not at once: a deletion refused, by RBAC or a webhook, is likely to be refused again).
         For a gang member, the room of every member goes (a gang has room whole or not at all),
         and the pods parked outside the gang may take what was held."""
-        if await self.binder.preempt(victim, by, node) or not self.cache.preempted_for(by.key, victim):
+        deleted = await (self.binder.preempt(victim, by, node, why) if why else self.binder.preempt(victim, by, node))
+        if deleted or not self.cache.preempted_for(by.key, victim):
             return
         if by.gang is None:
             self.cache.unnominate(by.key)
@@ -1305,8 +1382,21 @@ class Scheduler:
         state = self.cache.snapshot().state
         self._cluster_metrics(state, None)
         self._signal_metrics(state)
+        self._tenant_metrics()
         if self.utilisation is not None:
             self._utilisation_metrics(state)
+
+    def _tenant_metrics(self) -> None:
+        """GPUs each tenant holds and is guaranteed (none while no tenant rule is set)."""
+        if not self.tenants.active:
+            self.metrics.set_tenants({}, {})
+            return
+        usage = self._tenant_usage()
+        names = set(usage) | set(self.tenants.rules)
+        self.metrics.set_tenants(
+            {t: usage.get(t, 0) / GPU_MILLI for t in sorted(names)},
+            {t: self.tenants.rule(t).quota / GPU_MILLI for t in sorted(names)},
+        )
 
     def utilisation_view(self) -> UtilisationView | None:
         """The last answer about GPU utilisation, if there is one young enough to use."""
@@ -1510,15 +1600,12 @@ class Scheduler:
         keeping = np.zeros(len(cl), dtype=np.bool_)  # nodes holding GPUs kept free: not to be removed
         keeping[[i for n, _ in kept if (i := cl.index.get(n)) is not None]] = True
         idle = int((~in_use & gpu_nodes & open_ & ~keeping).sum())
-        # What more nodes would have to offer: not pods holding room already, nor pods no node takes as written.
-        wanted = (
-            sum(
-                r.pod.gpu_demand_milli
-                for r in self.queue.parked()
-                if not r.error and self.cache.nomination(r.key) is None
-            )
-            / GPU_MILLI
-        )
+        # What more nodes would have to offer: not pods holding room already, nor pods no node
+        # takes as written, nor pods their tenant's limit holds back.
+        parked = [r.pod for r in self.queue.parked() if not r.error and self.cache.nomination(r.key) is None]
+        if self.tenants.active:
+            parked, _ = self.tenants.admit(parked, self._tenant_usage())
+        wanted = sum(p.gpu_demand_milli for p in parked) / GPU_MILLI
         self.metrics.set_signals(idle, wanted, len(kept))
 
     def _kept_now(self) -> tuple[tuple[str, int], ...]:
@@ -1586,20 +1673,50 @@ def _same_offers(a: Cluster, b: Cluster) -> bool:
 
 
 def _solve(
-    policy: Policy, pods: list[Pod], state: ClusterState, typical: TypicalPods, quick: bool
+    policy: Policy,
+    pods: list[Pod],
+    state: ClusterState,
+    typical: TypicalPods,
+    quick: bool,
+    first: Collection[str] = (),
 ) -> tuple[Plan, ClusterState, float]:
     """Runs in a worker thread: the plan, the state after it and its fragmentation ratio.
+    ``first``: keys of pods placed before the others, in a solve of their own (the pods within
+    their tenant's quota), when the batch has both kinds.
 
     A solve's model and search are large and short-lived, and glibc keeps the freed
     pages of its worker threads' arenas; handing them back after each batch keeps the
     resident size near what the scheduler holds (about 50 MiB less at 5,000 nodes).
     """
-    plan = place_quick(policy, pods, state) if quick else policy.place(pods, state)
+    head = [p for p in pods if p.key in first]
+    if head and len(head) < len(pods):
+        plan = _place(policy, head, state, quick)
+        mid = state.partition(plan.partitions).apply(plan.assignments)
+        rest = _place(policy, [p for p in pods if p.key not in first], mid, quick)
+        stats = replace(
+            rest.stats,
+            status=f"{plan.stats.status}+{rest.stats.status}",
+            objective=plan.stats.objective + rest.stats.objective,
+            bound=plan.stats.bound + rest.stats.bound,
+            wall_ms=plan.stats.wall_ms + rest.stats.wall_ms,
+        )
+        plan = Plan(
+            plan.assignments + rest.assignments,
+            plan.unplaced + rest.unplaced,
+            stats,
+            plan.partitions + rest.partitions,
+        )
+    else:
+        plan = _place(policy, pods, state, quick)
     after = state.apply(plan.assignments)
     frag = cluster_frag_ratio(after, typical, ~after.cluster.cordoned) if len(typical) else 0.0
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
     return plan, after, frag
+
+
+def _place(policy: Policy, pods: list[Pod], state: ClusterState, quick: bool) -> Plan:
+    return place_quick(policy, pods, state) if quick else policy.place(pods, state)
 
 
 class StartupError(Exception):

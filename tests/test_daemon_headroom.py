@@ -241,9 +241,9 @@ async def test_the_quick_start_is_not_undone_by_a_full_solve_on_the_kept_gpus(mo
     calls: list[bool] = []
     real = daemon._solve
 
-    def spy(policy: Any, pods: Any, state: Any, typical: Any, quick: bool) -> Any:
+    def spy(policy: Any, pods: Any, state: Any, typical: Any, quick: bool, *rest: Any) -> Any:
         calls.append(quick)
-        return real(policy, pods, state, typical, quick)
+        return real(policy, pods, state, typical, quick, *rest)
 
     monkeypatch.setattr(daemon, "_solve", spy)
     api = RecordingApi()

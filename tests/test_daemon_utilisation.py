@@ -24,9 +24,13 @@ class EvictingApi(RecordingApi):
     def __init__(self) -> None:
         super().__init__()
         self.evicted: list[str] = []
+        self.why: list[str] = []
+        """What each victim was told, when not priority (a reclaim)."""
 
-    async def preempt(self, victim: Any, by: Any, node: str) -> bool:
+    async def preempt(self, victim: Any, by: Any, node: str, why: str = "") -> bool:
         self.evicted.append(victim.key)
+        if why:
+            self.why.append(why)
         return True
 
 

@@ -288,17 +288,18 @@ class Binder:
         except ApiError as exc:
             log.warning("event not written", object=key[0], reason=reason, error=str(exc))
 
-    async def preempt(self, victim: Pod, by: Pod, node: str) -> bool:
+    async def preempt(self, victim: Pod, by: Pod, node: str, why: str = "") -> bool:
         """Delete ``victim`` (this UID, not a later pod of its name) to make room for ``by`` on
         ``node``, with the victim's own grace period, as kube-scheduler does: first the
         ``DisruptionTarget`` condition (best effort, as for kube-scheduler: a Job's pod failure
         policy reads it), then the deletion, then a ``Preempted`` Event.  False, logged, when it
-        was not deleted (it was gone already: True)."""
+        was not deleted (it was gone already: True).  ``why``: the reason in words, when it is
+        not priority (a reclaim)."""
         condition = {
             "type": "DisruptionTarget",
             "status": "True",
             "reason": "PreemptionByScheduler",
-            "message": f"{COMPONENT}: preempting to accommodate a higher priority pod",
+            "message": f"{COMPONENT}: {why or 'preempting to accommodate a higher priority pod'}",
             "lastTransitionTime": _now(),
         }
         patch: dict[str, Any] = {"status": {"conditions": [condition]}}
@@ -322,7 +323,8 @@ class Binder:
                 return True
             log.warning("victim not deleted", pod=victim.key, preemptor=by.key, node=node, error=str(exc))
             return False
-        await self.event(victim, "Preempted", f"Preempted by pod {by.key} on node {node}")
+        said = f"Preempted by pod {by.key} on node {node}"
+        await self.event(victim, "Preempted", f"{said}: {why}" if why else said)
         return True
 
     async def unschedulable(

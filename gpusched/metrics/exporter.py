@@ -107,6 +107,32 @@ class SchedulerMetrics:
             namespace=NAMESPACE,
             registry=reg,
         )
+        self._reclaim_attempts = Counter(
+            "reclaim_attempts",
+            "Pending pods within their tenant's quota that found no room and looked for GPUs other tenants borrowed.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._reclaim_victims = Counter(
+            "reclaim_victims",
+            "Running pods of tenants past their quota deleted to give GPUs back to a tenant within its own.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._tenant_gpus = Gauge(
+            "tenant_gpus",
+            "GPUs each tenant holds (a share counts its fraction), with room held for its preempting pods.",
+            ["tenant"],
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._tenant_quota = Gauge(
+            "tenant_quota_gpus",
+            "GPUs each tenant is guaranteed (tenants that hold GPUs or are named in the configuration).",
+            ["tenant"],
+            namespace=NAMESPACE,
+            registry=reg,
+        )
         self._bind_errors = Counter(
             "bind_errors",
             "Binding requests that failed, by reason.",
@@ -241,6 +267,18 @@ class SchedulerMetrics:
         """Count ``attempts`` pods that looked for room by preemption and the ``victims`` evicted."""
         self._preemption_attempts.inc(attempts)
         self._preemption_victims.inc(victims)
+
+    def reclaim(self, attempts: int, victims: int) -> None:
+        """Count ``attempts`` pods that looked for borrowed GPUs to reclaim and the ``victims`` evicted."""
+        self._reclaim_attempts.inc(attempts)
+        self._reclaim_victims.inc(victims)
+
+    def set_tenants(self, held: Mapping[str, float], quota: Mapping[str, float]) -> None:
+        """Set the tenants' gauges (GPUs held and guaranteed, by tenant); tenants no longer given are dropped."""
+        for gauge, values in ((self._tenant_gpus, held), (self._tenant_quota, quota)):
+            gauge.clear()
+            for tenant, value in values.items():
+                gauge.labels(tenant=tenant).set(value)
 
     def bind_error(self, reason: str) -> None:
         """Count one failed binding for ``reason``."""

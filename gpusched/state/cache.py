@@ -25,6 +25,7 @@ import numpy as np
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Pod
 from gpusched.model.cluster import IntArray
+from gpusched.model.tenants import Tenants
 from gpusched.state.records import NodeRecord, PodRecord
 
 __all__ = ["Cache", "Snapshot"]
@@ -455,6 +456,19 @@ class Cache:
             for h in self._held.values()
             if h.gpus and not h.pod.mig_profile and (h.wanted is None or tuple(h.wanted) != h.gpus)
         }
+
+    def tenant_usage(self, tenants: Tenants, without: Collection[str] = ()) -> dict[str, int]:
+        """GPU demand per tenant (thousandths of a GPU) of the pods on the books that stay:
+        bound or assumed, not being deleted nor preempted already, and of the pods room is held
+        for (they will have it), but for the room of ``without`` (pod keys)."""
+        taken = {v for n in self._nominated.values() for v in n.victims}
+        staying = (h.pod for h in self._held.values() if not h.pod.terminating and (h.pod.key, h.pod.uid) not in taken)
+        usage = tenants.usage(staying)
+        skip = set(without)
+        held_for = (n.held.pod for k, n in self._nominated.items() if k not in skip and k not in self._held)
+        for tenant, d in tenants.usage(held_for).items():
+            usage[tenant] = usage.get(tenant, 0) + d
+        return usage
 
     def lowest_priority(self) -> int | None:
         """The lowest priority among the pods ``preemptible`` would list (None: there are none):

@@ -1,0 +1,142 @@
+"""Tenants in the daemon: limits hold pods back with an Event, quota goes first in a batch,
+reclaim takes borrowed GPUs back (and only those), and preemption stays within a tenant."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from gpusched.config import parse_config
+from gpusched.daemon import Scheduler
+from tests.doubles import RecordingApi, one_node_scheduler
+from tests.test_daemon_utilisation import EvictingApi, batch, pod
+
+
+def of(name: str, ns: str, priority: int = 0, **kw: Any) -> dict[str, Any]:
+    obj = pod(name, priority, **kw)
+    obj["metadata"]["namespace"] = ns
+    return obj
+
+
+def tenants(s: Scheduler, **section: Any) -> None:
+    s.set_config(parse_config({"tenants": section}))
+
+
+def gauge(s: Scheduler, prefix: str) -> list[str]:
+    return [x for x in s.metrics.render()[0].decode().splitlines() if x.startswith(prefix)]
+
+
+async def test_a_tenant_at_its_limit_is_held_back_with_the_reason_and_woken_when_it_frees_gpus() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=4)
+    tenants(s, quotas={"a": {"limitGpus": 2}})
+    s._bound.apply("ADDED", of("run", "a", node="n0", gpu=0))
+    s._pending.apply("ADDED", of("p1", "a"))
+    s._pending.apply("ADDED", of("p2", "a"))
+    s._pending.apply("ADDED", of("other", "b", gpus=2))
+    await batch(s)
+    assert sorted(api.bound) == ["a/p1", "b/other"]
+    assert api.failed("a/p2") == ["tenant a is at its GPU limit: it holds 2 of 2 GPUs and this pod asks for 1 more"]
+    assert s.queue.counts().unschedulable == 1
+    s._bound.apply("DELETED", of("run", "a", node="n0", gpu=0))  # a frees a GPU: p2 is drawn again
+    assert s.queue.counts().active == 1
+    await batch(s)
+    assert api.bound[-1] == "a/p2"
+
+
+async def test_pods_within_their_quota_are_placed_before_a_larger_pod_past_its_own() -> None:
+    # 2 idle GPUs; tenant a (no quota) asks for 2, tenant b (quota 1) for 1 twice.  Maximising the
+    # GPUs placed alone is a tie (2 either way); the quota decides: b's pod within it goes first.
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=2)
+    s.settings = dataclasses.replace(s.settings, policy="cpsat")  # it would place 'big': more GPUs
+    tenants(s, quotas={"b": {"quotaGpus": 1}})
+    s._pending.apply("ADDED", of("big", "a", gpus=2))
+    s._pending.apply("ADDED", of("b1", "b"))
+    await batch(s)
+    assert api.bound == ["b/b1"]
+    assert api.failed("a/big")
+
+
+async def test_a_pod_within_its_quota_reclaims_borrowed_gpus_whatever_their_priority() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=2)
+    tenants(s, quotas={"b": {"quotaGpus": 1}})
+    s._bound.apply("ADDED", of("a-hi", "a", 500, node="n0", gpu=0))
+    s._bound.apply("ADDED", of("a-lo", "a", 100, node="n0", gpu=1))
+    s._pending.apply("ADDED", of("b1", "b", 0))
+    await batch(s)
+    assert api.evicted == ["a/a-lo"]
+    assert api.why == [
+        "reclaiming GPUs for tenant b, within its quota of 1 GPUs, from tenants past their own quota: a (quota 0)"
+    ]
+    (message,) = api.failed("b/b1")
+    assert "Reclaiming the GPUs of 1 pod(s) on node n0 from tenant(s) a, past their quota" in message
+    assert s.cache.nomination("b/b1") is not None
+    assert gauge(s, "gpusched_reclaim_victims_total") == ["gpusched_reclaim_victims_total 1.0"]
+    held = gauge(s, "gpusched_tenant_gpus{")
+    assert 'gpusched_tenant_gpus{tenant="b"} 1.0' in held  # the room held for b1 counts for b
+    assert 'gpusched_tenant_gpus{tenant="a"} 1.0' in held  # a-lo, being evicted, no longer does
+
+
+async def test_no_reclaim_past_the_quota_below_the_victims_quota_or_of_protected_priority() -> None:
+    cases = [
+        ({"b": {"quotaGpus": 1}}, ("b-run", "b", 100), "b has its quota already (and b-run outranks b1)"),
+        ({"b": {"quotaGpus": 1}, "a": {"quotaGpus": 2}}, ("a0", "a", 0), "a is within its own quota"),
+        ({"b": {"quotaGpus": 1}}, ("a0", "a", 1_000_000), "a's other pod is of the protected priority"),
+    ]
+    for quotas, (name, ns, prio), why in cases:
+        api = EvictingApi()
+        s = one_node_scheduler(api, gpus=2)
+        tenants(s, quotas=quotas)
+        s._bound.apply("ADDED", of("a1", "a", prio if ns == "a" else 0, node="n0", gpu=1))
+        s._bound.apply("ADDED", of(name, ns, prio, node="n0", gpu=0))
+        s._pending.apply("ADDED", of("b1", "b", 10))
+        await batch(s)
+        assert api.evicted == [], why
+        assert api.failed("b/b1"), why
+
+
+async def test_preemption_by_priority_stays_within_the_tenant() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=2)
+    tenants(s, label="team", reclaim=False)
+    s._bound.apply("ADDED", of("a-low", "a", 0, node="n0", gpu=0))
+    s._bound.apply("ADDED", of("b-low", "b", 0, node="n0", gpu=1))
+    s._pending.apply("ADDED", of("b-urgent", "b", 100))
+    await batch(s)
+    assert api.evicted == ["b/b-low"]
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    tenants(s, label="team")
+    s._bound.apply("ADDED", of("a-low", "a", 0, node="n0", gpu=0))
+    s._pending.apply("ADDED", of("c-urgent", "c", 100))  # no quota: nothing to reclaim; a is not its tenant
+    await batch(s)
+    assert api.evicted == []
+    assert api.failed("c/c-urgent")
+
+
+async def test_without_tenant_rules_nothing_changes() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", of("a-low", "a", 0, node="n0", gpu=0))
+    s._pending.apply("ADDED", of("c-urgent", "c", 100))
+    await batch(s)
+    assert api.evicted == ["a/a-low"]
+    assert gauge(s, "gpusched_tenant_gpus{") == []
+
+
+async def test_pods_held_back_by_their_limit_are_no_demand_for_new_nodes() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=1)
+    tenants(s, quotas={"a": {"limitGpus": 1}})
+    s._bound.apply("ADDED", of("run", "a", node="n0", gpu=0))
+    s._pending.apply("ADDED", of("over", "a", gpus=2))
+    s._pending.apply("ADDED", of("other", "b", gpus=3))
+    await batch(s)
+    assert api.reasons("a/over") == ["FailedScheduling"]
+    assert gauge(s, "gpusched_unschedulable_gpu_demand") == ["gpusched_unschedulable_gpu_demand 3.0"]
+    assert gauge(s, "gpusched_pods_unschedulable_total{") == [
+        'gpusched_pods_unschedulable_total{reason="TenantLimit"} 1.0',
+        'gpusched_pods_unschedulable_total{reason="Insufficient nvidia.com/gpu"} 1.0',
+    ]
