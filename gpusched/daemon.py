@@ -31,7 +31,7 @@ import socket
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -67,7 +67,7 @@ from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_fra
 from gpusched.solver.params import SolverParams
 from gpusched.solver.policy import Policy, place_quick
 from gpusched.solver.preempt import Budget, Preemption, gang_budgets, plan_preemptions
-from gpusched.solver.reclaim import plan_reclaims
+from gpusched.solver.reclaim import plan_at_limit, plan_reclaims
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
 from gpusched.state.cache import Cache, Snapshot, same_offer
@@ -675,11 +675,15 @@ class Scheduler:
             todo = [r for r in todo if r.key not in split]
         first: frozenset[str] = frozenset()  # pods within their tenant's quota: placed first
         if self.tenants.active and todo:
-            usage = self.cache.tenant_usage(self.tenants)
+            # Room held for one of these pods counts once: as the pod's own demand here.
+            usage = self.cache.tenant_usage(self.tenants, without=[r.key for r in todo])
             admitted, over = self.tenants.admit([r.pod for r in todo], usage)
+            at_limit: list[tuple[Pod, Explanation | _Verdict]] = []
             for r in todo:
                 if r.key in over:
-                    self._unschedulable(r.pod, over[r.key], "TenantLimit")
+                    at_limit.append((r.pod, _Verdict(over[r.key], "TenantLimit")))
+            if at_limit:  # they may preempt pods of lower priority of their tenant, in their room only
+                await self._preempt_for(at_limit, [], batch_id, None, at_limit=True)
             waiting += len(over)
             todo = [r for r in todo if r.key not in over]
             first = frozenset(self.tenants.guaranteed(admitted, usage))
@@ -1084,15 +1088,17 @@ class Scheduler:
 
     async def _preempt_for(
         self,
-        pods: list[tuple[Pod, Explanation]],
+        pods: Sequence[tuple[Pod, Explanation | _Verdict]],
         gangs: list[dict[str, tuple[Pod, str]]],
         batch_id: int,
         batch: Snapshot | None,
         reclaim: list[tuple[Pod, Explanation]] | None = None,
+        at_limit: bool = False,
     ) -> bool:
         """One search for ``pods`` and ``gangs``, carried out; whether anything is evicted.
         ``reclaim``: search for reclaims instead (``plan_reclaims``; ``gangs`` are not searched),
-        and leave the pods it finds nothing for there, untold, for the preemption search."""
+        and leave the pods it finds nothing for there, untold, for the preemption search.
+        ``at_limit``: the pods are held back by their tenant's limit (``plan_at_limit``)."""
         # A busy GPU that no pod on the books holds stays out of reach: no eviction makes it less
         # busy.  One that pods hold is seen as the books have it, and room on it is taken only
         # where every pod holding it is evicted (``_busy_room_ok``).  The GPUs kept free stay
@@ -1106,7 +1112,11 @@ class Scheduler:
         running = self.cache.preemptible()  # as counted in ``snap``: taken together
         try:
             budgets = [*self.budgets.values(), *gang_budgets(running)]  # running gangs keep their minimum
-            if reclaim is not None:
+            if at_limit:
+                found = await asyncio.to_thread(
+                    plan_at_limit, [p for p, _ in pods], snap.state, running, self.tenants, budgets=budgets
+                )
+            elif reclaim is not None:
                 found = await asyncio.to_thread(
                     plan_reclaims,
                     [p for p, _ in pods],
@@ -1145,6 +1155,7 @@ class Scheduler:
                 self.queue.done(p.key)
                 continue
             if pre is None and reclaim is not None and self.queue.current(p.key, p.uid):
+                assert isinstance(e, Explanation)
                 reclaim.append((p, e))  # the preemption search looks next
                 continue
             if pre is None or not self.queue.current(p.key, p.uid):
@@ -1717,6 +1728,14 @@ def _solve(
 
 def _place(policy: Policy, pods: list[Pod], state: ClusterState, quick: bool) -> Plan:
     return place_quick(policy, pods, state) if quick else policy.place(pods, state)
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """Why a pod waits, when no placement search said it (``Explanation`` is that search's)."""
+
+    message: str
+    reason: str
 
 
 class StartupError(Exception):

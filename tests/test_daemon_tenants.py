@@ -36,7 +36,7 @@ async def test_a_tenant_at_its_limit_is_held_back_with_the_reason_and_woken_when
     s._pending.apply("ADDED", of("other", "b", gpus=2))
     await batch(s)
     assert sorted(api.bound) == ["a/p1", "b/other"]
-    assert api.failed("a/p2") == ["tenant a is at its GPU limit: it holds 2 of 2 GPUs and this pod asks for 1 more"]
+    assert api.failed("a/p2") == ["tenant a is at its GPU limit: it holds 2 of 2 GPUs and this pod asks for 1 more."]
     assert s.queue.counts().unschedulable == 1
     s._bound.apply("DELETED", of("run", "a", node="n0", gpu=0))  # a frees a GPU: p2 is drawn again
     assert s.queue.counts().active == 1
@@ -140,3 +140,26 @@ async def test_pods_held_back_by_their_limit_are_no_demand_for_new_nodes() -> No
         'gpusched_pods_unschedulable_total{reason="TenantLimit"} 1.0',
         'gpusched_pods_unschedulable_total{reason="Insufficient nvidia.com/gpu"} 1.0',
     ]
+
+
+async def test_room_held_for_a_pod_is_not_counted_twice_against_its_limit() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    tenants(s, quotas={"a": {"limitGpus": 1}})
+    s._bound.apply("ADDED", of("low", "a", 0, node="n0", gpu=0))
+    s._pending.apply("ADDED", of("urgent", "a", 100))
+    await batch(s)
+    assert api.evicted == ["a/low"]
+    assert s.cache.nomination("a/urgent") is not None
+    s.queue.move_all()  # drawn again while its victim is still leaving
+    await batch(s)
+    first, again = api.failed("a/urgent")
+    assert first == (
+        "tenant a is at its GPU limit: it holds 1 of 1 GPUs and this pod asks for 1 more. "
+        "Preempting 1 pod(s) of lower priority on node n0."
+    )
+    assert (
+        again
+        == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. Waiting for 1 preempted pod(s) to leave node n0."
+    )
+    assert s.cache.nomination("a/urgent") is not None

@@ -117,7 +117,7 @@ class Tenants:
             t, d, limit = over[0]
             why = (
                 f"tenant {t} is at its GPU limit: it holds {_gpus(taken.get(t, 0))} of {_gpus(limit)} GPUs"
-                f" and this {'gang' if members[0].gang is not None else 'pod'} asks for {_gpus(d)} more"
+                f" and this {'gang' if members[0].gang is not None else 'pod'} asks for {_gpus(d)} more."
             )
             for m in members:
                 held[m.key] = why

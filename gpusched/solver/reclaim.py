@@ -23,11 +23,21 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from gpusched.model import Assignment, ClusterState, Pod
 from gpusched.model.tenants import Tenants, demand_of
-from gpusched.solver.preempt import MIN_CANDIDATES, Budget, Preemption, _spend, _take_room, find_preemption
+from gpusched.solver.preempt import (
+    MIN_CANDIDATES,
+    Budget,
+    Preemption,
+    _spend,
+    _take_room,
+    find_preemption,
+    plan_preemptions,
+)
 
-__all__ = ["plan_reclaims", "reclaimable"]
+__all__ = ["plan_at_limit", "plan_reclaims", "reclaimable"]
 
 _TOP = 2**31 - 1
 """The priority a pod reclaims at: every pod offered to it counts as below it."""
@@ -55,6 +65,27 @@ def reclaimable(
             left -= d
             out.append(a)
     return out
+
+
+def plan_at_limit(
+    pods: Sequence[Pod],
+    state: ClusterState,
+    running: Sequence[Assignment],
+    tenants: Tenants,
+    min_candidates: int = MIN_CANDIDATES,
+    budgets: Sequence[Budget] = (),
+) -> list[Preemption]:
+    """Preemptions for pods that their tenant's limit holds back: each evicts only pods of lower
+    priority of its own tenant, and takes only GPU room its victims leave (the free room of every
+    GPU counted as taken), so its tenant holds no more after than before.  A MIG pod, whose slices
+    are counted apart, and a gang member do not look."""
+    pods = [p for p in pods if not p.mig_profile and p.gang is None]
+    if not pods:
+        return []
+    cap = state.cluster.gpu_cap
+    free = np.argwhere(state.gpu_used < cap)
+    blocked = state.with_gpus_at(((int(i), int(g)) for i, g in free), int(cap.max(initial=0)))
+    return plan_preemptions(pods, blocked, running, min_candidates, budgets=budgets, scope=tenants.of)
 
 
 def plan_reclaims(

@@ -38,7 +38,7 @@ async def test_a_limit_holds_a_pod_back_and_a_tenant_within_its_quota_reclaims_b
         held = await _until(kube, f"{pods}/batch-3", lambda o: kit.condition(o) is not None)
         assert not held["spec"].get("nodeName")
         assert (kit.condition(held) or {}).get("message") == (
-            "tenant batch is at its GPU limit: it holds 3 of 3 GPUs and this pod asks for 1 more"
+            "tenant batch is at its GPU limit: it holds 3 of 3 GPUs and this pod asks for 1 more."
         )
         # vision (quota 2) gets the free GPU, then takes one back from batch (quota 0) for its second pod.
         await kit.create_all(kube, pods, [of_team(f"vision-{i}", name, "vision") for i in range(2)])

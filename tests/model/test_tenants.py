@@ -48,7 +48,7 @@ def test_a_limit_holds_back_the_pods_past_it_in_queue_order_and_says_how_far() -
     pods = [of("p1", "a", 1), of("p2", "a", 2), of("p3", "a", 1), of("q", "b", 8)]
     admitted, held = T.admit(pods, {"a": 1000})
     assert [p.name for p in admitted] == ["p1", "p2", "q"]  # 1 held + 1 + 2 = 4; p3 would make 5
-    assert held == {pods[2].key: "tenant a is at its GPU limit: it holds 4 of 4 GPUs and this pod asks for 1 more"}
+    assert held == {pods[2].key: "tenant a is at its GPU limit: it holds 4 of 4 GPUs and this pod asks for 1 more."}
 
 
 def test_a_gang_is_admitted_whole_or_held_back_whole() -> None:

@@ -90,3 +90,20 @@ def test_preemption_within_a_tenant_leaves_other_tenants_pods_alone() -> None:
     assert [v.pod.name for pre in mine for v in pre.victims] == ["b-low"]
     alone = plan_preemptions([of("c-urgent", "c", priority=10)], state, placed, scope=lambda p: p.namespace)
     assert alone == []
+
+
+def test_a_pod_at_its_tenants_limit_takes_only_the_room_its_own_victims_leave() -> None:
+    from gpusched.solver.reclaim import plan_at_limit
+
+    limited = Tenants(rules={"a": TenantRule(limit=1000)})
+    placed = [on("a-low", "a", 0, (0,)), on("b-low", "b", 1, (0,))]
+    state = setup(placed, nodes=2, gpus=2)  # a GPU free on each node
+    (pre,) = plan_at_limit([of("a-urgent", "a", priority=10)], state, placed, limited)
+    assert [v.pod.name for v in pre.victims] == ["a-low"]
+    assert pre.placement.node == 0  # not the free GPU of either node: the tenant would hold 2
+    assert pre.placement.gpus == (0,)
+    # Nothing of its own tenant below it: it waits, though b's pod is of lower priority.
+    assert plan_at_limit([of("c-urgent", "c", priority=10)], state, placed, limited) == []
+    # Two GPUs asked, one of its own to take: never more than the tenant had.
+    assert plan_at_limit([of("a-two", "a", gpus=2, priority=10)], state, placed, limited) == []
+    assert plan_at_limit([replace(of("m", "a", priority=10), gang=Gang("g", 1))], state, placed, limited) == []
