@@ -67,7 +67,7 @@ from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_fra
 from gpusched.solver.params import SolverParams
 from gpusched.solver.policy import Policy, place_quick
 from gpusched.solver.preempt import Budget, Preemption, gang_budgets, plan_preemptions
-from gpusched.solver.reclaim import plan_at_limit, plan_reclaims
+from gpusched.solver.reclaim import at_limit_searched, plan_at_limit, plan_reclaims, reclaimers
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
 from gpusched.state.cache import Cache, Snapshot, same_offer
@@ -674,10 +674,11 @@ class Scheduler:
             invalid += [r for r in todo if r.key in split]
             todo = [r for r in todo if r.key not in split]
         first: frozenset[str] = frozenset()  # pods within their tenant's quota: placed first
+        limit_usage: dict[str, int] = {}
         if self.tenants.active and todo:
             # Room held for one of these pods counts once: as the pod's own demand here.
-            usage = self.cache.tenant_usage(self.tenants, without=[r.key for r in todo])
-            admitted, over = self.tenants.admit([r.pod for r in todo], usage)
+            limit_usage = self.cache.tenant_usage(self.tenants, without=[r.key for r in todo], terminating=True)
+            admitted, over = self.tenants.admit([r.pod for r in todo], limit_usage)
             at_limit: list[tuple[Pod, Explanation | _Verdict]] = []
             for r in todo:
                 if r.key in over:
@@ -686,7 +687,11 @@ class Scheduler:
                 await self._preempt_for(at_limit, [], batch_id, None, at_limit=True)
             waiting += len(over)
             todo = [r for r in todo if r.key not in over]
+            usage = self.cache.tenant_usage(self.tenants, without=[r.key for r in todo])
             first = frozenset(self.tenants.guaranteed(admitted, usage))
+            if any(p.affinity for p in admitted if p.key in first):
+                # A pod that must run beside a peer of the same batch is solved with it.
+                first = frozenset()
         if not todo:  # every pod told why already (or in flight): nothing to solve
             log.info(
                 "batch",
@@ -739,6 +744,14 @@ class Scheduler:
                 self.queue.requeue(r.key)
             return
         plan = self._recheck(plan, snap, batch_id)
+        # Pods of one tenant that together would pass its limit: the last in queue order wait
+        # for the next batch, which weighs them beside what this one bound.
+        order = {p.key: i for i, p in enumerate(pods)}
+        over_limit = (
+            self.tenants.trim(sorted((a.pod for a in plan.assignments), key=lambda p: order[p.key]), limit_usage)
+            if self.tenants.active
+            else set()
+        )
         # A gang whose member was deleted or replaced during the solve would run short of it:
         # none of its members is bound, and the rest are drawn again with the gang as it is now.
         broken = {
@@ -751,7 +764,7 @@ class Scheduler:
         names = snap.cluster.nodes
         untaken = False  # a placement of the plan not acted on: what it counted as taken is free
         for a in plan.assignments:
-            if a.pod.gang is not None and a.pod.gang.name in broken:
+            if (a.pod.gang is not None and a.pod.gang.name in broken) or a.pod.key in over_limit:
                 self.queue.requeue(a.pod.key)
                 untaken = True
                 continue
@@ -1110,6 +1123,7 @@ class Scheduler:
         keep = self._keep([p for p, _ in pods] + [p for g in gangs for p, _ in g.values()])
         snap = self.cache.snapshot(free=freeing, busy=outside, **keep)
         running = self.cache.preemptible()  # as counted in ``snap``: taken together
+        usage = self.cache.tenant_usage(self.tenants, without=freeing) if reclaim is not None else {}
         try:
             budgets = [*self.budgets.values(), *gang_budgets(running)]  # running gangs keep their minimum
             if at_limit:
@@ -1123,7 +1137,7 @@ class Scheduler:
                     snap.state,
                     running,
                     self.tenants,
-                    self.cache.tenant_usage(self.tenants, without=freeing),
+                    usage,
                     budgets=budgets,
                 )
             else:
@@ -1145,10 +1159,13 @@ class Scheduler:
             found = _busy_room_ok(found, busy, holders, snap.cluster)
         chosen = {pre.pod.key: pre for pre in found}
         evicting = False
-        if reclaim is None:
-            self.metrics.preemption(len(pods) + sum(map(len, gangs)), sum(len(pre.victims) for pre in found))
+        evicted = sum(len(pre.victims) for pre in found)
+        if reclaim is not None:  # counted: the pods within their tenant's quota that may reclaim
+            self.metrics.reclaim(len(self.tenants.guaranteed(reclaimers(p for p, _ in pods), usage)), evicted)
+        elif at_limit:
+            self.metrics.preemption(len(at_limit_searched(p for p, _ in pods)), evicted)
         else:
-            self.metrics.reclaim(len(pods), sum(len(pre.victims) for pre in found))
+            self.metrics.preemption(len(pods) + sum(map(len, gangs)), evicted)
         for p, e in pods:
             pre = chosen.get(p.key)
             if self.cache.holds(p.key, p.uid):  # bound by someone else during the search

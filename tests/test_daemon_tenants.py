@@ -28,20 +28,100 @@ def gauge(s: Scheduler, prefix: str) -> list[str]:
 
 async def test_a_tenant_at_its_limit_is_held_back_with_the_reason_and_woken_when_it_frees_gpus() -> None:
     api = RecordingApi()
-    s = one_node_scheduler(api, gpus=4)
+    s = one_node_scheduler(api, gpus=5)
     tenants(s, quotas={"a": {"limitGpus": 2}})
     s._bound.apply("ADDED", of("run", "a", node="n0", gpu=0))
     s._pending.apply("ADDED", of("p1", "a"))
     s._pending.apply("ADDED", of("p2", "a"))
     s._pending.apply("ADDED", of("other", "b", gpus=2))
     await batch(s)
+    # Each fits the limit beside what a holds; together they pass it: the later one waits for
+    # the next batch, which sees what this one bound.
     assert sorted(api.bound) == ["a/p1", "b/other"]
+    assert api.failed("a/p2") == []
+    await batch(s)
     assert api.failed("a/p2") == ["tenant a is at its GPU limit: it holds 2 of 2 GPUs and this pod asks for 1 more."]
     assert s.queue.counts().unschedulable == 1
     s._bound.apply("DELETED", of("run", "a", node="n0", gpu=0))  # a frees a GPU: p2 is drawn again
     assert s.queue.counts().active == 1
     await batch(s)
     assert api.bound[-1] == "a/p2"
+
+
+async def test_a_pod_no_node_takes_does_not_use_up_its_tenants_limit() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=4)
+    tenants(s, quotas={"a": {"limitGpus": 3}})
+    s._bound.apply("ADDED", of("a-low", "a", 0, node="n0", gpu=0))  # a holds 1 of 3
+    h100 = of("wants-h100", "a", 10, gpus=2)
+    h100["metadata"]["annotations"]["gpusched.io/gpu-models"] = "H100"  # no node takes it
+    s._pending.apply("ADDED", h100)
+    s._pending.apply("ADDED", of("small", "a", 5))
+    await batch(s)
+    assert api.bound == ["a/small"]
+    assert api.evicted == []
+    assert [m for m in api.failed("a/wants-h100") if "limit" in m] == []
+
+
+async def test_a_pod_in_its_grace_period_counts_against_the_limit() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=2)
+    tenants(s, quotas={"a": {"limitGpus": 1}})
+    run = of("run", "a", node="n0", gpu=0)
+    run["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    s._bound.apply("ADDED", run)
+    s._pending.apply("ADDED", of("next", "a"))
+    await batch(s)
+    assert api.bound == []
+    assert api.failed("a/next") == ["tenant a is at its GPU limit: it holds 1 of 1 GPUs and this pod asks for 1 more."]
+
+
+async def test_reclaim_leaves_a_running_gang_whole() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=4)
+    tenants(s, quotas={"a": {"quotaGpus": 3}, "b": {"quotaGpus": 1}})
+    for i in range(4):  # one job of 4, all needed; a is one GPU past its quota
+        member = of(f"w{i}", "a", 0, node="n0", gpu=i)
+        member["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = "train"
+        member["metadata"]["annotations"]["gpusched.io/gang-min-members"] = "4"
+        s._bound.apply("ADDED", member)
+    s._pending.apply("ADDED", of("b1", "b", 0))
+    await batch(s)
+    assert api.evicted == []
+    assert gauge(s, "gpusched_reclaim_attempts_total") == ["gpusched_reclaim_attempts_total 1.0"]
+
+
+async def test_a_pod_within_quota_is_solved_with_its_affinity_peer_of_the_same_batch() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=4)
+    s.settings = dataclasses.replace(s.settings, policy="cpsat")
+    tenants(s, quotas={"b": {"quotaGpus": 1}})
+    worker = of("worker", "b", 10)  # within b's quota; must run beside the ps, past it
+    worker["spec"]["affinity"] = {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "ps"}}, "topologyKey": "kubernetes.io/hostname"}
+            ]
+        }
+    }
+    ps = of("ps", "b", 0)
+    ps["metadata"]["labels"]["app"] = "ps"
+    s._pending.apply("ADDED", worker)
+    s._pending.apply("ADDED", ps)
+    await batch(s)
+    assert sorted(api.bound) == ["b/ps", "b/worker"], api.failed("b/worker")
+
+
+async def test_only_pods_that_may_reclaim_count_as_reclaim_attempts() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    tenants(s, quotas={"b": {"quotaGpus": 1}})
+    s._bound.apply("ADDED", of("b-low", "b", 0, node="n0", gpu=0))
+    s._pending.apply("ADDED", of("b-high", "b", 10))  # past b's quota: preempts within b instead
+    await batch(s)
+    assert api.evicted == ["b/b-low"]
+    assert gauge(s, "gpusched_reclaim_attempts_total") == ["gpusched_reclaim_attempts_total 0.0"]
+    assert gauge(s, "gpusched_preemption_attempts_total") == ["gpusched_preemption_attempts_total 1.0"]
 
 
 async def test_pods_within_their_quota_are_placed_before_a_larger_pod_past_its_own() -> None:

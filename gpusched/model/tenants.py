@@ -10,10 +10,11 @@ compute sevenths.  Pods that ask for no GPU count nothing and are never held bac
 The rules, all pure and in this module so that the queue, the daemon and the preemption search
 read them alike:
 
-* ``admit``: pods a tenant's limit leaves out (a gang whole or not at all), in queue order;
+* ``admit``: pods a tenant's limit leaves out as things are (a gang whole or not at all);
+* ``trim``: of the pods a batch placed, those that together would take a tenant past its limit;
 * ``guaranteed``: of the pods admitted, those within their tenant's quota (counted in order);
 * ``order_key``: which tenant's pod a batch draws next (below quota first, then the least used
-  for its weight);
+  for its weight, and last a tenant whose next pod its limit holds back);
 * ``borrowed``: how much of each tenant's usage is beyond its quota, and so may be reclaimed.
 """
 
@@ -28,9 +29,14 @@ from gpusched.model.pod import Pod
 
 __all__ = ["TenantRule", "Tenants", "demand_of"]
 
+_MIG_SLICES = 7
+
 
 def demand_of(pod: Pod) -> int:
-    """What ``pod`` counts against its tenant, in thousandths of a GPU."""
+    """What ``pod`` counts against its tenant, in thousandths of a GPU (a MIG slice rounded down,
+    so that the seven sevenths of one GPU count no more than that GPU)."""
+    if pod.mig_profile:
+        return GPU_MILLI * int(pod.mig_profile.split("g.", 1)[0]) // _MIG_SLICES
     return pod.gpu_demand_milli
 
 
@@ -91,47 +97,57 @@ class Tenants:
         return dict(out)
 
     def admit(self, pods: Sequence[Pod], usage: Mapping[str, int]) -> tuple[list[Pod], dict[str, str]]:
-        """The pods of ``pods`` (in the order given: the queue's) that their tenant's limit lets
-        in, beside what ``usage`` says each tenant holds; and, by pod key, why each other pod is
-        held back.  A gang counts whole: all its members here are admitted or none."""
-        taken = dict(usage)
-        units: dict[str, list[Pod]] = {}
-        for p in pods:
-            units.setdefault(f"gang:{p.gang.name}" if p.gang is not None else f"pod:{p.key}", []).append(p)
+        """The pods of ``pods`` that their tenant's limit lets in beside what ``usage`` says each
+        tenant holds, each on its own (pods of one batch that together pass a limit are ``trim``'s
+        to find, among those a solve places); and, by pod key, why each other pod is held back.
+        A gang counts whole: all its members here are admitted or none."""
         admitted: list[Pod] = []
         held: dict[str, str] = {}
-        for members in units.values():
-            by_tenant: dict[str, int] = defaultdict(int)
-            for m in members:
-                by_tenant[self.of(m)] += demand_of(m)
-            over = [
-                (t, d, limit)
-                for t, d in by_tenant.items()
-                if d and (limit := self.rule(t).limit) is not None and taken.get(t, 0) + d > limit
-            ]
-            if not over:
-                for t, d in by_tenant.items():
-                    taken[t] = taken.get(t, 0) + d
+        for members in _units(pods):
+            over = self._over(members, usage)
+            if over is None:
                 admitted.extend(members)
                 continue
-            t, d, limit = over[0]
+            t, d, limit = over
             why = (
-                f"tenant {t} is at its GPU limit: it holds {_gpus(taken.get(t, 0))} of {_gpus(limit)} GPUs"
+                f"tenant {t} is at its GPU limit: it holds {_gpus(usage.get(t, 0))} of {_gpus(limit)} GPUs"
                 f" and this {'gang' if members[0].gang is not None else 'pod'} asks for {_gpus(d)} more."
             )
             for m in members:
                 held[m.key] = why
         return admitted, held
 
+    def trim(self, pods: Sequence[Pod], usage: Mapping[str, int]) -> set[str]:
+        """Keys of the pods of ``pods`` (placed by one batch, in queue order) that, counted in
+        order beside ``usage``, would take their tenant past its limit; a gang counts whole."""
+        taken = dict(usage)
+        out: set[str] = set()
+        for members in _units(pods):
+            if self._over(members, taken) is not None:
+                out.update(m.key for m in members)
+                continue
+            for m in members:
+                taken[self.of(m)] = taken.get(self.of(m), 0) + demand_of(m)
+        return out
+
+    def _over(self, members: Sequence[Pod], usage: Mapping[str, int]) -> tuple[str, int, int] | None:
+        """The first tenant whose limit ``members`` together pass beside ``usage``: (tenant,
+        their demand, its limit); None when they pass none."""
+        by_tenant: dict[str, int] = defaultdict(int)
+        for m in members:
+            by_tenant[self.of(m)] += demand_of(m)
+        for t, d in by_tenant.items():
+            limit = self.rule(t).limit
+            if d and limit is not None and usage.get(t, 0) + d > limit:
+                return t, d, limit
+        return None
+
     def guaranteed(self, pods: Sequence[Pod], usage: Mapping[str, int]) -> set[str]:
         """Keys of the pods of ``pods`` (in order) that fit within their tenant's quota beside
         ``usage``, each counted as taken once found within it; a gang counts whole."""
         taken = dict(usage)
-        units: dict[str, list[Pod]] = {}
-        for p in pods:
-            units.setdefault(f"gang:{p.gang.name}" if p.gang is not None else f"pod:{p.key}", []).append(p)
         out: set[str] = set()
-        for members in units.values():
+        for members in _units(pods):
             by_tenant: dict[str, int] = defaultdict(int)
             for m in members:
                 by_tenant[self.of(m)] += demand_of(m)
@@ -143,17 +159,32 @@ class Tenants:
                 out.update(m.key for m in members)
         return out
 
-    def order_key(self, tenant: str, used: int) -> tuple[int, float]:
-        """How soon ``tenant``'s next pod is drawn, holding ``used``: tenants below their quota
-        first (the least used for their quota first), then the least used for their weight."""
+    def order_key(self, tenant: str, used: int, next_demand: int = 0) -> tuple[int, float]:
+        """How soon ``tenant``'s next pod (of ``next_demand``) is drawn, holding ``used``: tenants
+        below their quota first (the least used for their quota first), then the least used for
+        their weight, and last a tenant whose limit holds that pod back."""
         rule = self.rule(tenant)
+        if rule.limit is not None and next_demand and used + next_demand > rule.limit:
+            return (2, used / (rule.weight * GPU_MILLI))
         if used < rule.quota:
             return (0, used / rule.quota)
         return (1, used / (rule.weight * GPU_MILLI))
 
+    def slots(self, tenant: str) -> int:
+        """Pods (or gangs) ``tenant`` draws in each round of a batch: its weight, at least one."""
+        return max(1, round(self.rule(tenant).weight))
+
     def borrowed(self, usage: Mapping[str, int]) -> dict[str, int]:
         """Per tenant, how much of its usage is beyond its quota (only tenants with some)."""
         return {t: u - self.rule(t).quota for t, u in usage.items() if u > self.rule(t).quota}
+
+
+def _units(pods: Iterable[Pod]) -> list[list[Pod]]:
+    """``pods`` in placement units, in order: a pod alone, or every member of its gang."""
+    units: dict[str, list[Pod]] = {}
+    for p in pods:
+        units.setdefault(f"gang:{p.gang.name}" if p.gang is not None else f"pod:{p.key}", []).append(p)
+    return list(units.values())
 
 
 def _gpus(milli: int) -> str:

@@ -12,9 +12,10 @@ waited ``max_wait`` seconds; while the scheduler is not busy (``busy`` says
 so: the daemon counts it busy while binds wait on its client) it closes after
 only ``idle_wait``, so a lone pod is not held back, while under load pods
 gather into full batches.  Higher priority pops first, then arrival order.  With tenants
-configured (``set_tenants``), a batch draws tenant by tenant: each next pod is the head of the
-tenant that ``Tenants.order_key`` puts first, counting what it holds and what the batch drew
-for it already; within a tenant, priority and then arrival order.
+configured (``set_tenants``), a batch draws in rounds, one pod (or gang) per tenant per
+round (more for a tenant of weight 2 or more), the tenants in ``Tenants.order_key`` order
+counting what each holds and what the batch drew for it already; within a tenant, priority
+and then arrival order.
 A pod updated while in flight keeps its place; deleted, it is dropped when its
 batch resolves; deleted and created again under the same name (a new UID), the
 new pod is queued afresh when the old one's batch resolves, whatever became of
@@ -286,38 +287,50 @@ class SchedulingQueue:
         return None
 
     def _pop(self, limit: int) -> list[PodRecord]:
+        """Up to ``limit`` pods (a gang whole, past the limit if need be).  Without tenants, in
+        heap order.  With tenants, in rounds: each round, every tenant with pods waiting draws
+        ``Tenants.slots`` of them, tenants in ``Tenants.order_key`` order as the round starts,
+        so that no tenant's backlog (pods that fit nowhere, or wait for its limit) fills a batch
+        while another tenant's pods wait."""
         batch: list[PodRecord] = []
         tenants = self._tenants
         used = dict(self._usage()) if tenants is not None else {}
+
+        def rank(tenant: str, head: tuple[int, int, str]) -> tuple[tuple[int, float], tuple[int, int, str]]:
+            if tenants is None:
+                return (0, 0.0), head
+            return tenants.order_key(tenant, used.get(tenant, 0), demand_of(self._records[head[2]].pod)), head
+
         while len(batch) < limit:
-            best: tuple[tuple[int, float], tuple[int, int, str], str] | None = None
-            for tenant in list(self._heaps):
-                head = self._head(tenant)
-                if head is None:
-                    continue
-                rank = tenants.order_key(tenant, used.get(tenant, 0)) if tenants is not None else (0, 0.0)
-                if best is None or (rank, head) < best[:2]:
-                    best = (rank, head, tenant)
-            if best is None:
+            heads = {t: h for t in list(self._heaps) if (h := self._head(t)) is not None}
+            if not heads:
                 break
-            _, (_, _, key), tenant = best
-            heapq.heappop(self._heaps[tenant])
-            drawn = len(batch)
-            self._take(key, batch)
-            gang = self._records[key].pod.gang
-            if gang is not None:
-                for peer in sorted(self._gangs.get(gang.name, ())):
-                    # Parked and backed-off peers come too: a gang retried a member at a time
-                    # would never have its minimum in one batch.
-                    if self._parked.pop(peer, None) is not None or self._backoff.pop(peer, None) is not None:
-                        self._active[peer] = (next(self._seq), self._clock())
-                    if peer in self._active:
-                        self._take(peer, batch)
-            if tenants is not None:
-                for r in batch[drawn:]:
-                    t = tenants.of(r.pod)
-                    used[t] = used.get(t, 0) + demand_of(r.pod)
+            for tenant in sorted(heads, key=lambda t: rank(t, heads[t])):
+                for _ in range(tenants.slots(tenant) if tenants is not None else 1):
+                    head = self._head(tenant) if tenant in self._heaps else None
+                    if head is None or len(batch) >= limit:
+                        break
+                    heapq.heappop(self._heaps[tenant])
+                    drawn = len(batch)
+                    self._draw(head[2], batch)
+                    if tenants is not None:
+                        for r in batch[drawn:]:
+                            t = tenants.of(r.pod)
+                            used[t] = used.get(t, 0) + demand_of(r.pod)
         return batch
+
+    def _draw(self, key: str, batch: list[PodRecord]) -> None:
+        """Take ``key`` into ``batch``, and every member of its gang with it."""
+        self._take(key, batch)
+        gang = self._records[key].pod.gang
+        if gang is not None:
+            for peer in sorted(self._gangs.get(gang.name, ())):
+                # Parked and backed-off peers come too: a gang retried a member at a time
+                # would never have its minimum in one batch.
+                if self._parked.pop(peer, None) is not None or self._backoff.pop(peer, None) is not None:
+                    self._active[peer] = (next(self._seq), self._clock())
+                if peer in self._active:
+                    self._take(peer, batch)
 
     def _take(self, key: str, batch: list[PodRecord]) -> None:
         del self._active[key]

@@ -6,6 +6,7 @@ are all of the following:
 
 * of another tenant that holds more than its quota;
 * below ``Tenants.reclaim_below`` in priority;
+* not a member of a gang (a distributed job is of no use short of a member);
 * not being deleted already.
 
 It may evict no more of a tenant than that tenant holds beyond its quota.  So no tenant is
@@ -20,7 +21,7 @@ against what the earlier ones took.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -37,7 +38,7 @@ from gpusched.solver.preempt import (
     plan_preemptions,
 )
 
-__all__ = ["plan_at_limit", "plan_reclaims", "reclaimable"]
+__all__ = ["at_limit_searched", "plan_at_limit", "plan_reclaims", "reclaimable", "reclaimers"]
 
 _TOP = 2**31 - 1
 """The priority a pod reclaims at: every pod offered to it counts as below it."""
@@ -53,7 +54,8 @@ def reclaimable(
     for a in running:
         t = tenants.of(a.pod)
         wanted = t != exclude and room.get(t, 0) > 0 and a.pod.priority < tenants.reclaim_below
-        if wanted and not a.pod.terminating and demand_of(a.pod):
+        # A member of a running gang is not offered: the rest would be of no use without it.
+        if wanted and a.pod.gang is None and not a.pod.terminating and demand_of(a.pod):
             per[a.node, t].append(a)
     out: list[Assignment] = []
     for (_, t), pods in per.items():
@@ -65,6 +67,18 @@ def reclaimable(
             left -= d
             out.append(a)
     return out
+
+
+def at_limit_searched(pods: Iterable[Pod]) -> list[Pod]:
+    """The pods of ``pods`` ``plan_at_limit`` looks for: those that may preempt, but MIG pods
+    (their slices are counted apart) and gang members."""
+    return [p for p in pods if p.preempts and not p.mig_profile and p.gang is None]
+
+
+def reclaimers(pods: Iterable[Pod]) -> list[Pod]:
+    """The pods of ``pods`` that may reclaim if within their quota: pods alone (not gang
+    members) that may preempt and ask for a GPU."""
+    return [p for p in pods if p.gang is None and p.preempts and demand_of(p)]
 
 
 def plan_at_limit(
@@ -79,7 +93,7 @@ def plan_at_limit(
     priority of its own tenant, and takes only GPU room its victims leave (the free room of every
     GPU counted as taken), so its tenant holds no more after than before.  A MIG pod, whose slices
     are counted apart, and a gang member do not look."""
-    pods = [p for p in pods if not p.mig_profile and p.gang is None]
+    pods = at_limit_searched(pods)
     if not pods:
         return []
     cap = state.cluster.gpu_cap
@@ -105,10 +119,8 @@ def plan_reclaims(
     spent = [0] * len(budgets)
     left = list(running)
     out: list[Preemption] = []
-    for pod in pods:
+    for pod in reclaimers(pods):
         t, d = tenants.of(pod), demand_of(pod)
-        if pod.gang is not None or not pod.preempts or not d:
-            continue
         if usage.get(t, 0) + claimed[t] + d > tenants.rule(t).quota:
             continue
         offered = reclaimable(left, tenants, room, t)

@@ -457,12 +457,20 @@ class Cache:
             if h.gpus and not h.pod.mig_profile and (h.wanted is None or tuple(h.wanted) != h.gpus)
         }
 
-    def tenant_usage(self, tenants: Tenants, without: Collection[str] = ()) -> dict[str, int]:
+    def tenant_usage(
+        self, tenants: Tenants, without: Collection[str] = (), *, terminating: bool = False
+    ) -> dict[str, int]:
         """GPU demand per tenant (thousandths of a GPU) of the pods on the books that stay:
         bound or assumed, not being deleted nor preempted already, and of the pods room is held
-        for (they will have it), but for the room of ``without`` (pod keys)."""
+        for (they will have it), but for the room of ``without`` (pod keys).  ``terminating``:
+        count the pods being deleted too (but for the victims of held room, which the pods it
+        is held for replace): they hold their GPUs until they are gone, as a limit must count."""
         taken = {v for n in self._nominated.values() for v in n.victims}
-        staying = (h.pod for h in self._held.values() if not h.pod.terminating and (h.pod.key, h.pod.uid) not in taken)
+        staying = (
+            h.pod
+            for h in self._held.values()
+            if (terminating or not h.pod.terminating) and (h.pod.key, h.pod.uid) not in taken
+        )
         usage = tenants.usage(staying)
         skip = set(without)
         held_for = (n.held.pod for k, n in self._nominated.items() if k not in skip and k not in self._held)

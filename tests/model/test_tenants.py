@@ -44,11 +44,27 @@ def test_usage_counts_gpu_demand_only() -> None:
     assert T.usage(pods) == {"a": 2250, "b": 1000}
 
 
-def test_a_limit_holds_back_the_pods_past_it_in_queue_order_and_says_how_far() -> None:
+def test_a_limit_holds_back_a_pod_past_it_as_things_are_and_says_how_far() -> None:
     pods = [of("p1", "a", 1), of("p2", "a", 2), of("p3", "a", 1), of("q", "b", 8)]
     admitted, held = T.admit(pods, {"a": 1000})
-    assert [p.name for p in admitted] == ["p1", "p2", "q"]  # 1 held + 1 + 2 = 4; p3 would make 5
-    assert held == {pods[2].key: "tenant a is at its GPU limit: it holds 4 of 4 GPUs and this pod asks for 1 more."}
+    assert admitted == pods  # each fits beside what a holds; together they are trim's to judge
+    admitted, held = T.admit(pods, {"a": 3000})
+    assert [p.name for p in admitted] == ["p1", "p3", "q"]
+    assert held == {pods[1].key: "tenant a is at its GPU limit: it holds 3 of 4 GPUs and this pod asks for 2 more."}
+
+
+def test_trim_drops_the_placed_pods_that_together_pass_a_limit_in_queue_order() -> None:
+    pods = [of("p1", "a", 1), of("p2", "a", 2), of("p3", "a", 1), of("q", "b", 8)]
+    assert T.trim(pods, {"a": 1000}) == {pods[2].key}  # 1 held + 1 + 2 = 4; p3 would make 5
+    gang = [member("m0", "a", "g"), member("m1", "a", "g")]
+    assert T.trim([*gang, of("p", "a", 1)], {"a": 3000}) == {m.key for m in gang}  # the gang whole; p fits
+
+
+def test_seven_mig_sevenths_count_no_more_than_one_gpu() -> None:
+    sevenths = [replace(pod(f"s{i}"), namespace="a", mig_profile="1g.10gb") for i in range(7)]
+    limited = Tenants(rules={"a": TenantRule(quota=1000, limit=1000)})
+    assert limited.trim(sevenths, {}) == set()
+    assert sum(limited.usage(sevenths).values()) <= 1000
 
 
 def test_a_gang_is_admitted_whole_or_held_back_whole() -> None:

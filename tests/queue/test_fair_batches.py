@@ -29,8 +29,8 @@ async def test_a_tenant_with_a_backlog_does_not_hold_back_a_tenant_below_its_quo
         q.add(rec(f"a{i}", "a"))
     for i in range(3):
         q.add(rec(f"b{i}", "b"))
-    # b is below its quota for its first two GPUs; then a (using nothing) and b alternate.
-    assert await drawn(q) == ["b0", "b1", "a0", "a1"]
+    # One pod per tenant per round; b, below its quota, first in each.
+    assert await drawn(q) == ["b0", "a0", "b1", "a1"]
 
 
 async def test_without_quotas_tenants_share_by_weight_and_usage() -> None:
@@ -39,8 +39,8 @@ async def test_without_quotas_tenants_share_by_weight_and_usage() -> None:
     for i in range(6):
         q.add(rec(f"a{i}", "a"))
         q.add(rec(f"b{i}", "b"))
-    # a holds 1 GPU already and b weighs twice as much: b draws two before a's share is reached;
-    # then each draws in turn as its share falls behind (on a tie, arrival order).
+    # b weighs twice as much: two pods a round to a's one, b first while its share (what it
+    # holds for its weight) is the smaller.
     assert await drawn(q) == ["b0", "b1", "a0", "b2", "b3", "a1"]
 
 
@@ -69,3 +69,36 @@ async def test_a_gang_is_drawn_whole_and_counts_for_its_tenant() -> None:
     assert await drawn(q) == ["g0", "g1", "g2", "b0"]  # the gang exceeds the size: drawn whole
     assert await drawn(q) == ["b1", "b2"]
     assert q.counts().in_flight == 6
+
+
+async def drawn_and_parked(q: SchedulingQueue) -> list[str]:
+    batch = await asyncio.wait_for(q.next_batch(), 10)
+    for r in batch:
+        q.park(r.key)  # none fits now
+    return [r.pod.name for r in batch]
+
+
+async def test_a_backlog_that_fits_nowhere_does_not_keep_another_tenant_out_of_every_batch() -> None:
+    # a is below its quota (or at its limit) with pods that keep failing and are woken by every
+    # change in the cluster; b's pod must still be drawn.
+    for rules, usage in (
+        ({"a": TenantRule(quota=8000)}, {}),
+        ({"a": TenantRule(limit=1000)}, {"a": 1000, "b": 10_000}),
+    ):
+        q = SchedulingQueue(max_size=2, max_wait=60)
+        q.set_tenants(Tenants(rules=rules), usage=lambda u=usage: u)  # type: ignore[misc]
+        for i in range(6):
+            q.add(rec(f"a{i}", "a"))
+        q.add(rec("b0", "b"))
+        seen = await drawn_and_parked(q)
+        q.move_all()
+        seen += await drawn_and_parked(q)
+        assert "b0" in seen, (rules, seen)
+
+
+async def test_a_tenant_whose_next_pod_its_limit_holds_back_comes_last_in_a_round() -> None:
+    q = SchedulingQueue(max_size=2, max_wait=60)
+    q.set_tenants(Tenants(rules={"a": TenantRule(limit=1000)}), usage=lambda: {"a": 1000, "b": 10_000})
+    q.add(rec("a0", "a"))
+    q.add(rec("b0", "b"))
+    assert await drawn(q) == ["b0", "a0"]
