@@ -38,6 +38,10 @@ configuration.  Example (every key optional)::
       default: {quotaGpus: 0, limitGpus: null, weight: 1}
       quotas:
         research: {quotaGpus: 16, limitGpus: 32, weight: 2}
+    consolidation:
+      enabled: false
+      intervalSeconds: 300
+      maxNodesPerRound: 1
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from gpusched.solver.params import Limits, SolverParams, Weights
 __all__ = [
     "BatchingConfig",
     "ConfigError",
+    "ConsolidationConfig",
     "GpuschedConfig",
     "HeadroomConfig",
     "TenantsConfig",
@@ -148,6 +153,17 @@ class HeadroomConfig(_Strict):
     taint (the default is the taint many clusters put on every GPU node)."""
 
 
+class ConsolidationConfig(_Strict):
+    """Moving batch pods off GPU nodes whose pods fit on the other nodes in use (off by default)."""
+
+    enabled: bool = False
+    """Every ``intervalSeconds``, while no pod waits to be placed, empty the nodes whose pods
+    all ask to be moved (``gpusched.io/consolidate: "true"`` and a controller) and fit on the
+    free GPUs of other nodes in use."""
+    interval_seconds: _Number = Field(strict=False, default=300, ge=1, le=86_400, alias="intervalSeconds")
+    max_nodes_per_round: int = Field(default=1, ge=1, le=10_000, alias="maxNodesPerRound")
+
+
 class TenantRuleConfig(_Strict):
     """What one tenant is guaranteed and may hold, in GPUs (a share counts its fraction)."""
 
@@ -209,6 +225,7 @@ class GpuschedConfig(_Strict):
     utilisation: Annotated[UtilisationConfig, BeforeValidator(_empty_section)] = UtilisationConfig()
     headroom: Annotated[HeadroomConfig, BeforeValidator(_empty_section)] = HeadroomConfig()
     tenants: Annotated[TenantsConfig, BeforeValidator(_empty_section)] = TenantsConfig()
+    consolidation: Annotated[ConsolidationConfig, BeforeValidator(_empty_section)] = ConsolidationConfig()
 
     def solver_params(self, seed: int = 0) -> SolverParams:
         """The frozen parameters the solver takes."""

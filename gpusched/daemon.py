@@ -62,6 +62,7 @@ from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, P
 from gpusched.model.affinity import Requirement, label_selector_selects
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.solver.baselines.base import GreedyPolicy
+from gpusched.solver.consolidate import plan_consolidation
 from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.params import SolverParams
@@ -369,6 +370,8 @@ class Scheduler:
         self._kept_last: tuple[tuple[str, int], ...] = ()
         """The GPUs the last batch kept free (node name, index): kept first again, so that what
         is kept does not wander from node to node as pods come and go."""
+        self._consolidating: set[tuple[str, str]] = set()
+        """Pods (key, UID) the last consolidation round evicted, until they leave the books."""
         self.placed_here: set[str] = set()
         """Pods whose ``nominatedNodeName`` this instance has written while leading (a node it
         preempted on, or none): its own word, never a reason to hold room again (``adopt_room``)."""
@@ -624,6 +627,59 @@ class Scheduler:
                 except Exception as exc:  # never worth stopping the scheduler for
                     log.warning("keeping connections open failed", error=repr(exc))
             await asyncio.sleep(every)
+
+    async def consolidate_forever(self) -> None:
+        """Every ``consolidation.intervalSeconds``, a round of ``consolidate``; a round that
+        fails is logged, and the next one comes as usual."""
+        while True:
+            await asyncio.sleep(self.config.consolidation.interval_seconds)
+            try:
+                await self.consolidate()
+            except Exception as exc:
+                log.error("consolidation failed", error=repr(exc))
+
+    async def consolidate(self) -> int:
+        """Empty the GPU nodes whose pods all may move and fit on other nodes in use
+        (``plan_consolidation``), evicting those pods; how many nodes.  Only while leading, with
+        consolidation on, and the cluster quiet: no pod waiting for a batch or a retry, none in a
+        batch, no room held for a preempting pod, and none of the pods evicted by the last round
+        still on the books (their replacements are placed first)."""
+        c = self.config.consolidation
+        if not c.enabled or not self.is_leader:
+            return 0
+        self._consolidating = {(k, uid) for k, uid in self._consolidating if self.cache.holds(k, uid)}
+        counts = self.queue.counts()
+        if counts.active or counts.backoff or counts.in_flight or self.cache.nominations or self._consolidating:
+            return 0
+        snap = self.cache.snapshot(busy=self.busy_gpus(), **self._keep())
+        placed = self.cache.placed()  # as counted in ``snap``: taken together
+        moves = await asyncio.to_thread(
+            plan_consolidation, snap.state, placed, c.max_nodes_per_round, list(self.budgets.values())
+        )
+        if not self.is_leader:
+            return 0
+        names = snap.cluster.nodes
+        for m in moves:
+            node = names[m.node].name
+            log.info(
+                "consolidate",
+                node=node,
+                pods=[a.pod.key for a in m.pods],
+                to=sorted({names[t.node].name for t in m.targets}),
+            )
+            self.metrics.consolidation(1, len(m.pods))
+            why = (
+                f"consolidating GPU work: every pod on node {node} fits on the free GPUs of other nodes in use, "
+                "and the node is left idle; the pod's controller creates it again"
+            )
+            for a in m.pods:
+                self._consolidating.add((a.pod.key, a.pod.uid))
+                self.spawn(self._evict_to_consolidate(a.pod, node, why), f"consolidate:{a.pod.key}")
+        return len(moves)
+
+    async def _evict_to_consolidate(self, pod: Pod, node: str, why: str) -> None:
+        if not await self.binder.evict(pod, node, why):
+            self._consolidating.discard((pod.key, pod.uid))
 
     def _policy_for(self, cluster: Cluster) -> Policy:
         """The policy for ``cluster`` under the config as it is now: the first one is built in a
@@ -1792,6 +1848,7 @@ async def run_daemon(settings: DaemonSettings) -> int:
     named = {f"watch-{k}": v for k, v in named.items()}
     named["schedule"] = sched.schedule_forever()
     named["keep-warm"] = sched.keep_warm()
+    named["consolidate"] = sched.consolidate_forever()
     if sched.utilisation is not None:
         named["utilisation"] = sched.follow_utilisation()
     if sched.elector is not None:

@@ -327,6 +327,32 @@ class Binder:
         await self.event(victim, "Preempted", f"{said}: {why}" if why else said)
         return True
 
+    async def evict(self, victim: Pod, node: str, why: str) -> bool:
+        """Evict ``victim`` (this UID) from ``node`` through the Eviction API, which checks its
+        disruption budgets and sets its ``DisruptionTarget`` condition, then write a
+        ``Consolidating`` Event saying ``why``.  False, logged, when it was not evicted (a budget
+        refused it, say); True when it was gone already."""
+        body: dict[str, Any] = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": victim.name, "namespace": victim.namespace},
+        }
+        if victim.uid:
+            body["deleteOptions"] = {"preconditions": {"uid": victim.uid}}
+        try:
+            await self._retrying("POST", f"{_path(victim)}/eviction", body, leading=self.leading)
+        except NotLeading:
+            log.info("pod not evicted: no longer the leader", pod=victim.key)
+            return False
+        except ApiError as exc:
+            if exc.status == 404 or _replaced(exc):
+                log.info("pod to evict gone already", pod=victim.key, uid=victim.uid)
+                return True
+            log.warning("pod not evicted", pod=victim.key, node=node, error=str(exc))
+            return False
+        await self.event(victim, "Consolidating", f"Evicted from node {node}: {why}")
+        return True
+
     async def unschedulable(
         self,
         pod: Pod,

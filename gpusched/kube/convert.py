@@ -109,6 +109,8 @@ ANNOTATION_GPU_MODELS = "gpusched.io/gpu-models"
 ANNOTATION_GPU_INDICES = "gpusched.io/gpu-indices"
 ANNOTATION_GPU_ISLAND = "gpusched.io/gpu-island"
 LABEL_POD_GROUP = "scheduling.x-k8s.io/pod-group"
+ANNOTATION_CONSOLIDATE = "gpusched.io/consolidate"
+"""``"true"``: the pod may be evicted to consolidate GPU work onto fewer nodes (with a controller)."""
 ANNOTATION_GANG_MIN = "gpusched.io/gang-min-members"
 ANNOTATION_GANG_KEY = "gpusched.io/gang-topology-key"
 ANNOTATION_GANG_TOPOLOGY = "gpusched.io/gang-topology"
@@ -393,6 +395,8 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
             pod = replace(pod, terminating=True)
         if _preempted(status):
             pod = replace(pod, preempted=True)
+        if annotations.get(ANNOTATION_CONSOLIDATE) == "true" and _controlled(meta):
+            pod = replace(pod, movable=True)
     except ConvertError as exc:  # kept with what others' anti-affinity and spread need of it
         anti, _ = _pod_terms(
             namespace,
@@ -545,6 +549,12 @@ def volume_record(obj: Mapping[str, Any]) -> VolumeRecord:
     meta = _meta(obj)
     affinity: Mapping[str, Any] = (obj.get("spec") or {}).get("nodeAffinity") or {}
     return VolumeRecord(str(meta["name"]), pinned=bool(affinity.get("required")))
+
+
+def _controlled(meta: Mapping[str, Any]) -> bool:
+    """Whether a controller owns the object (and so creates it again once it is evicted)."""
+    refs = meta.get("ownerReferences")
+    return isinstance(refs, list) and any(isinstance(r, Mapping) and r.get("controller") is True for r in refs)
 
 
 def _preempted(status: Mapping[str, Any]) -> bool:

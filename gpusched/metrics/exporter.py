@@ -119,6 +119,18 @@ class SchedulerMetrics:
             namespace=NAMESPACE,
             registry=reg,
         )
+        self._consolidated_nodes = Counter(
+            "consolidation_nodes",
+            "GPU nodes emptied by moving their pods onto other nodes in use.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._consolidation_evictions = Counter(
+            "consolidation_evictions",
+            "Pods evicted to consolidate GPU work onto fewer nodes.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
         self._tenant_gpus = Gauge(
             "tenant_gpus",
             "GPUs each tenant holds (a share counts its fraction), with room held for its preempting pods.",
@@ -272,6 +284,11 @@ class SchedulerMetrics:
         """Count ``attempts`` pods that looked for borrowed GPUs to reclaim and the ``victims`` evicted."""
         self._reclaim_attempts.inc(attempts)
         self._reclaim_victims.inc(victims)
+
+    def consolidation(self, nodes: int, evicted: int) -> None:
+        """Count ``nodes`` emptied and the pods ``evicted`` from them."""
+        self._consolidated_nodes.inc(nodes)
+        self._consolidation_evictions.inc(evicted)
 
     def set_tenants(self, held: Mapping[str, float], quota: Mapping[str, float]) -> None:
         """Set the tenants' gauges (GPUs held and guaranteed, by tenant); tenants no longer given are dropped."""

@@ -208,6 +208,10 @@ class Pod(_Wishes):
     preempted: bool = False
     """A scheduler preempted it (its ``DisruptionTarget`` condition says
     ``PreemptionByScheduler``): once it is being deleted, its room is some pending pod's."""
+    movable: bool = False
+    """It may be evicted to consolidate GPU work onto fewer nodes: it asks to be (annotation
+    ``gpusched.io/consolidate: "true"``) and a controller creates it again (an owner reference
+    with ``controller: true``)."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"

@@ -542,6 +542,11 @@ class Cache:
         left = sum(1 for k, uid in nomination.victims if (h := self._held.get(k)) is not None and h.pod.uid == uid)
         return held.node, held.gpus, left
 
+    @property
+    def nominations(self) -> int:
+        """Pods room is held for."""
+        return len(self._nominated)
+
     def clear_nominations(self) -> bool:
         """Give up all held room (another instance schedules now, and holds its own); True
         when there was some."""

@@ -1,0 +1,84 @@
+"""Consolidation: which nodes are emptied, and where their pods would go."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gpusched.model import Assignment, Cluster, ClusterState, Plan
+from gpusched.model.affinity import Requirement
+from gpusched.model.pod import Gang
+from gpusched.solver.consolidate import plan_consolidation
+from gpusched.solver.preempt import Budget
+from gpusched.solver.validate import validate_plan
+from tests.factories import gpu_node, pod
+
+
+def on(name: str, node: int, gpus: tuple[int, ...], movable: bool = True, **kw: object) -> Assignment:
+    return Assignment(replace(pod(name, gpus=len(gpus)), movable=movable, **kw), node, gpus)  # type: ignore[arg-type]
+
+
+def setup(placed: list[Assignment], nodes: int = 3, gpus: int = 4) -> tuple[Cluster, ClusterState]:
+    c = Cluster([gpu_node(f"n{i}", gpus=gpus) for i in range(nodes)])
+    return c, c.empty_state().apply(placed)
+
+
+def check(state: ClusterState, placed: list[Assignment], moves: list) -> None:  # type: ignore[type-arg]
+    """The moved pods fit where the plan says, with every move's pods gone from their node."""
+    gone = [a for m in moves for a in m.pods]
+    after = state.release(gone)
+    targets = [t for m in moves for t in m.targets]
+    validate_plan(Plan(tuple(targets), ()), after, [t.pod for t in targets])
+    emptied = {m.node for m in moves}
+    assert not {t.node for t in targets} & emptied
+    assert all(a.node not in emptied for a in placed if a not in gone)
+
+
+def test_the_emptiest_node_whose_pods_fit_elsewhere_is_emptied() -> None:
+    placed = [on("a0", 0, (0,)), on("a1", 0, (1,)), on("b0", 1, (0,))]  # n2 idle
+    _, state = setup(placed)
+    (move,) = plan_consolidation(state, placed)
+    assert move.node == 1
+    assert [t.pod.name for t in move.targets] == ["b0"]
+    assert move.targets[0].node == 0  # a node in use; never the idle n2
+    check(state, placed, [move])
+
+
+def test_nothing_moves_onto_idle_nodes_or_when_it_does_not_all_fit() -> None:
+    placed = [on(f"a{i}", 0, (i,)) for i in range(4)] + [on("b0", 1, (0,)), on("b1", 1, (1,))]
+    _, state = setup(placed)
+    assert plan_consolidation(state, placed) == []  # n1's two pods find room only on idle n2
+
+
+def test_a_node_with_any_pod_that_may_not_move_stays() -> None:
+    for odd in (
+        on("x", 1, (1,), movable=False),
+        on("x", 1, (1,), gang=Gang("g", 1)),
+        on("x", 1, (1,), terminating=True),
+    ):
+        placed = [on("a0", 0, (0,)), on("b0", 1, (0,)), odd]
+        _, state = setup(placed)
+        moves = plan_consolidation(state, placed)
+        assert 1 not in [m.node for m in moves], odd.pod  # (n0 may move onto n1, unless x is leaving)
+
+
+def test_a_node_where_a_pod_is_leaving_takes_no_moved_pod() -> None:
+    placed = [on("a0", 0, (0,)), on("gone", 0, (1,), movable=False, terminating=True), on("b0", 1, (0,))]
+    _, state = setup(placed, nodes=2)
+    assert plan_consolidation(state, placed) == []  # n0 would take b0, but something there is on its way out
+
+
+def test_disruption_budgets_are_never_broken() -> None:
+    placed = [on("a0", 0, (0,)), on("a1", 0, (1,)), on("b0", 1, (0,), labels=(("app", "web"),))]
+    _, state = setup(placed)
+    budget = Budget("default", (Requirement("app", "In", ("web",)),), 0)
+    assert [m.node for m in plan_consolidation(state, placed, budgets=[budget])] == [0]  # n1 is the emptier
+    assert [m.node for m in plan_consolidation(state, placed, budgets=[replace(budget, allowed=1)])] == [1]
+
+
+def test_several_nodes_empty_in_one_plan_but_never_onto_each_other() -> None:
+    placed = [on(f"a{i}", 0, (i,)) for i in range(2)] + [on("b0", 1, (0,)), on("c0", 2, (0,))]
+    _, state = setup(placed)
+    moves = plan_consolidation(state, placed, max_nodes=5)
+    assert sorted(m.node for m in moves) == [1, 2]  # both onto n0, which stays
+    check(state, placed, moves)
+    assert [m.node for m in plan_consolidation(state, placed, max_nodes=1)] == [1]

@@ -1,0 +1,111 @@
+"""Consolidation in the daemon: which pods are evicted, when a round runs at all, and that a
+round never undoes the last one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpusched.config import parse_config
+from gpusched.daemon import Scheduler, _NodeHandler
+from gpusched.kube.convert import pod_record
+from gpusched.model import Pod
+from tests.doubles import RecordingApi, one_node_scheduler, settle
+from tests.e2e import kit
+from tests.test_daemon_utilisation import pod
+
+
+class EvictionApi(RecordingApi):
+    """Records the pods evicted through the Eviction API (each succeeds unless refused)."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        super().__init__()
+        self.evicted: list[str] = []
+        self.refuse = refuse
+
+    async def evict(self, victim: Pod, node: str, why: str) -> bool:
+        if self.refuse:
+            return False
+        self.evicted.append(victim.key)
+        await self.event(victim, "Consolidating", f"Evicted from node {node}: {why}")
+        return True
+
+
+def batch_pod(name: str, node: str, gpu: int, *, movable: bool = True, owned: bool = True) -> dict[str, Any]:
+    obj = pod(name, node=node, gpu=gpu)
+    if movable:
+        obj["metadata"]["annotations"]["gpusched.io/consolidate"] = "true"
+    if owned:
+        obj["metadata"]["ownerReferences"] = [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u", "controller": True}
+        ]
+    return obj
+
+
+def two_nodes(api: object) -> Scheduler:
+    s = one_node_scheduler(api, gpus=4)  # n0
+    _NodeHandler(s).apply("ADDED", kit.node("n1", 4, "A100"))
+    s.set_config(parse_config({"consolidation": {"enabled": True}}))
+    s._bound.apply("ADDED", batch_pod("a0", "n0", 0))
+    s._bound.apply("ADDED", batch_pod("a1", "n0", 1))
+    return s
+
+
+async def round_of(s: Scheduler) -> int:
+    n = await s.consolidate()
+    await settle(s)
+    return n
+
+
+def test_a_pod_may_move_only_when_it_asks_to_and_a_controller_owns_it() -> None:
+    assert pod_record(batch_pod("p", "n0", 0)).pod.movable
+    assert not pod_record(batch_pod("p", "n0", 0, owned=False)).pod.movable
+    assert not pod_record(batch_pod("p", "n0", 0, movable=False)).pod.movable
+
+
+async def test_the_emptiest_node_is_emptied_once_and_not_refilled_from_the_other() -> None:
+    api = EvictionApi()
+    s = two_nodes(api)
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    assert await round_of(s) == 1
+    assert api.evicted == ["default/b0"]
+    (event,) = [e for e in api.events if e[1] == "Consolidating"]
+    assert event[2].startswith("Evicted from node n1: consolidating GPU work: every pod on node n1 fits")
+    line = [x for x in s.metrics.render()[0].decode().splitlines() if x.startswith("gpusched_consolidation_")]
+    assert "gpusched_consolidation_nodes_total 1.0" in line
+    assert "gpusched_consolidation_evictions_total 1.0" in line
+    assert await round_of(s) == 0  # b0 is still on the books: its replacement comes first
+    s._bound.apply("DELETED", batch_pod("b0", "n1", 0))
+    assert await round_of(s) == 0  # n1 is idle now: n0's pods are not moved back onto it
+    assert api.evicted == ["default/b0"]
+
+
+async def test_no_round_while_pods_wait_room_is_held_or_it_is_off() -> None:
+    api = EvictionApi()
+    s = two_nodes(api)
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    s._pending.apply("ADDED", pod("new"))
+    assert await round_of(s) == 0  # a pod waits for a batch
+    s._pending.apply("DELETED", pod("new"))
+    s.set_config(parse_config({}))
+    assert await round_of(s) == 0  # off by default
+    assert api.evicted == []
+
+
+async def test_a_node_with_a_pod_that_may_not_move_is_left_alone() -> None:
+    for odd in (batch_pod("x", "n1", 1, movable=False), batch_pod("x", "n1", 1, owned=False)):
+        api = EvictionApi()
+        s = two_nodes(api)
+        s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+        s._bound.apply("ADDED", odd)
+        await round_of(s)
+        assert "default/b0" not in api.evicted
+
+
+async def test_a_refused_eviction_lets_the_next_round_look_again() -> None:
+    api = EvictionApi(refuse=True)
+    s = two_nodes(api)
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    assert await round_of(s) == 1
+    api.refuse = False
+    assert await round_of(s) == 1  # not waiting for a pod that was never evicted
+    assert api.evicted == ["default/b0"]
