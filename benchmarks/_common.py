@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
 import random
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -79,6 +81,19 @@ def emit(
     print(" ".join(head))
     print(" ".join(f"{result[key]:{spec}}" for _, key, spec in columns))
     save(result, as_json=as_json, out=out)
+
+
+def output_args(ap: argparse.ArgumentParser) -> None:
+    """``--json`` and ``--out``, as every benchmark takes them."""
+    ap.add_argument("--json", action="store_true", help="print the JSON object last")
+    ap.add_argument("--out", type=Path, default=None, help="also write the JSON object to this file")
+
+
+def report(result: dict[str, Any], table: Callable[[dict[str, Any]], str], args: argparse.Namespace) -> int:
+    """Print ``table(result)``, then ``save`` it as ``--json`` and ``--out`` ask; the exit code."""
+    print(table(result))
+    save(result, as_json=args.json, out=args.out)
+    return 0
 
 
 def save(result: dict[str, Any], *, as_json: bool, out: Path | None = None) -> None:

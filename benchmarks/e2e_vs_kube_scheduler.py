@@ -57,7 +57,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import replicated_nodes, save, trace_pods
+from _common import output_args, replicated_nodes, report, trace_pods
 
 from gpusched.kube.client import ApiError, Kube
 from gpusched.kube.convert import ANNOTATION_GPU_MILLI
@@ -429,13 +429,9 @@ def main() -> int:
         action="store_true",
         help="run gpusched's stream first (the second stream meets a server that has just deleted the first)",
     )
-    ap.add_argument("--json", action="store_true", help="print the JSON object last")
-    ap.add_argument("--out", type=Path, default=None, help="also write the JSON object to this file")
+    output_args(ap)
     args = ap.parse_args()
-    result = asyncio.run(bench(args))
-    print(table(result))
-    save(result, as_json=args.json, out=args.out)
-    return 0
+    return report(asyncio.run(bench(args)), table, args)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import save
+from _common import output_args, report
 
 from gpusched.kube.client import Kube
 from tests.controlplane import REPO_ROOT, control_plane, find_assets
@@ -185,13 +185,9 @@ def main() -> int:
     )
     ap.add_argument("--quota", type=float, default=0.25, help="B's quota, as a fraction of the GPUs")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for B's pods")
-    ap.add_argument("--json", action="store_true", help="print the JSON object last")
-    ap.add_argument("--out", type=Path, default=None, help="also write the JSON object to this file")
+    output_args(ap)
     args = ap.parse_args()
-    result = asyncio.run(bench(args))
-    print(table(result))
-    save(result, as_json=args.json, out=args.out)
-    return 0
+    return report(asyncio.run(bench(args)), table, args)
 
 
 if __name__ == "__main__":
