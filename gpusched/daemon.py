@@ -479,6 +479,35 @@ class Scheduler:
     def _tenant_usage(self) -> dict[str, int]:
         return self.cache.tenant_usage(self.tenants)
 
+    def _wait_in_rooms(self, todo: list[PodRecord]) -> list[PodRecord]:
+        """``todo`` but for the pods of tenants with a limit that room is held for: they wait for
+        it (told so, the room kept), since taking free room elsewhere while their victims leave
+        would take their tenant past its limit (its victims count until they are gone)."""
+        out = []
+        for r in todo:
+            room = self.cache.nomination(r.key)
+            tenant = self.tenants.of(r.pod)
+            if room is None or self.tenants.rule(tenant).limit is None:
+                out.append(r)
+                continue
+            node, _, left = room
+            self._unschedulable(
+                r.pod,
+                f"Waiting for {left} preempted pod(s) to leave node {node}: tenant {tenant} has a GPU limit, "
+                "so the pod takes only the room they leave.",
+                "TenantLimit",
+                nominated=node,
+            )
+        return out
+
+    def _lowest_by_tenant(self) -> dict[str, int]:
+        """The lowest priority among each tenant's pods that preemption may evict."""
+        out: dict[str, int] = {}
+        for a in self.cache.preemptible():
+            t = self.tenants.of(a.pod)
+            out[t] = min(out.get(t, a.pod.priority), a.pod.priority)
+        return out
+
     def _scope(self) -> Callable[[Pod], str] | None:
         """Whose pods a pod may preempt by priority: its own tenant's, when tenants are set
         (between tenants, only quota decides: ``_preempt_for(reclaim=True)``); else anyone's."""
@@ -732,13 +761,19 @@ class Scheduler:
         first: frozenset[str] = frozenset()  # pods within their tenant's quota: placed first
         limit_usage: dict[str, int] = {}
         if self.tenants.active and todo:
-            # Room held for one of these pods counts once: as the pod's own demand here.
-            limit_usage = self.cache.tenant_usage(self.tenants, without=[r.key for r in todo], terminating=True)
+            todo = self._wait_in_rooms(todo)
+            limit_usage = self.cache.tenant_usage(self.tenants, terminating=True)
             admitted, over = self.tenants.admit([r.pod for r in todo], limit_usage)
             at_limit: list[tuple[Pod, Explanation | _Verdict]] = []
+            lowest = self._lowest_by_tenant() if over else {}
             for r in todo:
-                if r.key in over:
-                    at_limit.append((r.pod, _Verdict(over[r.key], "TenantLimit")))
+                if r.key not in over:
+                    continue
+                verdict = _Verdict(over[r.key], "TenantLimit")
+                if r.pod.priority > lowest.get(self.tenants.of(r.pod), r.pod.priority):
+                    at_limit.append((r.pod, verdict))
+                else:  # nothing of its tenant below it to preempt
+                    self._unschedulable(r.pod, verdict.message, verdict.reason)
             if at_limit:  # they may preempt pods of lower priority of their tenant, in their room only
                 await self._preempt_for(at_limit, [], batch_id, None, at_limit=True)
             waiting += len(over)
@@ -1180,6 +1215,15 @@ class Scheduler:
         snap = self.cache.snapshot(free=freeing, busy=outside, **keep)
         running = self.cache.preemptible()  # as counted in ``snap``: taken together
         usage = self.cache.tenant_usage(self.tenants, without=freeing) if reclaim is not None else {}
+        # What each tenant with a limit may still take, its pods being deleted counted.
+        allowance = (
+            self.tenants.allowance(
+                self.cache.tenant_usage(self.tenants, without=freeing, terminating=True),
+                [self.tenants.of(p) for p, _ in pods] + [self.tenants.of(p) for g in gangs for p, _ in g.values()],
+            )
+            if self.tenants.active
+            else None
+        )
         try:
             budgets = [*self.budgets.values(), *gang_budgets(running)]  # running gangs keep their minimum
             if at_limit:
@@ -1195,6 +1239,7 @@ class Scheduler:
                     self.tenants,
                     usage,
                     budgets=budgets,
+                    allowance=allowance,
                 )
             else:
                 found = await asyncio.to_thread(
@@ -1205,6 +1250,7 @@ class Scheduler:
                     budgets=budgets,
                     gangs=[[p for p, _ in g.values()] for g in gangs],
                     scope=self._scope(),
+                    allowance=allowance,
                 )
         except Exception as exc:
             log.error("preemption search failed", batch_id=batch_id, error=repr(exc))
@@ -1687,8 +1733,11 @@ class Scheduler:
         # What more nodes would have to offer: not pods holding room already, nor pods no node
         # takes as written, nor pods their tenant's limit holds back.
         parked = [r.pod for r in self.queue.parked() if not r.error and self.cache.nomination(r.key) is None]
-        if self.tenants.active:
-            parked, _ = self.tenants.admit(parked, self._tenant_usage())
+        if self.tenants.active:  # as a batch of them all would count them
+            usage = self.cache.tenant_usage(self.tenants, terminating=True)
+            parked, _ = self.tenants.admit(parked, usage)
+            over = self.tenants.trim(parked, usage)
+            parked = [p for p in parked if p.key not in over]
         wanted = sum(p.gpu_demand_milli for p in parked) / GPU_MILLI
         self.metrics.set_signals(idle, wanted, len(kept))
 

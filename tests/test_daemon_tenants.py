@@ -7,8 +7,9 @@ import dataclasses
 from typing import Any
 
 from gpusched.config import parse_config
-from gpusched.daemon import Scheduler
+from gpusched.daemon import Scheduler, _NodeHandler
 from tests.doubles import RecordingApi, one_node_scheduler
+from tests.e2e import kit
 from tests.test_daemon_utilisation import EvictingApi, batch, pod
 
 
@@ -238,8 +239,70 @@ async def test_room_held_for_a_pod_is_not_counted_twice_against_its_limit() -> N
         "tenant a is at its GPU limit: it holds 1 of 1 GPUs and this pod asks for 1 more. "
         "Preempting 1 pod(s) of lower priority on node n0."
     )
-    assert (
-        again
-        == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. Waiting for 1 preempted pod(s) to leave node n0."
+    assert again == (
+        "Waiting for 1 preempted pod(s) to leave node n0: tenant a has a GPU limit, "
+        "so the pod takes only the room they leave."
     )
     assert s.cache.nomination("a/urgent") is not None
+
+
+async def test_a_pod_waiting_for_its_victims_takes_no_free_gpu_elsewhere_past_its_limit() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=3)
+    tenants(s, quotas={"a": {"limitGpus": 2}})
+    low = of("low", "a", 0, node="n0", gpu=1)
+    s._bound.apply("ADDED", of("run", "a", 50, node="n0", gpu=0))
+    s._bound.apply("ADDED", low)
+    s._pending.apply("ADDED", of("urgent", "a", 100))
+    await batch(s)  # at its limit: urgent preempts low and waits for its GPU
+    assert api.evicted == ["a/low"]
+    s._pending.apply("ADDED", of("q", "a", 200))
+    s.queue.move_all()  # urgent drawn again, beside q, while low is leaving; GPU 2 is free
+    await batch(s)
+    assert "a/urgent" not in api.bound  # not onto GPU 2: a would hold run, low (leaving), urgent and q
+    assert s.cache.nomination("a/urgent") is not None
+    s._bound.apply("DELETED", low)
+    for _ in range(3):
+        if s.queue.counts().active:
+            await batch(s)
+    assert "a/urgent" in api.bound
+    assert s.cache.tenant_usage(s.tenants, terminating=True)["a"] <= 2000
+
+
+async def test_pods_that_preempt_together_stay_within_their_limit() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=4)
+    _NodeHandler(s).apply("ADDED", kit.node("n1", 4, "A100"))
+    tenants(s, quotas={"a": {"limitGpus": 5}})
+    for n in ("n0", "n1"):
+        s._bound.apply("ADDED", of(f"a-low-{n}", "a", 0, node=n, gpu=0))
+        s._bound.apply("ADDED", of(f"b-{n}", "b", 0, node=n, gpu=1))
+    # a holds 2 of 5: each 3-GPU pod fits the limit beside that, not both (each evicts 1, takes 3)
+    s._pending.apply("ADDED", of("p1", "a", 100, gpus=3))
+    s._pending.apply("ADDED", of("p2", "a", 100, gpus=3))
+    await batch(s)
+    assert len(api.evicted) == 1, api.evicted
+    assert s.cache.tenant_usage(s.tenants, terminating=True)["a"] <= 5000
+
+
+async def test_the_autoscaling_demand_counts_pods_held_back_by_a_limit_as_a_batch_would() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=1)
+    tenants(s, quotas={"a": {"limitGpus": 2}})
+    s._bound.apply("ADDED", of("run", "a", node="n0", gpu=0))
+    for i in range(4):
+        s._pending.apply("ADDED", of(f"p{i}", "a"))
+    await batch(s)
+    assert gauge(s, "gpusched_unschedulable_gpu_demand") == ["gpusched_unschedulable_gpu_demand 1.0"]
+
+
+async def test_a_pod_at_its_limit_with_nothing_below_it_is_no_preemption_attempt() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=2)
+    tenants(s, quotas={"a": {"limitGpus": 1}})
+    s._bound.apply("ADDED", of("run", "a", 5, node="n0", gpu=0))
+    s._pending.apply("ADDED", of("same", "a", 5))
+    for _ in range(3):
+        await batch(s)
+        s.queue.move_all()
+    assert gauge(s, "gpusched_preemption_attempts_total") == ["gpusched_preemption_attempts_total 0.0"]

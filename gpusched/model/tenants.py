@@ -130,6 +130,10 @@ class Tenants:
                 taken[self.of(m)] = taken.get(self.of(m), 0) + demand_of(m)
         return out
 
+    def allowance(self, usage: Mapping[str, int], tenants: Iterable[str]) -> dict[str, int]:
+        """What each of ``tenants`` that has a limit may still take beside ``usage``."""
+        return {t: limit - usage.get(t, 0) for t in set(tenants) if (limit := self.rule(t).limit) is not None}
+
     def _over(self, members: Sequence[Pod], usage: Mapping[str, int]) -> tuple[str, int, int] | None:
         """The first tenant whose limit ``members`` together pass beside ``usage``: (tenant,
         their demand, its limit); None when they pass none."""
@@ -171,8 +175,9 @@ class Tenants:
         return (1, used / (rule.weight * GPU_MILLI))
 
     def slots(self, tenant: str) -> int:
-        """Pods (or gangs) ``tenant`` draws in each round of a batch: its weight, at least one."""
-        return max(1, round(self.rule(tenant).weight))
+        """Pods (or gangs) ``tenant`` draws in each round of a batch: one, or its weight's
+        whole part for a weight of 2 or more."""
+        return max(1, int(self.rule(tenant).weight))
 
     def borrowed(self, usage: Mapping[str, int]) -> dict[str, int]:
         """Per tenant, how much of its usage is beyond its quota (only tenants with some)."""

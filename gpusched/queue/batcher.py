@@ -90,6 +90,9 @@ class SchedulingQueue:
         """Per tenant ("" for all, without tenants): (-priority, seq, key); stale entries skipped."""
         self._tenants: Tenants | None = None
         self._usage: Callable[[], Mapping[str, int]] = dict
+        self._passed_over: set[str] = set()
+        """Tenants that had pods waiting when the last batch was drawn and drew none: first in
+        the next batch's first round."""
         self._backoff: dict[str, float] = {}  # key -> ready at
         self._parked: dict[str, float] = {}  # key -> parked at
         self._in_flight: dict[str, str] = {}  # key -> UID of the pod that was drawn
@@ -289,9 +292,11 @@ class SchedulingQueue:
     def _pop(self, limit: int) -> list[PodRecord]:
         """Up to ``limit`` pods (a gang whole, past the limit if need be).  Without tenants, in
         heap order.  With tenants, in rounds: each round, every tenant with pods waiting draws
-        ``Tenants.slots`` of them, tenants in ``Tenants.order_key`` order as the round starts,
-        so that no tenant's backlog (pods that fit nowhere, or wait for its limit) fills a batch
-        while another tenant's pods wait."""
+        ``Tenants.slots`` of them (no more than the batch's size over the tenants waiting),
+        tenants in ``Tenants.order_key`` order as the round starts, but for the first round
+        those the last batch passed over first: so no tenant's backlog (pods that fit nowhere,
+        or wait for its limit, or a gang as large as a batch) keeps another tenant's pods out of
+        batch after batch."""
         batch: list[PodRecord] = []
         tenants = self._tenants
         used = dict(self._usage()) if tenants is not None else {}
@@ -301,12 +306,18 @@ class SchedulingQueue:
                 return (0, 0.0), head
             return tenants.order_key(tenant, used.get(tenant, 0), demand_of(self._records[head[2]].pod)), head
 
+        waiting: set[str] = set()
+        first_round = True
         while len(batch) < limit:
             heads = {t: h for t in list(self._heaps) if (h := self._head(t)) is not None}
             if not heads:
                 break
-            for tenant in sorted(heads, key=lambda t: rank(t, heads[t])):
-                for _ in range(tenants.slots(tenant) if tenants is not None else 1):
+            waiting.update(heads)
+            passed_over = self._passed_over if first_round else set()
+            first_round = False
+            share = max(1, limit // len(heads))
+            for tenant in sorted(heads, key=lambda t: (t not in passed_over, rank(t, heads[t]))):
+                for _ in range(min(tenants.slots(tenant), share) if tenants is not None else 1):
                     head = self._head(tenant) if tenant in self._heaps else None
                     if head is None or len(batch) >= limit:
                         break
@@ -317,6 +328,8 @@ class SchedulingQueue:
                         for r in batch[drawn:]:
                             t = tenants.of(r.pod)
                             used[t] = used.get(t, 0) + demand_of(r.pod)
+        if tenants is not None:
+            self._passed_over = waiting - {tenants.of(r.pod) for r in batch}
         return batch
 
     def _draw(self, key: str, batch: list[PodRecord]) -> None:

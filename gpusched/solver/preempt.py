@@ -30,7 +30,7 @@ when every way to make room breaks one, one is broken.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -39,6 +39,7 @@ from gpusched.model import Assignment, ClusterState, Pod
 from gpusched.model.affinity import Requirement, label_selector_selects
 from gpusched.model.cluster import BoolArray
 from gpusched.model.pod import Gang
+from gpusched.model.tenants import demand_of
 from gpusched.solver.baselines.base import GreedyPolicy, domains_of, lowest_idle_gpus, mig_layout_for
 from gpusched.solver.baselines.best_fit import BestFitPolicy
 
@@ -254,12 +255,16 @@ def plan_preemptions(
     budgets: Sequence[Budget] = (),
     gangs: Sequence[Sequence[Pod]] = (),
     scope: Callable[[Pod], str] | None = None,
+    allowance: Mapping[str, int] | None = None,
 ) -> list[Preemption]:
     """Preemptions for ``pods`` and for ``gangs`` (each all its pending members, room for all
     or none) in turn, highest priority first (a gang at its least important member's), each
     against the state the earlier ones leave (their victims gone, their pods placed, the
     budgets they spent): no two take the same room, and no pod is evicted twice.  ``scope``:
-    a pod evicts only pods of its own scope (its tenant's); None: any."""
+    a pod evicts only pods of its own scope (its tenant's); None: any.  ``allowance``: per
+    scope, the GPU demand (thousandths) its pods may take beyond what their victims of that
+    scope free (a tenant's limit); a preemption that needs more is not taken."""
+    left_to_take = dict(allowance or {})
     out: list[Preemption] = []
     spent = [0] * len(budgets)
     left = list(running)
@@ -278,6 +283,12 @@ def plan_preemptions(
             found = [] if one is None else [one]
         else:
             found = find_gang_preemption(unit, state, reach, min_candidates, budgets=budgets, spent=spent) or []
+        if found and scope is not None and mine in left_to_take:
+            net = sum(demand_of(pre.pod) for pre in found)
+            net -= sum(demand_of(v.pod) for pre in found for v in pre.victims if scope(v.pod) == mine)
+            if net > left_to_take[mine]:
+                continue  # its tenant would pass its limit
+            left_to_take[mine] -= net
         for pre in found:
             out.append(pre)
             left = _spend(pre, budgets, spent, left)

@@ -110,10 +110,14 @@ def plan_reclaims(
     usage: Mapping[str, int],
     min_candidates: int = MIN_CANDIDATES,
     budgets: Sequence[Budget] = (),
+    allowance: Mapping[str, int] | None = None,
 ) -> list[Preemption]:
     """Reclaims for ``pods`` in the order given (the queue's), each against the state the
     earlier ones leave; ``usage``: GPU demand per tenant now (``Cache.tenant_usage``).  A pod
-    of a gang, one that may not preempt, or one that asks for no GPU does not reclaim."""
+    of a gang, one that may not preempt, or one that asks for no GPU does not reclaim.
+    ``allowance``: what each tenant with a limit may still take (``Tenants.allowance``, with
+    the pods being deleted counted): a pod whose tenant it would take past does not reclaim."""
+    left_to_take = dict(allowance or {})
     room = dict(tenants.borrowed(usage))
     claimed: dict[str, int] = defaultdict(int)
     spent = [0] * len(budgets)
@@ -122,6 +126,8 @@ def plan_reclaims(
     for pod in reclaimers(pods):
         t, d = tenants.of(pod), demand_of(pod)
         if usage.get(t, 0) + claimed[t] + d > tenants.rule(t).quota:
+            continue
+        if t in left_to_take and d > left_to_take[t]:
             continue
         offered = reclaimable(left, tenants, room, t)
         if not offered:
@@ -132,6 +138,8 @@ def plan_reclaims(
         pre = replace(pre, placement=replace(pre.placement, pod=pod))
         out.append(pre)
         claimed[t] += d
+        if t in left_to_take:
+            left_to_take[t] -= d
         for v in pre.victims:
             room[tenants.of(v.pod)] -= demand_of(v.pod)
         left = _spend(pre, budgets, spent, left)

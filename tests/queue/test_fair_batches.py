@@ -102,3 +102,21 @@ async def test_a_tenant_whose_next_pod_its_limit_holds_back_comes_last_in_a_roun
     q.add(rec("a0", "a"))
     q.add(rec("b0", "b"))
     assert await drawn(q) == ["b0", "a0"]
+
+
+async def test_a_gang_as_large_as_a_batch_or_a_heavy_weight_does_not_keep_another_tenant_out() -> None:
+    for rules, gang in (({"a": TenantRule(quota=8000)}, "g"), ({"a": TenantRule(weight=4.0)}, "")):
+        q = SchedulingQueue(max_size=4, max_wait=60)
+        q.set_tenants(Tenants(rules=rules))
+        for i in range(4):
+            q.add(rec(f"a{i}", "a", gang=gang))
+        q.add(rec("b0", "b"))
+        seen = await drawn_and_parked(q)
+        q.move_all()
+        seen += await drawn_and_parked(q)
+        assert "b0" in seen, (rules, seen)
+
+
+def test_a_weight_draws_its_whole_part_per_round() -> None:
+    t = Tenants(rules={"x": TenantRule(weight=1.5), "y": TenantRule(weight=2.5), "z": TenantRule(weight=3.5)})
+    assert (t.slots("x"), t.slots("y"), t.slots("z"), t.slots("other")) == (1, 2, 3, 1)

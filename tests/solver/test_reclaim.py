@@ -107,3 +107,23 @@ def test_a_pod_at_its_tenants_limit_takes_only_the_room_its_own_victims_leave() 
     # Two GPUs asked, one of its own to take: never more than the tenant had.
     assert plan_at_limit([of("a-two", "a", gpus=2, priority=10)], state, placed, limited) == []
     assert plan_at_limit([replace(of("m", "a", priority=10), gang=Gang("g", 1))], state, placed, limited) == []
+
+
+def test_reclaim_stays_within_the_reclaimers_limit() -> None:
+    t = Tenants(rules={"b": TenantRule(quota=2000, limit=2000)})
+    placed = [on("a0", "a", 0, (0,)), on("a1", "a", 0, (1,)), on("a2", "a", 1, (0,)), on("a3", "a", 1, (1,))]
+    state = setup(placed, nodes=2)
+    pods = [of("b0", "b"), of("b1", "b")]
+    assert len(plan_reclaims(pods, state, placed, t, {"a": 4000})) == 2
+    # One GPU of b's limit is taken by a pod of b still leaving (counted against the limit only).
+    assert len(plan_reclaims(pods, state, placed, t, {"a": 4000}, allowance={"b": 1000})) == 1
+
+
+def test_preemption_within_a_tenant_stays_within_its_limit() -> None:
+    placed = [on("a-low", "a", 0, (0,)), on("a-low2", "a", 1, (0,))]
+    state = setup(placed, nodes=2, gpus=4)
+    scope = lambda p: p.namespace  # noqa: E731
+    big = [of("p1", "a", gpus=4, priority=10), of("p2", "a", gpus=4, priority=10)]
+    assert len(plan_preemptions(big, state, placed, scope=scope)) == 2
+    # Each evicts 1 GPU of a and takes 4: 3 more each; a may take 4 more in all.
+    assert len(plan_preemptions(big, state, placed, scope=scope, allowance={"a": 4000})) == 1
