@@ -1,0 +1,190 @@
+"""GPU work spread thin over many nodes: with consolidation and without, on one real API server.
+
+    python benchmarks/consolidation.py --nodes 40 --json
+
+One control plane (etcd + kube-apiserver, as the tests start it) gets N fake nodes of 8 GPUs.
+The same scenario runs twice, side by side, with the cluster emptied in between: once with
+consolidation off and once on (``intervalSeconds: 1``, ``maxNodesPerRound: --per-round``).
+
+1. Every node gets ``--per-node`` one-GPU pods, bound there already (as left behind by work that
+   finished around them).  Each asks to be moved (``gpusched.io/consolidate: "true"``) and is
+   owned by a controller.
+2. The script plays the kubelet and the controller: a pod that is evicted is removed at once and
+   a new pod of the same request is created for gpusched to place.
+
+Measured per run, after ``--settle`` seconds with no eviction (or ``--timeout``): GPU nodes in
+use, pods evicted, pods running and pending at the end (none may be lost), and how long it took.
+Prints a side-by-side table; ``--json`` prints the JSON object last, ``--out`` writes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _common import output_args, report
+
+from gpusched.kube.client import Kube
+from tests.controlplane import REPO_ROOT, control_plane, find_assets
+from tests.e2e import kit
+
+GPUS_PER_NODE = 8
+JOB_UID = str(uuid.uuid4())
+
+
+def batch_pod(name: str, scheduler: str, node: str = "", gpu: int = 0) -> dict[str, Any]:
+    p = kit.pod(name, scheduler, gpus=1, cpu="100m", memory="128Mi", node_name=node)
+    p["metadata"]["annotations"]["gpusched.io/consolidate"] = "true"
+    if node:
+        p["metadata"]["annotations"]["gpusched.io/gpu-indices"] = str(gpu)
+    p["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "work", "uid": JOB_UID, "controller": True}
+    ]
+    p["spec"]["terminationGracePeriodSeconds"] = 30
+    return p
+
+
+async def kubelet_and_controller(kube: Kube, ns: str, scheduler: str, counts: dict[str, float]) -> None:
+    """Remove every pod being deleted at once and create its replacement, for gpusched to place."""
+    while True:
+        for p in await kit.list_all(kube, f"/api/v1/namespaces/{ns}/pods"):
+            if not p["metadata"].get("deletionTimestamp"):
+                continue
+            name = p["metadata"]["name"]
+            r = await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}", query={"gracePeriodSeconds": "0"})
+            if r.ok:
+                counts["evicted"] += 1
+                counts["last"] = time.monotonic()
+                fresh = batch_pod(f"r{int(counts['evicted'])}-{name.split('-', 1)[-1]}", scheduler)
+                await kit.create_all(kube, f"/api/v1/namespaces/{ns}/pods", [fresh])
+        await asyncio.sleep(0.2)
+
+
+def nodes_in_use(pods: list[dict[str, Any]]) -> int:
+    return len({p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")})
+
+
+async def run_one(kube: Kube, cp: Any, work: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    name = f"gs-{uuid.uuid4().hex[:6]}"
+    ns = f"spread-{mode}"
+    r = await kube.request(
+        "POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    )
+    if not r.ok and r.status != 409:
+        raise SystemExit(f"cannot create namespace {ns}: {r.body}")
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    spread = [
+        batch_pod(f"p-{i:04d}-{k}", "default-scheduler", node=f"gpu-{i:04d}", gpu=k)
+        for i in range(args.nodes)
+        for k in range(args.per_node)
+    ]
+    await kit.create_all(kube, pods, spread, parallel=64)
+    before = nodes_in_use(await kit.list_all(kube, pods))
+    config = work / f"{mode}.yaml"
+    config.write_text(
+        f"consolidation:\n  enabled: {'true' if mode == 'on' else 'false'}\n"
+        f"  intervalSeconds: 1\n  maxNodesPerRound: {args.per_round}\n"
+    )
+    counts: dict[str, float] = {"evicted": 0, "last": time.monotonic()}
+    daemon = kit.Daemon.start(cp, name, "--no-leader-elect", "--config", str(config))
+    helper = asyncio.create_task(kubelet_and_controller(kube, ns, name, counts), name="kubelet")
+    start = time.monotonic()
+    try:
+        while time.monotonic() - start < args.timeout:
+            await asyncio.sleep(1.0)
+            quiet = time.monotonic() - max(counts["last"], start)
+            listed = await kit.list_all(kube, pods)
+            pending = [p for p in listed if not p["spec"].get("nodeName")]
+            if quiet >= args.settle and not pending:
+                break
+        listed = await kit.list_all(kube, pods)
+        running = [p for p in listed if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")]
+        return {
+            "pods": len(spread),
+            "gpu_nodes_before": before,
+            "gpu_nodes_after": nodes_in_use(running),
+            "evicted": int(counts["evicted"]),
+            "running_end": len(running),
+            "pending_end": len(listed) - len(running),
+            "rounds": len(daemon.events("consolidate")),
+            "seconds": round(counts["last"] - start, 1) if counts["evicted"] else 0.0,
+        }
+    finally:
+        helper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await helper
+        code = daemon.stop()
+        (work / f"{mode}.log").write_text("".join(daemon.raw))
+        if code != 0:
+            raise SystemExit(f"gpusched exited with {code}; see {work / f'{mode}.log'}")
+        await kube.request("DELETE", pods, query={"gracePeriodSeconds": "0"})
+        while await kit.list_all(kube, pods):
+            await asyncio.sleep(0.5)
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="gpusched-consolidation-"))
+    with control_plane(work / "cp", find_assets()) as cp:
+        cp.kubectl("apply", "-k", str(REPO_ROOT / "manifests"))
+        kube = await kit.admin(cp, qps=1000)
+        try:
+            nodes = [kit.node(f"gpu-{i:04d}", GPUS_PER_NODE, "A100-SXM4-80GB") for i in range(args.nodes)]
+            await kit.create_all(kube, "/api/v1/nodes", nodes, parallel=64)
+            result: dict[str, Any] = {"nodes": args.nodes, "per_node": args.per_node, "per_round": args.per_round}
+            for mode in ("off", "on"):
+                print(f"running consolidation {mode} ...", file=sys.stderr, flush=True)
+                result[mode] = await run_one(kube, cp, work, mode, args)
+        finally:
+            await kube.close()
+    result["logs"] = str(work)
+    return result
+
+
+def table(r: dict[str, Any]) -> str:
+    off, on = r["off"], r["on"]
+    rows = [
+        ("pods (1 GPU each)", "pods"),
+        ("GPU nodes in use before", "gpu_nodes_before"),
+        ("GPU nodes in use after", "gpu_nodes_after"),
+        ("pods evicted", "evicted"),
+        ("pods running at end", "running_end"),
+        ("pods pending at end", "pending_end"),
+        ("nodes emptied", "rounds"),
+        ("seconds to the last eviction", "seconds"),
+    ]
+    out = [
+        f"{r['nodes']} nodes x {GPUS_PER_NODE} GPUs, {r['per_node']} pods on each; "
+        f"up to {r['per_round']} nodes emptied per round, a round a second",
+        f"{'':<26} {'off':>8} {'on':>8}",
+    ]
+    for title, key in rows:
+        out.append(f"{title:<26} {off[key]!s:>8} {on[key]!s:>8}")
+    ratio = on["gpu_nodes_after"] / off["gpu_nodes_after"] if off["gpu_nodes_after"] else float("nan")
+    out.append(f"{'GPU nodes in use, on/off':<26} {ratio:>17.3f}")
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=40)
+    ap.add_argument("--per-node", type=int, default=2, help="one-GPU pods bound on each node at the start")
+    ap.add_argument("--per-round", type=int, default=4, help="consolidation.maxNodesPerRound")
+    ap.add_argument("--settle", type=float, default=10.0, help="seconds with no eviction that end a run")
+    ap.add_argument("--timeout", type=float, default=300.0)
+    output_args(ap)
+    args = ap.parse_args()
+    return report(asyncio.run(bench(args)), table, args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
