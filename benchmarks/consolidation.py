@@ -83,8 +83,8 @@ async def run_one(kube: Kube, cp: Any, work: Path, mode: str, args: argparse.Nam
     if not r.ok and r.status != 409:
         raise SystemExit(f"cannot create namespace {ns}: {r.body}")
     pods = f"/api/v1/namespaces/{ns}/pods"
-    spread = [
-        batch_pod(f"p-{i:04d}-{k}", "default-scheduler", node=f"gpu-{i:04d}", gpu=k)
+    spread = [  # bound already, as gpusched bound them (it moves only pods it places)
+        batch_pod(f"p-{i:04d}-{k}", name, node=f"gpu-{i:04d}", gpu=k)
         for i in range(args.nodes)
         for k in range(args.per_node)
     ]

@@ -372,6 +372,13 @@ class Scheduler:
         is kept does not wander from node to node as pods come and go."""
         self._consolidating: set[tuple[str, str]] = set()
         """Pods (key, UID) the last consolidation round evicted, until they leave the books."""
+        self._awaiting: dict[str, int] = {}
+        """Per controller (UID) whose pods the last round evicted: how many of its pods ran before
+        it, until as many run again (their replacements are placed)."""
+        self._round_deadline = 0.0
+        """Monotonic time after which the next round no longer waits for the last one's pods."""
+        self._emptying: dict[str, list[int]] = {}
+        """Per node a round is emptying: [evictions left, evictions refused]."""
         self.placed_here: set[str] = set()
         """Pods whose ``nominatedNodeName`` this instance has written while leading (a node it
         preempted on, or none): its own word, never a reason to hold room again (``adopt_room``)."""
@@ -550,6 +557,8 @@ class Scheduler:
         whose terms pick namespaces by label, with their selectors (and forgetting them once
         ``gone``)."""
         rec = pod_record(obj, self.namespaces)
+        if rec.pod.movable and rec.scheduler != self.settings.scheduler_name:  # its replacement is not ours to place
+            rec = replace(rec, pod=replace(rec.pod, movable=False))
         if rec.namespace_selected and not gone and not rec.terminal:
             selecting[rec.key] = (obj, rec.namespace_selectors)
         else:
@@ -676,18 +685,26 @@ class Scheduler:
         c = self.config.consolidation
         if not c.enabled or not self.is_leader:
             return 0
+        if time.monotonic() >= self._round_deadline:  # the last round's pods are waited for no longer
+            self._consolidating.clear()
+            self._awaiting.clear()
         self._consolidating = {(k, uid) for k, uid in self._consolidating if self.cache.holds(k, uid)}
-        counts = self.queue.counts()
-        if counts.active or counts.backoff or counts.in_flight or self.cache.nominations or self._consolidating:
+        if self._awaiting:
+            running = self._running_by_owner()
+            if any(running.get(o, 0) < n for o, n in self._awaiting.items()):
+                return 0  # their replacements are not all placed yet: the room they need is theirs
+            self._awaiting.clear()
+        if not self._quiet() or self._consolidating:
             return 0
         snap = self.cache.snapshot(busy=self.busy_gpus(), **self._keep())
         placed = self.cache.placed()  # as counted in ``snap``: taken together
         moves = await asyncio.to_thread(
             plan_consolidation, snap.state, placed, c.max_nodes_per_round, list(self.budgets.values())
         )
-        if not self.is_leader:
+        if not self.is_leader or not self._quiet():  # pods came (or room was held) during the plan
             return 0
         names = snap.cluster.nodes
+        running = self._running_by_owner() if moves else Counter[str]()
         for m in moves:
             node = names[m.node].name
             log.info(
@@ -696,19 +713,43 @@ class Scheduler:
                 pods=[a.pod.key for a in m.pods],
                 to=sorted({names[t.node].name for t in m.targets}),
             )
-            self.metrics.consolidation(1, len(m.pods))
             why = (
                 f"consolidating GPU work: every pod on node {node} fits on the free GPUs of other nodes in use, "
                 "and the node is left idle; the pod's controller creates it again"
             )
+            self._emptying[node] = [len(m.pods), 0]
             for a in m.pods:
                 self._consolidating.add((a.pod.key, a.pod.uid))
+                self._awaiting[a.pod.owner] = running.get(a.pod.owner, 0)
                 self.spawn(self._evict_to_consolidate(a.pod, node, why), f"consolidate:{a.pod.key}")
+        if moves:
+            self._round_deadline = time.monotonic() + max(600.0, 2 * c.interval_seconds)
         return len(moves)
 
+    def _quiet(self) -> bool:
+        """No pod waits for a batch or a retry, none is in a batch, and no room is held."""
+        counts = self.queue.counts()
+        return not (counts.active or counts.backoff or counts.in_flight or self.cache.nominations)
+
+    def _running_by_owner(self) -> Counter[str]:
+        """Pods on the books not being deleted, per controller UID."""
+        return Counter(a.pod.owner for a in self.cache.placed() if a.pod.owner and not a.pod.terminating)
+
     async def _evict_to_consolidate(self, pod: Pod, node: str, why: str) -> None:
-        if not await self.binder.evict(pod, node, why):
+        """Evict one pod of a node a round is emptying; the node counts as emptied once all of
+        its pods are evicted."""
+        done = await self.binder.evict(pod, node, why)
+        tally = self._emptying.setdefault(node, [1, 0])
+        tally[0] -= 1
+        if done:
+            self.metrics.consolidation(0, 1)
+        else:
+            tally[1] += 1
             self._consolidating.discard((pod.key, pod.uid))
+        if tally[0] <= 0:
+            if not tally[1]:
+                self.metrics.consolidation(1, 0)
+            del self._emptying[node]
 
     def _policy_for(self, cluster: Cluster) -> Policy:
         """The policy for ``cluster`` under the config as it is now: the first one is built in a

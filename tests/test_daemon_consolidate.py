@@ -109,3 +109,89 @@ async def test_a_refused_eviction_lets_the_next_round_look_again() -> None:
     api.refuse = False
     assert await round_of(s) == 1  # not waiting for a pod that was never evicted
     assert api.evicted == ["default/b0"]
+
+
+def other(
+    name: str, node: str, gpu: int = 0, *, kind: str = "Job", scheduler: str = "default-scheduler"
+) -> dict[str, Any]:
+    obj = batch_pod(name, node, gpu)
+    obj["spec"]["schedulerName"] = scheduler
+    obj["metadata"]["ownerReferences"][0]["kind"] = kind
+    return obj
+
+
+async def test_a_daemonset_pod_stays_and_its_node_is_emptied_all_the_same() -> None:
+    api = EvictionApi()
+    s = two_nodes(api)
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    plugin = other("device-plugin", "n1", kind="DaemonSet")
+    del plugin["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+    s._bound.apply("ADDED", plugin)
+    assert await round_of(s) == 1
+    assert api.evicted == ["default/b0"]
+
+
+async def test_a_pod_another_scheduler_places_or_with_soft_preferences_is_never_moved() -> None:
+    preferring = batch_pod("b0", "n1", 0)
+    preferring["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]},
+                }
+            ]
+        }
+    }
+    for odd in (other("b0", "n1"), preferring):
+        api = EvictionApi()
+        s = two_nodes(api)
+        s._bound.apply("ADDED", odd)
+        await round_of(s)
+        assert "default/b0" not in api.evicted
+
+
+async def test_the_next_round_waits_until_the_evicted_pods_replacements_run() -> None:
+    api = EvictionApi()
+    s = one_node_scheduler(api, gpus=4)
+    _NodeHandler(s).apply("ADDED", kit.node("n1", 4, "A100"))
+    _NodeHandler(s).apply("ADDED", kit.node("n2", 4, "A100"))
+    s.set_config(parse_config({"consolidation": {"enabled": True}}))
+    for i in range(3):
+        s._bound.apply("ADDED", batch_pod(f"a{i}", "n0", i, movable=False))
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    s._bound.apply("ADDED", batch_pod("c0", "n2", 0))
+    assert await round_of(s) == 1
+    assert api.evicted == ["default/b0"]  # into n0's last GPU
+    s._bound.apply("DELETED", batch_pod("b0", "n1", 0))  # gone; its Job has not made the new pod yet
+    assert await round_of(s) == 0  # c0 may not take the GPU b0's replacement needs
+    s._bound.apply("ADDED", batch_pod("b0-new", "n0", 3))
+    assert await round_of(s) == 0  # c0 fits nowhere in use now: nothing to do, rightly
+
+
+async def test_counters_say_what_was_evicted_not_what_was_planned() -> None:
+    api = EvictionApi(refuse=True)
+    s = two_nodes(api)
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    await round_of(s)
+    lines = [x for x in s.metrics.render()[0].decode().splitlines() if x.startswith("gpusched_consolidation_")]
+    assert "gpusched_consolidation_evictions_total 0.0" in lines
+    assert "gpusched_consolidation_nodes_total 0.0" in lines
+
+
+async def test_no_pod_is_evicted_when_a_pod_comes_during_the_plan(monkeypatch: Any) -> None:
+    from gpusched import daemon
+
+    api = EvictionApi()
+    s = two_nodes(api)
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    real = daemon.plan_consolidation
+
+    def meanwhile(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        s._pending.apply("ADDED", pod("new", gpus=2))
+        return out
+
+    monkeypatch.setattr(daemon, "plan_consolidation", meanwhile)
+    assert await round_of(s) == 0
+    assert api.evicted == []

@@ -395,8 +395,14 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
             pod = replace(pod, terminating=True)
         if _preempted(status):
             pod = replace(pod, preempted=True)
-        if annotations.get(ANNOTATION_CONSOLIDATE) == "true" and _controlled(meta):
-            pod = replace(pod, movable=True)
+        owner = _controller(meta)
+        if owner is not None:
+            kind, owner_uid = owner
+            pod = replace(pod, owner=owner_uid, daemon=kind == "DaemonSet")
+            if annotations.get(ANNOTATION_CONSOLIDATE) == "true" and not pod.has_preferences:
+                pod = replace(pod, movable=True)
+        if annotations.get("kubernetes.io/config.mirror"):  # a static pod, run by the kubelet itself
+            pod = replace(pod, daemon=True)
     except ConvertError as exc:  # kept with what others' anti-affinity and spread need of it
         anti, _ = _pod_terms(
             namespace,
@@ -529,6 +535,7 @@ def budget_record(obj: Mapping[str, Any]) -> tuple[str, Budget]:
     status: Mapping[str, Any] = obj.get("status") or {}
     chosen = spec.get("selector")
     selector: tuple[Requirement, ...] = ()
+    everyone = isinstance(chosen, Mapping) and not _has_requirements(chosen)
     if isinstance(chosen, Mapping):
         try:
             selector = _selector(chosen)
@@ -541,6 +548,7 @@ def budget_record(obj: Mapping[str, Any]) -> tuple[str, Budget]:
         selector,
         int(status.get("disruptionsAllowed") or 0),
         frozenset(str(k) for k in disrupted) if isinstance(disrupted, Mapping) else frozenset(),
+        everyone=everyone,
     )
 
 
@@ -551,10 +559,13 @@ def volume_record(obj: Mapping[str, Any]) -> VolumeRecord:
     return VolumeRecord(str(meta["name"]), pinned=bool(affinity.get("required")))
 
 
-def _controlled(meta: Mapping[str, Any]) -> bool:
-    """Whether a controller owns the object (and so creates it again once it is evicted)."""
+def _controller(meta: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The kind and UID of the controller that owns the object (None: none does)."""
     refs = meta.get("ownerReferences")
-    return isinstance(refs, list) and any(isinstance(r, Mapping) and r.get("controller") is True for r in refs)
+    for r in refs if isinstance(refs, list) else ():
+        if isinstance(r, Mapping) and r.get("controller") is True:
+            return str(r.get("kind") or ""), str(r.get("uid") or "")
+    return None
 
 
 def _preempted(status: Mapping[str, Any]) -> bool:

@@ -210,8 +210,14 @@ class Pod(_Wishes):
     ``PreemptionByScheduler``): once it is being deleted, its room is some pending pod's."""
     movable: bool = False
     """It may be evicted to consolidate GPU work onto fewer nodes: it asks to be (annotation
-    ``gpusched.io/consolidate: "true"``) and a controller creates it again (an owner reference
-    with ``controller: true``)."""
+    ``gpusched.io/consolidate: "true"``), a controller creates it again (an owner reference
+    with ``controller: true``), this scheduler places it, and it has no soft preferences (they
+    might draw its replacement back to where it was)."""
+    owner: str = ""
+    """The UID of the controller that owns it (empty: none)."""
+    daemon: bool = False
+    """It runs on its node whatever runs beside it: a DaemonSet's pod or a static pod.  It does
+    not keep consolidation from emptying the node of GPU work, and is never moved."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"

@@ -7,17 +7,20 @@ room.  The node is then idle (an autoscaler may remove it, or a pod of eight GPU
 
 A node is a candidate when all of the following hold:
 
-* it is not cordoned and has a GPU (or MIG slice) in use;
-* every pod on it is movable (``Pod.movable``: it asks to be, and a controller owns it), not a
-  member of a gang, not a MIG pod, and not being deleted;
-* evicting its pods breaks no disruption budget (budgets are hard here: nothing forces this).
+* it is not cordoned, not unreachable nor not ready, and a pod on it holds a GPU (or MIG slice);
+* no pod on it is being deleted;
+* every pod on it is movable (``Pod.movable``), not a gang member and not a MIG pod, or else a
+  pod that runs on every node (``Pod.daemon``: a DaemonSet's, or a static pod), which stays;
+* evicting its pods breaks no disruption budget, read as the Eviction API reads it
+  (``Budget.evicts``; budgets are hard here: nothing forces this).
 
 Candidates are tried emptiest first (least GPU in use, then by name).  For each, its pods are
-placed largest first, best fit, only on other nodes that stay in use: not idle nodes (that
-would wake one to empty another), not nodes emptied before it in the plan, not nodes where a pod
-is being deleted.  A candidate whose pods do not all fit is left as it is.  At most
-``max_nodes`` nodes are emptied per plan, and no node that takes pods in the plan is emptied
-later in it.
+placed largest first, best fit, only on other nodes that stay in use (a pod holds a GPU there):
+not idle nodes (that would wake one to empty another), not nodes emptied before it in the
+plan, not nodes where a pod is being deleted, and not nodes with more PreferNoSchedule taints
+the pod does not tolerate than its own node has (its replacement would be steered back).  A
+candidate whose pods do not all fit is left as it is.  At most ``max_nodes`` nodes are emptied
+per plan, and no node that takes pods in the plan is emptied later in it.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ __all__ = ["Move", "plan_consolidation"]
 
 _GPUS = GreedyPolicy()  # only its GPU choice on one node is used: stateless
 
+_DOWN = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
+"""Taints of a node that is not ready: its pods would not leave, nor new ones start."""
+
 
 @dataclass(frozen=True)
 class Move:
@@ -54,33 +60,34 @@ def plan_consolidation(
     every pod on the books (bound or being bound, of any scheduler), as counted in ``state``."""
     cl = state.cluster
     by_node: dict[int, list[Assignment]] = defaultdict(list)
-    for a in placed:
-        by_node[a.node].append(a)
-    in_use = (state.gpu_used.sum(axis=1) > 0) | (state.mig.sum(axis=1) > 0)
+    in_use = np.zeros(len(cl), dtype=np.bool_)  # by the pods on it: a GPU blocked in ``state`` is not use
     leaving = np.zeros(len(cl), dtype=np.bool_)
     for a in placed:
+        by_node[a.node].append(a)
+        if a.pod.gpu_demand_milli:
+            in_use[a.node] = True
         if a.pod.terminating:
             leaving[a.node] = True
-    targets = in_use & ~cl.cordoned & ~leaving
+    down = np.array([any(t.key in _DOWN for t in node.taints) for node in cl.nodes], dtype=np.bool_)
+    targets = in_use & ~cl.cordoned & ~leaving & ~down
     allowed_left = [b.allowed for b in budgets]
 
     def movable(pods: list[Assignment]) -> bool:
-        return bool(pods) and all(
-            a.pod.movable and a.pod.gang is None and not a.pod.mig_profile and not a.pod.terminating for a in pods
-        )
+        ok = all(a.pod.daemon or (a.pod.movable and a.pod.gang is None and not a.pod.mig_profile) for a in pods)
+        return ok and any(a.pod.movable for a in pods)
 
-    candidates = [n for n in np.flatnonzero(in_use & ~cl.cordoned & ~leaving) if movable(by_node[int(n)])]
-    candidates.sort(key=lambda n: (int(state.gpu_used[n].sum()), cl.nodes[n].name))
+    candidates = [int(n) for n in np.flatnonzero(targets) if movable(by_node[int(n)])]
+    candidates.sort(key=lambda n: (sum(a.pod.gpu_demand_milli for a in by_node[n]), cl.nodes[n].name))
     fit = BestFitPolicy()
     moves: list[Move] = []
     receivers: set[int] = set()  # nodes that take pods in the plan: not emptied later in it
-    for n in (int(c) for c in candidates):
+    for n in candidates:
         if len(moves) >= max_nodes:
             break
         if n in receivers:
             continue
-        pods = by_node[n]
-        spend = [sum(1 for a in pods if b.covers(a.pod)) for b in budgets]
+        pods = [a for a in by_node[n] if a.pod.movable]  # a DaemonSet's or static pod stays
+        spend = [sum(1 for a in pods if b.evicts(a.pod)) for b in budgets]
         if any(s > left for s, left in zip(spend, allowed_left, strict=True)):
             continue
         work = state.release(pods)
@@ -88,7 +95,11 @@ def plan_consolidation(
         where[n] = False
         found: list[Assignment] = []
         for a in sorted(pods, key=lambda a: (-a.pod.num_gpu, -a.pod.gpu_milli, -a.pod.cpu_milli, a.pod.key)):
-            nodes = np.flatnonzero(work.pod_mask(a.pod) & where)
+            ok = work.pod_mask(a.pod) & where
+            avoided = cl.avoided(a.pod.tolerations)  # a PreferNoSchedule taint would send it back
+            if avoided is not None:
+                ok &= avoided <= avoided[n]
+            nodes = np.flatnonzero(ok)
             if not nodes.size:
                 break
             to = fit.choose(a.pod, work, nodes)

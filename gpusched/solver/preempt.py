@@ -72,6 +72,15 @@ class Budget:
     """``status.disruptedPods``: pods whose eviction it has counted already."""
     gang: str = ""
     """A running gang's budget: it covers that gang's members (and ``selector`` is unused)."""
+    everyone: bool = False
+    """Its selector is empty (``{}``): preemption reads it as selecting no pod, as kube-scheduler
+    does, but the Eviction API as selecting every pod of its namespace (``evicts``)."""
+
+    def evicts(self, pod: Pod) -> bool:
+        """Whether evicting ``pod`` through the Eviction API spends this budget."""
+        if self.everyone:
+            return pod.namespace == self.namespace and pod.name not in self.disrupted
+        return self.covers(pod)
 
     def covers(self, pod: Pod) -> bool:
         """Whether evicting ``pod`` spends this budget."""

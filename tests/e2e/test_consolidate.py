@@ -14,10 +14,10 @@ from tests.e2e import kit
 from tests.e2e.test_daemon import _until
 
 
-def batch_pod(name: str, node: str, gpu: int) -> dict[str, Any]:
-    """A one-GPU pod of another scheduler on ``node``, owned by a (pretend) Job and willing to
+def batch_pod(name: str, scheduler: str, node: str, gpu: int) -> dict[str, Any]:
+    """A one-GPU pod of ``scheduler`` bound to ``node``, owned by a (pretend) Job and willing to
     move; it lingers for its grace period once evicted (no kubelet here)."""
-    p = kit.pod(name, "default-scheduler", gpus=1, node_name=node)
+    p = kit.pod(name, scheduler, gpus=1, node_name=node)
     p["metadata"]["annotations"] |= {"gpusched.io/consolidate": "true", "gpusched.io/gpu-indices": str(gpu)}
     p["metadata"]["ownerReferences"] = [
         {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": str(uuid.uuid4()), "controller": True}
@@ -35,7 +35,8 @@ async def test_the_emptiest_node_is_emptied_through_the_eviction_api_and_only_on
     config.write_text("consolidation:\n  enabled: true\n  intervalSeconds: 1\n")
     await kit.create_all(kube, "/api/v1/nodes", [kit.node(full, 4, "T4"), kit.node(light, 4, "T4")])
     pods = f"/api/v1/namespaces/{namespace}/pods"
-    await kit.create_all(kube, pods, [batch_pod("a0", full, 0), batch_pod("a1", full, 1), batch_pod("b0", light, 0)])
+    spread = [batch_pod("a0", name, full, 0), batch_pod("a1", name, full, 1), batch_pod("b0", name, light, 0)]
+    await kit.create_all(kube, pods, spread)
     daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect", "--config", str(config))
     try:
         line = daemon.wait_log("consolidate")

@@ -108,7 +108,10 @@ def test_disruption_budgets_are_read_and_an_unreadable_selector_is_refused() -> 
     assert key == "ns/web"
     assert budget == Budget("ns", (Requirement("app", "In", ("web",)),), 1, frozenset({"web-0"}))
     # No controller has written its status yet: nothing may be disrupted.
-    assert budget_record({"metadata": {"name": "b"}, "spec": {"selector": {}}})[1] == Budget("default", (), 0)
+    # An empty selector: no pod for preemption (as kube-scheduler), every pod for the Eviction API.
+    empty = budget_record({"metadata": {"name": "b"}, "spec": {"selector": {}}})[1]
+    assert empty == Budget("default", (), 0, everyone=True)
+    assert budget_record({"metadata": {"name": "b"}, "spec": {}})[1] == Budget("default", (), 0)
     bad = {"metadata": {"name": "bad"}, "spec": {"selector": {"matchExpressions": [{"key": "a", "operator": "Gt"}]}}}
     with pytest.raises(ConvertError, match="PodDisruptionBudget default/bad: selector"):
         budget_record(bad)

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from gpusched.model import Assignment, Cluster, ClusterState, Plan
 from gpusched.model.affinity import Requirement
+from gpusched.model.node import Taint
 from gpusched.model.pod import Gang
 from gpusched.solver.consolidate import plan_consolidation
 from gpusched.solver.preempt import Budget
@@ -82,3 +83,47 @@ def test_several_nodes_empty_in_one_plan_but_never_onto_each_other() -> None:
     assert sorted(m.node for m in moves) == [1, 2]  # both onto n0, which stays
     check(state, placed, moves)
     assert [m.node for m in plan_consolidation(state, placed, max_nodes=1)] == [1]
+
+
+def test_a_pod_that_runs_on_every_node_stays_and_does_not_keep_its_node_from_emptying() -> None:
+    plugin = Assignment(replace(pod("device-plugin", cpu=100), daemon=True), 1, ())
+    placed = [on("a0", 0, (0,)), on("a1", 0, (1,)), on("b0", 1, (0,)), plugin]
+    _, state = setup(placed)
+    (move,) = plan_consolidation(state, placed)
+    assert move.node == 1
+    assert [a.pod.name for a in move.pods] == ["b0"]  # the plugin stays
+
+
+def test_a_node_that_is_not_ready_is_never_emptied_nor_a_target() -> None:
+    c = Cluster(
+        [
+            gpu_node("n0", gpus=4),
+            replace(gpu_node("n1", gpus=4), taints=(Taint("node.kubernetes.io/unreachable", "", "NoExecute"),)),
+        ]
+    )
+    placed = [on("a0", 0, (0,)), on("a1", 0, (1,)), on("b0", 1, (0,))]
+    state = c.empty_state().apply(placed)
+    assert plan_consolidation(state, placed) == []
+
+
+def test_an_idle_node_is_no_target_even_when_a_batch_would_count_its_gpu_taken() -> None:
+    placed = [on(f"full{i}", 0, (i,), movable=False) for i in range(4)] + [on("b0", 1, (0,))]
+    _, state = setup(placed)
+    blocked = state.with_gpus_at([(2, 0)], 1000)  # n2 idle, its GPU 0 kept free or measured busy
+    assert plan_consolidation(blocked, placed) == []
+
+
+def test_a_pod_is_not_moved_to_a_node_its_replacement_would_be_steered_from() -> None:
+    spot = replace(gpu_node("n0", gpus=4), taints=(Taint("spot", "true", "PreferNoSchedule"),))
+    c = Cluster([spot, gpu_node("n1", gpus=4)])
+    placed = [on("a0", 0, (0,)), on("a1", 0, (1,)), on("b0", 1, (0,))]
+    state = c.empty_state().apply(placed)
+    (move,) = plan_consolidation(state, placed)
+    assert move.node == 0  # the spot node's pods move off it; b0 is never moved onto it
+
+
+def test_an_empty_budget_selector_protects_every_pod_of_its_namespace_from_eviction() -> None:
+    placed = [on("a0", 0, (0,)), on("a1", 0, (1,)), on("b0", 1, (0,))]
+    _, state = setup(placed)
+    assert plan_consolidation(state, placed, budgets=[Budget("default", (), 0, everyone=True)]) == []
+    assert plan_consolidation(state, placed, budgets=[Budget("default", (), 0)]) != []  # as preemption reads it
