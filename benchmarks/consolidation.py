@@ -91,9 +91,11 @@ async def run_one(kube: Kube, cp: Any, work: Path, mode: str, args: argparse.Nam
     await kit.create_all(kube, pods, spread, parallel=64)
     before = nodes_in_use(await kit.list_all(kube, pods))
     config = work / f"{mode}.yaml"
+    weights = f"weights:\n  activeNodes: {args.active_nodes}\n" if args.active_nodes is not None else ""
+    weights += "batching:\n  quickStart: false\n" if args.no_quick_start else ""
     config.write_text(
         f"consolidation:\n  enabled: {'true' if mode == 'on' else 'false'}\n"
-        f"  intervalSeconds: 1\n  maxNodesPerRound: {args.per_round}\n"
+        f"  intervalSeconds: 1\n  maxNodesPerRound: {args.per_round}\n{weights}"
     )
     counts: dict[str, float] = {"evicted": 0, "last": time.monotonic()}
     daemon = kit.Daemon.start(cp, name, "--no-leader-elect", "--config", str(config))
@@ -140,7 +142,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         try:
             nodes = [kit.node(f"gpu-{i:04d}", GPUS_PER_NODE, "A100-SXM4-80GB") for i in range(args.nodes)]
             await kit.create_all(kube, "/api/v1/nodes", nodes, parallel=64)
-            result: dict[str, Any] = {"nodes": args.nodes, "per_node": args.per_node, "per_round": args.per_round}
+            result: dict[str, Any] = {
+                "nodes": args.nodes,
+                "per_node": args.per_node,
+                "per_round": args.per_round,
+                "active_nodes_weight": args.active_nodes,
+                "quick_start": not args.no_quick_start,
+            }
             for mode in ("off", "on"):
                 print(f"running consolidation {mode} ...", file=sys.stderr, flush=True)
                 result[mode] = await run_one(kube, cp, work, mode, args)
@@ -181,6 +189,10 @@ def main() -> int:
     ap.add_argument("--per-round", type=int, default=4, help="consolidation.maxNodesPerRound")
     ap.add_argument("--settle", type=float, default=10.0, help="seconds with no eviction that end a run")
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--no-quick-start", action="store_true", help="batching.quickStart: false for both runs")
+    ap.add_argument(
+        "--active-nodes", type=int, default=None, help="weights.activeNodes for both runs (default: the default)"
+    )
     output_args(ap)
     args = ap.parse_args()
     return report(asyncio.run(bench(args)), table, args)
