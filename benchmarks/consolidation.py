@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -33,12 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import output_args, report
+from _off_on import GPUS_PER_NODE, gpusched, namespace, off_and_on, scheduler_name, table
 
 from gpusched.kube.client import Kube
-from tests.controlplane import REPO_ROOT, control_plane, find_assets
+from tests.controlplane import ControlPlane
 from tests.e2e import kit
 
-GPUS_PER_NODE = 8
 JOB_UID = str(uuid.uuid4())
 
 
@@ -74,15 +72,10 @@ def nodes_in_use(pods: list[dict[str, Any]]) -> int:
     return len({p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")})
 
 
-async def run_one(kube: Kube, cp: Any, work: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    name = f"gs-{uuid.uuid4().hex[:6]}"
+async def run_one(kube: Kube, cp: ControlPlane, work: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     ns = f"spread-{mode}"
-    r = await kube.request(
-        "POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-    )
-    if not r.ok and r.status != 409:
-        raise SystemExit(f"cannot create namespace {ns}: {r.body}")
-    pods = f"/api/v1/namespaces/{ns}/pods"
+    pods = await namespace(kube, ns)
+    name = scheduler_name()
     spread = [  # bound already, as gpusched bound them (it moves only pods it places)
         batch_pod(f"p-{i:04d}-{k}", name, node=f"gpu-{i:04d}", gpu=k)
         for i in range(args.nodes)
@@ -90,76 +83,55 @@ async def run_one(kube: Kube, cp: Any, work: Path, mode: str, args: argparse.Nam
     ]
     await kit.create_all(kube, pods, spread, parallel=64)
     before = nodes_in_use(await kit.list_all(kube, pods))
-    config = work / f"{mode}.yaml"
-    weights = f"weights:\n  activeNodes: {args.active_nodes}\n" if args.active_nodes is not None else ""
-    weights += "batching:\n  quickStart: false\n" if args.no_quick_start else ""
-    config.write_text(
+    config = (
         f"consolidation:\n  enabled: {'true' if mode == 'on' else 'false'}\n"
-        f"  intervalSeconds: 1\n  maxNodesPerRound: {args.per_round}\n{weights}"
+        f"  intervalSeconds: 1\n  maxNodesPerRound: {args.per_round}\n"
     )
+    config += f"weights:\n  activeNodes: {args.active_nodes}\n" if args.active_nodes is not None else ""
+    config += "batching:\n  quickStart: false\n" if args.no_quick_start else ""
     counts: dict[str, float] = {"evicted": 0, "last": time.monotonic()}
-    daemon = kit.Daemon.start(cp, name, "--no-leader-elect", "--config", str(config))
-    helper = asyncio.create_task(kubelet_and_controller(kube, ns, name, counts), name="kubelet")
-    start = time.monotonic()
     try:
-        while time.monotonic() - start < args.timeout:
-            await asyncio.sleep(1.0)
-            quiet = time.monotonic() - max(counts["last"], start)
+        async with gpusched(cp, work, mode, name, config, kubelet_and_controller(kube, ns, name, counts)) as daemon:
+            start = time.monotonic()
+            while time.monotonic() - start < args.timeout:
+                await asyncio.sleep(1.0)
+                quiet = time.monotonic() - max(counts["last"], start)
+                pending = [p for p in await kit.list_all(kube, pods) if not p["spec"].get("nodeName")]
+                if quiet >= args.settle and not pending:
+                    break
             listed = await kit.list_all(kube, pods)
-            pending = [p for p in listed if not p["spec"].get("nodeName")]
-            if quiet >= args.settle and not pending:
-                break
-        listed = await kit.list_all(kube, pods)
-        running = [p for p in listed if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")]
-        return {
-            "pods": len(spread),
-            "gpu_nodes_before": before,
-            "gpu_nodes_after": nodes_in_use(running),
-            "evicted": int(counts["evicted"]),
-            "running_end": len(running),
-            "pending_end": len(listed) - len(running),
-            "rounds": len(daemon.events("consolidate")),
-            "seconds": round(counts["last"] - start, 1) if counts["evicted"] else 0.0,
-        }
+            emptied = len(daemon.events("consolidate"))
     finally:
-        helper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await helper
-        code = daemon.stop()
-        (work / f"{mode}.log").write_text("".join(daemon.raw))
-        if code != 0:
-            raise SystemExit(f"gpusched exited with {code}; see {work / f'{mode}.log'}")
         await kube.request("DELETE", pods, query={"gracePeriodSeconds": "0"})
         while await kit.list_all(kube, pods):
             await asyncio.sleep(0.5)
+    running = [p for p in listed if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")]
+    return {
+        "pods": len(spread),
+        "gpu_nodes_before": before,
+        "gpu_nodes_after": nodes_in_use(running),
+        "evicted": int(counts["evicted"]),
+        "running_end": len(running),
+        "pending_end": len(listed) - len(running),
+        "rounds": emptied,
+        "seconds": round(counts["last"] - start, 1) if counts["evicted"] else 0.0,
+    }
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="gpusched-consolidation-"))
-    with control_plane(work / "cp", find_assets()) as cp:
-        cp.kubectl("apply", "-k", str(REPO_ROOT / "manifests"))
-        kube = await kit.admin(cp, qps=1000)
-        try:
-            nodes = [kit.node(f"gpu-{i:04d}", GPUS_PER_NODE, "A100-SXM4-80GB") for i in range(args.nodes)]
-            await kit.create_all(kube, "/api/v1/nodes", nodes, parallel=64)
-            result: dict[str, Any] = {
-                "nodes": args.nodes,
-                "per_node": args.per_node,
-                "per_round": args.per_round,
-                "active_nodes_weight": args.active_nodes,
-                "quick_start": not args.no_quick_start,
-            }
-            for mode in ("off", "on"):
-                print(f"running consolidation {mode} ...", file=sys.stderr, flush=True)
-                result[mode] = await run_one(kube, cp, work, mode, args)
-        finally:
-            await kube.close()
-    result["logs"] = str(work)
-    return result
+    head = {
+        "nodes": args.nodes,
+        "per_node": args.per_node,
+        "per_round": args.per_round,
+        "active_nodes_weight": args.active_nodes,
+        "quick_start": not args.no_quick_start,
+    }
+    return await off_and_on(
+        "gpusched-consolidation-", args.nodes, head, lambda kube, cp, work, mode: run_one(kube, cp, work, mode, args)
+    )
 
 
-def table(r: dict[str, Any]) -> str:
-    off, on = r["off"], r["on"]
+def show(r: dict[str, Any]) -> str:
     rows = [
         ("pods (1 GPU each)", "pods"),
         ("GPU nodes in use before", "gpu_nodes_before"),
@@ -170,16 +142,13 @@ def table(r: dict[str, Any]) -> str:
         ("nodes emptied", "rounds"),
         ("seconds to the last eviction", "seconds"),
     ]
-    out = [
+    title = (
         f"{r['nodes']} nodes x {GPUS_PER_NODE} GPUs, {r['per_node']} pods on each; "
-        f"up to {r['per_round']} nodes emptied per round, a round a second",
-        f"{'':<26} {'off':>8} {'on':>8}",
-    ]
-    for title, key in rows:
-        out.append(f"{title:<26} {off[key]!s:>8} {on[key]!s:>8}")
-    ratio = on["gpu_nodes_after"] / off["gpu_nodes_after"] if off["gpu_nodes_after"] else float("nan")
-    out.append(f"{'GPU nodes in use, on/off':<26} {ratio:>17.3f}")
-    return "\n".join(out)
+        f"up to {r['per_round']} nodes emptied per round, a round a second"
+    )
+    off, on = r["off"]["gpu_nodes_after"], r["on"]["gpu_nodes_after"]
+    ratio = on / off if off else float("nan")
+    return table(r, title, rows, ("off", "on")) + f"\nGPU nodes in use, on/off: {ratio:.3f}"
 
 
 def main() -> int:
@@ -195,7 +164,7 @@ def main() -> int:
     )
     output_args(ap)
     args = ap.parse_args()
-    return report(asyncio.run(bench(args)), table, args)
+    return report(asyncio.run(bench(args)), show, args)
 
 
 if __name__ == "__main__":

@@ -24,11 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -36,26 +33,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import output_args, report
+from _off_on import GPUS_PER_NODE, gpusched, namespace, off_and_on, scheduler_name, table
 
 from gpusched.kube.client import Kube
-from tests.controlplane import REPO_ROOT, control_plane, find_assets
+from tests.controlplane import ControlPlane
 from tests.e2e import kit
-
-GPUS_PER_NODE = 8
 
 
 def one_gpu(name: str, scheduler: str) -> dict[str, Any]:
     p = kit.pod(name, scheduler, gpus=1, cpu="100m", memory="128Mi")
     p["spec"]["terminationGracePeriodSeconds"] = 30  # it lingers once deleted, until the "kubelet" below
     return p
-
-
-async def namespace(kube: Kube, name: str) -> None:
-    r = await kube.request(
-        "POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    )
-    if not r.ok and r.status != 409:
-        raise SystemExit(f"cannot create namespace {name}: {r.body}")
 
 
 async def kubelet(kube: Kube, namespaces: list[str], stopped: list[str]) -> None:
@@ -73,90 +61,63 @@ async def kubelet(kube: Kube, namespaces: list[str], stopped: list[str]) -> None
         await asyncio.sleep(0.2)
 
 
-async def bound(kube: Kube, ns: str) -> int:
-    return sum(1 for p in await kit.list_all(kube, f"/api/v1/namespaces/{ns}/pods") if p["spec"].get("nodeName"))
+async def bound(kube: Kube, pods: str) -> int:
+    return sum(1 for p in await kit.list_all(kube, pods) if p["spec"].get("nodeName"))
 
 
-async def run_one(kube: Kube, cp: Any, work: Path, mode: str, args: argparse.Namespace, gpus: int) -> dict[str, Any]:
-    name = f"gs-{uuid.uuid4().hex[:6]}"
+async def run_one(
+    kube: Kube, cp: ControlPlane, work: Path, mode: str, args: argparse.Namespace, gpus: int
+) -> dict[str, Any]:
     a, b = f"team-a-{mode}", f"team-b-{mode}"
+    a_pods, b_pods = await namespace(kube, a), await namespace(kube, b)
     quota = max(1, round(args.quota * gpus))
-    config = work / f"{mode}.yaml"
-    config.write_text(f"tenants:\n  quotas:\n    {b}: {{quotaGpus: {quota}}}\n" if mode == "on" else "{}\n")
-    for ns in (a, b):
-        await namespace(kube, ns)
+    config = f"tenants:\n  quotas:\n    {b}: {{quotaGpus: {quota}}}\n" if mode == "on" else "{}\n"
     stopped: list[str] = []
-    daemon = kit.Daemon.start(cp, name, "--no-leader-elect", "--config", str(config))
-    killer = asyncio.create_task(kubelet(kube, [a, b], stopped), name="kubelet")
+    name = scheduler_name()
     try:
-        backlog = round(args.backlog * gpus)
-        await kit.create_all(
-            kube, f"/api/v1/namespaces/{a}/pods", [one_gpu(f"a-{i}", name) for i in range(gpus + backlog)]
-        )
-        deadline = time.monotonic() + args.timeout
-        while await bound(kube, a) < gpus and time.monotonic() < deadline:
-            await asyncio.sleep(0.5)
-        filled = await bound(kube, a)
-        start = time.monotonic()
-        await kit.create_all(kube, f"/api/v1/namespaces/{b}/pods", [one_gpu(f"b-{i}", name) for i in range(quota)])
-        to_quota: float | None = None
-        while time.monotonic() - start < args.timeout:
-            if await bound(kube, b) >= quota:
-                to_quota = time.monotonic() - start
-                break
-            await asyncio.sleep(0.2)
-        await asyncio.sleep(1.0)  # what settles right after
-        b_bound, a_bound = await bound(kube, b), await bound(kube, a)
-        reclaimed = sum(len(x.get("victims", ())) for x in daemon.events("reclaim"))
-        return {
-            "quota_gpus": quota,
-            "a_filled": filled,
-            "b_bound": b_bound,
-            "b_seconds_to_quota": None if to_quota is None else round(to_quota, 2),
-            "a_evicted": len([k for k in stopped if k.startswith(f"{a}/")]),
-            "a_reclaim_victims": reclaimed,
-            "a_bound_end": a_bound,
-            "alloc_pct": round(100 * (a_bound + b_bound) / gpus, 1),
-            "b_share_pct": round(100 * b_bound / gpus, 1),
-        }
+        async with gpusched(cp, work, mode, name, config, kubelet(kube, [a, b], stopped)) as daemon:
+            backlog = round(args.backlog * gpus)
+            await kit.create_all(kube, a_pods, [one_gpu(f"a-{i}", name) for i in range(gpus + backlog)])
+            deadline = time.monotonic() + args.timeout
+            while await bound(kube, a_pods) < gpus and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+            filled = await bound(kube, a_pods)
+            start = time.monotonic()
+            await kit.create_all(kube, b_pods, [one_gpu(f"b-{i}", name) for i in range(quota)])
+            to_quota: float | None = None
+            while time.monotonic() - start < args.timeout:
+                if await bound(kube, b_pods) >= quota:
+                    to_quota = time.monotonic() - start
+                    break
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(1.0)  # what settles right after
+            b_bound, a_bound = await bound(kube, b_pods), await bound(kube, a_pods)
+            reclaimed = sum(len(x.get("victims", ())) for x in daemon.events("reclaim"))
     finally:
-        killer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await killer
-        code = daemon.stop()
-        (work / f"{mode}.log").write_text("".join(daemon.raw))
-        if code != 0:
-            raise SystemExit(f"gpusched exited with {code}; see {work / f'{mode}.log'}")
-        for ns in (a, b):
-            await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods", query={"gracePeriodSeconds": "0"})
+        for pods in (a_pods, b_pods):
+            await kube.request("DELETE", pods, query={"gracePeriodSeconds": "0"})
+    return {
+        "quota_gpus": quota,
+        "a_filled": filled,
+        "b_bound": b_bound,
+        "b_seconds_to_quota": None if to_quota is None else round(to_quota, 2),
+        "a_evicted": len([k for k in stopped if k.startswith(f"{a}/")]),
+        "a_reclaim_victims": reclaimed,
+        "a_bound_end": a_bound,
+        "alloc_pct": round(100 * (a_bound + b_bound) / gpus, 1),
+        "b_share_pct": round(100 * b_bound / gpus, 1),
+    }
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="gpusched-tenants-"))
     gpus = args.nodes * GPUS_PER_NODE
-    with control_plane(work / "cp", find_assets()) as cp:
-        cp.kubectl("apply", "-k", str(REPO_ROOT / "manifests"))
-        kube = await kit.admin(cp, qps=1000)
-        try:
-            nodes = [kit.node(f"gpu-{i:04d}", GPUS_PER_NODE, "A100-SXM4-80GB") for i in range(args.nodes)]
-            await kit.create_all(kube, "/api/v1/nodes", nodes, parallel=64)
-            result: dict[str, Any] = {
-                "nodes": args.nodes,
-                "gpus": gpus,
-                "backlog": args.backlog,
-                "timeout_s": args.timeout,
-            }
-            for mode in ("off", "on"):
-                print(f"running tenants {mode} ...", file=sys.stderr, flush=True)
-                result[mode] = await run_one(kube, cp, work, mode, args, gpus)
-        finally:
-            await kube.close()
-    result["logs"] = str(work)
-    return result
+    head = {"nodes": args.nodes, "gpus": gpus, "backlog": args.backlog, "timeout_s": args.timeout}
+    return await off_and_on(
+        "gpusched-tenants-", args.nodes, head, lambda kube, cp, work, mode: run_one(kube, cp, work, mode, args, gpus)
+    )
 
 
-def table(r: dict[str, Any]) -> str:
-    off, on = r["off"], r["on"]
+def show(r: dict[str, Any]) -> str:
     rows = [
         ("B's quota (GPUs)", "quota_gpus"),
         ("A's pods bound first", "a_filled"),
@@ -167,14 +128,11 @@ def table(r: dict[str, Any]) -> str:
         ("GPU allocation %", "alloc_pct"),
         ("B's share of GPUs %", "b_share_pct"),
     ]
-    out = [
+    title = (
         f"{r['nodes']} nodes ({r['gpus']} GPUs); A asks {r['gpus']} + {r['backlog']:.0%} more; "
-        f"B asks its quota; waited {r['timeout_s']} s",
-        f"{'':<24} {'no tenants':>11} {'tenants':>9}",
-    ]
-    for title, key in rows:
-        out.append(f"{title:<24} {off[key]!s:>11} {on[key]!s:>9}")
-    return "\n".join(out)
+        f"B asks its quota; waited {r['timeout_s']} s"
+    )
+    return table(r, title, rows, ("no tenants", "tenants"))
 
 
 def main() -> int:
@@ -187,7 +145,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for B's pods")
     output_args(ap)
     args = ap.parse_args()
-    return report(asyncio.run(bench(args)), table, args)
+    return report(asyncio.run(bench(args)), show, args)
 
 
 if __name__ == "__main__":
