@@ -19,7 +19,7 @@ from ortools.sat.python import cp_model
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
 from gpusched.model.placement import MigPartition
-from gpusched.solver.baselines.fgd import FgdPolicy
+from gpusched.solver.baselines.fgd import WarmStart
 from gpusched.solver.fragmentation import TypicalPods
 from gpusched.solver.instance import Instance, build_instance
 from gpusched.solver.model import build_model, hint_from_plan
@@ -56,7 +56,7 @@ class CpSatPolicy:
         self.params = params or SolverParams()
         self.tracker = TypicalTracker(cluster, typical)
         # The warm start's scorer is replaced by the tracker's before every batch.
-        self.greedy = FgdPolicy(cluster, TypicalPods((), ()), seed=self.params.seed)
+        self.greedy = WarmStart(cluster, TypicalPods((), ()), seed=self.params.seed)
         self.greedy.preferences = self.params.weights.preferred_affinity > 0  # weight 0: ignored throughout
 
     def place(self, pods: Sequence[Pod], state: ClusterState) -> Plan:

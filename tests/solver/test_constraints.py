@@ -19,6 +19,7 @@ from ortools.sat.python import cp_model
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Plan, Pod
 from gpusched.model.affinity import PodAffinityTerm, Requirement, Spread
 from gpusched.solver.baselines import FgdPolicy
+from gpusched.solver.baselines.fgd import WarmStart
 from gpusched.solver.constraints import anti_affinity, capacity, demand, ports, share, spread, whole_gpu
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import Instance, build_instance
@@ -387,10 +388,9 @@ def test_active_nodes_does_not_wake_an_idle_node_when_the_batch_fits_on_an_activ
 
 
 def test_default_limits_keep_an_idle_node_asleep_when_the_batch_fits_on_an_active_one() -> None:
-    # Default weights and limits.  The FGD warm start (seed 0) puts the whole-GPU pods on the idle
-    # node; keeping them on the active one is worth active_nodes = 1000 more, which is below 0.1%
-    # of this batch's objective (2.6 million): any relative gap limit of that size lets the search
-    # stop at the warm start and report it as OPTIMAL.
+    # Default weights and limits.  Keeping the pods on the active node is worth active_nodes = 1000
+    # more than the idle one, which is below 0.1% of this batch's objective (2.6 million): any
+    # relative gap limit of that size would let the search stop at a warm start that woke the node.
     state = _partly_used_and_idle()
     batch = [pod("w1", gpus=1), pod("w2", gpus=1), pod("f", gpus=1, milli=300)]
     # keep_hint=0: with the default keep_hint the solver keeps the warm start's choice on purpose.
@@ -400,12 +400,16 @@ def test_default_limits_keep_an_idle_node_asleep_when_the_batch_fits_on_an_activ
     check_stats(plan)
     assert unplaced(plan) == []
     assert {n for n, _ in where(plan).values()} == {0}, (where(plan), plan.stats)
-    # The quick answer is the warm start itself, without a CP-SAT solve.
+    # The quick answer is the warm start itself, without a CP-SAT solve: FGD scores both nodes
+    # alike for these pods, and the warm start breaks the tie toward the node in use.
     quick = CpSatPolicy(state.cluster, params).place_quick(batch, state)
     validate_plan(quick, state, batch)
     assert (quick.stats.status, quick.stats.variables) == ("QUICK", 0)
     assert unplaced(quick) == []
-    assert where(quick)["w1"][0] == where(quick)["w2"][0] == 1
+    assert where(quick)["w1"][0] == where(quick)["w2"][0] == 0
+    # So the default keep_hint keeps them there too.
+    kept = CpSatPolicy(state.cluster, SolverParams(limits=Limits(workers=1), seed=0)).place(batch, state)
+    assert {n for n, _ in where(kept).values()} == {0}, (where(kept), kept.stats)
 
 
 def test_quick_placement_solves_in_full_when_the_warm_start_leaves_a_pod_out() -> None:
@@ -450,15 +454,18 @@ def test_default_weights_place_a_pod_even_if_it_fragments() -> None:
 
 
 def test_warm_start_term_keeps_the_greedy_placement_unless_moving_places_more() -> None:
-    # The FGD warm start (seed 0) puts both whole-GPU pods on the idle node; without keep_hint the
-    # active_nodes term moves them to the active node, with a large keep_hint they stay.
+    # Against 3-GPU typical pods the warm start puts both whole-GPU pods on the idle node (on the
+    # active one they would leave too few idle GPUs for one); without keep_hint the active_nodes
+    # term moves them to the active node, with a large keep_hint they stay.
     state = _partly_used_and_idle()
     batch = [pod("w1", gpus=1), pod("w2", gpus=1)]
-    free = where(cpsat(batch, state, Weights(keep_hint=0, active_nodes=100_000)))
-    kept = where(cpsat(batch, state, Weights(keep_hint=1_000_000, active_nodes=100_000)))
-    hint = FgdPolicy(state.cluster, TypicalPods.from_pods([pod("t", gpus=1)], coverage=1.0)).place(batch, state)
+    typical = [pod("t", gpus=3)]
+    free = where(cpsat(batch, state, Weights(keep_hint=0, active_nodes=100_000), typical))
+    kept = where(cpsat(batch, state, Weights(keep_hint=1_000_000, active_nodes=100_000), typical))
+    hint = WarmStart(state.cluster, TypicalPods.from_pods(typical, coverage=1.0)).place(batch, state)
+    assert {a.node for a in hint.assignments} == {1}
     assert {n for n, _ in free.values()} == {0}
-    assert {n for n, _ in kept.values()} == {a.node for a in hint.assignments}
+    assert {n for n, _ in kept.values()} == {1}
     # ... but a pod the warm start could not place is worth moving for.
     full = Cluster([gpu_node("a", gpus=1), gpu_node("b", gpus=1)])
     busy = old(full.empty_state(), 0, [0], milli=600)

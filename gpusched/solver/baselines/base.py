@@ -123,7 +123,12 @@ class GreedyPolicy:
             return int(nodes[0])
         scores = self.score(pod, state, nodes)
         ties = nodes[scores == scores.max()]
-        return int(ties[np.argmin(self.rank(state)[ties])]) if ties.size > 1 else int(ties[0])
+        return int(ties[np.argmin(self.tie_rank(state, ties))]) if ties.size > 1 else int(ties[0])
+
+    def tie_rank(self, state: ClusterState, ties: Nodes) -> IntArray:
+        """Rank of each of ``ties`` (nodes the policy scores alike; lower wins): ``rank``."""
+        out: IntArray = self.rank(state)[ties]
+        return out
 
     def place(self, pods: Sequence[Pod], state: ClusterState) -> Plan:
         """Place ``pods`` one after another in the given order; a gang's members all at once, where

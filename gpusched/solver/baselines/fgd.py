@@ -11,7 +11,7 @@ from gpusched.model.cluster import IntArray
 from gpusched.solver.baselines.base import GreedyPolicy, Nodes
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
 
-__all__ = ["FgdPolicy"]
+__all__ = ["FgdPolicy", "WarmStart"]
 
 
 class FgdPolicy(GreedyPolicy):
@@ -33,3 +33,15 @@ class FgdPolicy(GreedyPolicy):
             _, _, gpu = self.scorer.delta(state, pod.shape)
             return (int(gpu[node]),)
         return super().gpus(pod, state, node)
+
+
+class WarmStart(FgdPolicy):
+    """FGD as the CP-SAT policy's warm start: between nodes it scores alike, one with a GPU in use
+    before an idle GPU node.  The solve keeps the warm start's placements (``keepHint``, per pod)
+    far more than it weighs waking a node (``activeNodes``, per node), so a tie FGD broke toward
+    an idle node would stand."""
+
+    def tie_rank(self, state: ClusterState, ties: Nodes) -> IntArray:
+        idle = (state.cluster.gpu_count[ties] > 0) & ~state.gpu_used[ties].any(axis=1)
+        out: IntArray = self.rank(state)[ties] + idle * len(state.cluster)
+        return out
