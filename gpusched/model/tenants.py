@@ -137,12 +137,9 @@ class Tenants:
     def _over(self, members: Sequence[Pod], usage: Mapping[str, int]) -> tuple[str, int, int] | None:
         """The first tenant whose limit ``members`` together pass beside ``usage``: (tenant,
         their demand, its limit); None when they pass none."""
-        by_tenant: dict[str, int] = defaultdict(int)
-        for m in members:
-            by_tenant[self.of(m)] += demand_of(m)
-        for t, d in by_tenant.items():
+        for t, d in self.usage(members).items():
             limit = self.rule(t).limit
-            if d and limit is not None and usage.get(t, 0) + d > limit:
+            if limit is not None and usage.get(t, 0) + d > limit:
                 return t, d, limit
         return None
 
@@ -152,10 +149,8 @@ class Tenants:
         taken = dict(usage)
         out: set[str] = set()
         for members in _units(pods):
-            by_tenant: dict[str, int] = defaultdict(int)
-            for m in members:
-                by_tenant[self.of(m)] += demand_of(m)
-            if not any(by_tenant.values()):
+            by_tenant = self.usage(members)
+            if not by_tenant:
                 continue
             if all(taken.get(t, 0) + d <= self.rule(t).quota for t, d in by_tenant.items()):
                 for t, d in by_tenant.items():
