@@ -42,6 +42,10 @@ configuration.  Example (every key optional)::
       enabled: false
       intervalSeconds: 300
       maxNodesPerRound: 1
+    mig:
+      repartition: false
+      configMap: gpu-operator/gpusched-mig-parted-config
+      timeoutSeconds: 600
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ __all__ = [
     "ConsolidationConfig",
     "GpuschedConfig",
     "HeadroomConfig",
+    "MigConfig",
     "TenantsConfig",
     "UtilisationConfig",
     "load_config",
@@ -164,6 +169,26 @@ class ConsolidationConfig(_Strict):
     max_nodes_per_round: int = Field(default=1, ge=1, le=10_000, alias="maxNodesPerRound")
 
 
+class MigConfig(_Strict):
+    """Re-partitioning idle GPUs into MIG instances on a live cluster (off by default)."""
+
+    repartition: bool = False
+    """Let the solver choose MIG layouts for the GPUs of nodes labelled
+    ``gpusched.io/mig-repartition: "true"`` while all their GPUs are idle; the layout is
+    written to ``configMap`` and the node labelled ``nvidia.com/mig.config`` for NVIDIA's MIG
+    manager, and the pods are bound once the node advertises the new instances."""
+    config_map: str = Field(
+        default="gpu-operator/gpusched-mig-parted-config",
+        alias="configMap",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+    )
+    """``namespace/name`` of the ConfigMap (key ``config.yaml``) that the MIG manager reads its
+    configurations from (the ClusterPolicy's ``migManager.config.name``)."""
+    timeout_seconds: _Number = Field(strict=False, default=600, ge=10, le=86_400, alias="timeoutSeconds")
+    """How long a node may take to report the new layout (``nvidia.com/mig.config.state``)
+    before the pods waiting for it are told so and the node is taken as failed."""
+
+
 class TenantRuleConfig(_Strict):
     """What one tenant is guaranteed and may hold, in GPUs (a share counts its fraction)."""
 
@@ -226,6 +251,7 @@ class GpuschedConfig(_Strict):
     headroom: Annotated[HeadroomConfig, BeforeValidator(_empty_section)] = HeadroomConfig()
     tenants: Annotated[TenantsConfig, BeforeValidator(_empty_section)] = TenantsConfig()
     consolidation: Annotated[ConsolidationConfig, BeforeValidator(_empty_section)] = ConsolidationConfig()
+    mig: Annotated[MigConfig, BeforeValidator(_empty_section)] = MigConfig()
 
     def solver_params(self, seed: int = 0) -> SolverParams:
         """The frozen parameters the solver takes."""

@@ -44,6 +44,9 @@ from gpusched.kube.binder import Binder, BindResult
 from gpusched.kube.client import Kube, bind_concurrency, connect
 from gpusched.kube.configmap import ConfigMapHandler
 from gpusched.kube.convert import (
+    LABEL_MIG_CONFIG,
+    LABEL_MIG_STATE,
+    MIG_BUSY_STATES,
     ConvertError,
     budget_record,
     claim_record,
@@ -58,8 +61,9 @@ from gpusched.kube.watch import Reflector
 from gpusched.metrics.cost import CostReport, Prices, cost_report
 from gpusched.metrics.exporter import HealthServer, SchedulerMetrics
 from gpusched.metrics.source import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, UtilisationSource, UtilisationView
-from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, Pod
+from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Plan, Pod
 from gpusched.model.affinity import Requirement, label_selector_selects
+from gpusched.model.cluster import live_mig_configs
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.solver.baselines.base import GreedyPolicy
 from gpusched.solver.consolidate import plan_consolidation
@@ -148,16 +152,25 @@ class _NodeHandler:
         return rec
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
-        self.s.cache.replace_nodes(r for r in map(self._record, objects) if r is not None)
+        records = [r for r in map(self._record, objects) if r is not None]
+        self.s.cache.replace_nodes(records)
+        self.s._mig_at_work.clear()
+        for r in records:
+            self.s.mig_node_seen(r.node)
         self.s.queue.move_all()
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name", ""))
         if kind == "DELETED":
             changed = self.s.cache.delete_node(name)
+            self.s.mig_node_gone(name)
         else:
             rec = self._record(obj)
             changed = self.s.cache.delete_node(name) if rec is None else self.s.cache.upsert_node(rec)
+            if rec is None:
+                self.s.mig_node_gone(name)
+            else:
+                self.s.mig_node_seen(rec.node)
         if changed:
             self.s.queue.move_all()
 
@@ -379,6 +392,12 @@ class Scheduler:
         """Monotonic time after which the next round no longer waits for the last one's pods."""
         self._emptying: dict[str, list[int]] = {}
         """Per node a round is emptying: [evictions left, evictions refused]."""
+        self._repartitions: dict[str, _Repartition] = {}
+        """Nodes this instance asked the MIG manager to re-partition, until it is done or failed."""
+        self._mig_at_work: set[str] = set()
+        """Nodes the MIG manager says it is re-partitioning (``nvidia.com/mig.config.state``)."""
+        self._mig_off_until = 0.0
+        """Monotonic time before which no GPU is re-partitioned (a layout could not be written)."""
         self.placed_here: set[str] = set()
         """Pods whose ``nominatedNodeName`` this instance has written while leading (a node it
         preempted on, or none): its own word, never a reason to hold room again (``adopt_room``)."""
@@ -696,7 +715,7 @@ class Scheduler:
             self._awaiting.clear()
         if not self._quiet() or self._consolidating:
             return 0
-        snap = self.cache.snapshot(busy=self.busy_gpus(), **self._keep())
+        snap = self.cache.snapshot(busy=self.busy_gpus(), sealed=self.sealed(), **self._keep())
         placed = self.cache.placed()  # as counted in ``snap``: taken together
         moves = await asyncio.to_thread(
             plan_consolidation, snap.state, placed, c.max_nodes_per_round, list(self.budgets.values())
@@ -773,7 +792,15 @@ class Scheduler:
         todo: list[PodRecord] = []
         waiting = 0  # pods held back by their volumes
         held_back: dict[str, str] = {}  # gang -> why one of its members cannot be bound yet
+        mig = self.config.mig
+        self.cache.set_repartition(
+            "idle-nodes" if mig.repartition and time.monotonic() >= self._mig_off_until else "off"
+        )
         for r in batch:
+            if not r.error and self._waits_for_layout(r.key):  # told already; back once its node is done
+                self.queue.park(r.key)
+                waiting += 1
+                continue
             if r.error:
                 if r.pod.gang is not None:
                     cause = r.error.removeprefix(f"pod {r.key}: ")
@@ -839,7 +866,7 @@ class Scheduler:
             return
         freed = set(self._room_ready(r.pod for r in todo))
         pods = self._count_running_members([r.pod for r in todo])
-        snap = self.cache.snapshot(free=freed, busy=self.busy_gpus(), **self._keep(pods))
+        snap = self.cache.snapshot(free=freed, busy=self.busy_gpus(), sealed=self.sealed(), **self._keep(pods))
         if snap.kept:
             self._kept_last = tuple((snap.cluster.nodes[i].name, g) for i, g in snap.kept)
         policy = self._policy_for(snap.cluster)
@@ -895,6 +922,17 @@ class Scheduler:
             log.info("gang changed during the solve; its members drawn again", batch_id=batch_id, gangs=sorted(broken))
         names = snap.cluster.nodes
         untaken = False  # a placement of the plan not acted on: what it counted as taken is free
+        # A node the plan re-partitions takes no GPU pod until the MIG manager is done with it:
+        # its MIG pods wait for the new instances, other GPU pods are drawn again, and so are
+        # the other members of a gang with a member waiting.
+        parted = {n for n, _, _ in plan.partitions}
+        for_layout: dict[int, list[Pod]] = defaultdict(list)
+        gangs_waiting = {
+            a.pod.gang.name: names[a.node].name
+            for a in plan.assignments
+            if a.node in parted and a.pod.mig_profile and a.pod.gang is not None
+        }
+        gang_waits: list[Pod] = []
         for a in plan.assignments:
             if (a.pod.gang is not None and a.pod.gang.name in broken) or a.pod.key in over_limit:
                 self.queue.requeue(a.pod.key)
@@ -904,7 +942,27 @@ class Scheduler:
                 self.queue.done(a.pod.key)
                 untaken = True
                 continue
+            if a.node in parted and a.pod.mig_profile:
+                for_layout[a.node].append(a.pod)
+                continue
+            if a.node in parted and (a.pod.num_gpu or a.pod.gpu_milli):
+                self.queue.requeue(a.pod.key)
+                untaken = True
+                continue
+            if a.pod.gang is not None and a.pod.gang.name in gangs_waiting:
+                gang_waits.append(a.pod)
+                continue
             self._start_bind(a.pod, names[a.node].name, a.gpus)
+        if for_layout:
+            self._repartition(plan, snap.cluster, for_layout, batch_id)
+        for p in gang_waits:
+            assert p.gang is not None
+            node = gangs_waiting[p.gang.name]
+            if self._waits_for_layout(next(q.key for q in for_layout[snap.cluster.index[node]])):
+                waits = f"gang {p.gang.name}: members wait for node {node} to be re-partitioned into MIG instances"
+                self._unschedulable(p, f"{waits}; no member is placed until all of them can be, together.", "Gang")
+            else:  # the layout could not be asked for: solved again
+                self.queue.backoff(p.key)
         members = Counter(p.gang.name for p in pods if p.gang is not None)
         preempting: list[tuple[Pod, Explanation]] = []
         rejected: dict[str, list[Pod]] = defaultdict(list)  # gang -> its members left out
@@ -1004,7 +1062,9 @@ class Scheduler:
         """Events seen during the solve may have taken capacity: keep only what still fits."""
         if self.cache.generation == snap.generation:
             return plan
-        fresh = self.cache.snapshot(free=self._room_ready((*(a.pod for a in plan.assignments), *plan.unplaced)))
+        fresh = self.cache.snapshot(
+            free=self._room_ready((*(a.pod for a in plan.assignments), *plan.unplaced)), sealed=self.sealed()
+        )
         if fresh.cluster is not snap.cluster and not _same_offers(snap.cluster, fresh.cluster):
             problems = ["the node inventory changed during the solve"]
         else:
@@ -1063,7 +1123,7 @@ class Scheduler:
         held = [h for h in rooms if h is not None and not h[2]]
         if len(held) < len(records):
             return False
-        snap = self.cache.snapshot(free=[r.key for r in records])
+        snap = self.cache.snapshot(free=[r.key for r in records], sealed=self.sealed())
         pods = self._count_running_members([r.pod for r in records])
         placed: list[Assignment] = []
         problems: list[str] = []
@@ -1253,7 +1313,7 @@ class Scheduler:
         holders = self.cache.holders_of([(n, g) for n, gpus in busy.items() for g in gpus])
         outside = {n: frozenset(g for g in gpus if not holders.get((n, g))) for n, gpus in busy.items()}
         keep = self._keep([p for p, _ in pods] + [p for g in gangs for p, _ in g.values()])
-        snap = self.cache.snapshot(free=freeing, busy=outside, **keep)
+        snap = self.cache.snapshot(free=freeing, busy=outside, sealed=self.sealed(), **keep)
         running = self.cache.preemptible()  # as counted in ``snap``: taken together
         usage = self.cache.tenant_usage(self.tenants, without=freeing) if reclaim is not None else {}
         # What each tenant with a limit may still take, its pods being deleted counted.
@@ -1300,6 +1360,7 @@ class Scheduler:
             found = []
         if busy:
             found = _busy_room_ok(found, busy, holders, snap.cluster)
+        found = _on_instances(found, snap.state)
         chosen = {pre.pod.key: pre for pre in found}
         evicting = False
         evicted = sum(len(pre.victims) for pre in found)
@@ -1581,6 +1642,141 @@ class Scheduler:
         view = self.utilisation_view() if u.avoid_busy_gpus else None
         return None if view is None else view.at_least(u.busy_percent) or None
 
+    def sealed(self) -> set[str]:
+        """Nodes being re-partitioned into MIG instances: none of their GPUs or instances is
+        offered to a pod until the MIG manager is done."""
+        return self._repartitions.keys() | self._mig_at_work
+
+    # -- MIG re-partitioning ------------------------------------------------------------------
+    def _waits_for_layout(self, key: str) -> bool:
+        return any(key in r.pods for r in self._repartitions.values())
+
+    def _repartition(self, plan: Plan, cluster: Cluster, pods: Mapping[int, list[Pod]], batch_id: int) -> None:
+        """Ask the MIG manager for the layouts ``plan`` gives the nodes of ``pods`` (node index ->
+        the MIG pods placed on instances of those layouts), and have the pods wait for them."""
+        parts = [part for part in plan.partitions if part[0] in pods]
+        try:
+            configs = live_mig_configs(cluster, parts)
+        except ValueError as exc:  # the converter offers no such node: a defect, told as one
+            log.error("MIG layout not written; pods drawn again", batch_id=batch_id, error=str(exc))
+            for group in pods.values():
+                for p in group:
+                    self.queue.backoff(p.key)
+            return
+        keep = {r.node.labels.get(LABEL_MIG_CONFIG, "") for r in self.cache.nodes.values()}
+        keep |= {r.config for r in self._repartitions.values()}
+        for n, group in pods.items():
+            node = cluster.nodes[n]
+            config, entries = configs[node.name]
+            wanted: Counter[str] = Counter()
+            for m, _, layout in parts:
+                if m == n:
+                    wanted.update(layout.counts)
+            job = _Repartition(config, dict(wanted), {p.key: p for p in group}, node.gpu_count)
+            self._repartitions[node.name] = job
+            self.metrics.mig_repartition("requested")
+            instances = ", ".join(f"{c} x {p}" for p, c in sorted(wanted.items()))
+            log.info(
+                "mig repartition",
+                batch_id=batch_id,
+                node=node.name,
+                config=config,
+                instances=instances,
+                pods=sorted(job.pods),
+            )
+            message = (
+                f"Waiting for node {node.name} to be re-partitioned into MIG instances ({instances}): "
+                f"{LABEL_MIG_CONFIG}={config}; the pod is placed once the node advertises them."
+            )
+            for p in group:
+                self._unschedulable(p, message, "MigRepartition")
+            keep.add(config)
+            self.spawn(self._ask_for_layout(node.name, job, entries, frozenset(keep)), f"mig:{node.name}")
+
+    async def _ask_for_layout(self, node: str, job: _Repartition, entries: list[Any], keep: frozenset[str]) -> None:
+        """Write the layout and the node's label; then wait for the MIG manager, at most
+        ``mig.timeoutSeconds``."""
+        cm = self.config.mig.config_map
+        error = await self.binder.repartition(node, job.config, entries, cm, keep)
+        if error:
+            off = float(self.config.mig.timeout_seconds)
+            self._mig_off_until = time.monotonic() + off
+            log.error(
+                "MIG layout not written; no GPU is re-partitioned for a while",
+                node=node,
+                config=job.config,
+                error=error,
+                seconds=off,
+                fix=f"let gpusched get, create and update ConfigMap {cm} and patch nodes (docs/deploy.md)",
+            )
+            self._end_repartition(node, job, "error", f"its layout could not be written: {error}")
+            return
+        await self.binder.object_event(
+            {"kind": "Node", "name": node, "apiVersion": "v1"},
+            "MigRepartition",
+            f"Asked the MIG manager for {LABEL_MIG_CONFIG}={job.config} (in ConfigMap {cm}) "
+            f"for {len(job.pods)} pod(s).",
+        )
+        rec = self.cache.nodes.get(node)
+        if rec is not None:  # the MIG manager may have answered before the write returned
+            self.mig_node_seen(rec.node)
+        await asyncio.sleep(max(0.0, job.started + float(self.config.mig.timeout_seconds) - time.monotonic()))
+        if self._repartitions.get(node) is job:
+            self._end_repartition(
+                node,
+                job,
+                "timeout",
+                f"the MIG manager did not apply {LABEL_MIG_CONFIG}={job.config} within "
+                f"{self.config.mig.timeout_seconds} s (is it running on the node? see its log)",
+            )
+
+    def mig_node_seen(self, node: Node) -> None:
+        """A node as the watch shows it: the MIG manager's state, and the end of a re-partition
+        this instance asked for (its label, the state ``success`` and the instances advertised;
+        or ``failed``)."""
+        state = node.labels.get(LABEL_MIG_STATE, "")
+        if state in MIG_BUSY_STATES:
+            self._mig_at_work.add(node.name)
+        else:
+            self._mig_at_work.discard(node.name)
+        job = self._repartitions.get(node.name)
+        if job is None or node.labels.get(LABEL_MIG_CONFIG) != job.config:
+            return
+        if state == "failed":
+            self._end_repartition(
+                node.name, job, "failed", f"the MIG manager failed to apply {LABEL_MIG_CONFIG}={job.config}"
+            )
+            return
+        offered = dict(node.mig_slices)
+        if state == "success" and all(offered.get(p, 0) >= c for p, c in job.wanted.items()):
+            self._end_repartition(node.name, job, "success", "")
+
+    def mig_node_gone(self, name: str) -> None:
+        self._mig_at_work.discard(name)
+        job = self._repartitions.get(name)
+        if job is not None:
+            self._end_repartition(name, job, "failed", "the node is gone")
+
+    def _end_repartition(self, node: str, job: _Repartition, result: str, why: str) -> None:
+        """The re-partition of ``node`` is over: its pods are drawn again (told ``why`` it failed)."""
+        if self._repartitions.get(node) is not job:
+            return
+        del self._repartitions[node]
+        self.metrics.mig_repartition(result)
+        seconds = round(time.monotonic() - job.started, 1)
+        if result == "success":
+            log.info("mig repartition done", node=node, config=job.config, seconds=seconds)
+            self.queue.move_all()
+            return
+        log.warning("mig repartition failed", node=node, config=job.config, result=result, why=why, seconds=seconds)
+        for key, p in job.pods.items():
+            if self.cache.holds(key, p.uid) or not self.queue.current(key, p.uid):
+                continue
+            self._unschedulable(
+                p, f"Node {node} was not re-partitioned into MIG instances for this pod: {why}.", "MigRepartition"
+            )
+        self.queue.move_all()
+
     async def follow_utilisation(self) -> None:
         """Poll for GPU utilisation until cancelled.  When a GPU is no longer busy (or the answer
         grew too old to use), the pods parked as unschedulable are drawn again: it may be room."""
@@ -1827,6 +2023,28 @@ def _busy_room_ok(
     return [pre for pre in found if unit(pre) not in refused]
 
 
+def _on_instances(found: list[Preemption], state: ClusterState) -> list[Preemption]:
+    """``found`` but the MIG pods that would need a GPU re-partitioned: room held for a pod is
+    bound as it is once the victims leave, and a node takes a MIG pod only on an instance it
+    advertises (a gang's members all go when one does)."""
+    free = state.mig_free.copy()
+    out: list[Preemption] = []
+    dropped: set[str] = set()
+    for pre in found:
+        for v in pre.victims:
+            if v.pod.mig_profile:
+                free[v.node, state.cluster.mig_index[v.pod.mig_profile]] += 1
+        profile = pre.pod.mig_profile
+        if profile:
+            col = state.cluster.mig_index[profile]
+            if free[pre.node, col] <= 0:
+                dropped.add(pre.pod.key if pre.pod.gang is None else f"gang:{pre.pod.gang.name}")
+                continue
+            free[pre.node, col] -= 1
+        out.append(pre)
+    return [pre for pre in out if (pre.pod.key if pre.pod.gang is None else f"gang:{pre.pod.gang.name}") not in dropped]
+
+
 def _could_take(cluster: Cluster, pod: Pod, node: str) -> bool:
     """Whether ``node`` is still there and the pod's taints and node selector let it go there,
     whatever runs on it (kube-scheduler's "unresolvable" filters)."""
@@ -1891,6 +2109,21 @@ def _solve(
 
 def _place(policy: Policy, pods: list[Pod], state: ClusterState, quick: bool) -> Plan:
     return place_quick(policy, pods, state) if quick else policy.place(pods, state)
+
+
+@dataclass
+class _Repartition:
+    """A node asked to take a MIG layout, and the pods waiting for its instances."""
+
+    config: str
+    """The ``nvidia.com/mig.config`` value asked for."""
+    wanted: dict[str, int]
+    """Instances per profile the node is to advertise once done."""
+    pods: dict[str, Pod]
+    """The pods waiting for them, by key."""
+    gpus: int
+    """GPUs of the node (all taken while it is re-partitioned)."""
+    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,7 @@ def test_an_unknown_key_lists_the_keys_known_in_its_place() -> None:
     assert str(info.value) == (
         "config: solver.timeLimit: unknown key (known here: timeLimitSeconds, workers, candidatesPerPod, relativeGap)"
     )
-    known = "weights, solver, batching, utilisation, headroom, tenants, consolidation"
+    known = "weights, solver, batching, utilisation, headroom, tenants, consolidation, mig"
     with pytest.raises(ConfigError, match=rf"^config: solvr: unknown key \(known here: {known}\)$"):
         load_config("solvr: {}\n")
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
 
 import structlog
+import yaml
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -32,11 +33,15 @@ from tenacity import (
     wait_random,
 )
 
-from gpusched.kube.client import STRATEGIC_PATCH, ApiError, Kube
-from gpusched.kube.convert import ANNOTATION_GPU_INDICES
+from gpusched.kube.client import MERGE_PATCH, STRATEGIC_PATCH, ApiError, Kube
+from gpusched.kube.convert import ANNOTATION_GPU_INDICES, LABEL_MIG_CONFIG, MIG_CONFIG_PREFIX
 from gpusched.model import Pod
 
-__all__ = ["BindResult", "Binder", "condition_changes"]
+__all__ = ["MIG_CONFIG_KEY", "BindResult", "Binder", "condition_changes", "merge_mig_configs"]
+
+MIG_CONFIG_KEY = "config.yaml"
+"""The key of the MIG manager's ConfigMap that holds the mig-parted document."""
+
 
 log = structlog.get_logger("gpusched.bind")
 
@@ -79,6 +84,29 @@ def _replaced(exc: ApiError) -> bool:
     another one (the API server says the UID is immutable; 409 from servers that check it as a
     precondition)."""
     return exc.status == 409 or (exc.status == 422 and "metadata.uid" in str(exc))
+
+
+def merge_mig_configs(
+    text: str | None, name: str, entries: list[dict[str, Any]], keep: Collection[str]
+) -> dict[str, Any]:
+    """The mig-parted document ``text`` with configuration ``name`` set to ``entries``; the other
+    configurations of this scheduler's that are not in ``keep`` dropped, everyone else's kept,
+    ``all-disabled`` added when missing.  ``ValueError`` when ``text`` is not such a document:
+    it is not overwritten."""
+    doc: Any = {"version": "v1", "mig-configs": {}} if not (text or "").strip() else None
+    if doc is None:
+        try:
+            doc = yaml.safe_load(text or "")
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{MIG_CONFIG_KEY} is not YAML ({exc}); fix or remove it") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("mig-configs", {}), dict):
+            raise ValueError(f"{MIG_CONFIG_KEY} is not a mig-parted document (version, mig-configs); fix or remove it")
+    configs = {
+        k: v for k, v in (doc.get("mig-configs") or {}).items() if not str(k).startswith(MIG_CONFIG_PREFIX) or k in keep
+    }
+    configs.setdefault("all-disabled", [{"devices": "all", "mig-enabled": False}])
+    configs[name] = entries
+    return {**doc, "version": doc.get("version", "v1"), "mig-configs": configs}
 
 
 def _path(pod: Pod) -> str:
@@ -352,6 +380,53 @@ class Binder:
             return False
         await self.event(victim, "Consolidating", f"Evicted from node {node}: {why}")
         return True
+
+    async def repartition(
+        self, node: str, name: str, entries: list[dict[str, Any]], config_map: str, keep: Collection[str] = ()
+    ) -> str:
+        """Have NVIDIA's MIG manager give ``node`` the layout ``entries`` (mig-parted's list of
+        device groups): add it under ``name`` to the configurations in ConfigMap ``config_map``
+        (``namespace/name``, key ``config.yaml``; created when missing), then label the node
+        ``nvidia.com/mig.config=name``.  Configurations of this scheduler's (``gpusched-``) that
+        no node uses any more are dropped, but those named in ``keep``; the ones of others are
+        left as they are, and ``all-disabled`` is added when missing (the label the GPU
+        operator starts nodes with).  The error, or "" once both are written."""
+        namespace, cm = config_map.split("/", 1)
+        path = f"/api/v1/namespaces/{namespace}/configmaps"
+        try:
+            for _ in range(self.attempts):  # another writer in between: read it again
+                created = False
+                try:
+                    current = await self._retrying("GET", f"{path}/{cm}", None)
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise
+                    current, created = {"metadata": {"name": cm, "namespace": namespace}, "data": {}}, True
+                data = dict(current.get("data") or {})
+                try:
+                    doc = merge_mig_configs(data.get(MIG_CONFIG_KEY), name, entries, keep)
+                except ValueError as exc:
+                    return f"ConfigMap {config_map}: {exc}"
+                data[MIG_CONFIG_KEY] = yaml.safe_dump(doc, sort_keys=True)
+                body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": current["metadata"], "data": data}
+                try:
+                    if created:
+                        await self._retrying("POST", path, body, leading=self.leading)
+                    else:
+                        await self._retrying("PUT", f"{path}/{cm}", body, leading=self.leading)
+                    break
+                except ApiError as exc:
+                    if exc.status != 409:
+                        raise
+            else:
+                return f"ConfigMap {config_map}: changed by another writer {self.attempts} times in a row"
+            patch = {"metadata": {"labels": {LABEL_MIG_CONFIG: name}}}
+            await self._retrying("PATCH", f"/api/v1/nodes/{node}", patch, MERGE_PATCH, leading=self.leading)
+        except NotLeading:
+            return "no longer the leader"
+        except ApiError as exc:
+            return str(exc)
+        return ""
 
     async def unschedulable(
         self,

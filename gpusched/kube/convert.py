@@ -68,7 +68,7 @@ from gpusched.model.affinity import (
     check_label_selector,
     label_selector_selects,
 )
-from gpusched.model.mig import profile_of
+from gpusched.model.mig import MIG_CONFIG_PREFIX, geometry_for, profile_of
 from gpusched.model.node import LABEL_GPU_COUNT, MAX_GPUS, Taint
 from gpusched.model.pod import Gang, Toleration, gang_conflicts
 from gpusched.model.ports import host_port
@@ -89,7 +89,12 @@ __all__ = [
     "LABEL_GPU_COUNT",
     "LABEL_GPU_MEMORY",
     "LABEL_GPU_PRODUCT",
+    "LABEL_MIG_CONFIG",
+    "LABEL_MIG_REPARTITION",
+    "LABEL_MIG_STATE",
     "LABEL_POD_GROUP",
+    "MIG_BUSY_STATES",
+    "MIG_CONFIG_PREFIX",
     "ConvertError",
     "budget_record",
     "claim_record",
@@ -114,6 +119,14 @@ ANNOTATION_CONSOLIDATE = "gpusched.io/consolidate"
 ANNOTATION_GANG_MIN = "gpusched.io/gang-min-members"
 ANNOTATION_GANG_KEY = "gpusched.io/gang-topology-key"
 ANNOTATION_GANG_TOPOLOGY = "gpusched.io/gang-topology"
+LABEL_MIG_REPARTITION = "gpusched.io/mig-repartition"
+"""``"true"`` on a node: while all of its GPUs are idle, gpusched may re-partition them into MIG
+instances (``mig.repartition`` in the config; NVIDIA's MIG manager applies the layout)."""
+LABEL_MIG_CONFIG = "nvidia.com/mig.config"
+"""The MIG manager's label: the name of the configuration it is to apply to the node."""
+LABEL_MIG_STATE = "nvidia.com/mig.config.state"
+"""The MIG manager's word on that: ``pending``, ``rebooting``, ``success`` or ``failed``."""
+MIG_BUSY_STATES = ("pending", "rebooting")
 UNKNOWN_MODEL = "unknown"
 """Model of GPUs on a node that has no ``nvidia.com/gpu.product`` label."""
 
@@ -130,6 +143,39 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     if not isinstance(meta, Mapping) or not meta.get("name"):
         raise ConvertError("object without metadata.name")
     return meta
+
+
+def _repartitionable(
+    labels: Mapping[str, str], gpus: int, model: str, slices: bool, where: str, warnings: list[str]
+) -> bool:
+    """Whether a node that asks to be re-partitioned (``LABEL_MIG_REPARTITION``) may be: its GPUs
+    are of a MIG model, all whole (every GPU that GPU feature discovery counts is advertised, and
+    no MIG instance is), and the MIG manager is not at work on it nor failed on it last."""
+    if labels.get(LABEL_MIG_REPARTITION, "").lower() != "true" or not gpus:
+        return False
+    state = labels.get(LABEL_MIG_STATE, "")
+    config = labels.get(LABEL_MIG_CONFIG, "")
+    counted = labels.get(LABEL_GPU_COUNT, "")
+    why = ""
+    if geometry_for(model) is None:
+        why = f"its GPUs ({model}) have no MIG mode this scheduler knows"
+    elif slices:
+        return False  # re-partitioned already: its instances are packed as advertised
+    elif counted.isdigit() and int(counted) != gpus:
+        why = f"{LABEL_GPU_COUNT} counts {counted} GPUs but {gpus} are advertised, so which GPU is which is not known"
+    elif state in MIG_BUSY_STATES:
+        return False
+    elif state == "failed" or config.startswith(MIG_CONFIG_PREFIX):
+        # A layout of this scheduler's that did not bring MIG instances: not asked for again.
+        done = "failed to apply" if state == "failed" else f"has not applied (state {state or 'unset'})"
+        why = (
+            f"the MIG manager {done} {LABEL_MIG_CONFIG}={config}; see its log, then set "
+            f"{LABEL_MIG_CONFIG}=all-disabled to offer the node again"
+        )
+    if why:
+        warnings.append(f"{where}: label {LABEL_MIG_REPARTITION}=true but it is not re-partitioned: {why}")
+        return False
+    return True
 
 
 def _int_quantity(text: Any, where: str) -> int:
@@ -221,6 +267,7 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     soft_taints = tuple(t for t in all_taints if t.effect == "PreferNoSchedule")
     if slices and not model:
         model = UNKNOWN_MODEL
+    repartition = _repartitionable(labels, gpus, model, bool(slices), where, warnings)
     try:
         node = Node(
             name,
@@ -237,6 +284,7 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
             max_pods=max_pods,
             soft_taints=soft_taints,
             unschedulable=bool(spec.get("unschedulable")),
+            mig_repartition=repartition,
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None

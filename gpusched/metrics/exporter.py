@@ -131,6 +131,13 @@ class SchedulerMetrics:
             namespace=NAMESPACE,
             registry=reg,
         )
+        self._mig_repartitions = Counter(
+            "mig_repartitions",
+            "Nodes given new MIG layouts, by outcome: requested, success, failed, timeout, error.",
+            ["result"],
+            namespace=NAMESPACE,
+            registry=reg,
+        )
         self._tenant_gpus = Gauge(
             "tenant_gpus",
             "GPUs each tenant holds (a share counts its fraction), with room held for its preempting pods.",
@@ -289,6 +296,10 @@ class SchedulerMetrics:
         """Count ``nodes`` emptied and the pods ``evicted`` from them."""
         self._consolidated_nodes.inc(nodes)
         self._consolidation_evictions.inc(evicted)
+
+    def mig_repartition(self, result: str) -> None:
+        """Count one MIG re-partition of a node ending (or starting: ``requested``) so."""
+        self._mig_repartitions.labels(result).inc()
 
     def set_tenants(self, held: Mapping[str, float], quota: Mapping[str, float]) -> None:
         """Set the tenants' gauges (GPUs held and guaranteed, by tenant); tenants no longer given are dropped."""

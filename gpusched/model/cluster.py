@@ -11,25 +11,37 @@ times cheap.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Spread, preference_score, selects
-from gpusched.model.mig import MigGeometry, MigLayout, geometry_for, mig_config
+from gpusched.model.mig import MIG_CONFIG_PREFIX, MigGeometry, MigLayout, geometry_for, mig_config
 from gpusched.model.node import GPU_MILLI, LABEL_GPU_COUNT, Node, Taint
 from gpusched.model.placement import Assignment, MigPartition
 from gpusched.model.pod import Pod, PodShape, Toleration, tolerated, untolerated
 from gpusched.model.ports import ports_clash
 
-__all__ = ["BoolArray", "Cluster", "ClusterState", "IntArray", "SpreadView", "mig_config_name", "mig_plan"]
+__all__ = [
+    "BoolArray",
+    "Cluster",
+    "ClusterState",
+    "IntArray",
+    "Repartition",
+    "SpreadView",
+    "live_mig_configs",
+    "mig_config_name",
+    "mig_plan",
+]
 
 IntArray = npt.NDArray[np.int64]
+Repartition = Literal["idle-gpus", "idle-nodes", "off"]
 BoolArray = npt.NDArray[np.bool_]
 
 
@@ -62,7 +74,7 @@ def _headroom(cap: IntArray, used: IntArray) -> IntArray:
 class Cluster:
     """Static inventory: nodes, capacities and GPU models, indexed 0..N-1."""
 
-    def __init__(self, nodes: Sequence[Node]) -> None:
+    def __init__(self, nodes: Sequence[Node], *, repartition: Repartition = "idle-gpus") -> None:
         names = [n.name for n in nodes]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})[:3]
@@ -118,8 +130,15 @@ class Cluster:
         self.islands: IntArray = _frozen(islands)
         """Island id per GPU (N x max_gpus), -1 where a node has no such GPU."""
         self.island_count: int = int(islands.max()) + 1 if n else 0
+        if repartition not in ("idle-gpus", "idle-nodes", "off"):
+            raise ValueError(f"repartition must be idle-gpus, idle-nodes or off, got {repartition!r}")
+        self.repartition: Repartition = repartition
+        """Which GPUs of the nodes that allow it may be re-partitioned: any idle GPU; the idle
+        GPUs of a node only while all of its GPUs are idle (a live cluster, where this scheduler
+        cannot know which physical GPU a running pod holds); or none."""
         self.geometry: tuple[MigGeometry | None, ...] = tuple(
-            geometry_for(x.gpu_model) if x.mig_repartition and x.gpu_count else None for x in nodes
+            geometry_for(x.gpu_model) if x.mig_repartition and x.gpu_count and repartition != "off" else None
+            for x in nodes
         )
         """MIG geometry of the nodes whose idle GPUs may be re-partitioned (None elsewhere)."""
         profiles = {p for x in nodes for p, _ in x.mig_slices}
@@ -464,6 +483,26 @@ class ClusterState:
         return _frozen((self.gpu_free >= GPU_MILLI).sum(axis=1).astype(np.int64))
 
     @cached_property
+    def partitionable_gpus(self) -> IntArray:
+        """Idle GPUs per node that a plan may re-partition into MIG instances now: those of the
+        nodes with a MIG geometry.  With ``repartition="idle-nodes"``, only on a node that
+        advertises no MIG instance and none of whose GPUs is used but by this state's own
+        partitions (so a plan may partition several GPUs of one idle node)."""
+        cl = self.cluster
+        able = np.array([g is not None for g in cl.geometry], dtype=np.bool_)
+        free = self.full_free_gpus
+        if cl.repartition == "idle-nodes" and able.any():
+            used = self.gpu_used > 0
+            if self.partitions:
+                used = used.copy()
+                for n, g, _ in self.partitions:
+                    used[n, g] = False
+            able &= ~used.any(axis=1)
+            if cl.mig_cap.size:
+                able &= ~cl.mig_cap.any(axis=1)
+        return _frozen(np.where(able, free, 0).astype(np.int64))
+
+    @cached_property
     def max_gpu_free(self) -> IntArray:
         """Largest free share on any one GPU of each node."""
         return _frozen(self.gpu_free.max(axis=1))
@@ -721,7 +760,7 @@ class ClusterState:
         col = self.cluster.mig_id(profile)
         if col < 0:
             return np.zeros(len(self.cluster), dtype=np.bool_)
-        out: BoolArray = (self.mig_free[:, col] > 0) | (self.cluster.mig_can[:, col] & (self.full_free_gpus > 0))
+        out: BoolArray = (self.mig_free[:, col] > 0) | (self.cluster.mig_can[:, col] & (self.partitionable_gpus > 0))
         return out
 
     def _mig_mask(self, shape: PodShape) -> BoolArray:
@@ -1144,6 +1183,22 @@ def mig_plan(cluster: Cluster, partitions: Iterable[MigPartition]) -> dict[str, 
         gpus = {g: (dict(per_node[n][g].counts) if g in per_node[n] else None) for g in range(node.gpu_count)}
         configs.update(mig_config(mig_config_name(node.name), gpus)["mig-configs"])
     return {"version": "v1", "mig-configs": configs}
+
+
+def live_mig_configs(cluster: Cluster, partitions: Iterable[MigPartition]) -> dict[str, tuple[str, list[Any]]]:
+    """Per node name, the MIG manager configuration that gives it the layouts of ``partitions``:
+    a name its content determines (``gpusched-`` and a hash, so a MIG manager that reads an older
+    copy of the configurations finds no such name rather than another layout under it) and
+    mig-parted's device groups (``mig_plan``; ``ValueError`` as there)."""
+    parts = tuple(partitions)
+    if not parts:
+        return {}
+    by_config = {mig_config_name(cluster.nodes[n].name): cluster.nodes[n].name for n, _, _ in parts}
+    out: dict[str, tuple[str, list[Any]]] = {}
+    for config, entries in mig_plan(cluster, parts)["mig-configs"].items():
+        digest = hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()[:12]
+        out[by_config[config]] = (f"{MIG_CONFIG_PREFIX}{digest}", entries)
+    return out
 
 
 def mig_config_name(node: str) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 
 __all__ = [
     "GEOMETRIES",
+    "MIG_CONFIG_PREFIX",
     "MIG_RESOURCE_PREFIX",
     "MigGeometry",
     "MigLayout",
@@ -31,6 +32,9 @@ __all__ = [
     "profile_of",
     "resource_name",
 ]
+
+MIG_CONFIG_PREFIX = "gpusched-"
+"""Names of the MIG manager configurations this scheduler writes on a live cluster."""
 
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 

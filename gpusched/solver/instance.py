@@ -171,7 +171,7 @@ def _class_extras(
     if cl.island_count > 1 and any(s.island for s in shapes):
         extra.append(np.sort(state.island_idle, axis=1) * 64 + (cl.islands.max(axis=1) + 1)[:, None])
     if any(s.mig_profile for s in shapes) and cl.mig_profiles:
-        extra.extend([state.mig_free, cl.mig_can.astype(np.int64)])
+        extra.extend([state.mig_free, cl.mig_can.astype(np.int64), state.partitionable_gpus])
     if any(s.storage_mib for s in shapes):
         extra.append(state.storage_free)
     if cl.pods_metered:  # nodes with room for the whole batch are alike, whatever the limit
@@ -234,10 +234,10 @@ def _mig_ub(state: ClusterState, shape: PodShape, sel: IntArray) -> IntArray:
     most: dict[str, int] = {}  # per GPU model: instances of the profile in its richest layout
     for j, n in enumerate(sel):
         geom = state.cluster.geometry[int(n)]
-        if geom is not None and state.cluster.mig_can[n, col]:
+        if geom is not None and state.cluster.mig_can[n, col] and state.partitionable_gpus[n]:
             if geom.model not in most:
                 most[geom.model] = max(lay.counts.get(shape.mig_profile, 0) for lay in geom.layouts())
-            ub[j] += most[geom.model] * int(state.full_free_gpus[n])
+            ub[j] += most[geom.model] * int(state.partitionable_gpus[n])
     return ub
 
 

@@ -132,6 +132,8 @@ def _mig_problems(plan: Plan, state: ClusterState, used_gpus: set[tuple[int, int
             continue
         if not 0 <= g < node.gpu_count or state.gpu_used[n, g] != 0:
             problems.append(f"{node.name}: GPU {g} is not an idle GPU to partition")
+        elif not state.partitionable_gpus[n]:
+            problems.append(f"{node.name}: GPU {g} may not be partitioned while other GPUs of the node are in use")
         if (n, g) in seen or (n, g) in used_gpus:
             problems.append(f"{node.name}: GPU {g} is partitioned twice or also used whole/shared")
         seen.add((n, g))

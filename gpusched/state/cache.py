@@ -17,14 +17,14 @@ never change a snapshot a solve is using.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import numpy as np
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Pod
-from gpusched.model.cluster import IntArray
+from gpusched.model.cluster import IntArray, Repartition
 from gpusched.model.tenants import Tenants
 from gpusched.state.records import NodeRecord, PodRecord
 
@@ -202,8 +202,17 @@ class Cache:
         self._mig: IntArray = np.zeros((0, 0), dtype=np.int64)
         self.generation = 0
         """Bumped by every change; a snapshot carries the generation it was taken at."""
+        self.repartition: Repartition = "off"
+        """Which idle GPUs a plan may re-partition into MIG instances (``Cluster``)."""
 
     # -- inventory -------------------------------------------------------------------------
+    def set_repartition(self, mode: Repartition) -> None:
+        """Which idle GPUs of the nodes that allow it the next snapshots may re-partition."""
+        if mode != self.repartition:
+            self.repartition = mode
+            self._cluster = None
+            self.generation += 1
+
     def upsert_node(self, record: NodeRecord) -> bool:
         """Add or update a node; True when what it offers changed.  A change of its
         PreferNoSchedule taints alone is kept (later solves weigh it) but reported as no change:
@@ -569,6 +578,7 @@ class Cache:
         keep_models: Collection[str] = (),
         kept_before: Collection[tuple[str, int]] = (),
         keep_tolerated: Collection[str] = (),
+        sealed: Collection[str] = (),
     ) -> Snapshot:
         """Freeze the books for a batch; the room held for the pods of ``free`` (keys) is left
         free for them.  The GPUs of ``busy`` (node name -> GPU indices) count as full, so no
@@ -577,7 +587,8 @@ class Cache:
         as they are (their slices are not numbered as their GPUs).  Then ``keep`` idle GPUs
         (of ``keep_models``, if any are named; those of ``kept_before`` again, by node name and
         GPU index, while all are idle; on nodes with no taint but of the keys of
-        ``keep_tolerated``) count as full too (``keep_free``)."""
+        ``keep_tolerated``) count as full too (``keep_free``).  On the nodes of ``sealed`` (by
+        name) every GPU and MIG instance counts as taken."""
         cluster = self._ensure_cluster()
         # Taken off the books themselves, not the snapshot: while its victims terminate, a
         # GPU may be counted twice, and the snapshot counts at most a whole GPU.
@@ -585,14 +596,15 @@ class Cache:
         for h in held:
             self._account(h, -1)
         try:
-            if not busy and not keep:
+            if not busy and not keep and not sealed:
                 return self._freeze(cluster)
             rooms = {(h.node, g) for h in held for g in h.gpus}
             spared = {(cluster.index[n], g) for n, g in rooms if n in cluster.index}
             blocked = [c for c in _busy_cells(cluster, busy or {}) if c not in spared]
             prefer = [(cluster.index[n], g) for n, g in kept_before if n in cluster.index]
+            shut = [i for n in sealed if (i := cluster.index.get(n)) is not None]
             return self._freeze(
-                cluster, blocked, keep, frozenset(keep_models), spared, prefer, frozenset(keep_tolerated)
+                cluster, blocked, keep, frozenset(keep_models), spared, prefer, frozenset(keep_tolerated), shut
             )
         finally:
             for h in held:
@@ -607,6 +619,7 @@ class Cache:
         spared: Collection[tuple[int, int]] = (),
         prefer: Collection[tuple[int, int]] = (),
         tolerated: frozenset[str] = frozenset(),
+        sealed: Sequence[int] = (),
     ) -> Snapshot:
         gpu = np.minimum(self._gpu, cluster.gpu_cap)
         blocked = []
@@ -621,6 +634,10 @@ class Cache:
         for i, g in kept:
             gpu[i, g] = cluster.gpu_cap[i, g]
         mig = np.minimum(self._mig, cluster.mig_cap)  # slices counted on a node that no longer offers them
+        if len(sealed):
+            rows = list(sealed)
+            gpu[rows] = cluster.gpu_cap[rows]
+            mig[rows] = cluster.mig_cap[rows]
         storage = self._storage.copy() if self._storage.any() else None
         ports = {n: frozenset(p for p, c in held.items() if c > 0) for n, held in self._ports.items()}
         state = ClusterState(
@@ -641,7 +658,7 @@ class Cache:
     def _ensure_cluster(self) -> Cluster:
         if self._cluster is None:
             nodes: list[Node] = [r.node for _, r in sorted(self._nodes.items())]
-            cluster = Cluster(nodes)
+            cluster = Cluster(nodes, repartition=self.repartition)
             n = len(cluster)
             self._cpu = np.zeros(n, dtype=np.int64)
             self._mem = np.zeros(n, dtype=np.int64)

@@ -44,7 +44,7 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
         if profile:
             by_node[c.node][profile].append(ci)
     for n, per_profile in by_node.items():
-        idle = int(state.full_free_gpus[n])
+        idle = int(state.partitionable_gpus[n])
         layouts = _layouts(inst, n, set(per_profile)) if idle else []
         v.layouts[n] = layouts
         v.layout_profiles[n] = tuple(sorted(per_profile))
