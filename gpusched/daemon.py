@@ -398,6 +398,8 @@ class Scheduler:
         """Nodes the MIG manager says it is re-partitioning (``nvidia.com/mig.config.state``)."""
         self._mig_off_until = 0.0
         """Monotonic time before which no GPU is re-partitioned (a layout could not be written)."""
+        self._mig_writes = asyncio.Lock()
+        """One write of the MIG manager's ConfigMap at a time."""
         self.placed_here: set[str] = set()
         """Pods whose ``nominatedNodeName`` this instance has written while leading (a node it
         preempted on, or none): its own word, never a reason to hold room again (``adopt_room``)."""
@@ -1663,8 +1665,6 @@ class Scheduler:
                 for p in group:
                     self.queue.backoff(p.key)
             return
-        keep = {r.node.labels.get(LABEL_MIG_CONFIG, "") for r in self.cache.nodes.values()}
-        keep |= {r.config for r in self._repartitions.values()}
         for n, group in pods.items():
             node = cluster.nodes[n]
             config, entries = configs[node.name]
@@ -1690,14 +1690,17 @@ class Scheduler:
             )
             for p in group:
                 self._unschedulable(p, message, "MigRepartition")
-            keep.add(config)
-            self.spawn(self._ask_for_layout(node.name, job, entries, frozenset(keep)), f"mig:{node.name}")
+            self.spawn(self._ask_for_layout(node.name, job, entries), f"mig:{node.name}")
 
-    async def _ask_for_layout(self, node: str, job: _Repartition, entries: list[Any], keep: frozenset[str]) -> None:
+    async def _ask_for_layout(self, node: str, job: _Repartition, entries: list[Any]) -> None:
         """Write the layout and the node's label; then wait for the MIG manager, at most
-        ``mig.timeoutSeconds``."""
+        ``mig.timeoutSeconds``.  One write at a time: each keeps the configurations in use as
+        they are when it is made (a node's label, or a layout asked for and not yet seen there)."""
         cm = self.config.mig.config_map
-        error = await self.binder.repartition(node, job.config, entries, cm, keep)
+        async with self._mig_writes:
+            keep = {r.node.labels.get(LABEL_MIG_CONFIG, "") for r in self.cache.nodes.values()}
+            keep |= {r.config for r in self._repartitions.values()}
+            error = await self.binder.repartition(node, job.config, entries, cm, keep)
         if error:
             off = float(self.config.mig.timeout_seconds)
             self._mig_off_until = time.monotonic() + off

@@ -172,3 +172,29 @@ async def test_a_layout_the_mig_manager_fails_leaves_the_pods_pending_and_told_w
         assert len(daemon.events("mig repartition")) == 1, "a node whose layout failed is not asked again"
     finally:
         assert daemon.stop() == 0, "".join(daemon.raw[-30:])
+
+
+async def test_layouts_asked_for_together_all_stay_in_the_config_map(
+    control_plane: ControlPlane, kube: Kube, namespace: str, tmp_path: Path, mig_rbac: None
+) -> None:
+    name = f"gs-{uuid.uuid4().hex[:8]}"
+    nodes = [f"one-{name}", f"two-{name}"]
+    config = tmp_path / "mig.yaml"
+    config.write_text("mig:\n  repartition: true\n")
+    opt_in = {"gpusched.io/mig-repartition": "true"}
+    await kit.create_all(
+        kube, "/api/v1/nodes", [kit.node(nodes[0], 1, A100, **opt_in), kit.node(nodes[1], 2, A100, **opt_in)]
+    )
+    await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [mig_pod(f"s{i}", name) for i in range(21)])
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect", "--config", str(config))
+    try:
+        daemon.wait_count("mig repartition", 2)
+        asked = {line["node"]: line["config"] for line in daemon.events("mig repartition")}
+        assert set(asked) == set(nodes)
+        assert asked[nodes[0]] != asked[nodes[1]], "two layouts, two configurations"
+        for node in nodes:
+            await _until(kube, f"/api/v1/nodes/{node}", lambda o: o["metadata"]["labels"].get("nvidia.com/mig.config"))
+        doc = yaml.safe_load((await kube.request("GET", CM)).body["data"]["config.yaml"])
+        assert set(asked.values()) <= set(doc["mig-configs"]), "a later write dropped a layout still asked for"
+    finally:
+        assert daemon.stop() == 0, "".join(daemon.raw[-30:])
