@@ -2279,17 +2279,31 @@ async def explain_pod(
             lines.append(
                 f"member of gang {p.gang.name} (at least {p.gang.min_members} members, placed together or not at all)"
             )
+        said = _last_word(r.body)
         if e.fits:
             mask = snap.state.pod_mask(p)
             fit = [snap.cluster.nodes[i].name for i in range(len(snap.cluster)) if mask[i]]
             lines.append(
                 f"{e.fits}/{e.total} nodes can take it now: {', '.join(fit[:10])}{' ...' if len(fit) > 10 else ''}"
             )
-            return "\n".join(lines), 0
-        lines.append(e.message)
-        return "\n".join(lines), 1
+        else:
+            lines.append(e.message)
+        if said and said[1] != e.message:
+            lines.append(
+                f"the scheduler said at {said[0]}: {said[1]}\n(this command weighs capacity only; tenant "
+                "limits, GPUs kept free, busy GPUs and MIG re-partitions are the running scheduler's to weigh)"
+            )
+        return "\n".join(lines), 0 if e.fits else 1
     finally:
         await kube.close()
+
+
+def _last_word(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """When and what the pod's ``PodScheduled=False`` condition says, if it has one."""
+    for c in (pod.get("status") or {}).get("conditions") or ():
+        if isinstance(c, Mapping) and c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return str(c.get("lastTransitionTime") or "an unknown time"), str(c.get("message") or "")
+    return None
 
 
 async def report_costs(
