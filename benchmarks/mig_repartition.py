@@ -116,7 +116,10 @@ async def run_one(kube: Kube, cp: ControlPlane, work: Path, mode: str, args: arg
     name = scheduler_name()
     rng = random.Random(args.seed)
     profiles = rng.choices([p for p, _ in MIX], weights=[w for _, w in MIX], k=args.mig_pods)
-    config = f"mig:\n  repartition: {'true' if mode == 'on' else 'false'}\n  timeoutSeconds: {args.timeout:.0f}\n"
+    config = (
+        f"mig:\n  repartition: {'true' if mode == 'on' else 'false'}\n"
+        f"  timeoutSeconds: {args.timeout:.0f}\n  configDelaySeconds: 0\n"
+    )
     counts: Counter[str] = Counter()
     try:
         async with gpusched(cp, work, mode, name, config, mig_manager(kube, args.mig_delay, counts)) as daemon:

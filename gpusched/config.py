@@ -46,6 +46,7 @@ configuration.  Example (every key optional)::
       repartition: false
       configMap: gpu-operator/gpusched-mig-parted-config
       timeoutSeconds: 600
+      configDelaySeconds: 90
 """
 
 from __future__ import annotations
@@ -185,8 +186,12 @@ class MigConfig(_Strict):
     """``namespace/name`` of the ConfigMap (key ``config.yaml``) that the MIG manager reads its
     configurations from (the ClusterPolicy's ``migManager.config.name``)."""
     timeout_seconds: _Number = Field(strict=False, default=600, ge=10, le=86_400, alias="timeoutSeconds")
-    """How long a node may take to report the new layout (``nvidia.com/mig.config.state``)
-    before the pods waiting for it are told so and the node is taken as failed."""
+    """How long a node may take, from its label, to advertise the new instances before the pods
+    waiting for them are told so and the node is set back to ``all-disabled``."""
+    config_delay_seconds: _Number = Field(strict=False, default=90, ge=0, le=3_600, alias="configDelaySeconds")
+    """How long after a layout is first written to the ConfigMap the node is labelled: the MIG
+    manager reads a mounted copy, which the kubelet refreshes only this often (a layout written
+    before is labelled at once)."""
 
 
 class TenantRuleConfig(_Strict):

@@ -45,6 +45,8 @@ from gpusched.kube.client import Kube, bind_concurrency, connect
 from gpusched.kube.configmap import ConfigMapHandler
 from gpusched.kube.convert import (
     LABEL_MIG_CONFIG,
+    LABEL_MIG_REPARTITION,
+    LABEL_MIG_REQUESTED,
     LABEL_MIG_STATE,
     MIG_BUSY_STATES,
     ConvertError,
@@ -64,6 +66,7 @@ from gpusched.metrics.source import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, Utili
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Plan, Pod
 from gpusched.model.affinity import Requirement, label_selector_selects
 from gpusched.model.cluster import live_mig_configs
+from gpusched.model.mig import MIG_CONFIG_PREFIX
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.solver.baselines.base import GreedyPolicy
 from gpusched.solver.consolidate import plan_consolidation
@@ -149,6 +152,8 @@ class _NodeHandler:
         old = self.s.cache.nodes.get(rec.name)
         if rec.warning and (old is None or old.warning != rec.warning):
             log.warning("node read with a fallback", node=rec.name, warning=rec.warning)
+        if rec.mig_warning and self.s.config.mig.repartition and (old is None or old.mig_warning != rec.mig_warning):
+            log.warning("node not re-partitioned", node=rec.name, warning=rec.mig_warning)
         return rec
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
@@ -400,6 +405,12 @@ class Scheduler:
         """Monotonic time before which no GPU is re-partitioned (a layout could not be written)."""
         self._mig_writes = asyncio.Lock()
         """One write of the MIG manager's ConfigMap at a time."""
+        self._mig_written: dict[str, float] = {}
+        """Monotonic time each configuration was first written to the ConfigMap by this instance."""
+        self._mig_asked: dict[str, int] = {}
+        """Nodes a layout was asked for (by any leader) that advertise no instance yet: when (epoch s)."""
+        self._mig_giving_up: set[str] = set()
+        """Nodes being set back after a layout did not come in time."""
         self.placed_here: set[str] = set()
         """Pods whose ``nominatedNodeName`` this instance has written while leading (a node it
         preempted on, or none): its own word, never a reason to hold room again (``adopt_room``)."""
@@ -798,6 +809,7 @@ class Scheduler:
         self.cache.set_repartition(
             "idle-nodes" if mig.repartition and time.monotonic() >= self._mig_off_until else "off"
         )
+        self._expire_asks()
         for r in batch:
             if not r.error and self._waits_for_layout(r.key):  # told already; back once its node is done
                 self.queue.park(r.key)
@@ -925,10 +937,12 @@ class Scheduler:
         names = snap.cluster.nodes
         untaken = False  # a placement of the plan not acted on: what it counted as taken is free
         # A node the plan re-partitions takes no GPU pod until the MIG manager is done with it:
-        # its MIG pods wait for the new instances, other GPU pods are drawn again, and so are
-        # the other members of a gang with a member waiting.
+        # its MIG pods wait for the new instances, other GPU pods are drawn again.  A gang with a
+        # member there is bound whole or not at all: its MIG members there wait and the rest are
+        # told so, or, with none of them waiting, all its members are drawn again.
         parted = {n for n, _, _ in plan.partitions}
         for_layout: dict[int, list[Pod]] = defaultdict(list)
+        gangs_parted = {a.pod.gang.name for a in plan.assignments if a.node in parted and a.pod.gang is not None}
         gangs_waiting = {
             a.pod.gang.name: names[a.node].name
             for a in plan.assignments
@@ -947,12 +961,13 @@ class Scheduler:
             if a.node in parted and a.pod.mig_profile:
                 for_layout[a.node].append(a.pod)
                 continue
-            if a.node in parted and (a.pod.num_gpu or a.pod.gpu_milli):
+            member_of = a.pod.gang.name if a.pod.gang is not None else None
+            if member_of in gangs_waiting:
+                gang_waits.append(a.pod)
+                continue
+            if member_of in gangs_parted or (a.node in parted and (a.pod.num_gpu or a.pod.gpu_milli)):
                 self.queue.requeue(a.pod.key)
                 untaken = True
-                continue
-            if a.pod.gang is not None and a.pod.gang.name in gangs_waiting:
-                gang_waits.append(a.pod)
                 continue
             self._start_bind(a.pod, names[a.node].name, a.gpus)
         if for_layout:
@@ -1646,8 +1661,16 @@ class Scheduler:
 
     def sealed(self) -> set[str]:
         """Nodes being re-partitioned into MIG instances: none of their GPUs or instances is
-        offered to a pod until the MIG manager is done."""
-        return self._repartitions.keys() | self._mig_at_work
+        offered to a pod until it is over.  Those this instance asked a layout for; with
+        ``mig.repartition``, also those the MIG manager says it is at work on, and those any
+        leader asked a layout for (``LABEL_MIG_REQUESTED``) that advertise no instance yet, for
+        ``mig.timeoutSeconds`` after the request."""
+        out = set(self._repartitions)
+        if self.config.mig.repartition:
+            since = time.time() - float(self.config.mig.timeout_seconds)
+            out |= self._mig_at_work
+            out |= {n for n, at in self._mig_asked.items() if at > since}
+        return out
 
     # -- MIG re-partitioning ------------------------------------------------------------------
     def _waits_for_layout(self, key: str) -> bool:
@@ -1693,16 +1716,38 @@ class Scheduler:
             self.spawn(self._ask_for_layout(node.name, job, entries), f"mig:{node.name}")
 
     async def _ask_for_layout(self, node: str, job: _Repartition, entries: list[Any]) -> None:
-        """Write the layout and the node's label; then wait for the MIG manager, at most
-        ``mig.timeoutSeconds``.  One write at a time: each keeps the configurations in use as
-        they are when it is made (a node's label, or a layout asked for and not yet seen there)."""
-        cm = self.config.mig.config_map
+        """Write the layout, give the kubelet time to project it into the MIG manager's volume
+        (``mig.configDelaySeconds`` after it was first written), label the node; then wait for
+        the MIG manager, at most ``mig.timeoutSeconds``.  One ConfigMap write at a time: each
+        keeps the configurations in use as they are when it is made (a node's label, or a
+        layout asked for and not yet seen there)."""
+        mig = self.config.mig
         async with self._mig_writes:
             keep = {r.node.labels.get(LABEL_MIG_CONFIG, "") for r in self.cache.nodes.values()}
             keep |= {r.config for r in self._repartitions.values()}
-            error = await self.binder.repartition(node, job.config, entries, cm, keep)
+            error, existed = await self.binder.write_mig_config(job.config, entries, mig.config_map, keep)
+        if not error:
+            if not existed:
+                self._mig_written[job.config] = time.monotonic()
+            written = self._mig_written.get(job.config, -math.inf)
+            wait = written + float(mig.config_delay_seconds) - time.monotonic()
+            if wait > 0:
+                log.info(
+                    "mig layout written; the node is labelled once the MIG manager can read it",
+                    node=node,
+                    seconds=round(wait, 1),
+                )
+                await asyncio.sleep(wait)
+            if self._repartitions.get(node) is not job:  # over meanwhile (the node went away)
+                return
+            job.asked = time.monotonic()
+            labels: dict[str, str | None] = {LABEL_MIG_CONFIG: job.config, LABEL_MIG_REQUESTED: str(int(time.time()))}
+            error = await self.binder.label_node(node, labels)
         if error:
-            off = float(self.config.mig.timeout_seconds)
+            if not self.is_leader:  # the new leader decides anew
+                self._end_repartition(node, job, "", "")
+                return
+            off = float(mig.timeout_seconds)
             self._mig_off_until = time.monotonic() + off
             log.error(
                 "MIG layout not written; no GPU is re-partitioned for a while",
@@ -1710,40 +1755,92 @@ class Scheduler:
                 config=job.config,
                 error=error,
                 seconds=off,
-                fix=f"let gpusched get, create and update ConfigMap {cm} and patch nodes (docs/deploy.md)",
+                fix=f"let gpusched get, create and update ConfigMap {mig.config_map} and patch nodes (docs/deploy.md)",
             )
             self._end_repartition(node, job, "error", f"its layout could not be written: {error}")
             return
         await self.binder.object_event(
             {"kind": "Node", "name": node, "apiVersion": "v1"},
             "MigRepartition",
-            f"Asked the MIG manager for {LABEL_MIG_CONFIG}={job.config} (in ConfigMap {cm}) "
+            f"Asked the MIG manager for {LABEL_MIG_CONFIG}={job.config} (in ConfigMap {mig.config_map}) "
             f"for {len(job.pods)} pod(s).",
         )
         rec = self.cache.nodes.get(node)
         if rec is not None:  # the MIG manager may have answered before the write returned
             self.mig_node_seen(rec.node)
-        await asyncio.sleep(max(0.0, job.started + float(self.config.mig.timeout_seconds) - time.monotonic()))
+        await asyncio.sleep(max(0.0, job.asked + float(self.config.mig.timeout_seconds) - time.monotonic()))
         if self._repartitions.get(node) is job:
-            self._end_repartition(
-                node,
-                job,
-                "timeout",
-                f"the MIG manager did not apply {LABEL_MIG_CONFIG}={job.config} within "
-                f"{self.config.mig.timeout_seconds} s (is it running on the node? see its log)",
-            )
+            self._end_repartition(node, job, "timeout", self._timed_out(job.config))
+            self._give_up_layout(node, job.config)
+
+    def _timed_out(self, config: str) -> str:
+        return (
+            f"it did not advertise the instances of {LABEL_MIG_CONFIG}={config} within "
+            f"{self.config.mig.timeout_seconds} s (is the MIG manager running there? see its log)"
+        )
+
+    def _give_up_layout(self, node: str, config: str) -> None:
+        """A layout asked for that did not come in time: the node is set back to
+        ``all-disabled`` and no longer offered for re-partitioning (its label
+        ``gpusched.io/mig-repartition`` set to false), once."""
+        if node in self._mig_giving_up or not self.is_leader:
+            return
+        self._mig_giving_up.add(node)
+
+        async def reset() -> None:
+            try:
+                labels: dict[str, str | None] = {
+                    LABEL_MIG_CONFIG: "all-disabled",
+                    LABEL_MIG_REQUESTED: None,
+                    LABEL_MIG_REPARTITION: "false",
+                }
+                error = await self.binder.label_node(node, labels)
+                if error:
+                    log.warning("node not set back after a MIG layout timed out", node=node, error=error)
+                    return
+                why = self._timed_out(config)
+                log.warning("mig repartition given up", node=node, config=config, why=why)
+                await self.binder.object_event(
+                    {"kind": "Node", "name": node, "apiVersion": "v1"},
+                    "MigRepartitionTimeout",
+                    f"Node {why}. Set back to {LABEL_MIG_CONFIG}=all-disabled; set "
+                    f"{LABEL_MIG_REPARTITION}=true to offer it for re-partitioning again.",
+                    "Warning",
+                )
+            finally:
+                self._mig_giving_up.discard(node)
+
+        self.spawn(reset(), f"mig-reset:{node}")
+
+    def _expire_asks(self) -> None:
+        """Set back the nodes another leader asked a layout for that did not come in time."""
+        if not self.is_leader or not self.config.mig.repartition:
+            return
+        since = time.time() - float(self.config.mig.timeout_seconds)
+        for node, at in list(self._mig_asked.items()):
+            if at <= since and node not in self._repartitions:
+                rec = self.cache.nodes.get(node)
+                self._give_up_layout(node, rec.node.labels.get(LABEL_MIG_CONFIG, "") if rec else "")
 
     def mig_node_seen(self, node: Node) -> None:
-        """A node as the watch shows it: the MIG manager's state, and the end of a re-partition
-        this instance asked for (its label, the state ``success`` and the instances advertised;
-        or ``failed``)."""
-        state = node.labels.get(LABEL_MIG_STATE, "")
+        """A node as the watch shows it: the MIG manager's state, a layout asked for and not
+        there yet, and the end of a re-partition this instance asked for (its label, the state
+        ``success`` and the instances advertised; or ``failed``)."""
+        labels = node.labels
+        state = labels.get(LABEL_MIG_STATE, "")
         if state in MIG_BUSY_STATES:
             self._mig_at_work.add(node.name)
         else:
             self._mig_at_work.discard(node.name)
+        config = labels.get(LABEL_MIG_CONFIG, "")
+        requested = labels.get(LABEL_MIG_REQUESTED, "")
+        arrived = state == "success" and bool(node.mig_slices)
+        if config.startswith(MIG_CONFIG_PREFIX) and requested.isdigit() and state != "failed" and not arrived:
+            self._mig_asked[node.name] = int(requested)
+        else:
+            self._mig_asked.pop(node.name, None)
         job = self._repartitions.get(node.name)
-        if job is None or node.labels.get(LABEL_MIG_CONFIG) != job.config:
+        if job is None or config != job.config:
             return
         if state == "failed":
             self._end_repartition(
@@ -1756,15 +1853,20 @@ class Scheduler:
 
     def mig_node_gone(self, name: str) -> None:
         self._mig_at_work.discard(name)
+        self._mig_asked.pop(name, None)
         job = self._repartitions.get(name)
         if job is not None:
             self._end_repartition(name, job, "failed", "the node is gone")
 
     def _end_repartition(self, node: str, job: _Repartition, result: str, why: str) -> None:
-        """The re-partition of ``node`` is over: its pods are drawn again (told ``why`` it failed)."""
+        """The re-partition of ``node`` is over: its pods are drawn again (told ``why`` it failed).
+        ``result`` "": dropped untold, as when this instance no longer leads."""
         if self._repartitions.get(node) is not job:
             return
         del self._repartitions[node]
+        if not result or not self.is_leader:
+            log.info("mig repartition left to the next leader", node=node, config=job.config)
+            return
         self.metrics.mig_repartition(result)
         seconds = round(time.monotonic() - job.started, 1)
         if result == "success":
@@ -1879,6 +1981,7 @@ class Scheduler:
             plan,
             assignments=plan.assignments + extra.assignments,
             unplaced=tuple(p for p in plan.unplaced if p.key not in placed),
+            partitions=plan.partitions + extra.partitions,
         )
         return merged, after2, frag2
 
@@ -1894,12 +1997,21 @@ class Scheduler:
         it, and why (busy; kept free for pods of higher priority), when it found no room.
         ``state``: what the pod was weighed against (default: the snapshot's); ``below``:
         whether the kept GPUs are not for it (default: by its own priority)."""
-        if snap is None or not (snap.busy_cells or snap.kept) or not (pod.num_gpu or pod.gpu_milli):
+        gpus = pod.num_gpu or pod.gpu_milli or pod.mig_profile
+        if snap is None or not (snap.busy_cells or snap.kept or snap.sealed) or not gpus:
             return message
+        notes = []
+        if snap.sealed:
+            sealed = len(snap.sealed)
+            notes.append(
+                f"{sealed} node{'s' if sealed != 1 else ''} being re-partitioned into MIG instances "
+                f"{'were' if sealed != 1 else 'was'} not offered"
+            )
+        if pod.mig_profile or not (snap.busy_cells or snap.kept):
+            return "; ".join([message.rstrip("."), *notes]) + "."
         seen = snap.state if state is None else state
         host = seen.host_mask(pod.shape)
         need = pod.gpu_milli if pod.shape.is_fractional else GPU_MILLI
-        notes = []
         busy = sum(1 for i, _, room in snap.busy_cells if host[i] and room >= need)
         if busy:
             pct = self.config.utilisation.busy_percent
@@ -2127,6 +2239,8 @@ class _Repartition:
     gpus: int
     """GPUs of the node (all taken while it is re-partitioned)."""
     started: float = field(default_factory=time.monotonic)
+    asked: float = field(default_factory=time.monotonic)
+    """When the node was labelled (the timeout counts from then)."""
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from tenacity import (
 )
 
 from gpusched.kube.client import MERGE_PATCH, STRATEGIC_PATCH, ApiError, Kube
-from gpusched.kube.convert import ANNOTATION_GPU_INDICES, LABEL_MIG_CONFIG, MIG_CONFIG_PREFIX
+from gpusched.kube.convert import ANNOTATION_GPU_INDICES, MIG_CONFIG_PREFIX
 from gpusched.model import Pod
 
 __all__ = ["MIG_CONFIG_KEY", "BindResult", "Binder", "condition_changes", "merge_mig_configs"]
@@ -381,16 +381,15 @@ class Binder:
         await self.event(victim, "Consolidating", f"Evicted from node {node}: {why}")
         return True
 
-    async def repartition(
-        self, node: str, name: str, entries: list[dict[str, Any]], config_map: str, keep: Collection[str] = ()
-    ) -> str:
-        """Have NVIDIA's MIG manager give ``node`` the layout ``entries`` (mig-parted's list of
-        device groups): add it under ``name`` to the configurations in ConfigMap ``config_map``
-        (``namespace/name``, key ``config.yaml``; created when missing), then label the node
-        ``nvidia.com/mig.config=name``.  Configurations of this scheduler's (``gpusched-``) that
-        no node uses any more are dropped, but those named in ``keep``; the ones of others are
-        left as they are, and ``all-disabled`` is added when missing (the label the GPU
-        operator starts nodes with).  The error, or "" once both are written."""
+    async def write_mig_config(
+        self, name: str, entries: list[dict[str, Any]], config_map: str, keep: Collection[str] = ()
+    ) -> tuple[str, bool]:
+        """Add the MIG layout ``entries`` (mig-parted's list of device groups) under ``name`` to
+        the configurations in ConfigMap ``config_map`` (``namespace/name``, key ``config.yaml``;
+        created when missing), for NVIDIA's MIG manager.  Configurations of this scheduler's
+        (``gpusched-``) that are not named in ``keep`` are dropped; the others are left as they
+        are, and ``all-disabled`` is added when missing (the label the GPU operator starts nodes
+        with).  The error ("" once written), and whether ``name`` was there already."""
         namespace, cm = config_map.split("/", 1)
         path = f"/api/v1/namespaces/{namespace}/configmaps"
         try:
@@ -406,7 +405,9 @@ class Binder:
                 try:
                     doc = merge_mig_configs(data.get(MIG_CONFIG_KEY), name, entries, keep)
                 except ValueError as exc:
-                    return f"ConfigMap {config_map}: {exc}"
+                    return f"ConfigMap {config_map}: {exc}", False
+                before = yaml.safe_load(data.get(MIG_CONFIG_KEY) or "") or {}
+                existed = isinstance(before, dict) and (before.get("mig-configs") or {}).get(name) == entries
                 data[MIG_CONFIG_KEY] = yaml.safe_dump(doc, sort_keys=True)
                 body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": current["metadata"], "data": data}
                 try:
@@ -414,13 +415,20 @@ class Binder:
                         await self._retrying("POST", path, body, leading=self.leading)
                     else:
                         await self._retrying("PUT", f"{path}/{cm}", body, leading=self.leading)
-                    break
+                    return "", existed
                 except ApiError as exc:
                     if exc.status != 409:
                         raise
-            else:
-                return f"ConfigMap {config_map}: changed by another writer {self.attempts} times in a row"
-            patch = {"metadata": {"labels": {LABEL_MIG_CONFIG: name}}}
+            return f"ConfigMap {config_map}: changed by another writer {self.attempts} times in a row", False
+        except NotLeading:
+            return "no longer the leader", False
+        except ApiError as exc:
+            return str(exc), False
+
+    async def label_node(self, node: str, labels: dict[str, str | None]) -> str:
+        """Set (a value) or remove (None) ``labels`` on ``node``; the error, or "" once done."""
+        patch = {"metadata": {"labels": labels}}
+        try:
             await self._retrying("PATCH", f"/api/v1/nodes/{node}", patch, MERGE_PATCH, leading=self.leading)
         except NotLeading:
             return "no longer the leader"

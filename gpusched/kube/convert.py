@@ -91,6 +91,7 @@ __all__ = [
     "LABEL_GPU_PRODUCT",
     "LABEL_MIG_CONFIG",
     "LABEL_MIG_REPARTITION",
+    "LABEL_MIG_REQUESTED",
     "LABEL_MIG_STATE",
     "LABEL_POD_GROUP",
     "MIG_BUSY_STATES",
@@ -127,6 +128,9 @@ LABEL_MIG_CONFIG = "nvidia.com/mig.config"
 LABEL_MIG_STATE = "nvidia.com/mig.config.state"
 """The MIG manager's word on that: ``pending``, ``rebooting``, ``success`` or ``failed``."""
 MIG_BUSY_STATES = ("pending", "rebooting")
+LABEL_MIG_REQUESTED = "gpusched.io/mig-requested-at"
+"""Set with ``nvidia.com/mig.config`` when gpusched asks for a layout: when (Unix seconds), so that
+any leader keeps the node sealed until the instances come or the request times out."""
 UNKNOWN_MODEL = "unknown"
 """Model of GPUs on a node that has no ``nvidia.com/gpu.product`` label."""
 
@@ -267,7 +271,8 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     soft_taints = tuple(t for t in all_taints if t.effect == "PreferNoSchedule")
     if slices and not model:
         model = UNKNOWN_MODEL
-    repartition = _repartitionable(labels, gpus, model, bool(slices), where, warnings)
+    mig_warnings: list[str] = []
+    repartition = _repartitionable(labels, gpus, model, bool(slices), where, mig_warnings)
     try:
         node = Node(
             name,
@@ -288,7 +293,7 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
-    return NodeRecord(node, tuple((k, v) for k, v in mig if v), "; ".join(warnings))
+    return NodeRecord(node, tuple((k, v) for k, v in mig if v), "; ".join(warnings), "; ".join(mig_warnings))
 
 
 _POD_LEVEL_RESOURCES = ("cpu", "memory")

@@ -52,6 +52,9 @@ class Snapshot:
     kept: tuple[tuple[int, int], ...] = ()
     """Idle GPUs (node index, GPU index) counted as full because they are kept free for pods
     of high priority (``keep`` of ``Cache.snapshot``)."""
+    sealed: tuple[int, ...] = ()
+    """Nodes (indices) whose GPUs and MIG instances all counted as taken (``sealed`` of
+    ``Cache.snapshot``: being re-partitioned)."""
 
     @property
     def busy(self) -> int:
@@ -653,7 +656,7 @@ class Cache:
             dict(self._resident_view),
             pods_used=self._pods.copy() if cluster.pods_metered else None,
         )
-        return Snapshot(self.generation, cluster, state, tuple(blocked), kept)
+        return Snapshot(self.generation, cluster, state, tuple(blocked), kept, tuple(sealed))
 
     def _ensure_cluster(self) -> Cluster:
         if self._cluster is None:

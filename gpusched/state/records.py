@@ -23,6 +23,9 @@ class NodeRecord:
     """Allocatable MIG slices by resource name (``nvidia.com/mig-1g.10gb``), sorted."""
     warning: str = ""
     """What on the node was read with a fallback (a stale islands annotation, an unknown MIG resource)."""
+    mig_warning: str = ""
+    """Why a node labelled for MIG re-partitioning may not be re-partitioned (told only while
+    ``mig.repartition`` is on)."""
 
     @property
     def name(self) -> str:

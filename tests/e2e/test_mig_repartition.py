@@ -70,7 +70,7 @@ async def _start(
     name = f"gs-{uuid.uuid4().hex[:8]}"
     node = f"a100-{name}"
     config = tmp_path / "mig.yaml"
-    config.write_text("mig:\n  repartition: true\n  timeoutSeconds: 60\n")
+    config.write_text("mig:\n  repartition: true\n  timeoutSeconds: 60\n  configDelaySeconds: 0\n")
     await kit.create_all(kube, "/api/v1/nodes", [kit.node(node, 2, A100, **{"gpusched.io/mig-repartition": "true"})])
     daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect", "--config", str(config))
     await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", [mig_pod(f"s{i}", name) for i in range(pods)])
@@ -202,7 +202,7 @@ async def test_layouts_asked_for_together_all_stay_in_the_config_map(
     name = f"gs-{uuid.uuid4().hex[:8]}"
     nodes = [f"one-{name}", f"two-{name}"]
     config = tmp_path / "mig.yaml"
-    config.write_text("mig:\n  repartition: true\n")
+    config.write_text("mig:\n  repartition: true\n  configDelaySeconds: 0\n")
     opt_in = {"gpusched.io/mig-repartition": "true"}
     await kit.create_all(
         kube, "/api/v1/nodes", [kit.node(nodes[0], 1, A100, **opt_in), kit.node(nodes[1], 2, A100, **opt_in)]

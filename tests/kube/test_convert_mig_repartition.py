@@ -17,7 +17,7 @@ OPT_IN = {"gpusched.io/mig-repartition": "true", "nvidia.com/gpu.product": A100}
 def test_an_opted_in_node_of_whole_mig_capable_gpus_may_be_repartitioned() -> None:
     rec = node_record(node_obj(labels={**OPT_IN, "nvidia.com/gpu.count": "8", "nvidia.com/mig.config": "all-disabled"}))
     assert rec.node.mig_repartition
-    assert not rec.warning
+    assert not rec.mig_warning
     rec = node_record(node_obj(labels={**OPT_IN, "nvidia.com/mig.config.state": "success"}))
     assert rec.node.mig_repartition
     plain = node_record(node_obj(labels={"nvidia.com/gpu.product": A100}))
@@ -42,16 +42,16 @@ def test_an_opted_in_node_of_whole_mig_capable_gpus_may_be_repartitioned() -> No
 def test_a_node_that_cannot_be_repartitioned_says_why(labels: dict[str, str], gpus: str, warning: str) -> None:
     rec = node_record(node_obj(gpus=gpus, labels={**OPT_IN, **labels}))
     assert not rec.node.mig_repartition
-    assert warning in rec.warning
+    assert warning in rec.mig_warning
     if "mig.config" in str(labels):
-        assert "set nvidia.com/mig.config=all-disabled to offer the node again" in rec.warning
+        assert "set nvidia.com/mig.config=all-disabled to offer the node again" in rec.mig_warning
 
 
 @pytest.mark.parametrize("state", ["pending", "rebooting"])
 def test_a_node_the_mig_manager_is_at_work_on_is_left_alone_quietly(state: str) -> None:
     rec = node_record(node_obj(labels={**OPT_IN, "nvidia.com/mig.config.state": state}))
     assert not rec.node.mig_repartition
-    assert not rec.warning
+    assert not rec.mig_warning
 
 
 def test_a_node_advertising_instances_is_packed_as_it_is() -> None:
@@ -59,7 +59,7 @@ def test_a_node_advertising_instances_is_packed_as_it_is() -> None:
     obj["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] = "7"
     rec = node_record(obj)
     assert not rec.node.mig_repartition
-    assert not rec.warning
+    assert not rec.mig_warning
     assert rec.node.mig_slices == (("1g.10gb", 7),)
 
 

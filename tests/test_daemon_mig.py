@@ -1,0 +1,245 @@
+"""The daemon re-partitioning nodes into MIG instances, over a recording API: what it binds,
+what it asks the MIG manager for, and what it tells the pods, in the cases a live cluster brings
+(headroom, gangs, restarts, a lost lead, the feature off, ConfigMap writes that interleave)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from typing import Any, cast
+
+import yaml
+
+from gpusched.config import parse_config
+from gpusched.daemon import DaemonSettings, Scheduler, _NodeHandler
+from gpusched.kube.binder import Binder
+from gpusched.kube.client import Kube, Response
+from gpusched.model import Pod
+from tests.doubles import IdleClient, RecordingApi
+from tests.e2e import kit
+
+A100 = "NVIDIA-A100-SXM4-80GB"
+CM = "/api/v1/namespaces/gpu-operator/configmaps/gpusched-mig-parted-config"
+ON = {"mig": {"repartition": True, "configDelaySeconds": 0}}
+
+
+class MigApi(RecordingApi):
+    """Records binds, layouts written and node labels; every write succeeds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bound_to: dict[str, str] = {}
+        self.written: list[str] = []
+        self.labelled: list[tuple[str, dict[str, str | None]]] = []
+
+    async def bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> Any:
+        self.bound_to[pod.key] = node
+        return await super().bind(pod, node, gpus)
+
+    async def write_mig_config(self, name: str, *_: Any, **__: Any) -> tuple[str, bool]:
+        self.written.append(name)
+        return "", False
+
+    async def label_node(self, node: str, labels: dict[str, str | None]) -> str:
+        self.labelled.append((node, labels))
+        return ""
+
+    async def object_event(self, *_: Any, **__: Any) -> None:
+        return None
+
+
+def scheduler(api: object, cfg: dict[str, Any] | None = None, policy: str = "bestfit") -> Scheduler:
+    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy=policy), cast(Kube, IdleClient()))
+    s.binder = cast(Binder, api)
+    s.set_config(parse_config(ON if cfg is None else cfg))
+    return s
+
+
+def add_node(s: Scheduler, name: str, gpus: int, repartition: bool = True, **labels: str) -> None:
+    if repartition:
+        labels["gpusched.io/mig-repartition"] = "true"
+    _NodeHandler(s).apply("ADDED", kit.node(name, gpus, A100, **labels))
+
+
+def pod(name: str, *, gpus: int = 0, mig: str = "", priority: int = 0, gang: str = "") -> dict[str, Any]:
+    obj = kit.pod(name, "s", gpus=gpus)
+    obj["metadata"].update({"namespace": "default", "uid": f"uid-{name}", "labels": {}})
+    if mig:
+        obj["spec"]["containers"][0]["resources"]["limits"][f"nvidia.com/mig-{mig}"] = "1"
+    obj["spec"]["priority"] = priority
+    if gang:
+        obj["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = gang
+        obj["metadata"]["annotations"]["gpusched.io/gang-min-members"] = "2"
+    return obj
+
+
+async def batch(s: Scheduler) -> None:
+    """One batch, and what it started but the long waits for the MIG manager."""
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 10))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    while busy := [t for t in s.pending_tasks() if not t.get_name().startswith("mig:")]:
+        await asyncio.wait(busy)
+
+
+def stop(s: Scheduler) -> None:
+    for t in s.pending_tasks():
+        t.cancel()
+
+
+async def test_a_mig_pod_on_gpus_kept_free_waits_for_its_layout_like_any_other() -> None:
+    api = MigApi()
+    s = scheduler(api, {**ON, "headroom": {"gpus": 1, "priorityAtLeast": 1000}})
+    add_node(s, "n0", 1)  # its one GPU is kept free for pods of priority 1000
+    s._pending.apply("ADDED", pod("critical", mig="1g.10gb", priority=1000))
+    s._pending.apply("ADDED", pod("low"))
+    await batch(s)
+    assert "default/critical" not in api.bound_to, "bound to a node that advertises no nvidia.com/mig-1g.10gb"
+    assert [n for n, _ in api.labelled] == ["n0"]
+    assert any("re-partitioned" in m for m in api.failed("default/critical"))
+    stop(s)
+
+
+async def test_a_gang_with_a_member_on_a_node_being_repartitioned_is_not_split() -> None:
+    for policy in ("bestfit", "fgd", "cpsat"):
+        api = MigApi()
+        s = scheduler(api, policy=policy)
+        add_node(s, "n", 2)
+        add_node(s, "m", 1, repartition=False)
+        s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+        for i in range(2):
+            s._pending.apply("ADDED", pod(f"g{i}", gpus=1, gang="g"))
+        await batch(s)
+        gang = {k for k in api.bound_to if k.startswith("default/g")}
+        assert len(gang) in (0, 2), f"{policy}: gang split, only {gang} bound"
+        stop(s)
+
+
+async def test_with_the_feature_off_the_mig_managers_state_changes_nothing() -> None:
+    api = MigApi()
+    s = scheduler(api, {})
+    add_node(s, "n0", 2, repartition=False, **{"nvidia.com/mig.config.state": "pending"})
+    s._pending.apply("ADDED", pod("w", gpus=1))
+    await batch(s)
+    assert api.bound_to == {"default/w": "n0"}
+    assert not s.sealed()
+
+
+async def test_a_node_another_leader_asked_a_layout_for_is_sealed_until_it_times_out() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "timeoutSeconds": 60}})
+    asked = {
+        "nvidia.com/mig.config": "gpusched-0123456789ab",
+        "nvidia.com/mig.config.state": "success",  # the state of the last layout, not of this one
+        "gpusched.io/mig-requested-at": str(int(time.time())),
+    }
+    add_node(s, "n", 2, **asked)
+    s._pending.apply("ADDED", pod("w", gpus=1))
+    await batch(s)
+    assert "default/w" not in api.bound_to, "a GPU pod bound to a node the MIG manager is about to re-partition"
+    assert "1 node being re-partitioned into MIG instances was not offered" in api.failed("default/w")[-1]
+    assert not api.labelled
+    # Past the timeout: the node is set back, and no longer offered for re-partitioning.
+    add_node(s, "n", 2, **{**asked, "gpusched.io/mig-requested-at": str(int(time.time()) - 61)})
+    assert not s.sealed()
+    s.queue.move_all()
+    await batch(s)
+    assert (
+        "n",
+        {
+            "nvidia.com/mig.config": "all-disabled",
+            "gpusched.io/mig-requested-at": None,
+            "gpusched.io/mig-repartition": "false",
+        },
+    ) in api.labelled
+
+
+class LosingApi(MigApi):
+    def __init__(self, s: list[Scheduler]) -> None:
+        super().__init__()
+        self.s = s
+
+    async def write_mig_config(self, name: str, *_: Any, **__: Any) -> tuple[str, bool]:
+        self.s[0]._leadership(False)
+        return "no longer the leader", False
+
+
+async def test_a_lead_lost_while_asking_is_not_told_to_the_pods() -> None:
+    ref: list[Scheduler] = []
+    api = LosingApi(ref)
+    s = scheduler(api)
+    ref.append(s)
+    add_node(s, "n", 1)
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    await asyncio.sleep(0)
+    assert not any("no longer the leader" in m for m in api.failed("default/p"))
+    assert not s._repartitions
+    assert s._mig_off_until == 0.0, "re-partitioning is not held off for a lead lost"
+
+
+class ConfigMapKube:
+    """The ConfigMap and node endpoints of an API server, with resourceVersion checks; the first
+    read is slow, as under a rate limiter."""
+
+    def __init__(self) -> None:
+        self.cm: dict[str, Any] | None = None
+        self.rv = 0
+        self.gets = 0
+        self.labels: dict[str, str] = {}
+
+    async def request(self, method: str, path: str, body: Any = None, **kw: Any) -> Response:
+        if kw.get("before_send"):
+            kw["before_send"]()
+        if path == CM and method == "GET":
+            self.gets += 1
+            if self.gets == 1:
+                await asyncio.sleep(0.05)
+            if self.cm is None:
+                return Response(404, {"message": "not found", "reason": "NotFound"})
+            return Response(200, copy.deepcopy(self.cm))
+        if method in ("POST", "PUT") and path.startswith(CM.rsplit("/", 1)[0]):
+            if (self.cm is None) != (method == "POST") or (
+                method == "PUT" and body["metadata"].get("resourceVersion") != self.cm["metadata"]["resourceVersion"]  # type: ignore[index]
+            ):
+                return Response(409, {"message": "conflict", "reason": "Conflict"})
+            self.rv += 1
+            self.cm = {**body, "metadata": {**body["metadata"], "resourceVersion": str(self.rv)}}
+            return Response(200, copy.deepcopy(self.cm))
+        if path.startswith("/api/v1/nodes/") and method == "PATCH":
+            self.labels[path.rsplit("/", 1)[1]] = body["metadata"]["labels"]["nvidia.com/mig.config"]
+            return Response(200, {})
+        return Response(201, {})
+
+
+async def test_layouts_asked_for_in_one_batch_all_stay_in_the_config_map() -> None:
+    kube = ConfigMapKube()
+    s = scheduler(None, policy="cpsat")
+    s.binder = Binder(cast(Kube, kube), "me", leading=lambda: True)
+    add_node(s, "a", 1)
+    add_node(s, "b", 1)
+    s._pending.apply("ADDED", pod("small", mig="1g.10gb"))
+    s._pending.apply("ADDED", pod("big", mig="7g.80gb"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 10))
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+    assert kube.cm is not None
+    configs = yaml.safe_load(kube.cm["data"]["config.yaml"])["mig-configs"]
+    assert len(kube.labels) == 2
+    for node, config in kube.labels.items():
+        assert config in configs, f"node {node} is labelled {config}, which the ConfigMap no longer holds"
+    stop(s)
+
+
+async def test_a_new_layout_is_labelled_only_after_the_config_delay() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "configDelaySeconds": 0.2}})
+    add_node(s, "n", 1)
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    assert len(api.written) == 1
+    assert not api.labelled, "labelled before the MIG manager can read the layout"
+    await asyncio.sleep(0.3)
+    assert [n for n, _ in api.labelled] == ["n"]
+    stop(s)
