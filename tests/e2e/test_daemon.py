@@ -181,22 +181,7 @@ async def test_unschedulable_pod_is_retried_when_the_cluster_changes(
         (p,) = await kit.wait_settled(kube, namespace, 1, timeout=90)
         message = (kit.condition(p) or {}).get("message")
         assert message == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
-        explained = await asyncio.to_thread(
-            subprocess.run,
-            [
-                sys.executable,
-                "-m",
-                "gpusched",
-                "explain",
-                f"{namespace}/big",
-                "--kubeconfig",
-                str(control_plane.scheduler_kubeconfig),
-            ],
-            capture_output=True,
-            text=True,
-            cwd=kit.repo_file(),
-            timeout=60,
-        )
+        explained = await kit.explain(control_plane, f"{namespace}/big")
         assert explained.returncode == 1, explained.stderr
         assert message in explained.stdout
         # Parked, not solved again: the watch bringing back our own condition is no reason to
