@@ -66,7 +66,7 @@ from gpusched.metrics.source import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, Utili
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Plan, Pod
 from gpusched.model.affinity import Requirement, label_selector_selects
 from gpusched.model.cluster import live_mig_configs
-from gpusched.model.mig import MIG_CONFIG_PREFIX
+from gpusched.model.mig import MIG_CONFIG_PREFIX, MigLayout
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.solver.baselines.base import GreedyPolicy
 from gpusched.solver.consolidate import plan_consolidation
@@ -78,7 +78,7 @@ from gpusched.solver.preempt import Budget, Preemption, gang_budgets, plan_preem
 from gpusched.solver.reclaim import at_limit_searched, plan_at_limit, plan_reclaims, reclaimers
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
-from gpusched.state.cache import Cache, Snapshot, same_offer
+from gpusched.state.cache import Cache, Coming, Snapshot, same_offer
 from gpusched.state.records import PodRecord
 from gpusched.state.volumes import Claims
 
@@ -880,7 +880,9 @@ class Scheduler:
             return
         freed = set(self._room_ready(r.pod for r in todo))
         pods = self._count_running_members([r.pod for r in todo])
-        snap = self.cache.snapshot(free=freed, busy=self.busy_gpus(), sealed=self.sealed(), **self._keep(pods))
+        snap = self.cache.snapshot(
+            free=freed, busy=self.busy_gpus(), sealed=self.sealed(), coming=self._coming(), **self._keep(pods)
+        )
         if snap.kept:
             self._kept_last = tuple((snap.cluster.nodes[i].name, g) for i, g in snap.kept)
         policy = self._policy_for(snap.cluster)
@@ -942,11 +944,12 @@ class Scheduler:
         # told so, or, with none of them waiting, all its members are drawn again.
         parted = {n for n, _, _ in plan.partitions}
         for_layout: dict[int, list[Pod]] = defaultdict(list)
+        coming = {i for n in self._repartitions if (i := snap.cluster.index.get(n)) is not None}
         gangs_parted = {a.pod.gang.name for a in plan.assignments if a.node in parted and a.pod.gang is not None}
         gangs_waiting = {
             a.pod.gang.name: names[a.node].name
             for a in plan.assignments
-            if a.node in parted and a.pod.mig_profile and a.pod.gang is not None
+            if (a.node in parted or a.node in coming) and a.pod.mig_profile and a.pod.gang is not None
         }
         gang_waits: list[Pod] = []
         for a in plan.assignments:
@@ -960,6 +963,9 @@ class Scheduler:
                 continue
             if a.node in parted and a.pod.mig_profile:
                 for_layout[a.node].append(a.pod)
+                continue
+            if a.pod.mig_profile and names[a.node].name in self._repartitions:  # on an instance to come
+                self._join_layout(names[a.node].name, a.pod)
                 continue
             member_of = a.pod.gang.name if a.pod.gang is not None else None
             if member_of in gangs_waiting:
@@ -975,7 +981,7 @@ class Scheduler:
         for p in gang_waits:
             assert p.gang is not None
             node = gangs_waiting[p.gang.name]
-            if self._waits_for_layout(next(q.key for q in for_layout[snap.cluster.index[node]])):
+            if node in self._repartitions:
                 waits = f"gang {p.gang.name}: members wait for node {node} to be re-partitioned into MIG instances"
                 self._unschedulable(p, f"{waits}; no member is placed until all of them can be, together.", "Gang")
             else:  # the layout could not be asked for: solved again
@@ -1080,7 +1086,9 @@ class Scheduler:
         if self.cache.generation == snap.generation:
             return plan
         fresh = self.cache.snapshot(
-            free=self._room_ready((*(a.pod for a in plan.assignments), *plan.unplaced)), sealed=self.sealed()
+            free=self._room_ready((*(a.pod for a in plan.assignments), *plan.unplaced)),
+            sealed=self.sealed(),
+            coming=self._coming(),
         )
         if fresh.cluster is not snap.cluster and not _same_offers(snap.cluster, fresh.cluster):
             problems = ["the node inventory changed during the solve"]
@@ -1695,7 +1703,8 @@ class Scheduler:
             for m, _, layout in parts:
                 if m == n:
                     wanted.update(layout.counts)
-            job = _Repartition(config, dict(wanted), {p.key: p for p in group}, node.gpu_count)
+            layouts = tuple((g, layout) for m, g, layout in parts if m == n)
+            job = _Repartition(config, dict(wanted), {p.key: p for p in group}, node.gpu_count, layouts)
             self._repartitions[node.name] = job
             self.metrics.mig_repartition("requested")
             instances = ", ".join(f"{c} x {p}" for p, c in sorted(wanted.items()))
@@ -1711,9 +1720,25 @@ class Scheduler:
                 f"Waiting for node {node.name} to be re-partitioned into MIG instances ({instances}): "
                 f"{LABEL_MIG_CONFIG}={config}; the pod is placed once the node advertises them."
             )
+            job.message = message
             for p in group:
                 self._unschedulable(p, message, "MigRepartition")
             self.spawn(self._ask_for_layout(node.name, job, entries), f"mig:{node.name}")
+
+    def _coming(self) -> dict[str, Coming]:
+        """The MIG instances of the layouts asked for and not promised yet, by node: a batch may
+        place MIG pods on them, to wait with the others (``_join_layout``)."""
+        return {
+            node: (job.layouts, Counter(p.mig_profile for p in job.pods.values()))
+            for node, job in self._repartitions.items()
+        }
+
+    def _join_layout(self, node: str, pod: Pod) -> None:
+        """``pod`` waits for an instance of the layout asked for on ``node``, with its pods."""
+        job = self._repartitions[node]
+        job.pods[pod.key] = pod
+        log.info("mig repartition joined", node=node, config=job.config, pod=pod.key)
+        self._unschedulable(pod, job.message, "MigRepartition")
 
     async def _ask_for_layout(self, node: str, job: _Repartition, entries: list[Any]) -> None:
         """Write the layout, give the kubelet time to project it into the MIG manager's volume
@@ -2238,9 +2263,14 @@ class _Repartition:
     """The pods waiting for them, by key."""
     gpus: int
     """GPUs of the node (all taken while it is re-partitioned)."""
+    layouts: tuple[tuple[int, MigLayout], ...] = ()
+    """The layouts asked for, by GPU index: their instances not promised yet are offered to
+    later batches, whose MIG pods then wait with these."""
     started: float = field(default_factory=time.monotonic)
     asked: float = field(default_factory=time.monotonic)
     """When the node was labelled (the timeout counts from then)."""
+    message: str = ""
+    """What the pods waiting are told."""
 
 
 @dataclass(frozen=True)

@@ -243,3 +243,29 @@ async def test_a_new_layout_is_labelled_only_after_the_config_delay() -> None:
     await asyncio.sleep(0.3)
     assert [n for n, _ in api.labelled] == ["n"]
     stop(s)
+
+
+async def test_a_later_mig_pod_waits_for_an_instance_to_come_rather_than_split_another_node() -> None:
+    for policy in ("bestfit", "cpsat"):
+        api = MigApi()
+        s = scheduler(api, policy=policy)
+        add_node(s, "n", 1)
+        add_node(s, "m", 1)
+        s._pending.apply("ADDED", pod("first", mig="1g.10gb"))
+        await batch(s)
+        ((node, job),) = s._repartitions.items()
+        s._pending.apply("ADDED", pod("second", mig="1g.10gb"))
+        await batch(s)
+        assert len(s._repartitions) == 1, f"{policy}: a second node re-partitioned for one more instance"
+        assert sorted(job.pods) == ["default/first", "default/second"]
+        assert not api.bound_to
+        assert any(f"Waiting for node {node}" in m for m in api.failed("default/second"))
+        # Every instance the layout offers promised: the next pod needs a layout of its own.
+        for i in range(sum(job.wanted.values()) - 2):
+            s._pending.apply("ADDED", pod(f"more{i}", mig="1g.10gb"))
+        await batch(s)
+        assert len(s._repartitions) == 1
+        s._pending.apply("ADDED", pod("last", mig="1g.10gb"))
+        await batch(s)
+        assert len(s._repartitions) == 2, f"{policy}: {s._repartitions}"
+        stop(s)

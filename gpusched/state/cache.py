@@ -25,10 +25,15 @@ import numpy as np
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Pod
 from gpusched.model.cluster import IntArray, Repartition
+from gpusched.model.mig import MigLayout
+from gpusched.model.placement import MigPartition
 from gpusched.model.tenants import Tenants
 from gpusched.state.records import NodeRecord, PodRecord
 
 __all__ = ["Cache", "Snapshot"]
+
+Coming = tuple[tuple[tuple[int, MigLayout], ...], Mapping[str, int]]
+"""MIG layouts asked for on a node (by GPU index) and the instances already promised, by profile."""
 
 
 def same_offer(a: Node, b: Node) -> bool:
@@ -582,6 +587,7 @@ class Cache:
         kept_before: Collection[tuple[str, int]] = (),
         keep_tolerated: Collection[str] = (),
         sealed: Collection[str] = (),
+        coming: Mapping[str, Coming] | None = None,
     ) -> Snapshot:
         """Freeze the books for a batch; the room held for the pods of ``free`` (keys) is left
         free for them.  The GPUs of ``busy`` (node name -> GPU indices) count as full, so no
@@ -591,7 +597,9 @@ class Cache:
         (of ``keep_models``, if any are named; those of ``kept_before`` again, by node name and
         GPU index, while all are idle; on nodes with no taint but of the keys of
         ``keep_tolerated``) count as full too (``keep_free``).  On the nodes of ``sealed`` (by
-        name) every GPU and MIG instance counts as taken."""
+        name) every GPU and MIG instance counts as taken; but for those of ``coming`` (node name
+        -> the MIG layouts asked for there by GPU index, and the instances already promised by
+        profile), the instances of those layouts not promised yet are offered."""
         cluster = self._ensure_cluster()
         # Taken off the books themselves, not the snapshot: while its victims terminate, a
         # GPU may be counted twice, and the snapshot counts at most a whole GPU.
@@ -606,8 +614,9 @@ class Cache:
             blocked = [c for c in _busy_cells(cluster, busy or {}) if c not in spared]
             prefer = [(cluster.index[n], g) for n, g in kept_before if n in cluster.index]
             shut = [i for n in sealed if (i := cluster.index.get(n)) is not None]
+            to_come = {i: c for n, c in (coming or {}).items() if (i := cluster.index.get(n)) is not None and i in shut}
             return self._freeze(
-                cluster, blocked, keep, frozenset(keep_models), spared, prefer, frozenset(keep_tolerated), shut
+                cluster, blocked, keep, frozenset(keep_models), spared, prefer, frozenset(keep_tolerated), shut, to_come
             )
         finally:
             for h in held:
@@ -623,6 +632,7 @@ class Cache:
         prefer: Collection[tuple[int, int]] = (),
         tolerated: frozenset[str] = frozenset(),
         sealed: Sequence[int] = (),
+        coming: Mapping[int, Coming] | None = None,
     ) -> Snapshot:
         gpu = np.minimum(self._gpu, cluster.gpu_cap)
         blocked = []
@@ -641,6 +651,13 @@ class Cache:
             rows = list(sealed)
             gpu[rows] = cluster.gpu_cap[rows]
             mig[rows] = cluster.mig_cap[rows]
+        partitions: list[MigPartition] = []
+        for i, (layouts, promised) in (coming or {}).items():
+            profiles = {p for _, lay in layouts for p in lay.counts} | set(promised)
+            if all(p in cluster.mig_index for p in profiles):
+                partitions += [(i, g, lay) for g, lay in layouts]
+                for p, c in promised.items():
+                    mig[i, cluster.mig_index[p]] += c
         storage = self._storage.copy() if self._storage.any() else None
         ports = {n: frozenset(p for p, c in held.items() if c > 0) for n, held in self._ports.items()}
         state = ClusterState(
@@ -650,7 +667,7 @@ class Cache:
             gpu,
             self._kinds.copy(),
             mig,
-            (),
+            tuple(partitions),
             storage,
             {n: p for n, p in ports.items() if p},
             dict(self._resident_view),
