@@ -16,8 +16,9 @@ twice, side by side, with the cluster emptied in between: ``mig.repartition`` of
 
 Measured per run, once no pod has been bound for ``--settle`` seconds (or ``--timeout``): pods
 bound by kind, nodes re-partitioned and layouts asked for (one per node at most), GPUs given to
-MIG, the share of the instances advertised that pods use, pods pending at the end (none may be
-lost) and the seconds to the last bind.  Prints a side-by-side table; ``--json`` prints the JSON
+MIG against a lower bound on those the pods need (compute slices over 7, memory slices over 8),
+the share of the instances advertised that pods use, pods pending at the end (none may be lost)
+and the seconds to the last bind.  Prints a side-by-side table; ``--json`` prints the JSON
 object last, ``--out`` writes it.
 """
 
@@ -46,6 +47,16 @@ from tests.e2e import kit
 
 CONFIG_MAP = "/api/v1/namespaces/gpu-operator/configmaps/gpusched-mig-parted-config"
 MIX = (("1g.10gb", 0.60), ("2g.20gb", 0.25), ("3g.40gb", 0.15))
+SLICES = {"1g.10gb": (1, 1), "2g.20gb": (2, 2), "3g.40gb": (3, 4)}
+"""Compute and memory slices of each profile on an A100 80GB, which has 7 and 8."""
+
+
+def fewest_gpus(profiles: list[str]) -> int:
+    """A lower bound on the GPUs the MIG pods need: their compute slices over 7, their memory
+    slices over 8 (valid layouts may need more)."""
+    compute = sum(SLICES[p][0] for p in profiles)
+    memory = sum(SLICES[p][1] for p in profiles)
+    return max(-(-compute // 7), -(-memory // 8))
 
 
 def mig_pod(name: str, scheduler: str, profile: str) -> dict[str, Any]:
@@ -152,6 +163,7 @@ async def run_one(kube: Kube, cp: ControlPlane, work: Path, mode: str, args: arg
         "nodes_repartitioned": len(set(asked)),
         "layouts_asked": len(asked),
         "gpus_partitioned": counts["gpus_partitioned"],
+        "gpus_needed_at_least": fewest_gpus(profiles),
         "instance_use_pct": round(100 * mig_bound / counts["instances"], 1) if counts["instances"] else 0.0,
         "seconds_to_last_bind": round(last - start, 1) if bound else 0.0,
     }
@@ -178,6 +190,7 @@ def show(r: dict[str, Any]) -> str:
         ("nodes re-partitioned", "nodes_repartitioned"),
         ("layouts asked for", "layouts_asked"),
         ("GPUs given to MIG", "gpus_partitioned"),
+        ("  at least needed", "gpus_needed_at_least"),
         ("MIG instances in use %", "instance_use_pct"),
         ("seconds to the last bind", "seconds_to_last_bind"),
     ]
