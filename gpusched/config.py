@@ -47,6 +47,7 @@ configuration.  Example (every key optional)::
       configMap: gpu-operator/gpusched-mig-parted-config
       timeoutSeconds: 600
       configDelaySeconds: 90
+      restoreIdleSeconds: 1800
 """
 
 from __future__ import annotations
@@ -188,6 +189,9 @@ class MigConfig(_Strict):
     timeout_seconds: _Number = Field(strict=False, default=600, ge=10, le=86_400, alias="timeoutSeconds")
     """How long a node may take, from its label, to advertise the new instances before the pods
     waiting for them are told so and the node is set back to ``all-disabled``."""
+    restore_idle_seconds: _Number = Field(strict=False, default=1800, ge=0, le=604_800, alias="restoreIdleSeconds")
+    """A node gpusched re-partitioned whose MIG instances and GPUs no pod has used for this long
+    is set back to whole GPUs (``all-disabled``), for whole-GPU pods or another layout; 0: never."""
     config_delay_seconds: _Number = Field(strict=False, default=90, ge=0, le=3_600, alias="configDelaySeconds")
     """How long after a layout is first written to the ConfigMap the node is labelled: the MIG
     manager reads a mounted copy, which the kubelet refreshes only this often (a layout written

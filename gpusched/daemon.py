@@ -84,6 +84,9 @@ from gpusched.state.volumes import Claims
 
 __all__ = ["DaemonSettings", "Scheduler", "run_daemon"]
 
+MIG_ALL_DISABLED = "all-disabled"
+"""The MIG manager's configuration of whole GPUs (every GPU with MIG mode off)."""
+
 log = structlog.get_logger("gpusched.daemon")
 
 SCHEDULER_NAME = "gpu-scheduler"
@@ -411,6 +414,8 @@ class Scheduler:
         """Nodes a layout was asked for (by any leader) that advertise no instance yet: when (epoch s)."""
         self._mig_giving_up: set[str] = set()
         """Nodes being set back after a layout did not come in time."""
+        self._mig_idle_since: dict[str, float] = {}
+        """Nodes re-partitioned by gpusched whose instances no pod uses: since when (monotonic)."""
         self.placed_here: set[str] = set()
         """Pods whose ``nominatedNodeName`` this instance has written while leading (a node it
         preempted on, or none): its own word, never a reason to hold room again (``adopt_room``)."""
@@ -1815,7 +1820,7 @@ class Scheduler:
         async def reset() -> None:
             try:
                 labels: dict[str, str | None] = {
-                    LABEL_MIG_CONFIG: "all-disabled",
+                    LABEL_MIG_CONFIG: MIG_ALL_DISABLED,
                     LABEL_MIG_REQUESTED: None,
                     LABEL_MIG_REPARTITION: "false",
                 }
@@ -1836,6 +1841,76 @@ class Scheduler:
                 self._mig_giving_up.discard(node)
 
         self.spawn(reset(), f"mig-reset:{node}")
+
+    async def restore_forever(self) -> None:
+        """Now and then, ``restore_idle``."""
+        while True:
+            await asyncio.sleep(max(1.0, min(30.0, float(self.config.mig.restore_idle_seconds) / 4)))
+            try:
+                self.restore_idle(time.monotonic())
+            except Exception as exc:
+                log.error("MIG restore check failed", error=repr(exc))
+
+    def restore_idle(self, now: float) -> list[str]:
+        """Set back to whole GPUs (``all-disabled``) the nodes gpusched re-partitioned whose MIG
+        instances and GPUs no pod has used for ``mig.restoreIdleSeconds``; the nodes set back.
+        While the MIG manager works, the node is sealed as for a layout."""
+        mig = self.config.mig
+        if not mig.repartition or not mig.restore_idle_seconds or not self.is_leader:
+            self._mig_idle_since.clear()
+            return []
+        snap = self.cache.snapshot()
+        state, cluster = snap.state, snap.cluster
+        sealed = self.sealed()
+        idle: dict[str, float] = {}
+        restored: list[str] = []
+        for name, rec in self.cache.nodes.items():
+            labels = rec.node.labels
+            if not (
+                labels.get(LABEL_MIG_CONFIG, "").startswith(MIG_CONFIG_PREFIX)
+                and labels.get(LABEL_MIG_STATE) == "success"
+                and rec.node.mig_slices
+                and name not in sealed
+            ):
+                continue
+            i = cluster.index.get(name)
+            if i is None or state.gpu_used[i].any() or (state.mig_used is not None and state.mig_used[i].any()):
+                continue
+            since = idle[name] = self._mig_idle_since.get(name, now)
+            if now - since < float(mig.restore_idle_seconds):
+                continue
+            del idle[name]
+            job = _Repartition(MIG_ALL_DISABLED, {}, {}, rec.node.gpu_count)
+            self._repartitions[name] = job
+            self.metrics.mig_repartition("requested")
+            log.info("mig restore", node=name, idle_s=round(now - since, 1), config=labels.get(LABEL_MIG_CONFIG))
+            self.spawn(self._ask_for_whole(name, job), f"mig:{name}")
+            restored.append(name)
+        self._mig_idle_since = idle
+        return restored
+
+    async def _ask_for_whole(self, node: str, job: _Repartition) -> None:
+        """Label ``node`` back to ``all-disabled``; then wait for the MIG manager, as for a layout."""
+        labels: dict[str, str | None] = {LABEL_MIG_CONFIG: MIG_ALL_DISABLED, LABEL_MIG_REQUESTED: str(int(time.time()))}
+        error = await self.binder.label_node(node, labels)
+        if error:
+            log.warning("node not set back to whole GPUs", node=node, error=error)
+            self._end_repartition(node, job, "error" if self.is_leader else "", error)
+            return
+        await self.binder.object_event(
+            {"kind": "Node", "name": node, "apiVersion": "v1"},
+            "MigRestore",
+            f"No pod used its MIG instances for {self.config.mig.restore_idle_seconds} s: asked the MIG "
+            f"manager for {LABEL_MIG_CONFIG}={MIG_ALL_DISABLED}, its GPUs whole again.",
+        )
+        job.asked = time.monotonic()
+        rec = self.cache.nodes.get(node)
+        if rec is not None:
+            self.mig_node_seen(rec.node)
+        await asyncio.sleep(float(self.config.mig.timeout_seconds))
+        if self._repartitions.get(node) is job:
+            self._end_repartition(node, job, "timeout", self._timed_out(MIG_ALL_DISABLED))
+            self._give_up_layout(node, MIG_ALL_DISABLED)
 
     def _expire_asks(self) -> None:
         """Set back the nodes another leader asked a layout for that did not come in time."""
@@ -1859,8 +1934,10 @@ class Scheduler:
             self._mig_at_work.discard(node.name)
         config = labels.get(LABEL_MIG_CONFIG, "")
         requested = labels.get(LABEL_MIG_REQUESTED, "")
-        arrived = state == "success" and bool(node.mig_slices)
-        if config.startswith(MIG_CONFIG_PREFIX) and requested.isdigit() and state != "failed" and not arrived:
+        ours = config.startswith(MIG_CONFIG_PREFIX)
+        # There: the instances of a layout of ours, or none once set back to whole GPUs.
+        arrived = state == "success" and bool(node.mig_slices) == ours
+        if (ours or config == MIG_ALL_DISABLED) and requested.isdigit() and state != "failed" and not arrived:
             self._mig_asked[node.name] = int(requested)
         else:
             self._mig_asked.pop(node.name, None)
@@ -1873,7 +1950,10 @@ class Scheduler:
             )
             return
         offered = dict(node.mig_slices)
-        if state == "success" and all(offered.get(p, 0) >= c for p, c in job.wanted.items()):
+        whole = job.config == MIG_ALL_DISABLED
+        if state == "success" and (
+            not offered if whole else all(offered.get(p, 0) >= c for p, c in job.wanted.items())
+        ):
             self._end_repartition(node.name, job, "success", "")
 
     def mig_node_gone(self, name: str) -> None:
@@ -2319,6 +2399,7 @@ async def run_daemon(settings: DaemonSettings) -> int:
     named["schedule"] = sched.schedule_forever()
     named["keep-warm"] = sched.keep_warm()
     named["consolidate"] = sched.consolidate_forever()
+    named["mig-restore"] = sched.restore_forever()
     if sched.utilisation is not None:
         named["utilisation"] = sched.follow_utilisation()
     if sched.elector is not None:

@@ -269,3 +269,55 @@ async def test_a_later_mig_pod_waits_for_an_instance_to_come_rather_than_split_a
         await batch(s)
         assert len(s._repartitions) == 2, f"{policy}: {s._repartitions}"
         stop(s)
+
+
+def mig_node(name: str, config: str = "gpusched-0123456789ab", **slices: int) -> dict[str, Any]:
+    """A node gpusched re-partitioned, as the MIG manager and the device plugin left it."""
+    obj = kit.node(name, 0, A100, **{"gpusched.io/mig-repartition": "true", "nvidia.com/mig.config": config})
+    obj["metadata"]["labels"]["nvidia.com/mig.config.state"] = "success"
+    for profile, count in slices.items():
+        obj["status"]["allocatable"][f"nvidia.com/mig-{profile.replace('_', '.')}"] = str(count)
+    return obj
+
+
+async def test_a_repartitioned_node_idle_long_enough_is_set_back_to_whole_gpus() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})
+    _NodeHandler(s).apply("ADDED", mig_node("idle", **{"1g_10gb": 7}))
+    _NodeHandler(s).apply("ADDED", mig_node("used", **{"1g_10gb": 7}))
+    _NodeHandler(s).apply("ADDED", mig_node("theirs", config="all-1g.10gb", **{"1g_10gb": 7}))
+    running = pod("r", mig="1g.10gb")
+    running["spec"]["nodeName"] = "used"
+    s._bound.apply("ADDED", running)
+    assert s.restore_idle(1000.0) == []
+    assert s.restore_idle(1059.0) == []
+    assert s.restore_idle(1061.0) == ["idle"], "only the node gpusched re-partitioned and nobody uses"
+    assert "idle" in s.sealed()
+    await asyncio.sleep(0)
+    (node, labels) = api.labelled[-1]
+    assert (node, labels["nvidia.com/mig.config"]) == ("idle", "all-disabled")
+    assert s.restore_idle(2000.0) == [], "asked once"
+    # The MIG manager's part: whole GPUs again. The node may be re-partitioned once more.
+    whole = kit.node("idle", 8, A100, **{"gpusched.io/mig-repartition": "true"})
+    whole["metadata"]["labels"] |= {
+        "nvidia.com/mig.config": "all-disabled",
+        "nvidia.com/mig.config.state": "success",
+        "gpusched.io/mig-requested-at": str(labels["gpusched.io/mig-requested-at"]),
+    }
+    _NodeHandler(s).apply("MODIFIED", whole)
+    assert "idle" not in s.sealed()
+    assert s.cache.nodes["idle"].node.mig_repartition
+    stop(s)
+
+
+async def test_a_node_being_set_back_is_sealed_for_a_new_leader_too() -> None:
+    api = MigApi()
+    s = scheduler(api)
+    obj = mig_node("n", config="all-disabled", **{"1g_10gb": 7})
+    obj["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(int(time.time()))
+    obj["status"]["allocatable"]["nvidia.com/gpu"] = "1"
+    _NodeHandler(s).apply("ADDED", obj)
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    s._pending.apply("ADDED", pod("w", gpus=1))
+    await batch(s)
+    assert not api.bound_to, "bound to instances the MIG manager is taking away"

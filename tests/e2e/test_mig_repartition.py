@@ -203,3 +203,49 @@ async def test_layouts_asked_for_together_all_stay_in_the_config_map(
         assert set(asked.values()) <= set(doc["mig-configs"]), "a later write dropped a layout still asked for"
     finally:
         assert daemon.stop() == 0, "".join(daemon.raw[-30:])
+
+
+async def test_a_repartitioned_node_no_pod_uses_is_given_back_its_whole_gpus(
+    control_plane: ControlPlane, kube: Kube, namespace: str, tmp_path: Path, mig_rbac: None
+) -> None:
+    name = f"gs-{uuid.uuid4().hex[:8]}"
+    node = f"parted-{name}"
+    config = tmp_path / "mig.yaml"
+    config.write_text("mig:\n  repartition: true\n  restoreIdleSeconds: 1\n")
+    parted = kit.node(node, 0, A100, **{"gpusched.io/mig-repartition": "true"})
+    parted["metadata"]["labels"] |= {
+        "nvidia.com/mig.config": "gpusched-0123456789ab",
+        "nvidia.com/mig.config.state": "success",
+        "nvidia.com/gpu.count": "1",  # GPU feature discovery counts the GPU in MIG mode too
+    }
+    parted["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] = "7"
+    parted["status"]["capacity"]["nvidia.com/mig-1g.10gb"] = "7"
+    await kit.create_all(kube, "/api/v1/nodes", [parted])
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect", "--config", str(config))
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    try:
+        assert daemon.wait_log("mig restore", timeout=30)["node"] == node
+        labelled = await _until(
+            kube, f"/api/v1/nodes/{node}", lambda o: o["metadata"]["labels"]["nvidia.com/mig.config"] == "all-disabled"
+        )
+        assert labelled["metadata"]["labels"]["nvidia.com/mig.config"] == "all-disabled"
+        # Meanwhile the node is sealed: a MIG pod is not bound to the instances being taken away.
+        await kit.create_all(kube, pods, [mig_pod("late", name)])
+        late = await _until(kube, f"{pods}/late", kit.condition)
+        assert not late["spec"].get("nodeName")
+        await _mig_state(kube, node, "pending")
+        alloc = {"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": None}
+        r = await kube.request(
+            "PATCH",
+            f"/api/v1/nodes/{node}/status",
+            body={"status": {"allocatable": alloc, "capacity": alloc}},
+            content_type=MERGE_PATCH,
+        )
+        assert r.ok, r.body
+        await _mig_state(kube, node, "success")
+        assert daemon.wait_log("mig repartition done", timeout=30)["node"] == node
+        # Whole again, the node may take a layout once more: the one the pod that waited needs.
+        asked = daemon.wait_log("mig repartition", timeout=30)
+        assert (asked["node"], asked["pods"]) == (node, [f"{namespace}/late"])
+    finally:
+        assert daemon.stop() == 0, "".join(daemon.raw[-30:])
