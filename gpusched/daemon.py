@@ -68,7 +68,7 @@ from gpusched.model.affinity import Requirement, label_selector_selects
 from gpusched.model.cluster import live_mig_configs
 from gpusched.model.mig import MIG_CONFIG_PREFIX, MigLayout
 from gpusched.queue.batcher import SchedulingQueue
-from gpusched.solver.baselines.base import GreedyPolicy
+from gpusched.solver.baselines.base import GPU_CHOICE
 from gpusched.solver.consolidate import plan_consolidation
 from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
@@ -131,10 +131,6 @@ class DaemonSettings:
     utilisation_node_label: str = DEFAULT_NODE_LABEL
     utilisation_gpu_label: str = DEFAULT_GPU_LABEL
     utilisation_poll_s: float = 15.0
-
-
-_GPUS = GreedyPolicy()
-"""Only its choice of GPUs on one node is used (stateless): for room held again after a failover."""
 
 
 def default_identity() -> str:
@@ -1267,7 +1263,7 @@ class Scheduler:
         i = snap.cluster.index.get(node)
         if i is None or not snap.state.pod_mask(pod)[i]:
             return False
-        self.cache.nominate(pod, node, _GPUS.gpus(pod, snap.state, i), ())
+        self.cache.nominate(pod, node, GPU_CHOICE.gpus(pod, snap.state, i), ())
         return True
 
     async def _preempt(

@@ -32,13 +32,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpusched.model import Assignment, ClusterState
-from gpusched.solver.baselines.base import GreedyPolicy
+from gpusched.solver.baselines.base import GPU_CHOICE
 from gpusched.solver.baselines.best_fit import BestFitPolicy
 from gpusched.solver.preempt import Budget
 
 __all__ = ["Move", "plan_consolidation"]
 
-_GPUS = GreedyPolicy()  # only its GPU choice on one node is used: stateless
 
 _DOWN = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
 """Taints of a node that is not ready: its pods would not leave, nor new ones start."""
@@ -103,7 +102,7 @@ def plan_consolidation(
             if not nodes.size:
                 break
             to = fit.choose(a.pod, work, nodes)
-            found.append(Assignment(a.pod, to, _GPUS.gpus(a.pod, work, to)))
+            found.append(Assignment(a.pod, to, GPU_CHOICE.gpus(a.pod, work, to)))
             work = work.apply(found[-1:])
         else:
             moves.append(Move(n, tuple(pods), tuple(found)))

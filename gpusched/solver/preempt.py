@@ -40,7 +40,7 @@ from gpusched.model.affinity import Requirement, label_selector_selects
 from gpusched.model.cluster import BoolArray
 from gpusched.model.pod import Gang
 from gpusched.model.tenants import demand_of
-from gpusched.solver.baselines.base import GreedyPolicy, domains_of, lowest_idle_gpus, mig_layout_for
+from gpusched.solver.baselines.base import GPU_CHOICE, GreedyPolicy, domains_of, lowest_idle_gpus, mig_layout_for
 from gpusched.solver.baselines.best_fit import BestFitPolicy
 
 __all__ = [
@@ -55,8 +55,6 @@ __all__ = [
 
 MIN_CANDIDATES = 100
 """Candidate nodes to find before choosing among them (kube-scheduler's default), at least."""
-
-_GPUS = GreedyPolicy()  # only its GPU choice on one node is used: stateless
 
 
 @dataclass(frozen=True)
@@ -225,7 +223,7 @@ def find_preemption(
             found += 1
             key = _rank(victims, violations, node)
             if best is None or key < best[0]:
-                placement = Assignment(pod, node, _GPUS.gpus(pod, work, node))
+                placement = Assignment(pod, node, GPU_CHOICE.gpus(pod, work, node))
                 best = (key, Preemption(placement, tuple(victims), violations))
         work = work.apply(victims, consume=True)
         if found >= want or (best is not None and best[0][:4] == unbeatable):
@@ -420,7 +418,7 @@ def _gang_try(
         nodes = np.flatnonzero(fits)
         if nodes.size:
             node = fit.choose(pod, work, nodes)
-            pre = Preemption(Assignment(pod, node, _GPUS.gpus(pod, work, node)), ())
+            pre = Preemption(Assignment(pod, node, GPU_CHOICE.gpus(pod, work, node)), ())
         else:
             # Every member evicts only what the gang's least important member may: the gang
             # preempts at that priority, whatever order its members are searched in.

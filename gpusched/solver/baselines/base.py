@@ -26,7 +26,15 @@ from gpusched.model.cluster import BoolArray, IntArray
 from gpusched.model.mig import MigLayout
 from gpusched.model.placement import MigPartition
 
-__all__ = ["GreedyPolicy", "domains_of", "island_gpus", "lowest_idle_gpus", "mig_layout_for", "tightest_gpu"]
+__all__ = [
+    "GPU_CHOICE",
+    "GreedyPolicy",
+    "domains_of",
+    "island_gpus",
+    "lowest_idle_gpus",
+    "mig_layout_for",
+    "tightest_gpu",
+]
 
 Nodes = npt.NDArray[np.intp]
 
@@ -247,3 +255,9 @@ class GreedyPolicy:
             else:
                 return steps, trial
         return None, state
+
+
+GPU_CHOICE = GreedyPolicy()
+"""A greedy policy used only for its choice of GPUs on a given node (``gpus``), which is
+stateless: where a placement's node is decided elsewhere (preemption, consolidation, room held
+again after a failover)."""
