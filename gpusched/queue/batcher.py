@@ -128,7 +128,10 @@ class SchedulingQueue:
                 self._arrivals.popleft()
             self._activate(key)
         elif (old.pod, old.error) != (record.pod, record.error):  # may fit now
-            if key in self._parked:
+            tenants = self._tenants
+            if key in self._active and tenants is not None and tenants.of(old.pod) != tenants.of(record.pod):
+                self._activate(key)  # queued again as its new tenant's (the old heap's entry goes stale)
+            elif key in self._parked:
                 del self._parked[key]
                 self._activate(key)
             elif key in self._in_flight:

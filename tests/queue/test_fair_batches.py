@@ -120,3 +120,15 @@ async def test_a_gang_as_large_as_a_batch_or_a_heavy_weight_does_not_keep_anothe
 def test_a_weight_draws_its_whole_part_per_round() -> None:
     t = Tenants(rules={"x": TenantRule(weight=1.5), "y": TenantRule(weight=2.5), "z": TenantRule(weight=3.5)})
     assert (t.slots("x"), t.slots("y"), t.slots("z"), t.slots("other")) == (1, 2, 3, 1)
+
+
+async def test_a_pod_whose_tenant_changes_while_it_waits_is_drawn_as_its_new_tenants() -> None:
+    q = SchedulingQueue(max_size=4, max_wait=60)
+    q.set_tenants(Tenants(rules={"b": TenantRule(quota=2000)}, label="team"))
+    for i in range(3):
+        q.add(rec(f"a{i}", "a"))
+    moved = rec("moved", "ns")
+    q.add(replace(moved, pod=replace(moved.pod, labels=(("team", "b"),))))
+    q.add(replace(moved, pod=replace(moved.pod, labels=(("team", "a"),))))  # relabelled while it waits
+    # Tenant b has nothing waiting now: the pod is drawn as a's, after a's older pods.
+    assert await drawn(q) == ["a0", "a1", "a2", "moved"]
