@@ -75,7 +75,7 @@ from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_fra
 from gpusched.solver.params import SolverParams
 from gpusched.solver.policy import Policy, place_quick
 from gpusched.solver.preempt import Budget, Preemption, gang_budgets, plan_preemptions
-from gpusched.solver.reclaim import at_limit_searched, plan_at_limit, plan_reclaims, reclaimers
+from gpusched.solver.reclaim import at_limit_searched, gang_reclaimers, plan_at_limit, plan_reclaims, reclaimers
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
 from gpusched.state.cache import Cache, Coming, Snapshot, same_offer
@@ -1279,10 +1279,11 @@ class Scheduler:
         kept from the pods: busy GPUs, GPUs kept free).  With tenants, a pod within its
         tenant's quota first reclaims GPUs that other tenants borrowed, and preempts pods of
         lower priority (of its own tenant) only where that finds nothing."""
-        if pods and self.tenants.active and self.tenants.reclaim:
+        if (pods or gangs) and self.tenants.active and self.tenants.reclaim:
             left: list[tuple[Pod, Explanation]] = []
-            await self._preempt_for(pods, [], batch_id, batch, reclaim=left)
-            pods = left
+            left_gangs: list[dict[str, tuple[Pod, str]]] = []
+            await self._preempt_for(pods, gangs, batch_id, batch, reclaim=left, reclaim_gangs=left_gangs)
+            pods, gangs = left, left_gangs
             if not pods and not gangs:
                 return
         lowest = self.cache.lowest_priority()
@@ -1325,10 +1326,11 @@ class Scheduler:
         batch: Snapshot | None,
         reclaim: list[tuple[Pod, Explanation]] | None = None,
         at_limit: bool = False,
+        reclaim_gangs: list[dict[str, tuple[Pod, str]]] | None = None,
     ) -> bool:
         """One search for ``pods`` and ``gangs``, carried out; whether anything is evicted.
-        ``reclaim``: search for reclaims instead (``plan_reclaims``; ``gangs`` are not searched),
-        and leave the pods it finds nothing for there, untold, for the preemption search.
+        ``reclaim``: search for reclaims instead (``plan_reclaims``), and leave the pods it finds
+        nothing for there, untold, for the preemption search; the gangs, in ``reclaim_gangs``.
         ``at_limit``: the pods are held back by their tenant's limit (``plan_at_limit``)."""
         # A busy GPU that no pod on the books holds stays out of reach: no eviction makes it less
         # busy.  One that pods hold is seen as the books have it, and room on it is taken only
@@ -1367,6 +1369,7 @@ class Scheduler:
                     usage,
                     budgets=budgets,
                     allowance=allowance,
+                    gangs=[[p for p, _ in g.values()] for g in gangs],
                 )
             else:
                 found = await asyncio.to_thread(
@@ -1390,8 +1393,11 @@ class Scheduler:
         chosen = {pre.pod.key: pre for pre in found}
         evicting = False
         evicted = sum(len(pre.victims) for pre in found)
-        if reclaim is not None:  # counted: the pods within their tenant's quota that may reclaim
-            self.metrics.reclaim(len(self.tenants.guaranteed(reclaimers(p for p, _ in pods), usage)), evicted)
+        if reclaim is not None:  # counted: the pods (and gang members) within their tenant's quota that may reclaim
+            members = gang_reclaimers([[p for p, _ in g.values()] for g in gangs], self.tenants)
+            within = [g for g in members if len(self.tenants.guaranteed(g, usage)) == len(g)]
+            searched = len(self.tenants.guaranteed(reclaimers(p for p, _ in pods), usage)) + sum(map(len, within))
+            self.metrics.reclaim(searched, evicted)
         elif at_limit:
             self.metrics.preemption(len(at_limit_searched(p for p, _ in pods)), evicted)
         else:
@@ -1441,18 +1447,27 @@ class Scheduler:
                 self.queue.current(k, p.uid) and not self.cache.holds(k, p.uid) for k, (p, _) in told.items()
             )
             if not whole:
+                current = all(
+                    self.queue.current(k, p.uid) and not self.cache.holds(k, p.uid) for k, (p, _) in told.items()
+                )
+                if reclaim_gangs is not None and current:
+                    reclaim_gangs.append(told)  # the preemption search looks next
+                    continue
                 for k, (p, message) in told.items():
                     if not self.cache.holds(k, p.uid):
                         self._unschedulable(p, message, "Gang")
                 continue
             chosen_group = [pre for pre in group if pre is not None]
-            nodes = {pre.pod.key: self._carry_out(pre, snap.cluster) for pre in chosen_group}
+            nodes = {
+                pre.pod.key: self._carry_out(pre, snap.cluster, self._reclaim_note(pre) if reclaim is not None else "")
+                for pre in chosen_group
+            }
             victims = [v for pre in chosen_group for v in pre.victims]
             evicting = evicting or bool(victims)
             gang = chosen_group[0].pod.gang
             assert gang is not None
             log.info(
-                "preempt",
+                "reclaim" if reclaim is not None else "preempt",
                 batch_id=batch_id,
                 gang=gang.name,
                 pods=sorted(nodes),
@@ -1462,14 +1477,20 @@ class Scheduler:
                 violations=sum(pre.violations for pre in chosen_group),
             )
             where = ", ".join(sorted(set(nodes.values())))
-            for k, (p, message) in told.items():
-                self._unschedulable(
-                    p,
-                    f"{message} Preempting {len(victims)} pod(s) of lower priority on node(s) {where} "
-                    f"to make room for the whole gang.",
-                    "Gang",
-                    nominated=nodes[k],
+            if reclaim is not None:
+                lenders = ", ".join(sorted({self.tenants.of(v.pod) for v in victims}))
+                doing = (
+                    f"Reclaiming the GPUs of {len(victims)} pod(s) on node(s) {where} from tenant(s) {lenders}, past "
+                    f"their quota, to make room for the whole gang: tenant {self.tenants.of(chosen_group[0].pod)} "
+                    "is within its own."
                 )
+            else:
+                doing = (
+                    f"Preempting {len(victims)} pod(s) of lower priority on node(s) {where} "
+                    "to make room for the whole gang."
+                )
+            for k, (p, message) in told.items():
+                self._unschedulable(p, f"{message} {doing}", "Gang", nominated=nodes[k])
         return evicting
 
     def _carry_out(self, pre: Preemption, cluster: Cluster, why: str = "") -> str:

@@ -306,3 +306,41 @@ async def test_a_pod_at_its_limit_with_nothing_below_it_is_no_preemption_attempt
         await batch(s)
         s.queue.move_all()
     assert gauge(s, "gpusched_preemption_attempts_total") == ["gpusched_preemption_attempts_total 0.0"]
+
+
+async def test_a_gang_within_its_quota_reclaims_for_all_its_members() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=2)
+    tenants(s, quotas={"b": {"quotaGpus": 2}})
+    s._bound.apply("ADDED", of("a-hi", "a", 500, node="n0", gpu=0))
+    s._bound.apply("ADDED", of("a-lo", "a", 100, node="n0", gpu=1))
+    for i in range(2):
+        member = of(f"m{i}", "b", 0)
+        member["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = "job"
+        member["metadata"]["annotations"]["gpusched.io/gang-min-members"] = "2"
+        s._pending.apply("ADDED", member)
+    await batch(s)
+    assert sorted(api.evicted) == ["a/a-hi", "a/a-lo"], "a borrows both GPUs: both come back, for the whole gang"
+    for i in range(2):
+        (message,) = api.failed(f"b/m{i}")
+        assert "Reclaiming the GPUs of 2 pod(s) on node(s) n0 from tenant(s) a, past their quota" in message
+        assert s.cache.nomination(f"b/m{i}") is not None
+    assert gauge(s, "gpusched_reclaim_attempts_total") == ["gpusched_reclaim_attempts_total 2.0"]
+    assert gauge(s, "gpusched_reclaim_victims_total") == ["gpusched_reclaim_victims_total 2.0"]
+
+
+async def test_a_gang_past_its_quota_does_not_reclaim_and_may_still_preempt_within_its_tenant() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=2)
+    tenants(s, quotas={"b": {"quotaGpus": 1}})
+    s._bound.apply("ADDED", of("a0", "a", 0, node="n0", gpu=0))
+    s._bound.apply("ADDED", of("b-low", "b", 0, node="n0", gpu=1))
+    for i in range(2):
+        member = of(f"m{i}", "b", 100)
+        member["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = "job"
+        member["metadata"]["annotations"]["gpusched.io/gang-min-members"] = "2"
+        s._pending.apply("ADDED", member)
+    await batch(s)
+    assert api.evicted == [], "2 GPUs for b, quota 1: no reclaim; b's own pod frees one GPU only"
+    (message,) = api.failed("b/m0")
+    assert message.startswith("gang b/job: its 2 members do not all fit at once"), message

@@ -15,7 +15,8 @@ pushed below its quota, and no pod gets past its own: nothing taken back is take
 Per node, each tenant's pods are offered lowest priority first, and only as many as its
 borrowed GPUs cover.  The node is chosen as ``find_preemption`` chooses one: fewest budgets
 broken, then the least important victims, then the fewest.  Several pods reclaim in turn, each
-against what the earlier ones took.
+against what the earlier ones took.  A gang within its quota reclaims for all its pending
+members together (``find_gang_preemption``), or not at all.
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ from gpusched.solver.preempt import (
     Preemption,
     _spend,
     _take_room,
+    find_gang_preemption,
     find_preemption,
     plan_preemptions,
 )
 
-__all__ = ["at_limit_searched", "plan_at_limit", "plan_reclaims", "reclaimable", "reclaimers"]
+__all__ = ["at_limit_searched", "gang_reclaimers", "plan_at_limit", "plan_reclaims", "reclaimable", "reclaimers"]
 
 _TOP = 2**31 - 1
 """The priority a pod reclaims at: every pod offered to it counts as below it."""
@@ -81,6 +83,16 @@ def reclaimers(pods: Iterable[Pod]) -> list[Pod]:
     return [p for p in pods if p.gang is None and p.preempts and demand_of(p)]
 
 
+def gang_reclaimers(gangs: Iterable[Sequence[Pod]], tenants: Tenants) -> list[Sequence[Pod]]:
+    """The gangs of ``gangs`` (each its pending members) that may reclaim if within their
+    quota: every member may preempt, they ask for a GPU, and they are of one tenant."""
+    return [
+        g
+        for g in gangs
+        if g and all(m.preempts for m in g) and sum(map(demand_of, g)) and len({tenants.of(m) for m in g}) == 1
+    ]
+
+
 def plan_at_limit(
     pods: Sequence[Pod],
     state: ClusterState,
@@ -111,20 +123,24 @@ def plan_reclaims(
     min_candidates: int = MIN_CANDIDATES,
     budgets: Sequence[Budget] = (),
     allowance: Mapping[str, int] | None = None,
+    gangs: Sequence[Sequence[Pod]] = (),
 ) -> list[Preemption]:
-    """Reclaims for ``pods`` in the order given (the queue's), each against the state the
-    earlier ones leave; ``usage``: GPU demand per tenant now (``Cache.tenant_usage``).  A pod
-    of a gang, one that may not preempt, or one that asks for no GPU does not reclaim.
-    ``allowance``: what each tenant with a limit may still take (``Tenants.allowance``, with
-    the pods being deleted counted): a pod whose tenant it would take past does not reclaim."""
+    """Reclaims for ``pods`` in the order given (the queue's), then for ``gangs`` (each all its
+    pending members, room for all or none), each against the state the earlier ones leave;
+    ``usage``: GPU demand per tenant now (``Cache.tenant_usage``).  A pod of a gang, one that
+    may not preempt, or one that asks for no GPU does not reclaim alone (``reclaimers``,
+    ``gang_reclaimers``).  ``allowance``: what each tenant with a limit may still take
+    (``Tenants.allowance``, with the pods being deleted counted): a pod or gang whose tenant it
+    would take past does not reclaim.  No tenant loses more than it holds beyond its quota."""
     left_to_take = dict(allowance or {})
     room = dict(tenants.borrowed(usage))
     claimed: dict[str, int] = defaultdict(int)
     spent = [0] * len(budgets)
     left = list(running)
     out: list[Preemption] = []
-    for pod in reclaimers(pods):
-        t, d = tenants.of(pod), demand_of(pod)
+    units: list[Sequence[Pod]] = [[p] for p in reclaimers(pods)] + gang_reclaimers(gangs, tenants)
+    for unit in units:
+        t, d = tenants.of(unit[0]), sum(map(demand_of, unit))
         if usage.get(t, 0) + claimed[t] + d > tenants.rule(t).quota:
             continue
         if t in left_to_take and d > left_to_take[t]:
@@ -132,16 +148,26 @@ def plan_reclaims(
         offered = reclaimable(left, tenants, room, t)
         if not offered:
             continue
-        pre = find_preemption(replace(pod, priority=_TOP), state, offered, min_candidates, budgets=budgets, spent=spent)
-        if pre is None:
-            continue
-        pre = replace(pre, placement=replace(pre.placement, pod=pod))
-        out.append(pre)
+        top = [replace(m, priority=_TOP) for m in unit]
+        if len(unit) == 1 and unit[0].gang is None:
+            one = find_preemption(top[0], state, offered, min_candidates, budgets=budgets, spent=spent)
+            found = [] if one is None else [one]
+        else:
+            found = find_gang_preemption(top, state, offered, min_candidates, budgets=budgets, spent=spent) or []
+        taken: dict[str, int] = defaultdict(int)
+        for v in (v for pre in found for v in pre.victims):
+            taken[tenants.of(v.pod)] += demand_of(v.pod)
+        if not found or any(c > room.get(owner, 0) for owner, c in taken.items()):
+            continue  # (a gang's members, each on its own node, may together take past a room)
+        members = {m.key: m for m in unit}
         claimed[t] += d
         if t in left_to_take:
             left_to_take[t] -= d
-        for v in pre.victims:
-            room[tenants.of(v.pod)] -= demand_of(v.pod)
-        left = _spend(pre, budgets, spent, left)
-        state = _take_room(state, pre)
+        for owner, c in taken.items():
+            room[owner] -= c
+        for one in found:
+            pre = replace(one, placement=replace(one.placement, pod=members[one.pod.key]))
+            out.append(pre)
+            left = _spend(pre, budgets, spent, left)
+            state = _take_room(state, pre)
     return out

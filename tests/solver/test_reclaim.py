@@ -127,3 +127,33 @@ def test_preemption_within_a_tenant_stays_within_its_limit() -> None:
     assert len(plan_preemptions(big, state, placed, scope=scope)) == 2
     # Each evicts 1 GPU of a and takes 4: 3 more each; a may take 4 more in all.
     assert len(plan_preemptions(big, state, placed, scope=scope, allowance={"a": 4000})) == 1
+
+
+def gang_reclaims(
+    gangs: list[list[Pod]], placed: list[Assignment], tenants: Tenants, nodes: int, gpus: int
+) -> list[tuple[str, list[str]]]:
+    state = setup(placed, nodes=nodes, gpus=gpus)
+    found = plan_reclaims([], state, placed, tenants, tenants.usage(a.pod for a in placed), gangs=gangs)
+    validate_plan(
+        Plan(tuple(pre.placement for pre in found), ()),
+        state.release([v for pre in found for v in pre.victims]),
+        [pre.pod for pre in found],
+    )
+    return sorted((pre.pod.name, sorted(v.pod.name for v in pre.victims)) for pre in found)
+
+
+def test_a_gang_within_its_quota_reclaims_for_all_its_members_or_none() -> None:
+    t = Tenants(rules={"b": TenantRule(quota=2000)})
+    placed = [on(f"a{i}", "a", i, (0,)) for i in range(2)]  # a borrows both GPUs, one per node
+    gang = [replace(of(f"m{i}", "b"), gang=Gang("g", 2)) for i in range(2)]
+    assert gang_reclaims([gang], placed, t, nodes=2, gpus=1) == [("m0", ["a0"]), ("m1", ["a1"])]
+    # Past the quota together (3 GPUs of a quota of 2): no member reclaims.
+    three = [replace(of(f"m{i}", "b"), gang=Gang("g", 3)) for i in range(3)]
+    placed3 = [on(f"a{i}", "a", i, (0,)) for i in range(3)]
+    assert gang_reclaims([three], placed3, t, nodes=3, gpus=1) == []
+    # The lender keeps its quota: a holds 2 with a quota of 1, so only one GPU is borrowed.
+    lender = Tenants(rules={"a": TenantRule(quota=1000), "b": TenantRule(quota=2000)})
+    assert gang_reclaims([gang], placed, lender, nodes=2, gpus=1) == []
+    # A member that may not preempt keeps the whole gang from reclaiming.
+    shy = [gang[0], replace(gang[1], preempts=False)]
+    assert gang_reclaims([shy], placed, t, nodes=2, gpus=1) == []
