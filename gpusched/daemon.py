@@ -404,8 +404,6 @@ class Scheduler:
         """Monotonic time before which no GPU is re-partitioned (a layout could not be written)."""
         self._mig_writes = asyncio.Lock()
         """One write of the MIG manager's ConfigMap at a time."""
-        self._mig_written: dict[str, float] = {}
-        """Monotonic time each configuration was first written to the ConfigMap by this instance."""
         self._mig_asked: dict[str, int] = {}
         """Nodes a layout was asked for (by any leader) that advertise no instance yet: when (epoch s)."""
         self._mig_giving_up: set[str] = set()
@@ -808,11 +806,12 @@ class Scheduler:
         held_back: dict[str, str] = {}  # gang -> why one of its members cannot be bound yet
         mig = self.config.mig
         self.cache.set_repartition(
-            "idle-nodes" if mig.repartition and time.monotonic() >= self._mig_off_until else "off"
+            "idle-nodes" if mig.repartition and time.monotonic() >= self._mig_off_until else "off",
+            {p for job in self._repartitions.values() for _, layout in job.layouts for p in layout.counts},
         )
         self._expire_asks()
         for r in batch:
-            if not r.error and self._waits_for_layout(r.key):  # told already; back once its node is done
+            if not r.error and self._waits_for_layout(r.key, r.uid):  # told already; back once its node is done
                 self.queue.park(r.key)
                 waiting += 1
                 continue
@@ -953,6 +952,7 @@ class Scheduler:
             if (a.node in parted or a.node in coming) and a.pod.mig_profile and a.pod.gang is not None
         }
         gang_waits: list[Pod] = []
+        sealed_at_solve = set(snap.sealed)
         for a in plan.assignments:
             if (a.pod.gang is not None and a.pod.gang.name in broken) or a.pod.key in over_limit:
                 self.queue.requeue(a.pod.key)
@@ -967,6 +967,10 @@ class Scheduler:
                 continue
             if a.pod.mig_profile and names[a.node].name in self._repartitions:  # on an instance to come
                 self._join_layout(names[a.node].name, a.pod)
+                continue
+            if a.pod.mig_profile and a.node in sealed_at_solve:  # its layout was given up during the solve
+                self.queue.requeue(a.pod.key)
+                untaken = True
                 continue
             member_of = a.pod.gang.name if a.pod.gang is not None else None
             if member_of in gangs_waiting:
@@ -1703,8 +1707,8 @@ class Scheduler:
         return out
 
     # -- MIG re-partitioning ------------------------------------------------------------------
-    def _waits_for_layout(self, key: str) -> bool:
-        return any(key in r.pods for r in self._repartitions.values())
+    def _waits_for_layout(self, key: str, uid: str) -> bool:
+        return any(key in r.pods and r.pods[key].uid == uid for r in self._repartitions.values())
 
     def _repartition(self, plan: Plan, cluster: Cluster, pods: Mapping[int, list[Pod]], batch_id: int) -> None:
         """Ask the MIG manager for the layouts ``plan`` gives the nodes of ``pods`` (node index ->
@@ -1728,7 +1732,6 @@ class Scheduler:
             layouts = tuple((g, layout) for m, g, layout in parts if m == n)
             job = _Repartition(config, dict(wanted), {p.key: p for p in group}, node.gpu_count, layouts)
             self._repartitions[node.name] = job
-            self.metrics.mig_repartition("requested")
             instances = ", ".join(f"{c} x {p}" for p, c in sorted(wanted.items()))
             log.info(
                 "mig repartition",
@@ -1751,7 +1754,7 @@ class Scheduler:
         """The MIG instances of the layouts asked for and not promised yet, by node: a batch may
         place MIG pods on them, to wait with the others (``_join_layout``)."""
         return {
-            node: (job.layouts, Counter(p.mig_profile for p in job.pods.values()))
+            node: (job.layouts, Counter(p.mig_profile for k, p in job.pods.items() if self.queue.current(k, p.uid)))
             for node, job in self._repartitions.items()
         }
 
@@ -1772,12 +1775,9 @@ class Scheduler:
         async with self._mig_writes:
             keep = {r.node.labels.get(LABEL_MIG_CONFIG, "") for r in self.cache.nodes.values()}
             keep |= {r.config for r in self._repartitions.values()}
-            error, existed = await self.binder.write_mig_config(job.config, entries, mig.config_map, keep)
+            error, written = await self.binder.write_mig_config(job.config, entries, mig.config_map, keep)
         if not error:
-            if not existed:
-                self._mig_written[job.config] = time.monotonic()
-            written = self._mig_written.get(job.config, -math.inf)
-            wait = written + float(mig.config_delay_seconds) - time.monotonic()
+            wait = written + float(mig.config_delay_seconds) - time.time()
             if wait > 0:
                 log.info(
                     "mig layout written; the node is labelled once the MIG manager can read it",
@@ -1787,9 +1787,18 @@ class Scheduler:
                 await asyncio.sleep(wait)
             if self._repartitions.get(node) is not job:  # over meanwhile (the node went away)
                 return
+            withdrawn = self._withdrawn(node)
+            if withdrawn:
+                self._end_repartition(node, job, "failed", withdrawn)
+                return
+            rec = self.cache.nodes.get(node)
+            job.before = rec.node.labels.get(LABEL_MIG_CONFIG, "") if rec is not None else ""
             job.asked = time.monotonic()
             labels: dict[str, str | None] = {LABEL_MIG_CONFIG: job.config, LABEL_MIG_REQUESTED: str(int(time.time()))}
             error = await self.binder.label_node(node, labels)
+            if not error:
+                job.labelled = True
+                self.metrics.mig_repartition("requested")
         if error:
             if not self.is_leader:  # the new leader decides anew
                 self._end_repartition(node, job, "", "")
@@ -1820,18 +1829,48 @@ class Scheduler:
             self._end_repartition(node, job, "timeout", self._timed_out(job.config))
             self._give_up_layout(node, job.config)
 
+    def _withdrawn(self, node: str) -> str:
+        """Why ``node`` may no longer be labelled for the layout asked for ("" when it may): what
+        changed while the MIG manager's copy of the ConfigMap was given time."""
+        if not self.config.mig.repartition:
+            return "mig.repartition was turned off"
+        rec = self.cache.nodes.get(node)
+        if rec is None:
+            return "the node is gone"
+        if rec.node.labels.get(LABEL_MIG_REPARTITION, "").lower() != "true":
+            return f"its label {LABEL_MIG_REPARTITION} is no longer true"
+        state = self.cache.snapshot().state
+        i = state.cluster.index.get(node)
+        if i is None or state.gpu_used[i].any():
+            return "a pod took one of its GPUs meanwhile"
+        return ""
+
+    async def _clear_request(self, node: str) -> None:
+        """The layout came: the request is over, for every leader (a MIG manager that applies the
+        layout again later, after a reboot, is no new request)."""
+        error = await self.binder.label_node(node, {LABEL_MIG_REQUESTED: None})
+        if error:
+            log.warning("request label not removed after a MIG layout came", node=node, error=error)
+
     def _timed_out(self, config: str) -> str:
         return (
             f"it did not advertise the instances of {LABEL_MIG_CONFIG}={config} within "
             f"{self.config.mig.timeout_seconds} s (is the MIG manager running there? see its log)"
         )
 
-    def _give_up_layout(self, node: str, config: str) -> None:
+    def _give_up_layout(self, node: str, config: str) -> bool:
         """A layout asked for that did not come in time: the node is set back to
         ``all-disabled`` and no longer offered for re-partitioning (its label
-        ``gpusched.io/mig-repartition`` set to false), once."""
+        ``gpusched.io/mig-repartition`` set to false), once; not when its label names another
+        configuration by now, or the instances came after all.  Whether it is set back."""
         if node in self._mig_giving_up or not self.is_leader:
-            return
+            return False
+        rec = self.cache.nodes.get(node)
+        if rec is not None and (
+            rec.node.labels.get(LABEL_MIG_CONFIG, "") != config or (config != MIG_ALL_DISABLED and rec.node.mig_slices)
+        ):
+            log.info("mig layout not set back: the node was relabelled, or its instances came", node=node)
+            return False
         self._mig_giving_up.add(node)
 
         async def reset() -> None:
@@ -1858,6 +1897,7 @@ class Scheduler:
                 self._mig_giving_up.discard(node)
 
         self.spawn(reset(), f"mig-reset:{node}")
+        return True
 
     async def restore_forever(self) -> None:
         """Now and then, ``restore_idle``."""
@@ -1899,7 +1939,6 @@ class Scheduler:
             del idle[name]
             job = _Repartition(MIG_ALL_DISABLED, {}, {}, rec.node.gpu_count)
             self._repartitions[name] = job
-            self.metrics.mig_repartition("requested")
             log.info("mig restore", node=name, idle_s=round(now - since, 1), config=labels.get(LABEL_MIG_CONFIG))
             self.spawn(self._ask_for_whole(name, job), f"mig:{name}")
             restored.append(name)
@@ -1908,12 +1947,16 @@ class Scheduler:
 
     async def _ask_for_whole(self, node: str, job: _Repartition) -> None:
         """Label ``node`` back to ``all-disabled``; then wait for the MIG manager, as for a layout."""
+        rec = self.cache.nodes.get(node)
+        job.before = rec.node.labels.get(LABEL_MIG_CONFIG, "") if rec is not None else ""
         labels: dict[str, str | None] = {LABEL_MIG_CONFIG: MIG_ALL_DISABLED, LABEL_MIG_REQUESTED: str(int(time.time()))}
         error = await self.binder.label_node(node, labels)
         if error:
             log.warning("node not set back to whole GPUs", node=node, error=error)
             self._end_repartition(node, job, "error" if self.is_leader else "", error)
             return
+        job.labelled = True
+        self.metrics.mig_repartition("requested")
         await self.binder.object_event(
             {"kind": "Node", "name": node, "apiVersion": "v1"},
             "MigRestore",
@@ -1937,7 +1980,8 @@ class Scheduler:
         for node, at in list(self._mig_asked.items()):
             if at <= since and node not in self._repartitions:
                 rec = self.cache.nodes.get(node)
-                self._give_up_layout(node, rec.node.labels.get(LABEL_MIG_CONFIG, "") if rec else "")
+                if self._give_up_layout(node, rec.node.labels.get(LABEL_MIG_CONFIG, "") if rec else ""):
+                    self.metrics.mig_repartition("timeout")
 
     def mig_node_seen(self, node: Node) -> None:
         """A node as the watch shows it: the MIG manager's state, a layout asked for and not
@@ -1952,14 +1996,20 @@ class Scheduler:
         config = labels.get(LABEL_MIG_CONFIG, "")
         requested = labels.get(LABEL_MIG_REQUESTED, "")
         ours = config.startswith(MIG_CONFIG_PREFIX)
-        # There: the instances of a layout of ours, or none once set back to whole GPUs.
-        arrived = state == "success" and bool(node.mig_slices) == ours
+        # There: instances of a layout of ours (also while a MIG manager applies it again after a
+        # reboot), or none once set back to whole GPUs.
+        arrived = bool(node.mig_slices) if ours else state == "success" and not node.mig_slices
         if (ours or config == MIG_ALL_DISABLED) and requested.isdigit() and state != "failed" and not arrived:
             self._mig_asked[node.name] = int(requested)
         else:
             self._mig_asked.pop(node.name, None)
         job = self._repartitions.get(node.name)
-        if job is None or config != job.config:
+        if job is None:
+            return
+        if job.labelled and config not in (job.config, job.before):  # someone else's word since
+            self._end_repartition(node.name, job, "failed", f"the node was relabelled {LABEL_MIG_CONFIG}={config}")
+            return
+        if config != job.config:
             return
         if state == "failed":
             self._end_repartition(
@@ -1993,6 +2043,7 @@ class Scheduler:
         seconds = round(time.monotonic() - job.started, 1)
         if result == "success":
             log.info("mig repartition done", node=node, config=job.config, seconds=seconds)
+            self.spawn(self._clear_request(node), f"mig-done:{node}")
             self.queue.move_all()
             return
         log.warning("mig repartition failed", node=node, config=job.config, result=result, why=why, seconds=seconds)
@@ -2337,7 +2388,7 @@ def _solve(
         )
     else:
         plan = _place(policy, pods, state, quick)
-    after = state.apply(plan.assignments)
+    after = (state.partition(plan.partitions) if plan.partitions else state).apply(plan.assignments)
     frag = cluster_frag_ratio(after, typical, ~after.cluster.cordoned) if len(typical) else 0.0
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
@@ -2368,6 +2419,10 @@ class _Repartition:
     """When the node was labelled (the timeout counts from then)."""
     message: str = ""
     """What the pods waiting are told."""
+    labelled: bool = False
+    """The node's label was set (the MIG manager was asked)."""
+    before: str = ""
+    """The node's ``nvidia.com/mig.config`` before it was labelled."""
 
 
 @dataclass(frozen=True)

@@ -32,14 +32,16 @@ class MigApi(RecordingApi):
         self.bound_to: dict[str, str] = {}
         self.written: list[str] = []
         self.labelled: list[tuple[str, dict[str, str | None]]] = []
+        self.first_written: float | None = None
+        """When the layouts were first written, as the ConfigMap says (None: now)."""
 
     async def bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> Any:
         self.bound_to[pod.key] = node
         return await super().bind(pod, node, gpus)
 
-    async def write_mig_config(self, name: str, *_: Any, **__: Any) -> tuple[str, bool]:
+    async def write_mig_config(self, name: str, *_: Any, **__: Any) -> tuple[str, float]:
         self.written.append(name)
-        return "", False
+        return "", time.time() if self.first_written is None else self.first_written
 
     async def label_node(self, node: str, labels: dict[str, str | None]) -> str:
         self.labelled.append((node, labels))
@@ -160,9 +162,9 @@ class LosingApi(MigApi):
         super().__init__()
         self.s = s
 
-    async def write_mig_config(self, name: str, *_: Any, **__: Any) -> tuple[str, bool]:
+    async def write_mig_config(self, name: str, *_: Any, **__: Any) -> tuple[str, float]:
         self.s[0]._leadership(False)
-        return "no longer the leader", False
+        return "no longer the leader", 0.0
 
 
 async def test_a_lead_lost_while_asking_is_not_told_to_the_pods() -> None:
@@ -243,6 +245,15 @@ async def test_a_new_layout_is_labelled_only_after_the_config_delay() -> None:
     await asyncio.sleep(0.3)
     assert [n for n, _ in api.labelled] == ["n"]
     stop(s)
+    # A layout any instance wrote long enough ago is labelled at once.
+    api = MigApi()
+    api.first_written = time.time() - 1.0
+    s = scheduler(api, {"mig": {"repartition": True, "configDelaySeconds": 0.5}})
+    add_node(s, "n", 1)
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    assert [n for n, _ in api.labelled] == ["n"]
+    stop(s)
 
 
 async def test_a_later_mig_pod_waits_for_an_instance_to_come_rather_than_split_another_node() -> None:
@@ -321,3 +332,185 @@ async def test_a_node_being_set_back_is_sealed_for_a_new_leader_too() -> None:
     s._pending.apply("ADDED", pod("w", gpus=1))
     await batch(s)
     assert not api.bound_to, "bound to instances the MIG manager is taking away"
+
+
+def one_gpu_in_mig(name: str, profile: str, count: int, **labels: str) -> dict[str, Any]:
+    """A node whose one A100 is in MIG mode and advertises ``count`` instances."""
+    obj = kit.node(name, 1, A100, **{"gpusched.io/mig-repartition": "true", **labels})
+    for st in ("capacity", "allocatable"):
+        obj["status"][st] = {**obj["status"][st], "nvidia.com/gpu": "0", f"nvidia.com/mig-{profile}": str(count)}
+    return obj
+
+
+async def test_a_node_that_succeeded_long_ago_is_not_reset_when_the_mig_manager_restarts() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "timeoutSeconds": 60}})
+    done = {
+        "nvidia.com/mig.config": "gpusched-0123456789ab",
+        "nvidia.com/mig.config.state": "success",
+        "gpusched.io/mig-requested-at": str(int(time.time()) - 86_400),  # re-partitioned yesterday
+    }
+    _NodeHandler(s).apply("ADDED", one_gpu_in_mig("n", "1g.10gb", 7, **done))
+    assert not s._mig_asked
+    # The MIG manager restarts (operator upgrade, reboot) and re-applies the node's layout.
+    _NodeHandler(s).apply(
+        "MODIFIED", one_gpu_in_mig("n", "1g.10gb", 7, **{**done, "nvidia.com/mig.config.state": "pending"})
+    )
+    s._pending.apply("ADDED", pod("w", mig="1g.10gb"))
+    await batch(s)
+    assert not api.labelled, f"a node with MIG pods running was set back: {api.labelled}"
+    stop(s)
+
+
+class SlowFailingApi(MigApi):
+    """The ConfigMap write fails (RBAC, a non-mig-parted document, conflicts) after a while."""
+
+    async def write_mig_config(self, name: str, *_: Any, **__: Any) -> tuple[str, float]:
+        self.written.append(name)
+        await asyncio.sleep(0.1)
+        return 'configmaps "gpusched-mig-parted-config" is forbidden', 0.0
+
+
+async def test_a_mig_pod_placed_on_a_coming_instance_is_not_bound_when_the_layout_fails_during_the_solve(
+    monkeypatch: Any,
+) -> None:
+    api = SlowFailingApi()
+    s = scheduler(api)
+    add_node(s, "n", 1)
+    s._pending.apply("ADDED", pod("first", mig="1g.10gb"))
+    await batch(s)
+    assert "n" in s._repartitions
+    orig = asyncio.to_thread
+
+    async def slow_solve(fn: Any, *a: Any, **k: Any) -> Any:
+        out = await orig(fn, *a, **k)
+        await asyncio.sleep(0.3)  # a solve of 0.3 s: the write fails meanwhile
+        return out
+
+    monkeypatch.setattr(asyncio, "to_thread", slow_solve)
+    s._pending.apply("ADDED", pod("second", mig="1g.10gb"))
+    await batch(s)
+    assert "n" not in s._repartitions
+    assert "default/second" not in api.bound_to, "bound to a node that advertises no nvidia.com/mig-1g.10gb"
+    stop(s)
+
+
+class HookApi(MigApi):
+    def __init__(self) -> None:
+        super().__init__()
+        self.after_event: Any = None
+
+    async def object_event(self, *_: Any, **__: Any) -> None:
+        if self.after_event is not None:
+            self.after_event()
+
+
+async def test_a_timeout_does_not_overwrite_a_layout_someone_else_labelled_since() -> None:
+    api = HookApi()
+    s = scheduler(api)
+    add_node(s, "n", 1)
+
+    def expire_soon() -> None:  # the timeout, 0.2 s from now rather than 600 s
+        api.after_event = None
+        job = s._repartitions["n"]
+        job.asked -= float(s.config.mig.timeout_seconds) - 0.2
+
+    api.after_event = expire_soon
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    # The cluster admin takes the node over with one of NVIDIA's configurations, and it applies.
+    add_node(s, "n", 1, **{"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "pending"})
+    await asyncio.sleep(0.4)
+    await asyncio.sleep(0)
+    resets = [labels for node, labels in api.labelled if labels.get("nvidia.com/mig.config") == "all-disabled"]
+    assert not resets, "gpusched set back a node whose nvidia.com/mig.config is no longer its own"
+    stop(s)
+
+
+class ExistedApi(MigApi):
+    """The layout is in the ConfigMap already: written seconds ago by the leader before."""
+
+    async def write_mig_config(self, name: str, *_: Any, **__: Any) -> tuple[str, float]:
+        self.written.append(name)
+        return "", time.time() - 0.05  # as the ConfigMap's annotation says
+
+
+async def test_a_layout_the_previous_leader_just_wrote_is_still_waited_for() -> None:
+    api = ExistedApi()
+    s = scheduler(api, {"mig": {"repartition": True, "configDelaySeconds": 0.3}})
+    add_node(s, "n", 1)
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    await asyncio.sleep(0.05)
+    assert not api.labelled, "labelled before the MIG manager's copy can hold a layout written by the last leader"
+    stop(s)
+
+
+async def test_a_deleted_pod_keeps_no_instance_promised() -> None:
+    api = MigApi()
+    s = scheduler(api)
+    add_node(s, "n", 1)
+    add_node(s, "m", 1)
+    first = pod("first", mig="1g.10gb")
+    s._pending.apply("ADDED", first)
+    await batch(s)
+    ((_, job),) = s._repartitions.items()
+    s._pending.apply("DELETED", first)
+    for i in range(sum(job.wanted.values())):  # as many as the layout holds: the deleted pod's is free
+        s._pending.apply("ADDED", pod(f"more{i}", mig="1g.10gb"))
+    await batch(s)
+    assert len(s._repartitions) == 1, "a second node re-partitioned while an instance is kept for a deleted pod"
+    stop(s)
+
+
+async def test_a_pod_left_out_is_not_told_it_fits_on_a_gpu_the_plan_partitioned() -> None:
+    api = MigApi()
+    s = scheduler(api)
+    add_node(s, "n0", 1)
+    s._pending.apply("ADDED", pod("high", mig="7g.80gb", priority=10))
+    s._pending.apply("ADDED", pod("low", mig="7g.80gb"))
+    await batch(s)
+    assert list(s._repartitions) == ["n0"]
+    told = api.failed("default/low")
+    assert not any("could take the pod now" in m for m in told), told
+    stop(s)
+
+
+async def test_a_later_mig_pod_joins_once_the_node_shows_the_label_too() -> None:
+    api = MigApi()
+    s = scheduler(api)
+    add_node(s, "n", 1)
+    s._pending.apply("ADDED", pod("first", mig="1g.10gb"))
+    await batch(s)
+    ((_node, job),) = s._repartitions.items()
+    # The watch delivers the node as labelled (the MIG manager has not begun yet).
+    add_node(s, "n", 1, **{"nvidia.com/mig.config": job.config, "gpusched.io/mig-requested-at": str(int(time.time()))})
+    s._pending.apply("ADDED", pod("second", mig="1g.10gb"))
+    await batch(s)
+    assert sorted(job.pods) == ["default/first", "default/second"], api.failed("default/second")
+    stop(s)
+
+
+async def test_a_node_withdrawn_during_the_config_delay_is_not_labelled() -> None:
+    wrong = []
+    for withdraw in ("node label", "feature off", "GPU taken"):
+        api = MigApi()
+        s = scheduler(api, {"mig": {"repartition": True, "configDelaySeconds": 0.2}})
+        add_node(s, "n", 1)
+        s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+        await batch(s)
+        assert api.written
+        assert not api.labelled
+        if withdraw == "node label":  # the admin takes the node out of re-partitioning
+            add_node(s, "n", 1, repartition=False, **{"gpusched.io/mig-repartition": "false"})
+        elif withdraw == "feature off":
+            s.set_config(parse_config({}))
+        else:  # another scheduler's pod (or one with spec.nodeName) starts on its GPU
+            other = kit.pod("other", "default-scheduler", gpus=1, node_name="n")
+            other["metadata"].update({"namespace": "default", "uid": "uid-other"})
+            s._bound.apply("ADDED", other)
+        await asyncio.sleep(0.3)
+        if api.labelled:
+            wrong.append(withdraw)
+        stop(s)
+    assert not wrong, f"labelled for the MIG manager all the same after: {wrong}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import time
 from collections.abc import Awaitable, Callable, Collection
 from datetime import UTC, datetime
@@ -41,6 +42,8 @@ __all__ = ["MIG_CONFIG_KEY", "BindResult", "Binder", "condition_changes", "merge
 
 MIG_CONFIG_KEY = "config.yaml"
 """The key of the MIG manager's ConfigMap that holds the mig-parted document."""
+MIG_WRITTEN_ANNOTATION = "gpusched.io/mig-configs-written"
+"""On that ConfigMap: when each configuration of gpusched's was first written (JSON, Unix seconds)."""
 
 
 log = structlog.get_logger("gpusched.bind")
@@ -107,6 +110,17 @@ def merge_mig_configs(
     configs.setdefault("all-disabled", [{"devices": "all", "mig-enabled": False}])
     configs[name] = entries
     return {**doc, "version": doc.get("version", "v1"), "mig-configs": configs}
+
+
+def _written(text: str | None) -> dict[str, float]:
+    """``MIG_WRITTEN_ANNOTATION`` read leniently: what cannot be read counts as never written."""
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): float(v) for k, v in value.items() if isinstance(v, int | float)}
 
 
 def _path(pod: Pod) -> str:
@@ -383,13 +397,16 @@ class Binder:
 
     async def write_mig_config(
         self, name: str, entries: list[dict[str, Any]], config_map: str, keep: Collection[str] = ()
-    ) -> tuple[str, bool]:
+    ) -> tuple[str, float]:
         """Add the MIG layout ``entries`` (mig-parted's list of device groups) under ``name`` to
         the configurations in ConfigMap ``config_map`` (``namespace/name``, key ``config.yaml``;
         created when missing), for NVIDIA's MIG manager.  Configurations of this scheduler's
         (``gpusched-``) that are not named in ``keep`` are dropped; the others are left as they
         are, and ``all-disabled`` is added when missing (the label the GPU operator starts nodes
-        with).  The error ("" once written), and whether ``name`` was there already."""
+        with).  When each of ours was first written (Unix seconds) is kept in the ConfigMap's
+        annotation ``MIG_WRITTEN_ANNOTATION``, so that any instance knows how long the MIG
+        manager's copy has had it.  The error ("" once written), and when ``name`` was first
+        written (now, if it was not there under this scheduler's hand)."""
         namespace, cm = config_map.split("/", 1)
         path = f"/api/v1/namespaces/{namespace}/configmaps"
         try:
@@ -405,25 +422,30 @@ class Binder:
                 try:
                     doc = merge_mig_configs(data.get(MIG_CONFIG_KEY), name, entries, keep)
                 except ValueError as exc:
-                    return f"ConfigMap {config_map}: {exc}", False
-                before = yaml.safe_load(data.get(MIG_CONFIG_KEY) or "") or {}
-                existed = isinstance(before, dict) and (before.get("mig-configs") or {}).get(name) == entries
+                    return f"ConfigMap {config_map}: {exc}", 0.0
+                meta = dict(current["metadata"])
+                annotations = dict(meta.get("annotations") or {})
+                written = _written(annotations.get(MIG_WRITTEN_ANNOTATION))
+                written = {k: v for k, v in written.items() if k in doc["mig-configs"]}
+                written.setdefault(name, time.time())
+                annotations[MIG_WRITTEN_ANNOTATION] = json.dumps(written, sort_keys=True)
+                meta["annotations"] = annotations
                 data[MIG_CONFIG_KEY] = yaml.safe_dump(doc, sort_keys=True)
-                body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": current["metadata"], "data": data}
+                body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
                 try:
                     if created:
                         await self._retrying("POST", path, body, leading=self.leading)
                     else:
                         await self._retrying("PUT", f"{path}/{cm}", body, leading=self.leading)
-                    return "", existed
+                    return "", written[name]
                 except ApiError as exc:
                     if exc.status != 409:
                         raise
-            return f"ConfigMap {config_map}: changed by another writer {self.attempts} times in a row", False
+            return f"ConfigMap {config_map}: changed by another writer {self.attempts} times in a row", 0.0
         except NotLeading:
-            return "no longer the leader", False
+            return "no longer the leader", 0.0
         except ApiError as exc:
-            return str(exc), False
+            return str(exc), 0.0
 
     async def label_node(self, node: str, labels: dict[str, str | None]) -> str:
         """Set (a value) or remove (None) ``labels`` on ``node``; the error, or "" once done."""

@@ -165,6 +165,8 @@ def _repartitionable(
         why = f"its GPUs ({model}) have no MIG mode this scheduler knows"
     elif slices:
         return False  # re-partitioned already: its instances are packed as advertised
+    elif config.startswith(MIG_CONFIG_PREFIX) and LABEL_MIG_REQUESTED in labels and state != "failed":
+        return False  # a layout asked for and not there yet: the daemon keeps the node out meanwhile
     elif counted.isdigit() and int(counted) != gpus:
         why = f"{LABEL_GPU_COUNT} counts {counted} GPUs but {gpus} are advertised, so which GPU is which is not known"
     elif state in MIG_BUSY_STATES:

@@ -74,7 +74,9 @@ def _headroom(cap: IntArray, used: IntArray) -> IntArray:
 class Cluster:
     """Static inventory: nodes, capacities and GPU models, indexed 0..N-1."""
 
-    def __init__(self, nodes: Sequence[Node], *, repartition: Repartition = "idle-gpus") -> None:
+    def __init__(
+        self, nodes: Sequence[Node], *, repartition: Repartition = "idle-gpus", mig_profiles: Iterable[str] = ()
+    ) -> None:
         names = [n.name for n in nodes]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})[:3]
@@ -143,6 +145,7 @@ class Cluster:
         """MIG geometry of the nodes whose idle GPUs may be re-partitioned (None elsewhere)."""
         profiles = {p for x in nodes for p, _ in x.mig_slices}
         profiles |= {p for g in self.geometry if g is not None for p in g.profiles}
+        profiles |= set(mig_profiles)  # asked for: MIG layouts still to come
         self.mig_profiles: tuple[str, ...] = tuple(sorted(profiles))
         self.mig_index: dict[str, int] = {p: i for i, p in enumerate(self.mig_profiles)}
         mig_cap = np.zeros((n, len(self.mig_profiles)), dtype=np.int64)

@@ -212,14 +212,19 @@ class Cache:
         """Bumped by every change; a snapshot carries the generation it was taken at."""
         self.repartition: Repartition = "off"
         """Which idle GPUs a plan may re-partition into MIG instances (``Cluster``)."""
+        self._profiles: frozenset[str] = frozenset()
 
     # -- inventory -------------------------------------------------------------------------
-    def set_repartition(self, mode: Repartition) -> None:
-        """Which idle GPUs of the nodes that allow it the next snapshots may re-partition."""
-        if mode != self.repartition:
-            self.repartition = mode
+    def set_repartition(self, mode: Repartition, profiles: Iterable[str] = ()) -> None:
+        """Which idle GPUs of the nodes that allow it the next snapshots may re-partition, and
+        MIG profiles the cluster must know (those of layouts still to come) beyond its nodes'."""
+        wanted = frozenset(profiles)
+        known = self._cluster is None or wanted <= set(self._cluster.mig_profiles)
+        if mode != self.repartition or not known:
             self._cluster = None
             self.generation += 1
+        self.repartition = mode
+        self._profiles = wanted
 
     def upsert_node(self, record: NodeRecord) -> bool:
         """Add or update a node; True when what it offers changed.  A change of its
@@ -678,7 +683,7 @@ class Cache:
     def _ensure_cluster(self) -> Cluster:
         if self._cluster is None:
             nodes: list[Node] = [r.node for _, r in sorted(self._nodes.items())]
-            cluster = Cluster(nodes, repartition=self.repartition)
+            cluster = Cluster(nodes, repartition=self.repartition, mig_profiles=self._profiles)
             n = len(cluster)
             self._cpu = np.zeros(n, dtype=np.int64)
             self._mem = np.zeros(n, dtype=np.int64)

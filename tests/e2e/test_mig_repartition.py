@@ -7,6 +7,7 @@ and told why."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections import Counter
@@ -90,7 +91,10 @@ async def test_mig_pods_wait_for_the_layout_and_are_bound_once_the_node_advertis
             kube, f"/api/v1/nodes/{node}", lambda o: o["metadata"]["labels"].get("nvidia.com/mig.config")
         )
         assert labelled["metadata"]["labels"]["nvidia.com/mig.config"] == config
-        doc = yaml.safe_load((await kube.request("GET", CM)).body["data"]["config.yaml"])
+        cm = (await kube.request("GET", CM)).body
+        written = json.loads(cm["metadata"]["annotations"]["gpusched.io/mig-configs-written"])
+        assert config in written, "when it was first written, for the next leader to wait from"
+        doc = yaml.safe_load(cm["data"]["config.yaml"])
         assert doc["mig-configs"]["all-disabled"] == [{"devices": "all", "mig-enabled": False}]
         entries = doc["mig-configs"][config]
         offered: Counter[str] = Counter()
