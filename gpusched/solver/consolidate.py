@@ -9,8 +9,8 @@ A node is a candidate when all of the following hold:
 
 * it is not cordoned, not unreachable nor not ready, and a pod on it holds a GPU (or MIG slice);
 * no pod on it is being deleted;
-* every pod on it is movable (``Pod.movable``), not a gang member and not a MIG pod, or else a
-  pod that runs on every node (``Pod.daemon``: a DaemonSet's, or a static pod), which stays;
+* every pod on it is movable (``Pod.movable``) and not a gang member, or else a pod that runs
+  on every node (``Pod.daemon``: a DaemonSet's, or a static pod), which stays;
 * evicting its pods breaks no disruption budget, read as the Eviction API reads it
   (``Budget.evicts``; budgets are hard here: nothing forces this).
 
@@ -18,8 +18,9 @@ Candidates are tried emptiest first (least GPU in use, then by name).  For each,
 placed largest first, best fit, only on other nodes that stay in use (a pod holds a GPU there):
 not idle nodes (that would wake one to empty another), not nodes emptied before it in the
 plan, not nodes where a pod is being deleted, and not nodes with more PreferNoSchedule taints
-the pod does not tolerate than its own node has (its replacement would be steered back).  A
-candidate whose pods do not all fit is left as it is.  At most ``max_nodes`` nodes are emptied
+the pod does not tolerate than its own node has (its replacement would be steered back).  A MIG
+pod goes only to a free instance of its profile that a node advertises: the plan partitions no
+GPU.  A candidate whose pods do not all fit is left as it is.  At most ``max_nodes`` nodes are emptied
 per plan, and no node that takes pods in the plan is emptied later in it.
 """
 
@@ -72,7 +73,7 @@ def plan_consolidation(
     allowed_left = [b.allowed for b in budgets]
 
     def movable(pods: list[Assignment]) -> bool:
-        ok = all(a.pod.daemon or (a.pod.movable and a.pod.gang is None and not a.pod.mig_profile) for a in pods)
+        ok = all(a.pod.daemon or (a.pod.movable and a.pod.gang is None) for a in pods)
         return ok and any(a.pod.movable for a in pods)
 
     candidates = [int(n) for n in np.flatnonzero(targets) if movable(by_node[int(n)])]
@@ -95,6 +96,8 @@ def plan_consolidation(
         found: list[Assignment] = []
         for a in sorted(pods, key=lambda a: (-a.pod.num_gpu, -a.pod.gpu_milli, -a.pod.cpu_milli, a.pod.key)):
             ok = work.pod_mask(a.pod) & where
+            if a.pod.mig_profile:  # to an instance there is: no GPU is partitioned for it
+                ok &= work.mig_free[:, cl.mig_index[a.pod.mig_profile]] > 0
             avoided = cl.avoided(a.pod.tolerations)  # a PreferNoSchedule taint would send it back
             if avoided is not None:
                 ok &= avoided <= avoided[n]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpusched.model import Assignment, Cluster, ClusterState, Plan
+from gpusched.model import Assignment, Cluster, ClusterState, Node, Plan
 from gpusched.model.affinity import Requirement
 from gpusched.model.node import Taint
 from gpusched.model.pod import Gang
@@ -127,3 +127,25 @@ def test_an_empty_budget_selector_protects_every_pod_of_its_namespace_from_evict
     _, state = setup(placed)
     assert plan_consolidation(state, placed, budgets=[Budget("default", (), 0, everyone=True)]) == []
     assert plan_consolidation(state, placed, budgets=[Budget("default", (), 0)]) != []  # as preemption reads it
+
+
+def test_mig_pods_move_to_free_instances_of_their_profile_and_never_partition_a_gpu() -> None:
+    a100 = "A100-SXM4-80GB"
+    nodes = [Node(f"m{i}", 64000, 262144, gpu_count=0, gpu_model=a100, mig_slices=(("1g.10gb", 7),)) for i in range(3)]
+    nodes.append(Node("whole", 64000, 262144, gpu_count=1, gpu_model=a100, mig_repartition=True))
+    cluster = Cluster(nodes, repartition="idle-nodes")
+
+    def mig(name: str, node: int) -> Assignment:
+        return Assignment(replace(pod(name), mig_profile="1g.10gb", movable=True), node, ())
+
+    placed = [mig(f"a{i}", 0) for i in range(4)] + [mig("b0", 1), mig("b1", 1), mig("c0", 2)]
+    placed += [on("w", 3, (0,))]  # the whole-GPU node is in use: a target, but has no instance
+    state = cluster.empty_state().apply(placed)
+    moves = plan_consolidation(state, placed, max_nodes=3)
+    emptied = {cluster.nodes[m.node].name for m in moves}
+    assert len(emptied) == 2, "seven instances' worth of pods on three nodes: two are emptied"
+    assert emptied < {"m0", "m1", "m2"}
+    kept = ({"m0", "m1", "m2"} - emptied).pop()
+    assert {cluster.nodes[t.node].name for m in moves for t in m.targets} == {kept}, "never the whole-GPU node"
+    check(state, placed, moves)
+    assert all(t.gpus == () for m in moves for t in m.targets)
