@@ -75,7 +75,7 @@ from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_fra
 from gpusched.solver.params import SolverParams
 from gpusched.solver.policy import Policy, place_quick
 from gpusched.solver.preempt import Budget, Preemption, gang_budgets, plan_preemptions
-from gpusched.solver.reclaim import at_limit_searched, gang_reclaimers, plan_at_limit, plan_reclaims, reclaimers
+from gpusched.solver.reclaim import at_limit_searched, plan_at_limit, plan_reclaims
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
 from gpusched.state.cache import Cache, Coming, Snapshot, same_offer
@@ -880,6 +880,7 @@ class Scheduler:
             return
         freed = set(self._room_ready(r.pod for r in todo))
         pods = self._count_running_members([r.pod for r in todo])
+        joinable = {n: job for n, job in self._repartitions.items() if job.layouts}  # offered as instances to come
         snap = self.cache.snapshot(
             free=freed, busy=self.busy_gpus(), sealed=self.sealed(), coming=self._coming(), **self._keep(pods)
         )
@@ -944,7 +945,7 @@ class Scheduler:
         # told so, or, with none of them waiting, all its members are drawn again.
         parted = {n for n, _, _ in plan.partitions}
         for_layout: dict[int, list[Pod]] = defaultdict(list)
-        coming = {i for n in self._repartitions if (i := snap.cluster.index.get(n)) is not None}
+        coming = {i for n in joinable if (i := snap.cluster.index.get(n)) is not None}
         gangs_parted = {a.pod.gang.name for a in plan.assignments if a.node in parted and a.pod.gang is not None}
         gangs_waiting = {
             a.pod.gang.name: names[a.node].name
@@ -953,6 +954,8 @@ class Scheduler:
         }
         gang_waits: list[Pod] = []
         sealed_at_solve = set(snap.sealed)
+        sealed_names = {names[i].name for i in sealed_at_solve}
+        sealed_now = self.sealed()
         for a in plan.assignments:
             if (a.pod.gang is not None and a.pod.gang.name in broken) or a.pod.key in over_limit:
                 self.queue.requeue(a.pod.key)
@@ -965,10 +968,13 @@ class Scheduler:
             if a.node in parted and a.pod.mig_profile:
                 for_layout[a.node].append(a.pod)
                 continue
-            if a.pod.mig_profile and names[a.node].name in self._repartitions:  # on an instance to come
-                self._join_layout(names[a.node].name, a.pod)
+            name = names[a.node].name
+            if a.pod.mig_profile and name in joinable and self._repartitions.get(name) is joinable[name]:
+                self._join_layout(name, a.pod)  # on an instance to come
                 continue
-            if a.pod.mig_profile and a.node in sealed_at_solve:  # its layout was given up during the solve
+            gpu = bool(a.pod.mig_profile or a.pod.num_gpu or a.pod.gpu_milli)
+            if (a.pod.mig_profile and a.node in sealed_at_solve) or (gpu and name in sealed_now - sealed_names):
+                # Its layout was given up, or the node was sealed (set back to whole GPUs), during the solve.
                 self.queue.requeue(a.pod.key)
                 untaken = True
                 continue
@@ -981,6 +987,8 @@ class Scheduler:
                 untaken = True
                 continue
             self._start_bind(a.pod, names[a.node].name, a.gpus)
+        for a in plan.assignments:  # a node a plan counts on is not idle: not set back to whole GPUs now
+            self._mig_idle_since.pop(names[a.node].name, None)
         if for_layout:
             self._repartition(plan, snap.cluster, for_layout, batch_id)
         for p in gang_waits:
@@ -1357,6 +1365,7 @@ class Scheduler:
             if self.tenants.active
             else None
         )
+        looked: list[Pod] = []  # the pods a reclaim search looked for
         try:
             budgets = [*self.budgets.values(), *gang_budgets(running)]  # running gangs keep their minimum
             if at_limit:
@@ -1374,6 +1383,7 @@ class Scheduler:
                     budgets=budgets,
                     allowance=allowance,
                     gangs=[[p for p, _ in g.values()] for g in gangs],
+                    searched=looked,
                 )
             else:
                 found = await asyncio.to_thread(
@@ -1397,11 +1407,8 @@ class Scheduler:
         chosen = {pre.pod.key: pre for pre in found}
         evicting = False
         evicted = sum(len(pre.victims) for pre in found)
-        if reclaim is not None:  # counted: the pods (and gang members) within their tenant's quota that may reclaim
-            members = gang_reclaimers([[p for p, _ in g.values()] for g in gangs], self.tenants)
-            within = [g for g in members if len(self.tenants.guaranteed(g, usage)) == len(g)]
-            searched = len(self.tenants.guaranteed(reclaimers(p for p, _ in pods), usage)) + sum(map(len, within))
-            self.metrics.reclaim(searched, evicted)
+        if reclaim is not None:  # counted: the pods (and gang members) within their tenant's quota that looked
+            self.metrics.reclaim(len(looked), evicted)
         elif at_limit:
             self.metrics.preemption(len(at_limit_searched(p for p, _ in pods)), evicted)
         else:
@@ -1774,7 +1781,7 @@ class Scheduler:
         mig = self.config.mig
         async with self._mig_writes:
             keep = {r.node.labels.get(LABEL_MIG_CONFIG, "") for r in self.cache.nodes.values()}
-            keep |= {r.config for r in self._repartitions.values()}
+            keep |= {r.config for r in self._repartitions.values()} | {r.before for r in self._repartitions.values()}
             error, written = await self.binder.write_mig_config(job.config, entries, mig.config_map, keep)
         if not error:
             wait = written + float(mig.config_delay_seconds) - time.time()
@@ -1829,9 +1836,10 @@ class Scheduler:
             self._end_repartition(node, job, "timeout", self._timed_out(job.config))
             self._give_up_layout(node, job.config)
 
-    def _withdrawn(self, node: str) -> str:
+    def _withdrawn(self, node: str, whole: bool = False) -> str:
         """Why ``node`` may no longer be labelled for the layout asked for ("" when it may): what
-        changed while the MIG manager's copy of the ConfigMap was given time."""
+        changed while the MIG manager's copy of the ConfigMap was given time.  ``whole``: set
+        back to whole GPUs, which no pod on its instances may be using either."""
         if not self.config.mig.repartition:
             return "mig.repartition was turned off"
         rec = self.cache.nodes.get(node)
@@ -1843,6 +1851,8 @@ class Scheduler:
         i = state.cluster.index.get(node)
         if i is None or state.gpu_used[i].any():
             return "a pod took one of its GPUs meanwhile"
+        if whole and state.mig_used is not None and state.mig_used[i].any():
+            return "a pod took one of its MIG instances meanwhile"
         return ""
 
     async def _clear_request(self, node: str) -> None:
@@ -1925,6 +1935,7 @@ class Scheduler:
             labels = rec.node.labels
             if not (
                 labels.get(LABEL_MIG_CONFIG, "").startswith(MIG_CONFIG_PREFIX)
+                and labels.get(LABEL_MIG_REPARTITION, "").lower() == "true"
                 and labels.get(LABEL_MIG_STATE) == "success"
                 and rec.node.mig_slices
                 and name not in sealed
@@ -1949,6 +1960,11 @@ class Scheduler:
         """Label ``node`` back to ``all-disabled``; then wait for the MIG manager, as for a layout."""
         rec = self.cache.nodes.get(node)
         job.before = rec.node.labels.get(LABEL_MIG_CONFIG, "") if rec is not None else ""
+        withdrawn = self._withdrawn(node, whole=True)
+        if withdrawn:
+            log.info("mig restore dropped", node=node, why=withdrawn)
+            self._end_repartition(node, job, "", "")
+            return
         labels: dict[str, str | None] = {LABEL_MIG_CONFIG: MIG_ALL_DISABLED, LABEL_MIG_REQUESTED: str(int(time.time()))}
         error = await self.binder.label_node(node, labels)
         if error:
@@ -1968,9 +1984,17 @@ class Scheduler:
         if rec is not None:
             self.mig_node_seen(rec.node)
         await asyncio.sleep(float(self.config.mig.timeout_seconds))
-        if self._repartitions.get(node) is job:
-            self._end_repartition(node, job, "timeout", self._timed_out(MIG_ALL_DISABLED))
-            self._give_up_layout(node, MIG_ALL_DISABLED)
+        if self._repartitions.get(node) is not job:
+            return
+        self._end_repartition(node, job, "timeout", "")
+        rec = self.cache.nodes.get(node)
+        back: dict[str, str | None] = {LABEL_MIG_REQUESTED: None}
+        if rec is not None and rec.node.mig_slices and rec.node.labels.get(LABEL_MIG_CONFIG) == MIG_ALL_DISABLED:
+            back[LABEL_MIG_CONFIG] = job.before  # its instances are still there, in use from now: keep them
+        log.warning("mig restore timed out", node=node, config=back.get(LABEL_MIG_CONFIG, MIG_ALL_DISABLED))
+        error = await self.binder.label_node(node, back)
+        if error:
+            log.warning("node not relabelled after a MIG restore timed out", node=node, error=error)
 
     def _expire_asks(self) -> None:
         """Set back the nodes another leader asked a layout for that did not come in time."""
@@ -2549,6 +2573,14 @@ async def explain_pod(
         if rec.error:
             lines.append(f"pod {rec.key} cannot be scheduled as written: {rec.error}")
             return "\n".join(lines), 1
+        if rec.gated:
+            gates = ", ".join(
+                str(g.get("name")) for g in r.body["spec"].get("schedulingGates") or () if isinstance(g, dict)
+            )
+            lines.append(
+                f"pod {rec.key} is gated ({gates}): no scheduler places it until its scheduling gates are removed"
+            )
+            return "\n".join(lines), 1
         if rec.claims:
             claims = Claims()
             pvcs, _ = await kube.list(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims")
@@ -2587,8 +2619,9 @@ async def explain_pod(
             lines.append(e.message)
         if said and said[1] != e.message:
             lines.append(
-                f"the scheduler said at {said[0]}: {said[1]}\n(this command weighs capacity only; tenant "
-                "limits, GPUs kept free, busy GPUs and MIG re-partitions are the running scheduler's to weigh)"
+                f"the scheduler says (unschedulable since {said[0]}): {said[1]}\n(this command weighs capacity "
+                "only; tenant limits, GPUs kept free, busy GPUs and MIG re-partitions are the running "
+                "scheduler's to weigh)"
             )
         return "\n".join(lines), 0 if e.fits else 1
     finally:
@@ -2596,9 +2629,15 @@ async def explain_pod(
 
 
 def _last_word(pod: Mapping[str, Any]) -> tuple[str, str] | None:
-    """When and what the pod's ``PodScheduled=False`` condition says, if it has one."""
+    """Since when the pod is unschedulable and what its ``PodScheduled=False`` condition (reason
+    ``Unschedulable``, as a scheduler writes it) says now, if it has one."""
     for c in (pod.get("status") or {}).get("conditions") or ():
-        if isinstance(c, Mapping) and c.get("type") == "PodScheduled" and c.get("status") == "False":
+        if (
+            isinstance(c, Mapping)
+            and c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+        ):
             return str(c.get("lastTransitionTime") or "an unknown time"), str(c.get("message") or "")
     return None
 

@@ -514,3 +514,100 @@ async def test_a_node_withdrawn_during_the_config_delay_is_not_labelled() -> Non
             wrong.append(withdraw)
         stop(s)
     assert not wrong, f"labelled for the MIG manager all the same after: {wrong}"
+
+
+async def test_a_node_restored_during_a_solve_does_not_swallow_the_mig_pod_placed_there(monkeypatch: Any) -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})
+    _NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
+    s.restore_idle(0.0)  # idle since t=0
+    orig = asyncio.to_thread
+
+    async def solve(fn: Any, *a: Any, **k: Any) -> Any:
+        out = await orig(fn, *a, **k)
+        s.restore_idle(1000.0)  # the restore loop's tick lands while the batch is solved
+        return out
+
+    monkeypatch.setattr(asyncio, "to_thread", solve)
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    job = s._repartitions.get("m")
+    told = api.failed("default/p")
+    stop(s)
+    # The pod was placed on an instance that exists now; the restore takes it away.
+    assert job is None or "default/p" not in job.pods, (job, told)
+    assert all(m for m in told), f"told an empty message: {told}"
+
+
+async def test_a_node_with_gang_members_waiting_beside_a_layout_is_not_restored() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "configDelaySeconds": 0}})
+    _NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 1}))  # one instance left of a layout of ours
+    add_node(s, "n", 1)  # whole, may be re-partitioned
+    s.restore_idle(0.0)
+    for i in range(2):
+        s._pending.apply("ADDED", pod(f"g{i}", mig="1g.10gb", gang="g"))
+    await batch(s)
+    assert "n" in s._repartitions, s._repartitions
+    told = {k: api.failed(k) for k in ("default/g0", "default/g1")}
+    restored = s.restore_idle(1000.0)  # the gang's member planned on m waits for n's layout
+    stop(s)
+    assert restored == [], (restored, told)
+
+
+async def test_a_node_taken_out_of_repartitioning_is_not_set_back() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})
+    obj = mig_node("m", **{"1g_10gb": 7})
+    obj["metadata"]["labels"]["gpusched.io/mig-repartition"] = "false"  # the admin keeps its layout
+    _NodeHandler(s).apply("ADDED", obj)
+    s.restore_idle(0.0)
+    restored = s.restore_idle(1000.0)
+    stop(s)
+    assert restored == [], "set back to whole GPUs, and never given a layout again: its MIG capacity is gone"
+
+
+async def test_a_whole_gpu_pod_is_not_bound_to_a_node_restored_during_the_solve(monkeypatch: Any) -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})
+    obj = mig_node("m", **{"1g_10gb": 7})  # one GPU in MIG mode, one kept whole
+    for st in ("capacity", "allocatable"):
+        obj["status"][st]["nvidia.com/gpu"] = "1"
+    _NodeHandler(s).apply("ADDED", obj)
+    s.restore_idle(0.0)
+    orig = asyncio.to_thread
+
+    async def solve(fn: Any, *a: Any, **k: Any) -> Any:
+        out = await orig(fn, *a, **k)
+        s.restore_idle(1000.0)
+        return out
+
+    monkeypatch.setattr(asyncio, "to_thread", solve)
+    s._pending.apply("ADDED", pod("w", gpus=1))
+    await batch(s)
+    sealed = "m" in s._repartitions
+    stop(s)
+    assert not (sealed and api.bound_to.get("default/w") == "m"), (
+        "bound to a node the MIG manager is told to reconfigure"
+    )
+
+
+async def test_after_a_restore_times_out_the_instances_still_there_are_not_offered_to_pods() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "timeoutSeconds": 10}})
+    _NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
+    s.restore_idle(0.0)
+    assert s.restore_idle(1000.0) == ["m"]
+    await asyncio.sleep(0)
+    (_, asked) = api.labelled[-1]
+    asked_before = "gpusched-0123456789ab"
+    labelled = mig_node("m", config="all-disabled", **{"1g_10gb": 7})  # as the watch shows it
+    labelled["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(asked["gpusched.io/mig-requested-at"])
+    _NodeHandler(s).apply("MODIFIED", labelled)
+    # The MIG manager does not get to it in time (node draining, a slow reboot, the operator
+    # being upgraded): the node still advertises its instances, and keeps them.
+    await asyncio.sleep(10.5)
+    (node, back) = api.labelled[-1]
+    assert (node, back) == ("m", {"gpusched.io/mig-requested-at": None, "nvidia.com/mig.config": asked_before})
+    assert "m" not in s.sealed()
+    stop(s)

@@ -344,3 +344,21 @@ async def test_a_gang_past_its_quota_does_not_reclaim_and_may_still_preempt_with
     assert api.evicted == [], "2 GPUs for b, quota 1: no reclaim; b's own pod frees one GPU only"
     (message,) = api.failed("b/m0")
     assert message.startswith("gang b/job: its 2 members do not all fit at once"), message
+
+
+async def test_reclaim_attempts_count_only_the_pods_that_looked() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=3)
+    tenants(s, quotas={"b": {"quotaGpus": 2}})
+    for g in range(3):
+        s._bound.apply("ADDED", of(f"a{g}", "a", 0, node="n0", gpu=g))  # a borrows all 3
+    s._pending.apply("ADDED", of("p", "b", 0))
+    for i in range(2):
+        member = of(f"m{i}", "b", 0)
+        member["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = "job"
+        member["metadata"]["annotations"]["gpusched.io/gang-min-members"] = "2"
+        s._pending.apply("ADDED", member)
+    await batch(s)
+    # p reclaims 1 GPU; the gang (2 more) would take b past its quota of 2: it does not look.
+    assert len(api.evicted) == 1, api.evicted
+    assert gauge(s, "gpusched_reclaim_attempts_total") == ["gpusched_reclaim_attempts_total 1.0"]

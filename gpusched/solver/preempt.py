@@ -328,6 +328,11 @@ def _harm(found: Sequence[Preemption]) -> _Harm:
     return (sum(pre.violations for pre in found), max(prio, default=-_SHIFT), sum(p + _SHIFT for p in prio))
 
 
+Narrow = Callable[[list[Assignment], list[Preemption]], list[Assignment]]
+"""Which of the pods still running (first) the next member may evict, given what the members
+before it found (second)."""
+
+
 def find_gang_preemption(
     members: Sequence[Pod],
     state: ClusterState,
@@ -336,6 +341,7 @@ def find_gang_preemption(
     *,
     budgets: Sequence[Budget] = (),
     spent: Sequence[int] | None = None,
+    narrow: Narrow | None = None,
 ) -> list[Preemption] | None:
     """Room for every member of one gang at once (all its pending ``members``), or None: a gang
     is placed whole or not at all, so no pod is evicted for a part of it.  Members are placed
@@ -349,7 +355,8 @@ def find_gang_preemption(
     domain with the most free GPU.  A member placed without victims holds its room all the same.
     As for a single pod, the search stops once the domains where the gang found room hold
     ``max(min_candidates, 10 % of the nodes)`` nodes; a domain is left as soon as what its
-    members evict already harms more than the best found."""
+    members evict already harms more than the best found.  ``narrow``: which of the pods still
+    running a member may evict, given what the members before it took (default: all)."""
     gang = members[0].gang if members else None
     if gang is None or not all(m.preempts and m.gang == gang for m in members):
         return None
@@ -377,7 +384,9 @@ def find_gang_preemption(
         if not any(a.pod.priority < lowest for a in inside):
             continue
         bound = None if best is None else best[0][:3]
-        found = _gang_try(order, state, inside, min_candidates, base, budgets, list(spent), allowed, bound, lowest, fit)
+        found = _gang_try(
+            order, state, inside, min_candidates, base, budgets, list(spent), allowed, bound, lowest, fit, narrow
+        )
         if found is None:
             continue
         if found:  # else it was left for harming more than the best: a candidate all the same
@@ -404,6 +413,7 @@ def _gang_try(
     bound: _Harm | None,
     floor: int,
     fit: GreedyPolicy,
+    narrow: Narrow | None = None,
 ) -> list[Preemption] | None:
     """``find_gang_preemption`` within ``allowed`` (None: no room there), or an empty list once
     the harm reaches ``bound`` (what each member adds only raises it)."""
@@ -425,7 +435,7 @@ def _gang_try(
             found = find_preemption(
                 replace(pod, priority=floor),
                 work,
-                left,
+                left if narrow is None else narrow(left, out),
                 min_candidates,
                 lowered=lowered,
                 budgets=budgets,

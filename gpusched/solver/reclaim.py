@@ -124,6 +124,7 @@ def plan_reclaims(
     budgets: Sequence[Budget] = (),
     allowance: Mapping[str, int] | None = None,
     gangs: Sequence[Sequence[Pod]] = (),
+    searched: list[Pod] | None = None,
 ) -> list[Preemption]:
     """Reclaims for ``pods`` in the order given (the queue's), then for ``gangs`` (each all its
     pending members, room for all or none), each against the state the earlier ones leave;
@@ -131,7 +132,8 @@ def plan_reclaims(
     may not preempt, or one that asks for no GPU does not reclaim alone (``reclaimers``,
     ``gang_reclaimers``).  ``allowance``: what each tenant with a limit may still take
     (``Tenants.allowance``, with the pods being deleted counted): a pod or gang whose tenant it
-    would take past does not reclaim.  No tenant loses more than it holds beyond its quota."""
+    would take past does not reclaim.  No tenant loses more than it holds beyond its quota.
+    ``searched``: given, the pods of the pods and gangs that looked are added to it."""
     left_to_take = dict(allowance or {})
     room = dict(tenants.borrowed(usage))
     claimed: dict[str, int] = defaultdict(int)
@@ -145,6 +147,8 @@ def plan_reclaims(
             continue
         if t in left_to_take and d > left_to_take[t]:
             continue
+        if searched is not None:
+            searched.extend(unit)
         offered = reclaimable(left, tenants, room, t)
         if not offered:
             continue
@@ -153,7 +157,22 @@ def plan_reclaims(
             one = find_preemption(top[0], state, offered, min_candidates, budgets=budgets, spent=spent)
             found = [] if one is None else [one]
         else:
-            found = find_gang_preemption(top, state, offered, min_candidates, budgets=budgets, spent=spent) or []
+            lent = dict(room)
+
+            def narrow(
+                running: list[Assignment], before: list[Preemption], t: str = t, lent: dict[str, int] = lent
+            ) -> list[Assignment]:
+                """What the next member may evict: each lender's room less what the members
+                before it took (so one lender's room is not spent twice)."""
+                left_room = dict(lent)
+                for v in (v for pre in before for v in pre.victims):
+                    left_room[tenants.of(v.pod)] -= demand_of(v.pod)
+                return reclaimable(running, tenants, left_room, t)
+
+            found = (
+                find_gang_preemption(top, state, offered, min_candidates, budgets=budgets, spent=spent, narrow=narrow)
+                or []
+            )
         taken: dict[str, int] = defaultdict(int)
         for v in (v for pre in found for v in pre.victims):
             taken[tenants.of(v.pod)] += demand_of(v.pod)

@@ -157,3 +157,16 @@ def test_a_gang_within_its_quota_reclaims_for_all_its_members_or_none() -> None:
     # A member that may not preempt keeps the whole gang from reclaiming.
     shy = [gang[0], replace(gang[1], preempts=False)]
     assert gang_reclaims([shy], placed, t, nodes=2, gpus=1) == []
+
+
+def test_a_gang_reclaims_from_a_second_lender_when_the_first_has_too_little_beyond_its_quota() -> None:
+    # a holds 2 GPUs with a quota of 1 (1 borrowed); c holds 2 with no quota (2 borrowed).
+    t = Tenants(rules={"a": TenantRule(quota=1000), "b": TenantRule(quota=2000)})
+    placed = [on("a0", "a", 0, (0,)), on("a1", "a", 1, (0,))]
+    placed += [on("c0", "c", 2, (0,), priority=5), on("c1", "c", 3, (0,), priority=5)]
+    gang = [replace(of(f"m{i}", "b"), gang=Gang("g", 2)) for i in range(2)]
+    found = gang_reclaims([gang], placed, t, nodes=4, gpus=1)
+    # m0 <- a0 (or a1), m1 <- c0 (or c1): within every lender's room.
+    assert len(found) == 2, found
+    lenders = sorted(v[0] for _, vs in found for v in vs)
+    assert lenders == ["a", "c"], "one GPU of a's, beyond its quota, and one of c's"
