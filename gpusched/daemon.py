@@ -2278,10 +2278,17 @@ class Scheduler:
         kept = self._kept_now()
         keeping = np.zeros(len(cl), dtype=np.bool_)  # nodes holding GPUs kept free: not to be removed
         keeping[[i for n, _ in kept if (i := cl.index.get(n)) is not None]] = True
+        # A node being re-partitioned holds no pod yet, but is about to: not to be removed.
+        keeping[[i for n in self.sealed() if (i := cl.index.get(n)) is not None]] = True
         idle = int((~in_use & gpu_nodes & open_ & ~keeping).sum())
-        # What more nodes would have to offer: not pods holding room already, nor pods no node
-        # takes as written, nor pods their tenant's limit holds back.
-        parked = [r.pod for r in self.queue.parked() if not r.error and self.cache.nomination(r.key) is None]
+        # What more nodes would have to offer: not pods holding room already, nor pods waiting
+        # for a MIG layout, nor pods no node takes as written, nor pods their tenant's limit
+        # holds back.
+        parked = [
+            r.pod
+            for r in self.queue.parked()
+            if not r.error and self.cache.nomination(r.key) is None and not self._waits_for_layout(r.key, r.uid)
+        ]
         if self.tenants.active:  # as a batch of them all would count them
             usage = self.cache.tenant_usage(self.tenants, terminating=True)
             parked, _ = self.tenants.admit(parked, usage)

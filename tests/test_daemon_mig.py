@@ -611,3 +611,17 @@ async def test_after_a_restore_times_out_the_instances_still_there_are_not_offer
     assert (node, back) == ("m", {"gpusched.io/mig-requested-at": None, "nvidia.com/mig.config": asked_before})
     assert "m" not in s.sealed()
     stop(s)
+
+
+async def test_autoscaling_signals_neither_ask_for_nodes_for_pods_waiting_for_a_layout_nor_offer_its_node() -> None:
+    api = MigApi()
+    s = scheduler(api)
+    add_node(s, "n", 1)
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    assert "n" in s._repartitions
+    s._scrape()
+    text = s.metrics.render()[0].decode()
+    assert "gpusched_unschedulable_gpu_demand 0.0" in text, "a pod about to be placed is no demand for a new node"
+    assert "gpusched_gpu_nodes_idle 0.0" in text, "a node being re-partitioned is not idle, to be removed"
+    stop(s)
