@@ -1406,13 +1406,7 @@ class Scheduler:
         found = _on_instances(found, snap.state)
         chosen = {pre.pod.key: pre for pre in found}
         evicting = False
-        evicted = sum(len(pre.victims) for pre in found)
-        if reclaim is not None:  # counted: the pods (and gang members) within their tenant's quota that looked
-            self.metrics.reclaim(len(looked), evicted)
-        elif at_limit:
-            self.metrics.preemption(len(at_limit_searched(p for p, _ in pods)), evicted)
-        else:
-            self.metrics.preemption(len(pods) + sum(map(len, gangs)), evicted)
+        evicted = 0  # victims of the preemptions carried out
         for p, e in pods:
             pre = chosen.get(p.key)
             if self.cache.holds(p.key, p.uid):  # bound by someone else during the search
@@ -1428,6 +1422,7 @@ class Scheduler:
             why = self._reclaim_note(pre) if reclaim is not None else ""
             node = self._carry_out(pre, snap.cluster, why)
             evicting = evicting or bool(pre.victims)
+            evicted += len(pre.victims)
             log.info(
                 "reclaim" if reclaim is not None else "preempt",
                 batch_id=batch_id,
@@ -1475,6 +1470,7 @@ class Scheduler:
             }
             victims = [v for pre in chosen_group for v in pre.victims]
             evicting = evicting or bool(victims)
+            evicted += len(victims)
             gang = chosen_group[0].pod.gang
             assert gang is not None
             log.info(
@@ -1502,6 +1498,12 @@ class Scheduler:
                 )
             for k, (p, message) in told.items():
                 self._unschedulable(p, f"{message} {doing}", "Gang", nominated=nodes[k])
+        if reclaim is not None:  # counted: the pods (and gang members) within their tenant's quota that looked
+            self.metrics.reclaim(len(looked), evicted)
+        elif at_limit:
+            self.metrics.preemption(len(at_limit_searched(p for p, _ in pods)), evicted)
+        else:
+            self.metrics.preemption(len(pods) + sum(map(len, gangs)), evicted)
         return evicting
 
     def _carry_out(self, pre: Preemption, cluster: Cluster, why: str = "") -> str:
