@@ -143,6 +143,12 @@ class _NodeHandler:
         self.s = s
 
     def _record(self, obj: dict[str, Any]) -> Any:
+        meta = obj.get("metadata") or {}
+        config = str((meta.get("labels") or {}).get(LABEL_MIG_CONFIG) or "")
+        if config.startswith(MIG_CONFIG_PREFIX):  # a node read or not: its configuration stays written
+            self.s._mig_configs[str(meta.get("name", ""))] = config
+        else:
+            self.s._mig_configs.pop(str(meta.get("name", "")), None)
         try:
             rec = node_record(obj)
         except ConvertError as exc:
@@ -156,6 +162,7 @@ class _NodeHandler:
         return rec
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.s._mig_configs.clear()
         records = [r for r in map(self._record, objects) if r is not None]
         self.s.cache.replace_nodes(records)
         self.s._mig_at_work.clear()
@@ -167,6 +174,7 @@ class _NodeHandler:
         name = str((obj.get("metadata") or {}).get("name", ""))
         if kind == "DELETED":
             changed = self.s.cache.delete_node(name)
+            self.s._mig_configs.pop(name, None)
             self.s.mig_node_gone(name)
         else:
             rec = self._record(obj)
@@ -408,6 +416,9 @@ class Scheduler:
         """Nodes a layout was asked for (by any leader) that advertise no instance yet: when (epoch s)."""
         self._mig_giving_up: set[str] = set()
         """Nodes being set back after a layout did not come in time."""
+        self._mig_configs: dict[str, str] = {}
+        """Our MIG configuration each node is labelled with, read or not (a node the converter
+        refuses still runs it): kept in the ConfigMap."""
         self._mig_idle_since: dict[str, float] = {}
         """Nodes re-partitioned by gpusched whose instances no pod uses: since when (monotonic)."""
         self.placed_here: set[str] = set()
@@ -1782,7 +1793,7 @@ class Scheduler:
         layout asked for and not yet seen there)."""
         mig = self.config.mig
         async with self._mig_writes:
-            keep = {r.node.labels.get(LABEL_MIG_CONFIG, "") for r in self.cache.nodes.values()}
+            keep = set(self._mig_configs.values())
             keep |= {r.config for r in self._repartitions.values()} | {r.before for r in self._repartitions.values()}
             error, written = await self.binder.write_mig_config(job.config, entries, mig.config_map, keep)
         if not error:

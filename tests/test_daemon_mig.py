@@ -625,3 +625,26 @@ async def test_autoscaling_signals_neither_ask_for_nodes_for_pods_waiting_for_a_
     assert "gpusched_unschedulable_gpu_demand 0.0" in text, "a pod about to be placed is no demand for a new node"
     assert "gpusched_gpu_nodes_idle 0.0" in text, "a node being re-partitioned is not idle, to be removed"
     stop(s)
+
+
+async def test_the_configuration_of_a_node_that_cannot_be_read_stays_in_the_config_map() -> None:
+    kube = ConfigMapKube()
+    old = {"version": "v1", "mig-configs": {"gpusched-0123456789ab": [], "gpusched-unused00000": []}}
+    meta = {"name": "gpusched-mig-parted-config", "namespace": "gpu-operator", "resourceVersion": "1"}
+    kube.cm = {"metadata": meta, "data": {"config.yaml": yaml.safe_dump(old)}}
+    s = scheduler(None)
+    s.binder = Binder(cast(Kube, kube), "me", leading=lambda: True)
+    bad = mig_node("bad", **{"1g_10gb": 7})  # labelled gpusched-0123456789ab
+    bad["status"]["allocatable"]["cpu"] = "lots"  # refused by the converter: not in the cache
+    _NodeHandler(s).apply("ADDED", bad)
+    assert "bad" not in s.cache.nodes
+    add_node(s, "n", 1)
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 10))
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+    configs = yaml.safe_load(kube.cm["data"]["config.yaml"])["mig-configs"]
+    assert "gpusched-0123456789ab" in configs, "the layout a node runs was pruned"
+    assert "gpusched-unused00000" not in configs
+    assert kube.labels["n"] in configs
+    stop(s)
