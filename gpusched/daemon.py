@@ -858,17 +858,27 @@ class Scheduler:
             limit_usage = self.cache.tenant_usage(self.tenants, terminating=True)
             admitted, over = self.tenants.admit([r.pod for r in todo], limit_usage)
             at_limit: list[tuple[Pod, Explanation | _Verdict]] = []
+            gangs_at_limit: dict[str, dict[str, tuple[Pod, str]]] = defaultdict(dict)
             lowest = self._lowest_by_tenant() if over else {}
             for r in todo:
                 if r.key not in over:
                     continue
                 verdict = _Verdict(over[r.key], "TenantLimit")
-                if r.pod.priority > lowest.get(self.tenants.of(r.pod), r.pod.priority):
+                if r.pod.gang is not None:
+                    gangs_at_limit[r.pod.gang.name][r.key] = (r.pod, verdict.message)
+                elif r.pod.priority > lowest.get(self.tenants.of(r.pod), r.pod.priority):
                     at_limit.append((r.pod, verdict))
                 else:  # nothing of its tenant below it to preempt
                     self._unschedulable(r.pod, verdict.message, verdict.reason)
-            if at_limit:  # they may preempt pods of lower priority of their tenant, in their room only
-                await self._preempt_for(at_limit, [], batch_id, None, at_limit=True)
+            for name, told in list(gangs_at_limit.items()):
+                floor = min(p.priority for p, _ in told.values())
+                tenant = self.tenants.of(next(iter(told.values()))[0])
+                if floor <= lowest.get(tenant, floor):  # nothing of its tenant below it to preempt
+                    for p, message in told.values():
+                        self._unschedulable(p, message, "TenantLimit")
+                    del gangs_at_limit[name]
+            if at_limit or gangs_at_limit:  # they may preempt pods of lower priority of their tenant, in their room
+                await self._preempt_for(at_limit, list(gangs_at_limit.values()), batch_id, None, at_limit=True)
             waiting += len(over)
             todo = [r for r in todo if r.key not in over]
             usage = self.cache.tenant_usage(self.tenants, without=[r.key for r in todo])
@@ -1381,7 +1391,13 @@ class Scheduler:
             budgets = [*self.budgets.values(), *gang_budgets(running)]  # running gangs keep their minimum
             if at_limit:
                 found = await asyncio.to_thread(
-                    plan_at_limit, [p for p, _ in pods], snap.state, running, self.tenants, budgets=budgets
+                    plan_at_limit,
+                    [p for p, _ in pods],
+                    snap.state,
+                    running,
+                    self.tenants,
+                    budgets=budgets,
+                    gangs=[[p for p, _ in g.values()] for g in gangs],
                 )
             elif reclaim is not None:
                 found = await asyncio.to_thread(
@@ -1512,7 +1528,7 @@ class Scheduler:
         if reclaim is not None:  # counted: the pods (and gang members) within their tenant's quota that looked
             self.metrics.reclaim(len(looked), evicted)
         elif at_limit:
-            self.metrics.preemption(len(at_limit_searched(p for p, _ in pods)), evicted)
+            self.metrics.preemption(len(at_limit_searched(p for p, _ in pods)) + sum(map(len, gangs)), evicted)
         else:
             self.metrics.preemption(len(pods) + sum(map(len, gangs)), evicted)
         return evicting

@@ -362,3 +362,25 @@ async def test_reclaim_attempts_count_only_the_pods_that_looked() -> None:
     # p reclaims 1 GPU; the gang (2 more) would take b past its quota of 2: it does not look.
     assert len(api.evicted) == 1, api.evicted
     assert gauge(s, "gpusched_reclaim_attempts_total") == ["gpusched_reclaim_attempts_total 1.0"]
+
+
+async def test_a_gang_at_its_tenants_limit_preempts_lower_pods_of_its_tenant_taking_only_their_room() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=4)
+    tenants(s, quotas={"a": {"limitGpus": 2}})
+    s._bound.apply("ADDED", of("a-low0", "a", 0, node="n0", gpu=0))
+    s._bound.apply("ADDED", of("a-low1", "a", 0, node="n0", gpu=1))
+    for i in range(2):
+        member = of(f"m{i}", "a", 100)
+        member["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = "job"
+        member["metadata"]["annotations"]["gpusched.io/gang-min-members"] = "2"
+        s._pending.apply("ADDED", member)
+    await batch(s)
+    # Two GPUs are free, but a is at its limit of 2: the gang takes the room of a's two pods.
+    assert sorted(api.evicted) == ["a/a-low0", "a/a-low1"]
+    for i in range(2):
+        (message,) = api.failed(f"a/m{i}")
+        assert message.startswith("tenant a is at its GPU limit"), message
+        assert "Preempting 2 pod(s) of lower priority on node(s) n0 to make room for the whole gang." in message
+    rooms = [s.cache.nomination(f"a/m{i}") for i in range(2)]
+    assert sorted(g for room in rooms if room is not None for g in room[1]) == [0, 1], "only its victims' GPUs"

@@ -72,8 +72,8 @@ def reclaimable(
 
 
 def at_limit_searched(pods: Iterable[Pod]) -> list[Pod]:
-    """The pods of ``pods`` ``plan_at_limit`` looks for: those that may preempt, but MIG pods
-    (their slices are counted apart) and gang members."""
+    """The pods of ``pods`` ``plan_at_limit`` looks for alone: those that may preempt, but MIG
+    pods (their slices are counted apart) and gang members (looked for as gangs)."""
     return [p for p in pods if p.preempts and not p.mig_profile and p.gang is None]
 
 
@@ -100,18 +100,21 @@ def plan_at_limit(
     tenants: Tenants,
     min_candidates: int = MIN_CANDIDATES,
     budgets: Sequence[Budget] = (),
+    gangs: Sequence[Sequence[Pod]] = (),
 ) -> list[Preemption]:
-    """Preemptions for pods that their tenant's limit holds back: each evicts only pods of lower
-    priority of its own tenant, and takes only GPU room its victims leave (the free room of every
-    GPU counted as taken), so its tenant holds no more after than before.  A MIG pod, whose slices
-    are counted apart, and a gang member do not look."""
+    """Preemptions for pods, and ``gangs`` (each all its pending members, room for all or none),
+    that their tenant's limit holds back: each evicts only pods of lower priority of its own
+    tenant, and takes only GPU room its victims leave (the free room of every GPU counted as
+    taken), so its tenant holds no more after than before.  A MIG pod, whose slices are counted
+    apart, does not look, nor does a gang with one."""
     pods = at_limit_searched(pods)
-    if not pods:
+    gangs = [g for g in gangs if g and not any(m.mig_profile for m in g)]
+    if not pods and not gangs:
         return []
     cap = state.cluster.gpu_cap
     free = np.argwhere(state.gpu_used < cap)
     blocked = state.with_gpus_at(((int(i), int(g)) for i, g in free), int(cap.max(initial=0)))
-    return plan_preemptions(pods, blocked, running, min_candidates, budgets=budgets, scope=tenants.of)
+    return plan_preemptions(pods, blocked, running, min_candidates, budgets=budgets, gangs=gangs, scope=tenants.of)
 
 
 def plan_reclaims(
