@@ -45,6 +45,7 @@ from gpusched.kube.client import Kube, bind_concurrency, connect
 from gpusched.kube.configmap import ConfigMapHandler
 from gpusched.kube.convert import (
     LABEL_MIG_CONFIG,
+    LABEL_MIG_PREVIOUS,
     LABEL_MIG_REPARTITION,
     LABEL_MIG_REQUESTED,
     LABEL_MIG_STATE,
@@ -84,6 +85,8 @@ from gpusched.state.volumes import Claims
 
 __all__ = ["DaemonSettings", "Scheduler", "run_daemon"]
 
+RESTORE_BACKOFF_S = 86_400.0
+"""How long a node a restore failed on is not set back to whole GPUs again."""
 MIG_ALL_DISABLED = "all-disabled"
 """The MIG manager's configuration of whole GPUs (every GPU with MIG mode off)."""
 
@@ -144,9 +147,12 @@ class _NodeHandler:
 
     def _record(self, obj: dict[str, Any]) -> Any:
         meta = obj.get("metadata") or {}
-        config = str((meta.get("labels") or {}).get(LABEL_MIG_CONFIG) or "")
-        if config.startswith(MIG_CONFIG_PREFIX):  # a node read or not: its configuration stays written
-            self.s._mig_configs[str(meta.get("name", ""))] = config
+        labels = meta.get("labels") or {}
+        # A node read or not: its configuration (or the one it is to get back) stays written.
+        ours = {str(labels.get(k) or "") for k in (LABEL_MIG_CONFIG, LABEL_MIG_PREVIOUS)}
+        ours = {c for c in ours if c.startswith(MIG_CONFIG_PREFIX)}
+        if ours:
+            self.s._mig_configs[str(meta.get("name", ""))] = frozenset(ours)
         else:
             self.s._mig_configs.pop(str(meta.get("name", "")), None)
         try:
@@ -166,6 +172,7 @@ class _NodeHandler:
         records = [r for r in map(self._record, objects) if r is not None]
         self.s.cache.replace_nodes(records)
         self.s._mig_at_work.clear()
+        self.s._mig_restoring.clear()
         for r in records:
             self.s.mig_node_seen(r.node)
         self.s.queue.move_all()
@@ -416,7 +423,11 @@ class Scheduler:
         """Nodes a layout was asked for (by any leader) that advertise no instance yet: when (epoch s)."""
         self._mig_giving_up: set[str] = set()
         """Nodes being set back after a layout did not come in time."""
-        self._mig_configs: dict[str, str] = {}
+        self._mig_restoring: set[str] = set()
+        """Nodes labelled back to whole GPUs that still advertise instances."""
+        self._mig_restore_after: dict[str, float] = {}
+        """Nodes a restore failed on: not set back again before then (monotonic)."""
+        self._mig_configs: dict[str, frozenset[str]] = {}
         """Our MIG configuration each node is labelled with, read or not (a node the converter
         refuses still runs it): kept in the ConfigMap."""
         self._mig_idle_since: dict[str, float] = {}
@@ -973,10 +984,22 @@ class Scheduler:
             for a in plan.assignments
             if (a.node in parted or a.node in coming) and a.pod.mig_profile and a.pod.gang is not None
         }
-        gang_waits: list[Pod] = []
+        gang_waits: list[tuple[Pod, str]] = []  # members waiting beside a layout, and their planned node
         sealed_at_solve = set(snap.sealed)
         sealed_names = {names[i].name for i in sealed_at_solve}
         sealed_now = self.sealed()
+
+        def unsealed_since(a: Assignment) -> bool:
+            """Its layout given up, or its node sealed (set back to whole GPUs), during the solve."""
+            name = names[a.node].name
+            joins = a.pod.mig_profile and name in joinable and self._repartitions.get(name) is joinable[name]
+            gpu = bool(a.pod.mig_profile or a.pod.num_gpu or a.pod.gpu_milli)
+            return not joins and (
+                bool(a.pod.mig_profile and a.node in sealed_at_solve) or (gpu and name in sealed_now - sealed_names)
+            )
+
+        # A gang with such a member is drawn again whole, as one changed during the solve.
+        broken |= {a.pod.gang.name for a in plan.assignments if a.pod.gang is not None and unsealed_since(a)}
         for a in plan.assignments:
             if (a.pod.gang is not None and a.pod.gang.name in broken) or a.pod.key in over_limit:
                 self.queue.requeue(a.pod.key)
@@ -993,15 +1016,13 @@ class Scheduler:
             if a.pod.mig_profile and name in joinable and self._repartitions.get(name) is joinable[name]:
                 self._join_layout(name, a.pod)  # on an instance to come
                 continue
-            gpu = bool(a.pod.mig_profile or a.pod.num_gpu or a.pod.gpu_milli)
-            if (a.pod.mig_profile and a.node in sealed_at_solve) or (gpu and name in sealed_now - sealed_names):
-                # Its layout was given up, or the node was sealed (set back to whole GPUs), during the solve.
+            if unsealed_since(a):
                 self.queue.requeue(a.pod.key)
                 untaken = True
                 continue
             member_of = a.pod.gang.name if a.pod.gang is not None else None
             if member_of in gangs_waiting:
-                gang_waits.append(a.pod)
+                gang_waits.append((a.pod, names[a.node].name))
                 continue
             if member_of in gangs_parted or (a.node in parted and (a.pod.num_gpu or a.pod.gpu_milli)):
                 self.queue.requeue(a.pod.key)
@@ -1012,10 +1033,11 @@ class Scheduler:
             self._mig_idle_since.pop(names[a.node].name, None)
         if for_layout:
             self._repartition(plan, snap.cluster, for_layout, batch_id)
-        for p in gang_waits:
+        for p, planned in gang_waits:
             assert p.gang is not None
             node = gangs_waiting[p.gang.name]
             if node in self._repartitions:
+                self._repartitions[node].beside[p.key] = (p.uid, planned)
                 waits = f"gang {p.gang.name}: members wait for node {node} to be re-partitioned into MIG instances"
                 self._unschedulable(p, f"{waits}; no member is placed until all of them can be, together.", "Gang")
             else:  # the layout could not be asked for: solved again
@@ -1738,7 +1760,7 @@ class Scheduler:
         out = set(self._repartitions)
         if self.config.mig.repartition:
             since = time.time() - float(self.config.mig.timeout_seconds)
-            out |= self._mig_at_work
+            out |= self._mig_at_work | self._mig_restoring
             out |= {n for n, at in self._mig_asked.items() if at > since}
         return out
 
@@ -1809,7 +1831,7 @@ class Scheduler:
         layout asked for and not yet seen there)."""
         mig = self.config.mig
         async with self._mig_writes:
-            keep = set(self._mig_configs.values())
+            keep = {c for configs in self._mig_configs.values() for c in configs}
             keep |= {r.config for r in self._repartitions.values()} | {r.before for r in self._repartitions.values()}
             error, written = await self.binder.write_mig_config(job.config, entries, mig.config_map, keep)
         if not error:
@@ -1905,6 +1927,17 @@ class Scheduler:
         if node in self._mig_giving_up or not self.is_leader:
             return False
         rec = self.cache.nodes.get(node)
+        if config == MIG_ALL_DISABLED:  # a restore another leader asked for: not a layout to give up
+            self._mig_giving_up.add(node)
+
+            async def back() -> None:
+                try:
+                    await self._restore_failed(node, None, "the MIG manager did not apply it in time")
+                finally:
+                    self._mig_giving_up.discard(node)
+
+            self.spawn(back(), f"mig-reset:{node}")
+            return True
         if rec is not None and (
             rec.node.labels.get(LABEL_MIG_CONFIG, "") != config or (config != MIG_ALL_DISABLED and rec.node.mig_slices)
         ):
@@ -1966,6 +1999,7 @@ class Scheduler:
                 labels.get(LABEL_MIG_CONFIG, "").startswith(MIG_CONFIG_PREFIX)
                 and labels.get(LABEL_MIG_REPARTITION, "").lower() == "true"
                 and labels.get(LABEL_MIG_STATE) == "success"
+                and self._mig_restore_after.get(name, 0.0) <= time.monotonic()
                 and rec.node.mig_slices
                 and name not in sealed
             ):
@@ -1994,7 +2028,11 @@ class Scheduler:
             log.info("mig restore dropped", node=node, why=withdrawn)
             self._end_repartition(node, job, "", "")
             return
-        labels: dict[str, str | None] = {LABEL_MIG_CONFIG: MIG_ALL_DISABLED, LABEL_MIG_REQUESTED: str(int(time.time()))}
+        labels: dict[str, str | None] = {
+            LABEL_MIG_CONFIG: MIG_ALL_DISABLED,
+            LABEL_MIG_REQUESTED: str(int(time.time())),
+            LABEL_MIG_PREVIOUS: job.before,
+        }
         error = await self.binder.label_node(node, labels)
         if error:
             log.warning("node not set back to whole GPUs", node=node, error=error)
@@ -2013,17 +2051,46 @@ class Scheduler:
         if rec is not None:
             self.mig_node_seen(rec.node)
         await asyncio.sleep(float(self.config.mig.timeout_seconds))
-        if self._repartitions.get(node) is not job:
-            return
-        self._end_repartition(node, job, "timeout", "")
+        if self._repartitions.get(node) is job:
+            await self._restore_failed(
+                node, job, f"the MIG manager did not apply it within {self.config.mig.timeout_seconds} s"
+            )
+
+    async def _restore_failed(self, node: str, job: _Repartition | None, why: str, result: str = "timeout") -> None:
+        """A restore that did not come: the node, sealed until then, is labelled with its layout
+        again when it still advertises its instances (they are in use from now on), and is not
+        set back again for a day."""
         rec = self.cache.nodes.get(node)
-        back: dict[str, str | None] = {LABEL_MIG_REQUESTED: None}
-        if rec is not None and rec.node.mig_slices and rec.node.labels.get(LABEL_MIG_CONFIG) == MIG_ALL_DISABLED:
-            back[LABEL_MIG_CONFIG] = job.before  # its instances are still there, in use from now: keep them
-        log.warning("mig restore timed out", node=node, config=back.get(LABEL_MIG_CONFIG, MIG_ALL_DISABLED))
-        error = await self.binder.label_node(node, back)
-        if error:
-            log.warning("node not relabelled after a MIG restore timed out", node=node, error=error)
+        previous = (job.before if job is not None else "") or (
+            rec.node.labels.get(LABEL_MIG_PREVIOUS, "") if rec else ""
+        )
+        back: dict[str, str | None] = {LABEL_MIG_REQUESTED: None, LABEL_MIG_PREVIOUS: None}
+        if rec is not None and rec.node.mig_slices and previous.startswith(MIG_CONFIG_PREFIX):
+            back[LABEL_MIG_CONFIG] = previous
+        self._mig_restore_after[node] = time.monotonic() + RESTORE_BACKOFF_S
+        error = await self.binder.label_node(node, back) if self.is_leader else "no longer the leader"
+        if error:  # still sealed (the request stands): the next leader, or the next try, relabels it
+            log.warning("node not relabelled after a MIG restore failed", node=node, error=error)
+            if job is not None:
+                self._end_repartition(node, job, "", "")
+            return
+        self._mig_asked.pop(node, None)
+        self._mig_restoring.discard(node)
+        if job is not None:
+            self._end_repartition(node, job, result, why)
+        log.warning("mig restore failed", node=node, why=why, config=back.get(LABEL_MIG_CONFIG, MIG_ALL_DISABLED))
+        await self.binder.object_event(
+            {"kind": "Node", "name": node, "apiVersion": "v1"},
+            "MigRestoreFailed",
+            f"Not set back to whole GPUs: {why}. "
+            + (
+                f"Labelled {LABEL_MIG_CONFIG}={back[LABEL_MIG_CONFIG]} again; its instances are offered as they are."
+                if LABEL_MIG_CONFIG in back
+                else "It is offered as it is."
+            )
+            + " Not tried again for a day.",
+            "Warning",
+        )
 
     def _expire_asks(self) -> None:
         """Set back the nodes another leader asked a layout for that did not come in time."""
@@ -2056,6 +2123,12 @@ class Scheduler:
             self._mig_asked[node.name] = int(requested)
         else:
             self._mig_asked.pop(node.name, None)
+        # Instances the MIG manager is told to remove stay sealed, however long it takes, until a
+        # leader labels the node with its layout again.
+        if config == MIG_ALL_DISABLED and requested.isdigit() and node.mig_slices:
+            self._mig_restoring.add(node.name)
+        else:
+            self._mig_restoring.discard(node.name)
         job = self._repartitions.get(node.name)
         if job is None:
             return
@@ -2065,9 +2138,20 @@ class Scheduler:
         if config != job.config:
             return
         if state == "failed":
-            self._end_repartition(
-                node.name, job, "failed", f"the MIG manager failed to apply {LABEL_MIG_CONFIG}={job.config}"
-            )
+            why = f"the MIG manager failed to apply {LABEL_MIG_CONFIG}={job.config}"
+            if job.config == MIG_ALL_DISABLED:
+                if node.name not in self._mig_giving_up:
+                    self._mig_giving_up.add(node.name)
+
+                    async def back() -> None:
+                        try:
+                            await self._restore_failed(node.name, job, why, "failed")
+                        finally:
+                            self._mig_giving_up.discard(node.name)
+
+                    self.spawn(back(), f"mig-reset:{node.name}")
+                return
+            self._end_repartition(node.name, job, "failed", why)
             return
         offered = dict(node.mig_slices)
         whole = job.config == MIG_ALL_DISABLED
@@ -2078,6 +2162,7 @@ class Scheduler:
 
     def mig_node_gone(self, name: str) -> None:
         self._mig_at_work.discard(name)
+        self._mig_restoring.discard(name)
         self._mig_asked.pop(name, None)
         job = self._repartitions.get(name)
         if job is not None:
@@ -2307,8 +2392,11 @@ class Scheduler:
         kept = self._kept_now()
         keeping = np.zeros(len(cl), dtype=np.bool_)  # nodes holding GPUs kept free: not to be removed
         keeping[[i for n, _ in kept if (i := cl.index.get(n)) is not None]] = True
-        # A node being re-partitioned holds no pod yet, but is about to: not to be removed.
-        keeping[[i for n in self.sealed() if (i := cl.index.get(n)) is not None]] = True
+        # A node being re-partitioned holds no pod yet, but is about to: not to be removed; nor
+        # one gang members waiting beside a layout are planned on.
+        beside = {k: v for job in self._repartitions.values() for k, v in job.beside.items()}
+        soon = self.sealed() | {node for _, node in beside.values()}
+        keeping[[i for n in soon if (i := cl.index.get(n)) is not None]] = True
         idle = int((~in_use & gpu_nodes & open_ & ~keeping).sum())
         # What more nodes would have to offer: not pods holding room already, nor pods waiting
         # for a MIG layout, nor pods no node takes as written, nor pods their tenant's limit
@@ -2316,7 +2404,10 @@ class Scheduler:
         parked = [
             r.pod
             for r in self.queue.parked()
-            if not r.error and self.cache.nomination(r.key) is None and not self._waits_for_layout(r.key, r.uid)
+            if not r.error
+            and self.cache.nomination(r.key) is None
+            and not self._waits_for_layout(r.key, r.uid)
+            and beside.get(r.key, ("", ""))[0] != r.uid
         ]
         if self.tenants.active:  # as a batch of them all would count them
             usage = self.cache.tenant_usage(self.tenants, terminating=True)
@@ -2481,6 +2572,9 @@ class _Repartition:
     """What the pods waiting are told."""
     labelled: bool = False
     """The node's label was set (the MIG manager was asked)."""
+    beside: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Members of gangs with a member among ``pods``, waiting with them: key -> (UID, the node
+    the plan put them on)."""
     before: str = ""
     """The node's ``nvidia.com/mig.config`` before it was labelled."""
 

@@ -608,7 +608,14 @@ async def test_after_a_restore_times_out_the_instances_still_there_are_not_offer
     # being upgraded): the node still advertises its instances, and keeps them.
     await asyncio.sleep(10.5)
     (node, back) = api.labelled[-1]
-    assert (node, back) == ("m", {"gpusched.io/mig-requested-at": None, "nvidia.com/mig.config": asked_before})
+    assert (node, back) == (
+        "m",
+        {
+            "gpusched.io/mig-requested-at": None,
+            "gpusched.io/mig-previous": None,
+            "nvidia.com/mig.config": asked_before,
+        },
+    )
     assert "m" not in s.sealed()
     stop(s)
 
@@ -648,3 +655,139 @@ async def test_the_configuration_of_a_node_that_cannot_be_read_stays_in_the_conf
     assert "gpusched-unused00000" not in configs
     assert kube.labels["n"] in configs
     stop(s)
+
+
+async def _timed_out_restore(api: MigApi) -> Any:
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "timeoutSeconds": 10}})
+    _NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
+    s.restore_idle(0.0)
+    assert s.restore_idle(1000.0) == ["m"]
+    await asyncio.sleep(0)
+    (_, asked) = api.labelled[-1]
+    labelled = mig_node("m", config="all-disabled", **{"1g_10gb": 7})  # as the watch shows it
+    labelled["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(asked["gpusched.io/mig-requested-at"])
+    _NodeHandler(s).apply("MODIFIED", labelled)
+    await asyncio.sleep(10.5)
+    return s
+
+
+async def test_restore_timeout_relabel_is_not_undone_by_expire_asks() -> None:
+    """The relabel back to the layout is in flight (its watch event not seen yet) when the next
+    batch runs: _expire_asks sees an all-disabled request older than timeoutSeconds and gives
+    the node up: all-disabled, opted out, while its instances are handed to pods."""
+    api = MigApi()
+    s = await _timed_out_restore(api)
+    n = len(api.labelled)
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    later = api.labelled[n:]
+    bound = api.bound_to.get("default/p")
+    stop(s)
+    assert not any(labels.get("gpusched.io/mig-repartition") == "false" for _, labels in later), (later, bound)
+
+
+async def test_restore_timeout_relabel_failure_leaves_node_all_disabled_with_pods_on_instances() -> None:
+    api = MigApi()
+    orig = api.label_node
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "timeoutSeconds": 10}})
+
+    calls = {"n": 0}
+
+    async def label(node: str, labels: dict[str, str | None]) -> str:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the relabel after the timeout fails (API server blip)
+            api.labelled.append((node, labels))
+            return "503"
+        return await orig(node, labels)
+
+    api.label_node = label  # type: ignore[method-assign]
+    _NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
+    s.restore_idle(0.0)
+    assert s.restore_idle(1000.0) == ["m"]
+    await asyncio.sleep(0)
+    (_, asked) = api.labelled[-1]
+    labelled = mig_node("m", config="all-disabled", **{"1g_10gb": 7})
+    labelled["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(asked["gpusched.io/mig-requested-at"])
+    _NodeHandler(s).apply("MODIFIED", labelled)
+    await asyncio.sleep(10.5)
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    bound = api.bound_to.get("default/p")
+    stop(s)
+    assert bound != "m", f"bound to an instance of a node labelled all-disabled: {api.labelled}"
+
+
+async def test_a_restore_that_timed_out_is_not_asked_again_and_again() -> None:
+    api = MigApi()
+    s = await _timed_out_restore(api)
+    back = mig_node("m", **{"1g_10gb": 7})  # relabelled with its layout; the MIG manager still away
+    _NodeHandler(s).apply("MODIFIED", back)
+    s.restore_idle(2000.0)
+    again = s.restore_idle(2061.0)
+    stop(s)
+    assert again == [], "set back again every restoreIdleSeconds, sealed for timeoutSeconds each time"
+
+
+async def test_a_failed_restore_is_relabelled_with_its_layout_before_instances_are_offered() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})
+    _NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
+    s.restore_idle(0.0)
+    assert s.restore_idle(1000.0) == ["m"]
+    await asyncio.sleep(0)
+    (_, asked) = api.labelled[-1]
+    failed = mig_node("m", config="all-disabled", **{"1g_10gb": 7})  # mig-parted failed; instances left
+    failed["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(asked["gpusched.io/mig-requested-at"])
+    failed["metadata"]["labels"]["nvidia.com/mig.config.state"] = "failed"
+    _NodeHandler(s).apply("MODIFIED", failed)
+    n = len(api.labelled)
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    bound = api.bound_to.get("default/p")
+    stop(s)
+    assert not (bound == "m" and not api.labelled[n:]), (
+        "bound to an instance of a node still labelled all-disabled after a failed restore"
+    )
+
+
+async def test_gang_not_split_when_a_restore_seals_a_members_node_during_the_solve(monkeypatch: Any) -> None:
+    for policy in ("bestfit", "cpsat"):
+        api = MigApi()
+        s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}}, policy=policy)
+        _NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
+        add_node(s, "w", 1, repartition=False)
+        s.restore_idle(0.0)
+        orig = asyncio.to_thread
+
+        async def solve(fn: Any, *a: Any, orig: Any = orig, s: Scheduler = s, **k: Any) -> Any:
+            out = await orig(fn, *a, **k)
+            s.restore_idle(1000.0)
+            return out
+
+        monkeypatch.setattr(asyncio, "to_thread", solve)
+        s._pending.apply("ADDED", pod("g0", gpus=1, gang="g"))
+        s._pending.apply("ADDED", pod("g1", mig="1g.10gb", gang="g"))
+        await batch(s)
+        monkeypatch.setattr(asyncio, "to_thread", orig)
+        gang = {k: v for k, v in api.bound_to.items() if k.startswith("default/g")}
+        sealed = "m" in s._repartitions
+        stop(s)
+        assert len(gang) in (0, 2), f"{policy}: gang split, only {gang} bound (m sealed: {sealed})"
+
+
+async def test_gang_members_waiting_beside_a_layout_are_no_demand() -> None:
+    api = MigApi()
+    s = scheduler(api)
+    add_node(s, "n", 1)  # whole, to be re-partitioned for g0
+    add_node(s, "w", 1, repartition=False)  # g1 fits here as things are
+    s._pending.apply("ADDED", pod("g0", mig="1g.10gb", gang="g"))
+    s._pending.apply("ADDED", pod("g1", gpus=1, gang="g"))
+    await batch(s)
+    assert "n" in s._repartitions, s._repartitions
+    told = api.failed("default/g1")
+    s._scrape()
+    text = s.metrics.render()[0].decode()
+    stop(s)
+    gauges = ("gpusched_unschedulable_gpu_demand", "gpusched_gpu_nodes_idle")
+    line = [x for x in text.splitlines() if x.startswith(gauges)]
+    assert "gpusched_unschedulable_gpu_demand 0.0" in text, (line, told, api.bound_to)

@@ -90,6 +90,7 @@ __all__ = [
     "LABEL_GPU_MEMORY",
     "LABEL_GPU_PRODUCT",
     "LABEL_MIG_CONFIG",
+    "LABEL_MIG_PREVIOUS",
     "LABEL_MIG_REPARTITION",
     "LABEL_MIG_REQUESTED",
     "LABEL_MIG_STATE",
@@ -128,6 +129,9 @@ LABEL_MIG_CONFIG = "nvidia.com/mig.config"
 LABEL_MIG_STATE = "nvidia.com/mig.config.state"
 """The MIG manager's word on that: ``pending``, ``rebooting``, ``success`` or ``failed``."""
 MIG_BUSY_STATES = ("pending", "rebooting")
+LABEL_MIG_PREVIOUS = "gpusched.io/mig-previous"
+"""Set with ``all-disabled`` when gpusched sets a node of its back to whole GPUs: the layout it
+had, for any leader to label it with again should the MIG manager not get to it."""
 LABEL_MIG_REQUESTED = "gpusched.io/mig-requested-at"
 """Set with ``nvidia.com/mig.config`` when gpusched asks for a layout: when (Unix seconds), so that
 any leader keeps the node sealed until the instances come or the request times out."""
