@@ -19,6 +19,14 @@ def of(name: str, ns: str, priority: int = 0, **kw: Any) -> dict[str, Any]:
     return obj
 
 
+def member(name: str, ns: str, priority: int) -> dict[str, Any]:
+    """A pending member of gang ``job`` (two members at least)."""
+    obj = of(name, ns, priority)
+    obj["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = "job"
+    obj["metadata"]["annotations"]["gpusched.io/gang-min-members"] = "2"
+    return obj
+
+
 def tenants(s: Scheduler, **section: Any) -> None:
     s.set_config(parse_config({"tenants": section}))
 
@@ -315,10 +323,7 @@ async def test_a_gang_within_its_quota_reclaims_for_all_its_members() -> None:
     s._bound.apply("ADDED", of("a-hi", "a", 500, node="n0", gpu=0))
     s._bound.apply("ADDED", of("a-lo", "a", 100, node="n0", gpu=1))
     for i in range(2):
-        member = of(f"m{i}", "b", 0)
-        member["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = "job"
-        member["metadata"]["annotations"]["gpusched.io/gang-min-members"] = "2"
-        s._pending.apply("ADDED", member)
+        s._pending.apply("ADDED", member(f"m{i}", "b", 0))
     await batch(s)
     assert sorted(api.evicted) == ["a/a-hi", "a/a-lo"], "a borrows both GPUs: both come back, for the whole gang"
     for i in range(2):
@@ -336,10 +341,7 @@ async def test_a_gang_past_its_quota_does_not_reclaim_and_may_still_preempt_with
     s._bound.apply("ADDED", of("a0", "a", 0, node="n0", gpu=0))
     s._bound.apply("ADDED", of("b-low", "b", 0, node="n0", gpu=1))
     for i in range(2):
-        member = of(f"m{i}", "b", 100)
-        member["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = "job"
-        member["metadata"]["annotations"]["gpusched.io/gang-min-members"] = "2"
-        s._pending.apply("ADDED", member)
+        s._pending.apply("ADDED", member(f"m{i}", "b", 100))
     await batch(s)
     assert api.evicted == [], "2 GPUs for b, quota 1: no reclaim; b's own pod frees one GPU only"
     (message,) = api.failed("b/m0")
@@ -354,10 +356,7 @@ async def test_reclaim_attempts_count_only_the_pods_that_looked() -> None:
         s._bound.apply("ADDED", of(f"a{g}", "a", 0, node="n0", gpu=g))  # a borrows all 3
     s._pending.apply("ADDED", of("p", "b", 0))
     for i in range(2):
-        member = of(f"m{i}", "b", 0)
-        member["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = "job"
-        member["metadata"]["annotations"]["gpusched.io/gang-min-members"] = "2"
-        s._pending.apply("ADDED", member)
+        s._pending.apply("ADDED", member(f"m{i}", "b", 0))
     await batch(s)
     # p reclaims 1 GPU; the gang (2 more) would take b past its quota of 2: it does not look.
     assert len(api.evicted) == 1, api.evicted
@@ -371,10 +370,7 @@ async def test_a_gang_at_its_tenants_limit_preempts_lower_pods_of_its_tenant_tak
     s._bound.apply("ADDED", of("a-low0", "a", 0, node="n0", gpu=0))
     s._bound.apply("ADDED", of("a-low1", "a", 0, node="n0", gpu=1))
     for i in range(2):
-        member = of(f"m{i}", "a", 100)
-        member["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = "job"
-        member["metadata"]["annotations"]["gpusched.io/gang-min-members"] = "2"
-        s._pending.apply("ADDED", member)
+        s._pending.apply("ADDED", member(f"m{i}", "a", 100))
     await batch(s)
     # Two GPUs are free, but a is at its limit of 2: the gang takes the room of a's two pods.
     assert sorted(api.evicted) == ["a/a-low0", "a/a-low1"]
