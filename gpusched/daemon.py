@@ -1783,14 +1783,10 @@ class Scheduler:
         for n, group in pods.items():
             node = cluster.nodes[n]
             config, entries = configs[node.name]
-            wanted: Counter[str] = Counter()
-            for m, _, layout in parts:
-                if m == n:
-                    wanted.update(layout.counts)
             layouts = tuple((g, layout) for m, g, layout in parts if m == n)
-            job = _Repartition(config, dict(wanted), {p.key: p for p in group}, node.gpu_count, layouts)
+            job = _Repartition(config, {p.key: p for p in group}, layouts)
             self._repartitions[node.name] = job
-            instances = ", ".join(f"{c} x {p}" for p, c in sorted(wanted.items()))
+            instances = ", ".join(f"{c} x {p}" for p, c in sorted(job.wanted.items()))
             log.info(
                 "mig repartition",
                 batch_id=batch_id,
@@ -1928,16 +1924,7 @@ class Scheduler:
             return False
         rec = self.cache.nodes.get(node)
         if config == MIG_ALL_DISABLED:  # a restore another leader asked for: not a layout to give up
-            self._mig_giving_up.add(node)
-
-            async def back() -> None:
-                try:
-                    await self._restore_failed(node, None, "the MIG manager did not apply it in time")
-                finally:
-                    self._mig_giving_up.discard(node)
-
-            self.spawn(back(), f"mig-reset:{node}")
-            return True
+            return self._set_back_failed(node, None, "the MIG manager did not apply it in time", "timeout")
         if rec is not None and (
             rec.node.labels.get(LABEL_MIG_CONFIG, "") != config or (config != MIG_ALL_DISABLED and rec.node.mig_slices)
         ):
@@ -2011,7 +1998,7 @@ class Scheduler:
             if now - since < float(mig.restore_idle_seconds):
                 continue
             del idle[name]
-            job = _Repartition(MIG_ALL_DISABLED, {}, {}, rec.node.gpu_count)
+            job = _Repartition(MIG_ALL_DISABLED, {})
             self._repartitions[name] = job
             log.info("mig restore", node=name, idle_s=round(now - since, 1), config=labels.get(LABEL_MIG_CONFIG))
             self.spawn(self._ask_for_whole(name, job), f"mig:{name}")
@@ -2055,6 +2042,21 @@ class Scheduler:
             await self._restore_failed(
                 node, job, f"the MIG manager did not apply it within {self.config.mig.timeout_seconds} s"
             )
+
+    def _set_back_failed(self, node: str, job: _Repartition | None, why: str, result: str) -> bool:
+        """``_restore_failed`` for ``node``, once at a time; whether it was started."""
+        if node in self._mig_giving_up:
+            return False
+        self._mig_giving_up.add(node)
+
+        async def back() -> None:
+            try:
+                await self._restore_failed(node, job, why, result)
+            finally:
+                self._mig_giving_up.discard(node)
+
+        self.spawn(back(), f"mig-reset:{node}")
+        return True
 
     async def _restore_failed(self, node: str, job: _Repartition | None, why: str, result: str = "timeout") -> None:
         """A restore that did not come: the node, sealed until then, is labelled with its layout
@@ -2140,16 +2142,7 @@ class Scheduler:
         if state == "failed":
             why = f"the MIG manager failed to apply {LABEL_MIG_CONFIG}={job.config}"
             if job.config == MIG_ALL_DISABLED:
-                if node.name not in self._mig_giving_up:
-                    self._mig_giving_up.add(node.name)
-
-                    async def back() -> None:
-                        try:
-                            await self._restore_failed(node.name, job, why, "failed")
-                        finally:
-                            self._mig_giving_up.discard(node.name)
-
-                    self.spawn(back(), f"mig-reset:{node.name}")
+                self._set_back_failed(node.name, job, why, "failed")
                 return
             self._end_repartition(node.name, job, "failed", why)
             return
@@ -2556,15 +2549,11 @@ class _Repartition:
 
     config: str
     """The ``nvidia.com/mig.config`` value asked for."""
-    wanted: dict[str, int]
-    """Instances per profile the node is to advertise once done."""
     pods: dict[str, Pod]
-    """The pods waiting for them, by key."""
-    gpus: int
-    """GPUs of the node (all taken while it is re-partitioned)."""
+    """The pods waiting for its instances, by key."""
     layouts: tuple[tuple[int, MigLayout], ...] = ()
-    """The layouts asked for, by GPU index: their instances not promised yet are offered to
-    later batches, whose MIG pods then wait with these."""
+    """The layouts asked for, by GPU index (none: set back to whole GPUs): their instances not
+    promised yet are offered to later batches, whose MIG pods then wait with these."""
     started: float = field(default_factory=time.monotonic)
     asked: float = field(default_factory=time.monotonic)
     """When the node was labelled (the timeout counts from then)."""
@@ -2577,6 +2566,14 @@ class _Repartition:
     the plan put them on)."""
     before: str = ""
     """The node's ``nvidia.com/mig.config`` before it was labelled."""
+
+    @property
+    def wanted(self) -> Counter[str]:
+        """Instances per profile the node is to advertise once done."""
+        out: Counter[str] = Counter()
+        for _, layout in self.layouts:
+            out.update(layout.counts)
+        return out
 
 
 @dataclass(frozen=True)
