@@ -209,6 +209,8 @@ class _BoundHandler:
         rec = self.s.read_pod(obj, self.s.selecting_bound, kind == "DELETED")
         arrived = kind != "DELETED" and rec.bound and not rec.terminal and not self.s.cache.holds(rec.key, rec.uid)
         freed = self.s.cache.delete_pod(rec.key, rec.uid) if kind == "DELETED" else self.s.cache.observe_pod(rec)
+        if rec.node_name:  # a node a pod ran on, however briefly, is not idle since then
+            self.s._mig_idle_since.pop(rec.node_name, None)
         if freed:
             self.s.queue.move_all()
         elif arrived:  # another scheduler's pod: one to follow, or one that evens a spread
@@ -1180,6 +1182,7 @@ class Scheduler:
 
     def _start_bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
         self.cache.assume(pod, node, gpus)
+        self._mig_idle_since.pop(node, None)
         self._binds_in_flight += 1
         self._binds_unstarted += 1
         self.spawn(self._bind(pod, node, gpus), f"bind:{pod.key}")

@@ -791,3 +791,17 @@ async def test_gang_members_waiting_beside_a_layout_are_no_demand() -> None:
     gauges = ("gpusched_unschedulable_gpu_demand", "gpusched_gpu_nodes_idle")
     line = [x for x in text.splitlines() if x.startswith(gauges)]
     assert "gpusched_unschedulable_gpu_demand 0.0" in text, (line, told, api.bound_to)
+
+
+async def test_a_pod_that_ran_between_two_looks_restarts_the_idle_clock() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})
+    _NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
+    assert s.restore_idle(0.0) == []
+    brief = pod("brief", mig="1g.10gb")
+    brief["spec"]["nodeName"] = "m"
+    s._bound.apply("ADDED", brief)  # a short job runs and is gone before the next look
+    s._bound.apply("DELETED", brief)
+    assert s.restore_idle(61.0) == [], "idle for 60 s counted across a pod that ran"
+    assert s.restore_idle(122.0) == ["m"]
+    stop(s)
