@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
-from gpusched.daemon import DaemonSettings, Scheduler, _NodeHandler
+from gpusched.daemon import DaemonSettings, Scheduler
+from gpusched.daemon.handlers import NodeHandler
 from gpusched.kube.binder import Binder, BindResult
 from gpusched.kube.client import Kube, RateLimiter
 from gpusched.model import Pod
@@ -77,5 +78,5 @@ def one_node_scheduler(api: object, gpus: int) -> Scheduler:
     ``gpus`` A100s."""
     s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy="bestfit"), cast(Kube, IdleClient()))
     s.binder = cast(Binder, api)
-    _NodeHandler(s).apply("ADDED", kit.node("n0", gpus, "A100"))
+    NodeHandler(s).apply("ADDED", kit.node("n0", gpus, "A100"))
     return s

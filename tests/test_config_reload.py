@@ -104,7 +104,7 @@ async def test_a_reload_that_lands_while_the_first_policy_is_built_is_not_lost(
 ) -> None:
     """The first policy is built in a worker thread at start; a ConfigMap change delivered
     meanwhile must reach the solver, not be overwritten by the build that read the old weights."""
-    from gpusched import daemon
+    from gpusched.daemon import scheduler as daemon
 
     s, _ = _scheduler()
     built_with: list[float] = []

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from gpusched import daemon
-from gpusched.daemon import Scheduler, _NodeHandler
+from gpusched.daemon import Scheduler
+from gpusched.daemon import scheduler as daemon
+from gpusched.daemon.handlers import NodeHandler
 from gpusched.state.records import PodRecord
 from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle
 from tests.e2e import kit
@@ -88,7 +89,7 @@ async def test_a_pod_left_out_for_one_bound_elsewhere_during_the_solve_takes_the
     """The plan gives n0's only GPU to a, so b is left out; meanwhile a is bound to n1 by another
     instance (an earlier leader's Binding landing late).  n0's GPU is idle: b is bound there."""
     s, api = _scheduler(gpus=1)
-    _NodeHandler(s).apply("ADDED", kit.node("n1", 1, "H100"))
+    NodeHandler(s).apply("ADDED", kit.node("n1", 1, "H100"))
     for name in ("a", "b"):
         s._pending.apply("ADDED", member_pod(name, models=("A100",)))
     batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)

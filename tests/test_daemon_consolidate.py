@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpusched.config import parse_config
-from gpusched.daemon import Scheduler, _NodeHandler
+from gpusched.daemon import Scheduler
+from gpusched.daemon.handlers import NodeHandler
 from gpusched.kube.convert import pod_record
 from gpusched.model import Pod
 from tests.doubles import RecordingApi, one_node_scheduler, settle
@@ -43,7 +44,7 @@ def batch_pod(name: str, node: str, gpu: int, *, movable: bool = True, owned: bo
 
 def two_nodes(api: object) -> Scheduler:
     s = one_node_scheduler(api, gpus=4)  # n0
-    _NodeHandler(s).apply("ADDED", kit.node("n1", 4, "A100"))
+    NodeHandler(s).apply("ADDED", kit.node("n1", 4, "A100"))
     s.set_config(parse_config({"consolidation": {"enabled": True}}))
     s._bound.apply("ADDED", batch_pod("a0", "n0", 0))
     s._bound.apply("ADDED", batch_pod("a1", "n0", 1))
@@ -154,8 +155,8 @@ async def test_a_pod_another_scheduler_places_or_with_soft_preferences_is_never_
 async def test_the_next_round_waits_until_the_evicted_pods_replacements_run() -> None:
     api = EvictionApi()
     s = one_node_scheduler(api, gpus=4)
-    _NodeHandler(s).apply("ADDED", kit.node("n1", 4, "A100"))
-    _NodeHandler(s).apply("ADDED", kit.node("n2", 4, "A100"))
+    NodeHandler(s).apply("ADDED", kit.node("n1", 4, "A100"))
+    NodeHandler(s).apply("ADDED", kit.node("n2", 4, "A100"))
     s.set_config(parse_config({"consolidation": {"enabled": True}}))
     for i in range(3):
         s._bound.apply("ADDED", batch_pod(f"a{i}", "n0", i, movable=False))
@@ -180,7 +181,7 @@ async def test_counters_say_what_was_evicted_not_what_was_planned() -> None:
 
 
 async def test_no_pod_is_evicted_when_a_pod_comes_during_the_plan(monkeypatch: Any) -> None:
-    from gpusched import daemon
+    from gpusched.daemon import scheduler as daemon
 
     api = EvictionApi()
     s = two_nodes(api)

@@ -15,7 +15,8 @@ from typing import Any, cast
 
 import pytest
 
-from gpusched.daemon import DaemonSettings, Scheduler, _NodeHandler
+from gpusched.daemon import DaemonSettings, Scheduler
+from gpusched.daemon.handlers import NodeHandler
 from gpusched.kube.binder import Binder
 from gpusched.kube.client import Kube
 from tests.doubles import IdleClient, RecordingApi, one_node_scheduler, settle
@@ -124,7 +125,7 @@ def _racks_scheduler(nodes: list[dict[str, Any]]) -> tuple[Scheduler, RecordingA
     s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy="cpsat"), cast(Kube, IdleClient()))
     s.binder = cast(Binder, api)
     for n in nodes:
-        _NodeHandler(s).apply("ADDED", n)
+        NodeHandler(s).apply("ADDED", n)
     return s, api
 
 

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from gpusched import daemon
 from gpusched.config import parse_config
-from gpusched.daemon import Scheduler, _NodeHandler
+from gpusched.daemon import Scheduler
+from gpusched.daemon import scheduler as daemon
+from gpusched.daemon.handlers import NodeHandler
 from gpusched.metrics.cost import Prices, cost_report
 from gpusched.metrics.source import UtilisationView
 from gpusched.model import Assignment, Cluster, Node, Pod
@@ -48,7 +49,7 @@ async def test_low_pods_may_take_idle_gpus_beyond_the_last_headroom_ones() -> No
     # an 8-GPU pod of low priority leaves 7 idle; it should be placed.
     api = RecordingApi()
     s = one_node_scheduler(api, gpus=8)  # n0
-    _NodeHandler(s).apply("ADDED", kit.node("n1", 8, "A100"))
+    NodeHandler(s).apply("ADDED", kit.node("n1", 8, "A100"))
     kept_for(s, 4)
     s._bound.apply("ADDED", pod("small", 0, node="n0", gpu=3))  # n0: 7 idle, n1: 8 idle
     s._pending.apply("ADDED", pod("big", 0, gpus=8))
@@ -61,7 +62,7 @@ async def test_kept_gpus_do_not_flip_between_batches_and_split_both_nodes() -> N
     # without headroom both fit (the small one packs beside the other on one node).
     api = RecordingApi()
     s = one_node_scheduler(api, gpus=8)
-    _NodeHandler(s).apply("ADDED", kit.node("n1", 8, "A100"))
+    NodeHandler(s).apply("ADDED", kit.node("n1", 8, "A100"))
     kept_for(s, 4)
     s._pending.apply("ADDED", pod("small", 0))
     await batch(s)
@@ -89,7 +90,7 @@ async def test_kept_gauge_does_not_count_busy_gpus_the_batch_cannot_keep() -> No
 async def test_idle_node_signal_does_not_offer_the_headroom_to_the_autoscaler() -> None:
     api = RecordingApi()
     s = one_node_scheduler(api, gpus=8)
-    _NodeHandler(s).apply("ADDED", kit.node("n1", 8, "A100"))
+    NodeHandler(s).apply("ADDED", kit.node("n1", 8, "A100"))
     s.set_config(parse_config({"headroom": {"gpus": 8, "priorityAtLeast": 1000}}))
     s._bound.apply("ADDED", pod("running", 0, node="n0"))
     s._scrape()
@@ -108,7 +109,7 @@ def mig_node(name: str, whole: int) -> dict[str, Any]:
 async def test_a_node_whose_mig_slices_are_in_use_is_not_reported_idle() -> None:
     api = RecordingApi()
     s = one_node_scheduler(api, gpus=1)
-    _NodeHandler(s).apply("ADDED", mig_node("m", 1))  # one whole GPU, one GPU in MIG mode
+    NodeHandler(s).apply("ADDED", mig_node("m", 1))  # one whole GPU, one GPU in MIG mode
     s._bound.apply("ADDED", pod("busy", 0, node="n0"))
     sliced = pod("sliced", 0, gpus=0, node="m")
     sliced["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"] = "1"
@@ -165,7 +166,7 @@ async def test_the_headroom_is_not_kept_on_a_node_the_pods_it_is_for_cannot_use(
     s = one_node_scheduler(api, gpus=1)  # n0: the only node a plain pod may use
     dedicated = kit.node("a-dedicated", 1, "A100")
     dedicated["spec"] = {"taints": [{"key": "team", "value": "x", "effect": "NoSchedule"}]}
-    _NodeHandler(s).apply("ADDED", dedicated)
+    NodeHandler(s).apply("ADDED", dedicated)
     kept_for(s, 1)
     s._pending.apply("ADDED", pod("low", 0))
     await batch(s)
@@ -236,7 +237,7 @@ async def test_a_member_of_high_priority_kept_out_by_its_gang_is_told_of_the_hea
 
 
 async def test_the_quick_start_is_not_undone_by_a_full_solve_on_the_kept_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpusched import daemon
+    from gpusched.daemon import scheduler as daemon
 
     calls: list[bool] = []
     real = daemon._solve
@@ -298,7 +299,7 @@ async def test_a_node_added_during_a_solve_does_not_crash_the_batch(monkeypatch:
 
     def solve_while_a_node_joins(*args: Any) -> Any:
         out = real(*args)
-        _NodeHandler(s).apply("ADDED", kit.node("z-new", 8, "A100"))  # the autoscaler's node shows up
+        NodeHandler(s).apply("ADDED", kit.node("z-new", 8, "A100"))  # the autoscaler's node shows up
         return out
 
     monkeypatch.setattr(daemon, "_solve", solve_while_a_node_joins)
@@ -319,10 +320,10 @@ def tolerating(obj: dict[str, Any]) -> dict[str, Any]:
 async def test_headroom_works_on_gpu_nodes_tainted_for_gpu_pods() -> None:
     api = RecordingApi()
     s = one_node_scheduler(api, gpus=1)
-    _NodeHandler(s).apply("DELETED", kit.node("n0", 1, "A100"))
+    NodeHandler(s).apply("DELETED", kit.node("n0", 1, "A100"))
     n = kit.node("g0", 2, "A100")
     n["spec"] = {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}
-    _NodeHandler(s).apply("ADDED", n)
+    NodeHandler(s).apply("ADDED", n)
     kept_for(s, 1)
     for i in range(2):
         s._pending.apply("ADDED", tolerating(pod(f"low{i}", 0)))
@@ -337,16 +338,16 @@ async def test_kept_gpus_stay_one_block_when_one_is_idle() -> None:
 
     api = EvictingApi()
     s = one_node_scheduler(api, gpus=1)
-    _NodeHandler(s).apply("DELETED", kit.node("n0", 1, "A100"))
+    NodeHandler(s).apply("DELETED", kit.node("n0", 1, "A100"))
     for name in ("a", "b"):
-        _NodeHandler(s).apply("ADDED", kit.node(name, 8, "A100"))
+        NodeHandler(s).apply("ADDED", kit.node(name, 8, "A100"))
     kept_for(s, 8)
     s._pending.apply("ADDED", pod("small", 0))
     await batch(s)  # kept: a0-7; small on b
     other = kit.pod("other", "default-scheduler", gpus=1, node_name="a")
     other["metadata"].update({"namespace": "x", "uid": "u-other", "annotations": {"gpusched.io/gpu-indices": "0"}})
     s._bound.apply("ADDED", other)  # a: 7 idle, b: 7 idle
-    _NodeHandler(s).apply("ADDED", kit.node("c", 8, "A100"))  # c: 8 idle, the only 8-GPU block
+    NodeHandler(s).apply("ADDED", kit.node("c", 8, "A100"))  # c: 8 idle, the only 8-GPU block
     s._pending.apply("ADDED", pod("big", 0, gpus=8))
     await batch(s)  # kept: a1-7 (sticky) + b1; 'big' takes c
     s._pending.apply("ADDED", pod("critical", 1000, gpus=8))
@@ -361,9 +362,9 @@ async def test_kept_gpus_are_on_a_node_a_gpu_pod_can_still_use() -> None:
 
     api = EvictingApi()
     s = one_node_scheduler(api, gpus=1)
-    _NodeHandler(s).apply("DELETED", kit.node("n0", 1, "A100"))
+    NodeHandler(s).apply("DELETED", kit.node("n0", 1, "A100"))
     for name in ("a", "b"):
-        _NodeHandler(s).apply("ADDED", kit.node(name, 8, "A100", cpu="64"))
+        NodeHandler(s).apply("ADDED", kit.node(name, 8, "A100", cpu="64"))
     kept_for(s, 4)
     hog = kit.pod("hog", "default-scheduler", gpus=4, cpu="63", node_name="a")
     hog["metadata"].update({"namespace": "x", "uid": "u-hog", "annotations": {"gpusched.io/gpu-indices": "0,1,2,3"}})
@@ -441,7 +442,7 @@ async def test_a_low_pod_bound_during_the_high_search_is_not_told_it_is_unschedu
 async def test_kept_gpus_do_not_stay_on_a_node_whose_cpu_is_gone() -> None:
     api = EvictingApi()
     s = one_node_scheduler(api, gpus=2)  # n0: 2 GPUs, 64 CPUs
-    _NodeHandler(s).apply("ADDED", kit.node("n1", 3, "A100"))
+    NodeHandler(s).apply("ADDED", kit.node("n1", 3, "A100"))
     kept_for(s, 1)
     s._bound.apply("ADDED", pod("a", 0, node="n0", gpu=0))  # n0: 1 idle, n1: 3 idle
     s._pending.apply("ADDED", pod("first", 0))
@@ -463,7 +464,7 @@ async def test_kept_gpus_do_not_stay_on_a_node_whose_cpu_is_gone() -> None:
 
 async def test_the_idle_gauge_reads_mig_nodes_by_the_rule_the_busy_one_does() -> None:
     s = one_node_scheduler(RecordingApi(), gpus=1)
-    _NodeHandler(s).apply("ADDED", mig_node("m", 1))  # one whole GPU (books: 0), one in MIG mode
+    NodeHandler(s).apply("ADDED", mig_node("m", 1))  # one whole GPU (books: 0), one in MIG mode
     s._bound.apply("ADDED", pod("train", 0, node="m", gpu=0))
     # nvidia-smi numbers the MIG GPU 0 and the whole one 1: the pod's GPU is saturated.
     measured(s, {"m": {0: 0.0, 1: 100.0}})

@@ -12,7 +12,8 @@ from typing import Any, cast
 import yaml
 
 from gpusched.config import parse_config
-from gpusched.daemon import DaemonSettings, Scheduler, _NodeHandler
+from gpusched.daemon import DaemonSettings, Scheduler
+from gpusched.daemon.handlers import NodeHandler
 from gpusched.kube.binder import Binder
 from gpusched.kube.client import Kube, Response
 from gpusched.model import Pod
@@ -61,7 +62,7 @@ def scheduler(api: object, cfg: dict[str, Any] | None = None, policy: str = "bes
 def add_node(s: Scheduler, name: str, gpus: int, repartition: bool = True, **labels: str) -> None:
     if repartition:
         labels["gpusched.io/mig-repartition"] = "true"
-    _NodeHandler(s).apply("ADDED", kit.node(name, gpus, A100, **labels))
+    NodeHandler(s).apply("ADDED", kit.node(name, gpus, A100, **labels))
 
 
 def pod(name: str, *, gpus: int = 0, mig: str = "", priority: int = 0, gang: str = "") -> dict[str, Any]:
@@ -125,7 +126,7 @@ async def test_with_the_feature_off_the_mig_managers_state_changes_nothing() -> 
     s._pending.apply("ADDED", pod("w", gpus=1))
     await batch(s)
     assert api.bound_to == {"default/w": "n0"}
-    assert not s.sealed()
+    assert not s.mig.sealed()
 
 
 async def test_a_node_another_leader_asked_a_layout_for_is_sealed_until_it_times_out() -> None:
@@ -144,7 +145,7 @@ async def test_a_node_another_leader_asked_a_layout_for_is_sealed_until_it_times
     assert not api.labelled
     # Past the timeout: the node is set back, and no longer offered for re-partitioning.
     add_node(s, "n", 2, **{**asked, "gpusched.io/mig-requested-at": str(int(time.time()) - 61)})
-    assert not s.sealed()
+    assert not s.mig.sealed()
     s.queue.move_all()
     await batch(s)
     assert (
@@ -177,8 +178,8 @@ async def test_a_lead_lost_while_asking_is_not_told_to_the_pods() -> None:
     await batch(s)
     await asyncio.sleep(0)
     assert not any("no longer the leader" in m for m in api.failed("default/p"))
-    assert not s._repartitions
-    assert s._mig_off_until == 0.0, "re-partitioning is not held off for a lead lost"
+    assert not s.mig.jobs
+    assert s.mig.off_until == 0.0, "re-partitioning is not held off for a lead lost"
 
 
 class ConfigMapKube:
@@ -264,10 +265,10 @@ async def test_a_later_mig_pod_waits_for_an_instance_to_come_rather_than_split_a
         add_node(s, "m", 1)
         s._pending.apply("ADDED", pod("first", mig="1g.10gb"))
         await batch(s)
-        ((node, job),) = s._repartitions.items()
+        ((node, job),) = s.mig.jobs.items()
         s._pending.apply("ADDED", pod("second", mig="1g.10gb"))
         await batch(s)
-        assert len(s._repartitions) == 1, f"{policy}: a second node re-partitioned for one more instance"
+        assert len(s.mig.jobs) == 1, f"{policy}: a second node re-partitioned for one more instance"
         assert sorted(job.pods) == ["default/first", "default/second"]
         assert not api.bound_to
         assert any(f"Waiting for node {node}" in m for m in api.failed("default/second"))
@@ -275,10 +276,10 @@ async def test_a_later_mig_pod_waits_for_an_instance_to_come_rather_than_split_a
         for i in range(sum(job.wanted.values()) - 2):
             s._pending.apply("ADDED", pod(f"more{i}", mig="1g.10gb"))
         await batch(s)
-        assert len(s._repartitions) == 1
+        assert len(s.mig.jobs) == 1
         s._pending.apply("ADDED", pod("last", mig="1g.10gb"))
         await batch(s)
-        assert len(s._repartitions) == 2, f"{policy}: {s._repartitions}"
+        assert len(s.mig.jobs) == 2, f"{policy}: {s.mig.jobs}"
         stop(s)
 
 
@@ -294,20 +295,20 @@ def mig_node(name: str, config: str = "gpusched-0123456789ab", **slices: int) ->
 async def test_a_repartitioned_node_idle_long_enough_is_set_back_to_whole_gpus() -> None:
     api = MigApi()
     s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})
-    _NodeHandler(s).apply("ADDED", mig_node("idle", **{"1g_10gb": 7}))
-    _NodeHandler(s).apply("ADDED", mig_node("used", **{"1g_10gb": 7}))
-    _NodeHandler(s).apply("ADDED", mig_node("theirs", config="all-1g.10gb", **{"1g_10gb": 7}))
+    NodeHandler(s).apply("ADDED", mig_node("idle", **{"1g_10gb": 7}))
+    NodeHandler(s).apply("ADDED", mig_node("used", **{"1g_10gb": 7}))
+    NodeHandler(s).apply("ADDED", mig_node("theirs", config="all-1g.10gb", **{"1g_10gb": 7}))
     running = pod("r", mig="1g.10gb")
     running["spec"]["nodeName"] = "used"
     s._bound.apply("ADDED", running)
-    assert s.restore_idle(1000.0) == []
-    assert s.restore_idle(1059.0) == []
-    assert s.restore_idle(1061.0) == ["idle"], "only the node gpusched re-partitioned and nobody uses"
-    assert "idle" in s.sealed()
+    assert s.mig.restore_idle(1000.0) == []
+    assert s.mig.restore_idle(1059.0) == []
+    assert s.mig.restore_idle(1061.0) == ["idle"], "only the node gpusched re-partitioned and nobody uses"
+    assert "idle" in s.mig.sealed()
     await asyncio.sleep(0)
     (node, labels) = api.labelled[-1]
     assert (node, labels["nvidia.com/mig.config"]) == ("idle", "all-disabled")
-    assert s.restore_idle(2000.0) == [], "asked once"
+    assert s.mig.restore_idle(2000.0) == [], "asked once"
     # The MIG manager's part: whole GPUs again. The node may be re-partitioned once more.
     whole = kit.node("idle", 8, A100, **{"gpusched.io/mig-repartition": "true"})
     whole["metadata"]["labels"] |= {
@@ -315,8 +316,8 @@ async def test_a_repartitioned_node_idle_long_enough_is_set_back_to_whole_gpus()
         "nvidia.com/mig.config.state": "success",
         "gpusched.io/mig-requested-at": str(labels["gpusched.io/mig-requested-at"]),
     }
-    _NodeHandler(s).apply("MODIFIED", whole)
-    assert "idle" not in s.sealed()
+    NodeHandler(s).apply("MODIFIED", whole)
+    assert "idle" not in s.mig.sealed()
     assert s.cache.nodes["idle"].node.mig_repartition
     stop(s)
 
@@ -327,7 +328,7 @@ async def test_a_node_being_set_back_is_sealed_for_a_new_leader_too() -> None:
     obj = mig_node("n", config="all-disabled", **{"1g_10gb": 7})
     obj["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(int(time.time()))
     obj["status"]["allocatable"]["nvidia.com/gpu"] = "1"
-    _NodeHandler(s).apply("ADDED", obj)
+    NodeHandler(s).apply("ADDED", obj)
     s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
     s._pending.apply("ADDED", pod("w", gpus=1))
     await batch(s)
@@ -350,10 +351,10 @@ async def test_a_node_that_succeeded_long_ago_is_not_reset_when_the_mig_manager_
         "nvidia.com/mig.config.state": "success",
         "gpusched.io/mig-requested-at": str(int(time.time()) - 86_400),  # re-partitioned yesterday
     }
-    _NodeHandler(s).apply("ADDED", one_gpu_in_mig("n", "1g.10gb", 7, **done))
-    assert not s._mig_asked
+    NodeHandler(s).apply("ADDED", one_gpu_in_mig("n", "1g.10gb", 7, **done))
+    assert not s.mig.asked
     # The MIG manager restarts (operator upgrade, reboot) and re-applies the node's layout.
-    _NodeHandler(s).apply(
+    NodeHandler(s).apply(
         "MODIFIED", one_gpu_in_mig("n", "1g.10gb", 7, **{**done, "nvidia.com/mig.config.state": "pending"})
     )
     s._pending.apply("ADDED", pod("w", mig="1g.10gb"))
@@ -379,7 +380,7 @@ async def test_a_mig_pod_placed_on_a_coming_instance_is_not_bound_when_the_layou
     add_node(s, "n", 1)
     s._pending.apply("ADDED", pod("first", mig="1g.10gb"))
     await batch(s)
-    assert "n" in s._repartitions
+    assert "n" in s.mig.jobs
     orig = asyncio.to_thread
 
     async def slow_solve(fn: Any, *a: Any, **k: Any) -> Any:
@@ -390,7 +391,7 @@ async def test_a_mig_pod_placed_on_a_coming_instance_is_not_bound_when_the_layou
     monkeypatch.setattr(asyncio, "to_thread", slow_solve)
     s._pending.apply("ADDED", pod("second", mig="1g.10gb"))
     await batch(s)
-    assert "n" not in s._repartitions
+    assert "n" not in s.mig.jobs
     assert "default/second" not in api.bound_to, "bound to a node that advertises no nvidia.com/mig-1g.10gb"
     stop(s)
 
@@ -412,7 +413,7 @@ async def test_a_timeout_does_not_overwrite_a_layout_someone_else_labelled_since
 
     def expire_soon() -> None:  # the timeout, 0.2 s from now rather than 600 s
         api.after_event = None
-        job = s._repartitions["n"]
+        job = s.mig.jobs["n"]
         job.asked -= float(s.config.mig.timeout_seconds) - 0.2
 
     api.after_event = expire_soon
@@ -454,12 +455,12 @@ async def test_a_deleted_pod_keeps_no_instance_promised() -> None:
     first = pod("first", mig="1g.10gb")
     s._pending.apply("ADDED", first)
     await batch(s)
-    ((_, job),) = s._repartitions.items()
+    ((_, job),) = s.mig.jobs.items()
     s._pending.apply("DELETED", first)
     for i in range(sum(job.wanted.values())):  # as many as the layout holds: the deleted pod's is free
         s._pending.apply("ADDED", pod(f"more{i}", mig="1g.10gb"))
     await batch(s)
-    assert len(s._repartitions) == 1, "a second node re-partitioned while an instance is kept for a deleted pod"
+    assert len(s.mig.jobs) == 1, "a second node re-partitioned while an instance is kept for a deleted pod"
     stop(s)
 
 
@@ -470,7 +471,7 @@ async def test_a_pod_left_out_is_not_told_it_fits_on_a_gpu_the_plan_partitioned(
     s._pending.apply("ADDED", pod("high", mig="7g.80gb", priority=10))
     s._pending.apply("ADDED", pod("low", mig="7g.80gb"))
     await batch(s)
-    assert list(s._repartitions) == ["n0"]
+    assert list(s.mig.jobs) == ["n0"]
     told = api.failed("default/low")
     assert not any("could take the pod now" in m for m in told), told
     stop(s)
@@ -482,7 +483,7 @@ async def test_a_later_mig_pod_joins_once_the_node_shows_the_label_too() -> None
     add_node(s, "n", 1)
     s._pending.apply("ADDED", pod("first", mig="1g.10gb"))
     await batch(s)
-    ((_node, job),) = s._repartitions.items()
+    ((_node, job),) = s.mig.jobs.items()
     # The watch delivers the node as labelled (the MIG manager has not begun yet).
     add_node(s, "n", 1, **{"nvidia.com/mig.config": job.config, "gpusched.io/mig-requested-at": str(int(time.time()))})
     s._pending.apply("ADDED", pod("second", mig="1g.10gb"))
@@ -519,19 +520,19 @@ async def test_a_node_withdrawn_during_the_config_delay_is_not_labelled() -> Non
 async def test_a_node_restored_during_a_solve_does_not_swallow_the_mig_pod_placed_there(monkeypatch: Any) -> None:
     api = MigApi()
     s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})
-    _NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
-    s.restore_idle(0.0)  # idle since t=0
+    NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
+    s.mig.restore_idle(0.0)  # idle since t=0
     orig = asyncio.to_thread
 
     async def solve(fn: Any, *a: Any, **k: Any) -> Any:
         out = await orig(fn, *a, **k)
-        s.restore_idle(1000.0)  # the restore loop's tick lands while the batch is solved
+        s.mig.restore_idle(1000.0)  # the restore loop's tick lands while the batch is solved
         return out
 
     monkeypatch.setattr(asyncio, "to_thread", solve)
     s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
     await batch(s)
-    job = s._repartitions.get("m")
+    job = s.mig.jobs.get("m")
     told = api.failed("default/p")
     stop(s)
     # The pod was placed on an instance that exists now; the restore takes it away.
@@ -542,15 +543,15 @@ async def test_a_node_restored_during_a_solve_does_not_swallow_the_mig_pod_place
 async def test_a_node_with_gang_members_waiting_beside_a_layout_is_not_restored() -> None:
     api = MigApi()
     s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "configDelaySeconds": 0}})
-    _NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 1}))  # one instance left of a layout of ours
+    NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 1}))  # one instance left of a layout of ours
     add_node(s, "n", 1)  # whole, may be re-partitioned
-    s.restore_idle(0.0)
+    s.mig.restore_idle(0.0)
     for i in range(2):
         s._pending.apply("ADDED", pod(f"g{i}", mig="1g.10gb", gang="g"))
     await batch(s)
-    assert "n" in s._repartitions, s._repartitions
+    assert "n" in s.mig.jobs, s.mig.jobs
     told = {k: api.failed(k) for k in ("default/g0", "default/g1")}
-    restored = s.restore_idle(1000.0)  # the gang's member planned on m waits for n's layout
+    restored = s.mig.restore_idle(1000.0)  # the gang's member planned on m waits for n's layout
     stop(s)
     assert restored == [], (restored, told)
 
@@ -560,9 +561,9 @@ async def test_a_node_taken_out_of_repartitioning_is_not_set_back() -> None:
     s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})
     obj = mig_node("m", **{"1g_10gb": 7})
     obj["metadata"]["labels"]["gpusched.io/mig-repartition"] = "false"  # the admin keeps its layout
-    _NodeHandler(s).apply("ADDED", obj)
-    s.restore_idle(0.0)
-    restored = s.restore_idle(1000.0)
+    NodeHandler(s).apply("ADDED", obj)
+    s.mig.restore_idle(0.0)
+    restored = s.mig.restore_idle(1000.0)
     stop(s)
     assert restored == [], "set back to whole GPUs, and never given a layout again: its MIG capacity is gone"
 
@@ -573,19 +574,19 @@ async def test_a_whole_gpu_pod_is_not_bound_to_a_node_restored_during_the_solve(
     obj = mig_node("m", **{"1g_10gb": 7})  # one GPU in MIG mode, one kept whole
     for st in ("capacity", "allocatable"):
         obj["status"][st]["nvidia.com/gpu"] = "1"
-    _NodeHandler(s).apply("ADDED", obj)
-    s.restore_idle(0.0)
+    NodeHandler(s).apply("ADDED", obj)
+    s.mig.restore_idle(0.0)
     orig = asyncio.to_thread
 
     async def solve(fn: Any, *a: Any, **k: Any) -> Any:
         out = await orig(fn, *a, **k)
-        s.restore_idle(1000.0)
+        s.mig.restore_idle(1000.0)
         return out
 
     monkeypatch.setattr(asyncio, "to_thread", solve)
     s._pending.apply("ADDED", pod("w", gpus=1))
     await batch(s)
-    sealed = "m" in s._repartitions
+    sealed = "m" in s.mig.jobs
     stop(s)
     assert not (sealed and api.bound_to.get("default/w") == "m"), (
         "bound to a node the MIG manager is told to reconfigure"
@@ -595,15 +596,15 @@ async def test_a_whole_gpu_pod_is_not_bound_to_a_node_restored_during_the_solve(
 async def test_after_a_restore_times_out_the_instances_still_there_are_not_offered_to_pods() -> None:
     api = MigApi()
     s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "timeoutSeconds": 10}})
-    _NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
-    s.restore_idle(0.0)
-    assert s.restore_idle(1000.0) == ["m"]
+    NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
+    s.mig.restore_idle(0.0)
+    assert s.mig.restore_idle(1000.0) == ["m"]
     await asyncio.sleep(0)
     (_, asked) = api.labelled[-1]
     asked_before = "gpusched-0123456789ab"
     labelled = mig_node("m", config="all-disabled", **{"1g_10gb": 7})  # as the watch shows it
     labelled["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(asked["gpusched.io/mig-requested-at"])
-    _NodeHandler(s).apply("MODIFIED", labelled)
+    NodeHandler(s).apply("MODIFIED", labelled)
     # The MIG manager does not get to it in time (node draining, a slow reboot, the operator
     # being upgraded): the node still advertises its instances, and keeps them.
     await asyncio.sleep(10.5)
@@ -616,7 +617,7 @@ async def test_after_a_restore_times_out_the_instances_still_there_are_not_offer
             "nvidia.com/mig.config": asked_before,
         },
     )
-    assert "m" not in s.sealed()
+    assert "m" not in s.mig.sealed()
     stop(s)
 
 
@@ -626,7 +627,7 @@ async def test_autoscaling_signals_neither_ask_for_nodes_for_pods_waiting_for_a_
     add_node(s, "n", 1)
     s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
     await batch(s)
-    assert "n" in s._repartitions
+    assert "n" in s.mig.jobs
     s._scrape()
     text = s.metrics.render()[0].decode()
     assert "gpusched_unschedulable_gpu_demand 0.0" in text, "a pod about to be placed is no demand for a new node"
@@ -643,7 +644,7 @@ async def test_the_configuration_of_a_node_that_cannot_be_read_stays_in_the_conf
     s.binder = Binder(cast(Kube, kube), "me", leading=lambda: True)
     bad = mig_node("bad", **{"1g_10gb": 7})  # labelled gpusched-0123456789ab
     bad["status"]["allocatable"]["cpu"] = "lots"  # refused by the converter: not in the cache
-    _NodeHandler(s).apply("ADDED", bad)
+    NodeHandler(s).apply("ADDED", bad)
     assert "bad" not in s.cache.nodes
     add_node(s, "n", 1)
     s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
@@ -659,14 +660,14 @@ async def test_the_configuration_of_a_node_that_cannot_be_read_stays_in_the_conf
 
 async def _timed_out_restore(api: MigApi) -> Any:
     s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "timeoutSeconds": 10}})
-    _NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
-    s.restore_idle(0.0)
-    assert s.restore_idle(1000.0) == ["m"]
+    NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
+    s.mig.restore_idle(0.0)
+    assert s.mig.restore_idle(1000.0) == ["m"]
     await asyncio.sleep(0)
     (_, asked) = api.labelled[-1]
     labelled = mig_node("m", config="all-disabled", **{"1g_10gb": 7})  # as the watch shows it
     labelled["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(asked["gpusched.io/mig-requested-at"])
-    _NodeHandler(s).apply("MODIFIED", labelled)
+    NodeHandler(s).apply("MODIFIED", labelled)
     await asyncio.sleep(10.5)
     return s
 
@@ -701,14 +702,14 @@ async def test_restore_timeout_relabel_failure_leaves_node_all_disabled_with_pod
         return await orig(node, labels)
 
     api.label_node = label  # type: ignore[method-assign]
-    _NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
-    s.restore_idle(0.0)
-    assert s.restore_idle(1000.0) == ["m"]
+    NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
+    s.mig.restore_idle(0.0)
+    assert s.mig.restore_idle(1000.0) == ["m"]
     await asyncio.sleep(0)
     (_, asked) = api.labelled[-1]
     labelled = mig_node("m", config="all-disabled", **{"1g_10gb": 7})
     labelled["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(asked["gpusched.io/mig-requested-at"])
-    _NodeHandler(s).apply("MODIFIED", labelled)
+    NodeHandler(s).apply("MODIFIED", labelled)
     await asyncio.sleep(10.5)
     s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
     await batch(s)
@@ -721,9 +722,9 @@ async def test_a_restore_that_timed_out_is_not_asked_again_and_again() -> None:
     api = MigApi()
     s = await _timed_out_restore(api)
     back = mig_node("m", **{"1g_10gb": 7})  # relabelled with its layout; the MIG manager still away
-    _NodeHandler(s).apply("MODIFIED", back)
-    s.restore_idle(2000.0)
-    again = s.restore_idle(2061.0)
+    NodeHandler(s).apply("MODIFIED", back)
+    s.mig.restore_idle(2000.0)
+    again = s.mig.restore_idle(2061.0)
     stop(s)
     assert again == [], "set back again every restoreIdleSeconds, sealed for timeoutSeconds each time"
 
@@ -731,15 +732,15 @@ async def test_a_restore_that_timed_out_is_not_asked_again_and_again() -> None:
 async def test_a_failed_restore_is_relabelled_with_its_layout_before_instances_are_offered() -> None:
     api = MigApi()
     s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})
-    _NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
-    s.restore_idle(0.0)
-    assert s.restore_idle(1000.0) == ["m"]
+    NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
+    s.mig.restore_idle(0.0)
+    assert s.mig.restore_idle(1000.0) == ["m"]
     await asyncio.sleep(0)
     (_, asked) = api.labelled[-1]
     failed = mig_node("m", config="all-disabled", **{"1g_10gb": 7})  # mig-parted failed; instances left
     failed["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(asked["gpusched.io/mig-requested-at"])
     failed["metadata"]["labels"]["nvidia.com/mig.config.state"] = "failed"
-    _NodeHandler(s).apply("MODIFIED", failed)
+    NodeHandler(s).apply("MODIFIED", failed)
     n = len(api.labelled)
     s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
     await batch(s)
@@ -754,14 +755,14 @@ async def test_gang_not_split_when_a_restore_seals_a_members_node_during_the_sol
     for policy in ("bestfit", "cpsat"):
         api = MigApi()
         s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}}, policy=policy)
-        _NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
+        NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
         add_node(s, "w", 1, repartition=False)
-        s.restore_idle(0.0)
+        s.mig.restore_idle(0.0)
         orig = asyncio.to_thread
 
         async def solve(fn: Any, *a: Any, orig: Any = orig, s: Scheduler = s, **k: Any) -> Any:
             out = await orig(fn, *a, **k)
-            s.restore_idle(1000.0)
+            s.mig.restore_idle(1000.0)
             return out
 
         monkeypatch.setattr(asyncio, "to_thread", solve)
@@ -770,7 +771,7 @@ async def test_gang_not_split_when_a_restore_seals_a_members_node_during_the_sol
         await batch(s)
         monkeypatch.setattr(asyncio, "to_thread", orig)
         gang = {k: v for k, v in api.bound_to.items() if k.startswith("default/g")}
-        sealed = "m" in s._repartitions
+        sealed = "m" in s.mig.jobs
         stop(s)
         assert len(gang) in (0, 2), f"{policy}: gang split, only {gang} bound (m sealed: {sealed})"
 
@@ -783,7 +784,7 @@ async def test_gang_members_waiting_beside_a_layout_are_no_demand() -> None:
     s._pending.apply("ADDED", pod("g0", mig="1g.10gb", gang="g"))
     s._pending.apply("ADDED", pod("g1", gpus=1, gang="g"))
     await batch(s)
-    assert "n" in s._repartitions, s._repartitions
+    assert "n" in s.mig.jobs, s.mig.jobs
     told = api.failed("default/g1")
     s._scrape()
     text = s.metrics.render()[0].decode()
@@ -796,12 +797,12 @@ async def test_gang_members_waiting_beside_a_layout_are_no_demand() -> None:
 async def test_a_pod_that_ran_between_two_looks_restarts_the_idle_clock() -> None:
     api = MigApi()
     s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})
-    _NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
-    assert s.restore_idle(0.0) == []
+    NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
+    assert s.mig.restore_idle(0.0) == []
     brief = pod("brief", mig="1g.10gb")
     brief["spec"]["nodeName"] = "m"
     s._bound.apply("ADDED", brief)  # a short job runs and is gone before the next look
     s._bound.apply("DELETED", brief)
-    assert s.restore_idle(61.0) == [], "idle for 60 s counted across a pod that ran"
-    assert s.restore_idle(122.0) == ["m"]
+    assert s.mig.restore_idle(61.0) == [], "idle for 60 s counted across a pod that ran"
+    assert s.mig.restore_idle(122.0) == ["m"]
     stop(s)

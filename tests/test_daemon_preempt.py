@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from gpusched import daemon
-from gpusched.daemon import Scheduler, _NodeHandler
+from gpusched.daemon import Scheduler
+from gpusched.daemon import scheduler as daemon
+from gpusched.daemon.handlers import NodeHandler
 from gpusched.kube.binder import condition_changes
 from gpusched.model import Pod
 from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle
@@ -113,7 +114,7 @@ async def test_a_refused_eviction_frees_the_preemptor_to_look_again_when_the_clu
     # Not at once (the refusal is likely to stand), but when the cluster changes it looks again.
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(s.queue.next_batch(), 0.5)
-    _NodeHandler(s).apply("ADDED", kit.node("cpu-only", 0, ""))
+    NodeHandler(s).apply("ADDED", kit.node("cpu-only", 0, ""))
     assert await _cycle(s) == ["default/urgent"]
     assert len(api.evicted) == 2
 
@@ -241,7 +242,7 @@ async def test_pods_deleted_for_other_reasons_are_no_one_s_room() -> None:
 def _two_nodes(api: _Api, priorities: tuple[int, int] = (0, 0)) -> Scheduler:
     """Nodes n0 and n1 of one GPU, running low-0 and low-1 of ``priorities``."""
     s = one_node_scheduler(api, gpus=1)
-    _NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
     for i, priority in enumerate(priorities):
         s._bound.apply("ADDED", _pod(f"low-{i}", priority, node=f"n{i}"))
     return s
@@ -258,7 +259,7 @@ async def test_a_victim_stuck_on_a_node_that_went_away_frees_the_preemptor() -> 
     s._bound.apply("MODIFIED", _leaving("low-0", 0, "n0"))
     down = kit.node("n0", 1, "A100")
     down["spec"] = {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]}
-    _NodeHandler(s).apply("MODIFIED", down)
+    NodeHandler(s).apply("MODIFIED", down)
     assert await _cycle(s) == ["default/urgent"]
     assert api.evicted[-1] == ("default/low-1", "default/urgent", "n1")
     assert s.cache.nomination("default/urgent") == ("n1", (0,), 1)
@@ -352,7 +353,7 @@ async def test_a_gang_whose_eviction_is_refused_gives_all_its_room_up_and_looks_
     assert s.cache.gang_nominations("default/g") == []
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(s.queue.next_batch(), 0.5)
-    _NodeHandler(s).apply("ADDED", kit.node("cpu-only", 0, ""))
+    NodeHandler(s).apply("ADDED", kit.node("cpu-only", 0, ""))
     assert sorted(await _cycle(s)) == ["default/m1", "default/m2"]
     assert len(api.evicted) == 4
 
@@ -376,7 +377,7 @@ async def test_a_gang_left_short_of_members_gives_up_the_room_its_members_hold()
 async def test_a_running_gang_is_not_left_short_when_other_pods_can_make_room() -> None:
     api = _Api()
     s = one_node_scheduler(api, gpus=2)
-    _NodeHandler(s).apply("ADDED", kit.node("n1", 2, "A100"))
+    NodeHandler(s).apply("ADDED", kit.node("n1", 2, "A100"))
     for name in ("w0", "w1"):  # a running job of two, the least important pods there are
         s._bound.apply("ADDED", member_pod(name, gang="job", node="n0"))
     for name in ("o0", "o1"):
@@ -463,7 +464,7 @@ async def test_one_refused_eviction_gives_up_the_whole_gangs_room_for_other_pods
     api = _Api()
     api.refused = {"default/low-0"}
     s = one_node_scheduler(api, gpus=1)
-    _NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
     s._bound.apply("ADDED", _pod("low-0", 0, node="n0"))
     for name in ("m1", "m2"):
         s._pending.apply("ADDED", _member(name, 50))
@@ -480,7 +481,7 @@ async def test_after_a_failover_a_gang_member_keeps_room_it_held_without_victims
     # A pod of lower priority drawn with the gang does not take n1, and no one is evicted.
     api = _Api()
     s = one_node_scheduler(api, gpus=1)
-    _NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
     victim = _leaving("victim", 0, "n0")
     s._bound.apply("ADDED", victim)
     for name, node in (("m1", "n0"), ("m2", "n1")):
@@ -558,7 +559,7 @@ def _gang_beside_a_pod_that_will_not_go(api: _EchoApi) -> Scheduler:
     api.refused = {"default/low-0"}
     s = one_node_scheduler(api, gpus=1)
     api.scheduler = s
-    _NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
     s._bound.apply("ADDED", _pod("low-0", 0, node="n0"))
     for name in ("m1", "m2"):
         api.objects[f"default/{name}"] = _member(name, 50)
@@ -583,7 +584,7 @@ async def test_a_refused_gang_looks_again_once_per_change_not_in_a_loop() -> Non
     s.queue.initial_backoff, s.queue.max_backoff = 0.1, 0.2
     await _cycle(s)
     await asyncio.sleep(0.1)
-    _NodeHandler(s).apply("ADDED", kit.node("cpu-only", 0, ""))  # one change: one more look
+    NodeHandler(s).apply("ADDED", kit.node("cpu-only", 0, ""))  # one change: one more look
     batches = 0
     while batches < 10:
         try:
@@ -599,7 +600,7 @@ async def test_a_refused_gang_looks_again_once_per_change_not_in_a_loop() -> Non
 def test_a_follower_holds_room_where_the_leaders_word_now_points() -> None:
     s = one_node_scheduler(_Api(), gpus=1)
     s._leadership(False)
-    _NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
     for name in ("m1", "m2"):
         obj = _member(name, 50)
         obj["status"] = {"phase": "Pending", "nominatedNodeName": "n0"}
@@ -626,7 +627,7 @@ async def test_room_given_up_is_not_held_again_from_a_nomination_the_watch_shows
     assert s.cache.nomination("default/urgent") == ("n0", (0,), 1)
     down = kit.node("n0", 1, "A100")
     down["spec"] = {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]}
-    _NodeHandler(s).apply("MODIFIED", down)
+    NodeHandler(s).apply("MODIFIED", down)
     assert await _cycle(s) == ["default/urgent"]
     assert s.cache.nomination("default/urgent") is None
     assert api.nominated["default/urgent"] is None

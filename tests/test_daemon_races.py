@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from gpusched import daemon
-from gpusched.daemon import Scheduler, _NodeHandler
+from gpusched.daemon import Scheduler
+from gpusched.daemon import scheduler as daemon
+from gpusched.daemon.handlers import NodeHandler
 from gpusched.kube.binder import BindResult
 from gpusched.model import Pod
 from tests.doubles import member_pod, one_node_scheduler, settle
@@ -264,7 +265,7 @@ async def test_a_binding_of_unknown_outcome_settled_by_the_watch_elsewhere_or_go
 ) -> None:
     s, answers = unknown
     await _unknown_bind_of_a_then_b_waits(s, answers)
-    _NodeHandler(s).apply("ADDED", kit.node("elsewhere", 1, "A100"))
+    NodeHandler(s).apply("ADDED", kit.node("elsewhere", 1, "A100"))
     await asyncio.sleep(0.05)
     bound = member_pod("a", node=where or "n0")  # bound by us (gone: then deleted) or by another instance
     s._bound.apply("MODIFIED", bound)

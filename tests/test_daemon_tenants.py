@@ -7,7 +7,8 @@ import dataclasses
 from typing import Any
 
 from gpusched.config import parse_config
-from gpusched.daemon import Scheduler, _NodeHandler
+from gpusched.daemon import Scheduler
+from gpusched.daemon.handlers import NodeHandler
 from tests.doubles import RecordingApi, one_node_scheduler
 from tests.e2e import kit
 from tests.test_daemon_utilisation import EvictingApi, batch, pod
@@ -280,7 +281,7 @@ async def test_a_pod_waiting_for_its_victims_takes_no_free_gpu_elsewhere_past_it
 async def test_pods_that_preempt_together_stay_within_their_limit() -> None:
     api = EvictingApi()
     s = one_node_scheduler(api, gpus=4)
-    _NodeHandler(s).apply("ADDED", kit.node("n1", 4, "A100"))
+    NodeHandler(s).apply("ADDED", kit.node("n1", 4, "A100"))
     tenants(s, quotas={"a": {"limitGpus": 5}})
     for n in ("n0", "n1"):
         s._bound.apply("ADDED", of(f"a-low-{n}", "a", 0, node=n, gpu=0))

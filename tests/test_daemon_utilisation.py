@@ -11,7 +11,8 @@ import time
 from typing import Any
 
 from gpusched.config import parse_config
-from gpusched.daemon import Scheduler, _NodeHandler
+from gpusched.daemon import Scheduler
+from gpusched.daemon.handlers import NodeHandler
 from gpusched.metrics.source import UtilisationSource, UtilisationView
 from gpusched.solver.fragmentation import TypicalPods, cluster_frag_ratio
 from tests.doubles import RecordingApi, one_node_scheduler, settle
@@ -98,7 +99,7 @@ async def test_a_busy_gpu_no_pod_holds_is_not_taken_by_preemption_either() -> No
 async def test_the_busy_note_counts_only_gpus_the_pod_could_have_used() -> None:
     api = RecordingApi()
     s = one_node_scheduler(api, gpus=1)  # n0: one A100, busy
-    _NodeHandler(s).apply("ADDED", kit.node("n1", 1, "H100"))
+    NodeHandler(s).apply("ADDED", kit.node("n1", 1, "H100"))
     measured(s, {"n0": {0: 99.0}})
     s._bound.apply("ADDED", pod("other", 0, node="n1"))
     h100 = pod("h100-only")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpusched.daemon import moved_selectors, waits_for
+from gpusched.daemon.handlers import moved_selectors, waits_for
 from gpusched.model.affinity import PodAffinityTerm, Requirement, Spread
 from tests.factories import pod
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpusched import daemon
+from gpusched.daemon import run as daemon
 from gpusched.kube.client import Response
 from tests.e2e import kit
 

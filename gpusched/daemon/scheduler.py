@@ -1,22 +1,5 @@
-"""The scheduler process: watches, queue, batch solves, binds, leadership, health.
-
-Tasks (each named and supervised; the first to fail stops the process, so a
-Deployment restarts it rather than leaving a half-working scheduler):
-
-- ``watch-nodes``, ``watch-bound-pods``, ``watch-pending-pods``, ``watch-config``:
-  reflectors feeding the cache, the queue and the configuration;
-- ``leader``: the Lease (only the leader schedules; a standby keeps its cache warm);
-- ``schedule``: waits until every watch has listed, then draws batches from the
-  queue, solves each in a worker thread and starts its binds;
-- ``utilisation`` (with ``--prometheus-url``): polls Prometheus for GPU utilisation
-  measured by DCGM; a batch reads the last answer and leaves busy GPUs out;
-- ``health``: ``/metrics``, ``/healthz``, ``/readyz``.
-
-Binds, Events and conditions run as short named tasks limited by a semaphore
-and the client's rate limit.  Shutdown (SIGTERM/SIGINT) stops the schedule
-loop, lets in-flight binds finish (bounded), releases the Lease and closes the
-connection, in that order.
-"""
+"""The scheduler: batches drawn from the queue, solved in a worker thread, bound; preemption,
+reclaim, consolidation and the gauges around them.  Only the leader schedules."""
 
 from __future__ import annotations
 
@@ -25,49 +8,43 @@ import contextlib
 import ctypes
 import ctypes.util
 import math
-import os
-import signal
-import socket
 import time
-import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import structlog
 
 from gpusched.config import GpuschedConfig
+from gpusched.daemon.handlers import (
+    BoundHandler,
+    BudgetHandler,
+    ClaimHandler,
+    Labels,
+    NamespaceHandler,
+    NodeHandler,
+    PendingHandler,
+    Selecting,
+    VolumeHandler,
+    moved_selectors,
+    waits_for,
+)
+from gpusched.daemon.mig import Repartitioner
+from gpusched.daemon.settings import BOUND_SELECTOR, DaemonSettings, default_identity
 from gpusched.kube.binder import Binder, BindResult
-from gpusched.kube.client import Kube, bind_concurrency, connect
+from gpusched.kube.client import Kube, bind_concurrency
 from gpusched.kube.configmap import ConfigMapHandler
 from gpusched.kube.convert import (
-    LABEL_MIG_CONFIG,
-    LABEL_MIG_PREVIOUS,
-    LABEL_MIG_REPARTITION,
-    LABEL_MIG_REQUESTED,
-    LABEL_MIG_STATE,
-    MIG_BUSY_STATES,
-    ConvertError,
-    budget_record,
-    claim_record,
     gang_disagreements,
-    namespace_labels,
-    node_record,
     pod_record,
-    volume_record,
 )
 from gpusched.kube.leader import LeaderElector
 from gpusched.kube.watch import Reflector
-from gpusched.metrics.cost import CostReport, Prices, cost_report
-from gpusched.metrics.exporter import HealthServer, SchedulerMetrics
-from gpusched.metrics.source import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, UtilisationSource, UtilisationView
-from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Plan, Pod
-from gpusched.model.affinity import Requirement, label_selector_selects
-from gpusched.model.cluster import live_mig_configs
-from gpusched.model.mig import MIG_CONFIG_PREFIX, MigLayout
+from gpusched.metrics.exporter import SchedulerMetrics
+from gpusched.metrics.source import UtilisationSource, UtilisationView
+from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, Pod
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.solver.baselines.base import GPU_CHOICE
 from gpusched.solver.consolidate import plan_consolidation
@@ -79,290 +56,17 @@ from gpusched.solver.preempt import Budget, Preemption, gang_budgets, plan_preem
 from gpusched.solver.reclaim import at_limit_searched, plan_at_limit, plan_reclaims
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
-from gpusched.state.cache import Cache, Coming, Snapshot, same_offer
+from gpusched.state.cache import Cache, Snapshot, same_offer
 from gpusched.state.records import PodRecord
 from gpusched.state.volumes import Claims
 
-__all__ = ["DaemonSettings", "Scheduler", "run_daemon"]
-
-RESTORE_BACKOFF_S = 86_400.0
-"""How long a node a restore failed on is not set back to whole GPUs again."""
-MIG_ALL_DISABLED = "all-disabled"
-"""The MIG manager's configuration of whole GPUs (every GPU with MIG mode off)."""
-
 log = structlog.get_logger("gpusched.daemon")
 
-SCHEDULER_NAME = "gpu-scheduler"
 READ_BACK_RETRY_S = 1.0
 READ_BACK_RETRY_MAX_S = 60.0
 """How often a pod a relist missed is asked for again while the API server cannot answer."""
 _READ_BACKS = ("resolve:", "read-back:")
 """Names of the tasks that read a pod back until it is settled (``drain`` does not wait for them)."""
-BOUND_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
-"""Pods that hold resources on a node, whoever bound them."""
-
-
-@dataclass(frozen=True)
-class DaemonSettings:
-    """Everything ``gpusched run`` is told on its command line."""
-
-    kubeconfig: Path | None = None
-    """None: the pod's service account (in-cluster)."""
-    context: str | None = None
-    namespace: str = "gpusched-system"
-    """Where the Lease and the ConfigMap live."""
-    config_map: str | None = None
-    """Name of the ConfigMap to follow (None: ``config`` is used and never reloaded)."""
-    config: GpuschedConfig = field(default_factory=GpuschedConfig)
-    scheduler_name: str = SCHEDULER_NAME
-    identity: str = ""
-    leader_elect: bool = True
-    lease_name: str = "gpu-scheduler"
-    lease_duration_s: float = 15.0
-    renew_deadline_s: float = 10.0
-    retry_period_s: float = 2.0
-    metrics_host: str = "0.0.0.0"
-    metrics_port: int = 8080
-    kube_qps: float = 50.0
-    kube_burst: int = 100
-    policy: str = "cpsat"
-    seed: int = 0
-    prometheus_url: str | None = None
-    """Where GPU utilisation measured by DCGM is read (None: it is not)."""
-    utilisation_query: str | None = None
-    """The instant query that answers it (None: ``metrics.source.default_query``)."""
-    utilisation_node_label: str = DEFAULT_NODE_LABEL
-    utilisation_gpu_label: str = DEFAULT_GPU_LABEL
-    utilisation_poll_s: float = 15.0
-
-
-def default_identity() -> str:
-    """The pod name when running in a pod, else host name plus a random suffix."""
-    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
-
-
-class _NodeHandler:
-    def __init__(self, s: Scheduler) -> None:
-        self.s = s
-
-    def _record(self, obj: dict[str, Any]) -> Any:
-        meta = obj.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        # A node read or not: its configuration (or the one it is to get back) stays written.
-        ours = {str(labels.get(k) or "") for k in (LABEL_MIG_CONFIG, LABEL_MIG_PREVIOUS)}
-        ours = {c for c in ours if c.startswith(MIG_CONFIG_PREFIX)}
-        if ours:
-            self.s._mig_configs[str(meta.get("name", ""))] = frozenset(ours)
-        else:
-            self.s._mig_configs.pop(str(meta.get("name", "")), None)
-        try:
-            rec = node_record(obj)
-        except ConvertError as exc:
-            log.warning("node ignored", error=str(exc))
-            return None
-        old = self.s.cache.nodes.get(rec.name)
-        if rec.warning and (old is None or old.warning != rec.warning):
-            log.warning("node read with a fallback", node=rec.name, warning=rec.warning)
-        if rec.mig_warning and self.s.config.mig.repartition and (old is None or old.mig_warning != rec.mig_warning):
-            log.warning("node not re-partitioned", node=rec.name, warning=rec.mig_warning)
-        return rec
-
-    def replace(self, objects: list[dict[str, Any]]) -> None:
-        self.s._mig_configs.clear()
-        records = [r for r in map(self._record, objects) if r is not None]
-        self.s.cache.replace_nodes(records)
-        self.s._mig_at_work.clear()
-        self.s._mig_restoring.clear()
-        for r in records:
-            self.s.mig_node_seen(r.node)
-        self.s.queue.move_all()
-
-    def apply(self, kind: str, obj: dict[str, Any]) -> None:
-        name = str((obj.get("metadata") or {}).get("name", ""))
-        if kind == "DELETED":
-            changed = self.s.cache.delete_node(name)
-            self.s._mig_configs.pop(name, None)
-            self.s.mig_node_gone(name)
-        else:
-            rec = self._record(obj)
-            changed = self.s.cache.delete_node(name) if rec is None else self.s.cache.upsert_node(rec)
-            if rec is None:
-                self.s.mig_node_gone(name)
-            else:
-                self.s.mig_node_seen(rec.node)
-        if changed:
-            self.s.queue.move_all()
-
-
-class _BoundHandler:
-    """Pods with a node (any scheduler's): what is in use."""
-
-    def __init__(self, s: Scheduler) -> None:
-        self.s = s
-
-    def replace(self, objects: list[dict[str, Any]]) -> None:
-        self.s.selecting_bound.clear()
-        self.s.cache.replace_pods(self.s.read_pod(o, self.s.selecting_bound) for o in objects)
-        self.s.queue.move_all()
-
-    def apply(self, kind: str, obj: dict[str, Any]) -> None:
-        rec = self.s.read_pod(obj, self.s.selecting_bound, kind == "DELETED")
-        arrived = kind != "DELETED" and rec.bound and not rec.terminal and not self.s.cache.holds(rec.key, rec.uid)
-        freed = self.s.cache.delete_pod(rec.key, rec.uid) if kind == "DELETED" else self.s.cache.observe_pod(rec)
-        if rec.node_name:  # a node a pod ran on, however briefly, is not idle since then
-            self.s._mig_idle_since.pop(rec.node_name, None)
-        if freed:
-            self.s.queue.move_all()
-        elif arrived:  # another scheduler's pod: one to follow, or one that evens a spread
-            self.s.queue.move_all(lambda r: waits_for(r.pod, rec.pod))
-
-
-def waits_for(waiting: Pod, arrived: Pod) -> bool:
-    """Whether ``arrived`` may let ``waiting`` in: all its pod affinity terms select it, or one of
-    its spread constraints counts it."""
-    if waiting.affinity and arrived.matches_all(waiting.affinity):
-        return True
-    return any(arrived.selected_by(c) for c in waiting.spread)
-
-
-def _mounts_claims(r: PodRecord) -> bool:
-    return bool(r.claims)
-
-
-class _ClaimHandler:
-    """PersistentVolumeClaims: a pod refused for a claim is retried when that claim changes."""
-
-    def __init__(self, s: Scheduler) -> None:
-        self.s = s
-
-    def replace(self, objects: list[dict[str, Any]]) -> None:
-        self.s.claims.replace_claims([claim_record(o) for o in objects])
-        self.s.queue.move_all(_mounts_claims)
-
-    def apply(self, kind: str, obj: dict[str, Any]) -> None:
-        rec = claim_record(obj)
-        if self.s.claims.delete_claim(rec.key) if kind == "DELETED" else self.s.claims.upsert_claim(rec):
-            self.s.queue.move_all(lambda r: r.pod.namespace == rec.namespace and rec.name in r.claims)
-
-
-class _VolumeHandler:
-    """PersistentVolumes: a pod refused for its claims' volumes is retried when a volume changes."""
-
-    def __init__(self, s: Scheduler) -> None:
-        self.s = s
-
-    def replace(self, objects: list[dict[str, Any]]) -> None:
-        self.s.claims.replace_volumes([volume_record(o) for o in objects])
-        self.s.queue.move_all(_mounts_claims)
-
-    def apply(self, kind: str, obj: dict[str, Any]) -> None:
-        rec = volume_record(obj)
-        if self.s.claims.delete_volume(rec.name) if kind == "DELETED" else self.s.claims.upsert_volume(rec):
-            self.s.queue.move_all(_mounts_claims)
-
-
-class _BudgetHandler:
-    """PodDisruptionBudgets: preemption evicts the pods they protect last."""
-
-    def __init__(self, s: Scheduler) -> None:
-        self.s = s
-
-    def _read(self, obj: dict[str, Any]) -> tuple[str, Budget] | None:
-        try:
-            return budget_record(obj)
-        except ConvertError as exc:
-            log.warning("disruption budget protects no pod", error=str(exc))
-            return None
-
-    def replace(self, objects: list[dict[str, Any]]) -> None:
-        self.s.budgets = dict(r for r in map(self._read, objects) if r is not None)
-
-    def apply(self, kind: str, obj: dict[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        key = f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
-        read = None if kind == "DELETED" else self._read(obj)
-        if read is None:
-            self.s.budgets.pop(key, None)
-        else:
-            self.s.budgets[read[0]] = read[1]
-
-
-class _PendingHandler:
-    """Unbound pods that name this scheduler: what to place."""
-
-    def __init__(self, s: Scheduler) -> None:
-        self.s = s
-
-    def replace(self, objects: list[dict[str, Any]]) -> None:
-        self.s.selecting_pending.clear()
-        records = [self.s.read_pod(o, self.s.selecting_pending) for o in objects]
-        live = {r.key for r in records}
-        for r in records:
-            self._take(r)
-        for key in [k for k in self.s.queue.pending_keys() if k not in live]:
-            self._drop(key)
-
-    def apply(self, kind: str, obj: dict[str, Any]) -> None:
-        rec = self.s.read_pod(obj, self.s.selecting_pending, kind == "DELETED")
-        if kind == "DELETED":
-            self._drop(rec.key)
-        else:
-            self._take(rec)
-
-    def _take(self, rec: PodRecord) -> None:
-        if rec.bound or rec.terminal or rec.deleting or rec.gated:  # gated: queued once the gates are gone
-            self._drop(rec.key)
-        else:
-            self.s.queue.add(rec)
-            self.s.follow_nomination(rec.pod, rec.nominated)
-
-    def _drop(self, key: str) -> None:
-        self.s.placed_here.discard(key)
-        self.s.queue.delete(key)
-        self.s.give_up_room(key)
-
-
-Labels = dict[str, str]
-Selector = tuple[Requirement, ...]
-Selecting = dict[str, tuple[dict[str, Any], tuple[Selector, ...]]]
-"""Pods whose terms pick namespaces by label: their latest object and those selectors, by key."""
-
-
-class _NamespaceHandler:
-    """Namespaces' labels, which pod (anti-)affinity terms' ``namespaceSelector`` picks from: when
-    they change, the pods whose selectors now pick differently are read again."""
-
-    def __init__(self, s: Scheduler) -> None:
-        self.s = s
-
-    def replace(self, objects: list[dict[str, Any]]) -> None:
-        table = dict(namespace_labels(o) for o in objects)
-        old = self.s.namespaces
-        changes = [(old.get(n), table.get(n)) for n in old.keys() | table.keys() if old.get(n) != table.get(n)]
-        self.s.namespaces = table
-        if changes:
-            self.s.reread_selecting(changes)
-
-    def apply(self, kind: str, obj: dict[str, Any]) -> None:
-        name, labels = namespace_labels(obj)
-        before = self.s.namespaces.get(name)
-        if kind == "DELETED":
-            self.s.namespaces.pop(name, None)
-            after = None
-        else:
-            self.s.namespaces[name] = after = labels
-        if before != after:
-            self.s.reread_selecting([(before, after)])
-
-
-def moved_selectors(selectors: Iterable[Selector], changes: list[tuple[Labels | None, Labels | None]]) -> set[Selector]:
-    """Those of ``selectors`` that pick differently after ``changes``, each a namespace's labels
-    before and after (None: no such namespace)."""
-
-    def picks(sel: Selector, labels: Labels | None) -> bool:
-        return labels is not None and label_selector_selects(sel, labels)
-
-    return {sel for sel in set(selectors) if any(picks(sel, b) != picks(sel, a) for b, a in changes)}
 
 
 class Scheduler:
@@ -413,27 +117,8 @@ class Scheduler:
         """Monotonic time after which the next round no longer waits for the last one's pods."""
         self._emptying: dict[str, list[int]] = {}
         """Per node a round is emptying: [evictions left, evictions refused]."""
-        self._repartitions: dict[str, _Repartition] = {}
-        """Nodes this instance asked the MIG manager to re-partition, until it is done or failed."""
-        self._mig_at_work: set[str] = set()
-        """Nodes the MIG manager says it is re-partitioning (``nvidia.com/mig.config.state``)."""
-        self._mig_off_until = 0.0
-        """Monotonic time before which no GPU is re-partitioned (a layout could not be written)."""
-        self._mig_writes = asyncio.Lock()
-        """One write of the MIG manager's ConfigMap at a time."""
-        self._mig_asked: dict[str, int] = {}
-        """Nodes a layout was asked for (by any leader) that advertise no instance yet: when (epoch s)."""
-        self._mig_giving_up: set[str] = set()
-        """Nodes being set back after a layout did not come in time."""
-        self._mig_restoring: set[str] = set()
-        """Nodes labelled back to whole GPUs that still advertise instances."""
-        self._mig_restore_after: dict[str, float] = {}
-        """Nodes a restore failed on: not set back again before then (monotonic)."""
-        self._mig_configs: dict[str, frozenset[str]] = {}
-        """Our MIG configuration each node is labelled with, read or not (a node the converter
-        refuses still runs it): kept in the ConfigMap."""
-        self._mig_idle_since: dict[str, float] = {}
-        """Nodes re-partitioned by gpusched whose instances no pod uses: since when (monotonic)."""
+        self.mig = Repartitioner(self)
+        """MIG layouts asked for and given back (``mig.repartition``)."""
         self.placed_here: set[str] = set()
         """Pods whose ``nominatedNodeName`` this instance has written while leading (a node it
         preempted on, or none): its own word, never a reason to hold room again (``adopt_room``)."""
@@ -460,11 +145,11 @@ class Scheduler:
         latest objects, read again when namespaces' labels change."""
         self.budgets: dict[str, Budget] = {}
         """PodDisruptionBudgets by ``namespace/name``."""
-        self._bound = _BoundHandler(self)
-        self._pending = _PendingHandler(self)
+        self._bound = BoundHandler(self)
+        self._pending = PendingHandler(self)
         self.reflectors = [
-            Reflector(kube, "namespaces", "/api/v1/namespaces", _NamespaceHandler(self)),
-            Reflector(kube, "nodes", "/api/v1/nodes", _NodeHandler(self)),
+            Reflector(kube, "namespaces", "/api/v1/namespaces", NamespaceHandler(self)),
+            Reflector(kube, "nodes", "/api/v1/nodes", NodeHandler(self)),
             Reflector(
                 kube,
                 "bound-pods",
@@ -479,9 +164,9 @@ class Scheduler:
                 self._pending,
                 field_selector=f"spec.schedulerName={settings.scheduler_name},spec.nodeName=",
             ),
-            Reflector(kube, "claims", "/api/v1/persistentvolumeclaims", _ClaimHandler(self)),
-            Reflector(kube, "volumes", "/api/v1/persistentvolumes", _VolumeHandler(self)),
-            Reflector(kube, "disruption-budgets", "/apis/policy/v1/poddisruptionbudgets", _BudgetHandler(self)),
+            Reflector(kube, "claims", "/api/v1/persistentvolumeclaims", ClaimHandler(self)),
+            Reflector(kube, "volumes", "/api/v1/persistentvolumes", VolumeHandler(self)),
+            Reflector(kube, "disruption-budgets", "/apis/policy/v1/poddisruptionbudgets", BudgetHandler(self)),
         ]
         self.config_handler: ConfigMapHandler | None = None
         if settings.config_map:
@@ -751,7 +436,7 @@ class Scheduler:
             self._awaiting.clear()
         if not self._quiet() or self._consolidating:
             return 0
-        snap = self.cache.snapshot(busy=self.busy_gpus(), sealed=self.sealed(), **self._keep())
+        snap = self.cache.snapshot(busy=self.busy_gpus(), sealed=self.mig.sealed(), **self._keep())
         placed = self.cache.placed()  # as counted in ``snap``: taken together
         moves = await asyncio.to_thread(
             plan_consolidation, snap.state, placed, c.max_nodes_per_round, list(self.budgets.values())
@@ -830,12 +515,12 @@ class Scheduler:
         held_back: dict[str, str] = {}  # gang -> why one of its members cannot be bound yet
         mig = self.config.mig
         self.cache.set_repartition(
-            "idle-nodes" if mig.repartition and time.monotonic() >= self._mig_off_until else "off",
-            {p for job in self._repartitions.values() for _, layout in job.layouts for p in layout.counts},
+            "idle-nodes" if mig.repartition and time.monotonic() >= self.mig.off_until else "off",
+            {p for job in self.mig.jobs.values() for _, layout in job.layouts for p in layout.counts},
         )
-        self._expire_asks()
+        self.mig.expire_asks()
         for r in batch:
-            if not r.error and self._waits_for_layout(r.key, r.uid):  # told already; back once its node is done
+            if not r.error and self.mig.waits_for_layout(r.key, r.uid):  # told already; back once its node is done
                 self.queue.park(r.key)
                 waiting += 1
                 continue
@@ -914,9 +599,9 @@ class Scheduler:
             return
         freed = set(self._room_ready(r.pod for r in todo))
         pods = self._count_running_members([r.pod for r in todo])
-        joinable = {n: job for n, job in self._repartitions.items() if job.layouts}  # offered as instances to come
+        joinable = {n: job for n, job in self.mig.jobs.items() if job.layouts}  # offered as instances to come
         snap = self.cache.snapshot(
-            free=freed, busy=self.busy_gpus(), sealed=self.sealed(), coming=self._coming(), **self._keep(pods)
+            free=freed, busy=self.busy_gpus(), sealed=self.mig.sealed(), coming=self.mig.coming(), **self._keep(pods)
         )
         if snap.kept:
             self._kept_last = tuple((snap.cluster.nodes[i].name, g) for i, g in snap.kept)
@@ -989,12 +674,12 @@ class Scheduler:
         gang_waits: list[tuple[Pod, str]] = []  # members waiting beside a layout, and their planned node
         sealed_at_solve = set(snap.sealed)
         sealed_names = {names[i].name for i in sealed_at_solve}
-        sealed_now = self.sealed()
+        sealed_now = self.mig.sealed()
 
         def unsealed_since(a: Assignment) -> bool:
             """Its layout given up, or its node sealed (set back to whole GPUs), during the solve."""
             name = names[a.node].name
-            joins = a.pod.mig_profile and name in joinable and self._repartitions.get(name) is joinable[name]
+            joins = a.pod.mig_profile and name in joinable and self.mig.jobs.get(name) is joinable[name]
             gpu = bool(a.pod.mig_profile or a.pod.num_gpu or a.pod.gpu_milli)
             return not joins and (
                 bool(a.pod.mig_profile and a.node in sealed_at_solve) or (gpu and name in sealed_now - sealed_names)
@@ -1015,8 +700,8 @@ class Scheduler:
                 for_layout[a.node].append(a.pod)
                 continue
             name = names[a.node].name
-            if a.pod.mig_profile and name in joinable and self._repartitions.get(name) is joinable[name]:
-                self._join_layout(name, a.pod)  # on an instance to come
+            if a.pod.mig_profile and name in joinable and self.mig.jobs.get(name) is joinable[name]:
+                self.mig.join(name, a.pod)  # on an instance to come
                 continue
             if unsealed_since(a):
                 self.queue.requeue(a.pod.key)
@@ -1032,14 +717,14 @@ class Scheduler:
                 continue
             self._start_bind(a.pod, names[a.node].name, a.gpus)
         for a in plan.assignments:  # a node a plan counts on is not idle: not set back to whole GPUs now
-            self._mig_idle_since.pop(names[a.node].name, None)
+            self.mig.idle_since.pop(names[a.node].name, None)
         if for_layout:
-            self._repartition(plan, snap.cluster, for_layout, batch_id)
+            self.mig.repartition(plan, snap.cluster, for_layout, batch_id)
         for p, planned in gang_waits:
             assert p.gang is not None
             node = gangs_waiting[p.gang.name]
-            if node in self._repartitions:
-                self._repartitions[node].beside[p.key] = (p.uid, planned)
+            if node in self.mig.jobs:
+                self.mig.jobs[node].beside[p.key] = (p.uid, planned)
                 waits = f"gang {p.gang.name}: members wait for node {node} to be re-partitioned into MIG instances"
                 self._unschedulable(p, f"{waits}; no member is placed until all of them can be, together.", "Gang")
             else:  # the layout could not be asked for: solved again
@@ -1145,8 +830,8 @@ class Scheduler:
             return plan
         fresh = self.cache.snapshot(
             free=self._room_ready((*(a.pod for a in plan.assignments), *plan.unplaced)),
-            sealed=self.sealed(),
-            coming=self._coming(),
+            sealed=self.mig.sealed(),
+            coming=self.mig.coming(),
         )
         if fresh.cluster is not snap.cluster and not _same_offers(snap.cluster, fresh.cluster):
             problems = ["the node inventory changed during the solve"]
@@ -1182,7 +867,7 @@ class Scheduler:
 
     def _start_bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
         self.cache.assume(pod, node, gpus)
-        self._mig_idle_since.pop(node, None)
+        self.mig.idle_since.pop(node, None)
         self._binds_in_flight += 1
         self._binds_unstarted += 1
         self.spawn(self._bind(pod, node, gpus), f"bind:{pod.key}")
@@ -1207,7 +892,7 @@ class Scheduler:
         held = [h for h in rooms if h is not None and not h[2]]
         if len(held) < len(records):
             return False
-        snap = self.cache.snapshot(free=[r.key for r in records], sealed=self.sealed())
+        snap = self.cache.snapshot(free=[r.key for r in records], sealed=self.mig.sealed())
         pods = self._count_running_members([r.pod for r in records])
         placed: list[Assignment] = []
         problems: list[str] = []
@@ -1399,7 +1084,7 @@ class Scheduler:
         holders = self.cache.holders_of([(n, g) for n, gpus in busy.items() for g in gpus])
         outside = {n: frozenset(g for g in gpus if not holders.get((n, g))) for n, gpus in busy.items()}
         keep = self._keep([p for p, _ in pods] + [p for g in gangs for p, _ in g.values()])
-        snap = self.cache.snapshot(free=freeing, busy=outside, sealed=self.sealed(), **keep)
+        snap = self.cache.snapshot(free=freeing, busy=outside, sealed=self.mig.sealed(), **keep)
         running = self.cache.preemptible()  # as counted in ``snap``: taken together
         usage = self.cache.tenant_usage(self.tenants, without=freeing) if reclaim is not None else {}
         # What each tenant with a limit may still take, its pods being deleted counted.
@@ -1754,441 +1439,6 @@ class Scheduler:
         view = self.utilisation_view() if u.avoid_busy_gpus else None
         return None if view is None else view.at_least(u.busy_percent) or None
 
-    def sealed(self) -> set[str]:
-        """Nodes being re-partitioned into MIG instances: none of their GPUs or instances is
-        offered to a pod until it is over.  Those this instance asked a layout for; with
-        ``mig.repartition``, also those the MIG manager says it is at work on, and those any
-        leader asked a layout for (``LABEL_MIG_REQUESTED``) that advertise no instance yet, for
-        ``mig.timeoutSeconds`` after the request."""
-        out = set(self._repartitions)
-        if self.config.mig.repartition:
-            since = time.time() - float(self.config.mig.timeout_seconds)
-            out |= self._mig_at_work | self._mig_restoring
-            out |= {n for n, at in self._mig_asked.items() if at > since}
-        return out
-
-    # -- MIG re-partitioning ------------------------------------------------------------------
-    def _waits_for_layout(self, key: str, uid: str) -> bool:
-        return any(key in r.pods and r.pods[key].uid == uid for r in self._repartitions.values())
-
-    def _repartition(self, plan: Plan, cluster: Cluster, pods: Mapping[int, list[Pod]], batch_id: int) -> None:
-        """Ask the MIG manager for the layouts ``plan`` gives the nodes of ``pods`` (node index ->
-        the MIG pods placed on instances of those layouts), and have the pods wait for them."""
-        parts = [part for part in plan.partitions if part[0] in pods]
-        try:
-            configs = live_mig_configs(cluster, parts)
-        except ValueError as exc:  # the converter offers no such node: a defect, told as one
-            log.error("MIG layout not written; pods drawn again", batch_id=batch_id, error=str(exc))
-            for group in pods.values():
-                for p in group:
-                    self.queue.backoff(p.key)
-            return
-        for n, group in pods.items():
-            node = cluster.nodes[n]
-            config, entries = configs[node.name]
-            layouts = tuple((g, layout) for m, g, layout in parts if m == n)
-            job = _Repartition(config, {p.key: p for p in group}, layouts)
-            self._repartitions[node.name] = job
-            instances = ", ".join(f"{c} x {p}" for p, c in sorted(job.wanted.items()))
-            log.info(
-                "mig repartition",
-                batch_id=batch_id,
-                node=node.name,
-                config=config,
-                instances=instances,
-                pods=sorted(job.pods),
-            )
-            message = (
-                f"Waiting for node {node.name} to be re-partitioned into MIG instances ({instances}): "
-                f"{LABEL_MIG_CONFIG}={config}; the pod is placed once the node advertises them."
-            )
-            job.message = message
-            for p in group:
-                self._unschedulable(p, message, "MigRepartition")
-            self.spawn(self._ask_for_layout(node.name, job, entries), f"mig:{node.name}")
-
-    def _coming(self) -> dict[str, Coming]:
-        """The MIG instances of the layouts asked for and not promised yet, by node: a batch may
-        place MIG pods on them, to wait with the others (``_join_layout``)."""
-        return {
-            node: (job.layouts, Counter(p.mig_profile for k, p in job.pods.items() if self.queue.current(k, p.uid)))
-            for node, job in self._repartitions.items()
-        }
-
-    def _join_layout(self, node: str, pod: Pod) -> None:
-        """``pod`` waits for an instance of the layout asked for on ``node``, with its pods."""
-        job = self._repartitions[node]
-        job.pods[pod.key] = pod
-        log.info("mig repartition joined", node=node, config=job.config, pod=pod.key)
-        self._unschedulable(pod, job.message, "MigRepartition")
-
-    async def _ask_for_layout(self, node: str, job: _Repartition, entries: list[Any]) -> None:
-        """Write the layout, give the kubelet time to project it into the MIG manager's volume
-        (``mig.configDelaySeconds`` after it was first written), label the node; then wait for
-        the MIG manager, at most ``mig.timeoutSeconds``.  One ConfigMap write at a time: each
-        keeps the configurations in use as they are when it is made (a node's label, or a
-        layout asked for and not yet seen there)."""
-        mig = self.config.mig
-        async with self._mig_writes:
-            keep = {c for configs in self._mig_configs.values() for c in configs}
-            keep |= {r.config for r in self._repartitions.values()} | {r.before for r in self._repartitions.values()}
-            error, written = await self.binder.write_mig_config(job.config, entries, mig.config_map, keep)
-        if not error:
-            wait = written + float(mig.config_delay_seconds) - time.time()
-            if wait > 0:
-                log.info(
-                    "mig layout written; the node is labelled once the MIG manager can read it",
-                    node=node,
-                    seconds=round(wait, 1),
-                )
-                await asyncio.sleep(wait)
-            if self._repartitions.get(node) is not job:  # over meanwhile (the node went away)
-                return
-            withdrawn = self._withdrawn(node)
-            if withdrawn:
-                self._end_repartition(node, job, "failed", withdrawn)
-                return
-            rec = self.cache.nodes.get(node)
-            job.before = rec.node.labels.get(LABEL_MIG_CONFIG, "") if rec is not None else ""
-            job.asked = time.monotonic()
-            labels: dict[str, str | None] = {LABEL_MIG_CONFIG: job.config, LABEL_MIG_REQUESTED: str(int(time.time()))}
-            error = await self.binder.label_node(node, labels)
-            if not error:
-                job.labelled = True
-                self.metrics.mig_repartition("requested")
-        if error:
-            if not self.is_leader:  # the new leader decides anew
-                self._end_repartition(node, job, "", "")
-                return
-            off = float(mig.timeout_seconds)
-            self._mig_off_until = time.monotonic() + off
-            log.error(
-                "MIG layout not written; no GPU is re-partitioned for a while",
-                node=node,
-                config=job.config,
-                error=error,
-                seconds=off,
-                fix=f"let gpusched get, create and update ConfigMap {mig.config_map} and patch nodes (docs/deploy.md)",
-            )
-            self._end_repartition(node, job, "error", f"its layout could not be written: {error}")
-            return
-        await self.binder.object_event(
-            {"kind": "Node", "name": node, "apiVersion": "v1"},
-            "MigRepartition",
-            f"Asked the MIG manager for {LABEL_MIG_CONFIG}={job.config} (in ConfigMap {mig.config_map}) "
-            f"for {len(job.pods)} pod(s).",
-        )
-        rec = self.cache.nodes.get(node)
-        if rec is not None:  # the MIG manager may have answered before the write returned
-            self.mig_node_seen(rec.node)
-        await asyncio.sleep(max(0.0, job.asked + float(self.config.mig.timeout_seconds) - time.monotonic()))
-        if self._repartitions.get(node) is job:
-            self._end_repartition(node, job, "timeout", self._timed_out(job.config))
-            self._give_up_layout(node, job.config)
-
-    def _withdrawn(self, node: str, whole: bool = False) -> str:
-        """Why ``node`` may no longer be labelled for the layout asked for ("" when it may): what
-        changed while the MIG manager's copy of the ConfigMap was given time.  ``whole``: set
-        back to whole GPUs, which no pod on its instances may be using either."""
-        if not self.config.mig.repartition:
-            return "mig.repartition was turned off"
-        rec = self.cache.nodes.get(node)
-        if rec is None:
-            return "the node is gone"
-        if rec.node.labels.get(LABEL_MIG_REPARTITION, "").lower() != "true":
-            return f"its label {LABEL_MIG_REPARTITION} is no longer true"
-        state = self.cache.snapshot().state
-        i = state.cluster.index.get(node)
-        if i is None or state.gpu_used[i].any():
-            return "a pod took one of its GPUs meanwhile"
-        if whole and state.mig_used is not None and state.mig_used[i].any():
-            return "a pod took one of its MIG instances meanwhile"
-        return ""
-
-    async def _clear_request(self, node: str) -> None:
-        """The layout came: the request is over, for every leader (a MIG manager that applies the
-        layout again later, after a reboot, is no new request)."""
-        error = await self.binder.label_node(node, {LABEL_MIG_REQUESTED: None})
-        if error:
-            log.warning("request label not removed after a MIG layout came", node=node, error=error)
-
-    def _timed_out(self, config: str) -> str:
-        return (
-            f"it did not advertise the instances of {LABEL_MIG_CONFIG}={config} within "
-            f"{self.config.mig.timeout_seconds} s (is the MIG manager running there? see its log)"
-        )
-
-    def _give_up_layout(self, node: str, config: str) -> bool:
-        """A layout asked for that did not come in time: the node is set back to
-        ``all-disabled`` and no longer offered for re-partitioning (its label
-        ``gpusched.io/mig-repartition`` set to false), once; not when its label names another
-        configuration by now, or the instances came after all.  Whether it is set back."""
-        if node in self._mig_giving_up or not self.is_leader:
-            return False
-        rec = self.cache.nodes.get(node)
-        if config == MIG_ALL_DISABLED:  # a restore another leader asked for: not a layout to give up
-            return self._set_back_failed(node, None, "the MIG manager did not apply it in time", "timeout")
-        if rec is not None and (
-            rec.node.labels.get(LABEL_MIG_CONFIG, "") != config or (config != MIG_ALL_DISABLED and rec.node.mig_slices)
-        ):
-            log.info("mig layout not set back: the node was relabelled, or its instances came", node=node)
-            return False
-        self._mig_giving_up.add(node)
-
-        async def reset() -> None:
-            try:
-                labels: dict[str, str | None] = {
-                    LABEL_MIG_CONFIG: MIG_ALL_DISABLED,
-                    LABEL_MIG_REQUESTED: None,
-                    LABEL_MIG_REPARTITION: "false",
-                }
-                error = await self.binder.label_node(node, labels)
-                if error:
-                    log.warning("node not set back after a MIG layout timed out", node=node, error=error)
-                    return
-                why = self._timed_out(config)
-                log.warning("mig repartition given up", node=node, config=config, why=why)
-                await self.binder.object_event(
-                    {"kind": "Node", "name": node, "apiVersion": "v1"},
-                    "MigRepartitionTimeout",
-                    f"Node {why}. Set back to {LABEL_MIG_CONFIG}=all-disabled; set "
-                    f"{LABEL_MIG_REPARTITION}=true to offer it for re-partitioning again.",
-                    "Warning",
-                )
-            finally:
-                self._mig_giving_up.discard(node)
-
-        self.spawn(reset(), f"mig-reset:{node}")
-        return True
-
-    async def restore_forever(self) -> None:
-        """Now and then, ``restore_idle``."""
-        while True:
-            await asyncio.sleep(max(1.0, min(30.0, float(self.config.mig.restore_idle_seconds) / 4)))
-            try:
-                self.restore_idle(time.monotonic())
-            except Exception as exc:
-                log.error("MIG restore check failed", error=repr(exc))
-
-    def restore_idle(self, now: float) -> list[str]:
-        """Set back to whole GPUs (``all-disabled``) the nodes gpusched re-partitioned whose MIG
-        instances and GPUs no pod has used for ``mig.restoreIdleSeconds``; the nodes set back.
-        While the MIG manager works, the node is sealed as for a layout."""
-        mig = self.config.mig
-        if not mig.repartition or not mig.restore_idle_seconds or not self.is_leader:
-            self._mig_idle_since.clear()
-            return []
-        snap = self.cache.snapshot()
-        state, cluster = snap.state, snap.cluster
-        sealed = self.sealed()
-        idle: dict[str, float] = {}
-        restored: list[str] = []
-        for name, rec in self.cache.nodes.items():
-            labels = rec.node.labels
-            if not (
-                labels.get(LABEL_MIG_CONFIG, "").startswith(MIG_CONFIG_PREFIX)
-                and labels.get(LABEL_MIG_REPARTITION, "").lower() == "true"
-                and labels.get(LABEL_MIG_STATE) == "success"
-                and self._mig_restore_after.get(name, 0.0) <= time.monotonic()
-                and rec.node.mig_slices
-                and name not in sealed
-            ):
-                continue
-            i = cluster.index.get(name)
-            if i is None or state.gpu_used[i].any() or (state.mig_used is not None and state.mig_used[i].any()):
-                continue
-            since = idle[name] = self._mig_idle_since.get(name, now)
-            if now - since < float(mig.restore_idle_seconds):
-                continue
-            del idle[name]
-            job = _Repartition(MIG_ALL_DISABLED, {})
-            self._repartitions[name] = job
-            log.info("mig restore", node=name, idle_s=round(now - since, 1), config=labels.get(LABEL_MIG_CONFIG))
-            self.spawn(self._ask_for_whole(name, job), f"mig:{name}")
-            restored.append(name)
-        self._mig_idle_since = idle
-        return restored
-
-    async def _ask_for_whole(self, node: str, job: _Repartition) -> None:
-        """Label ``node`` back to ``all-disabled``; then wait for the MIG manager, as for a layout."""
-        rec = self.cache.nodes.get(node)
-        job.before = rec.node.labels.get(LABEL_MIG_CONFIG, "") if rec is not None else ""
-        withdrawn = self._withdrawn(node, whole=True)
-        if withdrawn:
-            log.info("mig restore dropped", node=node, why=withdrawn)
-            self._end_repartition(node, job, "", "")
-            return
-        labels: dict[str, str | None] = {
-            LABEL_MIG_CONFIG: MIG_ALL_DISABLED,
-            LABEL_MIG_REQUESTED: str(int(time.time())),
-            LABEL_MIG_PREVIOUS: job.before,
-        }
-        error = await self.binder.label_node(node, labels)
-        if error:
-            log.warning("node not set back to whole GPUs", node=node, error=error)
-            self._end_repartition(node, job, "error" if self.is_leader else "", error)
-            return
-        job.labelled = True
-        self.metrics.mig_repartition("requested")
-        await self.binder.object_event(
-            {"kind": "Node", "name": node, "apiVersion": "v1"},
-            "MigRestore",
-            f"No pod used its MIG instances for {self.config.mig.restore_idle_seconds} s: asked the MIG "
-            f"manager for {LABEL_MIG_CONFIG}={MIG_ALL_DISABLED}, its GPUs whole again.",
-        )
-        job.asked = time.monotonic()
-        rec = self.cache.nodes.get(node)
-        if rec is not None:
-            self.mig_node_seen(rec.node)
-        await asyncio.sleep(float(self.config.mig.timeout_seconds))
-        if self._repartitions.get(node) is job:
-            await self._restore_failed(
-                node, job, f"the MIG manager did not apply it within {self.config.mig.timeout_seconds} s"
-            )
-
-    def _set_back_failed(self, node: str, job: _Repartition | None, why: str, result: str) -> bool:
-        """``_restore_failed`` for ``node``, once at a time; whether it was started."""
-        if node in self._mig_giving_up:
-            return False
-        self._mig_giving_up.add(node)
-
-        async def back() -> None:
-            try:
-                await self._restore_failed(node, job, why, result)
-            finally:
-                self._mig_giving_up.discard(node)
-
-        self.spawn(back(), f"mig-reset:{node}")
-        return True
-
-    async def _restore_failed(self, node: str, job: _Repartition | None, why: str, result: str = "timeout") -> None:
-        """A restore that did not come: the node, sealed until then, is labelled with its layout
-        again when it still advertises its instances (they are in use from now on), and is not
-        set back again for a day."""
-        rec = self.cache.nodes.get(node)
-        previous = (job.before if job is not None else "") or (
-            rec.node.labels.get(LABEL_MIG_PREVIOUS, "") if rec else ""
-        )
-        back: dict[str, str | None] = {LABEL_MIG_REQUESTED: None, LABEL_MIG_PREVIOUS: None}
-        if rec is not None and rec.node.mig_slices and previous.startswith(MIG_CONFIG_PREFIX):
-            back[LABEL_MIG_CONFIG] = previous
-        self._mig_restore_after[node] = time.monotonic() + RESTORE_BACKOFF_S
-        error = await self.binder.label_node(node, back) if self.is_leader else "no longer the leader"
-        if error:  # still sealed (the request stands): the next leader, or the next try, relabels it
-            log.warning("node not relabelled after a MIG restore failed", node=node, error=error)
-            if job is not None:
-                self._end_repartition(node, job, "", "")
-            return
-        self._mig_asked.pop(node, None)
-        self._mig_restoring.discard(node)
-        if job is not None:
-            self._end_repartition(node, job, result, why)
-        log.warning("mig restore failed", node=node, why=why, config=back.get(LABEL_MIG_CONFIG, MIG_ALL_DISABLED))
-        await self.binder.object_event(
-            {"kind": "Node", "name": node, "apiVersion": "v1"},
-            "MigRestoreFailed",
-            f"Not set back to whole GPUs: {why}. "
-            + (
-                f"Labelled {LABEL_MIG_CONFIG}={back[LABEL_MIG_CONFIG]} again; its instances are offered as they are."
-                if LABEL_MIG_CONFIG in back
-                else "It is offered as it is."
-            )
-            + " Not tried again for a day.",
-            "Warning",
-        )
-
-    def _expire_asks(self) -> None:
-        """Set back the nodes another leader asked a layout for that did not come in time."""
-        if not self.is_leader or not self.config.mig.repartition:
-            return
-        since = time.time() - float(self.config.mig.timeout_seconds)
-        for node, at in list(self._mig_asked.items()):
-            if at <= since and node not in self._repartitions:
-                rec = self.cache.nodes.get(node)
-                if self._give_up_layout(node, rec.node.labels.get(LABEL_MIG_CONFIG, "") if rec else ""):
-                    self.metrics.mig_repartition("timeout")
-
-    def mig_node_seen(self, node: Node) -> None:
-        """A node as the watch shows it: the MIG manager's state, a layout asked for and not
-        there yet, and the end of a re-partition this instance asked for (its label, the state
-        ``success`` and the instances advertised; or ``failed``)."""
-        labels = node.labels
-        state = labels.get(LABEL_MIG_STATE, "")
-        if state in MIG_BUSY_STATES:
-            self._mig_at_work.add(node.name)
-        else:
-            self._mig_at_work.discard(node.name)
-        config = labels.get(LABEL_MIG_CONFIG, "")
-        requested = labels.get(LABEL_MIG_REQUESTED, "")
-        ours = config.startswith(MIG_CONFIG_PREFIX)
-        # There: instances of a layout of ours (also while a MIG manager applies it again after a
-        # reboot), or none once set back to whole GPUs.
-        arrived = bool(node.mig_slices) if ours else state == "success" and not node.mig_slices
-        if (ours or config == MIG_ALL_DISABLED) and requested.isdigit() and state != "failed" and not arrived:
-            self._mig_asked[node.name] = int(requested)
-        else:
-            self._mig_asked.pop(node.name, None)
-        # Instances the MIG manager is told to remove stay sealed, however long it takes, until a
-        # leader labels the node with its layout again.
-        if config == MIG_ALL_DISABLED and requested.isdigit() and node.mig_slices:
-            self._mig_restoring.add(node.name)
-        else:
-            self._mig_restoring.discard(node.name)
-        job = self._repartitions.get(node.name)
-        if job is None:
-            return
-        if job.labelled and config not in (job.config, job.before):  # someone else's word since
-            self._end_repartition(node.name, job, "failed", f"the node was relabelled {LABEL_MIG_CONFIG}={config}")
-            return
-        if config != job.config:
-            return
-        if state == "failed":
-            why = f"the MIG manager failed to apply {LABEL_MIG_CONFIG}={job.config}"
-            if job.config == MIG_ALL_DISABLED:
-                self._set_back_failed(node.name, job, why, "failed")
-                return
-            self._end_repartition(node.name, job, "failed", why)
-            return
-        offered = dict(node.mig_slices)
-        whole = job.config == MIG_ALL_DISABLED
-        if state == "success" and (
-            not offered if whole else all(offered.get(p, 0) >= c for p, c in job.wanted.items())
-        ):
-            self._end_repartition(node.name, job, "success", "")
-
-    def mig_node_gone(self, name: str) -> None:
-        self._mig_at_work.discard(name)
-        self._mig_restoring.discard(name)
-        self._mig_asked.pop(name, None)
-        job = self._repartitions.get(name)
-        if job is not None:
-            self._end_repartition(name, job, "failed", "the node is gone")
-
-    def _end_repartition(self, node: str, job: _Repartition, result: str, why: str) -> None:
-        """The re-partition of ``node`` is over: its pods are drawn again (told ``why`` it failed).
-        ``result`` "": dropped untold, as when this instance no longer leads."""
-        if self._repartitions.get(node) is not job:
-            return
-        del self._repartitions[node]
-        if not result or not self.is_leader:
-            log.info("mig repartition left to the next leader", node=node, config=job.config)
-            return
-        self.metrics.mig_repartition(result)
-        seconds = round(time.monotonic() - job.started, 1)
-        if result == "success":
-            log.info("mig repartition done", node=node, config=job.config, seconds=seconds)
-            self.spawn(self._clear_request(node), f"mig-done:{node}")
-            self.queue.move_all()
-            return
-        log.warning("mig repartition failed", node=node, config=job.config, result=result, why=why, seconds=seconds)
-        for key, p in job.pods.items():
-            if self.cache.holds(key, p.uid) or not self.queue.current(key, p.uid):
-                continue
-            self._unschedulable(
-                p, f"Node {node} was not re-partitioned into MIG instances for this pod: {why}.", "MigRepartition"
-            )
-        self.queue.move_all()
-
     async def follow_utilisation(self) -> None:
         """Poll for GPU utilisation until cancelled.  When a GPU is no longer busy (or the answer
         grew too old to use), the pods parked as unschedulable are drawn again: it may be room."""
@@ -2390,8 +1640,8 @@ class Scheduler:
         keeping[[i for n, _ in kept if (i := cl.index.get(n)) is not None]] = True
         # A node being re-partitioned holds no pod yet, but is about to: not to be removed; nor
         # one gang members waiting beside a layout are planned on.
-        beside = {k: v for job in self._repartitions.values() for k, v in job.beside.items()}
-        soon = self.sealed() | {node for _, node in beside.values()}
+        beside = {k: v for job in self.mig.jobs.values() for k, v in job.beside.items()}
+        soon = self.mig.sealed() | {node for _, node in beside.values()}
         keeping[[i for n in soon if (i := cl.index.get(n)) is not None]] = True
         idle = int((~in_use & gpu_nodes & open_ & ~keeping).sum())
         # What more nodes would have to offer: not pods holding room already, nor pods waiting
@@ -2402,7 +1652,7 @@ class Scheduler:
             for r in self.queue.parked()
             if not r.error
             and self.cache.nomination(r.key) is None
-            and not self._waits_for_layout(r.key, r.uid)
+            and not self.mig.waits_for_layout(r.key, r.uid)
             and beside.get(r.key, ("", ""))[0] != r.uid
         ]
         if self.tenants.active:  # as a batch of them all would count them
@@ -2546,259 +1796,9 @@ def _place(policy: Policy, pods: list[Pod], state: ClusterState, quick: bool) ->
     return place_quick(policy, pods, state) if quick else policy.place(pods, state)
 
 
-@dataclass
-class _Repartition:
-    """A node asked to take a MIG layout, and the pods waiting for its instances."""
-
-    config: str
-    """The ``nvidia.com/mig.config`` value asked for."""
-    pods: dict[str, Pod]
-    """The pods waiting for its instances, by key."""
-    layouts: tuple[tuple[int, MigLayout], ...] = ()
-    """The layouts asked for, by GPU index (none: set back to whole GPUs): their instances not
-    promised yet are offered to later batches, whose MIG pods then wait with these."""
-    started: float = field(default_factory=time.monotonic)
-    asked: float = field(default_factory=time.monotonic)
-    """When the node was labelled (the timeout counts from then)."""
-    message: str = ""
-    """What the pods waiting are told."""
-    labelled: bool = False
-    """The node's label was set (the MIG manager was asked)."""
-    beside: dict[str, tuple[str, str]] = field(default_factory=dict)
-    """Members of gangs with a member among ``pods``, waiting with them: key -> (UID, the node
-    the plan put them on)."""
-    before: str = ""
-    """The node's ``nvidia.com/mig.config`` before it was labelled."""
-
-    @property
-    def wanted(self) -> Counter[str]:
-        """Instances per profile the node is to advertise once done."""
-        out: Counter[str] = Counter()
-        for _, layout in self.layouts:
-            out.update(layout.counts)
-        return out
-
-
 @dataclass(frozen=True)
 class _Verdict:
     """Why a pod waits, when no placement search said it (``Explanation`` is that search's)."""
 
     message: str
     reason: str
-
-
-class StartupError(Exception):
-    """The daemon cannot start as configured; the message says what to change."""
-
-
-async def run_daemon(settings: DaemonSettings) -> int:
-    """Run until SIGTERM/SIGINT; the exit code for the process."""
-    kube = await connect(settings.kubeconfig, settings.context, settings.kube_qps, settings.kube_burst)
-    sched: Scheduler | None = None
-    try:
-        sched = Scheduler(settings, kube)
-        health = HealthServer(sched.metrics, host=settings.metrics_host, port=settings.metrics_port, ready=sched.ready)
-        await health.start()
-    except BaseException as exc:  # nothing started: close what was opened
-        if sched is not None and sched.elector is not None:
-            await sched.elector.kube.close()
-        await kube.close()
-        if isinstance(exc, OSError):  # the port is taken, or the host is not this machine's
-            raise StartupError(
-                f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: {exc.strerror or exc}; "
-                "pass a free --metrics-port (0 picks one) or another --metrics-host"
-            ) from None
-        raise
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    log.info(
-        "started",
-        identity=sched.identity,
-        scheduler_name=settings.scheduler_name,
-        metrics_port=health.port,
-        leader_elect=settings.leader_elect,
-    )
-    named: dict[str, Coroutine[Any, Any, None]] = {r.name: r.run() for r in sched.reflectors}
-    named = {f"watch-{k}": v for k, v in named.items()}
-    named["schedule"] = sched.schedule_forever()
-    named["keep-warm"] = sched.keep_warm()
-    named["consolidate"] = sched.consolidate_forever()
-    named["mig-restore"] = sched.restore_forever()
-    if sched.utilisation is not None:
-        named["utilisation"] = sched.follow_utilisation()
-    if sched.elector is not None:
-        named["leader"] = sched.elector.run()
-    tasks = {asyncio.create_task(coro, name=name) for name, coro in named.items()}
-    stopper = asyncio.create_task(stop.wait(), name="stop-signal")
-    code = 0
-    try:
-        done, _ = await asyncio.wait({*tasks, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        for t in done:
-            if t is not stopper:
-                log.error("task ended; stopping", task=t.get_name(), error=repr(t.exception()))
-                code = 1
-    finally:
-        schedule = [t for t in tasks if t.get_name() == "schedule"]
-        for t in schedule:  # no new batches
-            t.cancel()
-        await asyncio.gather(*schedule, return_exceptions=True)
-        await sched.drain(timeout=10.0)
-        for t in [*sched.pending_tasks(), *tasks]:  # binds still waiting after the drain are dropped
-            t.cancel()
-        stopper.cancel()
-        await asyncio.gather(*tasks, stopper, return_exceptions=True)
-        if sched.elector is not None:
-            await sched.elector.release()
-            await sched.elector.kube.close()
-        await health.stop()
-        await kube.close()
-        log.info("stopped", code=code)
-    return code
-
-
-async def _read_books(kube: Kube, namespaces: dict[str, dict[str, str]] | None, notes: list[str]) -> Cache:
-    """The nodes and the pods bound to them, read once into books; a node that cannot be read
-    is left out with a line in ``notes``."""
-    cache = Cache()
-    nodes, _ = await kube.list("/api/v1/nodes")
-    recs = []
-    for obj in nodes:
-        try:
-            recs.append(node_record(obj))
-        except ConvertError as exc:
-            notes.append(f"node ignored: {exc}")
-    cache.replace_nodes(recs)
-    bound, _ = await kube.list("/api/v1/pods", {"fieldSelector": BOUND_SELECTOR})
-    cache.replace_pods(pod_record(o, namespaces) for o in bound)
-    return cache
-
-
-async def explain_pod(
-    kubeconfig: Path | None, context: str | None, namespace: str, name: str, scheduler_name: str = SCHEDULER_NAME
-) -> tuple[str, int]:
-    """Read the cluster once and explain one pod; the text and an exit code (0 fits, 1 does not, 2 error)."""
-    kube = await connect(kubeconfig, context, 50.0, 100)
-    try:
-        r = await kube.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
-        if r.status == 404:
-            return f"pod {namespace}/{name} not found", 2
-        if not r.ok:
-            return f"cannot read pod {namespace}/{name}: {r.error()}", 2
-        lines: list[str] = []
-        try:
-            namespaces: dict[str, dict[str, str]] | None = dict(
-                namespace_labels(o) for o in (await kube.list("/api/v1/namespaces"))[0]
-            )
-        except Exception as exc:  # no read access to namespaces: such terms are explained as refused
-            lines.append(f"note: namespaces not read ({exc}); a namespaceSelector cannot be resolved")
-            namespaces = None
-        rec = pod_record(r.body, namespaces)
-        if rec.bound:
-            node_gpus = f" on GPUs {','.join(map(str, rec.gpu_indices))}" if rec.gpu_indices else ""
-            return f"pod {rec.key} is bound to {rec.node_name}{node_gpus}", 0
-        if rec.scheduler != scheduler_name:
-            lines.append(f"note: pod {rec.key} names scheduler {rec.scheduler!r}, not {scheduler_name!r}")
-        if rec.error:
-            lines.append(f"pod {rec.key} cannot be scheduled as written: {rec.error}")
-            return "\n".join(lines), 1
-        if rec.gated:
-            gates = ", ".join(
-                str(g.get("name")) for g in r.body["spec"].get("schedulingGates") or () if isinstance(g, dict)
-            )
-            lines.append(
-                f"pod {rec.key} is gated ({gates}): no scheduler places it until its scheduling gates are removed"
-            )
-            return "\n".join(lines), 1
-        if rec.claims:
-            claims = Claims()
-            pvcs, _ = await kube.list(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims")
-            claims.replace_claims([claim_record(o) for o in pvcs])
-            pvs, _ = await kube.list("/api/v1/persistentvolumes")
-            claims.replace_volumes([volume_record(o) for o in pvs])
-            volumes = claims.problem(rec.key, rec.uid, rec.claims, rec.ephemeral_claims)
-            if volumes:
-                lines.append(f"pod {rec.key} cannot be bound: {volumes}")
-                return "\n".join(lines), 1
-        cache = await _read_books(kube, namespaces, lines)
-        snap = cache.snapshot()
-        e = explain(rec.pod, snap.state)
-        p = rec.pod
-        if p.mig_profile:
-            want = f"one MIG {p.mig_profile} slice"
-        elif p.num_gpu:
-            want = f"{p.num_gpu} GPU" if p.gpu_milli == 1000 else f"{p.gpu_milli}/1000 of one GPU"
-        else:
-            want = "no GPU"
-        if p.island:
-            want += f", GPUs within one island ({p.island})"
-        lines.append(f"pod {rec.key}: cpu {p.cpu_milli}m, memory {p.memory_mib}Mi, {want}")
-        if p.gang is not None:
-            lines.append(
-                f"member of gang {p.gang.name} (at least {p.gang.min_members} members, placed together or not at all)"
-            )
-        said = _last_word(r.body)
-        if e.fits:
-            mask = snap.state.pod_mask(p)
-            fit = [snap.cluster.nodes[i].name for i in range(len(snap.cluster)) if mask[i]]
-            lines.append(
-                f"{e.fits}/{e.total} nodes can take it now: {', '.join(fit[:10])}{' ...' if len(fit) > 10 else ''}"
-            )
-        else:
-            lines.append(e.message)
-        if said and said[1] != e.message:
-            lines.append(
-                f"the scheduler says (unschedulable since {said[0]}): {said[1]}\n(this command weighs capacity "
-                "only; tenant limits, GPUs kept free, busy GPUs and MIG re-partitions are the running "
-                "scheduler's to weigh)"
-            )
-        return "\n".join(lines), 0 if e.fits else 1
-    finally:
-        await kube.close()
-
-
-def _last_word(pod: Mapping[str, Any]) -> tuple[str, str] | None:
-    """Since when the pod is unschedulable and what its ``PodScheduled=False`` condition (reason
-    ``Unschedulable``, as a scheduler writes it) says now, if it has one."""
-    for c in (pod.get("status") or {}).get("conditions") or ():
-        if (
-            isinstance(c, Mapping)
-            and c.get("type") == "PodScheduled"
-            and c.get("status") == "False"
-            and c.get("reason") == "Unschedulable"
-        ):
-            return str(c.get("lastTransitionTime") or "an unknown time"), str(c.get("message") or "")
-    return None
-
-
-async def report_costs(
-    kubeconfig: Path | None,
-    context: str | None,
-    prices: Prices,
-    utilisation: UtilisationSource | None = None,
-    idle_percent: float = 5.0,
-) -> tuple[CostReport, list[str]]:
-    """Read the cluster once (and, with ``utilisation``, Prometheus once): the cost report, and
-    notes on what could not be read."""
-    kube = await connect(kubeconfig, context, 50.0, 100)
-    try:
-        notes: list[str] = []
-        cache = await _read_books(kube, None, notes)
-    finally:
-        await kube.close()
-    view = None
-    if utilisation is not None:
-        if await utilisation.poll_once():
-            view = utilisation.view
-            if view is not None and view.names_none_of(cache.nodes):
-                notes.append(
-                    f"no node of the utilisation answer is a node of the cluster (label {utilisation.node_label!r} "
-                    f"gave {', '.join(sorted(view.percent)[:3])}); nothing is counted idle: --utilisation-node-label "
-                    "must name the label that holds the Kubernetes node name"
-                )
-                view = None
-        else:
-            notes.append(f"{utilisation.error}; nothing is counted idle")
-    placed = cache.placed()
-    return cost_report(cache.snapshot().cluster, placed, prices, view, idle_percent, cache.guessed_gpus()), notes

@@ -1,0 +1,240 @@
+"""The watches' handlers: each turns a reflector's lists and events into changes of the
+scheduler's books (cache, queue, claims, budgets, namespaces, MIG bookkeeping)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from gpusched.kube.convert import (
+    ConvertError,
+    budget_record,
+    claim_record,
+    namespace_labels,
+    node_record,
+    volume_record,
+)
+from gpusched.model import Pod
+from gpusched.model.affinity import Requirement, label_selector_selects
+from gpusched.solver.preempt import Budget
+from gpusched.state.records import PodRecord
+
+if TYPE_CHECKING:
+    from gpusched.daemon.scheduler import Scheduler
+
+log = structlog.get_logger("gpusched.daemon")
+
+
+class NodeHandler:
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def _record(self, obj: dict[str, Any]) -> Any:
+        meta = obj.get("metadata") or {}
+        self.s.mig.note_configs(str(meta.get("name", "")), meta.get("labels") or {})
+        try:
+            rec = node_record(obj)
+        except ConvertError as exc:
+            log.warning("node ignored", error=str(exc))
+            return None
+        old = self.s.cache.nodes.get(rec.name)
+        if rec.warning and (old is None or old.warning != rec.warning):
+            log.warning("node read with a fallback", node=rec.name, warning=rec.warning)
+        if rec.mig_warning and self.s.config.mig.repartition and (old is None or old.mig_warning != rec.mig_warning):
+            log.warning("node not re-partitioned", node=rec.name, warning=rec.mig_warning)
+        return rec
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.s.mig.configs.clear()
+        records = [r for r in map(self._record, objects) if r is not None]
+        self.s.cache.replace_nodes(records)
+        self.s.mig.relisted([r.node for r in records])
+        self.s.queue.move_all()
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if kind == "DELETED":
+            changed = self.s.cache.delete_node(name)
+            self.s.mig.node_gone(name, deleted=True)
+        else:
+            rec = self._record(obj)
+            changed = self.s.cache.delete_node(name) if rec is None else self.s.cache.upsert_node(rec)
+            if rec is None:
+                self.s.mig.node_gone(name)
+            else:
+                self.s.mig.node_seen(rec.node)
+        if changed:
+            self.s.queue.move_all()
+
+
+class BoundHandler:
+    """Pods with a node (any scheduler's): what is in use."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.s.selecting_bound.clear()
+        self.s.cache.replace_pods(self.s.read_pod(o, self.s.selecting_bound) for o in objects)
+        self.s.queue.move_all()
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        rec = self.s.read_pod(obj, self.s.selecting_bound, kind == "DELETED")
+        arrived = kind != "DELETED" and rec.bound and not rec.terminal and not self.s.cache.holds(rec.key, rec.uid)
+        freed = self.s.cache.delete_pod(rec.key, rec.uid) if kind == "DELETED" else self.s.cache.observe_pod(rec)
+        if rec.node_name:  # a node a pod ran on, however briefly, is not idle since then
+            self.s.mig.idle_since.pop(rec.node_name, None)
+        if freed:
+            self.s.queue.move_all()
+        elif arrived:  # another scheduler's pod: one to follow, or one that evens a spread
+            self.s.queue.move_all(lambda r: waits_for(r.pod, rec.pod))
+
+
+def waits_for(waiting: Pod, arrived: Pod) -> bool:
+    """Whether ``arrived`` may let ``waiting`` in: all its pod affinity terms select it, or one of
+    its spread constraints counts it."""
+    if waiting.affinity and arrived.matches_all(waiting.affinity):
+        return True
+    return any(arrived.selected_by(c) for c in waiting.spread)
+
+
+def _mounts_claims(r: PodRecord) -> bool:
+    return bool(r.claims)
+
+
+class ClaimHandler:
+    """PersistentVolumeClaims: a pod refused for a claim is retried when that claim changes."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.s.claims.replace_claims([claim_record(o) for o in objects])
+        self.s.queue.move_all(_mounts_claims)
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        rec = claim_record(obj)
+        if self.s.claims.delete_claim(rec.key) if kind == "DELETED" else self.s.claims.upsert_claim(rec):
+            self.s.queue.move_all(lambda r: r.pod.namespace == rec.namespace and rec.name in r.claims)
+
+
+class VolumeHandler:
+    """PersistentVolumes: a pod refused for its claims' volumes is retried when a volume changes."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.s.claims.replace_volumes([volume_record(o) for o in objects])
+        self.s.queue.move_all(_mounts_claims)
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        rec = volume_record(obj)
+        if self.s.claims.delete_volume(rec.name) if kind == "DELETED" else self.s.claims.upsert_volume(rec):
+            self.s.queue.move_all(_mounts_claims)
+
+
+class BudgetHandler:
+    """PodDisruptionBudgets: preemption evicts the pods they protect last."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def _read(self, obj: dict[str, Any]) -> tuple[str, Budget] | None:
+        try:
+            return budget_record(obj)
+        except ConvertError as exc:
+            log.warning("disruption budget protects no pod", error=str(exc))
+            return None
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.s.budgets = dict(r for r in map(self._read, objects) if r is not None)
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
+        read = None if kind == "DELETED" else self._read(obj)
+        if read is None:
+            self.s.budgets.pop(key, None)
+        else:
+            self.s.budgets[read[0]] = read[1]
+
+
+class PendingHandler:
+    """Unbound pods that name this scheduler: what to place."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.s.selecting_pending.clear()
+        records = [self.s.read_pod(o, self.s.selecting_pending) for o in objects]
+        live = {r.key for r in records}
+        for r in records:
+            self._take(r)
+        for key in [k for k in self.s.queue.pending_keys() if k not in live]:
+            self._drop(key)
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        rec = self.s.read_pod(obj, self.s.selecting_pending, kind == "DELETED")
+        if kind == "DELETED":
+            self._drop(rec.key)
+        else:
+            self._take(rec)
+
+    def _take(self, rec: PodRecord) -> None:
+        if rec.bound or rec.terminal or rec.deleting or rec.gated:  # gated: queued once the gates are gone
+            self._drop(rec.key)
+        else:
+            self.s.queue.add(rec)
+            self.s.follow_nomination(rec.pod, rec.nominated)
+
+    def _drop(self, key: str) -> None:
+        self.s.placed_here.discard(key)
+        self.s.queue.delete(key)
+        self.s.give_up_room(key)
+
+
+Labels = dict[str, str]
+Selector = tuple[Requirement, ...]
+Selecting = dict[str, tuple[dict[str, Any], tuple[Selector, ...]]]
+"""Pods whose terms pick namespaces by label: their latest object and those selectors, by key."""
+
+
+class NamespaceHandler:
+    """Namespaces' labels, which pod (anti-)affinity terms' ``namespaceSelector`` picks from: when
+    they change, the pods whose selectors now pick differently are read again."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        table = dict(namespace_labels(o) for o in objects)
+        old = self.s.namespaces
+        changes = [(old.get(n), table.get(n)) for n in old.keys() | table.keys() if old.get(n) != table.get(n)]
+        self.s.namespaces = table
+        if changes:
+            self.s.reread_selecting(changes)
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        name, labels = namespace_labels(obj)
+        before = self.s.namespaces.get(name)
+        if kind == "DELETED":
+            self.s.namespaces.pop(name, None)
+            after = None
+        else:
+            self.s.namespaces[name] = after = labels
+        if before != after:
+            self.s.reread_selecting([(before, after)])
+
+
+def moved_selectors(selectors: Iterable[Selector], changes: list[tuple[Labels | None, Labels | None]]) -> set[Selector]:
+    """Those of ``selectors`` that pick differently after ``changes``, each a namespace's labels
+    before and after (None: no such namespace)."""
+
+    def picks(sel: Selector, labels: Labels | None) -> bool:
+        return labels is not None and label_selector_selects(sel, labels)
+
+    return {sel for sel in set(selectors) if any(picks(sel, b) != picks(sel, a) for b, a in changes)}

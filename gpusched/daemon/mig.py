@@ -1,0 +1,558 @@
+"""Live MIG re-partitioning: asking NVIDIA's MIG manager for the layouts a batch chose,
+sealing the node while it works, and giving idle nodes back as whole GPUs.
+
+A batch decides (``repartition``); this module carries it out over minutes: it writes the
+layout into the MIG manager's ConfigMap, labels the node, follows the node's labels until the
+instances are advertised (or the request failed or timed out), and tells the waiting pods.
+Every leader rebuilds what is sealed from the nodes' labels (``node_seen``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from gpusched.kube.convert import (
+    LABEL_MIG_CONFIG,
+    LABEL_MIG_PREVIOUS,
+    LABEL_MIG_REPARTITION,
+    LABEL_MIG_REQUESTED,
+    LABEL_MIG_STATE,
+    MIG_BUSY_STATES,
+)
+from gpusched.model import Cluster, Node, Plan, Pod
+from gpusched.model.cluster import live_mig_configs
+from gpusched.model.mig import MIG_CONFIG_PREFIX, MigLayout
+from gpusched.state.cache import Coming
+
+if TYPE_CHECKING:
+    from gpusched.daemon.scheduler import Scheduler
+
+RESTORE_BACKOFF_S = 86_400.0
+"""How long a node a restore failed on is not set back to whole GPUs again."""
+MIG_ALL_DISABLED = "all-disabled"
+"""The MIG manager's configuration of whole GPUs (every GPU with MIG mode off)."""
+
+log = structlog.get_logger("gpusched.daemon")
+
+
+@dataclass
+class Repartition:
+    """A node asked to take a MIG layout, and the pods waiting for its instances."""
+
+    config: str
+    """The ``nvidia.com/mig.config`` value asked for."""
+    pods: dict[str, Pod]
+    """The pods waiting for its instances, by key."""
+    layouts: tuple[tuple[int, MigLayout], ...] = ()
+    """The layouts asked for, by GPU index (none: set back to whole GPUs): their instances not
+    promised yet are offered to later batches, whose MIG pods then wait with these."""
+    started: float = field(default_factory=time.monotonic)
+    asked: float = field(default_factory=time.monotonic)
+    """When the node was labelled (the timeout counts from then)."""
+    message: str = ""
+    """What the pods waiting are told."""
+    labelled: bool = False
+    """The node's label was set (the MIG manager was asked)."""
+    beside: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Members of gangs with a member among ``pods``, waiting with them: key -> (UID, the node
+    the plan put them on)."""
+    before: str = ""
+    """The node's ``nvidia.com/mig.config`` before it was labelled."""
+
+    @property
+    def wanted(self) -> Counter[str]:
+        """Instances per profile the node is to advertise once done."""
+        out: Counter[str] = Counter()
+        for _, layout in self.layouts:
+            out.update(layout.counts)
+        return out
+
+
+class Repartitioner:
+    """The MIG layouts one scheduler instance asked for, and what it knows of every node's."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+        self.jobs: dict[str, Repartition] = {}
+        """Nodes this instance asked the MIG manager to re-partition, until it is done or failed."""
+        self.at_work: set[str] = set()
+        """Nodes the MIG manager says it is re-partitioning (``nvidia.com/mig.config.state``)."""
+        self.off_until = 0.0
+        """Monotonic time before which no GPU is re-partitioned (a layout could not be written)."""
+        self._writes = asyncio.Lock()
+        """One write of the MIG manager's ConfigMap at a time."""
+        self.asked: dict[str, int] = {}
+        """Nodes a layout was asked for (by any leader) that advertise no instance yet: when (epoch s)."""
+        self._giving_up: set[str] = set()
+        """Nodes being set back after a layout did not come in time."""
+        self.restoring: set[str] = set()
+        """Nodes labelled back to whole GPUs that still advertise instances."""
+        self._restore_after: dict[str, float] = {}
+        """Nodes a restore failed on: not set back again before then (monotonic)."""
+        self.configs: dict[str, frozenset[str]] = {}
+        """Our MIG configuration each node is labelled with, read or not (a node the converter
+        refuses still runs it): kept in the ConfigMap."""
+        self.idle_since: dict[str, float] = {}
+        """Nodes re-partitioned by gpusched whose instances no pod uses: since when (monotonic)."""
+
+    def sealed(self) -> set[str]:
+        """Nodes being re-partitioned into MIG instances: none of their GPUs or instances is
+        offered to a pod until it is over.  Those this instance asked a layout for; with
+        ``mig.repartition``, also those the MIG manager says it is at work on, and those any
+        leader asked a layout for (``LABEL_MIG_REQUESTED``) that advertise no instance yet, for
+        ``mig.timeoutSeconds`` after the request."""
+        out = set(self.jobs)
+        if self.s.config.mig.repartition:
+            since = time.time() - float(self.s.config.mig.timeout_seconds)
+            out |= self.at_work | self.restoring
+            out |= {n for n, at in self.asked.items() if at > since}
+        return out
+
+    # -- MIG re-partitioning ------------------------------------------------------------------
+    def waits_for_layout(self, key: str, uid: str) -> bool:
+        return any(key in r.pods and r.pods[key].uid == uid for r in self.jobs.values())
+
+    def repartition(self, plan: Plan, cluster: Cluster, pods: Mapping[int, list[Pod]], batch_id: int) -> None:
+        """Ask the MIG manager for the layouts ``plan`` gives the nodes of ``pods`` (node index ->
+        the MIG pods placed on instances of those layouts), and have the pods wait for them."""
+        parts = [part for part in plan.partitions if part[0] in pods]
+        try:
+            configs = live_mig_configs(cluster, parts)
+        except ValueError as exc:  # the converter offers no such node: a defect, told as one
+            log.error("MIG layout not written; pods drawn again", batch_id=batch_id, error=str(exc))
+            for group in pods.values():
+                for p in group:
+                    self.s.queue.backoff(p.key)
+            return
+        for n, group in pods.items():
+            node = cluster.nodes[n]
+            config, entries = configs[node.name]
+            layouts = tuple((g, layout) for m, g, layout in parts if m == n)
+            job = Repartition(config, {p.key: p for p in group}, layouts)
+            self.jobs[node.name] = job
+            instances = ", ".join(f"{c} x {p}" for p, c in sorted(job.wanted.items()))
+            log.info(
+                "mig repartition",
+                batch_id=batch_id,
+                node=node.name,
+                config=config,
+                instances=instances,
+                pods=sorted(job.pods),
+            )
+            message = (
+                f"Waiting for node {node.name} to be re-partitioned into MIG instances ({instances}): "
+                f"{LABEL_MIG_CONFIG}={config}; the pod is placed once the node advertises them."
+            )
+            job.message = message
+            for p in group:
+                self.s._unschedulable(p, message, "MigRepartition")
+            self.s.spawn(self._ask_for_layout(node.name, job, entries), f"mig:{node.name}")
+
+    def coming(self) -> dict[str, Coming]:
+        """The MIG instances of the layouts asked for and not promised yet, by node: a batch may
+        place MIG pods on them, to wait with the others (``join``)."""
+        return {
+            node: (job.layouts, Counter(p.mig_profile for k, p in job.pods.items() if self.s.queue.current(k, p.uid)))
+            for node, job in self.jobs.items()
+        }
+
+    def join(self, node: str, pod: Pod) -> None:
+        """``pod`` waits for an instance of the layout asked for on ``node``, with its pods."""
+        job = self.jobs[node]
+        job.pods[pod.key] = pod
+        log.info("mig repartition joined", node=node, config=job.config, pod=pod.key)
+        self.s._unschedulable(pod, job.message, "MigRepartition")
+
+    async def _ask_for_layout(self, node: str, job: Repartition, entries: list[Any]) -> None:
+        """Write the layout, give the kubelet time to project it into the MIG manager's volume
+        (``mig.configDelaySeconds`` after it was first written), label the node; then wait for
+        the MIG manager, at most ``mig.timeoutSeconds``.  One ConfigMap write at a time: each
+        keeps the configurations in use as they are when it is made (a node's label, or a
+        layout asked for and not yet seen there)."""
+        mig = self.s.config.mig
+        async with self._writes:
+            keep = {c for configs in self.configs.values() for c in configs}
+            keep |= {r.config for r in self.jobs.values()} | {r.before for r in self.jobs.values()}
+            error, written = await self.s.binder.write_mig_config(job.config, entries, mig.config_map, keep)
+        if not error:
+            wait = written + float(mig.config_delay_seconds) - time.time()
+            if wait > 0:
+                log.info(
+                    "mig layout written; the node is labelled once the MIG manager can read it",
+                    node=node,
+                    seconds=round(wait, 1),
+                )
+                await asyncio.sleep(wait)
+            if self.jobs.get(node) is not job:  # over meanwhile (the node went away)
+                return
+            withdrawn = self._withdrawn(node)
+            if withdrawn:
+                self._end(node, job, "failed", withdrawn)
+                return
+            rec = self.s.cache.nodes.get(node)
+            job.before = rec.node.labels.get(LABEL_MIG_CONFIG, "") if rec is not None else ""
+            job.asked = time.monotonic()
+            labels: dict[str, str | None] = {LABEL_MIG_CONFIG: job.config, LABEL_MIG_REQUESTED: str(int(time.time()))}
+            error = await self.s.binder.label_node(node, labels)
+            if not error:
+                job.labelled = True
+                self.s.metrics.mig_repartition("requested")
+        if error:
+            if not self.s.is_leader:  # the new leader decides anew
+                self._end(node, job, "", "")
+                return
+            off = float(mig.timeout_seconds)
+            self.off_until = time.monotonic() + off
+            log.error(
+                "MIG layout not written; no GPU is re-partitioned for a while",
+                node=node,
+                config=job.config,
+                error=error,
+                seconds=off,
+                fix=f"let gpusched get, create and update ConfigMap {mig.config_map} and patch nodes (docs/deploy.md)",
+            )
+            self._end(node, job, "error", f"its layout could not be written: {error}")
+            return
+        await self.s.binder.object_event(
+            {"kind": "Node", "name": node, "apiVersion": "v1"},
+            "MigRepartition",
+            f"Asked the MIG manager for {LABEL_MIG_CONFIG}={job.config} (in ConfigMap {mig.config_map}) "
+            f"for {len(job.pods)} pod(s).",
+        )
+        rec = self.s.cache.nodes.get(node)
+        if rec is not None:  # the MIG manager may have answered before the write returned
+            self.node_seen(rec.node)
+        await asyncio.sleep(max(0.0, job.asked + float(self.s.config.mig.timeout_seconds) - time.monotonic()))
+        if self.jobs.get(node) is job:
+            self._end(node, job, "timeout", self._timed_out(job.config))
+            self._give_up_layout(node, job.config)
+
+    def _withdrawn(self, node: str, whole: bool = False) -> str:
+        """Why ``node`` may no longer be labelled for the layout asked for ("" when it may): what
+        changed while the MIG manager's copy of the ConfigMap was given time.  ``whole``: set
+        back to whole GPUs, which no pod on its instances may be using either."""
+        if not self.s.config.mig.repartition:
+            return "mig.repartition was turned off"
+        rec = self.s.cache.nodes.get(node)
+        if rec is None:
+            return "the node is gone"
+        if rec.node.labels.get(LABEL_MIG_REPARTITION, "").lower() != "true":
+            return f"its label {LABEL_MIG_REPARTITION} is no longer true"
+        state = self.s.cache.snapshot().state
+        i = state.cluster.index.get(node)
+        if i is None or state.gpu_used[i].any():
+            return "a pod took one of its GPUs meanwhile"
+        if whole and state.mig_used is not None and state.mig_used[i].any():
+            return "a pod took one of its MIG instances meanwhile"
+        return ""
+
+    async def _clear_request(self, node: str) -> None:
+        """The layout came: the request is over, for every leader (a MIG manager that applies the
+        layout again later, after a reboot, is no new request)."""
+        error = await self.s.binder.label_node(node, {LABEL_MIG_REQUESTED: None})
+        if error:
+            log.warning("request label not removed after a MIG layout came", node=node, error=error)
+
+    def _timed_out(self, config: str) -> str:
+        return (
+            f"it did not advertise the instances of {LABEL_MIG_CONFIG}={config} within "
+            f"{self.s.config.mig.timeout_seconds} s (is the MIG manager running there? see its log)"
+        )
+
+    def _give_up_layout(self, node: str, config: str) -> bool:
+        """A layout asked for that did not come in time: the node is set back to
+        ``all-disabled`` and no longer offered for re-partitioning (its label
+        ``gpusched.io/mig-repartition`` set to false), once; not when its label names another
+        configuration by now, or the instances came after all.  Whether it is set back."""
+        if node in self._giving_up or not self.s.is_leader:
+            return False
+        rec = self.s.cache.nodes.get(node)
+        if config == MIG_ALL_DISABLED:  # a restore another leader asked for: not a layout to give up
+            return self._set_back_failed(node, None, "the MIG manager did not apply it in time", "timeout")
+        if rec is not None and (
+            rec.node.labels.get(LABEL_MIG_CONFIG, "") != config or (config != MIG_ALL_DISABLED and rec.node.mig_slices)
+        ):
+            log.info("mig layout not set back: the node was relabelled, or its instances came", node=node)
+            return False
+        self._giving_up.add(node)
+
+        async def reset() -> None:
+            try:
+                labels: dict[str, str | None] = {
+                    LABEL_MIG_CONFIG: MIG_ALL_DISABLED,
+                    LABEL_MIG_REQUESTED: None,
+                    LABEL_MIG_REPARTITION: "false",
+                }
+                error = await self.s.binder.label_node(node, labels)
+                if error:
+                    log.warning("node not set back after a MIG layout timed out", node=node, error=error)
+                    return
+                why = self._timed_out(config)
+                log.warning("mig repartition given up", node=node, config=config, why=why)
+                await self.s.binder.object_event(
+                    {"kind": "Node", "name": node, "apiVersion": "v1"},
+                    "MigRepartitionTimeout",
+                    f"Node {why}. Set back to {LABEL_MIG_CONFIG}=all-disabled; set "
+                    f"{LABEL_MIG_REPARTITION}=true to offer it for re-partitioning again.",
+                    "Warning",
+                )
+            finally:
+                self._giving_up.discard(node)
+
+        self.s.spawn(reset(), f"mig-reset:{node}")
+        return True
+
+    async def restore_forever(self) -> None:
+        """Now and then, ``restore_idle``."""
+        while True:
+            await asyncio.sleep(max(1.0, min(30.0, float(self.s.config.mig.restore_idle_seconds) / 4)))
+            try:
+                self.restore_idle(time.monotonic())
+            except Exception as exc:
+                log.error("MIG restore check failed", error=repr(exc))
+
+    def restore_idle(self, now: float) -> list[str]:
+        """Set back to whole GPUs (``all-disabled``) the nodes gpusched re-partitioned whose MIG
+        instances and GPUs no pod has used for ``mig.restoreIdleSeconds``; the nodes set back.
+        While the MIG manager works, the node is sealed as for a layout."""
+        mig = self.s.config.mig
+        if not mig.repartition or not mig.restore_idle_seconds or not self.s.is_leader:
+            self.idle_since.clear()
+            return []
+        snap = self.s.cache.snapshot()
+        state, cluster = snap.state, snap.cluster
+        sealed = self.sealed()
+        idle: dict[str, float] = {}
+        restored: list[str] = []
+        for name, rec in self.s.cache.nodes.items():
+            labels = rec.node.labels
+            if not (
+                labels.get(LABEL_MIG_CONFIG, "").startswith(MIG_CONFIG_PREFIX)
+                and labels.get(LABEL_MIG_REPARTITION, "").lower() == "true"
+                and labels.get(LABEL_MIG_STATE) == "success"
+                and self._restore_after.get(name, 0.0) <= time.monotonic()
+                and rec.node.mig_slices
+                and name not in sealed
+            ):
+                continue
+            i = cluster.index.get(name)
+            if i is None or state.gpu_used[i].any() or (state.mig_used is not None and state.mig_used[i].any()):
+                continue
+            since = idle[name] = self.idle_since.get(name, now)
+            if now - since < float(mig.restore_idle_seconds):
+                continue
+            del idle[name]
+            job = Repartition(MIG_ALL_DISABLED, {})
+            self.jobs[name] = job
+            log.info("mig restore", node=name, idle_s=round(now - since, 1), config=labels.get(LABEL_MIG_CONFIG))
+            self.s.spawn(self._ask_for_whole(name, job), f"mig:{name}")
+            restored.append(name)
+        self.idle_since = idle
+        return restored
+
+    async def _ask_for_whole(self, node: str, job: Repartition) -> None:
+        """Label ``node`` back to ``all-disabled``; then wait for the MIG manager, as for a layout."""
+        rec = self.s.cache.nodes.get(node)
+        job.before = rec.node.labels.get(LABEL_MIG_CONFIG, "") if rec is not None else ""
+        withdrawn = self._withdrawn(node, whole=True)
+        if withdrawn:
+            log.info("mig restore dropped", node=node, why=withdrawn)
+            self._end(node, job, "", "")
+            return
+        labels: dict[str, str | None] = {
+            LABEL_MIG_CONFIG: MIG_ALL_DISABLED,
+            LABEL_MIG_REQUESTED: str(int(time.time())),
+            LABEL_MIG_PREVIOUS: job.before,
+        }
+        error = await self.s.binder.label_node(node, labels)
+        if error:
+            log.warning("node not set back to whole GPUs", node=node, error=error)
+            self._end(node, job, "error" if self.s.is_leader else "", error)
+            return
+        job.labelled = True
+        self.s.metrics.mig_repartition("requested")
+        await self.s.binder.object_event(
+            {"kind": "Node", "name": node, "apiVersion": "v1"},
+            "MigRestore",
+            f"No pod used its MIG instances for {self.s.config.mig.restore_idle_seconds} s: asked the MIG "
+            f"manager for {LABEL_MIG_CONFIG}={MIG_ALL_DISABLED}, its GPUs whole again.",
+        )
+        job.asked = time.monotonic()
+        rec = self.s.cache.nodes.get(node)
+        if rec is not None:
+            self.node_seen(rec.node)
+        await asyncio.sleep(float(self.s.config.mig.timeout_seconds))
+        if self.jobs.get(node) is job:
+            await self._restore_failed(
+                node, job, f"the MIG manager did not apply it within {self.s.config.mig.timeout_seconds} s"
+            )
+
+    def _set_back_failed(self, node: str, job: Repartition | None, why: str, result: str) -> bool:
+        """``_restore_failed`` for ``node``, once at a time; whether it was started."""
+        if node in self._giving_up:
+            return False
+        self._giving_up.add(node)
+
+        async def back() -> None:
+            try:
+                await self._restore_failed(node, job, why, result)
+            finally:
+                self._giving_up.discard(node)
+
+        self.s.spawn(back(), f"mig-reset:{node}")
+        return True
+
+    async def _restore_failed(self, node: str, job: Repartition | None, why: str, result: str = "timeout") -> None:
+        """A restore that did not come: the node, sealed until then, is labelled with its layout
+        again when it still advertises its instances (they are in use from now on), and is not
+        set back again for a day."""
+        rec = self.s.cache.nodes.get(node)
+        previous = (job.before if job is not None else "") or (
+            rec.node.labels.get(LABEL_MIG_PREVIOUS, "") if rec else ""
+        )
+        back: dict[str, str | None] = {LABEL_MIG_REQUESTED: None, LABEL_MIG_PREVIOUS: None}
+        if rec is not None and rec.node.mig_slices and previous.startswith(MIG_CONFIG_PREFIX):
+            back[LABEL_MIG_CONFIG] = previous
+        self._restore_after[node] = time.monotonic() + RESTORE_BACKOFF_S
+        error = await self.s.binder.label_node(node, back) if self.s.is_leader else "no longer the leader"
+        if error:  # still sealed (the request stands): the next leader, or the next try, relabels it
+            log.warning("node not relabelled after a MIG restore failed", node=node, error=error)
+            if job is not None:
+                self._end(node, job, "", "")
+            return
+        self.asked.pop(node, None)
+        self.restoring.discard(node)
+        if job is not None:
+            self._end(node, job, result, why)
+        log.warning("mig restore failed", node=node, why=why, config=back.get(LABEL_MIG_CONFIG, MIG_ALL_DISABLED))
+        await self.s.binder.object_event(
+            {"kind": "Node", "name": node, "apiVersion": "v1"},
+            "MigRestoreFailed",
+            f"Not set back to whole GPUs: {why}. "
+            + (
+                f"Labelled {LABEL_MIG_CONFIG}={back[LABEL_MIG_CONFIG]} again; its instances are offered as they are."
+                if LABEL_MIG_CONFIG in back
+                else "It is offered as it is."
+            )
+            + " Not tried again for a day.",
+            "Warning",
+        )
+
+    def expire_asks(self) -> None:
+        """Set back the nodes another leader asked a layout for that did not come in time."""
+        if not self.s.is_leader or not self.s.config.mig.repartition:
+            return
+        since = time.time() - float(self.s.config.mig.timeout_seconds)
+        for node, at in list(self.asked.items()):
+            if at <= since and node not in self.jobs:
+                rec = self.s.cache.nodes.get(node)
+                if self._give_up_layout(node, rec.node.labels.get(LABEL_MIG_CONFIG, "") if rec else ""):
+                    self.s.metrics.mig_repartition("timeout")
+
+    def node_seen(self, node: Node) -> None:
+        """A node as the watch shows it: the MIG manager's state, a layout asked for and not
+        there yet, and the end of a re-partition this instance asked for (its label, the state
+        ``success`` and the instances advertised; or ``failed``)."""
+        labels = node.labels
+        state = labels.get(LABEL_MIG_STATE, "")
+        if state in MIG_BUSY_STATES:
+            self.at_work.add(node.name)
+        else:
+            self.at_work.discard(node.name)
+        config = labels.get(LABEL_MIG_CONFIG, "")
+        requested = labels.get(LABEL_MIG_REQUESTED, "")
+        ours = config.startswith(MIG_CONFIG_PREFIX)
+        # There: instances of a layout of ours (also while a MIG manager applies it again after a
+        # reboot), or none once set back to whole GPUs.
+        arrived = bool(node.mig_slices) if ours else state == "success" and not node.mig_slices
+        if (ours or config == MIG_ALL_DISABLED) and requested.isdigit() and state != "failed" and not arrived:
+            self.asked[node.name] = int(requested)
+        else:
+            self.asked.pop(node.name, None)
+        # Instances the MIG manager is told to remove stay sealed, however long it takes, until a
+        # leader labels the node with its layout again.
+        if config == MIG_ALL_DISABLED and requested.isdigit() and node.mig_slices:
+            self.restoring.add(node.name)
+        else:
+            self.restoring.discard(node.name)
+        job = self.jobs.get(node.name)
+        if job is None:
+            return
+        if job.labelled and config not in (job.config, job.before):  # someone else's word since
+            self._end(node.name, job, "failed", f"the node was relabelled {LABEL_MIG_CONFIG}={config}")
+            return
+        if config != job.config:
+            return
+        if state == "failed":
+            why = f"the MIG manager failed to apply {LABEL_MIG_CONFIG}={job.config}"
+            if job.config == MIG_ALL_DISABLED:
+                self._set_back_failed(node.name, job, why, "failed")
+                return
+            self._end(node.name, job, "failed", why)
+            return
+        offered = dict(node.mig_slices)
+        whole = job.config == MIG_ALL_DISABLED
+        if state == "success" and (
+            not offered if whole else all(offered.get(p, 0) >= c for p, c in job.wanted.items())
+        ):
+            self._end(node.name, job, "success", "")
+
+    def note_configs(self, name: str, labels: Mapping[str, Any]) -> None:
+        """A node's labels as the watch shows them, read or not: its configuration of ours (or the
+        one it is to get back) stays written in the ConfigMap."""
+        ours = {str(labels.get(k) or "") for k in (LABEL_MIG_CONFIG, LABEL_MIG_PREVIOUS)}
+        ours = {c for c in ours if c.startswith(MIG_CONFIG_PREFIX)}
+        if ours:
+            self.configs[name] = frozenset(ours)
+        else:
+            self.configs.pop(name, None)
+
+    def relisted(self, nodes: Iterable[Node]) -> None:
+        """The nodes were listed afresh: what the MIG manager is at work on is read again."""
+        self.at_work.clear()
+        self.restoring.clear()
+        for node in nodes:
+            self.node_seen(node)
+
+    def node_gone(self, name: str, deleted: bool = False) -> None:
+        """``name`` left the books (``deleted``: from the cluster, its configurations with it)."""
+        if deleted:
+            self.configs.pop(name, None)
+        self.at_work.discard(name)
+        self.restoring.discard(name)
+        self.asked.pop(name, None)
+        job = self.jobs.get(name)
+        if job is not None:
+            self._end(name, job, "failed", "the node is gone")
+
+    def _end(self, node: str, job: Repartition, result: str, why: str) -> None:
+        """The re-partition of ``node`` is over: its pods are drawn again (told ``why`` it failed).
+        ``result`` "": dropped untold, as when this instance no longer leads."""
+        if self.jobs.get(node) is not job:
+            return
+        del self.jobs[node]
+        if not result or not self.s.is_leader:
+            log.info("mig repartition left to the next leader", node=node, config=job.config)
+            return
+        self.s.metrics.mig_repartition(result)
+        seconds = round(time.monotonic() - job.started, 1)
+        if result == "success":
+            log.info("mig repartition done", node=node, config=job.config, seconds=seconds)
+            self.s.spawn(self._clear_request(node), f"mig-done:{node}")
+            self.s.queue.move_all()
+            return
+        log.warning("mig repartition failed", node=node, config=job.config, result=result, why=why, seconds=seconds)
+        for key, p in job.pods.items():
+            if self.s.cache.holds(key, p.uid) or not self.s.queue.current(key, p.uid):
+                continue
+            self.s._unschedulable(
+                p, f"Node {node} was not re-partitioned into MIG instances for this pod: {why}.", "MigRepartition"
+            )
+        self.s.queue.move_all()

@@ -1,0 +1,249 @@
+"""The process around the scheduler (``run_daemon``: tasks, signals, ordered shutdown) and
+the one-shot readers behind ``gpusched explain`` and ``gpusched costs``."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Coroutine, Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from gpusched.daemon.scheduler import Scheduler
+from gpusched.daemon.settings import BOUND_SELECTOR, SCHEDULER_NAME, DaemonSettings
+from gpusched.kube.client import Kube, connect
+from gpusched.kube.convert import (
+    ConvertError,
+    claim_record,
+    namespace_labels,
+    node_record,
+    pod_record,
+    volume_record,
+)
+from gpusched.metrics.cost import CostReport, Prices, cost_report
+from gpusched.metrics.exporter import HealthServer
+from gpusched.metrics.source import UtilisationSource
+from gpusched.solver.explain import explain
+from gpusched.state.cache import Cache
+from gpusched.state.volumes import Claims
+
+log = structlog.get_logger("gpusched.daemon")
+
+
+class StartupError(Exception):
+    """The daemon cannot start as configured; the message says what to change."""
+
+
+async def run_daemon(settings: DaemonSettings) -> int:
+    """Run until SIGTERM/SIGINT; the exit code for the process."""
+    kube = await connect(settings.kubeconfig, settings.context, settings.kube_qps, settings.kube_burst)
+    sched: Scheduler | None = None
+    try:
+        sched = Scheduler(settings, kube)
+        health = HealthServer(sched.metrics, host=settings.metrics_host, port=settings.metrics_port, ready=sched.ready)
+        await health.start()
+    except BaseException as exc:  # nothing started: close what was opened
+        if sched is not None and sched.elector is not None:
+            await sched.elector.kube.close()
+        await kube.close()
+        if isinstance(exc, OSError):  # the port is taken, or the host is not this machine's
+            raise StartupError(
+                f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: {exc.strerror or exc}; "
+                "pass a free --metrics-port (0 picks one) or another --metrics-host"
+            ) from None
+        raise
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info(
+        "started",
+        identity=sched.identity,
+        scheduler_name=settings.scheduler_name,
+        metrics_port=health.port,
+        leader_elect=settings.leader_elect,
+    )
+    named: dict[str, Coroutine[Any, Any, None]] = {r.name: r.run() for r in sched.reflectors}
+    named = {f"watch-{k}": v for k, v in named.items()}
+    named["schedule"] = sched.schedule_forever()
+    named["keep-warm"] = sched.keep_warm()
+    named["consolidate"] = sched.consolidate_forever()
+    named["mig-restore"] = sched.mig.restore_forever()
+    if sched.utilisation is not None:
+        named["utilisation"] = sched.follow_utilisation()
+    if sched.elector is not None:
+        named["leader"] = sched.elector.run()
+    tasks = {asyncio.create_task(coro, name=name) for name, coro in named.items()}
+    stopper = asyncio.create_task(stop.wait(), name="stop-signal")
+    code = 0
+    try:
+        done, _ = await asyncio.wait({*tasks, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            if t is not stopper:
+                log.error("task ended; stopping", task=t.get_name(), error=repr(t.exception()))
+                code = 1
+    finally:
+        schedule = [t for t in tasks if t.get_name() == "schedule"]
+        for t in schedule:  # no new batches
+            t.cancel()
+        await asyncio.gather(*schedule, return_exceptions=True)
+        await sched.drain(timeout=10.0)
+        for t in [*sched.pending_tasks(), *tasks]:  # binds still waiting after the drain are dropped
+            t.cancel()
+        stopper.cancel()
+        await asyncio.gather(*tasks, stopper, return_exceptions=True)
+        if sched.elector is not None:
+            await sched.elector.release()
+            await sched.elector.kube.close()
+        await health.stop()
+        await kube.close()
+        log.info("stopped", code=code)
+    return code
+
+
+async def _read_books(kube: Kube, namespaces: dict[str, dict[str, str]] | None, notes: list[str]) -> Cache:
+    """The nodes and the pods bound to them, read once into books; a node that cannot be read
+    is left out with a line in ``notes``."""
+    cache = Cache()
+    nodes, _ = await kube.list("/api/v1/nodes")
+    recs = []
+    for obj in nodes:
+        try:
+            recs.append(node_record(obj))
+        except ConvertError as exc:
+            notes.append(f"node ignored: {exc}")
+    cache.replace_nodes(recs)
+    bound, _ = await kube.list("/api/v1/pods", {"fieldSelector": BOUND_SELECTOR})
+    cache.replace_pods(pod_record(o, namespaces) for o in bound)
+    return cache
+
+
+async def explain_pod(
+    kubeconfig: Path | None, context: str | None, namespace: str, name: str, scheduler_name: str = SCHEDULER_NAME
+) -> tuple[str, int]:
+    """Read the cluster once and explain one pod; the text and an exit code (0 fits, 1 does not, 2 error)."""
+    kube = await connect(kubeconfig, context, 50.0, 100)
+    try:
+        r = await kube.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        if r.status == 404:
+            return f"pod {namespace}/{name} not found", 2
+        if not r.ok:
+            return f"cannot read pod {namespace}/{name}: {r.error()}", 2
+        lines: list[str] = []
+        try:
+            namespaces: dict[str, dict[str, str]] | None = dict(
+                namespace_labels(o) for o in (await kube.list("/api/v1/namespaces"))[0]
+            )
+        except Exception as exc:  # no read access to namespaces: such terms are explained as refused
+            lines.append(f"note: namespaces not read ({exc}); a namespaceSelector cannot be resolved")
+            namespaces = None
+        rec = pod_record(r.body, namespaces)
+        if rec.bound:
+            node_gpus = f" on GPUs {','.join(map(str, rec.gpu_indices))}" if rec.gpu_indices else ""
+            return f"pod {rec.key} is bound to {rec.node_name}{node_gpus}", 0
+        if rec.scheduler != scheduler_name:
+            lines.append(f"note: pod {rec.key} names scheduler {rec.scheduler!r}, not {scheduler_name!r}")
+        if rec.error:
+            lines.append(f"pod {rec.key} cannot be scheduled as written: {rec.error}")
+            return "\n".join(lines), 1
+        if rec.gated:
+            gates = ", ".join(
+                str(g.get("name")) for g in r.body["spec"].get("schedulingGates") or () if isinstance(g, dict)
+            )
+            lines.append(
+                f"pod {rec.key} is gated ({gates}): no scheduler places it until its scheduling gates are removed"
+            )
+            return "\n".join(lines), 1
+        if rec.claims:
+            claims = Claims()
+            pvcs, _ = await kube.list(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims")
+            claims.replace_claims([claim_record(o) for o in pvcs])
+            pvs, _ = await kube.list("/api/v1/persistentvolumes")
+            claims.replace_volumes([volume_record(o) for o in pvs])
+            volumes = claims.problem(rec.key, rec.uid, rec.claims, rec.ephemeral_claims)
+            if volumes:
+                lines.append(f"pod {rec.key} cannot be bound: {volumes}")
+                return "\n".join(lines), 1
+        cache = await _read_books(kube, namespaces, lines)
+        snap = cache.snapshot()
+        e = explain(rec.pod, snap.state)
+        p = rec.pod
+        if p.mig_profile:
+            want = f"one MIG {p.mig_profile} slice"
+        elif p.num_gpu:
+            want = f"{p.num_gpu} GPU" if p.gpu_milli == 1000 else f"{p.gpu_milli}/1000 of one GPU"
+        else:
+            want = "no GPU"
+        if p.island:
+            want += f", GPUs within one island ({p.island})"
+        lines.append(f"pod {rec.key}: cpu {p.cpu_milli}m, memory {p.memory_mib}Mi, {want}")
+        if p.gang is not None:
+            lines.append(
+                f"member of gang {p.gang.name} (at least {p.gang.min_members} members, placed together or not at all)"
+            )
+        said = _last_word(r.body)
+        if e.fits:
+            mask = snap.state.pod_mask(p)
+            fit = [snap.cluster.nodes[i].name for i in range(len(snap.cluster)) if mask[i]]
+            lines.append(
+                f"{e.fits}/{e.total} nodes can take it now: {', '.join(fit[:10])}{' ...' if len(fit) > 10 else ''}"
+            )
+        else:
+            lines.append(e.message)
+        if said and said[1] != e.message:
+            lines.append(
+                f"the scheduler says (unschedulable since {said[0]}): {said[1]}\n(this command weighs capacity "
+                "only; tenant limits, GPUs kept free, busy GPUs and MIG re-partitions are the running "
+                "scheduler's to weigh)"
+            )
+        return "\n".join(lines), 0 if e.fits else 1
+    finally:
+        await kube.close()
+
+
+def _last_word(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Since when the pod is unschedulable and what its ``PodScheduled=False`` condition (reason
+    ``Unschedulable``, as a scheduler writes it) says now, if it has one."""
+    for c in (pod.get("status") or {}).get("conditions") or ():
+        if (
+            isinstance(c, Mapping)
+            and c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+        ):
+            return str(c.get("lastTransitionTime") or "an unknown time"), str(c.get("message") or "")
+    return None
+
+
+async def report_costs(
+    kubeconfig: Path | None,
+    context: str | None,
+    prices: Prices,
+    utilisation: UtilisationSource | None = None,
+    idle_percent: float = 5.0,
+) -> tuple[CostReport, list[str]]:
+    """Read the cluster once (and, with ``utilisation``, Prometheus once): the cost report, and
+    notes on what could not be read."""
+    kube = await connect(kubeconfig, context, 50.0, 100)
+    try:
+        notes: list[str] = []
+        cache = await _read_books(kube, None, notes)
+    finally:
+        await kube.close()
+    view = None
+    if utilisation is not None:
+        if await utilisation.poll_once():
+            view = utilisation.view
+            if view is not None and view.names_none_of(cache.nodes):
+                notes.append(
+                    f"no node of the utilisation answer is a node of the cluster (label {utilisation.node_label!r} "
+                    f"gave {', '.join(sorted(view.percent)[:3])}); nothing is counted idle: --utilisation-node-label "
+                    "must name the label that holds the Kubernetes node name"
+                )
+                view = None
+        else:
+            notes.append(f"{utilisation.error}; nothing is counted idle")
+    placed = cache.placed()
+    return cost_report(cache.snapshot().cluster, placed, prices, view, idle_percent, cache.guessed_gpus()), notes
