@@ -1,8 +1,8 @@
 """The ``gpusched`` command line.
 
 ``gpusched simulate`` replays a trace through the placement policies, with
-no arguments on the bundled demo cluster and workload.  ``run`` and
-``explain`` are reserved for the daemon and the decision explainer.  Every
+no arguments on the bundled demo cluster and workload; ``run`` is the scheduler
+itself, ``explain`` says why a pod waits, ``report`` reports what GPUs cost.  Every
 input problem is reported on one line with what to change, exit code 2.
 """
 
