@@ -48,6 +48,7 @@ configuration.  Example (every key optional)::
       timeoutSeconds: 600
       configDelaySeconds: 90
       restoreIdleSeconds: 1800
+      restoreForWaitingSeconds: 120
 """
 
 from __future__ import annotations
@@ -192,6 +193,13 @@ class MigConfig(_Strict):
     restore_idle_seconds: _Number = Field(strict=False, default=1800, ge=0, le=604_800, alias="restoreIdleSeconds")
     """A node gpusched re-partitioned whose MIG instances and GPUs no pod has used for this long
     is set back to whole GPUs (``all-disabled``), for whole-GPU pods or another layout; 0: never."""
+    restore_for_waiting_seconds: _Number = Field(
+        strict=False, default=120, ge=0, le=604_800, alias="restoreForWaitingSeconds"
+    )
+    """Sooner than ``restoreIdleSeconds``: a node gpusched re-partitioned whose instances and
+    GPUs no pod has used for this long is set back to whole GPUs when GPU pods wait as
+    unschedulable that it could take once whole (whole GPUs, or a new layout for MIG profiles its
+    layout lacks); only as many nodes as their GPU demand needs.  0: never."""
     config_delay_seconds: _Number = Field(strict=False, default=90, ge=0, le=3_600, alias="configDelaySeconds")
     """How long after a layout is first written to the ConfigMap the node is labelled: the MIG
     manager reads a mounted copy, which the kubelet refreshes only this often (a layout written

@@ -806,3 +806,88 @@ async def test_a_pod_that_ran_between_two_looks_restarts_the_idle_clock() -> Non
     assert s.mig.restore_idle(61.0) == [], "idle for 60 s counted across a pod that ran"
     assert s.mig.restore_idle(122.0) == ["m"]
     stop(s)
+
+
+OURS = {"nvidia.com/mig.config": "gpusched-0123456789ab", "nvidia.com/mig.config.state": "success"}
+SOONER = {"mig": {"repartition": True, "restoreIdleSeconds": 3600, "restoreForWaitingSeconds": 60}}
+
+
+async def test_an_idle_layout_that_waiting_mig_pods_cannot_use_is_set_back_sooner_for_a_new_one() -> None:
+    api = MigApi()
+    s = scheduler(api, SOONER)
+    for name in ("a", "b"):  # two idle nodes of ours, each one A100 as seven 1g.10gb instances
+        NodeHandler(s).apply("ADDED", one_gpu_in_mig(name, "1g.10gb", 7, **OURS))
+    s._pending.apply("ADDED", pod("big", mig="7g.80gb"))
+    await batch(s)
+    assert not api.bound_to and "default/big" in {r.key for r in s.queue.parked()}
+    assert s.mig.restore_idle(1000.0) == []
+    assert s.mig.restore_idle(1059.0) == [], "not idle for restoreForWaitingSeconds yet"
+    restored = s.mig.restore_idle(1061.0)
+    assert restored in (["a"], ["b"]), f"one node serves the one pod: {restored}"
+    await asyncio.sleep(0)
+    node, labels = api.labelled[-1]
+    assert (node, labels["nvidia.com/mig.config"]) == (restored[0], "all-disabled")
+    # The MIG manager's part: the GPU whole again; the pod is drawn again and gets a layout there.
+    whole = kit.node(node, 1, A100, **{"gpusched.io/mig-repartition": "true"})
+    whole["metadata"]["labels"] |= {
+        "nvidia.com/mig.config": "all-disabled",
+        "nvidia.com/mig.config.state": "success",
+        "gpusched.io/mig-requested-at": str(labels["gpusched.io/mig-requested-at"]),
+    }
+    NodeHandler(s).apply("MODIFIED", whole)
+    assert node not in s.mig.jobs and "default/big" not in {r.key for r in s.queue.parked()}
+    await batch(s)
+    job = s.mig.jobs[node]
+    assert job.wanted["7g.80gb"] == 1 and "default/big" in job.pods
+    stop(s)
+
+
+async def test_no_node_is_set_back_sooner_for_pods_it_could_not_take_or_that_fit_its_layout() -> None:
+    api = MigApi()
+    s = scheduler(api, SOONER)
+    NodeHandler(s).apply("ADDED", one_gpu_in_mig("a", "1g.10gb", 7, **OURS))
+    s._pending.apply("ADDED", pod("two", gpus=2))  # more GPUs than the node has
+    hungry = pod("hungry", gpus=1)
+    hungry["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "128"  # more CPU than it has
+    s._pending.apply("ADDED", hungry)
+    await batch(s)
+    assert {"default/two", "default/hungry"} <= {r.key for r in s.queue.parked()}
+    assert s.mig.restore_idle(1000.0) == []
+    assert s.mig.restore_idle(1100.0) == [], "set back for a pod it could not take whole either"
+    s._pending.apply("ADDED", pod("one", gpus=1))  # a whole GPU: the node could take it once whole
+    await batch(s)
+    assert s.mig.restore_idle(1101.0) == ["a"]
+    stop(s)
+
+
+async def test_an_idle_layout_is_not_set_back_sooner_with_the_rule_off_or_nobody_waiting() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {**SOONER["mig"], "restoreForWaitingSeconds": 0}})
+    NodeHandler(s).apply("ADDED", one_gpu_in_mig("a", "1g.10gb", 7, **OURS))
+    s._pending.apply("ADDED", pod("big", mig="7g.80gb"))
+    await batch(s)
+    assert s.mig.restore_idle(1000.0) == [] and s.mig.restore_idle(2000.0) == []
+    assert s.mig.restore_idle(4601.0) == ["a"], "restoreIdleSeconds still holds"
+    stop(s)
+    s = scheduler(MigApi(), SOONER)
+    NodeHandler(s).apply("ADDED", one_gpu_in_mig("a", "1g.10gb", 7, **OURS))
+    assert s.mig.restore_idle(1000.0) == [] and s.mig.restore_idle(2000.0) == [], "nobody waits"
+    stop(s)
+
+
+async def test_no_node_is_set_back_sooner_for_pods_their_tenants_limit_holds_back() -> None:
+    api = MigApi()
+    s = scheduler(api, {**SOONER, "tenants": {"label": "team", "quotas": {"a": {"quotaGpus": 0, "limitGpus": 0}}}})
+    NodeHandler(s).apply("ADDED", one_gpu_in_mig("n", "1g.10gb", 7, **OURS))
+    held = pod("held", gpus=1)
+    held["metadata"]["labels"]["team"] = "a"
+    s._pending.apply("ADDED", held)
+    await batch(s)
+    assert "default/held" in {r.key for r in s.queue.parked()}
+    assert s.mig.restore_idle(1000.0) == [] and s.mig.restore_idle(1100.0) == []
+    free = pod("free", gpus=1)
+    free["metadata"]["labels"]["team"] = "b"
+    s._pending.apply("ADDED", free)
+    await batch(s)
+    assert s.mig.restore_idle(1101.0) == ["n"]
+    stop(s)

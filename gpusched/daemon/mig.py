@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -26,9 +26,12 @@ from gpusched.kube.convert import (
     LABEL_MIG_STATE,
     MIG_BUSY_STATES,
 )
-from gpusched.model import Cluster, Node, Plan, Pod
+from gpusched.model import GPU_MILLI, Cluster, ClusterState, Node, Plan, Pod
 from gpusched.model.cluster import live_mig_configs
 from gpusched.model.mig import MIG_CONFIG_PREFIX, MigLayout
+from gpusched.model.node import LABEL_GPU_COUNT, MAX_GPUS
+from gpusched.model.topology import default_islands
+from gpusched.solver.explain import explain
 from gpusched.state.cache import Coming
 
 if TYPE_CHECKING:
@@ -38,6 +41,10 @@ RESTORE_BACKOFF_S = 86_400.0
 """How long a node a restore failed on is not set back to whole GPUs again."""
 MIG_ALL_DISABLED = "all-disabled"
 """The MIG manager's configuration of whole GPUs (every GPU with MIG mode off)."""
+
+WANTED_WHOLE_PODS = 128
+"""Waiting pods weighed per look for setting nodes back sooner (the highest priority first): a
+bound on the work, tried against each idle node alone."""
 
 log = structlog.get_logger("gpusched.daemon")
 
@@ -312,7 +319,9 @@ class Repartitioner:
     async def restore_forever(self) -> None:
         """Now and then, ``restore_idle``."""
         while True:
-            await asyncio.sleep(max(1.0, min(30.0, float(self.s.config.mig.restore_idle_seconds) / 4)))
+            mig = self.s.config.mig
+            every = [float(s) / 4 for s in (mig.restore_idle_seconds, mig.restore_for_waiting_seconds) if s]
+            await asyncio.sleep(max(1.0, min([30.0, *every])))
             try:
                 self.restore_idle(time.monotonic())
             except Exception as exc:
@@ -320,17 +329,23 @@ class Repartitioner:
 
     def restore_idle(self, now: float) -> list[str]:
         """Set back to whole GPUs (``all-disabled``) the nodes gpusched re-partitioned whose MIG
-        instances and GPUs no pod has used for ``mig.restoreIdleSeconds``; the nodes set back.
-        While the MIG manager works, the node is sealed as for a layout."""
+        instances and GPUs no pod has used for ``mig.restoreIdleSeconds``, or for
+        ``mig.restoreForWaitingSeconds`` when pods wait that they could take once whole
+        (``_wanted_whole``); the nodes set back.  While the MIG manager works, the node is sealed
+        as for a layout."""
         mig = self.s.config.mig
-        if not mig.repartition or not mig.restore_idle_seconds or not self.s.is_leader:
+        if (
+            not mig.repartition
+            or not (mig.restore_idle_seconds or mig.restore_for_waiting_seconds)
+            or not self.s.is_leader
+        ):
             self.idle_since.clear()
             return []
         snap = self.s.cache.snapshot()
         state, cluster = snap.state, snap.cluster
         sealed = self.sealed()
         idle: dict[str, float] = {}
-        restored: list[str] = []
+        due: dict[str, str] = {}  # node -> why it is set back
         for name, rec in self.s.cache.nodes.items():
             labels = rec.node.labels
             if not (
@@ -346,16 +361,85 @@ class Repartitioner:
             if i is None or state.gpu_used[i].any() or (state.mig_used is not None and state.mig_used[i].any()):
                 continue
             since = idle[name] = self.idle_since.get(name, now)
-            if now - since < float(mig.restore_idle_seconds):
-                continue
-            del idle[name]
-            job = Repartition(MIG_ALL_DISABLED, {})
+            if mig.restore_idle_seconds and now - since >= float(mig.restore_idle_seconds):
+                due[name] = f"No pod used its MIG instances for {mig.restore_idle_seconds} s"
+        if mig.restore_for_waiting_seconds:
+            spare = sorted(
+                (since, name)
+                for name, since in idle.items()
+                if name not in due and now - since >= float(mig.restore_for_waiting_seconds)
+            )
+            for name, pods in self._wanted_whole([n for _, n in spare], state).items():
+                due[name] = (
+                    f"No pod used its MIG instances for {mig.restore_for_waiting_seconds} s, and {pods} waiting "
+                    "pod(s) could use its GPUs once whole (as whole GPUs or in another layout)"
+                )
+        restored: list[str] = []
+        for name, why in due.items():
+            since = idle.pop(name)
+            job = Repartition(MIG_ALL_DISABLED, {}, message=why)
             self.jobs[name] = job
-            log.info("mig restore", node=name, idle_s=round(now - since, 1), config=labels.get(LABEL_MIG_CONFIG))
+            config = self.s.cache.nodes[name].node.labels.get(LABEL_MIG_CONFIG)
+            log.info("mig restore", node=name, idle_s=round(now - since, 1), config=config, why=why)
             self.s.spawn(self._ask_for_whole(name, job), f"mig:{name}")
             restored.append(name)
         self.idle_since = idle
         return restored
+
+    def _wanted_whole(self, spare: list[str], state: ClusterState) -> dict[str, int]:
+        """Of the idle nodes ``spare`` (the longest idle first), those that the GPU pods waiting
+        as unschedulable could use once set back to whole GPUs, with how many pods each serves:
+        a node serves the waiting pods that would fit it alone, whole and empty of GPU pods
+        (a MIG pod through a new layout), as far as its GPUs go.  Pods waiting for a layout asked
+        for are not counted."""
+        waiting = [
+            r.pod
+            for r in self.s.queue.parked()
+            if not r.error and not r.gated and r.pod.gpu_demand_milli and not self.waits_for_layout(r.key, r.uid)
+        ]
+        if self.s.tenants.active:  # those their tenant's limit holds back would wait as before
+            waiting, _ = self.s.tenants.admit(waiting, self.s.cache.tenant_usage(self.s.tenants))
+        waiting.sort(key=lambda p: (-p.priority, -p.gpu_demand_milli, p.key))
+        del waiting[WANTED_WHOLE_PODS:]
+        out: dict[str, int] = {}
+        for name in spare:
+            if not waiting:
+                break
+            whole = self._as_whole(name, state)
+            if whole is None:
+                continue
+            room = whole.cluster.nodes[0].gpu_count * GPU_MILLI
+            served = []
+            for p in waiting:
+                if p.gpu_demand_milli <= room and explain(p, whole).fits:
+                    served.append(p)
+                    room -= p.gpu_demand_milli
+            if served:
+                out[name] = len(served)
+                waiting = [p for p in waiting if p not in served]
+        return out
+
+    def _as_whole(self, name: str, state: ClusterState) -> ClusterState | None:
+        """Node ``name`` alone as it would be set back to whole GPUs: every GPU that GPU feature
+        discovery counts, whole and free, its free CPU and memory as now (None when the count is
+        not known)."""
+        node = self.s.cache.nodes[name].node
+        i = state.cluster.index[name]
+        count = node.labels.get(LABEL_GPU_COUNT, "")
+        if not count.isdigit() or not 0 < int(count) <= MAX_GPUS:
+            return None
+        gpus = int(count)
+        whole = replace(
+            node,
+            cpu_milli=int(state.cpu_free[i]),
+            memory_mib=int(state.mem_free[i]),
+            gpu_count=gpus,
+            gpu_islands=default_islands(node.gpu_model, gpus),
+            mig_slices=(),
+            mig_repartition=True,
+            max_pods=None,
+        )
+        return Cluster([whole], repartition="idle-nodes").empty_state()
 
     async def _ask_for_whole(self, node: str, job: Repartition) -> None:
         """Label ``node`` back to ``all-disabled``; then wait for the MIG manager, as for a layout."""
@@ -381,8 +465,7 @@ class Repartitioner:
         await self.s.binder.object_event(
             {"kind": "Node", "name": node, "apiVersion": "v1"},
             "MigRestore",
-            f"No pod used its MIG instances for {self.s.config.mig.restore_idle_seconds} s: asked the MIG "
-            f"manager for {LABEL_MIG_CONFIG}={MIG_ALL_DISABLED}, its GPUs whole again.",
+            f"{job.message}: asked the MIG manager for {LABEL_MIG_CONFIG}={MIG_ALL_DISABLED}, its GPUs whole again.",
         )
         job.asked = time.monotonic()
         rec = self.s.cache.nodes.get(node)
