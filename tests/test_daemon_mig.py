@@ -824,6 +824,7 @@ async def test_an_idle_layout_that_waiting_mig_pods_cannot_use_is_set_back_soone
     assert s.mig.restore_idle(1059.0) == [], "not idle for restoreForWaitingSeconds yet"
     restored = s.mig.restore_idle(1061.0)
     assert restored in (["a"], ["b"]), f"one node serves the one pod: {restored}"
+    assert s.mig.restore_idle(1070.0) == [], "a second node set back for a pod one is being set back for"
     await asyncio.sleep(0)
     node, labels = api.labelled[-1]
     assert (node, labels["nvidia.com/mig.config"]) == (restored[0], "all-disabled")

@@ -72,6 +72,8 @@ class Repartition:
     the plan put them on)."""
     before: str = ""
     """The node's ``nvidia.com/mig.config`` before it was labelled."""
+    serves: frozenset[str] = frozenset()
+    """Set back to whole GPUs sooner for these waiting pods (keys): not counted again meanwhile."""
 
     @property
     def wanted(self) -> Counter[str]:
@@ -346,6 +348,7 @@ class Repartitioner:
         sealed = self.sealed()
         idle: dict[str, float] = {}
         due: dict[str, str] = {}  # node -> why it is set back
+        serves: dict[str, frozenset[str]] = {}
         for name, rec in self.s.cache.nodes.items():
             labels = rec.node.labels
             if not (
@@ -369,15 +372,16 @@ class Repartitioner:
                 for name, since in idle.items()
                 if name not in due and now - since >= float(mig.restore_for_waiting_seconds)
             )
-            for name, pods in self._wanted_whole([n for _, n in spare], state).items():
+            for name, keys in self._wanted_whole([n for _, n in spare], state).items():
+                serves[name] = keys
                 due[name] = (
-                    f"No pod used its MIG instances for {mig.restore_for_waiting_seconds} s, and {pods} waiting "
+                    f"No pod used its MIG instances for {mig.restore_for_waiting_seconds} s, and {len(keys)} waiting "
                     "pod(s) could use its GPUs once whole (as whole GPUs or in another layout)"
                 )
         restored: list[str] = []
         for name, why in due.items():
             since = idle.pop(name)
-            job = Repartition(MIG_ALL_DISABLED, {}, message=why)
+            job = Repartition(MIG_ALL_DISABLED, {}, message=why, serves=serves.get(name, frozenset()))
             self.jobs[name] = job
             config = self.s.cache.nodes[name].node.labels.get(LABEL_MIG_CONFIG)
             log.info("mig restore", node=name, idle_s=round(now - since, 1), config=config, why=why)
@@ -386,22 +390,27 @@ class Repartitioner:
         self.idle_since = idle
         return restored
 
-    def _wanted_whole(self, spare: list[str], state: ClusterState) -> dict[str, int]:
+    def _wanted_whole(self, spare: list[str], state: ClusterState) -> dict[str, frozenset[str]]:
         """Of the idle nodes ``spare`` (the longest idle first), those that the GPU pods waiting
-        as unschedulable could use once set back to whole GPUs, with how many pods each serves:
+        as unschedulable could use once set back to whole GPUs, with the pods each serves (keys):
         a node serves the waiting pods that would fit it alone, whole and empty of GPU pods
         (a MIG pod through a new layout), as far as its GPUs go.  Pods waiting for a layout asked
-        for are not counted."""
+        for, or for a node being set back for them, are not counted."""
+        promised = {k for job in self.jobs.values() for k in job.serves}
         waiting = [
             r.pod
             for r in self.s.queue.parked()
-            if not r.error and not r.gated and r.pod.gpu_demand_milli and not self.waits_for_layout(r.key, r.uid)
+            if not r.error
+            and not r.gated
+            and r.pod.gpu_demand_milli
+            and r.key not in promised
+            and not self.waits_for_layout(r.key, r.uid)
         ]
         if self.s.tenants.active:  # those their tenant's limit holds back would wait as before
             waiting, _ = self.s.tenants.admit(waiting, self.s.cache.tenant_usage(self.s.tenants))
         waiting.sort(key=lambda p: (-p.priority, -p.gpu_demand_milli, p.key))
         del waiting[WANTED_WHOLE_PODS:]
-        out: dict[str, int] = {}
+        out: dict[str, frozenset[str]] = {}
         for name in spare:
             if not waiting:
                 break
@@ -415,8 +424,8 @@ class Repartitioner:
                     served.append(p)
                     room -= p.gpu_demand_milli
             if served:
-                out[name] = len(served)
-                waiting = [p for p in waiting if p not in served]
+                out[name] = frozenset(p.key for p in served)
+                waiting = [p for p in waiting if p.key not in out[name]]
         return out
 
     def _as_whole(self, name: str, state: ClusterState) -> ClusterState | None:
