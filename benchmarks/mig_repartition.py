@@ -72,20 +72,24 @@ async def _patch(kube: Kube, path: str, body: dict[str, Any]) -> None:
 
 
 async def apply_layout(kube: Kube, node: str, config: str, delay: float, counts: Counter[str]) -> None:
-    """The MIG manager's and the device plugin's part for one node."""
+    """The MIG manager's and the device plugin's part for one node: the layout ``config`` names
+    (``all-disabled``: every GPU whole), advertised in place of the instances there before."""
     path = f"/api/v1/nodes/{node}"
     await _patch(kube, path, {"metadata": {"labels": {"nvidia.com/mig.config.state": "pending"}}})
     await asyncio.sleep(delay)
-    doc = yaml.safe_load((await kube.request("GET", CONFIG_MAP)).body["data"]["config.yaml"])
     offered: Counter[str] = Counter()
     parted = 0
-    for entry in doc["mig-configs"][config]:
-        devices = len(entry["devices"])
-        if entry.get("mig-enabled"):
-            parted += devices
-            for profile, count in (entry.get("mig-devices") or {}).items():
-                offered[profile] += count * devices
-    alloc = {
+    if config != "all-disabled":
+        doc = yaml.safe_load((await kube.request("GET", CONFIG_MAP)).body["data"]["config.yaml"])
+        for entry in doc["mig-configs"][config]:
+            devices = len(entry["devices"])
+            if entry.get("mig-enabled"):
+                parted += devices
+                for profile, count in (entry.get("mig-devices") or {}).items():
+                    offered[profile] += count * devices
+    before = (await kube.request("GET", path)).body["status"]["allocatable"]
+    alloc: dict[str, str | None] = {k: None for k in before if k.startswith("nvidia.com/mig-")}
+    alloc |= {
         "nvidia.com/gpu": str(GPUS_PER_NODE - parted),
         **{f"nvidia.com/mig-{p}": str(c) for p, c in offered.items()},
     }
@@ -93,19 +97,26 @@ async def apply_layout(kube: Kube, node: str, config: str, delay: float, counts:
     await _patch(kube, path, {"metadata": {"labels": {"nvidia.com/mig.config.state": "success"}}})
     counts["gpus_partitioned"] += parted
     counts["instances"] += sum(offered.values())
+    if config == "all-disabled":
+        counts["set_back"] += 1
 
 
 async def mig_manager(kube: Kube, delay: float, counts: Counter[str]) -> None:
-    """Watch the nodes' ``nvidia.com/mig.config`` (by polling) and apply each layout once."""
-    seen: set[str] = set()
+    """Watch the nodes' ``nvidia.com/mig.config`` (by polling) and apply each request once: a
+    layout of gpusched's, or ``all-disabled`` asked for by gpusched (``gpusched.io/mig-requested-at``)."""
+    done: dict[str, str] = {}  # node -> the configuration last applied
     tasks: set[asyncio.Task[None]] = set()
     try:
         while True:
             for n in await kit.list_all(kube, "/api/v1/nodes"):
-                name = n["metadata"]["name"]
-                config = n["metadata"]["labels"].get("nvidia.com/mig.config", "")
-                if config.startswith("gpusched-") and name not in seen:
-                    seen.add(name)
+                name, labels = n["metadata"]["name"], n["metadata"]["labels"]
+                config = labels.get("nvidia.com/mig.config", "")
+                asked = labels.get("gpusched.io/mig-requested-at", "")
+                if name not in done and labels.get("nvidia.com/mig.config.state") == "success":
+                    done[name] = config  # applied before this script started
+                ours = config.startswith("gpusched-") or (config == "all-disabled" and asked)
+                if ours and done.get(name, "") != config:
+                    done[name] = config
                     task = asyncio.create_task(apply_layout(kube, name, config, delay, counts))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
