@@ -47,6 +47,7 @@ configuration.  Example (every key optional)::
       configMap: gpu-operator/gpusched-mig-parted-config
       timeoutSeconds: 600
       configDelaySeconds: 90
+      partitionForQueued: true
       restoreIdleSeconds: 1800
       restoreForWaitingSeconds: 120
 """
@@ -193,6 +194,11 @@ class MigConfig(_Strict):
     restore_idle_seconds: _Number = Field(strict=False, default=1800, ge=0, le=604_800, alias="restoreIdleSeconds")
     """A node gpusched re-partitioned whose MIG instances and GPUs no pod has used for this long
     is set back to whole GPUs (``all-disabled``), for whole-GPU pods or another layout; 0: never."""
+    partition_for_queued: bool = Field(default=True, alias="partitionForQueued")
+    """When a node is re-partitioned for a batch's MIG pods, also give layouts to its other idle
+    GPUs for the MIG pods still queued beyond the batch that no free instance is left for: a node
+    is re-partitioned only while all its GPUs are idle, so a burst larger than a batch would
+    otherwise find its GPUs whole and busy nodes' GPUs out of reach."""
     restore_for_waiting_seconds: _Number = Field(
         strict=False, default=120, ge=0, le=604_800, alias="restoreForWaitingSeconds"
     )

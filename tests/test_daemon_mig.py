@@ -483,7 +483,7 @@ async def test_a_later_mig_pod_joins_once_the_node_shows_the_label_too() -> None
     add_node(s, "n", 1)
     s._pending.apply("ADDED", pod("first", mig="1g.10gb"))
     await batch(s)
-    ((_node, job),) = s.mig.jobs.items()
+    ((_, job),) = s.mig.jobs.items()
     # The watch delivers the node as labelled (the MIG manager has not begun yet).
     add_node(s, "n", 1, **{"nvidia.com/mig.config": job.config, "gpusched.io/mig-requested-at": str(int(time.time()))})
     s._pending.apply("ADDED", pod("second", mig="1g.10gb"))
@@ -819,7 +819,8 @@ async def test_an_idle_layout_that_waiting_mig_pods_cannot_use_is_set_back_soone
         NodeHandler(s).apply("ADDED", one_gpu_in_mig(name, "1g.10gb", 7, **OURS))
     s._pending.apply("ADDED", pod("big", mig="7g.80gb"))
     await batch(s)
-    assert not api.bound_to and "default/big" in {r.key for r in s.queue.parked()}
+    assert not api.bound_to
+    assert "default/big" in {r.key for r in s.queue.parked()}
     assert s.mig.restore_idle(1000.0) == []
     assert s.mig.restore_idle(1059.0) == [], "not idle for restoreForWaitingSeconds yet"
     restored = s.mig.restore_idle(1061.0)
@@ -836,10 +837,12 @@ async def test_an_idle_layout_that_waiting_mig_pods_cannot_use_is_set_back_soone
         "gpusched.io/mig-requested-at": str(labels["gpusched.io/mig-requested-at"]),
     }
     NodeHandler(s).apply("MODIFIED", whole)
-    assert node not in s.mig.jobs and "default/big" not in {r.key for r in s.queue.parked()}
+    assert node not in s.mig.jobs
+    assert "default/big" not in {r.key for r in s.queue.parked()}
     await batch(s)
     job = s.mig.jobs[node]
-    assert job.wanted["7g.80gb"] == 1 and "default/big" in job.pods
+    assert job.wanted["7g.80gb"] == 1
+    assert "default/big" in job.pods
     stop(s)
 
 
@@ -867,12 +870,14 @@ async def test_an_idle_layout_is_not_set_back_sooner_with_the_rule_off_or_nobody
     NodeHandler(s).apply("ADDED", one_gpu_in_mig("a", "1g.10gb", 7, **OURS))
     s._pending.apply("ADDED", pod("big", mig="7g.80gb"))
     await batch(s)
-    assert s.mig.restore_idle(1000.0) == [] and s.mig.restore_idle(2000.0) == []
+    assert s.mig.restore_idle(1000.0) == []
+    assert s.mig.restore_idle(2000.0) == []
     assert s.mig.restore_idle(4601.0) == ["a"], "restoreIdleSeconds still holds"
     stop(s)
     s = scheduler(MigApi(), SOONER)
     NodeHandler(s).apply("ADDED", one_gpu_in_mig("a", "1g.10gb", 7, **OURS))
-    assert s.mig.restore_idle(1000.0) == [] and s.mig.restore_idle(2000.0) == [], "nobody waits"
+    assert s.mig.restore_idle(1000.0) == [], "nobody waits"
+    assert s.mig.restore_idle(2000.0) == [], "nobody waits"
     stop(s)
 
 
@@ -885,10 +890,51 @@ async def test_no_node_is_set_back_sooner_for_pods_their_tenants_limit_holds_bac
     s._pending.apply("ADDED", held)
     await batch(s)
     assert "default/held" in {r.key for r in s.queue.parked()}
-    assert s.mig.restore_idle(1000.0) == [] and s.mig.restore_idle(1100.0) == []
+    assert s.mig.restore_idle(1000.0) == []
+    assert s.mig.restore_idle(1100.0) == []
     free = pod("free", gpus=1)
     free["metadata"]["labels"]["team"] = "b"
     s._pending.apply("ADDED", free)
     await batch(s)
     assert s.mig.restore_idle(1101.0) == ["n"]
+    stop(s)
+
+
+async def test_a_node_re_partitioned_for_a_batch_also_gets_layouts_for_the_mig_pods_queued_beyond_it() -> None:
+    for on in (True, False):
+        api = MigApi()
+        s = scheduler(api, {"mig": {"repartition": True, "partitionForQueued": on}, "batching": {"maxSize": 2}})
+        add_node(s, "n", 8)
+        for i in range(20):  # more than one GPU's seven 1g.10gb instances, in batches of two
+            s._pending.apply("ADDED", pod(f"p{i:02d}", mig="1g.10gb"))
+        await batch(s)
+        ((_, job),) = s.mig.jobs.items()
+        gpus = {g for g, _ in job.layouts}
+        if on:
+            assert job.wanted["1g.10gb"] >= 20, f"{job.layouts}"
+            assert len(gpus) == 3, f"{job.layouts}"
+            assert len(job.pods) == 2, "the queued pods are not told to wait before a batch places them"
+            for _ in range(9):
+                await batch(s)
+            assert len(s.mig.jobs) == 1, "the later batches join the layout"
+            assert len(job.pods) == 20, "the later batches join the layout"
+        else:
+            assert len(gpus) == 1, f"{job.layouts}"
+        stop(s)
+
+
+async def test_no_gpu_is_partitioned_ahead_for_queued_pods_that_could_not_go_there() -> None:
+    api = MigApi()
+    s = scheduler(api, {**ON, "batching": {"maxSize": 1}})
+    add_node(s, "n", 8)
+    s._pending.apply("ADDED", pod("first", mig="1g.10gb"))
+    for i in range(10):
+        elsewhere = pod(f"elsewhere{i}", mig="1g.10gb")
+        elsewhere["spec"]["nodeSelector"] = {"pool": "other"}
+        s._pending.apply("ADDED", elsewhere)
+    s._pending.apply("ADDED", pod("small", mig="1g.5gb"))  # an A100 40GB profile, not of this GPU
+    s._pending.apply("ADDED", pod("whole", gpus=1))
+    await batch(s)
+    ((_, job),) = s.mig.jobs.items()
+    assert len(job.layouts) == 1, f"{job.layouts}"
     stop(s)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +28,9 @@ from gpusched.kube.convert import (
 )
 from gpusched.model import GPU_MILLI, Cluster, ClusterState, Node, Plan, Pod
 from gpusched.model.cluster import live_mig_configs
-from gpusched.model.mig import MIG_CONFIG_PREFIX, MigLayout
+from gpusched.model.mig import MIG_CONFIG_PREFIX, MigLayout, geometry_for
 from gpusched.model.node import LABEL_GPU_COUNT, MAX_GPUS
+from gpusched.model.placement import MigPartition
 from gpusched.model.topology import default_islands
 from gpusched.solver.explain import explain
 from gpusched.state.cache import Coming
@@ -128,10 +129,23 @@ class Repartitioner:
     def waits_for_layout(self, key: str, uid: str) -> bool:
         return any(key in r.pods and r.pods[key].uid == uid for r in self.jobs.values())
 
-    def repartition(self, plan: Plan, cluster: Cluster, pods: Mapping[int, list[Pod]], batch_id: int) -> None:
+    def repartition(
+        self,
+        plan: Plan,
+        cluster: Cluster,
+        pods: Mapping[int, list[Pod]],
+        batch_id: int,
+        after: ClusterState | None = None,
+        batch: Collection[str] = (),
+    ) -> None:
         """Ask the MIG manager for the layouts ``plan`` gives the nodes of ``pods`` (node index ->
-        the MIG pods placed on instances of those layouts), and have the pods wait for them."""
+        the MIG pods placed on instances of those layouts), and have the pods wait for them.
+        With ``after`` (the state after the plan) and ``mig.partitionForQueued``, the other idle
+        GPUs of those nodes get layouts too for the MIG pods queued beyond the batch (keys in
+        ``batch``): ``for_queued``."""
         parts = [part for part in plan.partitions if part[0] in pods]
+        if after is not None and self.s.config.mig.partition_for_queued:
+            parts += self.for_queued(parts, after, sorted(pods), batch)
         try:
             configs = live_mig_configs(cluster, parts)
         except ValueError as exc:  # the converter offers no such node: a defect, told as one
@@ -163,6 +177,72 @@ class Repartitioner:
             for p in group:
                 self.s._unschedulable(p, message, "MigRepartition")
             self.s.spawn(self._ask_for_layout(node.name, job, entries), f"mig:{node.name}")
+
+    def for_queued(
+        self, parts: list[MigPartition], after: ClusterState, nodes: list[int], batch: Collection[str]
+    ) -> list[MigPartition]:
+        """Layouts for the GPUs of ``nodes`` that ``parts`` leaves whole and idle in ``after``, for
+        the MIG pods queued beyond ``batch`` that no free instance (advertised, or of a layout
+        asked for) is left for: a node is given a layout only while all its GPUs are idle, so what
+        is not partitioned now stays whole until the node is idle again.  Queued pods count in
+        queue order, on a node only where its taints, selector, CPU and memory let them, and as
+        far as they go; each GPU gets the valid layout that holds most of their compute."""
+        cluster = after.cluster
+        free: Counter[str] = Counter({p: int(after.mig_free[:, col].sum()) for p, col in cluster.mig_index.items()})
+        promised = {k for job in self.jobs.values() for k in job.serves}
+        queued: list[Pod] = []
+        for key in self.s.queue.pending_keys():
+            r = self.s.queue.record(key)
+            if r is None or key in batch or r.error or r.gated or not r.pod.mig_profile:
+                continue
+            if key in promised or self.waits_for_layout(key, r.uid):
+                continue
+            if free[r.pod.mig_profile] > 0:  # a free instance is there for it
+                free[r.pod.mig_profile] -= 1
+                continue
+            queued.append(r.pod)
+        out: list[MigPartition] = []
+        taken = {(n, g) for n, g, _ in parts}
+        for n in nodes:
+            node = cluster.nodes[n]
+            geometry = geometry_for(node.gpu_model)
+            idle = [g for g in range(node.gpu_count) if (n, g) not in taken and not after.gpu_used[n, g]]
+            if geometry is None or not idle or not queued:
+                continue
+            cpu, mem = int(after.cpu_free[n]), int(after.mem_free[n])
+            need: Counter[str] = Counter()
+            fits: list[Pod] = []
+            for p in queued:
+                if (
+                    p.mig_profile in geometry.profiles
+                    and p.cpu_milli <= cpu
+                    and p.memory_mib <= mem
+                    and cluster.could_take(p, node.name)
+                ):
+                    need[p.mig_profile] += 1
+                    fits.append(p)
+                    cpu, mem = cpu - p.cpu_milli, mem - p.memory_mib
+            for g in idle:
+                if not need:
+                    break
+                best = max(
+                    geometry.layouts(),
+                    key=lambda lay: (
+                        sum(min(c, need[p]) * geometry.profiles[p].compute for p, c in lay.counts.items()),
+                        sum(c for p, c in lay.counts.items() if p in need),
+                    ),
+                )
+                held = {p: min(c, need[p]) for p, c in best.counts.items() if need[p]}
+                if not held:
+                    break
+                out.append((n, g, best))
+                need -= Counter(held)
+                for p in list(fits):  # those it holds are no demand for the next nodes
+                    if held.get(p.mig_profile, 0) > 0:
+                        held[p.mig_profile] -= 1
+                        queued.remove(p)
+                        fits.remove(p)
+        return out
 
     def coming(self) -> dict[str, Coming]:
         """The MIG instances of the layouts asked for and not promised yet, by node: a batch may

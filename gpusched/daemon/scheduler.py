@@ -719,7 +719,7 @@ class Scheduler:
         for a in plan.assignments:  # a node a plan counts on is not idle: not set back to whole GPUs now
             self.mig.idle_since.pop(names[a.node].name, None)
         if for_layout:
-            self.mig.repartition(plan, snap.cluster, for_layout, batch_id)
+            self.mig.repartition(plan, snap.cluster, for_layout, batch_id, after, {r.key for r in batch})
         for p, planned in gang_waits:
             assert p.gang is not None
             node = gangs_waiting[p.gang.name]
@@ -928,7 +928,7 @@ class Scheduler:
         if held is None:
             return False
         node, _, left = held
-        if not _could_take(after.cluster, pod, node) or (not left and pod.key in freed):
+        if not after.cluster.could_take(pod, node) or (not left and pod.key in freed):
             self.give_up_room(pod.key)
             return False
         if not left:  # its victims left during the solve, which counted them: its room was never tried
@@ -951,7 +951,7 @@ class Scheduler:
         if (
             not rooms
             or (not left and tried)
-            or any(not _could_take(after.cluster, told[k][0], held[0]) for k, held in rooms.items())
+            or any(not after.cluster.could_take(told[k][0], held[0]) for k, held in rooms.items())
         ):
             for k in rooms:
                 self.give_up_room(k)
@@ -1728,17 +1728,6 @@ def _on_instances(found: list[Preemption], state: ClusterState) -> list[Preempti
             free[pre.node, col] -= 1
         out.append(pre)
     return [pre for pre in out if (pre.pod.key if pre.pod.gang is None else f"gang:{pre.pod.gang.name}") not in dropped]
-
-
-def _could_take(cluster: Cluster, pod: Pod, node: str) -> bool:
-    """Whether ``node`` is still there and the pod's taints and node selector let it go there,
-    whatever runs on it (kube-scheduler's "unresolvable" filters)."""
-    i = cluster.index.get(node)
-    if i is None:
-        return False
-    if cluster.tainted and not cluster.toleration_mask(pod.tolerations)[i]:
-        return False
-    return not pod.node_selector or bool(cluster.selector_mask(pod.node_selector)[i])
 
 
 def _same_offers(a: Cluster, b: Cluster) -> bool:

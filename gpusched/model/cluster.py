@@ -205,6 +205,16 @@ class Cluster:
             self._model_masks[models] = mask
         return mask
 
+    def could_take(self, pod: Pod, node: str) -> bool:
+        """Whether ``node`` is there and the pod's taints and node selector let it go there,
+        whatever runs on it (kube-scheduler's "unresolvable" filters)."""
+        i = self.index.get(node)
+        if i is None:
+            return False
+        if self.tainted and not self.toleration_mask(pod.tolerations)[i]:
+            return False
+        return not pod.node_selector or bool(self.selector_mask(pod.node_selector)[i])
+
     def toleration_mask(self, tolerations: tuple[Toleration, ...]) -> BoolArray:
         """Nodes whose taints ``tolerations`` all tolerate (every node without taints)."""
         mask = self._toleration_masks.get(tolerations)
