@@ -42,7 +42,8 @@ def filled(
 ) -> tuple[ClusterState, list[Assignment]]:
     """``cluster`` filled best-fit to ``fill`` of its GPUs with trace pods of priority 0 to ``levels`` - 1."""
     rng = random.Random(seed)
-    state, placed = cluster.empty_state(), []
+    state = cluster.empty_state()
+    placed: list[Assignment] = []
     policy = BestFitPolicy(seed)
     i = 0
     while state.gpu_allocated_milli < fill * cluster.total_gpus * 1000:

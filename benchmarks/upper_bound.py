@@ -62,7 +62,7 @@ def lp_bound(cluster: Cluster, pods: list[Pod]) -> float:
     objective.SetMaximization()
     if solver.Solve() != pywraplp.Solver.OPTIMAL:
         raise SystemExit("the LP relaxation did not solve to optimality")
-    return 100.0 * objective.Value() / (cluster.total_gpus * 1000)
+    return 100.0 * float(objective.Value()) / (cluster.total_gpus * 1000)
 
 
 def main() -> int:
