@@ -938,3 +938,32 @@ async def test_no_gpu_is_partitioned_ahead_for_queued_pods_that_could_not_go_the
     ((_, job),) = s.mig.jobs.items()
     assert len(job.layouts) == 1, f"{job.layouts}"
     stop(s)
+
+
+class SlowBindApi(MigApi):
+    """Bindings are answered only once ``go`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+
+    async def bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> Any:
+        await self.go.wait()
+        return await super().bind(pod, node, gpus)
+
+
+async def test_pods_being_bound_are_no_queued_demand_for_more_layouts() -> None:
+    api = SlowBindApi()
+    s = scheduler(api, {**ON, "batching": {"maxSize": 7}})
+    NodeHandler(s).apply("ADDED", one_gpu_in_mig("m", "1g.10gb", 7))  # seven instances, not ours
+    add_node(s, "n", 8)
+    for i in range(7):
+        s._pending.apply("ADDED", pod(f"a{i}", mig="1g.10gb"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 10))  # bound to m, slowly
+    assert not s.mig.jobs
+    s._pending.apply("ADDED", pod("late", mig="1g.10gb"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 10))
+    ((_, job),) = s.mig.jobs.items()
+    assert len(job.layouts) == 1, f"GPUs partitioned for pods being bound elsewhere: {job.layouts}"
+    api.go.set()
+    stop(s)

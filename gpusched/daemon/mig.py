@@ -195,8 +195,8 @@ class Repartitioner:
             r = self.s.queue.record(key)
             if r is None or key in batch or r.error or r.gated or not r.pod.mig_profile:
                 continue
-            if key in promised or self.waits_for_layout(key, r.uid):
-                continue
+            if key in promised or self.waits_for_layout(key, r.uid) or self.s.cache.holds(key, r.uid):
+                continue  # (held: being bound by an earlier batch)
             if free[r.pod.mig_profile] > 0:  # a free instance is there for it
                 free[r.pod.mig_profile] -= 1
                 continue
