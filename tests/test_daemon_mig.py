@@ -967,3 +967,219 @@ async def test_pods_being_bound_are_no_queued_demand_for_more_layouts() -> None:
     assert len(job.layouts) == 1, f"GPUs partitioned for pods being bound elsewhere: {job.layouts}"
     api.go.set()
     stop(s)
+
+
+async def test_for_queued_does_not_count_pods_of_another_gpu_model() -> None:
+    api = MigApi()
+    s = scheduler(api, {**ON, "batching": {"maxSize": 1}})
+    add_node(s, "n", 8)
+    s._pending.apply("ADDED", pod("first", mig="1g.10gb"))
+    for i in range(10):  # 1g.10gb is an H100 profile too; these accept only H100s
+        h100 = pod(f"h100-{i}", mig="1g.10gb")
+        h100["metadata"]["annotations"]["gpusched.io/gpu-models"] = "NVIDIA-H100-80GB-HBM3"
+        s._pending.apply("ADDED", h100)
+    await batch(s)
+    ((_, job),) = s.mig.jobs.items()
+    stop(s)
+    assert len(job.layouts) == 1, f"A100 GPUs partitioned for H100-only pods: {job.layouts}"
+
+
+# 3 -------------------------------------------------------------------------------------------
+async def test_for_queued_does_not_count_pods_their_tenants_limit_holds_back() -> None:
+    api = MigApi()
+    cfg = {**ON, "batching": {"maxSize": 10}, "tenants": {"label": "team", "quotas": {"a": {"limitGpus": 0}}}}
+    s = scheduler(api, cfg)
+    add_node(s, "n", 8)
+    for i in range(10):
+        held = pod(f"held{i}", mig="1g.10gb")
+        held["metadata"]["labels"]["team"] = "a"
+        s._pending.apply("ADDED", held)
+    await batch(s)
+    assert len(s.queue.parked()) == 10
+    assert not s.mig.jobs
+    free = pod("free", mig="1g.10gb")
+    free["metadata"]["labels"]["team"] = "b"
+    s._pending.apply("ADDED", free)
+    await batch(s)
+    ((_, job),) = s.mig.jobs.items()
+    stop(s)
+    assert len(job.layouts) == 1, f"GPUs partitioned for pods their tenant may not run: {job.layouts}"
+
+
+# 4 -------------------------------------------------------------------------------------------
+def leaving(name: str, node: str) -> dict[str, Any]:
+    obj = pod(name, gpus=1)
+    obj["spec"]["nodeName"] = node
+    obj["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
+    mark = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+    obj["status"] = {"phase": "Running", "conditions": [mark]}
+    return obj
+
+
+async def test_no_node_is_set_back_sooner_for_a_pod_that_holds_room_its_victims_leave() -> None:
+    api = MigApi()
+    s = scheduler(api, SOONER)
+    NodeHandler(s).apply("ADDED", one_gpu_in_mig("a", "1g.10gb", 7, **OURS))
+    add_node(s, "w", 1, repartition=False)
+    s._bound.apply("ADDED", leaving("victim", "w"))
+    urgent = pod("urgent", gpus=1, priority=50)
+    urgent["status"] = {"phase": "Pending", "nominatedNodeName": "w"}
+    s._pending.apply("ADDED", urgent)
+    await batch(s)
+    assert s.cache.nomination("default/urgent") == ("w", (0,), 1)
+    assert "default/urgent" in {r.key for r in s.queue.parked()}
+    assert s.mig.restore_idle(1000.0) == []
+    restored = s.mig.restore_idle(1061.0)
+    stop(s)
+    assert restored == [], "set back for a pod whose room on w is held"
+
+
+# 5 -------------------------------------------------------------------------------------------
+async def test_no_node_is_set_back_sooner_for_gang_members_waiting_beside_a_layout() -> None:
+    api = MigApi()
+    s = scheduler(api, SOONER)
+    NodeHandler(s).apply("ADDED", one_gpu_in_mig("a", "1g.10gb", 7, **OURS))
+    add_node(s, "n", 1)  # whole, re-partitioned for g0
+    add_node(s, "w", 1, repartition=False)  # g1 is planned here
+    s._pending.apply("ADDED", pod("g0", mig="7g.80gb", gang="g"))
+    s._pending.apply("ADDED", pod("g1", gpus=1, gang="g"))
+    await batch(s)
+    assert "n" in s.mig.jobs, s.mig.jobs
+    assert "default/g1" in s.mig.jobs["n"].beside, s.mig.jobs
+    assert s.mig.restore_idle(1000.0) == []
+    restored = s.mig.restore_idle(1061.0)
+    stop(s)
+    assert restored == [], "set back for a gang member planned on w"
+
+
+async def test_no_node_is_set_back_sooner_for_a_gang_short_of_members() -> None:
+    api = MigApi()
+    s = scheduler(api, SOONER)
+    NodeHandler(s).apply("ADDED", one_gpu_in_mig("a", "1g.10gb", 7, **OURS))
+    s._pending.apply("ADDED", pod("g0", gpus=1, gang="g"))  # min-members 2, one member so far
+    await batch(s)
+    assert "default/g0" in {r.key for r in s.queue.parked()}
+    assert s.mig.restore_idle(1000.0) == []
+    restored = s.mig.restore_idle(1061.0)
+    stop(s)
+    assert restored == [], "set back for a gang that cannot start"
+
+
+# 6 -------------------------------------------------------------------------------------------
+async def test_no_second_node_is_set_back_for_pods_a_restore_the_last_leader_asked_for_serves() -> None:
+    api = MigApi()
+    s = scheduler(api, SOONER)
+    being_set_back = {
+        "nvidia.com/mig.config": "all-disabled",
+        "nvidia.com/mig.config.state": "pending",
+        "gpusched.io/mig-requested-at": str(int(time.time())),
+        "gpusched.io/mig-previous-config": "gpusched-0123456789ab",
+    }
+    NodeHandler(s).apply("ADDED", one_gpu_in_mig("x", "1g.10gb", 7, **being_set_back))
+    NodeHandler(s).apply("ADDED", one_gpu_in_mig("a", "1g.10gb", 7, **OURS))
+    assert "x" in s.mig.sealed()
+    s._pending.apply("ADDED", pod("w", gpus=1))
+    await batch(s)
+    assert "default/w" in {r.key for r in s.queue.parked()}
+    assert s.mig.restore_idle(1000.0) == []
+    restored = s.mig.restore_idle(1061.0)
+    stop(s)
+    assert restored == [], "a second node set back for the one pod x is being set back for"
+
+
+async def test_no_second_node_is_set_back_while_the_restored_gpus_are_not_advertised_yet() -> None:
+    api = MigApi()
+    s = scheduler(api, SOONER)
+    for name in ("x", "y"):
+        NodeHandler(s).apply("ADDED", one_gpu_in_mig(name, "1g.10gb", 7, **OURS))
+    s._pending.apply("ADDED", pod("w", gpus=1))
+    await batch(s)
+    assert s.mig.restore_idle(1000.0) == []
+    (node,) = s.mig.restore_idle(1061.0)
+    await asyncio.sleep(0)
+    _, labels = api.labelled[-1]
+    # The MIG manager says success; the device plugin has not registered the whole GPU yet.
+    obj = kit.node(node, 1, A100, **{"gpusched.io/mig-repartition": "true"})
+    obj["status"]["allocatable"] = {**obj["status"]["allocatable"], "nvidia.com/gpu": "0"}
+    obj["metadata"]["labels"] |= {
+        "nvidia.com/mig.config": "all-disabled",
+        "nvidia.com/mig.config.state": "success",
+        "gpusched.io/mig-requested-at": str(labels["gpusched.io/mig-requested-at"]),
+    }
+    NodeHandler(s).apply("MODIFIED", obj)
+    await batch(s)  # w is drawn again, and parked again for a moment
+    restored = s.mig.restore_idle(1090.0)
+    stop(s)
+    assert restored == [], f"{restored} set back too for the pod {node} was set back for"
+
+
+# 7 -------------------------------------------------------------------------------------------
+async def test_no_node_is_set_back_sooner_for_a_pod_its_pod_limit_keeps_out() -> None:
+    api = MigApi()
+    s = scheduler(api, SOONER)
+    obj = one_gpu_in_mig("a", "1g.10gb", 7, **OURS)
+    for st in ("capacity", "allocatable"):
+        obj["status"][st]["pods"] = "1"
+    NodeHandler(s).apply("ADDED", obj)
+    agent = pod("agent")  # a CPU pod (a node agent) fills a's pod limit
+    agent["spec"]["nodeName"] = "a"
+    s._bound.apply("ADDED", agent)
+    s._pending.apply("ADDED", pod("w", gpus=1))
+    await batch(s)
+    assert s.mig.restore_idle(1000.0) == []
+    restored = s.mig.restore_idle(1061.0)
+    stop(s)
+    assert restored == [], "set back for a pod the node cannot take whole either"
+
+
+# 8 -------------------------------------------------------------------------------------------
+async def test_for_queued_leaves_the_gpus_kept_free_to_pods_of_high_priority() -> None:
+    api = MigApi()
+    cfg = {**ON, "batching": {"maxSize": 2}, "headroom": {"gpus": 2, "priorityAtLeast": 1000}}
+    s = scheduler(api, cfg)
+    add_node(s, "n", 3)
+    s._pending.apply("ADDED", pod("critical", mig="7g.80gb", priority=1000))
+    s._pending.apply("ADDED", pod("low", mig="7g.80gb"))  # below the headroom: two GPUs are kept
+    for i in range(5):
+        s._pending.apply("ADDED", pod(f"q{i}", mig="7g.80gb"))  # queued, below the headroom too
+    await batch(s)
+    job = s.mig.jobs["n"]
+    kept = {g for name, g in s._kept_last if name == "n"}
+    stop(s)
+    assert len(kept) == 2
+    assert list(job.pods) == ["default/critical"]
+    on_kept = kept & {g for g, _ in job.layouts}
+    assert len(on_kept) <= 1, f"kept GPUs {sorted(on_kept)} partitioned, one for critical, the rest for low pods"
+
+
+# 9 -------------------------------------------------------------------------------------------
+async def test_no_more_nodes_are_set_back_sooner_than_a_tenants_limit_lets_its_pods_use() -> None:
+    api = MigApi()
+    s = scheduler(api, {**SOONER, "tenants": {"label": "team", "quotas": {"a": {"limitGpus": 1}}}})
+    for name in ("x", "y"):
+        NodeHandler(s).apply("ADDED", one_gpu_in_mig(name, "1g.10gb", 7, **OURS))
+    for i in range(2):  # each within the limit alone; together past it
+        w = pod(f"w{i}", gpus=1)
+        w["metadata"]["labels"]["team"] = "a"
+        s._pending.apply("ADDED", w)
+    await batch(s)
+    assert {"default/w0", "default/w1"} <= {r.key for r in s.queue.parked()}
+    assert s.mig.restore_idle(1000.0) == []
+    restored = s.mig.restore_idle(1061.0)
+    stop(s)
+    assert len(restored) == 1, f"{restored} set back; tenant a may run one more GPU pod"
+
+
+async def test_no_node_is_set_back_sooner_for_a_pod_a_node_set_back_for_idling_long_takes() -> None:
+    api = MigApi()
+    s = scheduler(api, SOONER)  # restoreIdleSeconds 3600, restoreForWaitingSeconds 60
+    NodeHandler(s).apply("ADDED", one_gpu_in_mig("x", "1g.10gb", 7, **OURS))
+    assert s.mig.restore_idle(0.0) == []
+    NodeHandler(s).apply("ADDED", one_gpu_in_mig("y", "1g.10gb", 7, **OURS))
+    assert s.mig.restore_idle(3550.0) == []
+    s._pending.apply("ADDED", pod("w", gpus=1))
+    await batch(s)
+    assert s.mig.restore_idle(3601.0) == ["x"]  # idle an hour: set back, whole GPU for w
+    restored = s.mig.restore_idle(3611.0)
+    stop(s)
+    assert restored == [], "y set back too for the one pod x's whole GPU takes"

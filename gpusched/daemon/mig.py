@@ -34,6 +34,7 @@ from gpusched.model.placement import MigPartition
 from gpusched.model.topology import default_islands
 from gpusched.solver.explain import explain
 from gpusched.state.cache import Coming
+from gpusched.state.records import PodRecord
 
 if TYPE_CHECKING:
     from gpusched.daemon.scheduler import Scheduler
@@ -44,8 +45,9 @@ MIG_ALL_DISABLED = "all-disabled"
 """The MIG manager's configuration of whole GPUs (every GPU with MIG mode off)."""
 
 WANTED_WHOLE_PODS = 128
-"""Waiting pods weighed per look for setting nodes back sooner (the highest priority first): a
-bound on the work, tried against each idle node alone."""
+WANTED_WHOLE_NODES = 64
+"""Waiting pods (the highest priority first) and idle nodes (the longest idle first) weighed per
+look for setting nodes back sooner: a bound on the work, each pod tried against each node alone."""
 
 log = structlog.get_logger("gpusched.daemon")
 
@@ -189,18 +191,13 @@ class Repartitioner:
         far as they go; each GPU gets the valid layout that holds most of their compute."""
         cluster = after.cluster
         free: Counter[str] = Counter({p: int(after.mig_free[:, col].sum()) for p, col in cluster.mig_index.items()})
-        promised = {k for job in self.jobs.values() for k in job.serves}
+        records = (self.s.queue.record(k) for k in self.s.queue.pending_keys() if k not in batch)
         queued: list[Pod] = []
-        for key in self.s.queue.pending_keys():
-            r = self.s.queue.record(key)
-            if r is None or key in batch or r.error or r.gated or not r.pod.mig_profile:
+        for p in self._demand(r for r in records if r is not None and r.pod.mig_profile):
+            if free[p.mig_profile] > 0:  # a free instance is there for it
+                free[p.mig_profile] -= 1
                 continue
-            if key in promised or self.waits_for_layout(key, r.uid) or self.s.cache.holds(key, r.uid):
-                continue  # (held: being bound by an earlier batch)
-            if free[r.pod.mig_profile] > 0:  # a free instance is there for it
-                free[r.pod.mig_profile] -= 1
-                continue
-            queued.append(r.pod)
+            queued.append(p)
         out: list[MigPartition] = []
         taken = {(n, g) for n, g, _ in parts}
         for n in nodes:
@@ -215,6 +212,7 @@ class Repartitioner:
             for p in queued:
                 if (
                     p.mig_profile in geometry.profiles
+                    and (not p.gpu_models or node.gpu_model in p.gpu_models)
                     and p.cpu_milli <= cpu
                     and p.memory_mib <= mem
                     and cluster.could_take(p, node.name)
@@ -452,7 +450,8 @@ class Repartitioner:
                 for name, since in idle.items()
                 if name not in due and now - since >= float(mig.restore_for_waiting_seconds)
             )
-            for name, keys in self._wanted_whole([n for _, n in spare], state).items():
+            spare_names = [n for _, n in spare][:WANTED_WHOLE_NODES]
+            for name, keys in self._wanted_whole(spare_names, self._coming_whole(due), state).items():
                 serves[name] = keys
                 due[name] = (
                     f"No pod used its MIG instances for {mig.restore_for_waiting_seconds} s, and {len(keys)} waiting "
@@ -470,50 +469,109 @@ class Repartitioner:
         self.idle_since = idle
         return restored
 
-    def _wanted_whole(self, spare: list[str], state: ClusterState) -> dict[str, frozenset[str]]:
-        """Of the idle nodes ``spare`` (the longest idle first), those that the GPU pods waiting
-        as unschedulable could use once set back to whole GPUs, with the pods each serves (keys):
-        a node serves the waiting pods that would fit it alone, whole and empty of GPU pods
-        (a MIG pod through a new layout), as far as its GPUs go.  Pods waiting for a layout asked
-        for, or for a node being set back for them, are not counted."""
+    def _demand(self, records: Iterable[PodRecord]) -> list[Pod]:
+        """The pods of ``records`` (in their order) that GPUs could be re-partitioned or set back
+        for: asking for GPUs, not invalid or gated, not bound nor being bound, no room held for
+        them (their victims are leaving), not waiting for a layout nor beside one, not promised
+        a node being set back, no gang member (a gang is placed whole, by a batch), and, counted
+        in order, within their tenant's limit."""
+        beside = {k: uid for job in self.jobs.values() for k, (uid, _) in job.beside.items()}
         promised = {k for job in self.jobs.values() for k in job.serves}
-        waiting = [
+        cache = self.s.cache
+        pods = [
             r.pod
-            for r in self.s.queue.parked()
+            for r in records
             if not r.error
             and not r.gated
             and r.pod.gpu_demand_milli
+            and r.pod.gang is None
             and r.key not in promised
+            and beside.get(r.key) != r.uid
+            and cache.nomination(r.key) is None
+            and not cache.holds(r.key, r.uid)
             and not self.waits_for_layout(r.key, r.uid)
         ]
-        if self.s.tenants.active:  # those their tenant's limit holds back would wait as before
-            waiting, _ = self.s.tenants.admit(waiting, self.s.cache.tenant_usage(self.s.tenants))
-        waiting.sort(key=lambda p: (-p.priority, -p.gpu_demand_milli, p.key))
-        del waiting[WANTED_WHOLE_PODS:]
+        tenants = self.s.tenants
+        if tenants.active and pods:
+            usage = cache.tenant_usage(tenants, terminating=True)
+            admitted, _ = tenants.admit(pods, usage)
+            over = tenants.trim(admitted, usage)
+            pods = [p for p in admitted if p.key not in over]
+        return pods
+
+    def _coming_whole(self, due: Iterable[str]) -> list[str]:
+        """Nodes on their way back to whole GPUs: set back in this look (``due``), or by any
+        leader and not whole yet, or whole by the MIG manager's word but not advertising all
+        their GPUs yet (the device plugin registers them a little later)."""
+        out = list(due)
+        for name, rec in self.s.cache.nodes.items():
+            labels = rec.node.labels
+            job = self.jobs.get(name)
+            if name in out:
+                continue
+            if job is not None and job.config == MIG_ALL_DISABLED:  # (labelled in a moment, or already)
+                out.append(name)
+                continue
+            if labels.get(LABEL_MIG_CONFIG) != MIG_ALL_DISABLED:
+                continue
+            count = labels.get(LABEL_GPU_COUNT, "")
+            ours = LABEL_MIG_PREVIOUS in labels or LABEL_MIG_REQUESTED in labels
+            short = ours and count.isdigit() and rec.node.gpu_count < int(count)
+            if name in self.restoring or name in self.asked or short:
+                out.append(name)
+        return out
+
+    def _wanted_whole(self, spare: list[str], coming: list[str], state: ClusterState) -> dict[str, frozenset[str]]:
+        """Of the idle nodes ``spare`` (the longest idle first), those that the GPU pods waiting
+        as unschedulable (``_demand``) could use once set back to whole GPUs, with the pods each
+        serves (keys), once the nodes ``coming`` back to whole GPUs anyway have served theirs:
+        a node serves the waiting pods that would fit it alone, whole and empty of GPU pods
+        (a MIG pod through a new layout), as far as its GPUs go."""
+        parked = sorted(self.s.queue.parked(), key=lambda r: (-r.pod.priority, -r.pod.gpu_demand_milli, r.key))
+        waiting = self._demand(parked)[:WANTED_WHOLE_PODS]
         out: dict[str, frozenset[str]] = {}
-        for name in spare:
+        for name in [*coming, *spare]:
             if not waiting:
                 break
-            whole = self._as_whole(name, state)
-            if whole is None:
-                continue
-            room = whole.cluster.nodes[0].gpu_count * GPU_MILLI
-            served = []
-            for p in waiting:
-                if p.gpu_demand_milli <= room and explain(p, whole).fits:
-                    served.append(p)
-                    room -= p.gpu_demand_milli
-            if served:
-                out[name] = frozenset(p.key for p in served)
-                waiting = [p for p in waiting if p.key not in out[name]]
+            served = self._serves(name, waiting, state)
+            waiting = [p for p in waiting if p.key not in served]
+            if served and name not in coming:
+                out[name] = served
         return out
+
+    def _serves(self, name: str, waiting: list[Pod], state: ClusterState) -> frozenset[str]:
+        """The pods of ``waiting`` (in order) that node ``name``, set back to whole GPUs, could
+        take together as far as its GPUs, CPU and memory go (each tried against the node alone,
+        whole and empty of GPU pods)."""
+        whole = self._as_whole(name, state)
+        if whole is None:
+            return frozenset()
+        node = whole.cluster.nodes[0]
+        room, cpu, mem = node.gpu_count * GPU_MILLI, node.cpu_milli, node.memory_mib
+        served: list[str] = []
+        for p in waiting:
+            if (
+                p.gpu_demand_milli <= room
+                and p.cpu_milli <= cpu
+                and p.memory_mib <= mem
+                and (not p.gpu_models or node.gpu_model in p.gpu_models)
+                and whole.cluster.could_take(p, name)
+                and explain(p, whole).fits
+            ):
+                served.append(p.key)
+                room, cpu, mem = room - p.gpu_demand_milli, cpu - p.cpu_milli, mem - p.memory_mib
+        return frozenset(served)
 
     def _as_whole(self, name: str, state: ClusterState) -> ClusterState | None:
         """Node ``name`` alone as it would be set back to whole GPUs: every GPU that GPU feature
-        discovery counts, whole and free, its free CPU and memory as now (None when the count is
-        not known)."""
-        node = self.s.cache.nodes[name].node
-        i = state.cluster.index[name]
+        discovery counts, whole and free, its free CPU, memory and pod slots as now (None when
+        the count is not known).  The pods running there are not carried over: their host ports
+        and (anti-)affinity are not weighed."""
+        rec = self.s.cache.nodes.get(name)
+        i = state.cluster.index.get(name)
+        if rec is None or i is None:
+            return None
+        node = rec.node
         count = node.labels.get(LABEL_GPU_COUNT, "")
         if not count.isdigit() or not 0 < int(count) <= MAX_GPUS:
             return None
@@ -526,7 +584,7 @@ class Repartitioner:
             gpu_islands=default_islands(node.gpu_model, gpus),
             mig_slices=(),
             mig_repartition=True,
-            max_pods=None,
+            max_pods=None if node.max_pods is None else max(0, int(state.pods_free[i])),
         )
         return Cluster([whole], repartition="idle-nodes").empty_state()
 

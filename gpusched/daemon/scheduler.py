@@ -719,7 +719,7 @@ class Scheduler:
         for a in plan.assignments:  # a node a plan counts on is not idle: not set back to whole GPUs now
             self.mig.idle_since.pop(names[a.node].name, None)
         if for_layout:
-            self.mig.repartition(plan, snap.cluster, for_layout, batch_id, after, {r.key for r in batch})
+            self.mig.repartition(plan, snap.cluster, for_layout, batch_id, after_low, {r.key for r in batch})
         for p, planned in gang_waits:
             assert p.gang is not None
             node = gangs_waiting[p.gang.name]
