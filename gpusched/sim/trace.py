@@ -93,6 +93,8 @@ def _int(path: Path, line: int, row: dict[str, str], column: str, default: int |
                 raise ValueError(text)
             value = int(number)
     except ValueError:
+        if text == "":
+            raise TraceError(path, line, column, "empty cell; the column is required (0 for none)") from None
         raise TraceError(path, line, column, f"expected an integer, got {text!r}") from None
     if value < 0:
         raise TraceError(path, line, column, f"must not be negative, got {value}")
@@ -178,7 +180,7 @@ def read_nodes(path: str | Path, *, gpu_only: bool = True) -> list[Node]:
         if name in seen:
             raise TraceError(p, line, "sn", f"duplicate node name {name!r}")
         seen.add(name)
-        gpus = _int(p, line, row, "gpu", 0)
+        gpus = _int(p, line, row, "gpu")
         model = row.get("model", "")
         if gpus and not model:
             raise TraceError(p, line, "model", f"node has {gpus} GPUs but no model")
@@ -233,8 +235,8 @@ def read_pods(path: str | Path) -> list[Pod]:
         if name in seen:
             raise TraceError(p, line, "name", f"duplicate pod name {name!r}")
         seen.add(name)
-        num_gpu = _int(p, line, row, "num_gpu", 0)
-        gpu_milli = _int(p, line, row, "gpu_milli", 0)
+        num_gpu = _int(p, line, row, "num_gpu")
+        gpu_milli = _int(p, line, row, "gpu_milli")
         if num_gpu == 0:
             gpu_milli = 0
         elif not 0 < gpu_milli <= 1000:

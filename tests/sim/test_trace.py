@@ -82,8 +82,19 @@ class TestGoodFiles:
     def test_gpu_spec_column_is_optional_and_short_rows_are_padded(self, tmp_path: Path) -> None:
         p = write(tmp_path, "pods.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli", "p,1,2,1,300")
         assert read_pods(p) == [Pod("p", 1, 2, 1, 300)]
-        q = write(tmp_path, "pods2.csv", POD_HEADER, "p,1,2,,")
-        assert read_pods(q) == [Pod("p", 1, 2)]
+
+    @pytest.mark.parametrize(
+        ("row", "column"), [("p,1,2,,", "num_gpu"), ("p,4000,15258,,220,", "num_gpu"), ("p,1,2,1,,", "gpu_milli")]
+    )
+    def test_an_empty_required_cell_is_refused_not_read_as_zero(self, tmp_path: Path, row: str, column: str) -> None:
+        q = write(tmp_path, "pods2.csv", POD_HEADER, row)
+        with pytest.raises(TraceError, match=f"column '{column}': empty cell; the column is required"):
+            read_pods(q)
+
+    def test_an_empty_gpu_cell_does_not_drop_the_node(self, tmp_path: Path) -> None:
+        q = write(tmp_path, "nodes.csv", "sn,cpu_milli,memory_mib,gpu,model", "a,1,2,1,P100", "b,1,2,,P100")
+        with pytest.raises(TraceError, match=r"nodes\.csv:3: column 'gpu': empty cell"):
+            read_nodes(q)
 
     def test_integral_floats_are_accepted(self, tmp_path: Path) -> None:
         p = write(tmp_path, "pods.csv", POD_HEADER, "p,1000.0,2048,1.0,500.0,")
@@ -128,7 +139,7 @@ class TestBadRows:
         expect_error(write(tmp_path, "pods.csv", POD_HEADER, ",1,1,0,0,"), 2, "name", "pod name is empty")
         expect_error(write(tmp_path, "nodes.csv", NODE_HEADER, ",1,1,1,A"), 2, "sn", "node name is empty")
 
-    @pytest.mark.parametrize("milli", ["0", "1001", ""])
+    @pytest.mark.parametrize("milli", ["0", "1001"])
     def test_gpu_milli_out_of_range(self, tmp_path: Path, milli: str) -> None:
         p = write(tmp_path, "pods.csv", POD_HEADER, f"p,1,1,1,{milli},")
         expect_error(p, 2, "gpu_milli", "must be in 1..1000 per GPU")
