@@ -258,9 +258,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--no-leader-elect", action="store_true", help="schedule without holding the Lease")
     run.add_argument("--lease-name", default="gpu-scheduler", help="Lease name in --namespace (default: %(default)s)")
-    run.add_argument("--lease-duration", type=_positive_float, default=15.0, metavar="S", help="(default: 15)")
-    run.add_argument("--renew-deadline", type=_positive_float, default=10.0, metavar="S", help="(default: 10)")
-    run.add_argument("--retry-period", type=_positive_float, default=2.0, metavar="S", help="(default: 2)")
+    run.add_argument(
+        "--lease-duration",
+        type=_positive_float,
+        default=15.0,
+        metavar="S",
+        help="how long a Lease holds without renewal (default: 15)",
+    )
+    run.add_argument(
+        "--renew-deadline",
+        type=_positive_float,
+        default=10.0,
+        metavar="S",
+        help="the leader steps down when it cannot renew for this long (default: 10)",
+    )
+    run.add_argument(
+        "--retry-period",
+        type=_positive_float,
+        default=2.0,
+        metavar="S",
+        help="how often the Lease is renewed or tried for (default: 2)",
+    )
     run.add_argument(
         "--metrics-host", default="0.0.0.0", help="address for /metrics, /healthz, /readyz (default: %(default)s)"
     )
@@ -278,12 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--kube-api-burst", type=_positive_int, default=100, help="burst of each client (default: 100)")
     run.add_argument("--policy", default="cpsat", choices=POLICIES, help="placement policy (default: %(default)s)")
-    _utilisation_args(
+    util = _utilisation_args(
         run,
         "Read GPU utilisation measured by DCGM from Prometheus; the ConfigMap's utilisation section "
         "says what it changes (see docs/deploy.md).",
     )
-    run.add_argument(
+    util.add_argument(
         "--utilisation-poll",
         type=_positive_float,
         default=15.0,
@@ -305,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="namespace of the pod, as NAMESPACE/ in front of POD does (default: default)",
     )
+    exp.add_argument("--log-level", default=argparse.SUPPRESS, choices=logs.LEVELS, help="as gpusched --log-level")
     exp.set_defaults(handler=_explain)
 
     rep = sub.add_parser(
@@ -332,11 +351,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _utilisation_args(rep, "Read GPU utilisation once, to find the held GPUs that are idle.")
     rep.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    rep.add_argument("--log-level", default=argparse.SUPPRESS, choices=logs.LEVELS, help="as gpusched --log-level")
     rep.set_defaults(handler=_report)
     return parser
 
 
-def _utilisation_args(p: argparse.ArgumentParser, what: str) -> None:
+def _utilisation_args(p: argparse.ArgumentParser, what: str) -> argparse._ArgumentGroup:
     util = p.add_argument_group("GPU utilisation", what)
     util.add_argument(
         "--prometheus-url", metavar="URL", help="Prometheus to read from, e.g. http://prometheus.monitoring:9090"
@@ -362,10 +382,16 @@ def _utilisation_args(p: argparse.ArgumentParser, what: str) -> None:
         metavar="LABEL",
         help="the label holding the GPU's index on its node (default: %(default)s)",
     )
+    return util
 
 
 def _cluster_args(p: argparse.ArgumentParser, daemon: bool = True, scheduler: bool = True) -> None:
-    p.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: in-cluster service account)")
+    p.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="kubeconfig file (default: the first file of $KUBECONFIG, else ~/.kube/config, else in a pod its "
+        "service account)",
+    )
     p.add_argument("--context", help="kubeconfig context (default: its current context)")
     if not scheduler:
         return
@@ -394,11 +420,26 @@ def _daemon_config(value: str | None) -> tuple[str | None, GpuschedConfig]:
 
 
 def _kubeconfig(path: Path | None) -> Path | None:
+    """The kubeconfig to use, in kubectl's order: ``--kubeconfig``, the first file of
+    ``$KUBECONFIG`` that exists, ``~/.kube/config``; None: the pod's service account."""
     if path is not None:
         return _existing_file(path, "--kubeconfig", "a kubeconfig file")
+    listed = [Path(p).expanduser() for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    for candidate in listed:
+        if candidate.is_file():
+            return candidate
+    if listed:
+        raise UsageError(
+            f"$KUBECONFIG names no file that exists ({os.pathsep.join(map(str, listed))}); "
+            "fix it or pass --kubeconfig PATH"
+        )
+    home = Path.home() / ".kube" / "config"
+    if home.is_file():
+        return home
     if not os.environ.get("KUBERNETES_SERVICE_HOST"):
         raise UsageError(
-            "not running in a pod (KUBERNETES_SERVICE_HOST is unset); pass --kubeconfig PATH to run outside a cluster"
+            "no kubeconfig ($KUBECONFIG is unset, ~/.kube/config does not exist) and not running in a pod "
+            "(KUBERNETES_SERVICE_HOST is unset); pass --kubeconfig PATH"
         )
     return None
 
@@ -593,6 +634,8 @@ def _params(config: Path | None) -> SolverParams | None:
 
 def _writable_dir(out: Path) -> None:
     """Make ``--out`` now, so a run does not end by failing to write its results."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is a file, not a directory; pass a directory to write the results in")
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
@@ -642,7 +685,10 @@ def _simulate(args: argparse.Namespace, console: Console) -> int:
     extended = render_extended_table(summaries)
     if extended is not None:
         console.print(extended)
-    console.print(f"wrote {out / 'summary.json'} and {out / 'allocation.png'} in {time.perf_counter() - start:.1f}s")
+    console.print(
+        f"wrote {out / 'summary.json'} and {out / 'allocation.png'} in {time.perf_counter() - start:.1f}s",
+        soft_wrap=True,  # paths are not broken across lines
+    )
     return 0
 
 

@@ -318,7 +318,7 @@ def test_published_results_for_a_trace_without_a_name_are_refused(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["run"], "pass --kubeconfig PATH to run outside a cluster"),
+        (["run"], "and not running in a pod (KUBERNETES_SERVICE_HOST is unset); pass --kubeconfig PATH"),
         (["run", "--kubeconfig", "/nonexistent"], "--kubeconfig /nonexistent: no such file"),
         (["run", "--config", "configmap/"], "name the ConfigMap"),
         (["run", "--config", "/nonexistent.yaml"], "or configmap/NAME"),
@@ -329,10 +329,38 @@ def test_published_results_for_a_trace_without_a_name_are_refused(
     ],
 )
 def test_run_and_explain_reject_bad_input_with_the_fix(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str], message: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str], message: str
 ) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
     assert message in rejected(capsys, argv)
+
+
+def test_a_kubeconfig_is_found_as_kubectl_finds_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "nowhere"))
+    assert "$KUBECONFIG names no file that exists" in rejected(capsys, ["explain", "p"])
+    (tmp_path / ".kube").mkdir()
+    home = tmp_path / ".kube" / "config"
+    home.write_text(KUBECONFIG.replace("contexts:", "current-context: ctx\ncontexts:"))
+    monkeypatch.delenv("KUBECONFIG")
+    seen: list[Path | None] = []
+
+    async def explain_pod(kubeconfig: Path | None, *_: Any, **__: Any) -> tuple[str, int]:
+        seen.append(kubeconfig)
+        return "fits", 0
+
+    monkeypatch.setattr("gpusched.daemon.explain_pod", explain_pod)
+    assert main(["explain", "p"]) == 0
+    listed = tmp_path / "listed"
+    listed.write_text(home.read_text())
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'nowhere'}:{listed}")
+    assert main(["explain", "p"]) == 0
+    assert seen == [home, listed]
 
 
 KUBECONFIG = """apiVersion: v1
@@ -565,3 +593,9 @@ def test_a_rejected_prometheus_url_does_not_print_its_password(capsys: pytest.Ca
     assert "p#ss" not in message
     assert "'http://admin:***@prometheus:9090'" in message
     assert "percent-encode" in message
+
+
+def test_simulate_out_naming_a_file_says_it_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    taken = tmp_path / "results"
+    taken.write_text("")
+    assert "is a file, not a directory" in rejected(capsys, ["simulate", "--out", str(taken)])

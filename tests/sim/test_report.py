@@ -148,3 +148,15 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
 def test_plot_rejects_no_runs(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no runs"):
         plot_allocation([], tmp_path / "x.png")
+
+
+def test_a_run_with_no_record_by_100_percent_shows_no_allocation_there_rather_than_0() -> None:
+    late = dataclasses.replace(run("fgd", 42, 93.0), curve={130: 93.0})  # one batch took the whole workload
+    s = summarize([late], total_gpus=8, trace="tiny")
+    assert s["alloc_pct_100"] is None
+    assert s["alloc_pct_130"] == 93.0
+    console = Console(width=200, record=True)
+    console.print(render_table([s]))
+    row = next(line for line in console.export_text().splitlines() if line.strip().startswith("fgd"))
+    assert "0.00" not in row
+    assert "93.00" in row
