@@ -24,11 +24,10 @@ from typing import TYPE_CHECKING, NoReturn
 from urllib.parse import urlsplit
 
 import structlog
-import yaml
 from rich.console import Console
 
 from gpusched import __version__, logs
-from gpusched.config import ConfigError, GpuschedConfig, load_config
+from gpusched.config import ConfigError, GpuschedConfig, load_config, read_yaml
 from gpusched.metrics.cost import render_report, report_json
 from gpusched.metrics.source import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, default_query
 from gpusched.sim.report import render_extended_table, render_table
@@ -577,9 +576,11 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     if args.prices is not None:
         path = _existing_file(args.prices, "--prices", "a YAML price list")
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            data = read_yaml(path.read_text(encoding="utf-8"), f"--prices {path}")
+        except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"--prices {path}: cannot read: {' '.join(str(exc).split())}") from None
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
         try:
             prices = parse_prices(data, str(path))
         except ValueError as exc:

@@ -327,8 +327,37 @@ def _describe(exc: ValidationError) -> str:
             known = _keys_at(tuple(err["loc"][:-1]))
             parts.append(f"{path}: unknown key" + (f" (known here: {', '.join(known)})" if known else ""))
         else:
-            parts.append(f"{path}: {err['msg']} (got {err.get('input')!r})")
+            parts.append(f"{path}: {_problem(err)}")
     return "; ".join(parts)
+
+
+_FORMS = {"configMap": "NAMESPACE/NAME of a ConfigMap, e.g. gpu-operator/gpusched-mig-parted-config"}
+"""What a key with a pattern expects, said as a user writes it."""
+
+
+def _problem(err: Any) -> str:
+    """One validation error as a user can act on it: what is expected, what was given."""
+    kind, given, msg = err["type"], err.get("input"), str(err["msg"])
+    key = str(err["loc"][-1]) if err["loc"] else ""
+    if kind == "string_pattern_mismatch" and key in _FORMS:
+        return f"expected {_FORMS[key]} (got {given!r})"
+    if kind in {"model_type", "dict_type"}:
+        return f"expected a mapping of keys under it (got {given!r})"
+    if kind == "value_error":  # a rule across keys: the message names them and their values
+        return msg.removeprefix("Value error, ")
+    if isinstance(given, str) and kind == "bool_type":
+        return f"{msg} (got the string {given!r}; write true or false, without quotes)"
+    if isinstance(given, str) and kind in {"int_type", "float_type"} and _number(given):
+        return f"{msg} (got the string {given!r}; write it without quotes)"
+    return f"{msg} (got {given!r})"
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_config(data: Any, source: str = "config") -> GpuschedConfig:
@@ -371,10 +400,14 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return " ".join(str(exc).split())
 
 
-def load_config(text: str, source: str = "config") -> GpuschedConfig:
-    """Parse and validate a YAML document."""
+def read_yaml(text: str, source: str) -> Any:
+    """One YAML document, a key given twice refused; ``ConfigError`` says what is wrong and where."""
     try:
-        data = yaml.load(text, Loader=_UniqueKeys)
+        return yaml.load(text, Loader=_UniqueKeys)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {yaml_problem(exc)}") from None
-    return parse_config(data, source)
+
+
+def load_config(text: str, source: str = "config") -> GpuschedConfig:
+    """Parse and validate a YAML document."""
+    return parse_config(read_yaml(text, source), source)

@@ -599,3 +599,21 @@ def test_simulate_out_naming_a_file_says_it_is_a_file(tmp_path: Path, capsys: py
     taken = tmp_path / "results"
     taken.write_text("")
     assert "is a file, not a directory" in rejected(capsys, ["simulate", "--out", str(taken)])
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{currency: EUR, default: 1.0, gpuHour: {A100-SXM4-80GB: 3.0}", "--prices"),
+        ("currency: EUR\ncurrency: USD\n", "'currency' is given twice"),
+    ],
+)
+def test_report_refuses_a_broken_or_ambiguous_price_list_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(text)
+    said = rejected(capsys, ["report", "--prices", str(prices), "--kubeconfig", str(prices)])
+    assert message in said
+    assert "not valid YAML" in said
+    assert "<unicode string>" not in said

@@ -106,10 +106,14 @@ def test_an_unknown_key_lists_the_keys_known_in_its_place() -> None:
         ("weights:\n  packing: lots\n", "weights.packing", "valid integer"),
         ("weights:\n  fragmentation: 1.5\n", "weights.fragmentation", "valid integer (got 1.5)"),
         ("weights:\n  placedGpu: true\n", "weights.placedGpu", "valid integer (got True)"),
-        ("weights:\n  packing: '3'\n", "weights.packing", "valid integer (got '3')"),
+        (
+            "weights:\n  packing: '3'\n",
+            "weights.packing",
+            "valid integer (got the string '3'; write it without quotes)",
+        ),
         ("batching:\n  quickStart: 1\n", "batching.quickStart", "valid boolean (got 1)"),
         ("batching:\n  maxWaitSeconds: 61\n", "batching.maxWaitSeconds", "less than or equal to 60"),
-        ("weights: [1, 2]\n", "weights", "valid dictionary"),
+        ("weights: [1, 2]\n", "weights", "expected a mapping of keys under it (got [1, 2])"),
     ],
 )
 def test_bad_value_is_rejected_naming_field_and_reason(text: str, path: str, reason: str) -> None:
@@ -160,7 +164,7 @@ def test_numbers_yaml_reads_as_strings_and_merge_keys_are_taken() -> None:
     text = "solver: {relativeGap: 1e-3}\nbatching: {<<: {maxSize: 8, maxWaitSeconds: 0.2}, maxSize: 9}\n"
     cfg = load_config(text)  # YAML 1.1 reads 1e-3 as a string; a merged key may be overridden
     assert (cfg.solver.relative_gap, cfg.batching.max_size, cfg.batching.max_wait_seconds) == (0.001, 9, 0.2)
-    with pytest.raises(ConfigError, match=r"solver\.timeLimitSeconds: Value error, expected a number, not a boolean"):
+    with pytest.raises(ConfigError, match=r"solver\.timeLimitSeconds: expected a number, not a boolean"):
         load_config("solver: {timeLimitSeconds: true}\n")
 
 

@@ -11,6 +11,7 @@ which packing can still fill.
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -83,6 +84,9 @@ def _mig_share(profile: str) -> float:
 
 
 def _price(value: object, where: str) -> float:
+    if isinstance(value, str):  # "0.5", or 1e-1, which YAML reads as a string
+        with contextlib.suppress(ValueError):
+            value = float(value)
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_PRICE:
         raise ValueError(f"{where}: expected a price per GPU-hour, a number from 0 to {MAX_PRICE:g}, got {value!r}")
     return float(value)

@@ -93,7 +93,10 @@ def test_prices_are_read_and_bad_ones_refused_with_the_key() -> None:
     got = parse_prices({"currency": "EUR", "default": 2, "gpuHour": {"H100-SXM5-80GB": 4.5}})
     assert got == Prices({"H100-SXM5-80GB": 4.5}, 2.0, "EUR")
     assert parse_prices(None) == Prices()
+    quoted = parse_prices({"default": "0.5", "gpuHour": {"T4": "1e-1"}})  # YAML reads 1e-1 as a string
+    assert quoted == Prices({"T4": 0.1}, 0.5, "USD")
     for data, why in [
+        ({"gpuHour": {"T4": "nan"}}, "prices: gpuHour.T4: expected a price per GPU-hour"),
         ({"gpuhour": {}}, "prices: gpuhour: unknown key (known here: currency, default, gpuHour)"),
         (
             {"gpuHour": {"T4": -1}},

@@ -115,7 +115,7 @@ def test_the_config_section_turns_into_rules_in_thousandths() -> None:
     [
         (
             "tenants: {quotas: {a: {quotaGpus: 4, limitGpus: 2}}}",
-            "tenants.quotas.a: Value error, limitGpus (2) is below quotaGpus (4)",
+            "tenants.quotas.a: limitGpus (2) is below quotaGpus (4)",
         ),
         (
             "tenants: {quotas: {a: {quota: 4}}}",
