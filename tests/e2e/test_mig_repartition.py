@@ -253,3 +253,89 @@ async def test_a_repartitioned_node_no_pod_uses_is_given_back_its_whole_gpus(
         assert (asked["node"], asked["pods"]) == (node, [f"{namespace}/late"])
     finally:
         assert daemon.stop() == 0, "".join(daemon.raw[-30:])
+
+
+async def test_an_idle_layout_is_set_back_sooner_for_a_waiting_pod_and_given_the_layout_it_needs(
+    control_plane: ControlPlane, kube: Kube, namespace: str, tmp_path: Path, mig_rbac: None
+) -> None:
+    name = f"gs-{uuid.uuid4().hex[:8]}"
+    node = f"sooner-{name}"
+    config = tmp_path / "mig.yaml"
+    config.write_text(
+        "mig:\n  repartition: true\n  configDelaySeconds: 0\n"
+        "  restoreIdleSeconds: 3600\n  restoreForWaitingSeconds: 1\n"
+    )
+    parted = kit.node(node, 0, A100, **{"gpusched.io/mig-repartition": "true"})
+    parted["metadata"]["labels"] |= {
+        "nvidia.com/mig.config": "gpusched-0123456789ab",
+        "nvidia.com/mig.config.state": "success",
+        "nvidia.com/gpu.count": "1",
+    }
+    for st in ("allocatable", "capacity"):
+        parted["status"][st]["nvidia.com/mig-1g.10gb"] = "7"
+    await kit.create_all(kube, "/api/v1/nodes", [parted])
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect", "--config", str(config))
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    try:
+        await kit.create_all(kube, pods, [mig_pod("big", name, "7g.80gb")])  # the layout has no such instance
+        restore = daemon.wait_log("mig restore", timeout=30)
+        assert restore["node"] == node
+        assert "1 waiting pod(s) could use its GPUs once whole" in restore["why"]
+        await _until(
+            kube, f"/api/v1/nodes/{node}", lambda o: o["metadata"]["labels"]["nvidia.com/mig.config"] == "all-disabled"
+        )
+        await _mig_state(kube, node, "pending")
+        alloc = {"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": None}
+        r = await kube.request(
+            "PATCH",
+            f"/api/v1/nodes/{node}/status",
+            body={"status": {"allocatable": alloc, "capacity": alloc}},
+            content_type=MERGE_PATCH,
+        )
+        assert r.ok, r.body
+        await _mig_state(kube, node, "success")
+        asked = daemon.wait_log("mig repartition", timeout=30)
+        assert (asked["node"], asked["pods"]) == (node, [f"{namespace}/big"])
+        assert "1 x 7g.80gb" in asked["instances"]
+    finally:
+        assert daemon.stop() == 0, "".join(daemon.raw[-30:])
+
+
+async def test_a_burst_larger_than_a_batch_gets_the_node_partitioned_for_all_of_it_at_once(
+    control_plane: ControlPlane, kube: Kube, namespace: str, tmp_path: Path, mig_rbac: None
+) -> None:
+    name = f"gs-{uuid.uuid4().hex[:8]}"
+    node = f"ahead-{name}"
+    config = tmp_path / "mig.yaml"
+    config.write_text(
+        "mig:\n  repartition: true\n  configDelaySeconds: 0\nbatching:\n  maxSize: 2\n  quickStart: false\n"
+    )
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node(node, 2, A100, **{"gpusched.io/mig-repartition": "true"})])
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    await kit.create_all(kube, pods, [mig_pod(f"s{i:02d}", name) for i in range(12)])  # before the daemon: all queued
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect", "--config", str(config))
+    try:
+        asked = daemon.wait_log("mig repartition", timeout=30)
+        assert asked["node"] == node
+        assert len(asked["pods"]) <= 2, asked
+        assert asked["instances"] == "14 x 1g.10gb", "both GPUs, for the pods queued beyond the batch"
+        labelled = await _until(
+            kube, f"/api/v1/nodes/{node}", lambda o: o["metadata"]["labels"].get("nvidia.com/mig.config")
+        )
+        await _mig_state(kube, node, "pending")
+        alloc = {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "14"}
+        r = await kube.request(
+            "PATCH",
+            f"/api/v1/nodes/{node}/status",
+            body={"status": {"allocatable": alloc, "capacity": alloc}},
+            content_type=MERGE_PATCH,
+        )
+        assert r.ok, r.body
+        await _mig_state(kube, node, "success")
+        for i in range(12):
+            bound = await kit.wait_bound(kube, f"{pods}/s{i:02d}", timeout=30)
+            assert bound["spec"].get("nodeName") == node
+        assert len(daemon.events("mig repartition")) == 1, "one layout for the whole burst"
+        assert labelled["metadata"]["labels"]["nvidia.com/mig.config"] == asked["config"]
+    finally:
+        assert daemon.stop() == 0, "".join(daemon.raw[-30:])
