@@ -1097,6 +1097,27 @@ class ClusterState:
             self.pods_used,
         )
 
+    def with_instances_taken(self) -> ClusterState:
+        """A new state with every free MIG instance counted in use (those of its partitions
+        too); GPUs, pods, CPU and memory as they are.  For a search that may use only what its
+        victims leave."""
+        if self.mig_used is None or not self.cluster.mig_profiles:
+            return self
+        return ClusterState(
+            self.cluster,
+            self.cpu_used,
+            self.mem_used,
+            self.gpu_used,
+            self.pod_kinds,
+            self.mig_used + np.maximum(self.mig_free, 0),
+            self.partitions,
+            self.storage_used,
+            self.ports_used,
+            self.residents,
+            self.term_holders,
+            self.pods_used,
+        )
+
 
 _STATE_FIELDS = frozenset(f.name for f in fields(ClusterState))
 

@@ -72,9 +72,9 @@ def reclaimable(
 
 
 def at_limit_searched(pods: Iterable[Pod]) -> list[Pod]:
-    """The pods of ``pods`` ``plan_at_limit`` looks for alone: those that may preempt, but MIG
-    pods (their slices are counted apart) and gang members (looked for as gangs)."""
-    return [p for p in pods if p.preempts and not p.mig_profile and p.gang is None]
+    """The pods of ``pods`` ``plan_at_limit`` looks for alone: those that may preempt, but gang
+    members (looked for as gangs)."""
+    return [p for p in pods if p.preempts and p.gang is None]
 
 
 def reclaimers(pods: Iterable[Pod]) -> list[Pod]:
@@ -105,15 +105,16 @@ def plan_at_limit(
     """Preemptions for pods, and ``gangs`` (each all its pending members, room for all or none),
     that their tenant's limit holds back: each evicts only pods of lower priority of its own
     tenant, and takes only GPU room its victims leave (the free room of every GPU counted as
-    taken), so its tenant holds no more after than before.  A MIG pod, whose slices are counted
-    apart, does not look, nor does a gang with one."""
+    taken, every free MIG instance too), so its tenant holds no more after than before: a MIG
+    pod takes the instance of a victim of its profile."""
     pods = at_limit_searched(pods)
-    gangs = [g for g in gangs if g and not any(m.mig_profile for m in g)]
+    gangs = [g for g in gangs if g]
     if not pods and not gangs:
         return []
     cap = state.cluster.gpu_cap
     free = np.argwhere(state.gpu_used < cap)
     blocked = state.with_gpus_at(((int(i), int(g)) for i, g in free), int(cap.max(initial=0)))
+    blocked = blocked.with_instances_taken()
     return plan_preemptions(pods, blocked, running, min_candidates, budgets=budgets, gangs=gangs, scope=tenants.of)
 
 

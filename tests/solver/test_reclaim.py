@@ -170,3 +170,28 @@ def test_a_gang_reclaims_from_a_second_lender_when_the_first_has_too_little_beyo
     assert len(found) == 2, found
     lenders = sorted(v[0] for _, vs in found for v in vs)
     assert lenders == ["a", "c"], "one GPU of a's, beyond its quota, and one of c's"
+
+
+def test_a_mig_pod_at_its_tenants_limit_takes_the_instance_of_a_lower_pod_of_its_tenant_and_profile() -> None:
+    from gpusched.model import Node
+    from gpusched.solver.reclaim import plan_at_limit
+
+    def mig(name: str, tenant: str, profile: str = "1g.10gb", priority: int = 0) -> Pod:
+        return replace(pod(name), namespace=tenant, priority=priority, mig_profile=profile)
+
+    node = Node("m", 64000, 262144, 0, "NVIDIA-A100-SXM4-80GB", mig_slices=(("1g.10gb", 3), ("2g.20gb", 1)))
+    limited = Tenants(rules={"a": TenantRule(limit=286)})  # two 1g sevenths
+    placed = [
+        Assignment(mig("a-low", "a"), 0, ()),
+        Assignment(mig("a-2g", "a", "2g.20gb", priority=-5), 0, ()),
+        Assignment(mig("b-low", "b", priority=-10), 0, ()),
+    ]
+    state = Cluster([node]).empty_state().apply(placed)
+    assert state.mig_free[0, state.cluster.mig_index["1g.10gb"]] == 1  # a free instance it must not take
+    (pre,) = plan_at_limit([mig("a-urgent", "a", priority=10)], state, placed, limited)
+    assert [v.pod.name for v in pre.victims] == ["a-low"], "its own tenant's pod of its profile, not b's"
+    validate_plan(Plan((pre.placement,), ()), state.release(pre.victims), [pre.pod])
+    # A 2g instance freed is no 1g instance; b's pods are not its tenant's: nothing to take.
+    alone = [Assignment(mig("a-2g", "a", "2g.20gb"), 0, ()), Assignment(mig("b-low", "b"), 0, ())]
+    state = Cluster([node]).empty_state().apply(alone)
+    assert plan_at_limit([mig("a-urgent", "a", priority=10)], state, alone, limited) == []
