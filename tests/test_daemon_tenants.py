@@ -381,3 +381,26 @@ async def test_a_gang_at_its_tenants_limit_preempts_lower_pods_of_its_tenant_tak
         assert "Preempting 2 pod(s) of lower priority on node(s) n0 to make room for the whole gang." in message
     rooms = [s.cache.nomination(f"a/m{i}") for i in range(2)]
     assert sorted(g for room in rooms if room is not None for g in room[1]) == [0, 1], "only its victims' GPUs"
+
+
+def mig(name: str, ns: str, priority: int, node: str = "") -> dict[str, Any]:
+    obj = of(name, ns, priority, gpus=0, node=node)
+    obj["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"] = "1"
+    return obj
+
+
+async def test_a_mig_pod_at_its_tenants_limit_preempts_a_lower_one_of_its_tenant_for_its_instance() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=0)
+    node = kit.node("m", 0, "NVIDIA-A100-SXM4-80GB")
+    for st in ("allocatable", "capacity"):
+        node["status"][st]["nvidia.com/mig-1g.10gb"] = "3"
+    NodeHandler(s).apply("ADDED", node)
+    tenants(s, quotas={"a": {"limitGpus": 0.2}})  # one 1g seventh (0.143 GPU) fits, two do not
+    s._bound.apply("ADDED", mig("a-low", "a", 0, node="m"))
+    s._bound.apply("ADDED", mig("b-lower", "b", -10, node="m"))
+    s._pending.apply("ADDED", mig("urgent", "a", 100))
+    await batch(s)
+    assert api.evicted == ["a/a-low"], "its own tenant's pod, not b's lower one, nor a free instance"
+    assert s.cache.nomination("a/urgent") is not None
+    assert not api.bound, "it waits for its victim's instance"
