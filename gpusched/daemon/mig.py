@@ -177,7 +177,7 @@ class Repartitioner:
             )
             job.message = message
             for p in group:
-                self.s._unschedulable(p, message, "MigRepartition")
+                self.s.tell_unschedulable(p, message, "MigRepartition")
             self.s.spawn(self._ask_for_layout(node.name, job, entries), f"mig:{node.name}")
 
     def for_queued(
@@ -255,7 +255,7 @@ class Repartitioner:
         job = self.jobs[node]
         job.pods[pod.key] = pod
         log.info("mig repartition joined", node=node, config=job.config, pod=pod.key)
-        self.s._unschedulable(pod, job.message, "MigRepartition")
+        self.s.tell_unschedulable(pod, job.message, "MigRepartition")
 
     async def _ask_for_layout(self, node: str, job: Repartition, entries: list[Any]) -> None:
         """Write the layout, give the kubelet time to project it into the MIG manager's volume
@@ -782,7 +782,7 @@ class Repartitioner:
         for key, p in job.pods.items():
             if self.s.cache.holds(key, p.uid) or not self.s.queue.current(key, p.uid):
                 continue
-            self.s._unschedulable(
+            self.s.tell_unschedulable(
                 p, f"Node {node} was not re-partitioned into MIG instances for this pod: {why}.", "MigRepartition"
             )
         self.s.queue.move_all()

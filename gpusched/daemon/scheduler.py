@@ -238,7 +238,7 @@ class Scheduler:
                 out.append(r)
                 continue
             node, _, left = room
-            self._unschedulable(
+            self.tell_unschedulable(
                 r.pod,
                 f"Waiting for {left} preempted pod(s) to leave node {node}: tenant {tenant} has a GPU limit, "
                 "so the pod takes only the room they leave.",
@@ -509,7 +509,7 @@ class Scheduler:
         start = time.perf_counter()
         invalid = [r for r in batch if r.error]
         for r in invalid:
-            self._unschedulable(r.pod, r.error, "InvalidRequest")
+            self.tell_unschedulable(r.pod, r.error, "InvalidRequest")
         todo: list[PodRecord] = []
         waiting = 0  # pods held back by their volumes
         held_back: dict[str, str] = {}  # gang -> why one of its members cannot be bound yet
@@ -534,7 +534,7 @@ class Scheduler:
                 continue
             volumes = self.claims.problem(r.key, r.uid, r.claims, r.ephemeral_claims) if r.claims else ""
             if volumes:
-                self._unschedulable(r.pod, volumes, "Volumes")
+                self.tell_unschedulable(r.pod, volumes, "Volumes")
                 waiting += 1
                 if r.pod.gang is not None:
                     held_back.setdefault(r.pod.gang.name, f"member {r.key}: {volumes}")
@@ -546,7 +546,7 @@ class Scheduler:
             split = {r.key: disagree[g.name] for r in todo if (g := r.pod.gang) is not None and g.name in disagree}
             for r in todo:
                 if r.key in split:
-                    self._unschedulable(r.pod, split[r.key], "InvalidRequest")
+                    self.tell_unschedulable(r.pod, split[r.key], "InvalidRequest")
             invalid += [r for r in todo if r.key in split]
             todo = [r for r in todo if r.key not in split]
         first: frozenset[str] = frozenset()  # pods within their tenant's quota: placed first
@@ -567,13 +567,13 @@ class Scheduler:
                 elif r.pod.priority > lowest.get(self.tenants.of(r.pod), r.pod.priority):
                     at_limit.append((r.pod, verdict))
                 else:  # nothing of its tenant below it to preempt
-                    self._unschedulable(r.pod, verdict.message, verdict.reason)
+                    self.tell_unschedulable(r.pod, verdict.message, verdict.reason)
             for name, told in list(gangs_at_limit.items()):
                 floor = min(p.priority for p, _ in told.values())
                 tenant = self.tenants.of(next(iter(told.values()))[0])
                 if floor <= lowest.get(tenant, floor):  # nothing of its tenant below it to preempt
                     for p, message in told.values():
-                        self._unschedulable(p, message, "TenantLimit")
+                        self.tell_unschedulable(p, message, "TenantLimit")
                     del gangs_at_limit[name]
             if at_limit or gangs_at_limit:  # they may preempt pods of lower priority of their tenant, in their room
                 await self._preempt_for(at_limit, list(gangs_at_limit.values()), batch_id, None, at_limit=True)
@@ -726,7 +726,7 @@ class Scheduler:
             if node in self.mig.jobs:
                 self.mig.jobs[node].beside[p.key] = (p.uid, planned)
                 waits = f"gang {p.gang.name}: members wait for node {node} to be re-partitioned into MIG instances"
-                self._unschedulable(p, f"{waits}; no member is placed until all of them can be, together.", "Gang")
+                self.tell_unschedulable(p, f"{waits}; no member is placed until all of them can be, together.", "Gang")
             else:  # the layout could not be asked for: solved again
                 self.queue.backoff(p.key)
         members = Counter(p.gang.name for p in pods if p.gang is not None)
@@ -749,7 +749,7 @@ class Scheduler:
             seen = after_low if self._below_headroom(p) else after
             e = explain(p, seen)
             if e.fits or not p.preempts:
-                self._unschedulable(p, self._notes(p, e.message, snap, seen), e.reason)
+                self.tell_unschedulable(p, self._notes(p, e.message, snap, seen), e.reason)
             elif not self._waits_for_victims(p, e, seen, freed):
                 preempting.append((p, e))
         gangs: list[dict[str, tuple[Pod, str]]] = []  # gangs that may preempt: key -> member, why it waits
@@ -771,7 +771,7 @@ class Scheduler:
             }
             if members[name] < gang.min_members or not all(p.preempts for p in group):
                 for p, message in told.values():  # preempting would not help: room held is given up
-                    self._unschedulable(p, message, "Gang")
+                    self.tell_unschedulable(p, message, "Gang")
             elif not self._gang_waits_for_victims(told, after_low, freed):
                 gangs.append(told)
         if preempting or gangs:
@@ -935,7 +935,7 @@ class Scheduler:
             self.queue.requeue(pod.key)
             return True
         message = f"{e.message} Waiting for {left} preempted pod(s) to leave node {node}."
-        self._unschedulable(pod, message, e.reason, nominated=node)
+        self.tell_unschedulable(pod, message, e.reason, nominated=node)
         return True
 
     def _gang_waits_for_victims(
@@ -963,7 +963,7 @@ class Scheduler:
         nodes = ", ".join(sorted({held[0] for held in rooms.values()}))
         for k, (p, message) in told.items():
             node = rooms[k][0] if k in rooms else None
-            self._unschedulable(
+            self.tell_unschedulable(
                 p, f"{message} Waiting for {left} preempted pod(s) to leave node(s) {nodes}.", "Gang", nominated=node
             )
         return True
@@ -1032,11 +1032,11 @@ class Scheduler:
         lowest = self.cache.lowest_priority()
         hopeless = [(p, e) for p, e in pods if lowest is None or p.priority <= lowest]
         for p, e in hopeless:  # every running pod matters as much: told as usual, at no cost
-            self._unschedulable(p, self._notes(p, e.message, batch), e.reason)
+            self.tell_unschedulable(p, self._notes(p, e.message, batch), e.reason)
         pods = [(p, e) for p, e in pods if lowest is not None and p.priority > lowest]
         for told in [g for g in gangs if lowest is None or min(p.priority for p, _ in g.values()) <= lowest]:
             for p, message in told.values():
-                self._unschedulable(p, message, "Gang")
+                self.tell_unschedulable(p, message, "Gang")
         gangs = [g for g in gangs if lowest is not None and min(p.priority for p, _ in g.values()) > lowest]
         if not pods and not gangs:
             return
@@ -1056,7 +1056,7 @@ class Scheduler:
                         if self.cache.holds(p.key, p.uid):  # bound by someone else meanwhile
                             self.queue.done(p.key)
                         elif self.queue.current(p.key, p.uid):
-                            self._unschedulable(p, message, reason)
+                            self.tell_unschedulable(p, message, reason)
                     return
                 pods, gangs = low, low_gangs
         await self._preempt_for(pods, gangs, batch_id, batch)
@@ -1154,7 +1154,7 @@ class Scheduler:
                 reclaim.append((p, e))  # the preemption search looks next
                 continue
             if pre is None or not self.queue.current(p.key, p.uid):
-                self._unschedulable(p, self._notes(p, e.message, batch), e.reason)
+                self.tell_unschedulable(p, self._notes(p, e.message, batch), e.reason)
                 continue
             why = self._reclaim_note(pre) if reclaim is not None else ""
             node = self._carry_out(pre, snap.cluster, why)
@@ -1178,7 +1178,7 @@ class Scheduler:
                 )
             else:
                 message = f"{e.message} Preempting {len(pre.victims)} pod(s) of lower priority on node {node}."
-            self._unschedulable(p, message, e.reason, nominated=node)
+            self.tell_unschedulable(p, message, e.reason, nominated=node)
         for told in gangs:
             group = [chosen.get(k) for k in told]
             for k, (p, _) in told.items():
@@ -1198,7 +1198,7 @@ class Scheduler:
                     continue
                 for k, (p, message) in told.items():
                     if not self.cache.holds(k, p.uid):
-                        self._unschedulable(p, message, "Gang")
+                        self.tell_unschedulable(p, message, "Gang")
                 continue
             chosen_group = [pre for pre in group if pre is not None]
             nodes = {
@@ -1234,7 +1234,7 @@ class Scheduler:
                     "to make room for the whole gang."
                 )
             for k, (p, message) in told.items():
-                self._unschedulable(p, f"{message} {doing}", "Gang", nominated=nodes[k])
+                self.tell_unschedulable(p, f"{message} {doing}", "Gang", nominated=nodes[k])
         if reclaim is not None:  # counted: the pods (and gang members) within their tenant's quota that looked
             self.metrics.reclaim(len(looked), evicted)
         elif at_limit:
@@ -1285,7 +1285,7 @@ class Scheduler:
         if self.cache.unnominate(key):
             self.queue.move_all()
 
-    def _unschedulable(self, pod: Pod, message: str, reason: str, nominated: str | None = None) -> None:
+    def tell_unschedulable(self, pod: Pod, message: str, reason: str, nominated: str | None = None) -> None:
         """Tell ``pod`` why it waits (``nominated``: the node where it preempted pods and room is
         held for it; without, any room held for it is given up)."""
         if nominated is None:
