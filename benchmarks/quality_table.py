@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Any
 
 
+def _pct(value: float | None) -> str:
+    """A percentage to two places; ``-`` for a figure no batch reached."""
+    return "-" if value is None else f"{value:.2f}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", type=Path)
@@ -47,7 +52,7 @@ def main() -> int:
         pf = paper_fgd.get(r["trace"])
         vs_paper = r["alloc_pct_130"] / pf if pf else None
         line = (
-            f"| {r['trace']} | {r['label']} | {r['batch']} | {len(r['seeds'])} | {r['alloc_pct_100']:.2f} | "
+            f"| {r['trace']} | {r['label']} | {r['batch']} | {len(r['seeds'])} | {_pct(r['alloc_pct_100'])} | "
             f"{r['alloc_pct_130']:.2f} | {r['alloc_pct_130_std']:.2f} | {paper if paper is not None else ''} | "
             f"{f'{ratio:.4f}' if ratio else ''} | {f'{vs_paper:.4f}' if vs_paper else ''} | "
             f"{r['unallocated_gpus_130']} |"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -388,8 +389,8 @@ def _cluster_args(p: argparse.ArgumentParser, daemon: bool = True, scheduler: bo
     p.add_argument(
         "--kubeconfig",
         type=Path,
-        help="kubeconfig file (default: the first file of $KUBECONFIG, else ~/.kube/config, else in a pod its "
-        "service account)",
+        help="kubeconfig file (default: the first file of $KUBECONFIG that exists, else in a pod its service "
+        "account, else ~/.kube/config)",
     )
     p.add_argument("--context", help="kubeconfig context (default: its current context)")
     if not scheduler:
@@ -419,28 +420,35 @@ def _daemon_config(value: str | None) -> tuple[str | None, GpuschedConfig]:
 
 
 def _kubeconfig(path: Path | None) -> Path | None:
-    """The kubeconfig to use, in kubectl's order: ``--kubeconfig``, the first file of
-    ``$KUBECONFIG`` that exists, ``~/.kube/config``; None: the pod's service account."""
+    """The kubeconfig to use: ``--kubeconfig``; else the first file of ``$KUBECONFIG`` that
+    exists (only that one: files are not merged as kubectl merges them); else, in a pod, its
+    service account (None); else ``~/.kube/config``."""
     if path is not None:
         return _existing_file(path, "--kubeconfig", "a kubeconfig file")
-    listed = [Path(p).expanduser() for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
-    for candidate in listed:
+    in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    listed = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    for entry in listed:
+        candidate = Path(entry)
+        with contextlib.suppress(RuntimeError):  # "~" with no home directory
+            candidate = candidate.expanduser()
         if candidate.is_file():
             return candidate
-    if listed:
+    if listed and not in_pod:
         raise UsageError(
-            f"$KUBECONFIG names no file that exists ({os.pathsep.join(map(str, listed))}); "
-            "fix it or pass --kubeconfig PATH"
+            f"$KUBECONFIG names no file that exists ({os.pathsep.join(listed)}); fix it or pass --kubeconfig PATH"
         )
-    home = Path.home() / ".kube" / "config"
-    if home.is_file():
+    if in_pod:
+        return None
+    try:
+        home: Path | None = Path.home() / ".kube" / "config"
+    except RuntimeError:  # no HOME, and no passwd entry for this user
+        home = None
+    if home is not None and home.is_file():
         return home
-    if not os.environ.get("KUBERNETES_SERVICE_HOST"):
-        raise UsageError(
-            "no kubeconfig ($KUBECONFIG is unset, ~/.kube/config does not exist) and not running in a pod "
-            "(KUBERNETES_SERVICE_HOST is unset); pass --kubeconfig PATH"
-        )
-    return None
+    raise UsageError(
+        "no kubeconfig ($KUBECONFIG is unset, ~/.kube/config does not exist) and not running in a pod "
+        "(KUBERNETES_SERVICE_HOST is unset); pass --kubeconfig PATH"
+    )
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:

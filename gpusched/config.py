@@ -347,17 +347,19 @@ def _problem(err: Any) -> str:
         return msg.removeprefix("Value error, ")
     if isinstance(given, str) and kind == "bool_type":
         return f"{msg} (got the string {given!r}; write true or false, without quotes)"
-    if isinstance(given, str) and kind in {"int_type", "float_type"} and _number(given):
-        return f"{msg} (got the string {given!r}; write it without quotes)"
+    if isinstance(given, str) and kind in {"int_type", "float_type"}:
+        plain = given.strip().lstrip("-")
+        if plain.isdecimal() or (kind == "float_type" and _decimal(plain)):
+            return f"{msg} (got the string {given!r}; write it without quotes)"
+        example = "a whole number, such as 1000" if kind == "int_type" else "a plain number, such as 1.5"
+        return f"{msg} (got {given!r}; write {example})"
     return f"{msg} (got {given!r})"
 
 
-def _number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+def _decimal(text: str) -> bool:
+    """Digits with one dot (``2.5``): a number YAML reads as one unless it is quoted."""
+    whole, dot, frac = text.partition(".")
+    return bool(dot) and (whole + frac).isdecimal()
 
 
 def parse_config(data: Any, source: str = "config") -> GpuschedConfig:

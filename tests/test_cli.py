@@ -356,11 +356,15 @@ def test_a_kubeconfig_is_found_as_kubectl_finds_it(
 
     monkeypatch.setattr("gpusched.daemon.explain_pod", explain_pod)
     assert main(["explain", "p"]) == 0
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")  # in a pod: its service account first
+    monkeypatch.setenv("KUBECONFIG", "/etc/kubernetes/admin.conf")  # named in the image, not mounted
+    assert main(["explain", "p"]) == 0
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
     listed = tmp_path / "listed"
     listed.write_text(home.read_text())
     monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'nowhere'}:{listed}")
     assert main(["explain", "p"]) == 0
-    assert seen == [home, listed]
+    assert seen == [home, None, listed]
 
 
 KUBECONFIG = """apiVersion: v1
@@ -385,7 +389,7 @@ def test_run_and_explain_name_a_kubeconfig_they_cannot_use(
     path.write_text(KUBECONFIG + current, encoding="utf-8")
     for command in (["run"], ["explain", "p"]):
         text = rejected(capsys, [*command, "--kubeconfig", str(path), *argv])
-        assert f"--kubeconfig {path}: " in text
+        assert f"kubeconfig {path}: " in text
         assert message in text
 
 
@@ -406,7 +410,7 @@ def test_a_file_that_is_no_kubeconfig_is_named_so(
     path.write_text(text, encoding="utf-8")
     for command in (["run"], ["explain", "p"]):
         out = rejected(capsys, [*command, "--kubeconfig", str(path)])
-        assert f"--kubeconfig {path}" in out
+        assert f"kubeconfig {path}" in out
         assert message in out
         assert "--context" not in out
 

@@ -177,3 +177,17 @@ def test_a_key_given_twice_is_refused_naming_it_and_its_line() -> None:
     assert message.endswith("'solver' is given twice (line 5, column 1)")  # one line, where it is
     with pytest.raises(ConfigError, match=r"'packing' is given twice"):
         load_config("weights: {packing: 3, packing: 4}\n")
+
+
+@pytest.mark.parametrize(
+    ("doc", "says"),
+    [
+        ("weights: {placedGpu: 1e3}", "(got '1e3'; write a whole number, such as 1000)"),
+        ("solver: {workers: nan}", "(got 'nan'; write a whole number, such as 1000)"),
+        ('weights: {placedGpu: "3"}', "(got the string '3'; write it without quotes)"),
+    ],
+)
+def test_a_number_yaml_read_as_a_string_is_told_what_to_write(doc: str, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(doc)
+    assert says in str(info.value)

@@ -341,7 +341,7 @@ async def connect(kubeconfig: Path | None, context: str | None, qps: float, burs
                 "(automountServiceAccountToken) or pass --kubeconfig PATH"
             ) from None
         raise CredentialsError(
-            f"--kubeconfig {kubeconfig}: {_reason(exc)}; {_kubeconfig_fix(kubeconfig, context)}"
+            f"kubeconfig {kubeconfig}: {_reason(exc)}; {_kubeconfig_fix(kubeconfig, context)}"
         ) from None
     cfg.connection_pool_maxsize = connection_limit(qps)
     kube = Kube(ApiClient(configuration=cfg), qps, burst)

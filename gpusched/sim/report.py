@@ -109,7 +109,8 @@ def summarize(
         raise ValueError(f"runs of several policies: {', '.join(sorted(policies))}")
     if total_gpus <= 0:
         raise ValueError(f"total_gpus must be positive, got {total_gpus}")
-    a100 = [r.alloc_at(100) for r in runs if any(k <= 100 for k in r.curve)]  # none: no batch ended by then
+    by_100 = all(any(k <= 100 for k in r.curve) for r in runs)  # else a seed with no batch ended by then
+    a100 = [r.alloc_at(100) for r in runs] if by_100 else []
     a130 = [r.alloc_at(130) for r in runs]
     mean130 = statistics.fmean(a130)
     solve = [ms for r in runs for ms in r.solve_ms]

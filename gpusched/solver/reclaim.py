@@ -115,7 +115,19 @@ def plan_at_limit(
     free = np.argwhere(state.gpu_used < cap)
     blocked = state.with_gpus_at(((int(i), int(g)) for i, g in free), int(cap.max(initial=0)))
     blocked = blocked.with_instances_taken()
-    return plan_preemptions(pods, blocked, running, min_candidates, budgets=budgets, gangs=gangs, scope=tenants.of)
+    whole = [p for p in pods if not p.mig_profile]
+    out = plan_preemptions(whole, blocked, running, min_candidates, budgets=budgets, gangs=gangs, scope=tenants.of)
+    slices = [p for p in pods if p.mig_profile]
+    if not slices:
+        return out
+    # A MIG pod looks only among pods on instances: a whole GPU its victim frees would have to be
+    # re-partitioned for it, which a node never is while its GPUs are in use.
+    gone = [v for pre in out for v in pre.victims]
+    taken = {id(v) for v in gone}
+    after = blocked.release(gone).apply([pre.placement for pre in out])
+    on_instances = [a for a in running if a.pod.mig_profile and id(a) not in taken]
+    left = [replace(b, allowed=b.allowed - sum(1 for v in gone if b.covers(v.pod))) for b in budgets]
+    return out + plan_preemptions(slices, after, on_instances, min_candidates, budgets=left, scope=tenants.of)
 
 
 def plan_reclaims(

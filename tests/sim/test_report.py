@@ -160,3 +160,11 @@ def test_a_run_with_no_record_by_100_percent_shows_no_allocation_there_rather_th
     row = next(line for line in console.export_text().splitlines() if line.strip().startswith("fgd"))
     assert "0.00" not in row
     assert "93.00" in row
+
+
+def test_allocation_at_100_is_given_only_when_every_seed_reached_it() -> None:
+    early = dataclasses.replace(run("fgd", 42, 60.0), curve={100: 60.0, 130: 93.0})
+    late = dataclasses.replace(run("fgd", 43, 95.0), curve={130: 95.0})
+    s = summarize([early, late], total_gpus=8, trace="tiny")
+    assert s["alloc_pct_100"] is None, "not one seed's figure passed off as the mean"
+    assert s["alloc_pct_130"] == 94.0

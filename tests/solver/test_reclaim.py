@@ -195,3 +195,21 @@ def test_a_mig_pod_at_its_tenants_limit_takes_the_instance_of_a_lower_pod_of_its
     alone = [Assignment(mig("a-2g", "a", "2g.20gb"), 0, ()), Assignment(mig("b-low", "b"), 0, ())]
     state = Cluster([node]).empty_state().apply(alone)
     assert plan_at_limit([mig("a-urgent", "a", priority=10)], state, alone, limited) == []
+
+
+def test_a_mig_pod_at_its_limit_looks_past_a_whole_gpu_that_would_need_re_partitioning() -> None:
+    from gpusched.model import Node
+    from gpusched.solver.reclaim import plan_at_limit
+
+    a100 = "NVIDIA-A100-SXM4-80GB"
+    nodes = [
+        Node("w", 64000, 262144, 1, a100, mig_repartition=True),
+        Node("m", 64000, 262144, 0, a100, mig_slices=(("1g.10gb", 1),)),
+    ]
+    mig = replace(pod("a-m"), namespace="a", mig_profile="1g.10gb")
+    placed = [Assignment(replace(of("a-w", "a"), priority=-10), 0, (0,)), Assignment(mig, 1, ())]
+    state = Cluster(nodes, repartition="idle-nodes").empty_state().apply(placed)
+    urgent = replace(mig, name="u", priority=10)
+    (pre,) = plan_at_limit([urgent], state, placed, Tenants(rules={"a": TenantRule(limit=1000)}))
+    assert [v.pod.name for v in pre.victims] == ["a-m"], "the instance of its profile, not the whole GPU"
+    assert pre.placement.node == 1
