@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any, Literal, TypeVar
 
@@ -1082,20 +1082,7 @@ class ClusterState:
         gpu = self.gpu_used.copy()
         for i, g in cells:
             gpu[i, g] = min(milli, int(self.cluster.gpu_cap[i, g]))
-        return ClusterState(
-            self.cluster,
-            self.cpu_used,
-            self.mem_used,
-            gpu,
-            self.pod_kinds,
-            self.mig_used,
-            self.partitions,
-            self.storage_used,
-            self.ports_used,
-            self.residents,
-            self.term_holders,
-            self.pods_used,
-        )
+        return replace(self, gpu_used=gpu)
 
     def with_instances_taken(self) -> ClusterState:
         """A new state with every free MIG instance counted in use (those of its partitions
@@ -1103,20 +1090,7 @@ class ClusterState:
         victims leave."""
         if self.mig_used is None or not self.cluster.mig_profiles:
             return self
-        return ClusterState(
-            self.cluster,
-            self.cpu_used,
-            self.mem_used,
-            self.gpu_used,
-            self.pod_kinds,
-            self.mig_used + np.maximum(self.mig_free, 0),
-            self.partitions,
-            self.storage_used,
-            self.ports_used,
-            self.residents,
-            self.term_holders,
-            self.pods_used,
-        )
+        return replace(self, mig_used=self.mig_used + np.maximum(self.mig_free, 0))
 
 
 _STATE_FIELDS = frozenset(f.name for f in fields(ClusterState))
