@@ -11,6 +11,7 @@ import json
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,13 @@ async def _mig_state(kube: Kube, node: str, state: str) -> None:
     """The MIG manager's word on ``node``."""
     body = {"metadata": {"labels": {"nvidia.com/mig.config.state": state}}}
     r = await kube.request("PATCH", f"/api/v1/nodes/{node}", body=body, content_type=MERGE_PATCH)
+    assert r.ok, r.body
+
+
+async def _advertise(kube: Kube, node: str, alloc: Mapping[str, str | None]) -> None:
+    """The device plugin's part: ``node`` advertises ``alloc`` (None removes a resource)."""
+    body = {"status": {"allocatable": alloc, "capacity": alloc}}
+    r = await kube.request("PATCH", f"/api/v1/nodes/{node}/status", body=body, content_type=MERGE_PATCH)
     assert r.ok, r.body
 
 
@@ -118,13 +126,7 @@ async def test_mig_pods_wait_for_the_layout_and_are_bound_once_the_node_advertis
         # The MIG manager's part, then the device plugin's.
         await _mig_state(kube, node, "pending")
         alloc = {"nvidia.com/gpu": str(2 - parted), **{f"nvidia.com/mig-{p}": str(c) for p, c in offered.items()}}
-        r = await kube.request(
-            "PATCH",
-            f"/api/v1/nodes/{node}/status",
-            body={"status": {"allocatable": alloc, "capacity": alloc}},
-            content_type=MERGE_PATCH,
-        )
-        assert r.ok, r.body
+        await _advertise(kube, node, alloc)
         await asyncio.sleep(1.0)
         for n in ("s0", "whole"):
             assert not (await kube.request("GET", f"{pods}/{n}")).body["spec"].get("nodeName"), n
@@ -239,13 +241,7 @@ async def test_a_repartitioned_node_no_pod_uses_is_given_back_its_whole_gpus(
         assert not late["spec"].get("nodeName")
         await _mig_state(kube, node, "pending")
         alloc = {"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": None}
-        r = await kube.request(
-            "PATCH",
-            f"/api/v1/nodes/{node}/status",
-            body={"status": {"allocatable": alloc, "capacity": alloc}},
-            content_type=MERGE_PATCH,
-        )
-        assert r.ok, r.body
+        await _advertise(kube, node, alloc)
         await _mig_state(kube, node, "success")
         assert daemon.wait_log("mig repartition done", timeout=30)["node"] == node
         # Whole again, the node may take a layout once more: the one the pod that waited needs.
@@ -286,13 +282,7 @@ async def test_an_idle_layout_is_set_back_sooner_for_a_waiting_pod_and_given_the
         )
         await _mig_state(kube, node, "pending")
         alloc = {"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": None}
-        r = await kube.request(
-            "PATCH",
-            f"/api/v1/nodes/{node}/status",
-            body={"status": {"allocatable": alloc, "capacity": alloc}},
-            content_type=MERGE_PATCH,
-        )
-        assert r.ok, r.body
+        await _advertise(kube, node, alloc)
         await _mig_state(kube, node, "success")
         asked = daemon.wait_log("mig repartition", timeout=30)
         assert (asked["node"], asked["pods"]) == (node, [f"{namespace}/big"])
@@ -324,13 +314,7 @@ async def test_a_burst_larger_than_a_batch_gets_the_node_partitioned_for_all_of_
         )
         await _mig_state(kube, node, "pending")
         alloc = {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "14"}
-        r = await kube.request(
-            "PATCH",
-            f"/api/v1/nodes/{node}/status",
-            body={"status": {"allocatable": alloc, "capacity": alloc}},
-            content_type=MERGE_PATCH,
-        )
-        assert r.ok, r.body
+        await _advertise(kube, node, alloc)
         await _mig_state(kube, node, "success")
         for i in range(12):
             bound = await kit.wait_bound(kube, f"{pods}/s{i:02d}", timeout=30)
