@@ -808,6 +808,12 @@ async def test_a_pod_that_ran_between_two_looks_restarts_the_idle_clock() -> Non
     stop(s)
 
 
+def a_minute_idle(s: Scheduler) -> list[str]:
+    """The nodes set back once the idle ones have been idle 61 s (none at the first look)."""
+    assert s.mig.restore_idle(1000.0) == []
+    return s.mig.restore_idle(1061.0)
+
+
 OURS = {"nvidia.com/mig.config": "gpusched-0123456789ab", "nvidia.com/mig.config.state": "success"}
 SOONER = {"mig": {"repartition": True, "restoreIdleSeconds": 3600, "restoreForWaitingSeconds": 60}}
 
@@ -984,7 +990,6 @@ async def test_for_queued_does_not_count_pods_of_another_gpu_model() -> None:
     assert len(job.layouts) == 1, f"A100 GPUs partitioned for H100-only pods: {job.layouts}"
 
 
-# 3 -------------------------------------------------------------------------------------------
 async def test_for_queued_does_not_count_pods_their_tenants_limit_holds_back() -> None:
     api = MigApi()
     cfg = {**ON, "batching": {"maxSize": 10}, "tenants": {"label": "team", "quotas": {"a": {"limitGpus": 0}}}}
@@ -1006,7 +1011,6 @@ async def test_for_queued_does_not_count_pods_their_tenants_limit_holds_back() -
     assert len(job.layouts) == 1, f"GPUs partitioned for pods their tenant may not run: {job.layouts}"
 
 
-# 4 -------------------------------------------------------------------------------------------
 def leaving(name: str, node: str) -> dict[str, Any]:
     obj = pod(name, gpus=1)
     obj["spec"]["nodeName"] = node
@@ -1028,13 +1032,11 @@ async def test_no_node_is_set_back_sooner_for_a_pod_that_holds_room_its_victims_
     await batch(s)
     assert s.cache.nomination("default/urgent") == ("w", (0,), 1)
     assert "default/urgent" in {r.key for r in s.queue.parked()}
-    assert s.mig.restore_idle(1000.0) == []
-    restored = s.mig.restore_idle(1061.0)
+    restored = a_minute_idle(s)
     stop(s)
     assert restored == [], "set back for a pod whose room on w is held"
 
 
-# 5 -------------------------------------------------------------------------------------------
 async def test_no_node_is_set_back_sooner_for_gang_members_waiting_beside_a_layout() -> None:
     api = MigApi()
     s = scheduler(api, SOONER)
@@ -1046,8 +1048,7 @@ async def test_no_node_is_set_back_sooner_for_gang_members_waiting_beside_a_layo
     await batch(s)
     assert "n" in s.mig.jobs, s.mig.jobs
     assert "default/g1" in s.mig.jobs["n"].beside, s.mig.jobs
-    assert s.mig.restore_idle(1000.0) == []
-    restored = s.mig.restore_idle(1061.0)
+    restored = a_minute_idle(s)
     stop(s)
     assert restored == [], "set back for a gang member planned on w"
 
@@ -1059,13 +1060,11 @@ async def test_no_node_is_set_back_sooner_for_a_gang_short_of_members() -> None:
     s._pending.apply("ADDED", pod("g0", gpus=1, gang="g"))  # min-members 2, one member so far
     await batch(s)
     assert "default/g0" in {r.key for r in s.queue.parked()}
-    assert s.mig.restore_idle(1000.0) == []
-    restored = s.mig.restore_idle(1061.0)
+    restored = a_minute_idle(s)
     stop(s)
     assert restored == [], "set back for a gang that cannot start"
 
 
-# 6 -------------------------------------------------------------------------------------------
 async def test_no_second_node_is_set_back_for_pods_a_restore_the_last_leader_asked_for_serves() -> None:
     api = MigApi()
     s = scheduler(api, SOONER)
@@ -1073,7 +1072,7 @@ async def test_no_second_node_is_set_back_for_pods_a_restore_the_last_leader_ask
         "nvidia.com/mig.config": "all-disabled",
         "nvidia.com/mig.config.state": "pending",
         "gpusched.io/mig-requested-at": str(int(time.time())),
-        "gpusched.io/mig-previous-config": "gpusched-0123456789ab",
+        "gpusched.io/mig-previous": "gpusched-0123456789ab",
     }
     NodeHandler(s).apply("ADDED", one_gpu_in_mig("x", "1g.10gb", 7, **being_set_back))
     NodeHandler(s).apply("ADDED", one_gpu_in_mig("a", "1g.10gb", 7, **OURS))
@@ -1081,8 +1080,7 @@ async def test_no_second_node_is_set_back_for_pods_a_restore_the_last_leader_ask
     s._pending.apply("ADDED", pod("w", gpus=1))
     await batch(s)
     assert "default/w" in {r.key for r in s.queue.parked()}
-    assert s.mig.restore_idle(1000.0) == []
-    restored = s.mig.restore_idle(1061.0)
+    restored = a_minute_idle(s)
     stop(s)
     assert restored == [], "a second node set back for the one pod x is being set back for"
 
@@ -1113,7 +1111,6 @@ async def test_no_second_node_is_set_back_while_the_restored_gpus_are_not_advert
     assert restored == [], f"{restored} set back too for the pod {node} was set back for"
 
 
-# 7 -------------------------------------------------------------------------------------------
 async def test_no_node_is_set_back_sooner_for_a_pod_its_pod_limit_keeps_out() -> None:
     api = MigApi()
     s = scheduler(api, SOONER)
@@ -1126,13 +1123,11 @@ async def test_no_node_is_set_back_sooner_for_a_pod_its_pod_limit_keeps_out() ->
     s._bound.apply("ADDED", agent)
     s._pending.apply("ADDED", pod("w", gpus=1))
     await batch(s)
-    assert s.mig.restore_idle(1000.0) == []
-    restored = s.mig.restore_idle(1061.0)
+    restored = a_minute_idle(s)
     stop(s)
     assert restored == [], "set back for a pod the node cannot take whole either"
 
 
-# 8 -------------------------------------------------------------------------------------------
 async def test_for_queued_leaves_the_gpus_kept_free_to_pods_of_high_priority() -> None:
     api = MigApi()
     cfg = {**ON, "batching": {"maxSize": 2}, "headroom": {"gpus": 2, "priorityAtLeast": 1000}}
@@ -1152,7 +1147,6 @@ async def test_for_queued_leaves_the_gpus_kept_free_to_pods_of_high_priority() -
     assert len(on_kept) <= 1, f"kept GPUs {sorted(on_kept)} partitioned, one for critical, the rest for low pods"
 
 
-# 9 -------------------------------------------------------------------------------------------
 async def test_no_more_nodes_are_set_back_sooner_than_a_tenants_limit_lets_its_pods_use() -> None:
     api = MigApi()
     s = scheduler(api, {**SOONER, "tenants": {"label": "team", "quotas": {"a": {"limitGpus": 1}}}})
@@ -1164,8 +1158,7 @@ async def test_no_more_nodes_are_set_back_sooner_than_a_tenants_limit_lets_its_p
         s._pending.apply("ADDED", w)
     await batch(s)
     assert {"default/w0", "default/w1"} <= {r.key for r in s.queue.parked()}
-    assert s.mig.restore_idle(1000.0) == []
-    restored = s.mig.restore_idle(1061.0)
+    restored = a_minute_idle(s)
     stop(s)
     assert len(restored) == 1, f"{restored} set back; tenant a may run one more GPU pod"
 
