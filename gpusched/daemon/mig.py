@@ -131,6 +131,12 @@ class Repartitioner:
     def waits_for_layout(self, key: str, uid: str) -> bool:
         return any(key in r.pods and r.pods[key].uid == uid for r in self.jobs.values())
 
+    def set_aside(self) -> frozenset[tuple[str, str]]:
+        """The pods (key, UID) waiting for a layout asked for: on its instances, or beside them
+        (a gang's members planned on other nodes)."""
+        on = {(k, p.uid) for job in self.jobs.values() for k, p in job.pods.items()}
+        return frozenset(on | {(k, uid) for job in self.jobs.values() for k, (uid, _) in job.beside.items()})
+
     def repartition(
         self,
         plan: Plan,
@@ -212,7 +218,7 @@ class Repartitioner:
             for p in queued:
                 if (
                     p.mig_profile in geometry.profiles
-                    and (not p.gpu_models or node.gpu_model in p.gpu_models)
+                    and p.accepts(node.gpu_model)
                     and p.cpu_milli <= cpu
                     and p.memory_mib <= mem
                     and cluster.could_take(p, node.name)
@@ -471,33 +477,15 @@ class Repartitioner:
 
     def _demand(self, records: Iterable[PodRecord]) -> list[Pod]:
         """The pods of ``records`` (in their order) that GPUs could be re-partitioned or set back
-        for: asking for GPUs, not invalid or gated, not bound nor being bound, no room held for
-        them (their victims are leaving), not waiting for a layout nor beside one, not promised
-        a node being set back, no gang member (a gang is placed whole, by a batch), and, counted
-        in order, within their tenant's limit."""
-        beside = {k: uid for job in self.jobs.values() for k, (uid, _) in job.beside.items()}
+        for: waiting for room (``Scheduler.waiting``), asking for GPUs, not being bound, not
+        promised a node being set back, and no gang member (a gang is placed whole, by a batch)."""
         promised = {k for job in self.jobs.values() for k in job.serves}
         cache = self.s.cache
-        pods = [
-            r.pod
+        return self.s.waiting(
+            r
             for r in records
-            if not r.error
-            and not r.gated
-            and r.pod.gpu_demand_milli
-            and r.pod.gang is None
-            and r.key not in promised
-            and beside.get(r.key) != r.uid
-            and cache.nomination(r.key) is None
-            and not cache.holds(r.key, r.uid)
-            and not self.waits_for_layout(r.key, r.uid)
-        ]
-        tenants = self.s.tenants
-        if tenants.active and pods:
-            usage = cache.tenant_usage(tenants, terminating=True)
-            admitted, _ = tenants.admit(pods, usage)
-            over = tenants.trim(admitted, usage)
-            pods = [p for p in admitted if p.key not in over]
-        return pods
+            if r.pod.gpu_demand_milli and r.pod.gang is None and r.key not in promised and not cache.holds(r.key, r.uid)
+        )
 
     def _coming_whole(self, due: Iterable[str]) -> list[str]:
         """Nodes on their way back to whole GPUs: set back in this look (``due``), or by any
@@ -554,7 +542,7 @@ class Repartitioner:
                 p.gpu_demand_milli <= room
                 and p.cpu_milli <= cpu
                 and p.memory_mib <= mem
-                and (not p.gpu_models or node.gpu_model in p.gpu_models)
+                and p.accepts(node.gpu_model)
                 and whole.cluster.could_take(p, name)
                 and explain(p, whole).fits
             ):

@@ -1640,28 +1640,31 @@ class Scheduler:
         keeping[[i for n, _ in kept if (i := cl.index.get(n)) is not None]] = True
         # A node being re-partitioned holds no pod yet, but is about to: not to be removed; nor
         # one gang members waiting beside a layout are planned on.
-        beside = {k: v for job in self.mig.jobs.values() for k, v in job.beside.items()}
-        soon = self.mig.sealed() | {node for _, node in beside.values()}
+        soon = self.mig.sealed() | {node for job in self.mig.jobs.values() for _, node in job.beside.values()}
         keeping[[i for n in soon if (i := cl.index.get(n)) is not None]] = True
         idle = int((~in_use & gpu_nodes & open_ & ~keeping).sum())
-        # What more nodes would have to offer: not pods holding room already, nor pods waiting
-        # for a MIG layout, nor pods no node takes as written, nor pods their tenant's limit
-        # holds back.
-        parked = [
-            r.pod
-            for r in self.queue.parked()
-            if not r.error
-            and self.cache.nomination(r.key) is None
-            and not self.mig.waits_for_layout(r.key, r.uid)
-            and beside.get(r.key, ("", ""))[0] != r.uid
-        ]
-        if self.tenants.active:  # as a batch of them all would count them
-            usage = self.cache.tenant_usage(self.tenants, terminating=True)
-            parked, _ = self.tenants.admit(parked, usage)
-            over = self.tenants.trim(parked, usage)
-            parked = [p for p in parked if p.key not in over]
+        # What more nodes would have to offer.
+        parked = self.waiting(self.queue.parked())
         wanted = sum(p.gpu_demand_milli for p in parked) / GPU_MILLI
         self.metrics.set_signals(idle, wanted, len(kept))
+
+    def waiting(self, records: Iterable[PodRecord]) -> list[Pod]:
+        """The pods of ``records`` (in their order) that wait for room a node could give: not
+        pods no node takes as written, nor pods holding room already (their victims are
+        leaving), nor pods waiting for a MIG layout or beside one, nor, counted in order, pods
+        their tenant's limit holds back (as a batch of them all would count them)."""
+        aside = self.mig.set_aside()
+        pods = [
+            r.pod
+            for r in records
+            if not r.error and self.cache.nomination(r.key) is None and (r.key, r.uid) not in aside
+        ]
+        if self.tenants.active and pods:
+            usage = self.cache.tenant_usage(self.tenants, terminating=True)
+            admitted, _ = self.tenants.admit(pods, usage)
+            over = self.tenants.trim(admitted, usage)
+            pods = [p for p in admitted if p.key not in over]
+        return pods
 
     def _kept_now(self) -> tuple[tuple[str, int], ...]:
         """The GPUs (node name, index) the headroom would keep free from a batch now (busy ones

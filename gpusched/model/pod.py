@@ -93,12 +93,32 @@ def tolerated(tolerations: tuple[Toleration, ...], taints: tuple[Taint, ...]) ->
 
 
 class _Wishes:
-    """Preferred node and pod affinity, read the same way for a pod and its shape."""
+    """What a pod and its shape read the same way: GPU demand and preferred node and pod affinity."""
 
     __slots__ = ()
+    num_gpu: int
+    gpu_milli: int
+    gpu_models: frozenset[str]
+    mig_profile: str
     preferred_nodes: Preference
     preferred_apart: tuple[tuple[int, PodAffinityTerm], ...]
     preferred_together: tuple[tuple[int, PodAffinityTerm], ...]
+
+    @property
+    def gpu_demand_milli(self) -> int:
+        """Total GPU demand in thousandths of a GPU (a MIG slice counts its compute share)."""
+        if self.mig_profile:
+            return mig_milli(self.mig_profile)
+        return self.num_gpu * self.gpu_milli
+
+    @property
+    def is_fractional(self) -> bool:
+        """True when the pod takes a share of exactly one GPU."""
+        return self.num_gpu == 1 and self.gpu_milli < GPU_MILLI
+
+    def accepts(self, gpu_model: str) -> bool:
+        """Whether a node with GPUs of ``gpu_model`` satisfies the model constraint."""
+        return not self.gpu_models or gpu_model in self.gpu_models
 
     @property
     def pod_wishes(self) -> tuple[tuple[int, PodAffinityTerm], ...]:
@@ -132,22 +152,6 @@ class PodShape(_Wishes):
     preferred_nodes: Preference = ()
     preferred_apart: tuple[tuple[int, PodAffinityTerm], ...] = ()
     preferred_together: tuple[tuple[int, PodAffinityTerm], ...] = ()
-
-    @property
-    def gpu_demand_milli(self) -> int:
-        """Total GPU demand in thousandths of a GPU (a MIG slice counts its compute share)."""
-        if self.mig_profile:
-            return mig_milli(self.mig_profile)
-        return self.num_gpu * self.gpu_milli
-
-    @property
-    def is_fractional(self) -> bool:
-        """True when the pod takes a share of exactly one GPU."""
-        return self.num_gpu == 1 and self.gpu_milli < GPU_MILLI
-
-    def accepts(self, gpu_model: str) -> bool:
-        """Whether a node with GPUs of ``gpu_model`` satisfies the model constraint."""
-        return not self.gpu_models or gpu_model in self.gpu_models
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,18 +308,6 @@ class Pod(_Wishes):
         """Whether every one of ``terms`` selects this pod (what pod affinity asks of a pod to follow)."""
         labels = dict(self.labels)
         return all(t.selects(self.namespace, labels) for t in terms)
-
-    @property
-    def gpu_demand_milli(self) -> int:
-        """Total GPU demand in thousandths of a GPU (a MIG slice counts its compute share)."""
-        if self.mig_profile:
-            return mig_milli(self.mig_profile)
-        return self.num_gpu * self.gpu_milli
-
-    @property
-    def is_fractional(self) -> bool:
-        """True when the pod takes a share of exactly one GPU."""
-        return self.num_gpu == 1 and self.gpu_milli < GPU_MILLI
 
 
 def gang_conflicts(pods: Iterable[Pod]) -> dict[str, tuple[Pod, Pod]]:
