@@ -471,3 +471,30 @@ async def test_the_idle_gauge_reads_mig_nodes_by_the_rule_the_busy_one_does() ->
     s._scrape()
     assert gauge(s, "gpusched_gpus_busy") == 0.0  # MIG node: not read for busy (indices differ)
     assert gauge(s, "gpusched_gpus_allocated_idle") == 0.0  # ... but read for idle
+
+
+async def test_headroom_models_written_as_the_product_name_keep_the_labelled_gpus_or_are_warned_about() -> None:
+    from structlog.testing import capture_logs
+
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=2)  # n0: A100
+    NodeHandler(s).apply("ADDED", kit.node("h0", 2, "NVIDIA-H100-80GB-HBM3"))
+    s.set_config(parse_config({"headroom": {"gpus": 2, "priorityAtLeast": 1000, "models": ["H100-80GB-HBM3"]}}))
+    for i in range(4):
+        s._pending.apply("ADDED", pod(f"low{i}", 0))
+    with capture_logs() as logs:
+        await batch(s)
+    # The two H100s are kept (the name without NVIDIA- names them); the A100s are taken.
+    assert sorted(api.bound) == ["default/low0", "default/low1"], api.bound
+    assert {s.cache.placement(k)[0] for k in api.bound} == {"n0"}  # type: ignore[index]
+    assert not [e for e in logs if e["event"] == "headroom models match no node"]
+
+    s.set_config(parse_config({"headroom": {"gpus": 2, "priorityAtLeast": 1000, "models": ["H100-SXM5-80GB"]}}))
+    with capture_logs() as logs:
+        for i in range(4, 6):  # a pod more for each batch
+            s._pending.apply("ADDED", pod(f"low{i}", 0))
+            await batch(s)
+    warned = [e for e in logs if e["event"] == "headroom models match no node"]
+    assert len(warned) == 1, warned  # once per setting, with what the nodes are
+    assert warned[0]["products"] == ["A100", "NVIDIA-H100-80GB-HBM3"]
+    assert "gpu.product" in warned[0]["fix"]

@@ -245,5 +245,11 @@ async def report_costs(
                 view = None
         else:
             notes.append(f"{utilisation.error}; nothing is counted idle")
+    products = {rec.node.gpu_model for rec in cache.nodes.values()}
+    for name in prices.unmatched(products):
+        notes.append(
+            f"gpuHour.{name} names no GPU product of the cluster's nodes, so it prices nothing: use a "
+            f"nvidia.com/gpu.product value of theirs ({', '.join(sorted(p for p in products if p)[:4]) or 'none'})"
+        )
     placed = cache.placed()
     return cost_report(cache.snapshot().cluster, placed, prices, view, idle_percent, cache.guessed_gpus()), notes

@@ -106,6 +106,7 @@ class Scheduler:
         self._policy_params: SolverParams | None = None
         self._shapes: Counter[TypicalShape] = Counter()
         self._kept_last: tuple[tuple[str, int], ...] = ()
+        self._models_checked: tuple[str, ...] = ()  # the headroom.models setting last checked
         """The GPUs the last batch kept free (node name, index): kept first again, so that what
         is kept does not wander from node to node as pods come and go."""
         self._consolidating: set[tuple[str, str]] = set()
@@ -605,6 +606,7 @@ class Scheduler:
         )
         if snap.kept:
             self._kept_last = tuple((snap.cluster.nodes[i].name, g) for i, g in snap.kept)
+        self._check_headroom_models(snap.cluster)
         policy = self._policy_for(snap.cluster)
         for p in pods:
             self._shapes[TypicalShape.of(p)] += 1
@@ -1487,6 +1489,24 @@ class Scheduler:
     def _below_headroom(self, pod: Pod) -> bool:
         """Whether ``pod`` may not take the GPUs the headroom keeps free."""
         return pod.priority < self.config.headroom.priority_at_least
+
+    def _check_headroom_models(self, cluster: Cluster) -> None:
+        """Warn, once per setting, when ``headroom.models`` names no GPU product of the cluster:
+        the headroom then keeps no GPU, and pods of high priority must preempt."""
+        models = tuple(self.config.headroom.models)
+        if not models or not self.config.headroom.gpus or models == self._models_checked:
+            return
+        if len(cluster) and not cluster.named_mask(models).any():
+            self._models_checked = models
+            products = sorted({n.gpu_model for n in cluster.nodes if n.gpu_model})
+            log.warning(
+                "headroom models match no node",
+                models=list(models),
+                products=products[:8],
+                fix="headroom.models takes the nodes' nvidia.com/gpu.product values (a leading NVIDIA- may go)",
+            )
+        elif len(cluster):
+            self._models_checked = models
 
     def _keep(self, pods: Iterable[Pod] | None = None) -> dict[str, Any]:
         """What ``Cache.snapshot`` is to keep free from ``pods`` (None: from pods of low priority):

@@ -15,6 +15,7 @@ import contextlib
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 from rich.console import Console
@@ -22,6 +23,7 @@ from rich.table import Table
 
 from gpusched.metrics.source import UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, Node
+from gpusched.model.mig import product_key
 
 __all__ = ["CostReport", "NamespaceCost", "Prices", "cost_report", "parse_prices", "render_report", "report_json"]
 
@@ -40,7 +42,19 @@ class Prices:
     currency: str = "USD"
 
     def of(self, model: str) -> float:
-        return self.per_model.get(model, self.default)
+        """The price of a GPU of product ``model``: its own entry, else the entry that names it
+        as ``product_key`` reads names (``A100-SXM4-80GB`` prices ``NVIDIA-A100-SXM4-80GB``)."""
+        price = self.per_model.get(model)
+        return self._by_key.get(product_key(model), self.default) if price is None else price
+
+    @cached_property
+    def _by_key(self) -> dict[str, float]:
+        return {product_key(name): price for name, price in self.per_model.items()}
+
+    def unmatched(self, products: Iterable[str]) -> list[str]:
+        """The products priced that no GPU of ``products`` is (a misspelt name prices nothing)."""
+        keys = {product_key(p) for p in products if p}
+        return sorted(name for name in self.per_model if product_key(name) not in keys)
 
 
 def parse_prices(data: object, source: str = "prices") -> Prices:

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Spread, preference_score, selects
-from gpusched.model.mig import MIG_CONFIG_PREFIX, MigGeometry, MigLayout, geometry_for, mig_config
+from gpusched.model.mig import MIG_CONFIG_PREFIX, MigGeometry, MigLayout, geometry_for, mig_config, product_key
 from gpusched.model.node import GPU_MILLI, LABEL_GPU_COUNT, Node, Taint
 from gpusched.model.placement import Assignment, MigPartition
 from gpusched.model.pod import Pod, PodShape, Toleration, tolerated, untolerated
@@ -190,6 +190,17 @@ class Cluster:
         mask = self._model_masks.get(key)
         if mask is None:
             mask = self._model_masks[key] = _frozen(np.array([x.gpu_model in models for x in self.nodes]))
+        return mask
+
+    def named_mask(self, names: Iterable[str]) -> BoolArray:
+        """Nodes whose GPU product is one of ``names`` as an operator writes them, compared as
+        ``product_key`` reads them: ``A100-SXM4-80GB`` names ``NVIDIA-A100-SXM4-80GB`` too."""
+        keys = {product_key(n) for n in names}
+        key = frozenset({"\0named", *keys})
+        mask = self._model_masks.get(key)
+        if mask is None:
+            named = [bool(x.gpu_model) and product_key(x.gpu_model) in keys for x in self.nodes]
+            mask = self._model_masks[key] = _frozen(np.array(named, dtype=np.bool_))
         return mask
 
     def model_mask(self, models: frozenset[str]) -> BoolArray:

@@ -29,6 +29,7 @@ __all__ = [
     "MigProfile",
     "geometry_for",
     "mig_config",
+    "product_key",
     "profile_of",
     "resource_name",
 ]
@@ -211,11 +212,18 @@ _PRODUCTS: Mapping[str, str] = MappingProxyType(
 _PRODUCT_SUFFIX = re.compile(r"(-MIG-[0-9]+G\.[0-9]+GB)?(-SHARED)?$")
 
 
+def product_key(product: str) -> str:
+    """An ``nvidia.com/gpu.product`` value, or a name a person wrote for it, as products are
+    compared: upper case, without the maker's prefix (``NVIDIA-``, ``Tesla-``) and without the
+    suffixes GPU feature discovery appends (``-MIG-<profile>``, ``-SHARED``).
+    ``NVIDIA-A100-SXM4-80GB-MIG-1g.10gb`` and ``a100-sxm4-80gb`` are one product."""
+    key = _PRODUCT_SUFFIX.sub("", product.strip().upper(), count=1)
+    return key.removeprefix("NVIDIA-").removeprefix("TESLA-")
+
+
 def geometry_for(product: str) -> MigGeometry | None:
     """The geometry for an ``nvidia.com/gpu.product`` label value, None for a GPU without MIG."""
-    key = _PRODUCT_SUFFIX.sub("", product.strip().upper(), count=1)
-    key = key.removeprefix("NVIDIA-")
-    model = _PRODUCTS.get(key)
+    model = _PRODUCTS.get(product_key(product))
     return None if model is None else GEOMETRIES[model]
 
 

@@ -94,7 +94,7 @@ def keep_free(
     """The ``count`` idle GPUs (node index, GPU index) to keep free.
 
     Only on nodes not cordoned, with no MIG slices, no taint but of the keys in ``tolerated``,
-    of ``models`` if any; never those of ``spared``.  ``prefer`` (the last ones kept) is kept
+    of ``models`` if any (``Cluster.named_mask``); never those of ``spared``.  ``prefer`` (the last ones kept) is kept
     again while all of it is idle, so that what is kept does not move from batch to batch.
     Else: on the node with the fewest idle GPUs that has enough, and the CPU and memory to go
     with them (as much of each as of its GPUs: with ``cpu_used`` and ``mem_used``), so that what
@@ -107,7 +107,7 @@ def keep_free(
         bare = [all(t.key in tolerated for t in taints) for taints in cluster.taint_sets]
         ok &= np.array(bare, dtype=np.bool_)[cluster.taint_id]
     if models:
-        ok &= cluster.product_mask(models)
+        ok &= cluster.named_mask(models)
     idle = (gpu_used == 0) & (cluster.gpu_cap > 0) & ok[:, None]
     for i, g in spared:
         idle[i, g] = False

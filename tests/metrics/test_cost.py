@@ -121,3 +121,15 @@ def test_a_price_list_at_the_highest_price_still_gives_json() -> None:
     big = Cluster([Node(f"n{i}", 64000, 65536, gpu_count=8, gpu_model="A100") for i in range(100)])
     out = json.dumps(report_json(cost_report(big, [], prices)))
     json.loads(out, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+
+
+def test_a_price_written_without_the_makers_prefix_prices_the_labelled_product() -> None:
+    # Nodes carry what GPU feature discovery writes; operators write the product's name.
+    prices = Prices({"A100-SXM4-80GB": 3.0, "T4": 0.5, "H100-SXM5-80GB": 9.0}, default=1.0)
+    assert prices.of("NVIDIA-A100-SXM4-80GB") == 3.0
+    assert prices.of("NVIDIA-A100-SXM4-80GB-MIG-1g.10gb") == 3.0  # a node in MIG mode (single strategy)
+    assert prices.of("Tesla-T4") == 0.5
+    assert prices.of("NVIDIA-A100-SXM4-40GB") == 1.0  # another product: the default
+    exact = Prices({"NVIDIA-A100-SXM4-80GB": 4.0, "A100-SXM4-80GB": 3.0})
+    assert exact.of("NVIDIA-A100-SXM4-80GB") == 4.0  # an exact entry wins
+    assert prices.unmatched(["NVIDIA-A100-SXM4-80GB", "Tesla-T4", ""]) == ["H100-SXM5-80GB"]

@@ -19,6 +19,7 @@ from gpusched.model.mig import (
     MigProfile,
     geometry_for,
     mig_config,
+    product_key,
     profile_of,
     resource_name,
 )
@@ -404,3 +405,11 @@ def test_a_mig_plan_is_refused_for_a_node_whose_gpu_indices_are_not_known(node: 
 def test_a_mig_plan_without_partitions_is_refused_rather_than_written_empty() -> None:
     with pytest.raises(ValueError, match="no GPU is partitioned"):
         mig_plan(Cluster([_repartitionable("n0", 1)]), [])
+
+
+def test_products_are_compared_as_operators_write_them() -> None:
+    assert product_key("NVIDIA-A100-SXM4-80GB") == product_key("a100-sxm4-80gb") == "A100-SXM4-80GB"
+    assert product_key("NVIDIA-H100-80GB-HBM3-MIG-3g.40gb") == "H100-80GB-HBM3"
+    assert product_key("NVIDIA-A10-SHARED") == "A10"
+    assert product_key("Tesla-T4") == "T4"
+    assert product_key("A100-SXM4-80GB") != product_key("A100-SXM4-40GB")
