@@ -9,6 +9,7 @@ may fit.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -127,3 +128,37 @@ async def test_every_batch_writes_its_one_log_line_even_when_no_pod_is_left_to_s
     placed = 1 if with_valid_pod else 0
     assert (line["pods"], line["placed"], line["unplaced"], line["invalid"]) == (1 + placed, placed, 0, 1)
     assert api.reasons("default/bad") == ["FailedScheduling"]
+
+
+async def test_a_gang_the_solve_left_out_while_it_fits_is_tried_again_soon_not_parked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A solve cut short (its time limit) may leave a gang out that fits.  Like a single pod that
+    # fits, its members are told so and backed off, not parked until the cluster changes.
+    real: Callable[..., Any] = daemon._place
+    calls = 0
+
+    def short(policy: Any, pods: list[Any], state: Any, quick: bool) -> Any:
+        nonlocal calls
+        calls += 1
+        plan = real(policy, pods, state, quick)
+        if calls > 1:
+            return plan
+        out = tuple(a.pod for a in plan.assignments if a.pod.gang is not None)
+        return dataclasses.replace(
+            plan, assignments=tuple(a for a in plan.assignments if a.pod.gang is None), unplaced=plan.unplaced + out
+        )
+
+    monkeypatch.setattr(daemon, "_place", short)
+    s, api = _scheduler(gpus=2)
+    for name in ("m1", "m2"):
+        s._pending.apply("ADDED", member_pod(name, gang="g"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    told = api.failed("default/m1")
+    assert told, api.events
+    assert "fit together now" in told[-1]
+    assert s.queue.counts().backoff == 2, s.queue.counts()
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert sorted(api.bound) == ["default/m1", "default/m2"]

@@ -794,6 +794,27 @@ async def test_gang_members_waiting_beside_a_layout_are_no_demand() -> None:
     assert "gpusched_unschedulable_gpu_demand 0.0" in text, (line, told, api.bound_to)
 
 
+async def test_gang_members_waiting_beside_a_layout_keep_their_reason_when_drawn_again() -> None:
+    # Any change in the cluster draws parked pods again; members waiting for the layout, on its
+    # instances or beside them, stay parked and are not told that too few members are pending.
+    api = MigApi()
+    s = scheduler(api)
+    add_node(s, "n", 1)
+    add_node(s, "w", 1, repartition=False)
+    s._pending.apply("ADDED", pod("g0", mig="1g.10gb", gang="g"))
+    s._pending.apply("ADDED", pod("g1", gpus=1, gang="g"))
+    await batch(s)
+    assert "default/g1" in s.mig.jobs["n"].beside, s.mig.jobs
+    told = {k: len(api.failed(k)) for k in ("default/g0", "default/g1")}
+    s.queue.move_all()
+    await batch(s)
+    stop(s)
+    assert {k: len(api.failed(k)) for k in told} == told, api.failed("default/g1")
+    assert "wait for node n to be re-partitioned" in api.failed("default/g1")[-1]
+    assert s.queue.counts().unschedulable == 2
+    assert not api.bound_to
+
+
 async def test_a_pod_that_ran_between_two_looks_restarts_the_idle_clock() -> None:
     api = MigApi()
     s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})

@@ -634,3 +634,33 @@ async def test_room_given_up_is_not_held_again_from_a_nomination_the_watch_shows
     s._pending.apply("MODIFIED", urgent)  # late: still the last leader's word
     assert s.cache.nomination("default/urgent") is None
     assert api.evicted == []
+
+
+async def test_a_running_gang_keeps_its_minimum_in_the_books_after_each_member_was_recreated() -> None:
+    # A gang of 2 (minimum 2) runs; m1 and then m2 are deleted and recreated, each placed beside
+    # the other (counted against a minimum of 1 for that solve).  The books must still read
+    # the gang's minimum as 2: preemption may not evict one member and leave the job short.
+    from gpusched.solver.preempt import gang_budgets
+
+    api = _Api()
+    s = one_node_scheduler(api, gpus=2)
+
+    def running(name: str, uid: str) -> dict[str, Any]:
+        obj = _member(name, 50)
+        obj["metadata"]["uid"] = uid
+        obj["spec"]["nodeName"] = "n0"
+        return obj
+
+    for m in ("m1", "m2"):
+        s._bound.apply("ADDED", running(m, f"uid-{m}"))
+    for m in ("m1", "m2"):
+        s._bound.apply("DELETED", running(m, f"uid-{m}"))
+        again = _member(m, 50)
+        again["metadata"]["uid"] = f"uid-{m}-2"
+        s._pending.apply("ADDED", again)
+        await _cycle(s)
+        assert f"default/{m}" in api.bound
+        s._pending.apply("DELETED", again)
+        s._bound.apply("ADDED", running(m, f"uid-{m}-2"))
+    (budget,) = gang_budgets(s.cache.preemptible())
+    assert budget.allowed == 0, budget

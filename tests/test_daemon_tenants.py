@@ -404,3 +404,54 @@ async def test_a_mig_pod_at_its_tenants_limit_preempts_a_lower_one_of_its_tenant
     assert api.evicted == ["a/a-low"], "its own tenant's pod, not b's lower one, nor a free instance"
     assert s.cache.nomination("a/urgent") is not None
     assert not api.bound, "it waits for its victim's instance"
+
+
+async def test_a_limited_tenants_pod_whose_held_room_stopped_fitting_is_placed_elsewhere_once_its_victim_left() -> None:
+    # Tenant a (limit 2 GPUs) preempts 'low' on n0; n0 is then tainted (a drain) as 'low' leaves,
+    # and n1 frees up.  The room on n0 can no longer take 'urgent': it must not wait there forever.
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    tenants(s, quotas={"a": {"limitGpus": 2}})
+    low = of("low", "a", 0, node="n0", gpu=0)
+    other = of("b1", "b", 50, node="n1", gpu=0)
+    s._bound.apply("ADDED", low)
+    s._bound.apply("ADDED", other)
+    s._pending.apply("ADDED", of("urgent", "a", 100))
+    await batch(s)
+    assert api.evicted == ["a/low"]
+    n0 = kit.node("n0", 1, "A100")
+    n0["spec"] = {"taints": [{"key": "maintenance", "effect": "NoSchedule"}]}
+    NodeHandler(s).apply("MODIFIED", n0)
+    s._bound.apply("DELETED", low)
+    s._bound.apply("DELETED", other)
+    await batch(s)
+    assert api.bound == ["a/urgent"], api.failed("a/urgent")
+    assert s.cache.placement("a/urgent") == ("n1", (0,))
+    assert s.cache.nomination("a/urgent") is None
+
+
+async def test_a_limited_tenants_gang_with_a_recreated_member_is_placed_once_its_victims_left() -> None:
+    # A gang of 2 preempts one pod for each member; its controller recreates m1 (new UID, no
+    # room) while the victims leave.  Once they are gone the gang is placed whole, and no
+    # member is told that fewer members than it has are pending.
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    tenants(s, quotas={"a": {"limitGpus": 4}})
+    victims = [of("low0", "a", 0, node="n0", gpu=0), of("low1", "a", 0, node="n1", gpu=0)]
+    for v in victims:
+        s._bound.apply("ADDED", v)
+    for m in ("m1", "m2"):
+        s._pending.apply("ADDED", member(m, "a", 50))
+    await batch(s)
+    assert sorted(api.evicted) == ["a/low0", "a/low1"]
+    s._pending.apply("DELETED", member("m1", "a", 50))
+    again = member("m1", "a", 50)
+    again["metadata"]["uid"] = "m1-second"
+    s._pending.apply("ADDED", again)
+    for v in victims:
+        s._bound.apply("DELETED", v)
+    await batch(s)
+    assert sorted(api.bound) == ["a/m1", "a/m2"], (api.failed("a/m1"), api.failed("a/m2"))
+    assert s.cache.tenant_usage(s.tenants) == {"a": 2000}

@@ -128,14 +128,12 @@ class Repartitioner:
         return out
 
     # -- MIG re-partitioning ------------------------------------------------------------------
-    def waits_for_layout(self, key: str, uid: str) -> bool:
-        return any(key in r.pods and r.pods[key].uid == uid for r in self.jobs.values())
-
-    def set_aside(self) -> frozenset[tuple[str, str]]:
-        """The pods (key, UID) waiting for a layout asked for: on its instances, or beside them
-        (a gang's members planned on other nodes)."""
-        on = {(k, p.uid) for job in self.jobs.values() for k, p in job.pods.items()}
-        return frozenset(on | {(k, uid) for job in self.jobs.values() for k, (uid, _) in job.beside.items()})
+    def set_aside(self) -> dict[tuple[str, str], str]:
+        """The pods (key, UID) waiting for a layout asked for, with the node it is asked for:
+        on its instances, or beside them (a gang's members planned on other nodes)."""
+        out = {(k, uid): node for node, job in self.jobs.items() for k, (uid, _) in job.beside.items()}
+        out.update({(k, p.uid): node for node, job in self.jobs.items() for k, p in job.pods.items()})
+        return out
 
     def repartition(
         self,

@@ -48,7 +48,7 @@ from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, P
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.solver.baselines.base import GPU_CHOICE
 from gpusched.solver.consolidate import plan_consolidation
-from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang
+from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang, gang_fits
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.params import SolverParams
 from gpusched.solver.policy import Policy, place_quick
@@ -228,23 +228,36 @@ class Scheduler:
         return self.cache.tenant_usage(self.tenants)
 
     def _wait_in_rooms(self, todo: list[PodRecord]) -> list[PodRecord]:
-        """``todo`` but for the pods of tenants with a limit that room is held for: they wait for
-        it (told so, the room kept), since taking free room elsewhere while their victims leave
-        would take their tenant past its limit (its victims count until they are gone)."""
-        out = []
+        """``todo`` but for the pods of tenants with a limit that room is held for while their
+        victims are still leaving (a gang: all its members here, while any member's are): they
+        wait for it (told so, the room kept), since taking free room elsewhere while their
+        victims leave would take their tenant past its limit (its victims count until they are
+        gone).  Once the victims are gone, a pod whose room ``_bind_nominated`` could not bind
+        it to goes on to the solve, which gives the room up where it no longer fits."""
+        leaving: dict[str, tuple[str, int]] = {}  # pod, or gang -> a node its victims leave, how many
         for r in todo:
             room = self.cache.nomination(r.key)
-            tenant = self.tenants.of(r.pod)
-            if room is None or self.tenants.rule(tenant).limit is None:
+            if room is None or not room[2] or self.tenants.rule(self.tenants.of(r.pod)).limit is None:
+                continue
+            unit = r.key if r.pod.gang is None else f"gang:{r.pod.gang.name}"
+            node, count = leaving.get(unit, (room[0], 0))
+            leaving[unit] = (node, count + room[2])
+        if not leaving:
+            return todo
+        out = []
+        for r in todo:
+            unit = r.key if r.pod.gang is None else f"gang:{r.pod.gang.name}"
+            if unit not in leaving:
                 out.append(r)
                 continue
-            node, _, left = room
+            node, left = leaving[unit]
+            room = self.cache.nomination(r.key)
             self.tell_unschedulable(
                 r.pod,
-                f"Waiting for {left} preempted pod(s) to leave node {node}: tenant {tenant} has a GPU limit, "
-                "so the pod takes only the room they leave.",
+                f"Waiting for {left} preempted pod(s) to leave node {node}: tenant {self.tenants.of(r.pod)} has a "
+                "GPU limit, so the pod takes only the room they leave.",
                 "TenantLimit",
-                nominated=node,
+                nominated=None if room is None else room[0],
             )
         return out
 
@@ -520,10 +533,16 @@ class Scheduler:
             {p for job in self.mig.jobs.values() for _, layout in job.layouts for p in layout.counts},
         )
         self.mig.expire_asks()
+        aside = self.mig.set_aside()
         for r in batch:
-            if not r.error and self.mig.waits_for_layout(r.key, r.uid):  # told already; back once its node is done
+            if not r.error and (r.key, r.uid) in aside:  # told already; back once the layout is done
                 self.queue.park(r.key)
                 waiting += 1
+                if r.pod.gang is not None:
+                    node = aside[r.key, r.uid]
+                    held_back.setdefault(
+                        r.pod.gang.name, f"members wait for node {node} to be re-partitioned into MIG instances"
+                    )
                 continue
             if r.error:
                 if r.pod.gang is not None:
@@ -554,7 +573,8 @@ class Scheduler:
         limit_usage: dict[str, int] = {}
         if self.tenants.active and todo:
             todo = self._wait_in_rooms(todo)
-            limit_usage = self.cache.tenant_usage(self.tenants, terminating=True)
+            # Room still held for a pod here is its own to take or give up: counted with its pod.
+            limit_usage = self.cache.tenant_usage(self.tenants, [r.key for r in todo], terminating=True)
             admitted, over = self.tenants.admit([r.pod for r in todo], limit_usage)
             at_limit: list[tuple[Pod, Explanation | _Verdict]] = []
             gangs_at_limit: dict[str, dict[str, tuple[Pod, str]]] = defaultdict(dict)
@@ -771,7 +791,14 @@ class Scheduler:
                 )
                 for p in group
             }
-            if members[name] < gang.min_members or not all(p.preempts for p in group):
+            if why is None and members[name] >= gang.min_members and gang_fits(group, after_low):
+                deferred = (
+                    f"gang {name}: its {len(group)} members fit together now, but the batch solve left them out "
+                    "to keep capacity for the rest of the batch; they are retried with the next batch."
+                )
+                for p in group:  # as a pod that fits: backed off, not parked
+                    self.tell_unschedulable(p, deferred, DEFERRED)
+            elif members[name] < gang.min_members or not all(p.preempts for p in group):
                 for p, message in told.values():  # preempting would not help: room held is given up
                     self.tell_unschedulable(p, message, "Gang")
             elif not self._gang_waits_for_victims(told, after_low, freed):
@@ -868,7 +895,13 @@ class Scheduler:
         return [k for k in ready if gang_of.get(k) not in waiting]
 
     def _start_bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
-        self.cache.assume(pod, node, gpus)
+        record = self.queue.record(pod.key)
+        if pod.gang is not None and record is not None and record.uid == pod.uid:
+            # Its gang as written, not as ``_count_running_members`` counted it for this solve:
+            # the books read the gang's minimum from its members (``gang_budgets``).
+            self.cache.assume(record.pod, node, gpus)
+        else:
+            self.cache.assume(pod, node, gpus)
         self.mig.idle_since.pop(node, None)
         self._binds_in_flight += 1
         self._binds_unstarted += 1

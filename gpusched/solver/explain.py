@@ -16,7 +16,7 @@ without GPUs is short of GPUs, not also of islands).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +24,7 @@ import numpy as np
 from gpusched.model import ClusterState, Pod
 from gpusched.model.node import UNSCHEDULABLE_TAINT
 from gpusched.model.pod import tolerated, untolerated
+from gpusched.solver.baselines.best_fit import BestFitPolicy
 
 __all__ = [
     "AFFINITY",
@@ -211,3 +212,10 @@ def explain_gang(pod: Pod, members: int, state: ClusterState) -> str:
     e = explain(pod, state)
     detail = e.message if not e.fits else f"{e.fits}/{e.total} nodes could take this member alone."
     return f"gang {gang.name}: its {members} members do not all fit at once{where}; {detail}"
+
+
+def gang_fits(members: Sequence[Pod], state: ClusterState) -> bool:
+    """Whether ``members`` (a gang's pending members) all fit at once in ``state`` as a greedy
+    pass places a gang (best fit, within one domain where it must): then what left them out
+    of a batch was the solve, not capacity."""
+    return len(BestFitPolicy().place(list(members), state).assignments) == len(members)
