@@ -21,14 +21,14 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import urlsplit
 
 import structlog
 from rich.console import Console
 
 from gpusched import __version__, logs
-from gpusched.config import ConfigError, GpuschedConfig, load_config, read_yaml
+from gpusched.config import ConfigError, GpuschedConfig, load_config, parse_config, read_yaml
 from gpusched.metrics.cost import render_report, report_json
 from gpusched.metrics.source import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, default_query
 from gpusched.sim.report import render_extended_table, render_table
@@ -257,7 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="leader-election identity (default: $POD_NAME, else the host name and a random suffix)",
     )
     run.add_argument("--no-leader-elect", action="store_true", help="schedule without holding the Lease")
-    run.add_argument("--lease-name", default="gpu-scheduler", help="Lease name in --namespace (default: %(default)s)")
+    run.add_argument(
+        "--lease-name",
+        help="Lease name in --namespace (default: the --scheduler-name, so that two schedulers never share one; "
+        "the Role grants get and update on the Lease by name)",
+    )
     run.add_argument(
         "--lease-duration",
         type=_positive_float,
@@ -353,6 +357,18 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     rep.add_argument("--log-level", default=argparse.SUPPRESS, choices=logs.LEVELS, help="as gpusched --log-level")
     rep.set_defaults(handler=_report)
+
+    chk = sub.add_parser(
+        "check-config",
+        help="validate a solver configuration before it is applied",
+        description=(
+            "Read a solver configuration as the scheduler reads its ConfigMap: a YAML document, or a ConfigMap "
+            "manifest (its data key config.yaml). Exit 0 and list what differs from the defaults, or exit 2 naming "
+            "the key and the reason."
+        ),
+    )
+    chk.add_argument("file", type=Path, metavar="FILE", help="the YAML document or ConfigMap manifest")
+    chk.set_defaults(handler=_check_config)
     return parser
 
 
@@ -472,7 +488,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         scheduler_name=args.scheduler_name,
         identity=args.identity,
         leader_elect=not args.no_leader_elect,
-        lease_name=args.lease_name,
+        lease_name=args.lease_name or args.scheduler_name,
         lease_duration_s=args.lease_duration,
         renew_deadline_s=args.renew_deadline,
         retry_period_s=args.retry_period,
@@ -633,6 +649,39 @@ def _read_config(path: Path, what: str) -> GpuschedConfig:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--config {path}: cannot read: {exc}") from None
     return load_config(text, source=str(path))
+
+
+def _check_config(args: argparse.Namespace, console: Console) -> int:
+    path = _existing_file(args.file, "file", "a solver configuration or a ConfigMap manifest")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read: {exc}") from None
+    data = read_yaml(text, str(path))
+    source = str(path)
+    if isinstance(data, dict) and data.get("kind") == "ConfigMap":
+        entries = data.get("data")
+        inner = entries.get("config.yaml") if isinstance(entries, dict) else None
+        if not isinstance(inner, str):
+            raise ConfigError(f"{path}: a ConfigMap without data.config.yaml, the key the scheduler reads")
+        source = f"{path} (data.config.yaml)"
+        config = load_config(inner, source=source)
+    else:
+        config = parse_config(data, source)
+    changed = _changed(config.model_dump(by_alias=True), GpuschedConfig().model_dump(by_alias=True))
+    console.print(f"{source}: valid", soft_wrap=True)
+    for key, value in changed:
+        console.print(f"  {key}: {json.dumps(value)}", soft_wrap=True, highlight=False)
+    if not changed:
+        console.print("  (every key at its default)")
+    return 0
+
+
+def _changed(mine: Any, default: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """The settings of ``mine`` that differ from ``default``, by dotted key."""
+    if isinstance(mine, dict) and isinstance(default, dict) and mine and default:
+        return [c for k, v in mine.items() for c in _changed(v, default.get(k), f"{prefix}{k}.")]
+    return [] if mine == default else [(prefix.rstrip("."), mine)]
 
 
 def _params(config: Path | None) -> SolverParams | None:

@@ -558,10 +558,8 @@ def test_arguments_at_their_limits_are_taken(argv: list[str], dest: str, value: 
     assert getattr(build_parser().parse_args(argv), dest) == value
 
 
-@pytest.mark.parametrize(("flags", "leader_elect"), [([], True), (["--no-leader-elect"], False)])
-def test_run_holds_the_lease_unless_told_not_to(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], leader_elect: bool
-) -> None:
+def _run_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str]) -> Any:
+    """The settings ``gpusched run`` with ``flags`` hands the daemon."""
     import gpusched.daemon
 
     seen: list[Any] = []
@@ -573,8 +571,16 @@ def test_run_holds_the_lease_unless_told_not_to(
     monkeypatch.setattr(gpusched.daemon, "run_daemon", run_daemon)
     path = tmp_path / "kubeconfig"
     path.write_text(KUBECONFIG + "current-context: ctx\n", encoding="utf-8")
-    assert main(["run", "--kubeconfig", str(path), "--lease-name", "l", *flags]) == 0
+    assert main(["run", "--kubeconfig", str(path), *flags]) == 0
     (settings,) = seen
+    return settings
+
+
+@pytest.mark.parametrize(("flags", "leader_elect"), [([], True), (["--no-leader-elect"], False)])
+def test_run_holds_the_lease_unless_told_not_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], leader_elect: bool
+) -> None:
+    settings = _run_settings(tmp_path, monkeypatch, ["--lease-name", "l", *flags])
     assert settings.leader_elect is leader_elect
     assert (settings.lease_name, settings.lease_duration_s, settings.renew_deadline_s, settings.retry_period_s) == (
         "l",
@@ -621,3 +627,40 @@ def test_report_refuses_a_broken_or_ambiguous_price_list_in_one_line(
     assert message in said
     assert "not valid YAML" in said
     assert "<unicode string>" not in said
+
+
+@pytest.mark.parametrize(
+    ("flags", "lease"),
+    [([], "gpu-scheduler"), (["--scheduler-name", "gpu-scheduler-b"], "gpu-scheduler-b"), (["--lease-name", "l"], "l")],
+)
+def test_a_second_scheduler_by_another_name_holds_its_own_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], lease: str
+) -> None:
+    assert _run_settings(tmp_path, monkeypatch, flags).lease_name == lease
+
+
+def test_check_config_lists_what_differs_from_the_defaults_or_names_the_bad_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plain = tmp_path / "config.yaml"
+    plain.write_text("weights:\n  fragmentation: 20\nbatching:\n  quickStart: false\n", encoding="utf-8")
+    assert main(["check-config", str(plain)]) == 0
+    out = capsys.readouterr().out
+    assert "valid" in out
+    assert "weights.fragmentation: 20" in out
+    assert "batching.quickStart: false" in out
+    assert "solver." not in out  # untouched sections are not listed
+    manifest = tmp_path / "cm.yaml"
+    manifest.write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: gpu-scheduler-config}\n"
+        "data:\n  config.yaml: |\n    solver:\n      workers: 0\n",
+        encoding="utf-8",
+    )
+    assert main(["check-config", str(manifest)]) == 2
+    err = capsys.readouterr().err
+    assert "data.config.yaml" in err
+    assert "solver.workers" in err
+    assert "Traceback" not in err
+    shipped = Path(__file__).resolve().parents[1] / "manifests" / "config.yaml"
+    assert main(["check-config", str(shipped)]) == 0
+    assert "every key at its default" in capsys.readouterr().out

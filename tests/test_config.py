@@ -111,7 +111,7 @@ def test_an_unknown_key_lists_the_keys_known_in_its_place() -> None:
             "weights.packing",
             "valid integer (got the string '3'; write it without quotes)",
         ),
-        ("batching:\n  quickStart: 1\n", "batching.quickStart", "valid boolean (got 1)"),
+        ("batching:\n  quickStart: 1\n", "batching.quickStart", "valid boolean (got 1; write true or false)"),
         ("batching:\n  maxWaitSeconds: 61\n", "batching.maxWaitSeconds", "less than or equal to 60"),
         ("weights: [1, 2]\n", "weights", "expected a mapping of keys under it (got [1, 2])"),
     ],

@@ -42,3 +42,30 @@ def test_a_section_that_is_not_a_mapping_is_still_rejected(text: str) -> None:
     section = text.split(":", maxsplit=1)[0]
     with pytest.raises(ConfigError, match=rf"^config: {section}: "):
         load_config(text)
+
+
+def _keys() -> dict[str, set[str]]:
+    """Per section of the document, the keys it takes (as written)."""
+    from pydantic import BaseModel
+
+    out: dict[str, set[str]] = {}
+    for section, field in GpuschedConfig.model_fields.items():
+        model = field.default
+        assert isinstance(model, BaseModel)
+        out[section] = {f.alias or name for name, f in type(model).model_fields.items()}
+    return out
+
+
+def test_the_shipped_config_carries_every_key_at_its_default() -> None:
+    import yaml
+
+    data = yaml.safe_load(SHIPPED.read_text())
+    assert {s: set(v) for s, v in data.items()} == _keys()
+    assert load_config(SHIPPED.read_text()) == GpuschedConfig()
+
+
+def test_the_readme_configuration_reference_has_a_row_for_every_key() -> None:
+    readme = (SHIPPED.parents[1] / "README.md").read_text()
+    rows = set(re.findall(r"^\| `([a-zA-Z]+\.[a-zA-Z]+)[.`]", readme, re.M))  # tenants.quotas.NAME.x: tenants.quotas
+    missing = [f"{s}.{k}" for s, keys in _keys().items() for k in sorted(keys) if f"{s}.{k}" not in rows]
+    assert not missing
