@@ -259,8 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-leader-elect", action="store_true", help="schedule without holding the Lease")
     run.add_argument(
         "--lease-name",
-        help="Lease name in --namespace (default: the --scheduler-name, so that two schedulers never share one; "
-        "the Role grants get and update on the Lease by name)",
+        default="gpu-scheduler",
+        help="Lease name in --namespace (default: %(default)s); a second gpusched in the same namespace needs "
+        "its own, which its Role must grant by name",
     )
     run.add_argument(
         "--lease-duration",
@@ -488,7 +489,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         scheduler_name=args.scheduler_name,
         identity=args.identity,
         leader_elect=not args.no_leader_elect,
-        lease_name=args.lease_name or args.scheduler_name,
+        lease_name=args.lease_name,
         lease_duration_s=args.lease_duration,
         renew_deadline_s=args.renew_deadline,
         retry_period_s=args.retry_period,

@@ -629,16 +629,6 @@ def test_report_refuses_a_broken_or_ambiguous_price_list_in_one_line(
     assert "<unicode string>" not in said
 
 
-@pytest.mark.parametrize(
-    ("flags", "lease"),
-    [([], "gpu-scheduler"), (["--scheduler-name", "gpu-scheduler-b"], "gpu-scheduler-b"), (["--lease-name", "l"], "l")],
-)
-def test_a_second_scheduler_by_another_name_holds_its_own_lease(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], lease: str
-) -> None:
-    assert _run_settings(tmp_path, monkeypatch, flags).lease_name == lease
-
-
 def test_check_config_lists_what_differs_from_the_defaults_or_names_the_bad_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -276,7 +276,13 @@ class Kube:
                 if not line:
                     return
                 if line.strip():
-                    yield json.loads(line)
+                    try:
+                        event = json.loads(line)
+                    except ValueError as exc:  # cut off mid-line: resumed from the last version, as a break is
+                        raise ApiError(
+                            0, f"watch {path} sent a line that is not JSON: {line[:80]!r}", "Unreachable"
+                        ) from exc
+                    yield event
         finally:
             _let_go(resp)
 

@@ -163,6 +163,9 @@ class LeaderElector:
                 return self._won(c.ok, c.status)
             if not r.ok:
                 raise r.error()
+            if not isinstance(r.body, dict):  # a proxy's page, say: as a failed request
+                log.warning("lease request failed", lease=self.name, error=f"not a Lease object: {str(r.body)[:80]!r}")
+                return False
             lease: dict[str, Any] = r.body
             spec: dict[str, Any] = lease.get("spec") or {}
             holder = str(spec.get("holderIdentity") or "")
@@ -182,7 +185,7 @@ class LeaderElector:
             u = await self.kube.request("PUT", f"{self.path}/{self.name}", body=lease)
             return self._won(u.ok, u.status)
         except ApiError as exc:
-            log.warning("lease request failed", lease=self.name, error=str(exc))
+            self._refused(exc.status, str(exc))
             return False
 
     def _spec(self, acquired: str, renewed: str, transitions: int) -> dict[str, Any]:
@@ -202,5 +205,18 @@ class LeaderElector:
             self._observed_at = time.monotonic()
             return True
         if status != 409:
-            log.warning("lease write refused", lease=self.name, status=status)
+            self._refused(status, "lease write refused")
         return False
+
+    def _refused(self, status: int, error: str) -> None:
+        if status == 403:
+            log.warning(
+                "lease request failed",
+                lease=self.name,
+                status=status,
+                error=error,
+                fix=f"the Role in {self.namespace} must grant get and update on the Lease named {self.name} "
+                "(and create on leases); a second gpusched there needs its own --lease-name",
+            )
+        else:
+            log.warning("lease request failed", lease=self.name, status=status, error=error)

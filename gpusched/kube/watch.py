@@ -34,6 +34,14 @@ log = structlog.get_logger("gpusched.watch")
 
 GONE = 410
 
+
+def _too_large(exc: ApiError) -> bool:
+    """A watch from a version newer than the API server's cache holds (an etcd restored from
+    a backup, or a server behind the one that listed): watched again from there it never
+    recovers, so it is listed afresh, as client-go's reflector does."""
+    return exc.status == 504 and "too large resource version" in str(exc).lower()
+
+
 SHORT_WATCH_S = 1.0
 """A watch that ends sooner than this without an event is retried with backoff, not at once."""
 
@@ -105,7 +113,7 @@ class Reflector:
                 watched = time.monotonic() - watching
                 if watched > 30:  # the watch had been running: not a streak of relists
                     relist_delay = 0.2
-                if exc.status == GONE:
+                if exc.status == GONE or _too_large(exc):
                     log.info("watch expired, relisting", watch=self.name, rv=self.resource_version)
                     listed = False
                     if watched < 1.0:  # expired again right after a list

@@ -553,6 +553,19 @@ async def test_two_replicas_one_leader_and_failover(control_plane: ControlPlane,
             d.stop()
 
 
+def test_a_lease_the_role_does_not_grant_is_logged_with_the_fix(control_plane: ControlPlane) -> None:
+    # The scheduler's RBAC grants the Lease gpu-scheduler only: a second instance sharing the
+    # namespace under another --lease-name is refused, and says what to grant.
+    d = kit.Daemon.start(control_plane, sched_name(), "--lease-name", "another-scheduler", "--retry-period", "0.5")
+    try:
+        line = d.wait_log("lease request failed", where=lambda x: x.get("status") == 403)
+        assert "Lease named another-scheduler" in line["fix"]
+        assert "--lease-name" in line["fix"]
+        assert not d.events("leadership changed")
+    finally:
+        d.stop()
+
+
 async def _metric(port: int, name: str) -> float | None:
     async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as r:
         text = await r.text()

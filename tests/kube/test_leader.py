@@ -382,3 +382,32 @@ def test_a_released_lease_is_taken_at_once(loop: VirtualTimeLoop) -> None:
     virtual_time.run(loop, main())
     assert changes[:1] == [start]  # no wait for the released Lease to run out
     assert store.puts[0][1]["spec"]["leaseTransitions"] == 4
+
+
+def test_an_answer_that_is_not_a_lease_object_is_a_failed_try_not_the_end_of_the_elector(
+    loop: VirtualTimeLoop,
+) -> None:
+    # A proxy's page in place of the Lease: the elector keeps trying, and takes the Lease once
+    # the API server answers again.
+    class ProxyPage:
+        def __init__(self) -> None:
+            self.gets = 0
+
+        async def request(self, method: str, path: str, **_: Any) -> Response:
+            if method == "GET":
+                self.gets += 1
+                return Response(200, "<html>bad gateway</html>") if self.gets <= 3 else Response(404, {})
+            return Response(201, {})
+
+    api = ProxyPage()
+    changes: list[bool] = []
+
+    async def main() -> None:
+        task = asyncio.create_task(_elector(api, changes.append).run())
+        await asyncio.sleep(2.0)
+        assert not task.done()
+        await _stop(task)
+
+    virtual_time.run(loop, main())
+    assert api.gets > 3
+    assert changes[:1] == [True]

@@ -245,3 +245,68 @@ def test_a_watch_ended_at_once_after_an_event_is_reopened_at_once(monkeypatch: p
     api = ScriptedApi([(0.0, None)], [(0.001, "bookmark")] * 3)
     waits = _reflect(api, 10.0, monkeypatch)
     assert waits == [("watch", 0.0), ("watch", 0.0), ("watch", 0.0)]  # it said something: not a failure
+
+
+class TooNewApi:
+    """Lists fine; every watch from a listed version is refused as too new for the server's cache
+    (an etcd restored from a backup): only a fresh list gets past it."""
+
+    def __init__(self) -> None:
+        self.lists = 0
+        self.watches = 0
+
+    async def list(self, path: str, query: Mapping[str, Any] | None = None, page: int = 500) -> tuple[list[Any], str]:
+        self.lists += 1
+        await asyncio.sleep(0)
+        return [], str(self.lists)
+
+    async def stream(self, path: str, query: Mapping[str, Any], timeout: float) -> AsyncIterator[dict[str, Any]]:
+        self.watches += 1
+        if query["resourceVersion"] == "1":
+            raise ApiError(504, "Too large resource version: 1, current: 0", "Timeout")
+        await asyncio.sleep(10)  # the second list's version is watched quietly
+        yield {}
+
+
+def test_a_watch_from_a_version_too_new_for_the_server_lists_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = TooNewApi()
+    _reflect_for_a_second(api, monkeypatch)
+    assert api.lists == 2, (api.lists, api.watches)  # not retried from version 1 forever
+
+
+def test_a_line_cut_off_mid_stream_resumes_the_watch_without_a_relist(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpusched.kube.client import Kube as RealKube
+    from gpusched.kube.client import RateLimiter
+
+    class Cut:
+        status = 200
+
+        def __init__(self) -> None:
+            self.headers: dict[str, str] = {}
+            self.lines = [b'{"type": "ADDED", "object": {"metadata": {"resourceVersion": "7"}}}\n', b'{"type": "MOD']
+            self.content = self
+
+        async def readline(self) -> bytes:
+            return self.lines.pop(0) if self.lines else b""
+
+    async def raw(self: Any, *_: Any, **__: Any) -> Cut:
+        return Cut()
+
+    monkeypatch.setattr(RealKube, "_raw", raw)
+    monkeypatch.setattr("gpusched.kube.client._let_go", lambda resp: None)
+    kube = RealKube.__new__(RealKube)
+    kube.limiter = RateLimiter(50, 100)
+    seen: list[dict[str, Any]] = []
+
+    async def read() -> None:
+        async for event in kube.stream("/api/v1/pods", {}, timeout=5):
+            seen.append(event)
+
+    async def main() -> None:
+        with pytest.raises(ApiError) as caught:
+            await read()
+        assert caught.value.status == 0  # as a broken connection: watched again from version 7
+        assert "not JSON" in str(caught.value)
+
+    asyncio.run(main())
+    assert len(seen) == 1
