@@ -162,3 +162,38 @@ async def test_a_gang_the_solve_left_out_while_it_fits_is_tried_again_soon_not_p
     await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
     await settle(s)
     assert sorted(api.bound) == ["default/m1", "default/m2"]
+
+
+async def test_a_batch_that_raises_backs_its_pods_off_and_scheduling_goes_on() -> None:
+    # A defect outside the solve (which has its own guard) must neither stop the scheduling
+    # loop nor lose the batch's pods.
+    s, api = _scheduler(gpus=2)
+    real = s._bind_nominated
+    calls = 0
+
+    def broken(todo: list[PodRecord]) -> list[PodRecord]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a defect")
+        return real(todo)
+
+    s._bind_nominated = broken  # type: ignore[method-assign]
+    for r in s.reflectors:
+        r.synced.set()
+    s._leadership(True)
+    s._pending.apply("ADDED", member_pod("p"))
+    loop = asyncio.create_task(s.schedule_forever())
+    try:
+        with capture_logs() as logs:
+            deadline = asyncio.get_running_loop().time() + DRAWN_WITHIN_S
+            while not api.bound and asyncio.get_running_loop().time() < deadline and not loop.done():
+                await asyncio.sleep(0.05)
+        assert api.bound == ["default/p"], (loop, [e["event"] for e in logs])
+        assert calls == 2
+        assert [e["size"] for e in logs if e["event"] == "batch failed"] == [1]
+        assert "gpusched_batches_failed_total 1.0" in s.metrics.render()[0].decode()
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        await settle(s)

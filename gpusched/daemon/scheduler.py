@@ -32,6 +32,7 @@ from gpusched.daemon.handlers import (
     waits_for,
 )
 from gpusched.daemon.mig import Repartitioner
+from gpusched.daemon.outbox import Outbox
 from gpusched.daemon.settings import BOUND_SELECTOR, DaemonSettings, default_identity
 from gpusched.kube.binder import Binder, BindResult
 from gpusched.kube.client import Kube, bind_concurrency
@@ -67,6 +68,9 @@ READ_BACK_RETRY_MAX_S = 60.0
 """How often a pod a relist missed is asked for again while the API server cannot answer."""
 _READ_BACKS = ("resolve:", "read-back:")
 """Names of the tasks that read a pod back until it is settled (``drain`` does not wait for them)."""
+OUTBOX_WORKERS = 16
+"""Verdicts' Events and conditions sent at once at most: the connections they may hold (the
+pool has more: Bindings and watches keep theirs)."""
 
 
 class Scheduler:
@@ -101,6 +105,8 @@ class Scheduler:
         batch is bound as the greedy warm start places it, pod by pod, so its size changes no
         placement, only how long the binder waits for its first pod."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self.outbox = Outbox(workers=OUTBOX_WORKERS)
+        """Verdicts' Events and conditions waiting for the Events client: one per pod and kind."""
         self._policy: Policy | None = None
         self._policy_cluster: Cluster | None = None
         self._policy_params: SolverParams | None = None
@@ -406,7 +412,12 @@ class Scheduler:
                     self.queue.requeue(r.key)
                 await asyncio.sleep(0.1)  # the Lease lapsed and the step-down has yet to run
                 continue
-            await self.schedule_batch(batch)
+            try:
+                await self.schedule_batch(batch)
+            except Exception:  # a defect must not stop scheduling, nor lose the batch's pods
+                log.exception("batch failed", pods=[r.key for r in batch][:8], size=len(batch))
+                self.metrics.batch_failed()
+                self.queue.back_off_drawn(r.key for r in batch if not self.cache.holds(r.key, r.uid))
 
     async def keep_warm(self, every: float = 10.0) -> None:
         """While leading and no bind is in flight, hold a connection open per bind slot (``Kube.warm``), so
@@ -1332,12 +1343,28 @@ class Scheduler:
             self.queue.backoff(pod.key)
         else:
             self.queue.park(pod.key)
-        self.spawn(self.binder.event(pod, "FailedScheduling", message, "Warning"), f"event:{pod.key}")
+        self._write(("event", pod.key), lambda: self._verdict_event(pod, message))
+        self._write(("condition", pod.key), lambda: self._verdict_condition(pod, message, nominated))
+        log.info("unschedulable", pod=pod.key, reason=reason, message=message)
+
+    def _write(self, key: tuple[str, str], write: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """A verdict's write, through the outbox: only the latest per pod waits to be sent."""
+        for _ in range(self.outbox.put(key, write)):
+            self.spawn(self.outbox.work(), "outbox")
+
+    async def _verdict_event(self, pod: Pod, message: str) -> None:
+        if not self.cache.holds(pod.key, pod.uid):  # else bound since: the verdict is out of date
+            await self.binder.event(pod, "FailedScheduling", message, "Warning")
+
+    async def _verdict_condition(self, pod: Pod, message: str, nominated: str | None) -> None:
+        """The condition and nominated node, against what the pod shows when it is sent (not
+        when the verdict was reached): not for a pod bound since, gone or replaced."""
         record = self.queue.record(pod.key)
+        if self.cache.holds(pod.key, pod.uid) or (record is not None and record.uid != pod.uid):
+            return
         current = record.unschedulable if record is not None else None
         was = record.nominated if record is not None else None
-        self.spawn(self.binder.unschedulable(pod, message, current, nominated, was), f"condition:{pod.key}")
-        log.info("unschedulable", pod=pod.key, reason=reason, message=message)
+        await self.binder.unschedulable(pod, message, current, nominated, was)
 
     async def _bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
         start = time.perf_counter()

@@ -348,7 +348,12 @@ class Binder:
         if victim.uid:
             patch["metadata"] = {"uid": victim.uid}
         try:
-            await self._retrying("PATCH", f"{_path(victim)}/status", patch, STRATEGIC_PATCH, kube=self.events)
+            await self._retrying(
+                "PATCH", f"{_path(victim)}/status", patch, STRATEGIC_PATCH, kube=self.events, leading=self.leading
+            )
+        except NotLeading:
+            log.info("victim not marked nor deleted: no longer the leader", pod=victim.key, preemptor=by.key)
+            return False
         except ApiError as exc:
             log.info("disruption condition not written", pod=victim.key, error=str(exc))
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
@@ -488,7 +493,10 @@ class Binder:
                 body,
                 STRATEGIC_PATCH,
                 kube=self.events,  # a thousand pods found unschedulable must not make a Binding wait
+                leading=self.leading,  # the next leader's word on the pod is not to be overwritten
             )
+        except NotLeading:
+            log.info("condition not written: no longer the leader", pod=pod.key)
         except ApiError as exc:
             if _replaced(exc):
                 log.info("condition not written: pod replaced", pod=pod.key, uid=pod.uid)

@@ -125,7 +125,10 @@ class Kube:
         """The same connection with a rate limiter of its own (same qps and burst).
 
         kube-scheduler sends Events through a client of their own; so do we, so that
-        Events never delay Bindings and the two compare at equal client limits.
+        Events never wait for Bindings' rate limit, nor Bindings for theirs, and the two
+        schedulers compare at equal client limits.  They share the connection pool: the daemon
+        sends at most ``OUTBOX_WORKERS`` verdicts' writes at once, so that Events never hold
+        the connections Bindings need.
         """
         return Kube(self.api, self.limiter.qps, self.limiter.burst)
 

@@ -159,6 +159,13 @@ class SchedulerMetrics:
             namespace=NAMESPACE,
             registry=reg,
         )
+        self._batches_failed = Counter(
+            "batches_failed",
+            "Batches whose handling raised an error (a defect: the log line 'batch failed' has the traceback); "
+            "their pods were backed off and tried again.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
         self._pending_pods = Gauge(
             "pending_pods",
             "Pods waiting in the scheduling queue, by sub-queue (active, backoff, unschedulable).",
@@ -311,6 +318,10 @@ class SchedulerMetrics:
     def bind_error(self, reason: str) -> None:
         """Count one failed binding for ``reason``."""
         self._bind_errors.labels(reason=reason).inc()
+
+    def batch_failed(self) -> None:
+        """Count one batch whose handling raised an error."""
+        self._batches_failed.inc()
 
     def set_pending(self, active: int, backoff: int, unschedulable: int) -> None:
         """Set the depth of each scheduling sub-queue."""

@@ -42,7 +42,7 @@ import contextlib
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from gpusched.model.tenants import Tenants, demand_of
@@ -181,6 +181,13 @@ class SchedulingQueue:
             delay = min(self.initial_backoff * 2 ** (n - 1), self.max_backoff)
             self._backoff[key] = self._clock() + delay
             self._wake.set()
+
+    def back_off_drawn(self, keys: Iterable[str]) -> None:
+        """Of ``keys`` (a batch whose handling failed), each still drawn backs off: none is lost,
+        and a pod that sets off the failure is not drawn again in a tight loop."""
+        for key in keys:
+            if key in self._in_flight:
+                self.backoff(key)
 
     def requeue(self, key: str) -> None:
         """Return an in-flight pod to active at once (the batch was not acted on)."""

@@ -1,0 +1,75 @@
+"""Writes of which only the latest matters, sent at the pace the API client allows.
+
+A pod found unschedulable again and again (parked pods are tried every minute, and every
+change in the cluster draws them) would otherwise queue one Event and one condition patch per
+verdict behind the Events client's rate limit, without bound: memory grows, and the condition
+a user reads lags minutes behind.  Here a write for a key (a pod's condition, a pod's Event of
+one reason) that comes while an older one for that key still waits takes its place in the
+line; at most ``workers`` writes run at once, so Events never hold more connections than that;
+and beyond ``limit`` waiting writes the oldest is dropped (the next verdict on that pod writes
+again).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable
+
+import structlog
+
+__all__ = ["Outbox"]
+
+log = structlog.get_logger("gpusched.outbox")
+
+Write = Callable[[], Awaitable[None]]
+
+
+class Outbox:
+    """Writes waiting to be sent, one per key, oldest first."""
+
+    def __init__(self, workers: int = 16, limit: int = 20_000) -> None:
+        self.workers = workers
+        self.limit = limit
+        self.dropped = 0
+        """Writes dropped because ``limit`` were waiting."""
+        self._waiting: OrderedDict[Hashable, Write] = OrderedDict()
+        self._running = 0
+        self._told_dropped = 0.0
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def put(self, key: Hashable, write: Write) -> int:
+        """Queue ``write`` for ``key`` (in the place of one still waiting for it); the number of
+        workers to start now (``work``) so that up to ``workers`` run while writes wait."""
+        fresh = key not in self._waiting
+        self._waiting[key] = write  # an existing key keeps its place in the line
+        if fresh and len(self._waiting) > self.limit:
+            self._waiting.popitem(last=False)
+            self.dropped += 1
+            now = time.monotonic()
+            if now - self._told_dropped >= 60.0:
+                self._told_dropped = now
+                log.warning(
+                    "status writes dropped",
+                    waiting=len(self._waiting),
+                    dropped=self.dropped,
+                    why="verdicts come faster than the Events client's rate; the next verdict on a pod writes again",
+                )
+        start = max(0, min(self.workers, len(self._waiting)) - self._running)
+        self._running += start  # counted now: a worker started is not running before the next put
+        return start
+
+    async def work(self) -> None:
+        """Send waiting writes, oldest first, until none wait.  A write that fails is logged; it
+        never stops the others."""
+        try:
+            while self._waiting:
+                key, write = self._waiting.popitem(last=False)
+                try:
+                    await write()
+                except Exception as exc:
+                    log.error("status write failed", key=str(key), error=repr(exc))
+        finally:
+            self._running -= 1

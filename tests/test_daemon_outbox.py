@@ -1,0 +1,93 @@
+"""The outbox of verdicts' writes: one waiting per pod and kind, the latest; bounded in number
+and in how many run at once; never sent for a pod bound since the verdict."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gpusched.daemon.outbox import Outbox
+from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle
+
+
+async def _run(box: Outbox, started: int) -> None:
+    await asyncio.gather(*(box.work() for _ in range(started)))
+
+
+async def test_a_newer_write_for_a_key_replaces_the_waiting_one_in_its_place() -> None:
+    sent: list[str] = []
+
+    def write(what: str) -> Any:
+        async def go() -> None:
+            sent.append(what)
+
+        return go
+
+    box = Outbox(workers=1)
+    started = box.put("a", write("a1")) + box.put("b", write("b1")) + box.put("a", write("a2"))
+    assert started == 1
+    await _run(box, started)
+    assert sent == ["a2", "b1"]
+    assert len(box) == 0
+
+
+async def test_beyond_the_limit_the_oldest_waiting_write_is_dropped() -> None:
+    sent: list[int] = []
+
+    def write(i: int) -> Any:
+        async def go() -> None:
+            sent.append(i)
+
+        return go
+
+    box = Outbox(workers=2, limit=3)
+    started = sum(box.put(i, write(i)) for i in range(5))
+    assert len(box) == 3
+    assert box.dropped == 2
+    await _run(box, started)
+    assert sorted(sent) == [2, 3, 4]
+
+
+async def test_no_more_than_workers_writes_run_at_once_and_a_failing_one_stops_none() -> None:
+    running = peak = 0
+    sent: list[int] = []
+
+    def write(i: int) -> Any:
+        async def go() -> None:
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            await asyncio.sleep(0.001)
+            running -= 1
+            if i == 3:
+                raise RuntimeError("a bug in one write")
+            sent.append(i)
+
+        return go
+
+    box = Outbox(workers=4)
+    started = sum(box.put(i, write(i)) for i in range(40))
+    assert started == 4
+    await _run(box, started)
+    assert peak == 4
+    assert sorted(sent) == [i for i in range(40) if i != 3]
+    assert box.put(99, write(99)) == 1  # the workers are done: a new write starts one again
+
+
+async def test_verdicts_told_many_times_wait_as_one_and_none_is_sent_for_a_pod_bound_since() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=1)
+    s._pending.apply("ADDED", member_pod("late"))
+    s._pending.apply("ADDED", member_pod("waiting"))
+    late = s.queue.record("default/late")
+    waiting = s.queue.record("default/waiting")
+    assert late is not None
+    assert waiting is not None
+    for i in range(1000):
+        s.tell_unschedulable(waiting.pod, f"verdict {i}", "Insufficient nvidia.com/gpu")
+    s.tell_unschedulable(late.pod, "0/1 nodes are available", "Insufficient nvidia.com/gpu")
+    assert len(s.outbox) <= 4  # an Event and a condition per pod, however often told
+    s.cache.assume(late.pod, "n0", (0,))  # bound before the verdict's Event went out
+    await settle(s)
+    assert api.failed("default/waiting") == ["verdict 999"]
+    assert api.failed("default/late") == []
