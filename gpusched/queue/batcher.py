@@ -94,6 +94,7 @@ class SchedulingQueue:
         """Tenants that had pods waiting when the last batch was drawn and drew none: first in
         the next batch's first round."""
         self._backoff: dict[str, float] = {}  # key -> ready at
+        self._backoff_due: list[tuple[float, str]] = []  # heap of (ready at, key); stale entries skipped
         self._parked: dict[str, float] = {}  # key -> parked at
         self._in_flight: dict[str, str] = {}  # key -> UID of the pod that was drawn
         self._deleted_in_flight: set[str] = set()
@@ -171,6 +172,7 @@ class SchedulingQueue:
         if moved:
             self.backoff(key)
         elif self._settle(key):
+            self._parked.pop(key, None)  # parked again: at the end, so that the order stays that of time
             self._parked[key] = self._clock()
 
     def backoff(self, key: str) -> None:
@@ -179,7 +181,8 @@ class SchedulingQueue:
             n = self._attempts.get(key, 0) + 1
             self._attempts[key] = n
             delay = min(self.initial_backoff * 2 ** (n - 1), self.max_backoff)
-            self._backoff[key] = self._clock() + delay
+            self._backoff[key] = ready = self._clock() + delay
+            heapq.heappush(self._backoff_due, (ready, key))
             self._wake.set()
 
     def back_off_drawn(self, keys: Iterable[str]) -> None:
@@ -256,8 +259,9 @@ class SchedulingQueue:
                 if waiting >= size or now >= due or (waiting >= enough and not self._gang_short()):
                     return self._pop(size)
                 wait = due - now
-            if self._backoff:
-                until = min(self._backoff.values()) - now
+            first = self._first_backoff()
+            if first is not None:
+                until = first - now
                 wait = until if wait is None else min(wait, until)
             if self._parked:
                 until = next(iter(self._parked.values())) + self.flush_after - now  # parked in time order
@@ -368,15 +372,28 @@ class SchedulingQueue:
             if not members:
                 del self._gangs[gang]
 
+    def _first_backoff(self) -> float | None:
+        """When the first backed-off pod is due (None: none backs off)."""
+        due = self._backoff_due
+        while due and self._backoff.get(due[0][1]) != due[0][0]:  # drawn, deleted or backed off anew
+            heapq.heappop(due)
+        return due[0][0] if due else None
+
     def _release_due(self, now: float) -> None:
-        for key, ready in list(self._backoff.items()):
-            if ready <= now:
-                del self._backoff[key]
-                self._activate(key)
-        for key, since in list(self._parked.items()):
-            if since + self.flush_after <= now:
-                del self._parked[key]
-                self._activate(key)
+        """Activate the backed-off pods now due and the parked ones due for the flush: only
+        those are looked at (a wake with ten thousand waiting costs what is due)."""
+        while (first := self._first_backoff()) is not None and first <= now:
+            _, key = heapq.heappop(self._backoff_due)
+            del self._backoff[key]
+            self._activate(key)
+        flushed = []
+        for key, since in self._parked.items():  # parked in time order
+            if since + self.flush_after > now:
+                break
+            flushed.append(key)
+        for key in flushed:
+            del self._parked[key]
+            self._activate(key)
 
     def _activate(self, key: str) -> None:
         seq = next(self._seq)

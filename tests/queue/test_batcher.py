@@ -306,3 +306,34 @@ async def test_a_change_while_a_pod_is_in_flight_backs_it_off_instead_of_parking
     assert q.counts() == QueueCounts(active=1, backoff=2, unschedulable=1, in_flight=0)
     clock.t += 1.0  # the first backoff
     assert {r.pod.name for r in await asyncio.wait_for(q.next_batch(limit=3), PROMPT)} == {"freed", "updated", "other"}
+
+
+async def test_backed_off_and_parked_pods_come_back_each_when_due_and_only_then() -> None:
+    clock = Clock()
+    q = SchedulingQueue(max_size=10, max_wait=0.0, initial_backoff=1.0, max_backoff=8.0, flush_after=60, clock=clock)
+    for name in ("a", "b", "c", "p", "q"):
+        q.add(rec(name))
+    batch = await q.next_batch()
+    assert len(batch) == 5
+    q.backoff("default/a")  # due at 1
+    q.backoff("default/b")  # due at 1
+    q.park("default/p")  # flushed at 60
+    clock.t = 30.0
+    q.park("default/q")  # flushed at 90
+    q.backoff("default/c")  # due at 31
+    q._release_due(30.5)
+    assert q.counts() == QueueCounts(active=2, backoff=1, unschedulable=2, in_flight=0)
+    again = await asyncio.wait_for(q.next_batch(), PROMPT)
+    assert sorted(r.key for r in again) == ["default/a", "default/b"]
+    clock.t = 30.5
+    q.backoff("default/a")  # its second failure: due at 32.5, not at its first entry's time
+    q.park("default/b")  # parked again: now the last to be flushed
+    q._release_due(31.0)
+    assert sorted(q._backoff) == ["default/a"]
+    q._release_due(60.0)
+    assert sorted(q._parked) == ["default/b", "default/q"]
+    q._release_due(90.0)
+    assert list(q._parked) == ["default/b"]  # parked at 30.5: due at 90.5
+    q._release_due(90.5)
+    assert q.counts().unschedulable == 0
+    assert q.counts().backoff == 0
