@@ -313,7 +313,10 @@ class Binder:
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{involved.get('name')}.", "namespace": ns},
+            # Named as client-go's recorder names Events (the object's name and the time in
+            # nanoseconds, hex): a POST retried after a lost answer finds it there (409), where a
+            # generated name would write it twice.
+            "metadata": {"name": f"{involved.get('name')}.{time.time_ns():x}", "namespace": ns},
             "involvedObject": {k: v for k, v in involved.items() if v},
             "reason": reason,
             "message": message[:1024],
@@ -328,7 +331,8 @@ class Binder:
         try:
             await self._retrying("POST", f"/api/v1/namespaces/{ns}/events", body, kube=self.events)
         except ApiError as exc:
-            log.warning("event not written", object=key[0], reason=reason, error=str(exc))
+            if exc.status != 409:  # 409: written by an attempt whose answer was lost
+                log.warning("event not written", object=key[0], reason=reason, error=str(exc))
 
     async def preempt(self, victim: Pod, by: Pod, node: str, why: str = "") -> bool:
         """Delete ``victim`` (this UID, not a later pod of its name) to make room for ``by`` on

@@ -320,3 +320,29 @@ async def test_the_same_message_is_written_again_only_when_the_nominated_node_ch
     finally:
         await kube.close()
     assert seen == ["PATCH /api/v1/namespaces/default/pods/v/status"] * 2
+
+
+async def test_an_event_posted_again_after_a_lost_answer_is_not_written_twice(tmp_path: Path) -> None:
+    names: list[str] = []
+    written: set[str] = set()
+
+    async def answer(request: web.Request) -> web.Response:
+        body = await request.json()
+        name = body["metadata"]["name"]
+        names.append(name)
+        if name in written:
+            return _status(409, "AlreadyExists")
+        written.add(name)
+        return _status(503, "ServiceUnavailable")  # written, but the answer says otherwise
+
+    async with serving(answer, tmp_path) as kubeconfig:
+        kube = await client.connect(kubeconfig, None, 1000, 1000)
+        try:
+            with capture_logs() as logs:
+                await Binder(kube, "me").event(replace(pod("p"), uid="u1"), "Scheduled", "bound to n1")
+        finally:
+            await kube.close()
+    assert len(names) == 2
+    assert names[0] == names[1]
+    assert names[0].startswith("p.")
+    assert [e for e in logs if e["event"] == "event not written"] == []
