@@ -359,7 +359,9 @@ async def test_a_node_that_succeeded_long_ago_is_not_reset_when_the_mig_manager_
     )
     s._pending.apply("ADDED", pod("w", mig="1g.10gb"))
     await batch(s)
-    assert not api.labelled, f"a node with MIG pods running was set back: {api.labelled}"
+    set_back = [labels for _, labels in api.labelled if "nvidia.com/mig.config" in labels]
+    assert not set_back, f"a node with MIG pods running was set back: {api.labelled}"
+    assert api.labelled == [("n", {"gpusched.io/mig-requested-at": None})]  # the request of yesterday, cleared
     stop(s)
 
 
@@ -1197,3 +1199,44 @@ async def test_no_node_is_set_back_sooner_for_a_pod_a_node_set_back_for_idling_l
     restored = s.mig.restore_idle(3611.0)
     stop(s)
     assert restored == [], "y set back too for the one pod x's whole GPU takes"
+
+
+async def test_a_node_pods_run_on_is_not_set_back_when_its_instances_vanish_for_a_moment() -> None:
+    # Its layout came under another leader, which left the request label.  This leader removes
+    # it; and should the removal have failed, a device plugin restart (no instance advertised
+    # for a moment) must not read as a request never answered: the node is not set back.
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "timeoutSeconds": 60}})
+
+    def seen(**slices: int) -> dict[str, Any]:
+        obj = mig_node("m", **slices)
+        obj["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(int(time.time()) - 7200)
+        return obj
+
+    NodeHandler(s).apply("ADDED", seen(**{"1g_10gb": 7}))
+    running = pod("r", mig="1g.10gb")
+    running["spec"]["nodeName"] = "m"
+    s._bound.apply("ADDED", running)
+    await asyncio.sleep(0)
+    assert ("m", {"gpusched.io/mig-requested-at": None}) in api.labelled
+    NodeHandler(s).apply("MODIFIED", seen())  # the label still there, no instance advertised
+    s.mig.expire_asks()
+    await asyncio.sleep(0)
+    stop(s)
+    assert not [labels for _, labels in api.labelled if "nvidia.com/mig.config" in labels], api.labelled
+
+
+async def test_a_node_deleted_while_the_node_watch_was_down_is_forgotten_at_the_relist() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True}})
+    waiting = mig_node("gone")  # labelled for a layout of ours, no instance yet
+    waiting["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(int(time.time()))
+    del waiting["metadata"]["labels"]["nvidia.com/mig.config.state"]
+    NodeHandler(s).apply("ADDED", waiting)
+    assert "gone" in s.mig.asked
+    NodeHandler(s).replace([kit.node("other", 8, A100)])
+    assert "gone" not in s.mig.asked
+    s.mig.expire_asks()
+    await asyncio.sleep(0)
+    stop(s)
+    assert not api.labelled  # no write to a node that is not there

@@ -103,6 +103,7 @@ class Repartitioner:
         self.asked: dict[str, int] = {}
         """Nodes a layout was asked for (by any leader) that advertise no instance yet: when (epoch s)."""
         self._giving_up: set[str] = set()
+        self._clearing: set[str] = set()  # nodes whose request label is being removed
         """Nodes being set back after a layout did not come in time."""
         self.restoring: set[str] = set()
         """Nodes labelled back to whole GPUs that still advertise instances."""
@@ -322,7 +323,7 @@ class Repartitioner:
             self.node_seen(rec.node)
         await asyncio.sleep(max(0.0, job.asked + float(self.s.config.mig.timeout_seconds) - time.monotonic()))
         if self.jobs.get(node) is job:
-            self._end(node, job, "timeout", self._timed_out(job.config))
+            self._end(node, job, "timeout", self._timed_out(job.config, node, job))
             self._give_up_layout(node, job.config)
 
     def _withdrawn(self, node: str, whole: bool = False) -> str:
@@ -336,6 +337,8 @@ class Repartitioner:
             return "the node is gone"
         if rec.node.labels.get(LABEL_MIG_REPARTITION, "").lower() != "true":
             return f"its label {LABEL_MIG_REPARTITION} is no longer true"
+        if rec.node.unschedulable:
+            return "the node was cordoned"
         state = self.s.cache.snapshot().state
         i = state.cluster.index.get(node)
         if i is None or state.gpu_used[i].any():
@@ -344,14 +347,31 @@ class Repartitioner:
             return "a pod took one of its MIG instances meanwhile"
         return ""
 
+    def _pods_on(self, node: str) -> list[str]:
+        """The pods on the books on ``node`` that hold a GPU or a MIG instance."""
+        return self.s.cache.gpu_pods_on(node)
+
     async def _clear_request(self, node: str) -> None:
         """The layout came: the request is over, for every leader (a MIG manager that applies the
         layout again later, after a reboot, is no new request)."""
-        error = await self.s.binder.label_node(node, {LABEL_MIG_REQUESTED: None})
-        if error:
+        self._clearing.add(node)
+        try:
+            error = await self.s.binder.label_node(node, {LABEL_MIG_REQUESTED: None})
+        finally:
+            self._clearing.discard(node)
+        if error:  # the next update of the node tries again (``node_seen``)
             log.warning("request label not removed after a MIG layout came", node=node, error=error)
 
-    def _timed_out(self, config: str) -> str:
+    def _timed_out(self, config: str, node: str = "", job: Repartition | None = None) -> str:
+        rec = self.s.cache.nodes.get(node) if node else None
+        if rec is not None and job is not None and rec.node.labels.get(LABEL_MIG_STATE) == "success":
+            offered = ", ".join(f"{c} x {p}" for p, c in sorted(rec.node.mig_slices)) or "none"
+            wanted = ", ".join(f"{c} x {p}" for p, c in sorted(job.wanted.items()))
+            return (
+                f"the MIG manager reported {LABEL_MIG_CONFIG}={config} applied, but within "
+                f"{self.s.config.mig.timeout_seconds} s the node advertised {offered} where {wanted} was asked "
+                "(is the device plugin running there, with the mixed MIG strategy?)"
+            )
         return (
             f"it did not advertise the instances of {LABEL_MIG_CONFIG}={config} within "
             f"{self.s.config.mig.timeout_seconds} s (is the MIG manager running there? see its log)"
@@ -371,6 +391,17 @@ class Repartitioner:
             rec.node.labels.get(LABEL_MIG_CONFIG, "") != config or (config != MIG_ALL_DISABLED and rec.node.mig_slices)
         ):
             log.info("mig layout not set back: the node was relabelled, or its instances came", node=node)
+            return False
+        running = self._pods_on(node)
+        if running:  # never: setting it back would take the instances from under them
+            log.warning(
+                "mig layout not set back: pods run on the node",
+                node=node,
+                config=config,
+                pods=running[:3],
+                why="the node advertises no instance for now (a device plugin or kubelet restart?)",
+            )
+            self.asked.pop(node, None)
             return False
         self._giving_up.add(node)
 
@@ -692,6 +723,20 @@ class Repartitioner:
             self.asked[node.name] = int(requested)
         else:
             self.asked.pop(node.name, None)
+            if (
+                ours
+                and requested
+                and arrived
+                and state == "success"
+                and node.name not in self.jobs
+                and node.name not in self._clearing
+                and self.s.is_leader
+            ):
+                # Its layout came under another leader, or the label's removal failed: a request
+                # left standing would read as one not answered the next time the node advertises
+                # no instance for a moment (a device plugin restart).
+                self._clearing.add(node.name)
+                self.s.spawn(self._clear_request(node.name), f"mig-done:{node.name}")
         # Instances the MIG manager is told to remove stay sealed, however long it takes, until a
         # leader labels the node with its layout again.
         if config == MIG_ALL_DISABLED and requested.isdigit() and node.mig_slices:
@@ -734,8 +779,12 @@ class Repartitioner:
         """The nodes were listed afresh: what the MIG manager is at work on is read again."""
         self.at_work.clear()
         self.restoring.clear()
+        listed = set()
         for node in nodes:
+            listed.add(node.name)
             self.node_seen(node)
+        for name in (set(self.asked) | set(self.jobs)) - listed:  # deleted while the watch was down
+            self.node_gone(name, deleted=True)
 
     def node_gone(self, name: str, deleted: bool = False) -> None:
         """``name`` left the books (``deleted``: from the cluster, its configurations with it)."""

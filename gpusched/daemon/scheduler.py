@@ -1730,14 +1730,18 @@ class Scheduler:
 
     def waiting(self, records: Iterable[PodRecord]) -> list[Pod]:
         """The pods of ``records`` (in their order) that wait for room a node could give: not
-        pods no node takes as written, nor pods holding room already (their victims are
-        leaving), nor pods waiting for a MIG layout or beside one, nor, counted in order, pods
-        their tenant's limit holds back (as a batch of them all would count them)."""
+        pods no node takes as written, nor pods waiting for their volumes, nor pods holding
+        room already (their victims are leaving), nor pods waiting for a MIG layout or beside
+        one, nor, counted in order, pods their tenant's limit holds back (as a batch of them
+        all would count them)."""
         aside = self.mig.set_aside()
         pods = [
             r.pod
             for r in records
-            if not r.error and self.cache.nomination(r.key) is None and (r.key, r.uid) not in aside
+            if not r.error
+            and self.cache.nomination(r.key) is None
+            and (r.key, r.uid) not in aside
+            and not (r.claims and self.claims.problem(r.key, r.uid, r.claims, r.ephemeral_claims))
         ]
         if self.tenants.active and pods:
             usage = self.cache.tenant_usage(self.tenants, terminating=True)

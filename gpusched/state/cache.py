@@ -582,6 +582,11 @@ class Cache:
         """Pods on the books."""
         return len(self._held)
 
+    def gpu_pods_on(self, node: str) -> list[str]:
+        """Keys of the pods on the books on ``node`` that hold GPUs or a MIG instance (those
+        being deleted too: they hold them until they are gone)."""
+        return sorted(k for k, h in self._held.items() if h.node == node and (h.pod.num_gpu or h.pod.mig_profile))
+
     # -- snapshot ----------------------------------------------------------------------------
     def snapshot(
         self,
