@@ -351,10 +351,14 @@ class Repartitioner:
         """The pods on the books on ``node`` that hold a GPU or a MIG instance."""
         return self.s.cache.gpu_pods_on(node)
 
-    async def _clear_request(self, node: str) -> None:
+    def _clear(self, node: str) -> None:
         """The layout came: the request is over, for every leader (a MIG manager that applies the
-        layout again later, after a reboot, is no new request)."""
-        self._clearing.add(node)
+        layout again later, after a reboot, is no new request).  Once at a time per node."""
+        if node not in self._clearing:
+            self._clearing.add(node)
+            self.s.spawn(self._clear_request(node), f"mig-done:{node}")
+
+    async def _clear_request(self, node: str) -> None:
         try:
             error = await self.s.binder.label_node(node, {LABEL_MIG_REQUESTED: None})
         finally:
@@ -729,14 +733,12 @@ class Repartitioner:
                 and arrived
                 and state == "success"
                 and node.name not in self.jobs
-                and node.name not in self._clearing
                 and self.s.is_leader
             ):
                 # Its layout came under another leader, or the label's removal failed: a request
                 # left standing would read as one not answered the next time the node advertises
                 # no instance for a moment (a device plugin restart).
-                self._clearing.add(node.name)
-                self.s.spawn(self._clear_request(node.name), f"mig-done:{node.name}")
+                self._clear(node.name)
         # Instances the MIG manager is told to remove stay sealed, however long it takes, until a
         # leader labels the node with its layout again.
         if config == MIG_ALL_DISABLED and requested.isdigit() and node.mig_slices:
@@ -810,7 +812,7 @@ class Repartitioner:
         seconds = round(time.monotonic() - job.started, 1)
         if result == "success":
             log.info("mig repartition done", node=node, config=job.config, seconds=seconds)
-            self.s.spawn(self._clear_request(node), f"mig-done:{node}")
+            self._clear(node)
             self.s.queue.move_all()
             return
         log.warning("mig repartition failed", node=node, config=job.config, result=result, why=why, seconds=seconds)
