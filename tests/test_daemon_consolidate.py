@@ -196,3 +196,71 @@ async def test_no_pod_is_evicted_when_a_pod_comes_during_the_plan(monkeypatch: A
     monkeypatch.setattr(daemon, "plan_consolidation", meanwhile)
     assert await round_of(s) == 0
     assert api.evicted == []
+
+
+async def test_a_plan_the_cluster_outran_is_not_carried_out(monkeypatch: Any) -> None:
+    # While the round plans (in a worker thread), a batch binds a pod to the room b0 was to
+    # take on n0: the move no longer holds and nobody is evicted for it.
+    from gpusched.daemon import scheduler as daemon
+
+    api = EvictionApi()
+    s = two_nodes(api)  # n0: a0, a1 on GPUs 0-1
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    real = daemon.plan_consolidation
+
+    def planned_while_a_batch_binds(*args: Any, **kwargs: Any) -> Any:
+        moves = real(*args, **kwargs)
+        for i, name in ((2, "c2"), (3, "c3")):  # n0's two free GPUs, taken meanwhile
+            s._bound.apply("ADDED", batch_pod(name, "n0", i, movable=False))
+        return moves
+
+    monkeypatch.setattr(daemon, "plan_consolidation", planned_while_a_batch_binds)
+    assert await round_of(s) == 0
+    assert api.evicted == []
+
+
+async def test_a_node_left_half_emptied_is_not_chosen_again_at_once() -> None:
+    class HalfApi(EvictionApi):
+        async def evict(self, victim: Pod, node: str, why: str) -> bool:
+            if victim.name == "b1":  # two budgets cover it, say: the Eviction API refuses it
+                return False
+            return await super().evict(victim, node, why)
+
+    api = HalfApi()
+    s = two_nodes(api)  # n0: a0, a1 on GPUs 0-1
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    b1 = batch_pod("b1", "n1", 0)  # no GPU: n1 holds less GPU work than n0, and is emptied first
+    del b1["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+    s._bound.apply("ADDED", b1)
+    assert await round_of(s) == 1
+    assert api.evicted == ["default/b0"]
+    s._bound.apply("DELETED", batch_pod("b0", "n1", 0))
+    s._bound.apply("ADDED", batch_pod("b0-again", "n1", 0))  # its Job's new pod lands back on n1
+    s._awaiting.clear()
+    await round_of(s)  # n0 may go to n1 now; n1 is not emptied again, round after round
+    assert "default/b0-again" not in api.evicted, api.evicted
+
+
+async def test_a_moved_pods_replacement_is_not_held_to_its_tenants_limit_by_the_pod_it_replaces() -> None:
+    # Tenant 'default' may hold 3 GPUs and holds 3.  Consolidation evicts b0 (n1); while b0
+    # terminates, its Job's new pod must take its place, not preempt a0 of the same tenant.
+    from tests.test_daemon_utilisation import EvictingApi, batch
+
+    class Both(EvictingApi):
+        async def evict(self, victim: Pod, node: str, why: str) -> bool:
+            self.evicted.append(victim.key)
+            return True
+
+    api = Both()
+    s = two_nodes(api)  # n0: a0, a1
+    s.set_config(parse_config({"consolidation": {"enabled": True}, "tenants": {"default": {"limitGpus": 3}}}))
+    b0 = batch_pod("b0", "n1", 0)
+    s._bound.apply("ADDED", b0)
+    assert await round_of(s) == 1
+    assert api.evicted == ["default/b0"]
+    b0["metadata"]["deletionTimestamp"] = "2026-12-07T00:00:00Z"  # terminating, its GPU still held
+    s._bound.apply("MODIFIED", b0)
+    s._pending.apply("ADDED", pod("b0-next", 10))
+    await batch(s)
+    assert api.bound == ["default/b0-next"], api.failed("default/b0-next")
+    assert api.evicted == ["default/b0"]  # a0 and a1 are left alone

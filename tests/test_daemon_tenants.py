@@ -9,7 +9,7 @@ from typing import Any
 from gpusched.config import parse_config
 from gpusched.daemon import Scheduler
 from gpusched.daemon.handlers import NodeHandler
-from tests.doubles import RecordingApi, one_node_scheduler
+from tests.doubles import RecordingApi, one_node_scheduler, settle
 from tests.e2e import kit
 from tests.test_daemon_utilisation import EvictingApi, batch, pod
 
@@ -455,3 +455,20 @@ async def test_a_limited_tenants_gang_with_a_recreated_member_is_placed_once_its
     await batch(s)
     assert sorted(api.bound) == ["a/m1", "a/m2"], (api.failed("a/m1"), api.failed("a/m2"))
     assert s.cache.tenant_usage(s.tenants) == {"a": 2000}
+
+
+async def test_a_limit_set_while_a_batch_is_solved_counts_what_the_tenant_already_holds(monkeypatch: Any) -> None:
+    from tests.test_daemon_batches import _HeldSolve
+
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=6)
+    for i in range(2):
+        s._bound.apply("ADDED", of(f"running{i}", "a", node="n0", gpu=i))
+    for i in range(4):
+        s._pending.apply("ADDED", of(f"new{i}", "a"))
+    held = _HeldSolve(monkeypatch)
+    batch_ = await s.queue.next_batch()
+    await held.during(s, batch_, lambda: tenants(s, quotas={"a": {"limitGpus": 3}}))
+    await settle(s)
+    assert len(api.bound) == 1, api.bound  # 2 held + 1: the limit, not 2 + 3
+    assert s.cache.tenant_usage(s.tenants) == {"a": 3000}

@@ -48,7 +48,7 @@ from gpusched.metrics.source import UtilisationSource, UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, Pod
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.solver.baselines.base import GPU_CHOICE
-from gpusched.solver.consolidate import plan_consolidation
+from gpusched.solver.consolidate import Move, plan_consolidation
 from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang, gang_fits
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.params import SolverParams
@@ -122,7 +122,9 @@ class Scheduler:
         it, until as many run again (their replacements are placed)."""
         self._round_deadline = 0.0
         """Monotonic time after which the next round no longer waits for the last one's pods."""
-        self._emptying: dict[str, list[int]] = {}
+        self._emptying: dict[str, list[int]] = {}  # node -> pods left to evict, refused, all
+        self._refused_until: dict[str, float] = {}
+        """Nodes a consolidation round could not empty (an eviction refused): not tried again until then."""
         """Per node a round is emptying: [evictions left, evictions refused]."""
         self.mig = Repartitioner(self)
         """MIG layouts asked for and given back (``mig.repartition``)."""
@@ -463,11 +465,15 @@ class Scheduler:
             return 0
         snap = self.cache.snapshot(busy=self.busy_gpus(), sealed=self.mig.sealed(), **self._keep())
         placed = self.cache.placed()  # as counted in ``snap``: taken together
+        now = time.monotonic()
+        self._refused_until = {n: t for n, t in self._refused_until.items() if t > now}
+        refused = {i for n in self._refused_until if (i := snap.cluster.index.get(n)) is not None}
         moves = await asyncio.to_thread(
-            plan_consolidation, snap.state, placed, c.max_nodes_per_round, list(self.budgets.values())
+            plan_consolidation, snap.state, placed, c.max_nodes_per_round, list(self.budgets.values()), refused
         )
         if not self.is_leader or not self._quiet():  # pods came (or room was held) during the plan
             return 0
+        moves = self._still_good(moves, snap)
         names = snap.cluster.nodes
         running = self._running_by_owner() if moves else Counter[str]()
         for m in moves:
@@ -482,7 +488,7 @@ class Scheduler:
                 f"consolidating GPU work: every pod on node {node} fits on the free GPUs of other nodes in use, "
                 "and the node is left idle; the pod's controller creates it again"
             )
-            self._emptying[node] = [len(m.pods), 0]
+            self._emptying[node] = [len(m.pods), 0, len(m.pods)]
             for a in m.pods:
                 self._consolidating.add((a.pod.key, a.pod.uid))
                 self._awaiting[a.pod.owner] = running.get(a.pod.owner, 0)
@@ -491,10 +497,35 @@ class Scheduler:
             self._round_deadline = time.monotonic() + max(600.0, 2 * c.interval_seconds)
         return len(moves)
 
+    def _still_good(self, moves: list[Move], snap: Snapshot) -> list[Move]:
+        """The moves of a plan made on ``snap`` that still hold on the books as they are now: a
+        batch may have bound pods (to the node being emptied, or to the room its pods were to
+        take) while the plan was made."""
+        fresh = self.cache.snapshot(busy=self.busy_gpus(), sealed=self.mig.sealed(), **self._keep())
+        if not moves or fresh.cluster is not snap.cluster:
+            return []
+        there: dict[int, set[str]] = defaultdict(set)
+        for a in self.cache.placed():  # as counted in ``fresh``: taken together
+            if not a.pod.daemon:
+                there[a.node].add(a.pod.key)
+        state, out = fresh.state, []
+        for m in moves:
+            trial = state.release(m.pods)
+            if there[m.node] != {a.pod.key for a in m.pods} or plan_problems(Plan(m.targets, ()), trial):
+                log.info(
+                    "consolidation move dropped: the cluster changed while it was planned",
+                    node=snap.cluster.nodes[m.node].name,
+                )
+                continue
+            state = trial.apply(m.targets)
+            out.append(m)
+        return out
+
     def _quiet(self) -> bool:
-        """No pod waits for a batch or a retry, none is in a batch, and no room is held."""
+        """No pod waits for a batch or a retry, none is in a batch, no room is held, and no node
+        is being re-partitioned (pods wait for its layout, with gang members planned elsewhere)."""
         counts = self.queue.counts()
-        return not (counts.active or counts.backoff or counts.in_flight or self.cache.nominations)
+        return not (counts.active or counts.backoff or counts.in_flight or self.cache.nominations or self.mig.jobs)
 
     def _running_by_owner(self) -> Counter[str]:
         """Pods on the books not being deleted, per controller UID."""
@@ -504,7 +535,7 @@ class Scheduler:
         """Evict one pod of a node a round is emptying; the node counts as emptied once all of
         its pods are evicted."""
         done = await self.binder.evict(pod, node, why)
-        tally = self._emptying.setdefault(node, [1, 0])
+        tally = self._emptying.setdefault(node, [1, 0, 1])
         tally[0] -= 1
         if done:
             self.metrics.consolidation(0, 1)
@@ -514,6 +545,10 @@ class Scheduler:
         if tally[0] <= 0:
             if not tally[1]:
                 self.metrics.consolidation(1, 0)
+            elif tally[1] < tally[2]:  # half emptied: not chosen again each round, each evicting some
+                hold = max(3600.0, 6 * self.config.consolidation.interval_seconds)
+                self._refused_until[node] = time.monotonic() + hold
+                log.warning("consolidation left a node in use", node=node, refused=tally[1], retry_in_s=hold)
             del self._emptying[node]
 
     def _policy_for(self, cluster: Cluster) -> Policy:
@@ -582,10 +617,13 @@ class Scheduler:
             todo = [r for r in todo if r.key not in split]
         first: frozenset[str] = frozenset()  # pods within their tenant's quota: placed first
         limit_usage: dict[str, int] = {}
+        tenants = self.tenants  # the rules usage is counted by (a reload during the solve may change them)
         if self.tenants.active and todo:
             todo = self._wait_in_rooms(todo)
             # Room still held for a pod here is its own to take or give up: counted with its pod.
-            limit_usage = self.cache.tenant_usage(self.tenants, [r.key for r in todo], terminating=True)
+            limit_usage = self.cache.tenant_usage(
+                self.tenants, [r.key for r in todo], terminating=True, moving=self._consolidating
+            )
             admitted, over = self.tenants.admit([r.pod for r in todo], limit_usage)
             at_limit: list[tuple[Pod, Explanation | _Verdict]] = []
             gangs_at_limit: dict[str, dict[str, tuple[Pod, str]]] = defaultdict(dict)
@@ -675,6 +713,10 @@ class Scheduler:
         # Pods of one tenant that together would pass its limit: the last in queue order wait
         # for the next batch, which weighs them beside what this one bound.
         order = {p.key: i for i, p in enumerate(pods)}
+        if self.tenants is not tenants and self.tenants.active:  # reloaded during the solve: count anew
+            limit_usage = self.cache.tenant_usage(
+                self.tenants, [r.key for r in todo], terminating=True, moving=self._consolidating
+            )
         over_limit = (
             self.tenants.trim(sorted((a.pod for a in plan.assignments), key=lambda p: order[p.key]), limit_usage)
             if self.tenants.active

@@ -27,7 +27,7 @@ per plan, and no node that takes pods in the plan is emptied later in it.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,10 +54,15 @@ class Move:
 
 
 def plan_consolidation(
-    state: ClusterState, placed: Sequence[Assignment], max_nodes: int = 1, budgets: Sequence[Budget] = ()
+    state: ClusterState,
+    placed: Sequence[Assignment],
+    max_nodes: int = 1,
+    budgets: Sequence[Budget] = (),
+    skip: Collection[int] = (),
 ) -> list[Move]:
     """The nodes to empty (at most ``max_nodes``), with where their pods would go.  ``placed``:
-    every pod on the books (bound or being bound, of any scheduler), as counted in ``state``."""
+    every pod on the books (bound or being bound, of any scheduler), as counted in ``state``.
+    ``skip``: nodes not to be emptied now (they may still take pods)."""
     cl = state.cluster
     by_node: dict[int, list[Assignment]] = defaultdict(list)
     in_use = np.zeros(len(cl), dtype=np.bool_)  # by the pods on it: a GPU blocked in ``state`` is not use
@@ -76,7 +81,7 @@ def plan_consolidation(
         ok = all(a.pod.daemon or (a.pod.movable and a.pod.gang is None) for a in pods)
         return ok and any(a.pod.movable for a in pods)
 
-    candidates = [int(n) for n in np.flatnonzero(targets) if movable(by_node[int(n)])]
+    candidates = [int(n) for n in np.flatnonzero(targets) if int(n) not in skip and movable(by_node[int(n)])]
     candidates.sort(key=lambda n: (sum(a.pod.gpu_demand_milli for a in by_node[n]), cl.nodes[n].name))
     fit = BestFitPolicy()
     moves: list[Move] = []

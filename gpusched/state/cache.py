@@ -480,14 +480,21 @@ class Cache:
         }
 
     def tenant_usage(
-        self, tenants: Tenants, without: Collection[str] = (), *, terminating: bool = False
+        self,
+        tenants: Tenants,
+        without: Collection[str] = (),
+        *,
+        terminating: bool = False,
+        moving: Collection[tuple[str, str]] = (),
     ) -> dict[str, int]:
         """GPU demand per tenant (thousandths of a GPU) of the pods on the books that stay:
         bound or assumed, not being deleted nor preempted already, and of the pods room is held
         for (they will have it), but for the room of ``without`` (pod keys).  ``terminating``:
         count the pods being deleted too (but for the victims of held room, which the pods it
-        is held for replace): they hold their GPUs until they are gone, as a limit must count."""
-        taken = {v for n in self._nominated.values() for v in n.victims}
+        is held for replace): they hold their GPUs until they are gone, as a limit must count.
+        ``moving``: pods (key, UID) being moved elsewhere by their controller (consolidation),
+        not counted: their replacements, which take their place, are."""
+        taken = {v for n in self._nominated.values() for v in n.victims} | set(moving)
         staying = (
             h.pod
             for h in self._held.values()
