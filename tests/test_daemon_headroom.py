@@ -498,3 +498,40 @@ async def test_headroom_models_written_as_the_product_name_keep_the_labelled_gpu
     assert len(warned) == 1, warned  # once per setting, with what the nodes are
     assert warned[0]["products"] == ["A100", "NVIDIA-H100-80GB-HBM3"]
     assert "gpu.product" in warned[0]["fix"]
+
+
+async def test_the_demand_gauge_holds_while_a_change_draws_the_waiting_pods_again() -> None:
+    # Any change in the cluster draws every parked pod; they wait all the same until a batch
+    # tells them again, and an autoscaler must not see the demand drop to 0 meanwhile.
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", pod("running", 0, node="n0"))
+    s._pending.apply("ADDED", pod("big", 0, gpus=4))
+    await batch(s)
+    told = pod("big", 0, gpus=4)  # as the watch shows it once the condition is written
+    told["status"] = {
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1"}]
+    }
+    s._pending.apply("MODIFIED", told)
+    s._scrape()
+    assert gauge(s, "gpusched_unschedulable_gpu_demand") == 4.0
+    s.queue.move_all()
+    s._scrape()
+    assert gauge(s, "gpusched_unschedulable_gpu_demand") == 4.0
+
+
+async def test_a_gang_short_of_its_minimum_is_no_demand_for_new_nodes() -> None:
+    from tests.doubles import member_pod
+
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=1)
+    lone = member_pod("m0", gang="g")  # one of at least 2: no room would place it alone
+    s._pending.apply("ADDED", lone)
+    await batch(s)
+    s._scrape()
+    assert gauge(s, "gpusched_unschedulable_gpu_demand") == 0.0
+    s._pending.apply("ADDED", member_pod("m1", gang="g"))
+    s._pending.apply("ADDED", member_pod("m2", gang="g"))
+    await batch(s)  # three members, one GPU: they wait for a node with room for all
+    s._scrape()
+    assert gauge(s, "gpusched_unschedulable_gpu_demand") == 3.0

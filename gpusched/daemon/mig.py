@@ -510,14 +510,11 @@ class Repartitioner:
 
     def _demand(self, records: Iterable[PodRecord]) -> list[Pod]:
         """The pods of ``records`` (in their order) that GPUs could be re-partitioned or set back
-        for: waiting for room (``Scheduler.waiting``), asking for GPUs, not being bound, not
-        promised a node being set back, and no gang member (a gang is placed whole, by a batch)."""
+        for: waiting for room (``Scheduler.waiting``), asking for GPUs, not promised a node
+        being set back, and no gang member (a gang is placed whole, by a batch)."""
         promised = {k for job in self.jobs.values() for k in job.serves}
-        cache = self.s.cache
         return self.s.waiting(
-            r
-            for r in records
-            if r.pod.gpu_demand_milli and r.pod.gang is None and r.key not in promised and not cache.holds(r.key, r.uid)
+            r for r in records if r.pod.gpu_demand_milli and r.pod.gang is None and r.key not in promised
         )
 
     def _coming_whole(self, due: Iterable[str]) -> list[str]:
@@ -548,7 +545,7 @@ class Repartitioner:
         serves (keys), once the nodes ``coming`` back to whole GPUs anyway have served theirs:
         a node serves the waiting pods that would fit it alone, whole and empty of GPU pods
         (a MIG pod through a new layout), as far as its GPUs go."""
-        parked = sorted(self.s.queue.parked(), key=lambda r: (-r.pod.priority, -r.pod.gpu_demand_milli, r.key))
+        parked = sorted(self.s.unschedulable_records(), key=lambda r: (-r.pod.priority, -r.pod.gpu_demand_milli, r.key))
         waiting = self._demand(parked)[:WANTED_WHOLE_PODS]
         out: dict[str, frozenset[str]] = {}
         for name in [*coming, *spare]:

@@ -288,6 +288,7 @@ class Scheduler:
     def _leadership(self, leader: bool) -> None:
         self.metrics.set_leader(leader)
         if leader:
+            self.metrics.new_term()
             self._leading.set()
         else:
             self._leading.clear()
@@ -1766,24 +1767,39 @@ class Scheduler:
         keeping[[i for n in soon if (i := cl.index.get(n)) is not None]] = True
         idle = int((~in_use & gpu_nodes & open_ & ~keeping).sum())
         # What more nodes would have to offer.
-        parked = self.waiting(self.queue.parked())
+        parked = self.waiting(self.unschedulable_records())
         wanted = sum(p.gpu_demand_milli for p in parked) / GPU_MILLI
         self.metrics.set_signals(idle, wanted, len(kept))
 
+    def unschedulable_records(self) -> list[PodRecord]:
+        """The pending pods waiting as unschedulable: parked, or told so and drawn again since
+        (any change in the cluster draws every parked pod; until a batch tells them again,
+        they wait all the same)."""
+        parked = self.queue.parked()
+        seen = {r.key for r in parked}
+        again = (self.queue.record(k) for k in self.queue.pending_keys() if k not in seen)
+        return parked + [r for r in again if r is not None and r.unschedulable is not None]
+
     def waiting(self, records: Iterable[PodRecord]) -> list[Pod]:
         """The pods of ``records`` (in their order) that wait for room a node could give: not
-        pods no node takes as written, nor pods waiting for their volumes, nor pods holding
-        room already (their victims are leaving), nor pods waiting for a MIG layout or beside
-        one, nor, counted in order, pods their tenant's limit holds back (as a batch of them
-        all would count them)."""
+        pods no node takes as written, nor pods being bound, nor pods waiting for their
+        volumes, nor members of gangs short of their minimum (more room would not place
+        them), nor pods holding room already (their victims are leaving), nor pods waiting for
+        a MIG layout or beside one, nor, counted in order, pods their tenant's limit holds
+        back (as a batch of them all would count them)."""
         aside = self.mig.set_aside()
+        records = list(records)
+        names = {g.name for r in records if (g := r.pod.gang) is not None}
+        held = self.cache.gang_held(names) if names else {}
         pods = [
             r.pod
             for r in records
             if not r.error
+            and not self.cache.holds(r.key, r.uid)
             and self.cache.nomination(r.key) is None
             and (r.key, r.uid) not in aside
             and not (r.claims and self.claims.problem(r.key, r.uid, r.claims, r.ephemeral_claims))
+            and ((g := r.pod.gang) is None or self.queue.gang_pending(g.name) + held[g.name][0] >= g.min_members)
         ]
         if self.tenants.active and pods:
             usage = self.cache.tenant_usage(self.tenants, terminating=True)

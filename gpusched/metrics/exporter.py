@@ -15,6 +15,8 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gpusched.model.mig import GEOMETRIES
+
 __all__ = [
     "BATCH_SIZE_BUCKETS",
     "PENDING_QUEUES",
@@ -50,6 +52,21 @@ ReadyCheck = Callable[[], tuple[bool, str]]
 _TEXT = "text/plain"
 
 
+_MIG_PROFILES = frozenset(p for g in GEOMETRIES.values() for p in g.profiles)
+_INSUFFICIENT_MIG = "Insufficient nvidia.com/mig-"
+
+
+def reason_label(reason: str) -> str:
+    """``reason`` as the ``reason`` label: a taint's value (a timestamp, in the autoscaler's
+    ``ToBeDeletedByClusterAutoscaler``) and a MIG profile no GPU has are left out, so that the
+    series stay few."""
+    if reason.startswith("node(s) had untolerated taint"):
+        return "node(s) had untolerated taint"
+    if reason.startswith(_INSUFFICIENT_MIG) and reason.removeprefix(_INSUFFICIENT_MIG) not in _MIG_PROFILES:
+        return _INSUFFICIENT_MIG.rstrip("-")
+    return reason
+
+
 class SchedulerMetrics:
     """Every metric the scheduler exports, in a registry owned by this instance.
 
@@ -78,10 +95,12 @@ class SchedulerMetrics:
         )
         self._solve_gap_ratio = Gauge(
             "solve_gap_ratio",
-            "Relative optimality gap of the last solve, 0..1; NaN when the greedy fallback was used.",
+            "Relative optimality gap of the last solve, 0..1; NaN when the greedy fallback was used, or before "
+            "the first solve of this term as leader.",
             namespace=NAMESPACE,
             registry=reg,
         )
+        self._solve_gap_ratio.set(math.nan)
         self._pods_scheduled = Counter(
             "pods_scheduled",
             "Pods bound to a node by this scheduler.",
@@ -181,10 +200,12 @@ class SchedulerMetrics:
         )
         self._gpu_fragmentation_ratio = Gauge(
             "gpu_fragmentation_ratio",
-            "Share of the cluster's free GPU capacity that typical pods cannot use, 0..1, after the last batch.",
+            "Share of the cluster's free GPU capacity that typical pods cannot use, 0..1, after the last batch "
+            "(NaN before the first batch of this term as leader).",
             namespace=NAMESPACE,
             registry=reg,
         )
+        self._gpu_fragmentation_ratio.set(math.nan)
         self._gpus_total = Gauge(
             "gpus_total",
             "GPUs on the nodes this scheduler manages that are not cordoned.",
@@ -286,8 +307,14 @@ class SchedulerMetrics:
         self._pods_scheduled.inc(n)
 
     def unschedulable(self, reason: str, n: int = 1) -> None:
-        """Count ``n`` pods left unplaced for ``reason``."""
-        self._pods_unschedulable.labels(reason=reason).inc(n)
+        """Count ``n`` pods left unplaced for ``reason`` (``reason_label``: one series per kind
+        of reason, never per taint value or pod-chosen name)."""
+        self._pods_unschedulable.labels(reason=reason_label(reason)).inc(n)
+
+    def new_term(self) -> None:
+        """This instance leads again: what its last term's batches measured is not this term's."""
+        self._solve_gap_ratio.set(math.nan)
+        self._gpu_fragmentation_ratio.set(math.nan)
 
     def preemption(self, attempts: int, victims: int) -> None:
         """Count ``attempts`` pods that looked for room by preemption and the ``victims`` evicted."""

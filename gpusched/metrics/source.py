@@ -49,8 +49,10 @@ DEFAULT_GPU_LABEL = "gpu"
 
 def default_query(node_label: str = DEFAULT_NODE_LABEL, gpu_label: str = DEFAULT_GPU_LABEL) -> str:
     """Each GPU's utilisation averaged over the last two minutes (one series per GPU, whatever
-    pods dcgm-exporter names on it)."""
-    return f"avg by ({node_label}, {gpu_label}) (avg_over_time(DCGM_FI_DEV_GPU_UTIL[2m]))"
+    pods dcgm-exporter names on it), of the samples that are percentages: DCGM now and then
+    reports a value far above 100, which would lift the average out of range (and the GPU
+    out of the answer) for two minutes."""
+    return f"avg by ({node_label}, {gpu_label}) (avg_over_time((DCGM_FI_DEV_GPU_UTIL <= 100)[2m:15s]))"
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,10 @@ class SchedulingQueue:
         """How many pods are where."""
         return QueueCounts(len(self._active), len(self._backoff), len(self._parked), len(self._in_flight))
 
+    def gang_pending(self, gang: str) -> int:
+        """Pending members of ``gang`` the queue holds, wherever they are."""
+        return len(self._gangs.get(gang, ()))
+
     def parked(self) -> list[PodRecord]:
         """The pods waiting as unschedulable (until something changes, or the flush)."""
         return [r for k in self._parked if (r := self._records.get(k)) is not None]

@@ -262,3 +262,36 @@ async def test_two_servers_with_their_own_metrics() -> None:
     finally:
         await sa.stop()
         await sb.stop()
+
+
+def test_reason_labels_stay_few_whatever_taint_values_and_profiles_pods_bring() -> None:
+    from gpusched.metrics.exporter import SchedulerMetrics, reason_label
+
+    assert reason_label("node(s) had untolerated taint {ToBeDeletedByClusterAutoscaler: 1796610844}") == (
+        "node(s) had untolerated taint"
+    )
+    assert reason_label("Insufficient nvidia.com/mig-1g.10gb") == "Insufficient nvidia.com/mig-1g.10gb"
+    assert reason_label("Insufficient nvidia.com/mig-9g.999gb") == "Insufficient nvidia.com/mig"
+    assert reason_label("Insufficient nvidia.com/gpu") == "Insufficient nvidia.com/gpu"
+    m = SchedulerMetrics()
+    for stamp in range(5):
+        m.unschedulable(f"node(s) had untolerated taint {{ToBeDeletedByClusterAutoscaler: {stamp}}}")
+    lines = [x for x in m.render()[0].decode().splitlines() if x.startswith("gpusched_pods_unschedulable_total{")]
+    assert lines == ['gpusched_pods_unschedulable_total{reason="node(s) had untolerated taint"} 5.0']
+
+
+def test_the_solve_gauges_say_nothing_until_the_first_batch_of_a_term() -> None:
+    from gpusched.metrics.exporter import SchedulerMetrics
+
+    m = SchedulerMetrics()
+
+    def read(name: str) -> str:
+        return next(x for x in m.render()[0].decode().splitlines() if x.startswith(name + " ")).split()[-1]
+
+    assert read("gpusched_solve_gap_ratio") == "NaN"
+    assert read("gpusched_gpu_fragmentation_ratio") == "NaN"
+    m.observe_batch(3, 0.1, 0.0)
+    m.set_cluster(8, 0.5, 0.2, 1)
+    assert read("gpusched_solve_gap_ratio") == "0.0"
+    m.new_term()
+    assert read("gpusched_gpu_fragmentation_ratio") == "NaN"
