@@ -9,6 +9,7 @@ import copy
 import time
 from typing import Any, cast
 
+import pytest
 import yaml
 
 from gpusched.config import parse_config
@@ -1240,3 +1241,17 @@ async def test_a_node_deleted_while_the_node_watch_was_down_is_forgotten_at_the_
     await asyncio.sleep(0)
     stop(s)
     assert not api.labelled  # no write to a node that is not there
+
+
+@pytest.mark.parametrize(("failed_ago_s", "set_back"), [(3600, False), (90_000, True)])
+async def test_a_node_whose_restore_failed_is_not_set_back_again_for_a_day_by_any_leader(
+    failed_ago_s: int, set_back: bool
+) -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})  # a new leader
+    node = mig_node("m", **{"1g_10gb": 7})
+    node["metadata"]["labels"]["gpusched.io/mig-restore-failed-at"] = str(int(time.time()) - failed_ago_s)
+    NodeHandler(s).apply("ADDED", node)
+    s.mig.restore_idle(0.0)
+    assert s.mig.restore_idle(1000.0) == (["m"] if set_back else [])
+    stop(s)

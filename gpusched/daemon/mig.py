@@ -23,6 +23,7 @@ from gpusched.kube.convert import (
     LABEL_MIG_PREVIOUS,
     LABEL_MIG_REPARTITION,
     LABEL_MIG_REQUESTED,
+    LABEL_MIG_RESTORE_FAILED,
     LABEL_MIG_STATE,
     MIG_BUSY_STATES,
 )
@@ -473,6 +474,7 @@ class Repartitioner:
                 and labels.get(LABEL_MIG_REPARTITION, "").lower() == "true"
                 and labels.get(LABEL_MIG_STATE) == "success"
                 and self._restore_after.get(name, 0.0) <= time.monotonic()
+                and not _within(labels.get(LABEL_MIG_RESTORE_FAILED, ""), RESTORE_BACKOFF_S)
                 and rec.node.mig_slices
                 and name not in sealed
             ):
@@ -665,7 +667,11 @@ class Repartitioner:
         previous = (job.before if job is not None else "") or (
             rec.node.labels.get(LABEL_MIG_PREVIOUS, "") if rec else ""
         )
-        back: dict[str, str | None] = {LABEL_MIG_REQUESTED: None, LABEL_MIG_PREVIOUS: None}
+        back: dict[str, str | None] = {
+            LABEL_MIG_REQUESTED: None,
+            LABEL_MIG_PREVIOUS: None,
+            LABEL_MIG_RESTORE_FAILED: str(int(time.time())),  # for every leader, after a restart too
+        }
         if rec is not None and rec.node.mig_slices and previous.startswith(MIG_CONFIG_PREFIX):
             back[LABEL_MIG_CONFIG] = previous
         self._restore_after[node] = time.monotonic() + RESTORE_BACKOFF_S
@@ -820,3 +826,8 @@ class Repartitioner:
                 p, f"Node {node} was not re-partitioned into MIG instances for this pod: {why}.", "MigRepartition"
             )
         self.s.queue.move_all()
+
+
+def _within(stamp: str, seconds: float) -> bool:
+    """Whether the Unix time ``stamp`` (a label's value) is less than ``seconds`` ago."""
+    return stamp.isdigit() and time.time() - int(stamp) < seconds

@@ -132,6 +132,9 @@ MIG_BUSY_STATES = ("pending", "rebooting")
 LABEL_MIG_PREVIOUS = "gpusched.io/mig-previous"
 """Set with ``all-disabled`` when gpusched sets a node of its back to whole GPUs: the layout it
 had, for any leader to label it with again should the MIG manager not get to it."""
+LABEL_MIG_RESTORE_FAILED = "gpusched.io/mig-restore-failed-at"
+"""Set when a node gpusched set back to whole GPUs did not come back (Unix seconds): no leader
+sets it back again for a day."""
 LABEL_MIG_REQUESTED = "gpusched.io/mig-requested-at"
 """Set with ``nvidia.com/mig.config`` when gpusched asks for a layout: when (Unix seconds), so that
 any leader keeps the node sealed until the instances come or the request times out."""
