@@ -1255,3 +1255,23 @@ async def test_a_node_whose_restore_failed_is_not_set_back_again_for_a_day_by_an
     s.mig.restore_idle(0.0)
     assert s.mig.restore_idle(1000.0) == (["m"] if set_back else [])
     stop(s)
+
+
+async def test_a_layout_an_admin_takes_back_to_the_old_configuration_ends_the_wait_at_once() -> None:
+    api = MigApi()
+    s = scheduler(api)
+    add_node(s, "n", 1, **{"nvidia.com/mig.config": "all-disabled"})  # as the GPU operator labels it
+    s._pending.apply("ADDED", pod("w", mig="1g.10gb"))
+    await batch(s)
+    await asyncio.sleep(0.05)  # the label is written (configDelaySeconds 0)
+    job = s.mig.jobs["n"]
+    assert job.labelled
+    add_node(s, "n", 1, **{"nvidia.com/mig.config": job.config, "nvidia.com/mig.config.state": "pending"})
+    assert "n" in s.mig.jobs  # ours, on its way
+    assert job.before == "all-disabled"
+    add_node(s, "n", 1, **{"nvidia.com/mig.config": "all-disabled"})  # the admin's word
+    for _ in range(5):  # the pod's Event goes out
+        await asyncio.sleep(0)
+    stop(s)
+    assert "n" not in s.mig.jobs
+    assert "relabelled" in api.failed("default/w")[-1]

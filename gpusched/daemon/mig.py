@@ -71,6 +71,9 @@ class Repartition:
     """What the pods waiting are told."""
     labelled: bool = False
     """The node's label was set (the MIG manager was asked)."""
+    seen: bool = False
+    """The watch has shown the node with that label: any other label from then on is someone
+    else's word (before, the old one may just be the watch running behind)."""
     beside: dict[str, tuple[str, str]] = field(default_factory=dict)
     """Members of gangs with a member among ``pods``, waiting with them: key -> (UID, the node
     the plan put them on)."""
@@ -751,11 +754,12 @@ class Repartitioner:
         job = self.jobs.get(node.name)
         if job is None:
             return
-        if job.labelled and config not in (job.config, job.before):  # someone else's word since
+        if job.labelled and config != job.config and (job.seen or config != job.before):  # someone else's word
             self._end(node.name, job, "failed", f"the node was relabelled {LABEL_MIG_CONFIG}={config}")
             return
         if config != job.config:
             return
+        job.seen = job.seen or job.labelled
         if state == "failed":
             why = f"the MIG manager failed to apply {LABEL_MIG_CONFIG}={job.config}"
             if job.config == MIG_ALL_DISABLED:
