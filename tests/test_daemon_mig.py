@@ -612,6 +612,9 @@ async def test_after_a_restore_times_out_the_instances_still_there_are_not_offer
     # being upgraded): the node still advertises its instances, and keeps them.
     await asyncio.sleep(10.5)
     (node, back) = api.labelled[-1]
+    failed_at = back.pop("gpusched.io/mig-restore-failed-at")  # not set back again for a day, by anyone
+    assert failed_at is not None
+    assert abs(int(failed_at) - time.time()) < 60
     assert (node, back) == (
         "m",
         {
