@@ -1278,3 +1278,22 @@ async def test_a_layout_an_admin_takes_back_to_the_old_configuration_ends_the_wa
     stop(s)
     assert "n" not in s.mig.jobs
     assert "relabelled" in api.failed("default/w")[-1]
+
+
+async def test_no_pod_is_preempted_on_a_node_being_repartitioned() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "timeoutSeconds": 600}})
+    asked = {
+        "nvidia.com/mig.config": "gpusched-0123456789ab",
+        "nvidia.com/mig.config.state": "pending",
+        "gpusched.io/mig-requested-at": str(int(time.time())),
+    }
+    add_node(s, "n", 1, **asked)  # sealed: its GPUs are the MIG manager's until it is done
+    low = pod("low", gpus=1)
+    low["spec"]["nodeName"] = "n"
+    s._bound.apply("ADDED", low)
+    s._pending.apply("ADDED", pod("urgent", gpus=1, priority=100))
+    await batch(s)
+    stop(s)
+    assert s.cache.nomination("default/urgent") is None  # no victim evicted for room it could not have
+    assert api.failed("default/urgent")

@@ -53,7 +53,7 @@ from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.params import SolverParams
 from gpusched.solver.policy import Policy, place_quick
-from gpusched.solver.preempt import Budget, Preemption, gang_budgets, plan_preemptions
+from gpusched.solver.preempt import Budget, Preemption, gang_budgets, plan_preemptions, still_standing
 from gpusched.solver.reclaim import at_limit_searched, plan_at_limit, plan_reclaims
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
@@ -123,6 +123,8 @@ class Scheduler:
         self._round_deadline = 0.0
         """Monotonic time after which the next round no longer waits for the last one's pods."""
         self._emptying: dict[str, list[int]] = {}  # node -> pods left to evict, refused, all
+        self._evicted_now: list[Pod] = []
+        """Victims of the preemption passes of the batch being handled (``_preempt``)."""
         self._refused_until: dict[str, float] = {}
         """Nodes a consolidation round could not empty (an eviction refused): not tried again until then."""
         """Per node a round is emptying: [evictions left, evictions refused]."""
@@ -1111,6 +1113,7 @@ class Scheduler:
         kept from the pods: busy GPUs, GPUs kept free).  With tenants, a pod within its
         tenant's quota first reclaims GPUs that other tenants borrowed, and preempts pods of
         lower priority (of its own tenant) only where that finds nothing."""
+        self._evicted_now = []  # the budgets the reclaim pass spends are spent for the preemption pass
         if (pods or gangs) and self.tenants.active and self.tenants.reclaim:
             left: list[tuple[Pod, Explanation]] = []
             left_gangs: list[dict[str, tuple[Pod, str]]] = []
@@ -1173,8 +1176,12 @@ class Scheduler:
         holders = self.cache.holders_of([(n, g) for n, gpus in busy.items() for g in gpus])
         outside = {n: frozenset(g for g in gpus if not holders.get((n, g))) for n, gpus in busy.items()}
         keep = self._keep([p for p, _ in pods] + [p for g in gangs for p, _ in g.values()])
-        snap = self.cache.snapshot(free=freeing, busy=outside, sealed=self.mig.sealed(), **keep)
+        sealed = self.mig.sealed()
+        snap = self.cache.snapshot(free=freeing, busy=outside, sealed=sealed, **keep)
         running = self.cache.preemptible()  # as counted in ``snap``: taken together
+        if sealed:  # a node being re-partitioned is offered to no preemption: no victim there
+            names = snap.cluster.nodes
+            running = [a for a in running if names[a.node].name not in sealed]
         usage = self.cache.tenant_usage(self.tenants, without=freeing) if reclaim is not None else {}
         # What each tenant with a limit may still take, its pods being deleted counted.
         allowance = (
@@ -1187,7 +1194,11 @@ class Scheduler:
         )
         looked: list[Pod] = []  # the pods a reclaim search looked for
         try:
-            budgets = [*self.budgets.values(), *gang_budgets(running)]  # running gangs keep their minimum
+            budgets = [  # what an earlier pass of this batch evicted is not in their status yet
+                replace(b, allowed=b.allowed - sum(1 for v in self._evicted_now if b.covers(v)))
+                for b in self.budgets.values()
+            ]
+            budgets += gang_budgets(running)  # running gangs keep their minimum
             if at_limit:
                 found = await asyncio.to_thread(
                     plan_at_limit,
@@ -1227,9 +1238,15 @@ class Scheduler:
             found = []
         if not self.is_leader:
             found = []
+        searched = len(found)
         if busy:
             found = _busy_room_ok(found, busy, holders, snap.cluster)
         found = _on_instances(found, snap.state)
+        # Not for pods bound or replaced during the search: the rest found room in theirs.
+        found = [pre for pre in found if self.queue.current(pre.pod.key, pre.pod.uid)]
+        found = [pre for pre in found if not self.cache.holds(pre.pod.key, pre.pod.uid)]
+        if len(found) < searched:  # some dropped: the others may have counted on their victims
+            found = still_standing(found, snap.state)
         chosen = {pre.pod.key: pre for pre in found}
         evicting = False
         evicted = 0  # victims of the preemptions carried out
@@ -1338,6 +1355,7 @@ class Scheduler:
         node = cluster.nodes[pre.node].name
         self.placed_here.add(pre.pod.key)
         self.cache.nominate(pre.pod, node, pre.placement.gpus, [v.pod for v in pre.victims])
+        self._evicted_now.extend(v.pod for v in pre.victims)
         for v in pre.victims:
             self.spawn(self._evict(v.pod, pre.pod, node, why), f"preempt:{v.pod.key}")
         return node

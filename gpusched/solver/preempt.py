@@ -35,13 +35,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from gpusched.model import Assignment, ClusterState, Pod
+from gpusched.model import Assignment, ClusterState, Plan, Pod
 from gpusched.model.affinity import Requirement, label_selector_selects
 from gpusched.model.cluster import BoolArray
 from gpusched.model.pod import Gang
 from gpusched.model.tenants import demand_of
 from gpusched.solver.baselines.base import GPU_CHOICE, GreedyPolicy, domains_of, lowest_idle_gpus, mig_layout_for
 from gpusched.solver.baselines.best_fit import BestFitPolicy
+from gpusched.solver.validate import plan_problems
 
 __all__ = [
     "MIN_CANDIDATES",
@@ -51,6 +52,7 @@ __all__ = [
     "find_preemption",
     "gang_budgets",
     "plan_preemptions",
+    "still_standing",
 ]
 
 MIN_CANDIDATES = 100
@@ -303,6 +305,30 @@ def plan_preemptions(
             if lowered is not None:  # its victims, of lower priority, are out of it already
                 lowered = _take_room(lowered, replace(pre, victims=()), consume=True)
     return out
+
+
+def still_standing(kept: Sequence[Preemption], state: ClusterState) -> list[Preemption]:
+    """Of ``kept`` (preemptions ``plan_preemptions`` found against ``state``, some of them
+    dropped since), in order, those that still make room when only the ones kept before them
+    have taken theirs: a preemption found in the room a dropped one was to leave must not
+    evict its victims for nothing.  A gang keeps all its members' or none."""
+
+    def unit(pre: Preemption) -> str:
+        return f"gang:{pre.pod.gang.name}" if pre.pod.gang is not None else pre.pod.key
+
+    out = list(kept)
+    while True:
+        work, failed = state, set()
+        for pre in out:
+            trial = work.release(pre.victims)
+            alone = replace(pre.placement, pod=replace(pre.pod, gang=None))  # the gang's rules held in the search
+            if unit(pre) in failed or plan_problems(Plan((alone,), ()), trial):
+                failed.add(unit(pre))
+                continue
+            work = _take_room(work, pre)
+        if not failed:
+            return out
+        out = [pre for pre in out if unit(pre) not in failed]
 
 
 def _gang_tries(gang: Gang, state: ClusterState) -> list[BoolArray | None]:

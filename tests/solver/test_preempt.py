@@ -283,3 +283,26 @@ def test_the_search_in_place_with_its_early_stop_finds_what_the_plain_search_fin
     assert (None if found is None else (found.node, sorted(v.pod.name for v in found.victims))) == _plain_search(
         new, state, placed
     )
+
+
+def test_a_preemption_that_counted_on_a_dropped_ones_victims_is_dropped_too() -> None:
+    # Node a: 2 GPUs, 8 CPUs.  v (priority 1) holds 800 of GPU 0 and 6 CPUs, s (priority 100)
+    # the rest of GPU 0; w (priority 2) holds GPU 1.  p1 evicts v for a share of GPU 0; p2 then
+    # evicts w for GPU 1, counting on the CPUs v frees.  Should p1's preemption be dropped (its
+    # GPU turns out busy), p2's must go too: with only w gone, p2 does not fit.
+    from gpusched.model import Node
+    from gpusched.solver.preempt import still_standing
+
+    cl = Cluster([Node("a", 8000, 32768, gpu_count=2, gpu_model="A100")])
+
+    def p(name: str, prio: int, milli: int, cpu: int) -> Pod:
+        return Pod(name, cpu, 100, num_gpu=1, gpu_milli=milli, priority=prio, uid=name)
+
+    v = Assignment(p("v", 1, 800, 6000), 0, (0,))
+    s = Assignment(p("s", 100, 200, 100), 0, (0,))
+    w = Assignment(p("w", 2, 1000, 100), 0, (1,))
+    state = cl.empty_state().apply([v, s, w])
+    found = plan_preemptions([p("p1", 100, 500, 1000), p("p2", 50, 1000, 4000)], state, [v, s, w])
+    assert [(f.pod.name, [x.pod.name for x in f.victims]) for f in found] == [("p1", ["v"]), ("p2", ["w"])]
+    assert still_standing(found, state) == found  # together they hold
+    assert still_standing(found[1:], state) == []  # p2 alone would evict w for nothing
