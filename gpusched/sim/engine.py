@@ -64,6 +64,14 @@ class RunResult:
     """Gangs with no member placed."""
     gangs_partial: int = 0
     """Gangs with some but not all members placed (must be 0)."""
+    first_end: int = 0
+    """Arrived GPU demand (%) when the first batch's placements landed: the curve below it is the
+    empty cluster's."""
+
+    def reached(self, pct: int) -> bool:
+        """Whether the curve says something at ``pct``: a batch had landed by then, and the
+        workload arrived that far."""
+        return self.first_end <= pct <= max(self.curve, default=0) and any(k <= pct for k in self.curve)
 
     @property
     def mig_util_pct(self) -> float | None:
@@ -175,6 +183,7 @@ def replay(
     gang_pods: list[Pod] = []
     gang_assignments: list[Assignment] = []
     alloc = 0.0
+    first_end: int | None = None
     for chunk in chunks:
         before = state
         plan = policy.place(chunk, state)
@@ -199,6 +208,8 @@ def replay(
             for point in FRAG_POINTS:
                 if point not in frag and arrived >= point * gpus * 10:
                     frag[point] = 100.0 * cluster_frag_ratio(state if last else before, typical)
+        if first_end is None:
+            first_end = round(arrived / gpus / 10)
         if on_batch is not None:
             on_batch(len(chunk))
     top = max((pct for pct, _ in records), default=0)
@@ -209,6 +220,7 @@ def replay(
         seed=seed,
         batch=batch,
         curve=allocation_curve(records, top),
+        first_end=first_end or 0,
         frag_ratio=frag,
         placed=placed,
         failed=failed,

@@ -51,6 +51,7 @@ SUMMARY_KEYS = (
     "failed_pods",
     "trace",
     "fgd_published_alloc_pct_130",
+    "arrived_pct_end",
 )
 """Keys of every summary, in output order; unknown values are ``None``."""
 
@@ -109,8 +110,7 @@ def summarize(
         raise ValueError(f"runs of several policies: {', '.join(sorted(policies))}")
     if total_gpus <= 0:
         raise ValueError(f"total_gpus must be positive, got {total_gpus}")
-    by_100 = all(any(k <= 100 for k in r.curve) for r in runs)  # else a seed with no batch ended by then
-    a100 = [r.alloc_at(100) for r in runs] if by_100 else []
+    a100 = [r.alloc_at(100) for r in runs] if all(r.reached(100) for r in runs) else []
     a130 = [r.alloc_at(130) for r in runs]
     mean130 = statistics.fmean(a130)
     solve = [ms for r in runs for ms in r.solve_ms]
@@ -135,6 +135,7 @@ def summarize(
         "failed_pods": _mean([r.failed for r in runs]),
         "trace": trace,
         "fgd_published_alloc_pct_130": published_alloc_130,
+        "arrived_pct_end": min(max(r.curve, default=0) for r in runs),
     }
     if any(r.extended for r in runs):
         summary["mig_slice_util_pct"] = _mean([u for r in runs if (u := r.mig_util_pct) is not None])
@@ -165,12 +166,18 @@ def render_table(summaries: Sequence[Mapping[str, Any]], title: str | None = Non
             f"{trace or 'trace'}: {first.get('total_gpus', '?')} GPUs, batch {first.get('batch')}, "
             f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''}"
         )
+    short = min((int(e) for s in summaries if (e := s.get("arrived_pct_end")) is not None), default=130)
     table = Table(
         title=title,
         box=None,
         pad_edge=False,
         header_style="bold",
-        caption="alloc: GPU allocation % at 100/130% arrived GPU demand"
+        caption=(
+            f"the workload ends at {short}% arrived GPU demand (--tune): '@130' figures are at {short}%; "
+            if short < 130
+            else ""
+        )
+        + "alloc: GPU allocation % at 100/130% arrived GPU demand"
         + (" (± std over seeds); " if spread else "; ")
         + ("paper: the FGD paper's published allocation at 130%; " if published else "")
         + "idle: unallocated GPUs at 130%; frag: fragmented % of idle GPU at 70/90%; "

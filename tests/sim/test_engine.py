@@ -40,3 +40,23 @@ def test_every_pod_is_placed_or_failed_exactly_once() -> None:
     for batch in (1, 2, 5):
         result = replay(cluster, pods, FgdPolicy(cluster, typical), batch=batch, typical=typical)
         assert (result.placed, result.failed) == (2, 3)
+
+
+def test_a_figure_no_batch_reached_is_none_and_a_short_run_says_where_it_ended() -> None:
+    from rich.console import Console
+
+    from gpusched.sim.report import render_table, summarize
+
+    cluster = Cluster([gpu_node(f"n{i}", gpus=1) for i in range(10)])
+    pods = [pod(f"p{i}", gpus=1) for i in range(12)]  # 120 % of the GPUs
+    typical = TypicalPods.from_pods(pods)
+    one_batch = replay(cluster, pods, FgdPolicy(cluster, typical), batch=16, typical=typical)
+    assert one_batch.first_end == 120
+    s = summarize([one_batch], total_gpus=10)
+    assert s["alloc_pct_100"] is None  # not the empty cluster's 0 % from before the batch
+    assert s["arrived_pct_end"] == 120
+    one_by_one = summarize([replay(cluster, pods, FgdPolicy(cluster, typical), batch=1, typical=typical)], 10)
+    assert one_by_one["alloc_pct_100"] == 100.0
+    console = Console(width=200, record=True)
+    console.print(render_table([s]))
+    assert "the workload ends at 120% arrived GPU demand" in console.export_text()
