@@ -310,6 +310,15 @@ def run_simulation(
         raise SimulationError(
             f"{nodes_csv}: no node has GPUs outside MIG mode, so there is no GPU capacity to measure allocation against"
         )
+    models = {n.gpu_model for n in cluster.nodes}
+    stranded = [p for p in pods if p.gpu_models and not p.gpu_models & models]
+    if stranded:  # a typo, or another case: model names are compared exactly
+        log.warning(
+            "pods accept only GPU models no node has; they will all fail",
+            pods=len(stranded),
+            models=sorted({m for p in stranded for m in p.gpu_models})[:5],
+            nodes_have=sorted(m for m in models if m)[:8],
+        )
     tasks = [
         _Task(i, nodes_path, pods_path, name, seed, batch, tune, params, typical_source == "online")
         for i, (name, seed) in enumerate((n, s) for n in names for s in seed_list)

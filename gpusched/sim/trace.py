@@ -65,7 +65,16 @@ def csv_rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[st
             header = [h.strip() for h in header]
             missing = [c for c in required if c not in header]
             if missing:
-                raise TraceError(path, 1, missing[0], f"missing column(s) {', '.join(missing)}; header is {header}")
+                swapped = ""
+                for other, what, flag in (
+                    (POD_COLUMNS, "a pod list", "--pods"),
+                    (NODE_COLUMNS, "a node list", "--nodes"),
+                ):
+                    if tuple(required) != other and all(c in header for c in other):
+                        swapped = f" (it looks like {what}: pass it as {flag}; are --nodes and --pods swapped?)"
+                raise TraceError(
+                    path, 1, missing[0], f"missing column(s) {', '.join(missing)}; header is {header}{swapped}"
+                )
             for raw in reader:
                 line = reader.line_num
                 if not raw or all(not c.strip() for c in raw):

@@ -127,6 +127,13 @@ class TestBadRows:
         p = write(tmp_path, "nodes.csv", "sn,cpu_milli", "n1,1")
         expect_error(p, 1, "memory_mib", "missing column(s) memory_mib, gpu, model")
 
+    def test_a_pod_list_given_as_the_node_list_says_the_flags_may_be_swapped(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "pods.csv", POD_HEADER, "p,1,1,0,0,")
+        with pytest.raises(
+            TraceError, match=r"looks like a pod list: pass it as --pods; are --nodes and --pods swapped"
+        ):
+            read_nodes(p)
+
     def test_duplicate_pod_name(self, tmp_path: Path) -> None:
         p = write(tmp_path, "pods.csv", POD_HEADER, "p,1,1,0,0,", "q,1,1,0,0,", "p,2,2,0,0,")
         expect_error(p, 4, "name", "duplicate pod name 'p'")
@@ -223,3 +230,18 @@ def _message(path: Path) -> str:
     with pytest.raises(TraceError) as info:
         read_nodes(path)
     return str(info.value)
+
+
+def test_a_simulation_whose_pods_accept_only_models_no_node_has_warns_with_the_names(tmp_path: Path) -> None:
+    from structlog.testing import capture_logs
+
+    from gpusched.sim.runner import run_simulation
+
+    nodes = write(tmp_path, "nodes.csv", NODE_HEADER, "n1,8000,32768,2,V100M32")
+    pods = write(tmp_path, "pods.csv", POD_HEADER, "p1,1000,1024,1,1000,v100m32", "p2,1000,1024,1,1000,")
+    with capture_logs() as logs:
+        run_simulation(nodes, pods, ["bestfit"], 1, [42], 1.0, tmp_path / "out", progress=False)
+    (warned,) = [e for e in logs if e["event"].startswith("pods accept only GPU models no node has")]
+    assert warned["pods"] == 1
+    assert warned["models"] == ["v100m32"]
+    assert warned["nodes_have"] == ["V100M32"]
