@@ -219,7 +219,16 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     # and in MIG mode the GPU feature discovery count also covers the partitioned GPUs.
     gpus = _int_quantity(alloc[GPU_RESOURCE], f"{where}: allocatable {GPU_RESOURCE}") if GPU_RESOURCE in alloc else 0
     if gpus > MAX_GPUS:  # before anything is built per GPU
-        raise ConvertError(f"{where}: allocatable {GPU_RESOURCE} {gpus} is more GPUs than a node holds ({MAX_GPUS})")
+        replicas = str(labels.get("nvidia.com/gpu.replicas", ""))
+        shared = (
+            f" (nvidia.com/gpu.replicas={replicas}: the device plugin time-slices each GPU; gpusched shares GPUs "
+            "itself, with gpusched.io/gpu-milli: leave GPU sharing off on the nodes it schedules)"
+            if replicas.isdigit() and int(replicas) > 1
+            else ""
+        )
+        raise ConvertError(
+            f"{where}: allocatable {GPU_RESOURCE} {gpus} is more GPUs than a node holds ({MAX_GPUS}){shared}"
+        )
     model = str(labels.get(LABEL_GPU_PRODUCT, "")) or (UNKNOWN_MODEL if gpus else "")
     mig = tuple(
         sorted((k, _int_quantity(v, f"{where}: allocatable {k}")) for k, v in alloc.items() if k.startswith(MIG_PREFIX))
@@ -253,6 +262,13 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
         warnings.append(
             f"{where}: label {LABEL_GPU_COUNT}={labels[LABEL_GPU_COUNT]} but no allocatable {GPU_RESOURCE} "
             "(is the device plugin running?); counted as 0 GPUs"
+        )
+    replicas = str(labels.get("nvidia.com/gpu.replicas", ""))
+    if gpus and replicas.isdigit() and int(replicas) > 1:
+        warnings.append(
+            f"{where}: nvidia.com/gpu.replicas={replicas}: the device plugin time-slices each GPU, so its "
+            f"{gpus} {GPU_RESOURCE} are slices, not GPUs; gpusched counts them as GPUs, as kube-scheduler does, "
+            "and the GPU indices it writes name slices (leave GPU sharing off where gpusched.io/gpu-milli shares)"
         )
     islands: tuple[int, ...] = ()
     if gpus:
@@ -335,7 +351,14 @@ def _effective_requests(spec: Mapping[str, Any], where: str, status: Mapping[str
                 elif key in ("memory", STORAGE_RESOURCE):
                     out[key] = memory_mib(value)
                 elif "/" in key:
-                    out[key] = _int_quantity(value, f"{where}: resources {key}")
+                    try:
+                        out[key] = _int_quantity(value, f"{where}: resources {key}")
+                    except ConvertError:
+                        if key in _TRACKED_RESOURCES or key.startswith(MIG_PREFIX):
+                            raise
+                        # Not one placement reads (kubernetes.io/batch-cpu may be 1.5): the pod's
+                        # other requests count all the same; a pod of ours asking for it is
+                        # refused as asking for a resource nodes are not checked for.
             except QuantityError as exc:
                 raise ConvertError(f"{where}: resources {key}: {exc}") from None
         return out
@@ -674,11 +697,17 @@ def _pod(
     # bound by another scheduler is still counted with its CPU, memory, GPUs and a slice (a share
     # it asks for wrongly is not counted: there is no telling which part of a GPU it holds).
     milli, share_error = _share(reqs, annotations, num_gpu, where)
+    mig_profile, error = _mig_request(reqs, num_gpu, where)  # against the GPUs it asks for, not its share
+    if mig_profile and milli:  # the slice is what the kubelet gives it: counted, the share not
+        error = error or (
+            f"{where}: asks for a MIG slice ({MIG_PREFIX}{mig_profile}) and a share of a GPU "
+            f"({ANNOTATION_GPU_MILLI}); a pod takes one or the other, so drop one of them"
+        )
+        milli = 0
     if milli and not num_gpu:
         num_gpu = 1
     elif num_gpu and not milli:
         milli = GPU_MILLI
-    mig_profile, error = _mig_request(reqs, num_gpu, where)
     error = share_error or error
     island = annotations.get(ANNOTATION_GPU_ISLAND, "").strip()
     if island not in ("", "required", "preferred"):
@@ -1054,7 +1083,7 @@ def _tolerations(spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
             str(t.get("effect") or ""),
         )
         for t in spec.get("tolerations") or ()
-        if isinstance(t, Mapping) and t.get("effect", "") in ("", *_KEEP_OFF_EFFECTS, "PreferNoSchedule")
+        if isinstance(t, Mapping) and (t.get("effect") or "") in ("", *_KEEP_OFF_EFFECTS, "PreferNoSchedule")
     }
     return tuple(sorted(out, key=lambda t: (t.key, t.operator, t.value, t.effect)))
 

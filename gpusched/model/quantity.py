@@ -43,7 +43,7 @@ class QuantityError(ValueError):
 
 def parse_quantity(text: str | int | float) -> Decimal:
     """Parse a Kubernetes quantity ("500m", "1.5", "16Gi", "1e3") into a Decimal."""
-    if isinstance(text, bool):
+    if isinstance(text, bool) or not isinstance(text, str | int | float):  # null, a list, a mapping
         raise QuantityError(f"quantity must be a number or string, got {text!r}")
     if isinstance(text, int | float):
         if isinstance(text, int) and text > _MAX:

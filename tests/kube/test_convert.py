@@ -961,3 +961,84 @@ def test_an_unreadable_pod_that_is_being_deleted_is_still_known_as_terminating()
     assert rec.error
     assert rec.pod.terminating
     assert rec.deleting
+
+
+def test_a_bound_pods_resource_we_do_not_place_by_never_zeroes_its_gpus_in_the_books() -> None:
+    # kubernetes.io/batch-cpu may be fractional; were the whole request dropped for it, another
+    # scheduler's pod would hold no GPU in the books and its 8 GPUs would look free.
+    obj = {
+        "metadata": {"name": "theirs", "namespace": "default", "uid": "u"},
+        "spec": {
+            "schedulerName": "default-scheduler",
+            "nodeName": "n1",
+            "containers": [
+                {
+                    "name": "c",
+                    "resources": {
+                        "requests": {"cpu": "8", "memory": "64Gi", "kubernetes.io/batch-cpu": "1.5"},
+                        "limits": {"nvidia.com/gpu": "8"},
+                    },
+                }
+            ],
+        },
+    }
+    rec = pod_record(obj)
+    assert (rec.pod.cpu_milli, rec.pod.memory_mib, rec.pod.num_gpu) == (8000, 65536, 8)
+
+
+def test_a_null_quantity_is_an_error_naming_the_field_not_a_crash() -> None:
+    obj = {
+        "metadata": {"name": "p", "namespace": "default", "uid": "u"},
+        "spec": {"schedulerName": "s", "containers": [{"name": "c", "resources": {"requests": {"cpu": None}}}]},
+    }
+    rec = pod_record(obj)
+    assert "cpu" in rec.error
+
+
+def test_a_toleration_with_a_null_effect_tolerates_every_effect() -> None:
+    obj = {
+        "metadata": {"name": "p", "namespace": "default", "uid": "u"},
+        "spec": {
+            "schedulerName": "s",
+            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": None}],
+            "containers": [{"name": "c"}],
+        },
+    }
+    (t,) = pod_record(obj).pod.tolerations
+    assert (t.key, t.operator, t.effect) == ("gpu", "Exists", "")
+
+
+def test_a_time_sliced_node_is_warned_about_and_too_many_slices_name_the_cause() -> None:
+    def node(gpus: int, replicas: int) -> dict[str, Any]:
+        return {
+            "metadata": {
+                "name": "ts",
+                "labels": {"nvidia.com/gpu.count": "8", "nvidia.com/gpu.replicas": str(replicas)},
+            },
+            "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "nvidia.com/gpu": str(gpus)}},
+        }
+
+    rec = node_record(node(32, 4))
+    assert rec.node.gpu_count == 32
+    assert "nvidia.com/gpu.replicas=4" in rec.warning
+    with pytest.raises(ConvertError, match=r"nvidia.com/gpu.replicas=10: the device plugin time-slices"):
+        node_record(node(80, 10))
+
+
+def test_a_mig_slice_with_a_share_annotation_is_refused_as_such_and_the_slice_counted() -> None:
+    obj = {
+        "metadata": {
+            "name": "p",
+            "namespace": "default",
+            "uid": "u",
+            "annotations": {"gpusched.io/gpu-milli": "250"},
+        },
+        "spec": {
+            "schedulerName": "s",
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}],
+        },
+    }
+    rec = pod_record(obj)
+    assert rec.pod.mig_profile == "1g.10gb"
+    assert (rec.pod.num_gpu, rec.pod.gpu_milli) == (0, 0)
+    assert "a MIG slice (nvidia.com/mig-1g.10gb) and a share of a GPU" in rec.error
