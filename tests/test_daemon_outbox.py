@@ -11,7 +11,11 @@ from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle
 
 
 async def _run(box: Outbox, started: int) -> None:
-    await asyncio.gather(*(box.work() for _ in range(started)))
+    workers = [asyncio.create_task(box.work()) for _ in range(started)]
+    for w in workers:
+        w.add_done_callback(box.worker_done)
+    await asyncio.gather(*workers)
+    await asyncio.sleep(0)  # the done callbacks run
 
 
 async def test_a_newer_write_for_a_key_replaces_the_waiting_one_in_its_place() -> None:
@@ -91,3 +95,19 @@ async def test_verdicts_told_many_times_wait_as_one_and_none_is_sent_for_a_pod_b
     await settle(s)
     assert api.failed("default/waiting") == ["verdict 999"]
     assert api.failed("default/late") == []
+
+
+async def test_a_worker_cancelled_before_it_ran_does_not_stall_the_outbox() -> None:
+    sent: list[str] = []
+
+    async def go() -> None:
+        sent.append("late")
+
+    box = Outbox(workers=1)
+    assert box.put("a", go) == 1
+    worker = asyncio.create_task(box.work())
+    worker.add_done_callback(box.worker_done)
+    worker.cancel()  # shut down before its first step
+    await asyncio.gather(worker, return_exceptions=True)
+    await asyncio.sleep(0)
+    assert box.put("b", go) == 1  # a new worker is started for what still waits

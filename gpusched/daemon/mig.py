@@ -171,7 +171,7 @@ class Repartitioner:
             layouts = tuple((g, layout) for m, g, layout in parts if m == n)
             job = Repartition(config, {p.key: p for p in group}, layouts)
             self.jobs[node.name] = job
-            instances = ", ".join(f"{c} x {p}" for p, c in sorted(job.wanted.items()))
+            instances = _counts(job.wanted.items())
             log.info(
                 "mig repartition",
                 batch_id=batch_id,
@@ -351,10 +351,6 @@ class Repartitioner:
             return "a pod took one of its MIG instances meanwhile"
         return ""
 
-    def _pods_on(self, node: str) -> list[str]:
-        """The pods on the books on ``node`` that hold a GPU or a MIG instance."""
-        return self.s.cache.gpu_pods_on(node)
-
     def _clear(self, node: str) -> None:
         """The layout came: the request is over, for every leader (a MIG manager that applies the
         layout again later, after a reboot, is no new request).  Once at a time per node."""
@@ -373,8 +369,8 @@ class Repartitioner:
     def _timed_out(self, config: str, node: str = "", job: Repartition | None = None) -> str:
         rec = self.s.cache.nodes.get(node) if node else None
         if rec is not None and job is not None and rec.node.labels.get(LABEL_MIG_STATE) == "success":
-            offered = ", ".join(f"{c} x {p}" for p, c in sorted(rec.node.mig_slices)) or "none"
-            wanted = ", ".join(f"{c} x {p}" for p, c in sorted(job.wanted.items()))
+            offered = _counts(rec.node.mig_slices) or "none"
+            wanted = _counts(job.wanted.items())
             return (
                 f"the MIG manager reported {LABEL_MIG_CONFIG}={config} applied, but within "
                 f"{self.s.config.mig.timeout_seconds} s the node advertised {offered} where {wanted} was asked "
@@ -400,7 +396,7 @@ class Repartitioner:
         ):
             log.info("mig layout not set back: the node was relabelled, or its instances came", node=node)
             return False
-        running = self._pods_on(node)
+        running = self.s.cache.gpu_pods_on(node)
         if running:  # never: setting it back would take the instances from under them
             log.warning(
                 "mig layout not set back: pods run on the node",
@@ -835,3 +831,8 @@ class Repartitioner:
 def _within(stamp: str, seconds: float) -> bool:
     """Whether the Unix time ``stamp`` (a label's value) is less than ``seconds`` ago."""
     return stamp.isdigit() and time.time() - int(stamp) < seconds
+
+
+def _counts(counts: Iterable[tuple[str, int]]) -> str:
+    """MIG instances by profile in words: ``3 x 1g.10gb, 1 x 3g.40gb``."""
+    return ", ".join(f"{c} x {p}" for p, c in sorted(counts))

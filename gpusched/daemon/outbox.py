@@ -63,13 +63,14 @@ class Outbox:
 
     async def work(self) -> None:
         """Send waiting writes, oldest first, until none wait.  A write that fails is logged; it
-        never stops the others."""
-        try:
-            while self._waiting:
-                key, write = self._waiting.popitem(last=False)
-                try:
-                    await write()
-                except Exception as exc:
-                    log.error("status write failed", key=str(key), error=repr(exc))
-        finally:
-            self._running -= 1
+        never stops the others.  Run as a task that calls ``worker_done`` when it ends."""
+        while self._waiting:
+            key, write = self._waiting.popitem(last=False)
+            try:
+                await write()
+            except Exception as exc:
+                log.error("status write failed", key=str(key), error=repr(exc))
+
+    def worker_done(self, _: object = None) -> None:
+        """A worker's task ended (also one cancelled before it ran: counted all the same)."""
+        self._running -= 1

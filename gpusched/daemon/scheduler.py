@@ -112,9 +112,10 @@ class Scheduler:
         self._policy_params: SolverParams | None = None
         self._shapes: Counter[TypicalShape] = Counter()
         self._kept_last: tuple[tuple[str, int], ...] = ()
-        self._models_checked: tuple[str, ...] = ()  # the headroom.models setting last checked
         """The GPUs the last batch kept free (node name, index): kept first again, so that what
         is kept does not wander from node to node as pods come and go."""
+        self._models_checked: tuple[str, ...] = ()
+        """The ``headroom.models`` setting last checked against the cluster's GPU products."""
         self._consolidating: set[tuple[str, str]] = set()
         """Pods (key, UID) the last consolidation round evicted, until they leave the books."""
         self._awaiting: dict[str, int] = {}
@@ -122,12 +123,12 @@ class Scheduler:
         it, until as many run again (their replacements are placed)."""
         self._round_deadline = 0.0
         """Monotonic time after which the next round no longer waits for the last one's pods."""
-        self._emptying: dict[str, list[int]] = {}  # node -> pods left to evict, refused, all
+        self._emptying: dict[str, list[int]] = {}
+        """Per node a round is emptying: [evictions left, evictions refused, evictions in all]."""
+        self._refused_until: dict[str, float] = {}
+        """Nodes a round left half emptied (an eviction refused): not emptied again until then."""
         self._evicted_now: list[Pod] = []
         """Victims of the preemption passes of the batch being handled (``_preempt``)."""
-        self._refused_until: dict[str, float] = {}
-        """Nodes a consolidation round could not empty (an eviction refused): not tried again until then."""
-        """Per node a round is emptying: [evictions left, evictions refused]."""
         self.mig = Repartitioner(self)
         """MIG layouts asked for and given back (``mig.repartition``)."""
         self.placed_here: set[str] = set()
@@ -234,6 +235,14 @@ class Scheduler:
         self.max_binds_in_flight = max(2 * cfg.batching.max_size, self.settings.kube_burst)
         self._policy = None  # rebuilt with the new weights
 
+    def _limit_usage(self, todo: list[PodRecord]) -> dict[str, int]:
+        """What each tenant holds, as its limit counts it against the pods of ``todo``: pods being
+        deleted count until they are gone, but not those being moved (their replacements count
+        instead), and room still held for a pod of ``todo`` counts with its pod."""
+        return self.cache.tenant_usage(
+            self.tenants, [r.key for r in todo], terminating=True, moving=self._consolidating
+        )
+
     def _tenant_usage(self) -> dict[str, int]:
         return self.cache.tenant_usage(self.tenants)
 
@@ -249,18 +258,16 @@ class Scheduler:
             room = self.cache.nomination(r.key)
             if room is None or not room[2] or self.tenants.rule(self.tenants.of(r.pod)).limit is None:
                 continue
-            unit = r.key if r.pod.gang is None else f"gang:{r.pod.gang.name}"
-            node, count = leaving.get(unit, (room[0], 0))
-            leaving[unit] = (node, count + room[2])
+            node, count = leaving.get(r.pod.unit, (room[0], 0))
+            leaving[r.pod.unit] = (node, count + room[2])
         if not leaving:
             return todo
         out = []
         for r in todo:
-            unit = r.key if r.pod.gang is None else f"gang:{r.pod.gang.name}"
-            if unit not in leaving:
+            if r.pod.unit not in leaving:
                 out.append(r)
                 continue
-            node, left = leaving[unit]
+            node, left = leaving[r.pod.unit]
             room = self.cache.nomination(r.key)
             self.tell_unschedulable(
                 r.pod,
@@ -372,11 +379,12 @@ class Scheduler:
         return self._binds_in_flight > 0 and not self._client_idle()
 
     # -- tasks -----------------------------------------------------------------------------
-    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """A short supervised task (binds, Events); its failure is logged, never lost."""
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -466,7 +474,7 @@ class Scheduler:
             self._awaiting.clear()
         if not self._quiet() or self._consolidating:
             return 0
-        snap = self.cache.snapshot(busy=self.busy_gpus(), sealed=self.mig.sealed(), **self._keep())
+        snap = self._books()
         placed = self.cache.placed()  # as counted in ``snap``: taken together
         now = time.monotonic()
         self._refused_until = {n: t for n, t in self._refused_until.items() if t > now}
@@ -504,7 +512,7 @@ class Scheduler:
         """The moves of a plan made on ``snap`` that still hold on the books as they are now: a
         batch may have bound pods (to the node being emptied, or to the room its pods were to
         take) while the plan was made."""
-        fresh = self.cache.snapshot(busy=self.busy_gpus(), sealed=self.mig.sealed(), **self._keep())
+        fresh = self._books()
         if not moves or fresh.cluster is not snap.cluster:
             return []
         there: dict[int, set[str]] = defaultdict(set)
@@ -523,6 +531,11 @@ class Scheduler:
             state = trial.apply(m.targets)
             out.append(m)
         return out
+
+    def _books(self) -> Snapshot:
+        """The books as a consolidation round reads them: busy GPUs, nodes being re-partitioned
+        and the GPUs the headroom keeps are no target."""
+        return self.cache.snapshot(busy=self.busy_gpus(), sealed=self.mig.sealed(), **self._keep())
 
     def _quiet(self) -> bool:
         """No pod waits for a batch or a retry, none is in a batch, no room is held, and no node
@@ -623,10 +636,7 @@ class Scheduler:
         tenants = self.tenants  # the rules usage is counted by (a reload during the solve may change them)
         if self.tenants.active and todo:
             todo = self._wait_in_rooms(todo)
-            # Room still held for a pod here is its own to take or give up: counted with its pod.
-            limit_usage = self.cache.tenant_usage(
-                self.tenants, [r.key for r in todo], terminating=True, moving=self._consolidating
-            )
+            limit_usage = self._limit_usage(todo)
             admitted, over = self.tenants.admit([r.pod for r in todo], limit_usage)
             at_limit: list[tuple[Pod, Explanation | _Verdict]] = []
             gangs_at_limit: dict[str, dict[str, tuple[Pod, str]]] = defaultdict(dict)
@@ -717,9 +727,7 @@ class Scheduler:
         # for the next batch, which weighs them beside what this one bound.
         order = {p.key: i for i, p in enumerate(pods)}
         if self.tenants is not tenants and self.tenants.active:  # reloaded during the solve: count anew
-            limit_usage = self.cache.tenant_usage(
-                self.tenants, [r.key for r in todo], terminating=True, moving=self._consolidating
-            )
+            limit_usage = self._limit_usage(todo)
         over_limit = (
             self.tenants.trim(sorted((a.pod for a in plan.assignments), key=lambda p: order[p.key]), limit_usage)
             if self.tenants.active
@@ -972,7 +980,7 @@ class Scheduler:
         room no longer fits them) is solved as usual."""
         units: dict[str, list[PodRecord]] = defaultdict(list)  # a pod, or a gang's members
         for r in todo:
-            units[r.key if r.pod.gang is None else f"gang:{r.pod.gang.name}"].append(r)
+            units[r.pod.unit].append(r)
         bound = {r.key for group in units.values() if self._bind_rooms(group) for r in group}
         return [r for r in todo if r.key not in bound]  # in their order: it matters to greedy policies
 
@@ -1411,7 +1419,7 @@ class Scheduler:
     def _write(self, key: tuple[str, str], write: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """A verdict's write, through the outbox: only the latest per pod waits to be sent."""
         for _ in range(self.outbox.put(key, write)):
-            self.spawn(self.outbox.work(), "outbox")
+            self.spawn(self.outbox.work(), "outbox").add_done_callback(self.outbox.worker_done)
 
     async def _verdict_event(self, pod: Pod, message: str) -> None:
         if not self.cache.holds(pod.key, pod.uid):  # else bound since: the verdict is out of date
@@ -1856,19 +1864,15 @@ def _busy_room_ok(
     is evicted (by the pod, or for a gang by its members together); a gang keeps all its
     members' or none."""
     victims: dict[str, set[str]] = defaultdict(set)  # pod, or gang, -> the keys of its victims
-
-    def unit(pre: Preemption) -> str:
-        return f"gang:{pre.pod.gang.name}" if pre.pod.gang is not None else pre.pod.key
-
     for pre in found:
-        victims[unit(pre)].update(v.pod.key for v in pre.victims)
+        victims[pre.pod.unit].update(v.pod.key for v in pre.victims)
     refused = set()
     for pre in found:
         name = cluster.nodes[pre.placement.node].name
         for g in pre.placement.gpus:
-            if g in busy.get(name, ()) and not holders.get((name, g), set()) <= victims[unit(pre)]:
-                refused.add(unit(pre))
-    return [pre for pre in found if unit(pre) not in refused]
+            if g in busy.get(name, ()) and not holders.get((name, g), set()) <= victims[pre.pod.unit]:
+                refused.add(pre.pod.unit)
+    return [pre for pre in found if pre.pod.unit not in refused]
 
 
 def _on_instances(found: list[Preemption], state: ClusterState) -> list[Preemption]:
@@ -1886,11 +1890,11 @@ def _on_instances(found: list[Preemption], state: ClusterState) -> list[Preempti
         if profile:
             col = state.cluster.mig_index[profile]
             if free[pre.node, col] <= 0:
-                dropped.add(pre.pod.key if pre.pod.gang is None else f"gang:{pre.pod.gang.name}")
+                dropped.add(pre.pod.unit)
                 continue
             free[pre.node, col] -= 1
         out.append(pre)
-    return [pre for pre in out if (pre.pod.key if pre.pod.gang is None else f"gang:{pre.pod.gang.name}") not in dropped]
+    return [pre for pre in out if pre.pod.unit not in dropped]
 
 
 def _same_offers(a: Cluster, b: Cluster) -> bool:

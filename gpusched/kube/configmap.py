@@ -31,7 +31,7 @@ class ConfigMapHandler:
         name: str,
         on_config: Callable[[GpuschedConfig], None],
         on_rejected: Callable[[dict[str, str], str], Coroutine[Any, Any, None]] | None = None,
-        spawn: Callable[[Coroutine[Any, Any, None], str], None] | None = None,
+        spawn: Callable[[Coroutine[Any, Any, None], str], object] | None = None,
         on_result: Callable[[bool], None] | None = None,
     ) -> None:
         self.namespace = namespace

@@ -293,6 +293,11 @@ class Pod(_Wishes):
         )
 
     @property
+    def unit(self) -> str:
+        """What is placed, and preempted for, as one: the pod's key, or its gang's name."""
+        return self.key if self.gang is None else f"gang:{self.gang.name}"
+
+    @property
     def has_affinity_identity(self) -> bool:
         """Whether pod anti-affinity may concern it: it has labels or terms, or it is a pod of the
         API (it has a UID), which a selector with only ``NotIn`` or ``DoesNotExist``, or none at all,

@@ -183,7 +183,7 @@ def _units(pods: Iterable[Pod]) -> list[list[Pod]]:
     """``pods`` in placement units, in order: a pod alone, or every member of its gang."""
     units: dict[str, list[Pod]] = {}
     for p in pods:
-        units.setdefault(f"gang:{p.gang.name}" if p.gang is not None else f"pod:{p.key}", []).append(p)
+        units.setdefault(p.unit, []).append(p)
     return list(units.values())
 
 

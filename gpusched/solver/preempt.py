@@ -312,23 +312,19 @@ def still_standing(kept: Sequence[Preemption], state: ClusterState) -> list[Pree
     dropped since), in order, those that still make room when only the ones kept before them
     have taken theirs: a preemption found in the room a dropped one was to leave must not
     evict its victims for nothing.  A gang keeps all its members' or none."""
-
-    def unit(pre: Preemption) -> str:
-        return f"gang:{pre.pod.gang.name}" if pre.pod.gang is not None else pre.pod.key
-
     out = list(kept)
     while True:
         work, failed = state, set()
         for pre in out:
             trial = work.release(pre.victims)
             alone = replace(pre.placement, pod=replace(pre.pod, gang=None))  # the gang's rules held in the search
-            if unit(pre) in failed or plan_problems(Plan((alone,), ()), trial):
-                failed.add(unit(pre))
+            if pre.pod.unit in failed or plan_problems(Plan((alone,), ()), trial):
+                failed.add(pre.pod.unit)
                 continue
             work = _take_room(work, pre)
         if not failed:
             return out
-        out = [pre for pre in out if unit(pre) not in failed]
+        out = [pre for pre in out if pre.pod.unit not in failed]
 
 
 def _gang_tries(gang: Gang, state: ClusterState) -> list[BoolArray | None]:
