@@ -217,3 +217,20 @@ async def test_the_idle_gauge_does_not_trust_the_books_guess_of_a_pods_gpu() -> 
 def gauge(s: Scheduler, name: str) -> float:
     line = next(x for x in s.metrics.render()[0].decode().splitlines() if x.startswith(name + " "))
     return float(line.split()[-1])
+
+
+async def test_a_pod_whose_best_preemption_is_on_a_busy_gpu_takes_the_next_best_elsewhere() -> None:
+    # n0: its GPU busy (DCGM) and held by 'v' (priority 1) and 's' (priority 100), half each;
+    # n1: its GPU held whole by 'w' (priority 2).  Evicting v (the lowest) would make room on
+    # n0, but s keeps that GPU busy: that answer is refused, and w is evicted on n1 instead.
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    measured(s, {"n0": {0: 95.0}})
+    s._bound.apply("ADDED", pod("v", 1, milli=500, node="n0", gpu=0))
+    s._bound.apply("ADDED", pod("s", 100, milli=500, node="n0", gpu=0))
+    s._bound.apply("ADDED", pod("w", 2, node="n1", gpu=0))
+    s._pending.apply("ADDED", pod("q", 50, milli=500))
+    await batch(s)
+    assert api.evicted == ["default/w"], (api.evicted, api.failed("default/q"))
+    assert s.cache.nomination("default/q") == ("n1", (0,), 1)

@@ -53,7 +53,7 @@ from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.params import SolverParams
 from gpusched.solver.policy import Policy, place_quick
-from gpusched.solver.preempt import Budget, Preemption, gang_budgets, plan_preemptions, still_standing
+from gpusched.solver.preempt import Budget, Preemption, elsewhere, gang_budgets, plan_preemptions, still_standing
 from gpusched.solver.reclaim import at_limit_searched, plan_at_limit, plan_reclaims
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
@@ -1201,6 +1201,7 @@ class Scheduler:
             else None
         )
         looked: list[Pod] = []  # the pods a reclaim search looked for
+        budgets: list[Budget] = []
         try:
             budgets = [  # what an earlier pass of this batch evicted is not in their status yet
                 replace(b, allowed=b.allowed - sum(1 for v in self._evicted_now if b.covers(v)))
@@ -1246,15 +1247,41 @@ class Scheduler:
             found = []
         if not self.is_leader:
             found = []
-        searched = len(found)
-        if busy:
-            found = _busy_room_ok(found, busy, holders, snap.cluster)
-        found = _on_instances(found, snap.state)
+        searched = found
         # Not for pods bound or replaced during the search: the rest found room in theirs.
         found = [pre for pre in found if self.queue.current(pre.pod.key, pre.pod.uid)]
         found = [pre for pre in found if not self.cache.holds(pre.pod.key, pre.pod.uid)]
-        if len(found) < searched:  # some dropped: the others may have counted on their victims
+
+        def carried(taken: Sequence[Preemption]) -> list[Preemption]:
+            """Of ``taken``, what can be carried out: room on a busy GPU only where all that hold
+            it leave, and a MIG pod only on an instance there is."""
+            return _on_instances(
+                _busy_room_ok(list(taken), busy, holders, snap.cluster) if busy else list(taken), snap.state
+            )
+
+        found = carried(found)
+        if len(found) < len(searched):  # some dropped: the others may have counted on their victims
             found = still_standing(found, snap.state)
+            kept = {pre.pod.key for pre in found}
+            refused = [pre for pre in searched if pre.pod.key not in kept and pre.pod.gang is None]
+            refused = [
+                pre
+                for pre in refused
+                if self.queue.current(pre.pod.key, pre.pod.uid) and not self.cache.holds(pre.pod.key, pre.pod.uid)
+            ]
+            if refused and reclaim is None and not at_limit and not self.tenants.active:
+                # The best answer could not be carried out: the next best, on another node.
+                found += await asyncio.to_thread(
+                    elsewhere,
+                    refused,
+                    found,
+                    snap.state,
+                    running,
+                    lambda taken, answer: any(p is answer for p in carried([*taken, answer])),
+                    budgets=budgets,
+                )
+                if not self.is_leader:
+                    found = []
         chosen = {pre.pod.key: pre for pre in found}
         evicting = False
         evicted = 0  # victims of the preemptions carried out

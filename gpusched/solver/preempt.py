@@ -48,6 +48,7 @@ __all__ = [
     "MIN_CANDIDATES",
     "Budget",
     "Preemption",
+    "elsewhere",
     "find_gang_preemption",
     "find_preemption",
     "gang_budgets",
@@ -325,6 +326,46 @@ def still_standing(kept: Sequence[Preemption], state: ClusterState) -> list[Pree
         if not failed:
             return out
         out = [pre for pre in out if pre.pod.unit not in failed]
+
+
+def elsewhere(
+    refused: Sequence[Preemption],
+    kept: Sequence[Preemption],
+    state: ClusterState,
+    running: Sequence[Assignment],
+    accept: Callable[[Sequence[Preemption], Preemption], bool],
+    min_candidates: int = MIN_CANDIDATES,
+    budgets: Sequence[Budget] = (),
+    tries: int = 3,
+) -> list[Preemption]:
+    """For the single pods of ``refused`` (answers of ``plan_preemptions`` against ``state``
+    that the caller could not carry out), in priority order, the next best answers on other
+    nodes, each found after ``kept`` and the ones before it have taken their room and spent
+    their budgets; ``accept(taken, answer)``: whether the caller can carry out ``answer`` beside
+    those already ``taken``.  At most ``tries`` nodes more per pod; a pod with none goes without."""
+    work, left, spent = state, list(running), [0] * len(budgets)
+    taken = list(kept)
+    for pre in taken:
+        left = _spend(pre, budgets, spent, left)
+        work = _take_room(work, pre)
+    out: list[Preemption] = []
+    for first in sorted((p for p in refused if p.pod.gang is None), key=lambda p: -p.pod.priority):
+        allowed = np.ones(len(state.cluster), dtype=np.bool_)
+        allowed[first.node] = False
+        for _ in range(tries):
+            found = find_preemption(
+                first.pod, work, left, min_candidates, budgets=budgets, spent=spent, allowed=allowed
+            )
+            if found is None:
+                break
+            if accept(taken, found):
+                out.append(found)
+                taken.append(found)
+                left = _spend(found, budgets, spent, left)
+                work = _take_room(work, found)
+                break
+            allowed[found.node] = False
+    return out
 
 
 def _gang_tries(gang: Gang, state: ClusterState) -> list[BoolArray | None]:
