@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpusched.model import Assignment, Cluster, ClusterState, Pod
+from gpusched.solver.baselines.best_fit import BestFitPolicy
 from gpusched.solver.fragmentation import TypicalPods, cluster_frag_ratio
 from gpusched.solver.policy import Policy
 from gpusched.solver.validate import island_problems, validate_plan
@@ -64,6 +65,9 @@ class RunResult:
     """Gangs with no member placed."""
     gangs_partial: int = 0
     """Gangs with some but not all members placed (must be 0)."""
+    declined: int = 0
+    """Of ``failed``, pods the policy left out although they fit the cluster after its batch
+    (as many of them as best fit places there together)."""
     first_end: int = 0
     """Arrived GPU demand (%) when the first batch's placements landed: the curve below it is the
     empty cluster's."""
@@ -179,7 +183,7 @@ def replay(
     frag: dict[int, float] = {}
     solve_ms: list[float] = []
     gaps: list[float] = []
-    placed = failed = violations = 0
+    placed = failed = declined = violations = 0
     gang_pods: list[Pod] = []
     gang_assignments: list[Assignment] = []
     alloc = 0.0
@@ -196,6 +200,11 @@ def replay(
         gang_assignments.extend(a for a in plan.assignments if a.pod.gang is not None)
         placed += len(plan.assignments)
         failed += len(plan.unplaced)
+        # Of those, as many as still fit together (best fit) were turned away by the policy:
+        # it may (a deferring objective, a time limit), but the replay offers no pod again.
+        left = [p for p in plan.unplaced if p.gang is None and state.pod_mask(p).any()]
+        if left:
+            declined += len(BestFitPolicy().place(left, state).assignments)  # its own: ties alike every time
         solve_ms.append(plan.stats.wall_ms)
         gaps.append(plan.stats.gap_pct)
         # Pods arriving while a batch is open see the cluster as it was; the batch's
@@ -224,6 +233,7 @@ def replay(
         frag_ratio=frag,
         placed=placed,
         failed=failed,
+        declined=declined,
         solve_ms=solve_ms,
         gaps=gaps,
         extended=_extended(cluster, workload),

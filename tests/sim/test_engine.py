@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpusched.model import Cluster
 from gpusched.sim.engine import replay
 from gpusched.solver.baselines import FgdPolicy
@@ -60,3 +62,23 @@ def test_a_figure_no_batch_reached_is_none_and_a_short_run_says_where_it_ended()
     console = Console(width=200, record=True)
     console.print(render_table([s]))
     assert "the workload ends at 120% arrived GPU demand" in console.export_text()
+
+
+def test_pods_a_policy_turns_away_although_they_fit_are_counted_apart() -> None:
+    from gpusched.model import Plan
+    from gpusched.sim.report import summarize
+
+    class TurnsHalfAway(FgdPolicy):
+        def place(self, pods: Any, state: Any) -> Plan:
+            plan = super().place(pods, state)
+            kept = plan.assignments[: len(plan.assignments) // 2]
+            return Plan(kept, (*plan.unplaced, *(a.pod for a in plan.assignments[len(kept) :])), plan.stats)
+
+    cluster = Cluster([gpu_node(f"n{i}", gpus=1) for i in range(10)])
+    pods = [pod(f"p{i}", gpus=1) for i in range(12)]  # 10 fit, 2 never do
+    typical = TypicalPods.from_pods(pods)
+    r = replay(cluster, pods, TurnsHalfAway(cluster, typical), batch=12, typical=typical)
+    assert (r.placed, r.failed, r.declined) == (5, 7, 5)  # 5 turned away with room left; 2 without
+    assert summarize([r], total_gpus=10)["declined_pods"] == 5
+    fair = replay(cluster, pods, FgdPolicy(cluster, typical), batch=12, typical=typical)
+    assert (fair.failed, fair.declined) == (2, 0)
