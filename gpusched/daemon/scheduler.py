@@ -1247,10 +1247,13 @@ class Scheduler:
             found = []
         if not self.is_leader:
             found = []
-        searched = found
+        searched = len(found)
         # Not for pods bound or replaced during the search: the rest found room in theirs.
-        found = [pre for pre in found if self.queue.current(pre.pod.key, pre.pod.uid)]
-        found = [pre for pre in found if not self.cache.holds(pre.pod.key, pre.pod.uid)]
+        live = [
+            pre
+            for pre in found
+            if self.queue.current(pre.pod.key, pre.pod.uid) and not self.cache.holds(pre.pod.key, pre.pod.uid)
+        ]
 
         def carried(taken: Sequence[Preemption]) -> list[Preemption]:
             """Of ``taken``, what can be carried out: room on a busy GPU only where all that hold
@@ -1259,16 +1262,11 @@ class Scheduler:
                 _busy_room_ok(list(taken), busy, holders, snap.cluster) if busy else list(taken), snap.state
             )
 
-        found = carried(found)
-        if len(found) < len(searched):  # some dropped: the others may have counted on their victims
+        found = carried(live)
+        if len(found) < searched:  # some dropped: the others may have counted on their victims
             found = still_standing(found, snap.state)
             kept = {pre.pod.key for pre in found}
-            refused = [pre for pre in searched if pre.pod.key not in kept and pre.pod.gang is None]
-            refused = [
-                pre
-                for pre in refused
-                if self.queue.current(pre.pod.key, pre.pod.uid) and not self.cache.holds(pre.pod.key, pre.pod.uid)
-            ]
+            refused = [pre for pre in live if pre.pod.key not in kept]  # ``elsewhere`` takes the single pods
             if refused and reclaim is None and not at_limit and not self.tenants.active:
                 # The best answer could not be carried out: the next best, on another node.
                 found += await asyncio.to_thread(
