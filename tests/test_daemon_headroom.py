@@ -535,3 +535,19 @@ async def test_a_gang_short_of_its_minimum_is_no_demand_for_new_nodes() -> None:
     await batch(s)  # three members, one GPU: they wait for a node with room for all
     s._scrape()
     assert gauge(s, "gpusched_unschedulable_gpu_demand") == 3.0
+
+
+async def test_a_pod_waiting_for_its_volume_is_no_demand_for_new_nodes() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", pod("busy", 0, node="n0", gpu=0))  # no room either: a new node would seem to help
+    waits = pod("waits", 0, gpus=1)
+    waits["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "later"}}]
+    s._pending.apply("ADDED", waits)
+    s._pending.apply("ADDED", pod("fits-nowhere", 0, gpus=1))
+    await batch(s)
+    assert api.reasons("default/waits") == ["FailedScheduling"], "told why it waits"
+    s._scrape()
+    # Only the pod without a claim asks for a GPU: a new node would not start the other before
+    # its claim is bound to a volume.
+    assert gauge(s, "gpusched_unschedulable_gpu_demand") == 1.0

@@ -497,7 +497,7 @@ async def test_a_later_mig_pod_joins_once_the_node_shows_the_label_too() -> None
 
 async def test_a_node_withdrawn_during_the_config_delay_is_not_labelled() -> None:
     wrong = []
-    for withdraw in ("node label", "feature off", "GPU taken"):
+    for withdraw in ("node label", "feature off", "GPU taken", "cordoned"):
         api = MigApi()
         s = scheduler(api, {"mig": {"repartition": True, "configDelaySeconds": 0.2}})
         add_node(s, "n", 1)
@@ -509,6 +509,10 @@ async def test_a_node_withdrawn_during_the_config_delay_is_not_labelled() -> Non
             add_node(s, "n", 1, repartition=False, **{"gpusched.io/mig-repartition": "false"})
         elif withdraw == "feature off":
             s.set_config(parse_config({}))
+        elif withdraw == "cordoned":  # drained for maintenance: the MIG manager would act on it all the same
+            obj = kit.node("n", 1, A100, **{"gpusched.io/mig-repartition": "true"})
+            obj["spec"] = {"unschedulable": True}
+            NodeHandler(s).apply("MODIFIED", obj)
         else:  # another scheduler's pod (or one with spec.nodeName) starts on its GPU
             other = kit.pod("other", "default-scheduler", gpus=1, node_name="n")
             other["metadata"].update({"namespace": "default", "uid": "uid-other"})

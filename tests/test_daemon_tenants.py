@@ -472,3 +472,34 @@ async def test_a_limit_set_while_a_batch_is_solved_counts_what_the_tenant_alread
     await settle(s)
     assert len(api.bound) == 1, api.bound  # 2 held + 1: the limit, not 2 + 3
     assert s.cache.tenant_usage(s.tenants) == {"a": 3000}
+
+
+async def test_a_disruption_budget_a_reclaim_spent_is_spent_for_the_preemption_of_the_same_batch() -> None:
+    # One batch, two passes: b1 (within b's quota) reclaims a web pod a borrowed; a-urgent then
+    # preempts in its own tenant.  The budget allows one web pod to go: the second pass must
+    # take the pod it does not cover, although a web pod is of lower priority.
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    for n in ("n1", "n2"):
+        NodeHandler(s).apply("ADDED", kit.node(n, 1, "A100"))
+    tenants(s, quotas={"b": {"quotaGpus": 1}}, reclaimBelowPriority=50)
+    for name, node, prio in (("web-0", "n0", 0), ("other", "n1", 60), ("web-1", "n2", 0)):
+        obj = of(name, "a", prio, node=node)
+        if name.startswith("web"):
+            obj["metadata"]["labels"]["app"] = "web"
+        s._bound.apply("ADDED", obj)
+    handler = next(r.handler for r in s.reflectors if r.name == "disruption-budgets")
+    handler.replace(
+        [
+            {
+                "metadata": {"name": "web", "namespace": "a"},
+                "spec": {"selector": {"matchLabels": {"app": "web"}}},
+                "status": {"disruptionsAllowed": 1},
+            }
+        ]
+    )
+    s._pending.apply("ADDED", of("b1", "b", 0))
+    s._pending.apply("ADDED", of("a-urgent", "a", 100))
+    await batch(s)
+    assert len(api.why) == 1, api.why  # one reclaim
+    assert sorted(v.removesuffix("-0").removesuffix("-1") for v in api.evicted) == ["a/other", "a/web"], api.evicted
