@@ -9,11 +9,12 @@ reference gives each one's bounds.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable
 from typing import Annotated, Any, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from gpusched.model.node import GPU_MILLI
 from gpusched.model.tenants import TenantRule, Tenants
@@ -45,6 +46,19 @@ def _not_bool(value: object) -> object:
 
 _Number = Annotated[float, BeforeValidator(_not_bool)]
 """A number, read leniently (YAML 1.1 reads ``1e-3`` as a string), but not a boolean."""
+
+_TAINT_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def _taint_key(value: str) -> str:
+    if not _TAINT_KEY.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a taint key: write the key only (as nvidia.com/gpu), without =value or :Effect"
+        )
+    return value
+
+
+_TaintKey = Annotated[str, AfterValidator(_taint_key)]
 
 
 class _Strict(BaseModel):
@@ -112,7 +126,7 @@ class HeadroomConfig(_Strict):
     priority_at_least: int = Field(default=1_000_000, ge=-(2**31), le=2**31 - 1, alias="priorityAtLeast")
     models: list[str] = Field(default_factory=list)
     """Only GPUs of these products (``nvidia.com/gpu.product``) are kept (empty: any)."""
-    tolerated_taints: list[str] = Field(default_factory=lambda: ["nvidia.com/gpu"], alias="toleratedTaints")
+    tolerated_taints: list[_TaintKey] = Field(default_factory=lambda: ["nvidia.com/gpu"], alias="toleratedTaints")
     """Keys of the taints the pods it is for tolerate: GPUs are kept only on nodes with no other
     taint (the default is the taint many clusters put on every GPU node)."""
 

@@ -114,6 +114,11 @@ def test_an_unknown_key_lists_the_keys_known_in_its_place() -> None:
         ("batching:\n  quickStart: 1\n", "batching.quickStart", "valid boolean (got 1; write true or false)"),
         ("batching:\n  maxWaitSeconds: 61\n", "batching.maxWaitSeconds", "less than or equal to 60"),
         ("weights: [1, 2]\n", "weights", "expected a mapping of keys under it (got [1, 2])"),
+        (  # written as kubectl taint takes it: it would match no taint, and headroom would keep nothing
+            "headroom:\n  toleratedTaints: ['nvidia.com/gpu=present:NoSchedule']\n",
+            "headroom.toleratedTaints.0",
+            "write the key only (as nvidia.com/gpu), without =value or :Effect",
+        ),
     ],
 )
 def test_bad_value_is_rejected_naming_field_and_reason(text: str, path: str, reason: str) -> None:

@@ -3,7 +3,11 @@ round never undoes the last one."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
+
+import pytest
 
 from gpusched.config import parse_config
 from gpusched.daemon import Scheduler
@@ -180,7 +184,8 @@ async def test_counters_say_what_was_evicted_not_what_was_planned() -> None:
     assert "gpusched_consolidation_nodes_total 0.0" in lines
 
 
-async def test_no_pod_is_evicted_when_a_pod_comes_during_the_plan(monkeypatch: Any) -> None:
+@pytest.mark.parametrize("meanwhile", ["a pod comes", "consolidation is turned off"])
+async def test_no_pod_is_evicted_when_things_change_during_the_plan(monkeypatch: Any, meanwhile: str) -> None:
     from gpusched.daemon import scheduler as daemon
 
     api = EvictionApi()
@@ -188,14 +193,39 @@ async def test_no_pod_is_evicted_when_a_pod_comes_during_the_plan(monkeypatch: A
     s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
     real = daemon.plan_consolidation
 
-    def meanwhile(*args: Any, **kwargs: Any) -> Any:
+    def planned(*args: Any, **kwargs: Any) -> Any:
         out = real(*args, **kwargs)
-        s._pending.apply("ADDED", pod("new", gpus=2))
+        assert out, "the round would empty a node"
+        if meanwhile == "a pod comes":
+            s._pending.apply("ADDED", pod("new", gpus=2))
+        else:  # an operator stops it in a hurry: the round being planned stops too
+            s.set_config(parse_config({}))
         return out
 
-    monkeypatch.setattr(daemon, "plan_consolidation", meanwhile)
+    monkeypatch.setattr(daemon, "plan_consolidation", planned)
     assert await round_of(s) == 0
     assert api.evicted == []
+
+
+async def test_a_shorter_interval_counts_at_once_not_after_the_long_one() -> None:
+    s = two_nodes(RecordingApi())
+    s.set_config(parse_config({"consolidation": {"enabled": True, "intervalSeconds": 86400}}))
+    rounds: list[float] = []
+
+    async def counted() -> int:
+        rounds.append(time.monotonic())
+        return 0
+
+    s.consolidate = counted  # type: ignore[method-assign]
+    task = asyncio.create_task(s.consolidate_forever())
+    try:
+        await asyncio.sleep(0.2)
+        assert rounds == []
+        s.set_config(parse_config({"consolidation": {"enabled": True, "intervalSeconds": 1}}))
+        await asyncio.sleep(1.5)  # the last round (the start) was over a second ago: one now
+        assert len(rounds) == 1, rounds
+    finally:
+        task.cancel()
 
 
 async def test_a_plan_the_cluster_outran_is_not_carried_out(monkeypatch: Any) -> None:

@@ -234,3 +234,18 @@ async def test_a_pod_whose_best_preemption_is_on_a_busy_gpu_takes_the_next_best_
     await batch(s)
     assert api.evicted == ["default/w"], (api.evicted, api.failed("default/q"))
     assert s.cache.nomination("default/q") == ("n1", (0,), 1)
+
+
+def test_a_configuration_that_makes_answers_too_short_lived_for_the_poll_is_warned_about() -> None:
+    from structlog.testing import capture_logs
+
+    s = one_node_scheduler(RecordingApi(), gpus=1)
+    s.utilisation = UtilisationSource("http://prometheus.invalid:9090", poll_s=15)
+    with capture_logs() as logs:
+        s.set_config(parse_config({"utilisation": {"maxAgeSeconds": 60}}))
+        assert logs == []
+        s.set_config(parse_config({"utilisation": {"maxAgeSeconds": 10}}))  # the ConfigMap, reloaded
+    (line,) = logs
+    assert line["log_level"] == "warning"
+    assert line["fix"] == "a --utilisation-poll below utilisation.maxAgeSeconds"
+    assert (line["poll_s"], line["max_age_s"]) == (15, 10)

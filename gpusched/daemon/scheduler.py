@@ -126,6 +126,8 @@ class Scheduler:
         self._emptying: dict[str, list[int]] = {}
         """Per node a round is emptying: [evictions left, evictions refused, evictions in all]."""
         self._refused_until: dict[str, float] = {}
+        self._interval_changed = asyncio.Event()
+        """Set when a new configuration changes ``consolidation.intervalSeconds``."""
         """Nodes a round left half emptied (an eviction refused): not emptied again until then."""
         self._evicted_now: list[Pod] = []
         """Victims of the preemption passes of the batch being handled (``_preempt``)."""
@@ -225,7 +227,12 @@ class Scheduler:
             self.config.tenants,
         ):
             self.queue.move_all()
+        if cfg.consolidation.interval_seconds != self.config.consolidation.interval_seconds:
+            self._interval_changed.set()
+        age_changed = cfg.utilisation.max_age_seconds != self.config.utilisation.max_age_seconds
         self.config = cfg
+        if age_changed:
+            self._check_poll_age()
         self.tenants = cfg.tenants.tenants()
         self.queue.set_tenants(self.tenants, self._tenant_usage)
         self.metrics.set_weights({k: float(v) for k, v in cfg.weights.model_dump(by_alias=True).items()})
@@ -446,9 +453,17 @@ class Scheduler:
 
     async def consolidate_forever(self) -> None:
         """Every ``consolidation.intervalSeconds``, a round of ``consolidate``; a round that
-        fails is logged, and the next one comes as usual."""
+        fails is logged, and the next one comes as usual.  A new interval counts at once, from
+        the last round (or the start)."""
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(self.config.consolidation.interval_seconds)
+            left = last + self.config.consolidation.interval_seconds - time.monotonic()
+            if left > 0:
+                self._interval_changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._interval_changed.wait(), left)
+                continue
+            last = time.monotonic()
             try:
                 await self.consolidate()
             except Exception as exc:
@@ -482,8 +497,8 @@ class Scheduler:
         moves = await asyncio.to_thread(
             plan_consolidation, snap.state, placed, c.max_nodes_per_round, list(self.budgets.values()), refused
         )
-        if not self.is_leader or not self._quiet():  # pods came (or room was held) during the plan
-            return 0
+        if not self.is_leader or not self._quiet() or not self.config.consolidation.enabled:
+            return 0  # pods came (or room was held, or it was turned off) during the plan
         moves = self._still_good(moves, snap)
         names = snap.cluster.nodes
         running = self._running_by_owner() if moves else Counter[str]()
@@ -1595,17 +1610,22 @@ class Scheduler:
         view = self.utilisation_view() if u.avoid_busy_gpus else None
         return None if view is None else view.at_least(u.busy_percent) or None
 
-    async def follow_utilisation(self) -> None:
-        """Poll for GPU utilisation until cancelled.  When a GPU is no longer busy (or the answer
-        grew too old to use), the pods parked as unschedulable are drawn again: it may be room."""
-        assert self.utilisation is not None
-        if self.utilisation.poll_s >= self.config.utilisation.max_age_seconds:
+    def _check_poll_age(self) -> None:
+        """Warn when answers are polled less often than one may be used (checked at the start
+        and whenever a configuration changes ``utilisation.maxAgeSeconds``)."""
+        if self.utilisation is not None and self.utilisation.poll_s >= self.config.utilisation.max_age_seconds:
             log.warning(
                 "GPU utilisation is polled less often than an answer may be used; between polls no GPU is busy",
                 poll_s=self.utilisation.poll_s,
                 max_age_s=self.config.utilisation.max_age_seconds,
                 fix="a --utilisation-poll below utilisation.maxAgeSeconds",
             )
+
+    async def follow_utilisation(self) -> None:
+        """Poll for GPU utilisation until cancelled.  When a GPU is no longer busy (or the answer
+        grew too old to use), the pods parked as unschedulable are drawn again: it may be room."""
+        assert self.utilisation is not None
+        self._check_poll_age()
         blocking = self.cache.blocking(self.busy_gpus() or {})  # GPUs a batch would not be offered
         unmatched = False
         while True:
