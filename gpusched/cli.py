@@ -285,7 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often the Lease is renewed or tried for (default: 2)",
     )
     run.add_argument(
-        "--metrics-host", default="0.0.0.0", help="address for /metrics, /healthz, /readyz (default: %(default)s)"
+        "--metrics-host",
+        default="",
+        help="address for /metrics, /healthz, /readyz (default: every interface, IPv4 and IPv6)",
     )
     run.add_argument(
         "--metrics-port",

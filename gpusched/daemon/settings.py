@@ -35,7 +35,8 @@ class DaemonSettings:
     lease_duration_s: float = 15.0
     renew_deadline_s: float = 10.0
     retry_period_s: float = 2.0
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = ""
+    """"": every interface, of both address families (a probe may come over IPv6)."""
     metrics_port: int = 8080
     kube_qps: float = 50.0
     kube_burst: int = 100

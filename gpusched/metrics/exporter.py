@@ -430,7 +430,7 @@ class HealthServer:
         self,
         metrics: SchedulerMetrics,
         *,
-        host: str = "0.0.0.0",  # a pod serves its probes on every interface
+        host: str = "",  # every interface, IPv4 and IPv6: a pod serves its probes on all
         port: int = 8080,
         ready: ReadyCheck | None = None,
         shutdown_timeout: float = 5.0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import socket
 
 import aiohttp
 import prometheus_client
@@ -219,6 +220,23 @@ async def test_without_a_check_the_server_is_ready() -> None:
             session.get(f"http://127.0.0.1:{server.port}/readyz") as resp,
         ):
             assert resp.status == 200
+    finally:
+        await server.stop()
+
+
+async def test_by_default_probes_are_answered_over_ipv4_and_ipv6() -> None:
+    # A kubelet on an IPv6-only cluster probes the pod's IPv6 address.
+    with socket.socket(socket.AF_INET6) as s6, socket.socket() as s4:
+        s6.bind(("::1", 0))  # a port free in both families (the server binds it in each)
+        port = s6.getsockname()[1]
+        s4.bind(("127.0.0.1", port))
+    server = HealthServer(SchedulerMetrics(), port=port)
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            for host in ("127.0.0.1", "[::1]"):
+                async with session.get(f"http://{host}:{port}/healthz") as resp:
+                    assert resp.status == 200, host
     finally:
         await server.stop()
 
