@@ -24,6 +24,9 @@ class IdleClient:
     def sibling(self) -> IdleClient:
         return self
 
+    def apart(self) -> IdleClient:
+        return self
+
 
 class RecordingApi:
     """Every Binding succeeds; Bindings and Events are recorded, conditions dropped."""

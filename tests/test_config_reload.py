@@ -13,11 +13,15 @@ import pytest
 
 from gpusched.config import GpuschedConfig, load_config
 from gpusched.daemon import DaemonSettings, Scheduler
+from gpusched.daemon.handlers import NodeHandler
 from gpusched.kube.binder import Binder
 from gpusched.kube.client import Kube
+from gpusched.kube.configmap import ConfigMapHandler
 from gpusched.state.records import PodRecord
-from tests.doubles import IdleClient
+from tests.doubles import IdleClient, RecordingApi
+from tests.e2e import kit
 from tests.factories import pod
+from tests.test_daemon_utilisation import pod as kit_pod
 
 NAMESPACE, NAME = "gpusched-system", "gpu-scheduler-config"
 
@@ -143,3 +147,68 @@ async def test_a_batch_being_gathered_closes_by_the_reloaded_size_and_wait() -> 
     _edit(s, "batching:\n  maxSize: 2\n  maxWaitSeconds: 0.01\n", "3")
     batch = await asyncio.wait_for(gathering, 10)
     assert [r.key for r in batch] == ["default/c"]
+
+
+class _Api(RecordingApi):
+    async def object_event(self, involved: dict[str, str], reason: str, message: str, kind: str) -> None:
+        self.events.append((involved["name"], reason, message))
+
+
+async def test_a_configmap_never_valid_since_the_start_places_no_pod_on_the_defaults_and_says_why() -> None:
+    # A restart (or a new replica) reads a document someone broke meanwhile: running on the
+    # built-in defaults would drop tenants' limits, headroom, MIG and consolidation unasked.
+    api = _Api()
+    s, _ = _scheduler()
+    s.binder = cast(Binder, api)
+    NodeHandler(s).apply("ADDED", kit.node("n0", 1, "A100"))
+    watch = next(r for r in s.reflectors if r.name == "config")
+    cast(ConfigMapHandler, watch.handler).replace([])
+    for r in s.reflectors:
+        r.synced.set()
+    s._pending.apply("ADDED", kit_pod("p"))
+    task = asyncio.create_task(s.schedule_forever())
+    try:
+        ok, why = s.ready()
+        assert not ok
+        assert why.startswith(f"no valid configuration from ConfigMap {NAMESPACE}/{NAME} yet (the ConfigMap was")
+        _edit(s, "weights:\n  fragmentation: -5\n", "2")
+        await asyncio.sleep(0.5)
+        assert api.bound == []
+        ok, why = s.ready()
+        assert "weights.fragmentation" in why
+        assert why.endswith("fix it, and pods are placed once a valid document is in it")
+        ((_, reason, message),) = [e for e in api.events if e[0] == NAME]
+        assert reason == "InvalidConfiguration"
+        assert message.endswith("no pod is placed until it is valid")
+        _edit(s, "weights:\n  fragmentation: 5\n", "3")
+        for _ in range(200):
+            if api.bound:
+                break
+            await asyncio.sleep(0.05)
+        assert api.bound == ["default/p"]
+        assert s.ready() == (True, "")
+        # From now on a bad document keeps the last good one: placing goes on.
+        _edit(s, "weights:\n  fragmentation: -5\n", "4")
+        assert s.ready() == (True, "")
+        await asyncio.sleep(0.1)
+        assert [e for e in api.events if e[0] == NAME][-1][2].endswith("the last good configuration stays")
+    finally:
+        task.cancel()
+
+
+async def test_a_replica_whose_configmap_was_never_valid_does_not_try_for_the_lead() -> None:
+    settings = DaemonSettings(scheduler_name="s", leader_elect=True, namespace=NAMESPACE, config_map=NAME)
+    s = Scheduler(settings, cast(Kube, IdleClient()))
+    tried: list[bool] = []
+
+    async def run() -> None:
+        tried.append(True)
+
+    assert s.elector is not None
+    s.elector.run = run  # type: ignore[method-assign]
+    task = asyncio.create_task(s.lead())
+    await asyncio.sleep(0.2)
+    assert tried == []  # the leader running on the last good document keeps the lead
+    _edit(s, "{}\n", "2")
+    await asyncio.wait_for(task, 5)
+    assert tried == [True]

@@ -74,7 +74,7 @@ async def run_daemon(settings: DaemonSettings) -> int:
     if sched.utilisation is not None:
         named["utilisation"] = sched.follow_utilisation()
     if sched.elector is not None:
-        named["leader"] = sched.elector.run()
+        named["leader"] = sched.lead()
     tasks = {asyncio.create_task(coro, name=name) for name, coro in named.items()}
     stopper = asyncio.create_task(stop.wait(), name="stop-signal")
     code = 0

@@ -183,11 +183,17 @@ class Scheduler:
             Reflector(kube, "disruption-budgets", "/apis/policy/v1/poddisruptionbudgets", BudgetHandler(self)),
         ]
         self.config_handler: ConfigMapHandler | None = None
-        if settings.config_map:
+        self.configured = asyncio.Event()
+        """Set once the configuration in force is the one asked for: at once for a file (or
+        none), for a ConfigMap once a document of it was accepted.  Until then no batch is
+        placed and the Lease is not tried for: not the built-in defaults in its place."""
+        if not settings.config_map:
+            self.configured.set()
+        else:
             self.config_handler = ConfigMapHandler(
                 settings.namespace,
                 settings.config_map,
-                self.set_config,
+                self._config_accepted,
                 on_rejected=self._config_rejected,
                 spawn=self.spawn,
                 on_result=self.metrics.config_reload,
@@ -241,6 +247,29 @@ class Scheduler:
         self.queue.nudge()  # the batch being gathered closes by the new size and wait
         self.max_binds_in_flight = max(2 * cfg.batching.max_size, self.settings.kube_burst)
         self._policy = None  # rebuilt with the new weights
+
+    def _config_accepted(self, cfg: GpuschedConfig) -> None:
+        self.set_config(cfg)
+        self.configured.set()
+
+    def _not_configured(self) -> str:
+        """Why the ConfigMap's configuration is not in force yet, and the fix."""
+        h = self.config_handler
+        assert h is not None
+        why = h.rejected or "the ConfigMap was not found"
+        return (
+            f"no valid configuration from ConfigMap {h.namespace}/{h.name} yet ({why}); "
+            "fix it, and pods are placed once a valid document is in it"
+        )
+
+    async def lead(self) -> None:
+        """Try for the Lease (``elector.run``) once configured: a replica whose ConfigMap was
+        never valid does not take the lead from one that runs on the last good document."""
+        assert self.elector is not None
+        if not self.configured.is_set():
+            log.error("not trying for the lead", why=self._not_configured())
+            await self.configured.wait()
+        await self.elector.run()
 
     def _limit_usage(self, todo: list[PodRecord]) -> dict[str, int]:
         """What each tenant holds, as its limit counts it against the pods of ``todo``: pods being
@@ -299,7 +328,8 @@ class Scheduler:
         return self.tenants.of if self.tenants.active else None
 
     async def _config_rejected(self, involved: dict[str, str], message: str) -> None:
-        await self.binder.object_event(involved, "InvalidConfiguration", message, "Warning")
+        kept = "the last good configuration stays" if self.configured.is_set() else "no pod is placed until it is valid"
+        await self.binder.object_event(involved, "InvalidConfiguration", f"{message}; {kept}", "Warning")
 
     def _leadership(self, leader: bool) -> None:
         self.metrics.set_leader(leader)
@@ -327,6 +357,8 @@ class Scheduler:
         waiting = [r.name for r in self.reflectors if not r.synced.is_set()]
         if waiting:
             return False, f"waiting for the first list of {', '.join(waiting)}"
+        if not self.configured.is_set():
+            return False, self._not_configured()
         if not self._solver_loaded:
             return False, "loading the solver"
         return True, ""
@@ -418,6 +450,9 @@ class Scheduler:
         """Wait for the caches, then place batch after batch while leading."""
         await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
         log.info("caches synced", nodes=len(self.cache.nodes), bound_pods=self.cache.held_count)
+        if not self.configured.is_set():
+            log.error("no pod is placed", why=self._not_configured())
+            await self.configured.wait()
         # Build the policy (and import the solver) now rather than inside the first batch.
         await asyncio.to_thread(self._policy_for, self.cache.snapshot().cluster)
         self._solver_loaded = True

@@ -3,7 +3,8 @@
 The document lives under the key ``config.yaml``.  A document that fails
 validation is rejected with the field and the reason (a log line and a
 Warning Event on the ConfigMap); the last good configuration stays in force.
-A deleted ConfigMap also leaves the last good configuration in force.
+A deleted ConfigMap also leaves the last good configuration in force.  Before
+the first document is accepted there is none: the scheduler waits for one.
 """
 
 from __future__ import annotations
@@ -43,12 +44,17 @@ class ConfigMapHandler:
         self.last_rv = ""
         self.rejected = ""
         """The latest rejection message ("" once a document has been accepted since)."""
+        self.accepted = False
+        """Whether a document was accepted since the start."""
+
+    def _kept(self) -> str:
+        return "the last good configuration stays" if self.accepted else "no pod is placed until a valid one is in it"
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         """After a list: the ConfigMap or nothing."""
         if not objects:
-            log.warning(
-                "configuration ConfigMap not found; keeping the current configuration",
+            (log.warning if self.accepted else log.error)(
+                f"configuration ConfigMap not found; {self._kept()}",
                 configmap=f"{self.namespace}/{self.name}",
             )
             return
@@ -58,7 +64,7 @@ class ConfigMapHandler:
         """Validate and take a new version of the document."""
         meta = obj.get("metadata") or {}
         if kind == "DELETED":
-            log.warning("configuration ConfigMap deleted; keeping the last good configuration", configmap=self.name)
+            log.warning(f"configuration ConfigMap deleted; {self._kept()}", configmap=f"{self.namespace}/{self.name}")
             return
         rv = str(meta.get("resourceVersion", ""))
         if rv and rv == self.last_rv:
@@ -72,7 +78,7 @@ class ConfigMapHandler:
             cfg = load_config(text, source)
         except ConfigError as exc:
             self.rejected = str(exc)
-            log.error("configuration rejected; the last good configuration stays", error=str(exc), rv=rv)
+            log.error(f"configuration rejected; {self._kept()}", error=str(exc), rv=rv)
             if self.on_result is not None:
                 self.on_result(False)
             if self.on_rejected is not None and self.spawn is not None:
@@ -86,6 +92,7 @@ class ConfigMapHandler:
                 self.spawn(self.on_rejected(involved, str(exc)), "config-event")
             return
         self.rejected = ""
+        self.accepted = True
         log.info("configuration applied", configmap=f"{self.namespace}/{self.name}", rv=rv)
         if self.on_result is not None:
             self.on_result(True)
