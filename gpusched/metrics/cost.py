@@ -4,9 +4,10 @@ Pure: the cluster, the pods placed on it, the prices and, when there is one, the
 view go in; a ``CostReport`` comes out (``gpusched report`` prints it).  A pod's share of a GPU
 costs that share of the GPU's hourly price; a GPU is idle when the view has it under the idle
 percentage (a share on an idle GPU is idle in proportion); a MIG slice costs its compute
-slices' part of its GPU (``3g.40gb``: three sevenths) and is never counted idle.  GPUs on a node where no pod holds a
-GPU are the autoscaler's to take away; they are reported apart from the free GPUs of nodes in use,
-which packing can still fill.
+slices' part of its GPU (``3g.40gb``: three sevenths; ``2g.12gb`` of an A30: two fourths)
+and is never counted idle.  GPUs on a node where no pod holds a GPU are the autoscaler's to
+take away; they are reported apart from the free GPUs of nodes in use, which packing can still
+fill.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rich.table import Table
 
 from gpusched.metrics.source import UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, Node
-from gpusched.model.mig import product_key
+from gpusched.model.mig import gpu_fraction, product_key
 
 __all__ = ["CostReport", "NamespaceCost", "Prices", "cost_report", "parse_prices", "render_report", "report_json"]
 
@@ -82,19 +83,14 @@ def parse_prices(data: object, source: str = "prices") -> Prices:
 
 def mig_gpus(node: Node) -> float:
     """GPUs of ``node`` in MIG mode: by its ``nvidia.com/gpu.count`` label (all its GPUs) less
-    those it offers whole; without the label, the compute slices it offers, in sevenths."""
+    those it offers whole; without the label, the compute slices it offers, as parts of a GPU
+    (sevenths; fourths on the A30)."""
     if not node.mig_slices:
         return 0.0
     label = node.labels.get("nvidia.com/gpu.count", "")
     if label.isdigit() and int(label) > node.gpu_count:
         return float(int(label) - node.gpu_count)
-    return sum(_mig_share(p) * c for p, c in node.mig_slices)
-
-
-def _mig_share(profile: str) -> float:
-    """``3g.40gb`` -> 3/7: the compute slices of the seven a GPU has."""
-    head = profile.split("g.", 1)[0]
-    return min(7, int(head)) / 7 if head.isdigit() else 1.0
+    return sum(gpu_fraction(p) * c for p, c in node.mig_slices)
 
 
 def _price(value: object, where: str) -> float:
@@ -167,7 +163,7 @@ def cost_report(
     mig_held: dict[int, float] = defaultdict(float)  # node -> GPUs held in MIG slices
     for a in placed:
         if a.pod.mig_profile:
-            mig_held[a.node] += _mig_share(a.pod.mig_profile)
+            mig_held[a.node] += gpu_fraction(a.pod.mig_profile)
     by_ns: dict[str, NamespaceCost] = {}
     for a in placed:
         pod = a.pod
@@ -175,7 +171,7 @@ def cost_report(
         price = prices.of(node.gpu_model)
         if pod.mig_profile:  # a slice of g compute slices costs g sevenths of its GPU
             # ... of what the node still offers in MIG mode, shared as GPUs held twice are
-            share = _mig_share(pod.mig_profile) * min(1.0, mig_gpus(node) / mig_held[a.node])
+            share = gpu_fraction(pod.mig_profile) * min(1.0, mig_gpus(node) / mig_held[a.node])
             ns = by_ns.setdefault(pod.namespace, NamespaceCost(pod.namespace))
             ns.pods += 1
             ns.gpus += share

@@ -28,6 +28,7 @@ __all__ = [
     "MigLayout",
     "MigProfile",
     "geometry_for",
+    "gpu_fraction",
     "mig_config",
     "product_key",
     "profile_of",
@@ -225,6 +226,22 @@ def geometry_for(product: str) -> MigGeometry | None:
     """The geometry for an ``nvidia.com/gpu.product`` label value, None for a GPU without MIG."""
     model = _PRODUCTS.get(product_key(product))
     return None if model is None else GEOMETRIES[model]
+
+
+# The A30's profiles: its GPU has 4 compute slices, not 7 (the "Supported MIG Profiles" table).
+_FOUR_SLICE_PROFILES = frozenset({"1g.6gb", "2g.12gb", "4g.24gb"})
+
+
+def gpu_fraction(profile: str) -> float:
+    """The part of one GPU an instance of ``profile`` is, by its compute slices: ``3g.40gb``
+    -> 3/7, and on the A30, whose GPU has 4, ``2g.12gb`` -> 2/4 (1.0 for a name that is not a
+    profile)."""
+    base = profile.removesuffix("+me").removesuffix(".me")
+    head = base.split("g.", 1)[0]
+    if not head.isdigit():
+        return 1.0
+    total = 4 if base in _FOUR_SLICE_PROFILES else 7
+    return min(total, int(head)) / total
 
 
 def resource_name(profile: str) -> str:

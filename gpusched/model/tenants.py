@@ -5,7 +5,8 @@ Each tenant has a *quota* (GPUs it is guaranteed: within it, its pods may reclai
 tenants borrowed), a *limit* (GPUs it may never exceed; None: no limit) and a *weight* (its share
 of what is left when every tenant is past its quota).  A pod's *demand* is its GPU demand in
 thousandths of a GPU: whole GPUs count 1000 each, a share its thousandths, a MIG slice its
-compute sevenths.  Pods that ask for no GPU count nothing and are never held back or reclaimed.
+compute sevenths (fourths on the A30).  Pods that ask for no GPU count nothing and are never
+held back or reclaimed.
 
 The rules, all pure and in this module so that the queue, the daemon and the preemption search
 read them alike:
@@ -24,19 +25,19 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpusched.model.mig import gpu_fraction
 from gpusched.model.node import GPU_MILLI
 from gpusched.model.pod import Pod
 
 __all__ = ["TenantRule", "Tenants", "demand_of"]
 
-_MIG_SLICES = 7
-
 
 def demand_of(pod: Pod) -> int:
-    """What ``pod`` counts against its tenant, in thousandths of a GPU (a MIG slice rounded down,
-    so that the seven sevenths of one GPU count no more than that GPU)."""
+    """What ``pod`` counts against its tenant, in thousandths of a GPU (a MIG instance, by its
+    compute slices, rounded down, so that the seven sevenths of one GPU count no more than that
+    GPU)."""
     if pod.mig_profile:
-        return GPU_MILLI * int(pod.mig_profile.split("g.", 1)[0]) // _MIG_SLICES
+        return int(GPU_MILLI * gpu_fraction(pod.mig_profile))
     return pod.gpu_demand_milli
 
 

@@ -133,3 +133,15 @@ def test_a_price_written_without_the_makers_prefix_prices_the_labelled_product()
     exact = Prices({"NVIDIA-A100-SXM4-80GB": 4.0, "A100-SXM4-80GB": 3.0})
     assert exact.of("NVIDIA-A100-SXM4-80GB") == 4.0  # an exact entry wins
     assert prices.unmatched(["NVIDIA-A100-SXM4-80GB", "Tesla-T4", ""]) == ["H100-SXM5-80GB"]
+
+
+@pytest.mark.parametrize("counted", [True, False])
+def test_an_a30_instance_is_priced_by_the_four_compute_slices_of_its_gpu(counted: bool) -> None:
+    # An A30 in MIG mode offers one 4g.24gb instance: the whole GPU, not 4/7 of one.
+    labels = {"nvidia.com/gpu.count": "1"} if counted else {}
+    a30 = Node("m", 64000, 65536, gpu_count=0, gpu_model="A30", mig_slices=(("4g.24gb", 1),), labels=labels)
+    held = [Assignment(on("infer", Pod("slice", 100, 100, mig_profile="4g.24gb")), 0, ())]
+    r = cost_report(Cluster([a30]), held, Prices({"A30": 2.0}))
+    assert r.gpus_total == pytest.approx(1.0)
+    assert [(n.namespace, n.gpus, n.per_hour) for n in r.namespaces] == [("infer", 1.0, 2.0)]
+    assert r.free_gpus_in_use_nodes == pytest.approx(0.0)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpusched.model import Cluster, Node, mig_plan
+from gpusched.model import Cluster, Node, Pod, mig_plan
 from gpusched.model.cluster import mig_config_name
 from gpusched.model.mig import (
     GEOMETRIES,
@@ -18,11 +18,13 @@ from gpusched.model.mig import (
     MigLayout,
     MigProfile,
     geometry_for,
+    gpu_fraction,
     mig_config,
     product_key,
     profile_of,
     resource_name,
 )
+from gpusched.model.tenants import demand_of
 
 A100_40 = GEOMETRIES["A100-SXM4-40GB"]
 
@@ -413,3 +415,13 @@ def test_products_are_compared_as_operators_write_them() -> None:
     assert product_key("NVIDIA-A10-SHARED") == "A10"
     assert product_key("Tesla-T4") == "T4"
     assert product_key("A100-SXM4-80GB") != product_key("A100-SXM4-40GB")
+
+
+@pytest.mark.parametrize(
+    ("profile", "part"),
+    [("1g.10gb", 1 / 7), ("3g.40gb", 3 / 7), ("7g.80gb", 1.0), ("1g.6gb", 1 / 4), ("2g.12gb", 2 / 4), ("4g.24gb", 1.0)],
+)
+def test_an_instance_is_the_part_of_a_gpu_its_compute_slices_are(profile: str, part: float) -> None:
+    # The A30 (1g.6gb, 2g.12gb, 4g.24gb) has 4 compute slices; A100, H100 and H200 have 7.
+    assert gpu_fraction(profile) == pytest.approx(part)
+    assert demand_of(Pod("p", 1, 1, mig_profile=profile)) == int(1000 * part + 1e-9)
