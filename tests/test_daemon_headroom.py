@@ -3,6 +3,7 @@ busy GPUs, MIG slices, taints and pods whose GPUs the books can only guess."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -551,3 +552,29 @@ async def test_a_pod_waiting_for_its_volume_is_no_demand_for_new_nodes() -> None
     # Only the pod without a claim asks for a GPU: a new node would not start the other before
     # its claim is bound to a volume.
     assert gauge(s, "gpusched_unschedulable_gpu_demand") == 1.0
+
+
+async def test_a_low_pod_created_again_during_the_high_search_is_drawn_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_daemon_utilisation import EvictingApi
+
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=2)
+    kept_for(s, 1)
+    s._bound.apply("ADDED", pod("v", 0, node="n0", gpu=0))
+    s._pending.apply("ADDED", pod("critical", 1000, gpus=2))
+    s._pending.apply("ADDED", pod("mid", 500))
+    real = daemon.plan_preemptions
+
+    def search(*args: Any, **kw: Any) -> Any:
+        s._pending.apply("DELETED", pod("mid", 500))  # a StatefulSet's pod, deleted and created again
+        again = pod("mid", 500)
+        again["metadata"]["uid"] = "uid-mid-2"
+        s._pending.apply("ADDED", again)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(daemon, "plan_preemptions", search)
+    await batch(s)
+    assert s.queue.counts().in_flight == 0, "the old pod's draw was never settled"
+    monkeypatch.setattr(daemon, "plan_preemptions", real)
+    drawn = await asyncio.wait_for(s.queue.next_batch(), 10)
+    assert [(r.key, r.uid) for r in drawn] == [("default/mid", "uid-mid-2")]

@@ -297,3 +297,24 @@ async def test_shutdown_does_not_wait_for_a_binding_of_unknown_outcome_to_be_rea
     assert [t.get_name() for t in s.pending_tasks()] == ["resolve:default/a"]
     for t in s.pending_tasks():
         t.cancel()
+
+
+@pytest.mark.parametrize("deleted", [False, True])
+async def test_a_pod_bound_while_a_relist_was_taken_keeps_its_gpu_until_read_back(deleted: bool) -> None:
+    s, answers = _scheduler(gpus=1)
+    answers.held["default/a"] = asyncio.Event()
+    for name in ("a", "b"):
+        s._pending.apply("ADDED", member_pod(name))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))  # a placed, b waits
+    # The bound-pods watch expired and a list is sent; a's Binding lands (201) before its answer.
+    answers.held["default/a"].set()
+    await settle(s)
+    if deleted:  # a was bound and deleted before the list: nothing on the watch will say so
+        answers.deleted.add("default/a")
+    s._bound.replace([])  # the list, taken before the Binding (or after the deletion)
+    await settle(s)
+    assert answers.read_back == ["default/a"]
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))  # the relist woke b
+    await settle(s)
+    # Bound, a holds the node's one GPU: b is not bound to it.  Gone, b takes it.
+    assert answers.bound == (["default/a", "default/b"] if deleted else ["default/a"])

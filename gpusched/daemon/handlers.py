@@ -77,7 +77,10 @@ class BoundHandler:
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         self.s.selecting_bound.clear()
-        self.s.cache.replace_pods(self.s.read_pod(o, self.s.selecting_bound) for o in objects)
+        unseen = self.s.cache.replace_pods(self.s.read_pod(o, self.s.selecting_bound) for o in objects)
+        for key in unseen:  # bound by us, not in the list: it may predate the Binding, or the pod is gone
+            if (pod := self.s.cache.held_pod(key)) is not None:
+                self.s.spawn(self.s.read_back(pod), f"read-back:{key}")
         self.s.queue.move_all()
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:

@@ -1207,6 +1207,8 @@ class Scheduler:
                             self.queue.done(p.key)
                         elif self.queue.current(p.key, p.uid):
                             self.tell_unschedulable(p, message, reason)
+                        else:  # deleted, or created again under its name: the queue settles it
+                            self.queue.requeue(p.key)
                     return
                 pods, gangs = low, low_gangs
         await self._preempt_for(pods, gangs, batch_id, batch)
@@ -1540,7 +1542,7 @@ class Scheduler:
         """Act on how a Binding ended: the books, the queue, the Events and the counters."""
         if result is BindResult.BOUND:
             if self.cache.confirm(pod.key):  # a relist missed it: it may be gone already
-                self.spawn(self._read_back(pod), f"read-back:{pod.key}")
+                self.spawn(self.read_back(pod), f"read-back:{pod.key}")
             self.queue.done(pod.key)
             self.queue.move_all(lambda r: waits_for(r.pod, pod))  # parked followers may go now
             self.metrics.scheduled()
@@ -1599,7 +1601,7 @@ class Scheduler:
             log.info("bind resolved", pod=pod.key, node=node, result=result.value, why=why or None)
             return
 
-    async def _read_back(self, pod: Pod) -> None:
+    async def read_back(self, pod: Pod) -> None:
         """A pod bound while a relist was taken and absent from it: bound and deleted before the
         list, no watch event will free what it holds, so ask the API server, until it answers or
         the watch has settled the pod."""

@@ -194,6 +194,9 @@ class Cache:
         self._unlisted: set[str] = set()
         """Assumed pods a relist did not show.  If the Binding then succeeds, the pod may have been
         bound and deleted before the list, with no watch event left to say so: read it back."""
+        self._unseen: dict[str, str] = {}
+        """Pods (key -> UID) whose Binding succeeded and that the bound-pods watch has not shown
+        since: a list taken before the Binding landed does not show them, yet they hold their room."""
         self._cluster: Cluster | None = None
         self._cpu: IntArray = np.zeros(0, dtype=np.int64)
         self._mem: IntArray = np.zeros(0, dtype=np.int64)
@@ -273,6 +276,7 @@ class Cache:
         held = self._held.get(key)
         if held is not None and not _another(held, record.uid):
             self._unlisted.discard(key)  # seen since the list: its deletion will be seen too
+            self._unseen.pop(key, None)
         if not record.bound or record.terminal:
             if held is not None and not held.assumed:
                 self._drop(key)
@@ -313,26 +317,34 @@ class Cache:
         self._drop(key)
         return True
 
-    def replace_pods(self, records: Iterable[PodRecord]) -> None:
-        """Set every bound pod at once (after a list); assumed pods not in the list stay assumed."""
-        assumed = {k: h for k, h in self._held.items() if h.assumed}
+    def replace_pods(self, records: Iterable[PodRecord]) -> list[str]:
+        """Set every bound pod at once (after a list).  Assumed pods not in the list stay
+        assumed; so do pods bound by us that the watch has not shown yet (the list may predate
+        their Binding): the keys of those the list does not show are returned, to be read back
+        (bound and deleted before the list, no watch event would free their room)."""
+        kept = {k: h for k, h in self._held.items() if h.assumed or self._unseen.get(k) == h.pod.uid}
         self._held = {}
         self._shadowed = {}
         self._cluster = None
         self.generation += 1
-        self._unlisted = set(assumed)
+        self._unlisted = {k for k, h in kept.items() if h.assumed}
+        unseen = {k for k, h in kept.items() if not h.assumed}
+        self._unseen = {k: self._unseen[k] for k in unseen}
         for r in records:
             if not r.bound or r.terminal:
                 continue
             self._nominated.pop(r.key, None)  # bound: it holds its own room now (books rebuilt below)
-            h = assumed.get(r.key)
+            h = kept.get(r.key)
             if h is not None and _another(h, r.uid):
-                self._shadowed[r.key] = r  # as ``observe_pod`` does: the bind decides
+                self._shadowed[r.key] = r  # as ``observe_pod`` does: the bind (or the read back) decides
                 continue
             self._unlisted.discard(r.key)
+            unseen.discard(r.key)
+            self._unseen.pop(r.key, None)
             self._held[r.key] = _Held(r.pod, r.node_name, (), False, r.gpu_indices)
-        for k, h in assumed.items():
+        for k, h in kept.items():
             self._held.setdefault(k, h)
+        return sorted(unseen)
 
     def assume(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
         """Count ``pod`` on ``node`` before its Binding is confirmed (instead of any room held for
@@ -355,6 +367,7 @@ class Cache:
         held = self._held.get(key)
         if held is not None:
             held.assumed = False
+            self._unseen[key] = held.pod.uid
         if key in self._unlisted and held is not None:
             self._unlisted.discard(key)
             return True  # a pod of the name the relist showed may be the current one: keep it aside
@@ -391,6 +404,11 @@ class Cache:
         earlier one of the same name)."""
         held = self._held.get(key)
         return held is not None and not _another(held, uid)
+
+    def held_pod(self, key: str) -> Pod | None:
+        """The pod the books count under ``key``, if any."""
+        held = self._held.get(key)
+        return None if held is None else held.pod
 
     def is_assumed(self, key: str) -> bool:
         """Whether ``key`` is assumed and not yet confirmed."""
@@ -723,6 +741,7 @@ class Cache:
     def _drop(self, key: str) -> None:
         held = self._held.pop(key)
         self._unlisted.discard(key)
+        self._unseen.pop(key, None)
         self.generation += 1
         if self._cluster is not None:
             self._account(held, -1)

@@ -164,6 +164,36 @@ def test_a_bind_that_lands_after_a_relist_missed_its_pod_asks_for_a_read_back() 
     assert list(c.snapshot().state.gpu_used[0]) == [0, 1000, 1000, 0]
 
 
+def test_a_relist_taken_before_a_binding_landed_keeps_the_bound_pod_until_it_is_read_back() -> None:
+    # The list's version predates the Binding: the pod is bound, holds GPU 0, and the watch
+    # that follows the list will show it.  Dropping it would give GPU 0 to another pod.
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    landed, seen = (replace(pod(n, gpus=1), uid=f"uid-{n}") for n in ("landed", "seen"))
+    c.assume(landed, "a", (0,))
+    c.assume(seen, "a", (1,))
+    assert not c.confirm(landed.key)
+    assert not c.confirm(seen.key)
+    c.observe_pod(bound(seen, "a", (1,)))  # on the watch since: a list without it means it is gone
+    assert c.replace_pods([]) == [landed.key]
+    assert c.holds(landed.key, landed.uid)
+    assert not c.holds(seen.key)
+    assert list(c.snapshot().state.gpu_used[0]) == [1000, 0]
+    assert not c.read_back(landed.key, landed.uid, exists=True)
+    c.observe_pod(bound(landed, "a", (0,)))  # the watch shows it: the next relist without it drops it
+    assert c.replace_pods([]) == []
+    assert not c.holds(landed.key)
+
+
+def test_a_pod_bound_and_deleted_before_a_relist_is_freed_by_the_read_back() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=1)))
+    gone = replace(pod("gone", gpus=1), uid="uid-gone")
+    c.assume(gone, "a", (0,))
+    c.confirm(gone.key)
+    assert c.replace_pods([]) == [gone.key]
+    assert c.read_back(gone.key, gone.uid, exists=False)
+    assert list(c.snapshot().state.gpu_used[0]) == [0]
+
+
 def test_a_pod_a_relist_shows_under_the_name_of_one_gone_since_is_counted_once_the_read_back_says_so() -> None:
     c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
     ours, theirs = (replace(pod("web-0", gpus=1), uid=u) for u in ("uid-ours", "uid-theirs"))
