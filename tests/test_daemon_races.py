@@ -8,16 +8,17 @@ it (the API-server tests in tests/e2e cover the Bindings themselves).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from gpusched.daemon import Scheduler
+from gpusched.daemon import DaemonSettings, Scheduler
 from gpusched.daemon import scheduler as daemon
 from gpusched.daemon.handlers import NodeHandler
-from gpusched.kube.binder import BindResult
+from gpusched.kube.binder import Binder, BindResult
+from gpusched.kube.client import Kube
 from gpusched.model import Pod
-from tests.doubles import member_pod, one_node_scheduler, settle
+from tests.doubles import IdleClient, member_pod, one_node_scheduler, settle
 from tests.e2e import kit
 
 DRAWN_WITHIN_S = 10.0
@@ -318,3 +319,32 @@ async def test_a_pod_bound_while_a_relist_was_taken_keeps_its_gpu_until_read_bac
     await settle(s)
     # Bound, a holds the node's one GPU: b is not bound to it.  Gone, b takes it.
     assert answers.bound == (["default/a", "default/b"] if deleted else ["default/a"])
+
+
+@pytest.mark.parametrize("cut_off", [False, True])
+async def test_at_shutdown_the_lease_is_released_only_when_no_binding_was_cut_off(cut_off: bool) -> None:
+    # A Binding cut off may still land: a successor that took the Lease at once could give its
+    # room to another pod.  Then the Lease runs out instead.
+    answers = _Answers()
+    s = Scheduler(DaemonSettings(scheduler_name="s", policy="bestfit"), cast(Kube, IdleClient()))
+    s.binder = cast(Binder, answers)
+    NodeHandler(s).apply("ADDED", kit.node("n0", 1, "A100"))
+    assert s.elector is not None
+    released: list[bool] = []
+
+    async def release() -> None:
+        released.append(True)
+
+    s.elector.release = release  # type: ignore[method-assign]
+    s.elector.holds = lambda: True  # type: ignore[method-assign]
+    s._leadership(True)
+    if cut_off:
+        answers.held["default/a"] = asyncio.Event()  # the API server does not answer in time
+    s._pending.apply("ADDED", member_pod("a"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await s.drain(0.3)
+    cut = s.unfinished_binds()
+    for t in s.pending_tasks():
+        t.cancel()
+    await s.give_up_lead(cut)
+    assert (cut, released) == ((1, []) if cut_off else (0, [True]))

@@ -90,12 +90,13 @@ async def run_daemon(settings: DaemonSettings) -> int:
             t.cancel()
         await asyncio.gather(*schedule, return_exceptions=True)
         await sched.drain(timeout=10.0)
+        cut_off = sched.unfinished_binds()
         for t in [*sched.pending_tasks(), *tasks]:  # binds still waiting after the drain are dropped
             t.cancel()
         stopper.cancel()
         await asyncio.gather(*tasks, stopper, return_exceptions=True)
+        await sched.give_up_lead(cut_off)
         if sched.elector is not None:
-            await sched.elector.release()
             await sched.elector.kube.close()
         await health.stop()
         await kube.close()

@@ -442,6 +442,23 @@ class Scheduler:
         while (busy := self._draining()) and (left := deadline - time.monotonic()) > 0:
             await asyncio.wait(busy, timeout=left)
 
+    def unfinished_binds(self) -> int:
+        """Bindings still in flight (or of unknown outcome, being read back): cut off now, each
+        may still land on the API server."""
+        return sum(1 for t in self._tasks if t.get_name().startswith(("bind:", "resolve:")) and not t.done())
+
+    async def give_up_lead(self, cut_off: int) -> None:
+        """At shutdown, after the drain: release the Lease so that another replica takes over at
+        once, unless ``cut_off`` Bindings were cut off.  Then it runs out (``leaseDurationSeconds``
+        after the last renewal), so that no Binding of this instance lands after another may be
+        binding."""
+        if self.elector is None:
+            return
+        if cut_off:
+            log.warning("lease left to run out: Bindings were cut off and may still land", cut_off=cut_off)
+            return
+        await self.elector.release()
+
     def _draining(self) -> set[asyncio.Task[None]]:
         return {t for t in self._tasks if not t.get_name().startswith(_READ_BACKS)}
 
