@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from structlog.testing import capture_logs
@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 from gpusched.daemon import Scheduler
 from gpusched.daemon import scheduler as daemon
 from gpusched.daemon.handlers import NodeHandler
+from gpusched.model import Pod
 from gpusched.state.records import PodRecord
 from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle
 from tests.e2e import kit
@@ -197,3 +198,41 @@ async def test_a_batch_that_raises_backs_its_pods_off_and_scheduling_goes_on() -
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
         await settle(s)
+
+
+@pytest.mark.parametrize("policy", ["cpsat", "bestfit", "fgd"])
+async def test_a_pod_of_higher_priority_in_the_batch_is_placed_before_a_lower_one_that_places_more(
+    policy: str,
+) -> None:
+    # One GPU: the low pod asks for all of it, the high one for half.  Placing the low one would
+    # place more GPU demand, and the high one would then preempt it at once.
+    from gpusched.daemon import DaemonSettings
+    from gpusched.kube.binder import Binder
+    from gpusched.kube.client import Kube
+    from tests.doubles import IdleClient
+    from tests.test_daemon_utilisation import pod
+
+    api = RecordingApi()
+    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy=policy), cast(Kube, IdleClient()))
+    s.binder = cast(Binder, api)
+    NodeHandler(s).apply("ADDED", kit.node("n0", 1, "A100"))
+    s._pending.apply("ADDED", pod("low", 0, gpus=1))
+    s._pending.apply("ADDED", pod("high", 1000, milli=500))
+    batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
+    assert len(batch) == 2
+    await s.schedule_batch(batch)
+    await settle(s)
+    assert api.bound == ["default/high"]
+
+
+def test_a_batch_is_placed_by_priority_quota_first_and_a_gang_at_its_highest_members() -> None:
+    from gpusched.model.pod import Gang
+    from tests.factories import pod
+
+    def p(name: str, prio: int, gang: str = "") -> Pod:
+        return dataclasses.replace(pod(name), priority=prio, gang=Gang(gang, 2) if gang else None)
+
+    pods = [p("a", 0), p("b", 5), p("g1", 0, "g"), p("g2", 9, "g"), p("q", 1), p("c", 7), p("d", 3), p("e", 2)]
+    passes = daemon._passes(pods, first={"default/q"})
+    # Quota first; then 9 (the gang, both members), 7, and the rest (5, 3, 2, 0) in one pass.
+    assert [[x.name for x in part] for part in passes] == [["q"], ["g1", "g2"], ["c"], ["a", "b", "d", "e"]]
