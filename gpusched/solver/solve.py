@@ -114,6 +114,8 @@ class CpSatPolicy:
             solver.parameters.cp_model_presolve = False
         code = solver.solve(model)
         status = _STATUS.get(code, str(code))
+        if code == cp_model.OPTIMAL and solver.objective_value != solver.best_objective_bound:
+            status = "FEASIBLE"  # stopped at relativeGap: good enough, not proven the best
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return self._stats(hint, f"{status}_FALLBACK", math.nan, math.nan, start, nvars)
         plan = _extract(inst, v, solver, pods)

@@ -485,3 +485,21 @@ def test_work_conserving_cap_places_a_pod_that_fits_even_when_it_wakes_a_node() 
     assert unplaced(capped) == []
     waits = cpsat(batch, cluster.empty_state(), Weights(**heavy, work_conserving=False), typical)
     assert unplaced(waits) == ["s"]
+
+
+def test_a_solve_stopped_at_the_relative_gap_is_reported_feasible_not_optimal() -> None:
+    # CP-SAT says OPTIMAL once the gap limit is reached; the batch log should not claim a proof.
+    cl = Cluster([gpu_node(f"n{i}", gpus=8) for i in range(20)])
+    pods = [pod(f"f{i}", gpus=1, milli=100 + (i * 37) % 800) for i in range(60)]
+    pods += [pod(f"w{i}", gpus=1 + i % 4) for i in range(30)]
+    for gap in (0.0, 0.5):
+        stats = (
+            CpSatPolicy(cl, SolverParams(limits=Limits(time_limit_s=5, workers=1, relative_gap=gap)))
+            .place(pods, cl.empty_state())
+            .stats
+        )
+        if stats.status == "OPTIMAL":
+            assert stats.objective == stats.bound, gap
+        else:
+            assert stats.status == "FEASIBLE", stats
+            assert stats.gap_pct > 0, stats
