@@ -435,7 +435,9 @@ def _daemon_config(value: str | None) -> tuple[str | None, GpuschedConfig]:
         if not name:
             raise UsageError("--config configmap/: name the ConfigMap, e.g. configmap/gpu-scheduler-config")
         return name, GpuschedConfig()
-    return None, _read_config(Path(value), "a solver configuration YAML file, or configmap/NAME")
+    return None, _read_config(
+        Path(value), "a solver configuration YAML file (or a ConfigMap manifest), or configmap/NAME"
+    )[0]
 
 
 def _kubeconfig(path: Path | None) -> Path | None:
@@ -645,32 +647,27 @@ def _existing_file(path: Path, flag: str, what: str) -> Path:
     return path
 
 
-def _read_config(path: Path, what: str) -> GpuschedConfig:
-    path = _existing_file(path, "--config", what)
+def _read_config(path: Path, what: str, flag: str = "--config") -> tuple[GpuschedConfig, str]:
+    """The configuration in ``path``: a solver document, or a ConfigMap manifest (as ``kubectl
+    get configmap -o yaml`` prints it) whose ``data.config.yaml`` is one; and what was read."""
+    path = _existing_file(path, flag, what)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--config {path}: cannot read: {exc}") from None
-    return load_config(text, source=str(path))
-
-
-def _check_config(args: argparse.Namespace, console: Console) -> int:
-    path = _existing_file(args.file, "file", "a solver configuration or a ConfigMap manifest")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: cannot read: {exc}") from None
+        raise UsageError(f"{flag} {path}: cannot read: {exc}") from None
     data = read_yaml(text, str(path))
-    source = str(path)
     if isinstance(data, dict) and data.get("kind") == "ConfigMap":
         entries = data.get("data")
         inner = entries.get("config.yaml") if isinstance(entries, dict) else None
         if not isinstance(inner, str):
             raise ConfigError(f"{path}: a ConfigMap without data.config.yaml, the key the scheduler reads")
         source = f"{path} (data.config.yaml)"
-        config = load_config(inner, source=source)
-    else:
-        config = parse_config(data, source)
+        return load_config(inner, source=source), source
+    return parse_config(data, str(path)), str(path)
+
+
+def _check_config(args: argparse.Namespace, console: Console) -> int:
+    config, source = _read_config(args.file, "a solver configuration or a ConfigMap manifest", flag="file")
     changed = _changed(config.model_dump(by_alias=True), GpuschedConfig().model_dump(by_alias=True))
     console.print(f"{source}: valid", soft_wrap=True)
     for key, value in changed:
@@ -690,7 +687,7 @@ def _changed(mine: Any, default: Any, prefix: str = "") -> list[tuple[str, Any]]
 def _params(config: Path | None) -> SolverParams | None:
     if config is None:
         return None
-    return _read_config(config, "a solver configuration YAML file").solver_params()
+    return _read_config(config, "a solver configuration YAML file (or a ConfigMap manifest)")[0].solver_params()
 
 
 def _writable_dir(out: Path) -> None:

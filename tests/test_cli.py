@@ -16,6 +16,7 @@ import pytest
 import structlog
 
 from gpusched import __version__, logs
+from gpusched import cli
 from gpusched.cli import MAX_SEEDS, build_parser, main, parse_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -654,3 +655,20 @@ def test_check_config_lists_what_differs_from_the_defaults_or_names_the_bad_key(
     shipped = Path(__file__).resolve().parents[1] / "manifests" / "config.yaml"
     assert main(["check-config", str(shipped)]) == 0
     assert "every key at its default" in capsys.readouterr().out
+
+
+def test_a_configmap_manifest_check_config_accepts_is_read_by_simulate_as_well(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = tmp_path / "cm.yaml"
+    manifest.write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: gpu-scheduler-config}\n"
+        "data:\n  config.yaml: |\n    solver:\n      workers: 3\n",
+        encoding="utf-8",
+    )
+    assert main(["check-config", str(manifest)]) == 0
+    params = cli._params(manifest)
+    assert params is not None
+    assert params.limits.workers == 3
+    name, config = cli._daemon_config(str(manifest))
+    assert (name, config.solver.workers) == (None, 3)
