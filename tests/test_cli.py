@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 import structlog
 
-from gpusched import __version__, logs
-from gpusched import cli
+from gpusched import __version__, cli, logs
 from gpusched.cli import MAX_SEEDS, build_parser, main, parse_seeds
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -272,8 +272,12 @@ class Kube:
             while True:
                 try:
                     line = await asyncio.wait_for(resp.content.readline(), WATCH_IDLE_S)
-                except TimeoutError as exc:
-                    raise ApiError(0, f"watch {path} silent for {WATCH_IDLE_S:.0f} s", "Unreachable") from exc
+                except TimeoutError:
+                    # A quiet resource (a watch by name gets no bookmarks) or a connection gone
+                    # half-open: either way the watch ends as at its timeout and is opened again
+                    # from the last version; a dead connection fails then, and is told.
+                    log.debug("watch silent; opened again", path=path, silent_s=WATCH_IDLE_S)
+                    return
                 except (aiohttp.ClientError, OSError) as exc:
                     raise ApiError(0, f"watch {path} broke: {exc}", "Unreachable") from exc
                 if not line:
@@ -302,8 +306,11 @@ def _let_go(resp: aiohttp.ClientResponse) -> None:
     resp.release()
 
 
+log = structlog.get_logger("gpusched.kube")
+
 WATCH_IDLE_S = 150.0
-"""Longest silence tolerated on a watch before it is opened again (bookmarks come every minute)."""
+"""Longest silence on a watch before it is opened again, quietly (bookmarks come every minute,
+but not to a watch by name)."""
 
 
 def connection_limit(qps: float) -> int:
@@ -403,7 +410,7 @@ async def _keep_token(loader: Any, cfg: Configuration) -> None:
         try:
             await refresh_token(loader, cfg, TOKEN_CHECK_S)
         except Exception as exc:  # the plugin's own failure: requests will say 401 meanwhile
-            structlog.get_logger("gpusched.kube").warning("token refresh failed", error=repr(exc))
+            log.warning("token refresh failed", error=repr(exc))
 
 
 TOKEN_CHECK_S = 30.0

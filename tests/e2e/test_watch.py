@@ -172,15 +172,16 @@ async def test_a_watch_that_goes_silent_is_given_up_to_be_opened_again(
     control_plane: ControlPlane, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A connection that dies without a word would leave the scheduler blind until the watch's
-    own timeout; a silence longer than the server's bookmark interval ends it (here shortened)."""
+    own timeout; a silence longer than the server's bookmark interval ends it (here shortened),
+    quietly, as the watch's own timeout does: a quiet resource is no failure."""
     from gpusched.kube import client as client_module
 
     monkeypatch.setattr(client_module, "WATCH_IDLE_S", 0.5)
     kube = await kit.admin(control_plane)
     try:
         stream = kube.stream(f"/api/v1/namespaces/{namespace}/configmaps", {"timeoutSeconds": 60}, timeout=90)
-        with pytest.raises(ApiError, match="silent for 0 s") as info:
+        with capture_logs() as logs, pytest.raises(StopAsyncIteration):
             await asyncio.wait_for(anext(stream), SYNC_S)  # (well short of the 60 s watch)
-        assert info.value.status == 0  # as a broken connection: resumed from its resourceVersion
+        assert [line["log_level"] for line in logs] == ["debug"]
     finally:
         await kube.close()
