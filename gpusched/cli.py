@@ -109,6 +109,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _name(text: str) -> str:
+    """A name that must not be empty (a namespace, a Lease, a scheduler name)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -259,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-leader-elect", action="store_true", help="schedule without holding the Lease")
     run.add_argument(
         "--lease-name",
+        type=_name,
         default="gpu-scheduler",
         help="Lease name in --namespace (default: %(default)s); a second gpusched in the same namespace needs "
         "its own, which its Role must grant by name",
@@ -417,11 +425,13 @@ def _cluster_args(p: argparse.ArgumentParser, daemon: bool = True, scheduler: bo
     if daemon:
         p.add_argument(
             "--namespace",
-            default=os.environ.get("POD_NAMESPACE", "gpusched-system"),
+            type=_name,
+            default=os.environ.get("POD_NAMESPACE", "").strip() or "gpusched-system",
             help="namespace of the Lease and the ConfigMap (default: $POD_NAMESPACE or gpusched-system)",
         )
     p.add_argument(
         "--scheduler-name",
+        type=_name,
         default="gpu-scheduler",
         help="the spec.schedulerName of the pods gpusched places (default: %(default)s)",
     )

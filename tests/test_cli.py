@@ -179,6 +179,9 @@ def test_parse_seeds() -> None:
         (["run", "--metrics-port", "65536"], "argument --metrics-port: must be 0..65535"),
         (["run", "--lease-duration", "0"], "argument --lease-duration: must be a positive number, got '0'"),
         (["run", "--retry-period", "inf"], "argument --retry-period: must be a positive number, got 'inf'"),
+        (["run", "--namespace", ""], "argument --namespace: must not be empty"),
+        (["run", "--lease-name", " "], "argument --lease-name: must not be empty"),
+        (["explain", "p", "--scheduler-name", ""], "argument --scheduler-name: must not be empty"),
         (["simulate", "--typical", "history"], "argument --typical: invalid choice: 'history'"),
         (["simulate", "--pods", "pods.csv"], "pass both --nodes and --pods"),
         (["bogus"], "invalid choice: 'bogus'"),
@@ -671,3 +674,10 @@ def test_a_configmap_manifest_check_config_accepts_is_read_by_simulate_as_well(
     assert params.limits.workers == 3
     name, config = cli._daemon_config(str(manifest))
     assert (name, config.solver.workers) == (None, 3)
+
+
+def test_an_empty_pod_namespace_variable_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POD_NAMESPACE", "")
+    assert build_parser().parse_args(["run"]).namespace == "gpusched-system"
+    monkeypatch.setenv("POD_NAMESPACE", "sched")
+    assert build_parser().parse_args(["run"]).namespace == "sched"

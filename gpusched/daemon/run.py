@@ -129,9 +129,9 @@ async def explain_pod(
     try:
         r = await kube.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
         if r.status == 404:
-            return f"pod {namespace}/{name} not found", 2
-        if not r.ok:
-            return f"cannot read pod {namespace}/{name}: {r.error()}", 2
+            return f"pod {namespace}/{name} not found; name it as NAMESPACE/POD, or pass --namespace", 2
+        if not r.ok:  # told with its fix, as any other read of the cluster
+            raise r.error()
         lines: list[str] = []
         try:
             namespaces: dict[str, dict[str, str]] | None = dict(

@@ -1137,12 +1137,16 @@ def _share(reqs: Mapping[str, int], annotations: Mapping[str, str], num_gpu: int
     is well; the share is then 0)."""
     text = annotations.get(ANNOTATION_GPU_MILLI)
     if text is not None:
+        wanted = (
+            f"{where}: annotation {ANNOTATION_GPU_MILLI} must be a whole number of thousandths of a GPU, "
+            f'1..{GPU_MILLI} ("500" is half a GPU), got {text!r}'
+        )
         try:
             milli = _int_quantity(text, f"{where}: annotation {ANNOTATION_GPU_MILLI}")
-        except ConvertError as exc:
-            return 0, str(exc)
+        except ConvertError:
+            return 0, wanted
         if not milli:  # 0 would silently make it a CPU-only pod
-            return 0, f"{where}: {ANNOTATION_GPU_MILLI} must be 1..{GPU_MILLI}, got {text!r}"
+            return 0, wanted
     else:
         milli = reqs.get(ANNOTATION_GPU_MILLI, 0)
     if milli and num_gpu:

@@ -184,6 +184,9 @@ async def test_unschedulable_pod_is_retried_when_the_cluster_changes(
         explained = await kit.explain(control_plane, f"{namespace}/big")
         assert explained.returncode == 1, explained.stderr
         assert message in explained.stdout
+        missing = await kit.explain(control_plane, "big")  # in the default namespace: not there
+        assert missing.returncode == 2
+        assert "pod default/big not found; name it as NAMESPACE/POD, or pass --namespace" in missing.stdout
         # Parked, not solved again: the watch bringing back our own condition is no reason to
         # retry, and the condition was written once (its transition time has not moved).
         again = await kube.get(f"/api/v1/namespaces/{namespace}/pods/big")

@@ -184,7 +184,7 @@ def test_a_bound_pod_with_a_bad_share_is_still_counted_with_the_rest_of_its_requ
     obj = pod_obj(limits=limits, annotations={"gpusched.io/gpu-milli": "0"})
     obj["spec"]["nodeName"] = "n1"
     rec = pod_record(obj)
-    assert "gpu-milli must be 1..1000, got '0'" in rec.error
+    assert "gpu-milli must be a whole number of thousandths of a GPU, 1..1000" in rec.error
     assert (rec.pod.cpu_milli, rec.pod.memory_mib, rec.pod.num_gpu, rec.pod.gpu_milli) == (4000, 8192, 1, 1000)
 
 
@@ -297,8 +297,11 @@ def test_init_containers_and_overhead_count() -> None:
             ),
             "excludes every model",
         ),
-        (pod_obj(annotations={"gpusched.io/gpu-milli": "1e1000000"}), "too large"),
-        (pod_obj(annotations={"gpusched.io/gpu-milli": "0"}), "gpu-milli must be 1..1000, got '0'"),
+        (pod_obj(annotations={"gpusched.io/gpu-milli": "1e1000000"}), "got '1e1000000'"),
+        (pod_obj(annotations={"gpusched.io/gpu-milli": "0"}), "a GPU, 1..1000 (\"500\" is half a GPU), got '0'"),
+        # Written as a quantity or a fraction: the message says what to write instead.
+        (pod_obj(annotations={"gpusched.io/gpu-milli": "500m"}), "a whole number of thousandths of a GPU"),
+        (pod_obj(annotations={"gpusched.io/gpu-milli": "0.5"}), "a whole number of thousandths of a GPU"),
         (
             pod_obj(annotations={"gpusched.io/gang-min-members": "3"}),
             "annotation gpusched.io/gang-min-members needs the label scheduling.x-k8s.io/pod-group",
