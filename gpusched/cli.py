@@ -631,6 +631,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
             query=args.utilisation_query,
             node_label=args.utilisation_node_label,
             gpu_label=args.utilisation_gpu_label,
+            tell=False,  # its error comes as a note
         )
     try:
         report, notes = asyncio.run(
@@ -640,12 +641,14 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         raise UsageError(str(exc)) from None
     except ApiError as exc:
         raise UsageError(_cluster_unreadable(exc)) from None
+    if source is not None and source.refused:
+        raise UsageError(f"--utilisation-query: {source.error}; fix the query (it is sent as given)")
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(report_json(report), indent=2))
     else:
-        render_report(report, console)
+        render_report(report, console, "see the note above" if source is not None else "pass --prometheus-url")
     return 0
 
 

@@ -29,6 +29,9 @@ from gpusched.model.mig import gpu_fraction, product_key
 __all__ = ["CostReport", "NamespaceCost", "Prices", "cost_report", "parse_prices", "render_report", "report_json"]
 
 
+GPU_HOURS = "GPU-h"
+"""The unit without a price list: every GPU-hour counts 1."""
+
 MAX_PRICE = 1e9
 """The highest price per GPU-hour taken: any cluster's sum of them stays a finite number."""
 
@@ -40,7 +43,8 @@ class Prices:
     per_model: Mapping[str, float] = field(default_factory=dict)
     default: float = 1.0
     """For a product not listed."""
-    currency: str = "USD"
+    currency: str = GPU_HOURS
+    """What the prices are in (``GPU_HOURS`` without a price list)."""
 
     def of(self, model: str) -> float:
         """The price of a GPU of product ``model``: its own entry, else the entry that names it
@@ -68,8 +72,8 @@ def parse_prices(data: object, source: str = "prices") -> Prices:
     unknown = sorted(set(data) - {"currency", "default", "gpuHour"})
     if unknown:
         raise ValueError(f"{source}: {unknown[0]}: unknown key (known here: currency, default, gpuHour)")
-    currency = data.get("currency", "USD")
-    if not isinstance(currency, str) or not currency:
+    currency = data.get("currency")
+    if currency is not None and (not isinstance(currency, str) or not currency.strip()):
         raise ValueError(f"{source}: currency: expected a name such as USD, got {currency!r}")
     default = _price(data.get("default", 1.0), f"{source}: default")
     table = data.get("gpuHour", {})
@@ -78,6 +82,8 @@ def parse_prices(data: object, source: str = "prices") -> Prices:
     if not isinstance(table, dict):
         raise ValueError(f"{source}: gpuHour: expected a mapping of GPU product to price, got {type(table).__name__}")
     per_model = {str(k): _price(v, f"{source}: gpuHour.{k}") for k, v in table.items()}
+    if currency is None:  # what would the report call its figures?
+        raise ValueError(f"{source}: currency: missing; name what the prices are in, such as currency: USD")
     return Prices(per_model, default, currency)
 
 
@@ -248,10 +254,12 @@ def report_json(report: CostReport) -> dict[str, Any]:
     return out
 
 
-def render_report(report: CostReport, console: Console) -> None:
-    """The report as a table per namespace and a summary of where the rest goes."""
+def render_report(report: CostReport, console: Console, unmeasured: str = "pass --prometheus-url") -> None:
+    """The report as a table per namespace and a summary of where the rest goes (``unmeasured``:
+    what to say when nothing was measured idle)."""
     c = report.currency
-    table = Table(title=f"GPU cost per hour ({c})")
+    unpriced = " (no --prices: every GPU-hour counts 1)" if c == GPU_HOURS else ""
+    table = Table(title=f"GPU cost per hour ({c}){unpriced}")
     for col in ("namespace", "pods", "GPUs held", "idle", f"{c}/h", f"idle {c}/h"):
         table.add_column(col, justify="left" if col == "namespace" else "right")
     for n in report.namespaces:
@@ -267,7 +275,7 @@ def render_report(report: CostReport, console: Console) -> None:
     if report.measured:
         console.print(f"held but idle: {report.per_hour_idle_held:.2f} {c}/h")
     else:
-        console.print("held but idle: not measured (pass --prometheus-url)")
+        console.print(f"held but idle: not measured ({unmeasured})")
     console.print(
         f"free on nodes in use: {report.free_gpus_in_use_nodes:.2f} GPUs, {report.per_hour_free_in_use_nodes:.2f} {c}/h"
     )

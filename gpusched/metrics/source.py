@@ -207,8 +207,11 @@ class UtilisationSource:
         timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_poll: Callable[[bool], None] | None = None,
+        tell: bool = True,
     ) -> None:
         self.url = url
+        self._tell = tell
+        """Log each change of outcome (a one-shot reader tells its user itself)."""
         self.shown_url = shown(url)
         """``url`` with any password in it masked: what logs and messages show."""
         self.query = query or default_query(node_label, gpu_label)
@@ -226,6 +229,9 @@ class UtilisationSource:
         """The last good answer (None until the first)."""
         self.error = ""
         """Why the last poll failed ("" after a good one)."""
+        self.refused = False
+        """Whether Prometheus refused the query itself (bad syntax, an unknown function): no
+        retry will do, the query must be fixed."""
         self._told: str | None = None  # the outcome last logged: each is logged once, until it changes
 
     def age(self) -> float:
@@ -254,8 +260,11 @@ class UtilisationSource:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._failed(f"cannot read GPU utilisation from {self.shown_url}: {_query_error(exc)}")
+            why = _query_error(exc)
+            self._failed(f"cannot read GPU utilisation from {self.shown_url}: {why}")
+            self.refused = why.startswith("Prometheus refused the query (bad_data)")
             return False
+        self.refused = False
         percent, problems = parse_samples(result, self.node_label, self.gpu_label)
         if not percent and not problems:
             self._failed(
@@ -272,7 +281,7 @@ class UtilisationSource:
         self.view = UtilisationView(self._clock(), percent)
         self.error = ""
         told = f"read, {len(problems)} samples left out"
-        if told != self._told:
+        if told != self._told and self._tell:
             log.info(
                 "GPU utilisation read",
                 url=self.shown_url,
@@ -288,7 +297,7 @@ class UtilisationSource:
 
     def _failed(self, why: str) -> None:
         self.error = why
-        if why != self._told:
+        if why != self._told and self._tell:
             log.warning("GPU utilisation not read; the last answer is used until it is too old", cause=why)
             self._told = why
         if self._on_poll is not None:

@@ -167,6 +167,20 @@ async def test_the_cost_report_prices_what_each_namespace_holds_and_finds_it_idl
         assert report["free_gpus_in_use_nodes"] == 1.5
         assert report["measured"] is True
 
+        # A query Prometheus refuses: exit 2 with its error, no report half measured.
+        refused = await asyncio.to_thread(
+            subprocess.run,
+            [*argv, "--prometheus-url", prometheus.url, "--utilisation-query", "sum(("],
+            capture_output=True,
+            text=True,
+            cwd=kit.repo_file(),
+        )
+        assert refused.returncode == 2
+        assert "--utilisation-query: cannot read GPU utilisation from" in refused.stderr
+        assert "Prometheus refused the query (bad_data)" in refused.stderr
+        assert "fix the query" in refused.stderr
+        assert "last answer is used" not in refused.stderr  # the daemon's wording has no place here
+
         # A price list with a typo: exit 2, one line naming the key and the fix.
         prices.write_text("gpuHours:\n  T4: 0.5\n")
         bad = await asyncio.to_thread(
@@ -188,7 +202,8 @@ def report(cp: ControlPlane, *extra: str) -> subprocess.CompletedProcess[str]:
 async def test_empty_and_cpu_only_clusters(control_plane: ControlPlane, kube: Kube) -> None:
     done = await asyncio.to_thread(report, control_plane)
     assert done.returncode == 0, done.stderr
-    assert "0 GPUs cost 0.00 USD/h" in done.stdout, done.stdout
+    assert "0 GPUs cost 0.00 GPU-h/h" in done.stdout, done.stdout  # no price list: GPU-hours, not dollars
+    assert "no --prices: every GPU-hour counts 1" in done.stdout
     await kit.create_all(kube, "/api/v1/nodes", [kit.node(f"cpu-{uuid.uuid4().hex[:6]}", 0, "")])
     done = await asyncio.to_thread(report, control_plane, "--json")
     assert done.returncode == 0, done.stderr

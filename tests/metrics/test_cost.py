@@ -93,7 +93,7 @@ def test_prices_are_read_and_bad_ones_refused_with_the_key() -> None:
     got = parse_prices({"currency": "EUR", "default": 2, "gpuHour": {"H100-SXM5-80GB": 4.5}})
     assert got == Prices({"H100-SXM5-80GB": 4.5}, 2.0, "EUR")
     assert parse_prices(None) == Prices()
-    quoted = parse_prices({"default": "0.5", "gpuHour": {"T4": "1e-1"}})  # YAML reads 1e-1 as a string
+    quoted = parse_prices({"currency": "USD", "default": "0.5", "gpuHour": {"T4": "1e-1"}})  # YAML: 1e-1 a string
     assert quoted == Prices({"T4": 0.1}, 0.5, "USD")
     for data, why in [
         ({"gpuHour": {"T4": "nan"}}, "prices: gpuHour.T4: expected a price per GPU-hour"),
@@ -106,6 +106,7 @@ def test_prices_are_read_and_bad_ones_refused_with_the_key() -> None:
         ({"default": True}, "prices: default: expected a price per GPU-hour"),
         ({"gpuHour": [1]}, "prices: gpuHour: expected a mapping of GPU product to price, got list"),
         ({"currency": 3}, "prices: currency: expected a name such as USD, got 3"),
+        ({"gpuHour": {"T4": 0.5}}, "prices: currency: missing; name what the prices are in, such as currency: USD"),
         ([1, 2], "prices: expected a mapping, got list"),
     ]:
         with pytest.raises(ValueError, match="^" + re.escape(why)):
@@ -117,7 +118,7 @@ def test_a_price_list_at_the_highest_price_still_gives_json() -> None:
 
     with pytest.raises(ValueError, match=r"^prices: default: expected a price per GPU-hour, a number from 0 to 1e\+09"):
         parse_prices({"default": 1.0e308})  # any sum of such would be no number JSON has
-    prices = parse_prices({"default": 1e9})
+    prices = parse_prices({"currency": "EUR", "default": 1e9})
     big = Cluster([Node(f"n{i}", 64000, 65536, gpu_count=8, gpu_model="A100") for i in range(100)])
     out = json.dumps(report_json(cost_report(big, [], prices)))
     json.loads(out, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
