@@ -22,7 +22,7 @@ from gpusched.kube.convert import (
     pod_record,
     volume_record,
 )
-from gpusched.metrics.cost import CostReport, Prices, cost_report
+from gpusched.metrics.cost import CostReport, Prices, cost_report, slices_of
 from gpusched.metrics.exporter import HealthServer
 from gpusched.metrics.source import UtilisationSource
 from gpusched.solver.explain import explain
@@ -246,6 +246,13 @@ async def report_costs(
                 view = None
         else:
             notes.append(f"{utilisation.error}; nothing is counted idle")
+    sliced = sorted(n for n, rec in cache.nodes.items() if rec.node.gpu_count and slices_of(rec.node) > 1)
+    if sliced:
+        notes.append(
+            f"{len(sliced)} node(s) time-slice their GPUs ({', '.join(sliced[:3])}): each GPU is counted once, "
+            "its nvidia.com/gpu.replicas slices as parts of it, and a pod there is idle only when all the "
+            "node's GPUs are"
+        )
     products = {rec.node.gpu_model for rec in cache.nodes.values()}
     for name in prices.unmatched(products):
         notes.append(

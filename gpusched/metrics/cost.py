@@ -26,7 +26,16 @@ from gpusched.metrics.source import UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, Node
 from gpusched.model.mig import gpu_fraction, product_key
 
-__all__ = ["CostReport", "NamespaceCost", "Prices", "cost_report", "parse_prices", "render_report", "report_json"]
+__all__ = [
+    "CostReport",
+    "NamespaceCost",
+    "Prices",
+    "cost_report",
+    "parse_prices",
+    "render_report",
+    "report_json",
+    "slices_of",
+]
 
 
 GPU_HOURS = "GPU-h"
@@ -85,6 +94,13 @@ def parse_prices(data: object, source: str = "prices") -> Prices:
     if currency is None:  # what would the report call its figures?
         raise ValueError(f"{source}: currency: missing; name what the prices are in, such as currency: USD")
     return Prices(per_model, default, currency)
+
+
+def slices_of(node: Node) -> int:
+    """How many of ``node``'s advertised GPUs one physical GPU is: its ``nvidia.com/gpu.replicas``
+    when the device plugin time-slices GPUs, else 1."""
+    text = node.labels.get("nvidia.com/gpu.replicas", "")
+    return int(text) if text.isdigit() and int(text) > 1 else 1
 
 
 def mig_gpus(node: Node) -> float:
@@ -187,14 +203,18 @@ def cost_report(
             continue
         ns = by_ns.setdefault(pod.namespace, NamespaceCost(pod.namespace))
         ns.pods += 1
-        all_idle = node.gpu_count > 0 and set(range(node.gpu_count)) <= set(idle.get(node.name, ()))
+        # On a time-sliced node an advertised GPU is 1/slices of one, and the indices the books
+        # number are slices, not the GPUs the view names: idle only when all its GPUs are.
+        slices = slices_of(node)
+        physical = node.gpu_count // slices
+        all_idle = physical > 0 and set(range(physical)) <= set(idle.get(node.name, ()))
         for g in a.gpus:
             if g >= node.gpu_count:  # a GPU the node no longer offers
                 continue
-            share = pod.gpu_milli / GPU_MILLI * min(1.0, GPU_MILLI / held[(a.node, g)])
+            share = pod.gpu_milli / GPU_MILLI * min(1.0, GPU_MILLI / held[(a.node, g)]) / slices
             ns.gpus += share
             ns.per_hour += share * price
-            if all_idle if pod.key in guessed else g in idle.get(node.name, ()):
+            if all_idle if pod.key in guessed or slices > 1 else g in idle.get(node.name, ()):
                 ns.idle_gpus += share
                 ns.idle_per_hour += share * price
     in_use = {n for n, g in held if g < cluster.nodes[n].gpu_count} | {
@@ -205,14 +225,15 @@ def cost_report(
     idle_node_gpus = per_hour_total = per_hour_idle_nodes = free_in_use = per_hour_free = 0.0
     for i, node in enumerate(cluster.nodes):
         mig = mig_gpus(node)
-        gpus = node.gpu_count + mig
+        slices = slices_of(node)
+        gpus = node.gpu_count / slices + mig
         if not gpus:
             continue
         price = prices.of(node.gpu_model)
         total += gpus
         per_hour_total += gpus * price
         if i in in_use:
-            free = sum(max(0, GPU_MILLI - held.get((i, g), 0)) for g in range(node.gpu_count)) / GPU_MILLI
+            free = sum(max(0, GPU_MILLI - held.get((i, g), 0)) for g in range(node.gpu_count)) / GPU_MILLI / slices
             free += max(0.0, mig - mig_held.get(i, 0.0))
             free_in_use += free
             per_hour_free += free * price

@@ -146,3 +146,20 @@ def test_an_a30_instance_is_priced_by_the_four_compute_slices_of_its_gpu(counted
     assert r.gpus_total == pytest.approx(1.0)
     assert [(n.namespace, n.gpus, n.per_hour) for n in r.namespaces] == [("infer", 1.0, 2.0)]
     assert r.free_gpus_in_use_nodes == pytest.approx(0.0)
+
+
+def test_a_time_sliced_node_is_priced_by_its_gpus_not_its_slices() -> None:
+    # 4 T4s, each time-sliced 4 ways: the device plugin advertises 16; four pods hold one each.
+    t4 = Node("ts", 64000, 65536, gpu_count=16, gpu_model="T4", labels={"nvidia.com/gpu.replicas": "4"})
+    held = [Assignment(on("infer", pod(f"p{i}", gpus=1)), 0, (i,)) for i in range(4)]
+    prices = Prices({"T4": 0.35}, currency="EUR")
+    r = cost_report(Cluster([t4]), held, prices)
+    assert r.gpus_total == pytest.approx(4.0)
+    assert r.per_hour_total == pytest.approx(4 * 0.35)
+    assert [(n.gpus, n.per_hour) for n in r.namespaces] == [(pytest.approx(1.0), pytest.approx(0.35))]
+    assert r.free_gpus_in_use_nodes == pytest.approx(3.0)
+    # The view names the 4 GPUs, not the slices: a pod is idle only when all of them are.
+    some = UtilisationView(0.0, {"ts": {0: 0.0, 1: 0.0, 2: 90.0, 3: 0.0}})
+    assert cost_report(Cluster([t4]), held, prices, some).per_hour_idle_held == 0.0
+    every = UtilisationView(0.0, {"ts": {g: 0.0 for g in range(4)}})
+    assert cost_report(Cluster([t4]), held, prices, every).per_hour_idle_held == pytest.approx(0.35)
