@@ -70,7 +70,7 @@ from gpusched.model.affinity import (
 )
 from gpusched.model.mig import MIG_CONFIG_PREFIX, geometry_for, profile_of
 from gpusched.model.node import LABEL_GPU_COUNT, MAX_GPUS, Taint
-from gpusched.model.pod import Gang, Toleration, gang_conflicts
+from gpusched.model.pod import Gang, Toleration, gang_conflicts, model_key
 from gpusched.model.ports import host_port
 from gpusched.model.topology import ISLANDS_ANNOTATION, default_islands, parse_islands
 from gpusched.solver.preempt import Budget
@@ -721,8 +721,9 @@ def _pod(
         models = {m.strip() for m in text.split(",") if m.strip()}
     selector: Mapping[str, str] = spec.get("nodeSelector") or {}
     if LABEL_GPU_PRODUCT in selector:
-        wanted = {str(selector[LABEL_GPU_PRODUCT])}
-        models = models & wanted if models else wanted
+        product = str(selector[LABEL_GPU_PRODUCT])
+        wanted = {product}  # the label's own spelling, where the annotation names it loosely
+        models = wanted if not models or model_key(product) in {model_key(m) for m in models} else set()
         if not models:
             error = error or (
                 f"{where}: nodeSelector {LABEL_GPU_PRODUCT}={selector[LABEL_GPU_PRODUCT]} "

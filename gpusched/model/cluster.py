@@ -25,7 +25,7 @@ from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, S
 from gpusched.model.mig import MIG_CONFIG_PREFIX, MigGeometry, MigLayout, geometry_for, mig_config, product_key
 from gpusched.model.node import GPU_MILLI, LABEL_GPU_COUNT, Node, Taint
 from gpusched.model.placement import Assignment, MigPartition
-from gpusched.model.pod import Pod, PodShape, Toleration, tolerated, untolerated
+from gpusched.model.pod import Pod, PodShape, Toleration, model_key, tolerated, untolerated
 from gpusched.model.ports import ports_clash
 
 __all__ = [
@@ -189,7 +189,8 @@ class Cluster:
         key = frozenset({"\0product", *models})
         mask = self._model_masks.get(key)
         if mask is None:
-            mask = self._model_masks[key] = _frozen(np.array([x.gpu_model in models for x in self.nodes]))
+            keys = {model_key(m) for m in models}
+            mask = self._model_masks[key] = _frozen(np.array([model_key(x.gpu_model) in keys for x in self.nodes]))
         return mask
 
     def named_mask(self, names: Iterable[str]) -> BoolArray:
@@ -204,11 +205,13 @@ class Cluster:
         return mask
 
     def model_mask(self, models: frozenset[str]) -> BoolArray:
-        """Nodes whose GPU model is accepted (all GPU nodes when ``models`` is empty)."""
+        """Nodes whose GPU model is accepted (all GPU nodes when ``models`` is empty), names
+        compared as ``model_key`` reads them."""
         mask = self._model_masks.get(models)
         if mask is None:
             if models:
-                ids = [i for i, m in enumerate(self.models) if m in models]
+                keys = {model_key(m) for m in models}
+                ids = [i for i, m in enumerate(self.models) if model_key(m) in keys]
                 mask = np.isin(self.model_id, ids)
             else:
                 mask = self.model_id >= 0

@@ -16,6 +16,14 @@ ISLAND_MODES = ("", "required", "preferred")
 _MIG_COMPUTE_SLICES = 7
 
 
+def model_key(name: str) -> str:
+    """A GPU model name as accepted models are compared: upper case, without the maker's prefix
+    (``NVIDIA-``, ``Tesla-``): ``A100-SXM4-80GB`` names ``NVIDIA-A100-SXM4-80GB``.  Unlike
+    ``product_key`` it keeps a ``-MIG-<profile>`` suffix: a GPU in single-strategy MIG mode is
+    not the whole GPU a pod accepting its product asks for."""
+    return name.strip().upper().removeprefix("NVIDIA-").removeprefix("TESLA-")
+
+
 def mig_milli(profile: str) -> int:
     """GPU demand of one MIG instance in thousandths of a GPU: its share of the 7 compute slices."""
     head = profile.split("g.", 1)[0]
@@ -118,7 +126,10 @@ class _Wishes:
 
     def accepts(self, gpu_model: str) -> bool:
         """Whether a node with GPUs of ``gpu_model`` satisfies the model constraint."""
-        return not self.gpu_models or gpu_model in self.gpu_models
+        if not self.gpu_models or gpu_model in self.gpu_models:
+            return True
+        key = model_key(gpu_model)
+        return any(model_key(m) == key for m in self.gpu_models)
 
     @property
     def pod_wishes(self) -> tuple[tuple[int, PodAffinityTerm], ...]:

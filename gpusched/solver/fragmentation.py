@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from gpusched.model import GPU_MILLI, Cluster, ClusterState, Pod, PodShape
 from gpusched.model.cluster import BoolArray, IntArray
+from gpusched.model.pod import model_key
 
 __all__ = [
     "FloatArray",
@@ -121,8 +122,9 @@ class _TypicalArrays:
         access = np.zeros((len(typical), len(cluster.models) + 1), dtype=np.bool_)
         for t, s in enumerate(typical.shapes):
             access[t, 0] = not s.gpu_models
+            keys = {model_key(x) for x in s.gpu_models}
             for m, model in enumerate(cluster.models):
-                access[t, m + 1] = not s.gpu_models or model in s.gpu_models
+                access[t, m + 1] = not s.gpu_models or model_key(model) in keys
         self.access: BoolArray = access
         self.island: BoolArray = np.array([s.island for s in typical.shapes], dtype=np.bool_)
         self.islands: IntArray | None = cluster.islands if cluster.island_count > 1 and self.island.any() else None

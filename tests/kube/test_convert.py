@@ -229,6 +229,15 @@ def test_fractional_share_by_annotation_and_models_by_annotation_and_selector() 
     )
     assert (rec.pod.num_gpu, rec.pod.gpu_milli, rec.pod.gpu_models) == (1, 250, frozenset({"H800"}))
     assert rec.error == ""
+    # The annotation written without the maker's prefix, the selector as the label reads.
+    rec = pod_record(
+        pod_obj(
+            annotations={"gpusched.io/gpu-models": "A100-SXM4-80GB"},
+            nodeSelector={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+            limits={"nvidia.com/gpu": "1"},
+        )
+    )
+    assert (rec.pod.gpu_models, rec.error) == (frozenset({"NVIDIA-A100-SXM4-80GB"}), "")
 
 
 def test_fractional_share_by_extended_resource() -> None:

@@ -161,5 +161,5 @@ def test_a_time_sliced_node_is_priced_by_its_gpus_not_its_slices() -> None:
     # The view names the 4 GPUs, not the slices: a pod is idle only when all of them are.
     some = UtilisationView(0.0, {"ts": {0: 0.0, 1: 0.0, 2: 90.0, 3: 0.0}})
     assert cost_report(Cluster([t4]), held, prices, some).per_hour_idle_held == 0.0
-    every = UtilisationView(0.0, {"ts": {g: 0.0 for g in range(4)}})
+    every = UtilisationView(0.0, {"ts": dict.fromkeys(range(4), 0.0)})
     assert cost_report(Cluster([t4]), held, prices, every).per_hour_idle_held == pytest.approx(0.35)

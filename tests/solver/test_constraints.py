@@ -313,6 +313,25 @@ def test_a_pod_whose_accepted_model_is_absent_stays_unplaced() -> None:
     assert alone.stats.status == "NO_CANDIDATES"
 
 
+def test_an_accepted_model_is_matched_without_the_makers_prefix_or_case_but_not_a_mig_mode_gpu() -> None:
+    # GPU feature discovery writes NVIDIA-A100-SXM4-80GB; people write A100-SXM4-80GB.  A node in
+    # single-strategy MIG mode offers 1g.10gb instances as nvidia.com/gpu: not the GPU asked for.
+    cluster = Cluster(
+        [
+            gpu_node("mig", model="NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"),
+            gpu_node("a100", gpus=1, model="NVIDIA-A100-SXM4-80GB"),
+            gpu_node("t4", model="Tesla-T4"),
+        ]
+    )
+    batch = [pod("short", gpus=1, models=["A100-SXM4-80GB"]), pod("lower", gpus=1, milli=300, models=["t4"])]
+    plan = cpsat(batch, cluster.empty_state())
+    assert unplaced(plan) == []
+    assert (where(plan)["short"][0], where(plan)["lower"][0]) == (1, 2)
+    assert validate_plan(plan, cluster.empty_state(), batch) is None
+    full = [pod(f"x{i}", gpus=1, models=["NVIDIA-A100-SXM4-80GB"]) for i in range(2)]  # one A100 GPU each
+    assert len(unplaced(cpsat(full, cluster.empty_state()))) == 1  # never the MIG-mode node
+
+
 def test_each_pod_appears_once() -> None:
     cluster = Cluster([gpu_node("a", gpus=2, cpu=6000), gpu_node("b", gpus=2, cpu=6000)])
     batch = [pod(f"f{i}", gpus=1, milli=300) for i in range(8)] + [pod(f"c{i}") for i in range(5)]
