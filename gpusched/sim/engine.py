@@ -71,6 +71,9 @@ class RunResult:
     first_end: int = 0
     """Arrived GPU demand (%) when the first batch's placements landed: the curve below it is the
     empty cluster's."""
+    batch_span_pct: float = 0.0
+    """The most arrived GPU demand (% of capacity) one batch spanned, first pod to last: in that
+    span its pods are counted as not placed yet (0 for one pod per batch)."""
 
     def reached(self, pct: int) -> bool:
         """Whether the curve says something at ``pct``: a batch had landed by then, and the
@@ -188,6 +191,7 @@ def replay(
     gang_assignments: list[Assignment] = []
     alloc = 0.0
     first_end: int | None = None
+    span = 0.0
     for chunk in chunks:
         before = state
         plan = policy.place(chunk, state)
@@ -210,6 +214,7 @@ def replay(
         # Pods arriving while a batch is open see the cluster as it was; the batch's
         # placements land when its last pod has arrived.
         alloc_before, alloc = alloc, round(state.gpu_allocated_milli / gpus / 10, 2)
+        first_arrived = arrived + chunk[0].gpu_demand_milli
         for i, pod in enumerate(chunk):
             last = i == len(chunk) - 1
             arrived += pod.gpu_demand_milli
@@ -217,6 +222,7 @@ def replay(
             for point in FRAG_POINTS:
                 if point not in frag and arrived >= point * gpus * 10:
                     frag[point] = 100.0 * cluster_frag_ratio(state if last else before, typical)
+        span = max(span, (arrived - first_arrived) / gpus / 10)
         if first_end is None:
             first_end = round(arrived / gpus / 10)
         if on_batch is not None:
@@ -230,6 +236,7 @@ def replay(
         batch=batch,
         curve=allocation_curve(records, top),
         first_end=first_end or 0,
+        batch_span_pct=round(span, 2),
         frag_ratio=frag,
         placed=placed,
         failed=failed,

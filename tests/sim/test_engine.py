@@ -59,9 +59,17 @@ def test_a_figure_no_batch_reached_is_none_and_a_short_run_says_where_it_ended()
     assert s["arrived_pct_end"] == 120
     one_by_one = summarize([replay(cluster, pods, FgdPolicy(cluster, typical), batch=1, typical=typical)], 10)
     assert one_by_one["alloc_pct_100"] == 100.0
-    console = Console(width=200, record=True)
+    # The one batch spans 110 % of arrived demand (from the first pod's 10 % to 120 %): its
+    # pods count as not placed there, and the caption says the figures read low.
+    assert (s["batch_span_pct_max"], one_by_one["batch_span_pct_max"]) == (110.0, 0.0)
+    console = Console(width=400, record=True)
     console.print(render_table([s]))
-    assert "the workload ends at 120% arrived GPU demand" in console.export_text()
+    text = " ".join(console.export_text().split())  # the caption wraps at the table's width
+    assert "the workload ends at 120% arrived GPU demand" in text
+    assert "a batch spans up to 110.0% of arrived demand" in text
+    console = Console(width=400, record=True)
+    console.print(render_table([one_by_one]))
+    assert "a batch spans" not in console.export_text()
 
 
 def test_pods_a_policy_turns_away_although_they_fit_are_counted_apart() -> None:
