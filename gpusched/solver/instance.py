@@ -301,6 +301,9 @@ def build_instance(
     starts = np.searchsorted(classes[order], np.arange(classes.max() + 1 if classes.size else 0))
     cpu_free, mem_free, gpu_free = state.cpu_free, state.mem_free, state.gpu_free
 
+    # Required pod affinity over shared domains: the pods that follow and those they follow must
+    # be able to meet in one domain, which the best-ranked nodes alone may not offer.
+    together = {terms.index(t) for g in groups for t in g.shape.affinity if _shared_domains(state, t.topology_key)}
     cands: list[Candidate] = []
     for gi, group in enumerate(groups):
         shape, count = group.shape, len(group.pods)
@@ -336,6 +339,8 @@ def build_instance(
         quota = max(candidates_per_pod, reach)
         if gang is not None and gang.topology_key:
             quota = feasible.size  # a gang needs enough candidates inside one domain: keep them all
+        if together and (any(terms.index(t) in together for t in shape.affinity) or together & set(group.selected_by)):
+            quota = feasible.size  # as a gang's: the series needs a domain with room for all of it
         # Wishes to be apart from (or with) pods over shared domains: the best candidates of every
         # domain, up to the quota each (a class lies within one domain of each key).
         wish_keys = dict.fromkeys(t.topology_key for _, t in shape.pod_wishes)

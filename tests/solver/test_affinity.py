@@ -145,3 +145,16 @@ def test_a_worker_may_start_its_series_before_its_launcher_goes_elsewhere() -> N
     launcher = replace(pod("L", gpus=1), labels=(("job", "x"),))
     plan = solve("cpsat", c, [worker, launcher])
     assert len(plan.assignments) == 2
+
+
+def test_a_series_is_not_stranded_in_a_small_domain_by_candidate_pruning() -> None:
+    # 40 nodes of their own small zones with one idle GPU each rank first for packing; the one
+    # zone with room for the whole series lies past the candidates a pod keeps (24 by default).
+    small = [replace(gpu_node(f"s{i:02d}", gpus=2), labels={"zone": f"small-{i}"}) for i in range(40)]
+    big = [replace(gpu_node(f"b{i}", gpus=8), labels={"zone": "big"}) for i in range(3)]
+    c = Cluster(small + big)
+    busy = pod("busy", gpus=1)
+    state = c.empty_state().apply([Assignment(replace(busy, name=f"busy-{i}"), i, (0,)) for i in range(40)])
+    series = [replace(pod(f"t-{i}", gpus=1), labels=(("app", "train"),), affinity=near("train")) for i in range(10)]
+    plan = solve("cpsat", c, series, state)
+    assert zone_of(c, plan) == {"big": 10}, plan.stats
