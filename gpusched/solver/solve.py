@@ -128,7 +128,31 @@ class CpSatPolicy:
             # The model reads spread constraints and affinity over the batch's end state, which
             # can refuse what checks pod by pod allow (the warm start did): keep the better plan.
             return self._stats(hint, "HINT_KEPT", math.nan, math.nan, start, nvars)
+        if self.params.weights.work_conserving and plan.unplaced:
+            filled = self._fill(plan, state, pods)
+            if filled is not plan:
+                plan, status = filled, f"{status}+FILLED"
         return self._stats(plan, status, solver.objective_value, solver.best_objective_bound, start, nvars)
+
+    def _fill(self, plan: Plan, state: ClusterState, pods: Sequence[Pod]) -> Plan:
+        """``plan`` with the warm start's placements of the pods it left out that fit in what it
+        left: the model sees only each pod's best-ranked candidates, and pods of several groups
+        may all have been offered the nodes one of them took.  ``plan`` itself when none fits."""
+        after = (state.partition(plan.partitions) if plan.partitions else state).apply(plan.assignments)
+        left = [p for p in plan.unplaced if after.pod_mask(p).any()]
+        if not left:
+            return plan
+        more = self.greedy.place(left, after)
+        if not more.assignments:
+            return plan
+        placed = {a.pod.key for a in more.assignments}
+        filled = Plan(
+            plan.assignments + more.assignments,
+            tuple(p for p in plan.unplaced if p.key not in placed),
+            plan.stats,
+            plan.partitions + more.partitions,
+        )
+        return plan if plan_problems(filled, state, pods) else filled
 
     def _stats(self, plan: Plan, status: str, obj: float, bound: float, start: float, nvars: int) -> Plan:
         ms = (time.perf_counter() - start) * 1000
