@@ -236,3 +236,19 @@ def test_a_batch_is_placed_by_priority_quota_first_and_a_gang_at_its_highest_mem
     passes = daemon._passes(pods, first={"default/q"})
     # Quota first; then 9 (the gang, both members), 7, and the rest (5, 3, 2, 0) in one pass.
     assert [[x.name for x in part] for part in passes] == [["q"], ["g1", "g2"], ["c"], ["a", "b", "d", "e"]]
+
+
+async def test_pods_deleted_during_their_solve_are_told_nothing() -> None:
+    s, api = _scheduler(gpus=1)
+    from tests.test_daemon_utilisation import pod
+
+    for i in range(5):
+        s._pending.apply("ADDED", pod(f"p{i}", gpus=2))  # fits nowhere
+    batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
+    for i in range(5):  # the job is cleaned up while its batch is solved
+        s._pending.apply("DELETED", pod(f"p{i}", gpus=2))
+    await s.schedule_batch(batch)
+    await settle(s)
+    assert api.events == []  # no Event for pods that are gone
+    assert s.placed_here == set()
+    assert len(s.queue) == 0

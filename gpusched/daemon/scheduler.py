@@ -1499,6 +1499,9 @@ class Scheduler:
         held for it; without, any room held for it is given up)."""
         if nominated is None:
             self.give_up_room(pod.key)
+        if not self.queue.current(pod.key, pod.uid):  # deleted, or created again, since it was drawn:
+            self.queue.park(pod.key)  # the queue drops it or queues the new pod; nothing to tell
+            return
         if self.is_leader:  # its nominatedNodeName is written below: this instance's word now
             self.placed_here.add(pod.key)
         self.metrics.unschedulable(reason)

@@ -73,6 +73,7 @@ class SchedulingQueue:
         max_backoff: float = 10.0,
         flush_after: float = 60.0,
         idle_wait: float = 0.02,
+        gang_wait: float = 1.0,
         busy: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -82,6 +83,9 @@ class SchedulingQueue:
         self.max_backoff = max_backoff
         self.flush_after = flush_after
         self.idle_wait = idle_wait
+        self.gang_wait = gang_wait
+        """How long the members of a gang short of its minimum wait for the next member, from the
+        last one's arrival, before they are drawn as they are (members may run already)."""
         self.busy = busy
         self._clock = clock
         self._records: dict[str, PodRecord] = {}
@@ -117,21 +121,30 @@ class SchedulingQueue:
         gang = record.pod.gang.name if record.pod.gang is not None else ""
         if old is not None and old.pod.gang is not None and old.pod.gang.name != gang:
             self._leave_gang(key, old.pod.gang.name)
+        short = False  # a new member of a gang still short of its minimum: it waits for the next
         if gang and key not in self._gangs.setdefault(gang, set()):
             self._gangs[gang].add(key)
+            short = record.pod.gang is not None and len(self._gangs[gang]) < record.pod.gang.min_members
             for peer in self._gangs[gang] - {key}:  # a new member: retry the gang together
-                if self._parked.pop(peer, None) is not None or self._backoff.pop(peer, None) is not None:
+                if short and peer not in self._in_flight:  # ... once the rest came, or none for a while
+                    self._forget(peer, attempts=False)
+                    self._hold(peer)
+                elif self._parked.pop(peer, None) is not None or self._backoff.pop(peer, None) is not None:
                     self._activate(peer)
         if old is None or (replaced and key not in self._in_flight):  # (in flight: settled later)
             self._forget(key)
             self._arrivals.append(self._clock())
             if len(self._arrivals) > 4 * self.max_size:
                 self._arrivals.popleft()
-            self._activate(key)
+            if short:
+                self._hold(key)
+            else:
+                self._activate(key)
         elif (old.pod, old.error) != (record.pod, record.error):  # may fit now
             tenants = self._tenants
             if key in self._active and tenants is not None and tenants.of(old.pod) != tenants.of(record.pod):
-                self._activate(key)  # queued again as its new tenant's (the old heap's entry goes stale)
+                # queued again as its new tenant's (the old heap's entry goes stale), waiting since it came
+                self._activate(key, since=self._active[key][1])
             elif key in self._parked:
                 del self._parked[key]
                 self._activate(key)
@@ -399,10 +412,18 @@ class SchedulingQueue:
             del self._parked[key]
             self._activate(key)
 
-    def _activate(self, key: str) -> None:
+    def _activate(self, key: str, since: float | None = None) -> None:
         seq = next(self._seq)
-        self._active[key] = (seq, self._clock())
+        self._active[key] = (seq, self._clock() if since is None else since)  # an active one keeps its place
         self._push(key, seq)
+        self._wake.set()
+
+    def _hold(self, key: str) -> None:
+        """Wait ``gang_wait`` for the next member of the pod's gang (as a back-off, not counted as
+        an attempt)."""
+        ready = self._clock() + self.gang_wait
+        self._backoff[key] = ready
+        heapq.heappush(self._backoff_due, (ready, key))
         self._wake.set()
 
     def _push(self, key: str, seq: int) -> None:
@@ -420,6 +441,8 @@ class SchedulingQueue:
         the same name (that one is queued afresh).
         """
         uid = self._in_flight.pop(key, None)
+        if uid is None:  # told while queued (not drawn): it leaves where it waits for the verdict's place
+            self._forget(key, attempts=False)
         self._moved_in_flight.discard(key)
         if key in self._deleted_in_flight:
             self._deleted_in_flight.discard(key)
@@ -441,9 +464,10 @@ class SchedulingQueue:
         self._records.pop(key, None)
         self._forget(key)
 
-    def _forget(self, key: str) -> None:
-        """Drop where the pod waits and its retry count (not its record)."""
+    def _forget(self, key: str, attempts: bool = True) -> None:
+        """Drop where the pod waits and (``attempts``) its retry count (not its record)."""
         self._active.pop(key, None)
         self._backoff.pop(key, None)
         self._parked.pop(key, None)
-        self._attempts.pop(key, None)
+        if attempts:
+            self._attempts.pop(key, None)

@@ -202,10 +202,9 @@ async def test_a_batch_draws_every_active_member_of_a_gang() -> None:
     q.add(gang_rec("g-1", "g"))
     q.add(gang_rec("g-2", "g"))
     batch = await asyncio.wait_for(q.next_batch(), PROMPT)
-    assert sorted(r.pod.name for r in batch) == ["g-0", "g-1", "g-2"], "the gang is drawn whole, past max_size"
-    assert q.counts().active == 1
-    batch = await asyncio.wait_for(q.next_batch(), PROMPT)
-    assert [r.pod.name for r in batch] == ["solo"]
+    # solo waited while the gang was short of its three members; the gang comes whole, past max_size
+    assert sorted(r.pod.name for r in batch) == ["g-0", "g-1", "g-2", "solo"]
+    assert q.counts().active == 0
 
 
 async def test_a_new_member_brings_its_parked_peers_back() -> None:
@@ -277,11 +276,11 @@ async def test_an_early_batch_waits_for_a_gang_still_short_of_its_minimum() -> N
 
 async def test_members_parked_apart_are_drawn_together_again() -> None:
     clock = Clock()
-    q = SchedulingQueue(max_size=10, max_wait=0.01, flush_after=60, clock=clock)
+    q = SchedulingQueue(max_size=10, max_wait=0, flush_after=60, gang_wait=1.0, clock=clock)
     q.add(gang_rec("g-0", "g"))
-    clock.t = 1.0
+    clock.t = 1.0  # no other member came within the gang wait
     (first,) = await asyncio.wait_for(q.next_batch(), PROMPT)  # drawn before its peer arrived
-    q.add(gang_rec("g-1", "g"))  # arrives while g-0 is in flight
+    q.add(gang_rec("g-1", "g"))  # arrives while g-0 is in flight: it waits for the third
     q.park(first.key)
     clock.t = 2.0
     batch = await asyncio.wait_for(q.next_batch(), PROMPT)
@@ -337,3 +336,54 @@ async def test_backed_off_and_parked_pods_come_back_each_when_due_and_only_then(
     q._release_due(90.5)
     assert q.counts().unschedulable == 0
     assert q.counts().backoff == 0
+
+
+async def test_members_of_a_gang_created_one_by_one_are_drawn_once_all_came() -> None:
+    # A controller creates a gang's pods a few at a time: each batch closed on one member alone
+    # would fail the gang and tell every member so, once per new member.
+    clock = Clock()
+    q = SchedulingQueue(max_size=2, max_wait=0, gang_wait=1.0, clock=clock)
+    for i in range(3):
+        q.add(gang_rec(f"g-{i}", "g"))
+        clock.t += 0.5  # within the gang wait of the last member
+        assert q.counts().active == (3 if i == 2 else 0), i
+    batch = await asyncio.wait_for(q.next_batch(), PROMPT)
+    assert sorted(r.pod.name for r in batch) == ["g-0", "g-1", "g-2"]
+
+
+async def test_members_of_a_gang_short_for_good_are_drawn_after_the_gang_wait() -> None:
+    # Members may run already (one was recreated): the queue cannot tell, so it waits no longer.
+    clock = Clock()
+    q = SchedulingQueue(max_size=10, max_wait=0, gang_wait=1.0, clock=clock)
+    q.add(gang_rec("g-0", "g"))
+    assert q.counts().backoff == 1
+    clock.t = 1.0
+    (only,) = await asyncio.wait_for(q.next_batch(), PROMPT)
+    assert only.pod.name == "g-0"
+    assert q.counts() == QueueCounts(active=0, backoff=0, unschedulable=0, in_flight=1)
+
+
+async def test_a_verdict_on_a_queued_pod_leaves_it_in_one_place() -> None:
+    q = SchedulingQueue(max_size=10, max_wait=0)
+    q.add(rec("p"))
+    q.backoff("default/p")  # told while waiting, not drawn (a MIG job ending, say)
+    q.park("default/p")
+    assert q.counts() == QueueCounts(active=0, backoff=0, unschedulable=1, in_flight=0)
+    q.move_all()
+    (drawn,) = await asyncio.wait_for(q.next_batch(), PROMPT)
+    assert drawn.pod.name == "p"
+    assert q.counts() == QueueCounts(active=0, backoff=0, unschedulable=0, in_flight=1)
+
+
+async def test_a_pod_moved_to_another_tenant_keeps_its_waiting_time() -> None:
+    from gpusched.model.tenants import TenantRule, Tenants
+
+    clock = Clock()
+    q = SchedulingQueue(max_size=10, max_wait=0.5, clock=clock)
+    q.set_tenants(Tenants(label="team", rules={"a": TenantRule(quota=1000), "b": TenantRule(quota=1000)}))
+    q.add(replace(rec("p"), pod=replace(pod("p"), labels=(("team", "a"),))))
+    clock.t = 0.4
+    q.add(replace(rec("p"), pod=replace(pod("p"), labels=(("team", "b"),))))  # relabelled
+    clock.t = 0.6  # past max_wait since it came, not since the relabel
+    (drawn,) = await asyncio.wait_for(q.next_batch(), PROMPT)
+    assert drawn.pod.name == "p"
