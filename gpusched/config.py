@@ -51,11 +51,12 @@ _TAINT_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z
 
 
 def _taint_key(value: str) -> str:
-    if not _TAINT_KEY.fullmatch(value):
-        raise ValueError(
-            f"{value!r} is not a taint key: write the key only (as nvidia.com/gpu), without =value or :Effect"
-        )
-    return value
+    """A taint's key; written as ``kubectl taint`` takes it (``key=value:Effect``, ``key:Effect``),
+    its key (what older versions took as the key, matching no taint)."""
+    key = value.split("=", 1)[0].split(":", 1)[0].strip()
+    if not _TAINT_KEY.fullmatch(key):
+        raise ValueError(f"{value!r} is not a taint key: write the key only (as nvidia.com/gpu)")
+    return key
 
 
 _TaintKey = Annotated[str, AfterValidator(_taint_key)]

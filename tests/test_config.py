@@ -114,10 +114,10 @@ def test_an_unknown_key_lists_the_keys_known_in_its_place() -> None:
         ("batching:\n  quickStart: 1\n", "batching.quickStart", "valid boolean (got 1; write true or false)"),
         ("batching:\n  maxWaitSeconds: 61\n", "batching.maxWaitSeconds", "less than or equal to 60"),
         ("weights: [1, 2]\n", "weights", "expected a mapping of keys under it (got [1, 2])"),
-        (  # written as kubectl taint takes it: it would match no taint, and headroom would keep nothing
-            "headroom:\n  toleratedTaints: ['nvidia.com/gpu=present:NoSchedule']\n",
+        (
+            "headroom:\n  toleratedTaints: ['nvidia.com/gpu present']\n",
             "headroom.toleratedTaints.0",
-            "write the key only (as nvidia.com/gpu), without =value or :Effect",
+            "is not a taint key: write the key only (as nvidia.com/gpu)",
         ),
     ],
 )
@@ -196,3 +196,10 @@ def test_a_number_yaml_read_as_a_string_is_told_what_to_write(doc: str, says: st
     with pytest.raises(ConfigError) as info:
         load_config(doc)
     assert says in str(info.value)
+
+
+def test_a_tolerated_taint_written_as_kubectl_takes_it_is_read_as_its_key() -> None:
+    # Older versions took the whole string as the key, which matched no taint: headroom kept
+    # nothing.  A document from then must still load (a new replica would not start otherwise).
+    cfg = parse_config({"headroom": {"toleratedTaints": ["nvidia.com/gpu=present:NoSchedule", "dedicated:NoSchedule"]}})
+    assert cfg.headroom.tolerated_taints == ["nvidia.com/gpu", "dedicated"]

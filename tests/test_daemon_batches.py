@@ -139,10 +139,10 @@ async def test_a_gang_the_solve_left_out_while_it_fits_is_tried_again_soon_not_p
     real: Callable[..., Any] = daemon._place
     calls = 0
 
-    def short(policy: Any, pods: list[Any], state: Any, quick: bool) -> Any:
+    def short(policy: Any, pods: list[Any], state: Any, quick: bool, deadline: float | None = None) -> Any:
         nonlocal calls
         calls += 1
-        plan = real(policy, pods, state, quick)
+        plan = real(policy, pods, state, quick, deadline)
         if calls > 1:
             return plan
         out = tuple(a.pod for a in plan.assignments if a.pod.gang is not None)
@@ -252,3 +252,37 @@ async def test_pods_deleted_during_their_solve_are_told_nothing() -> None:
     assert api.events == []  # no Event for pods that are gone
     assert s.placed_here == set()
     assert len(s.queue) == 0
+
+
+def test_a_batch_placed_in_passes_shares_one_time_limit() -> None:
+    # Three priority levels: three passes, which together may take the time limit, not each.
+    import time
+
+    from gpusched.solver.baselines import BestFitPolicy
+    from gpusched.solver.fragmentation import TypicalPods
+    from tests.factories import gpu_node
+    from tests.factories import pod as fpod
+
+    class Timed(BestFitPolicy):
+        time_limit_s = 2.0
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.deadlines: list[float] = []
+
+        def place_until(self, pods: Any, state: Any, deadline: float, quick: bool) -> Any:
+            self.deadlines.append(deadline)
+            return self.place(pods, state)
+
+    from gpusched.model import Cluster
+
+    cluster = Cluster([gpu_node("n0", gpus=8)])
+    policy = Timed()
+    pods = [dataclasses.replace(fpod(f"p{i}", gpus=1), priority=i % 3) for i in range(6)]
+    start = time.perf_counter()
+    plan, _, _ = daemon._solve(policy, pods, cluster.empty_state(), TypicalPods((), ()), quick=False)
+    assert len(plan.assignments) == 6
+    assert len(policy.deadlines) == 3
+    assert policy.deadlines == sorted(policy.deadlines)
+    assert policy.deadlines[-1] <= start + 2.0 + 0.5  # the last pass ends with the batch's limit
+    assert policy.deadlines[0] - start <= 2.0 / 3 + 0.5  # the first its share: 2 of 6 pods

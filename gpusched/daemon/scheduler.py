@@ -45,14 +45,14 @@ from gpusched.kube.leader import LeaderElector
 from gpusched.kube.watch import Reflector
 from gpusched.metrics.exporter import SchedulerMetrics
 from gpusched.metrics.source import UtilisationSource, UtilisationView
-from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, Pod
+from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.solver.baselines.base import GPU_CHOICE
 from gpusched.solver.consolidate import Move, plan_consolidation
 from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang, gang_fits
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.params import SolverParams
-from gpusched.solver.policy import Policy, place_quick
+from gpusched.solver.policy import Policy, TimedPolicy, place_quick
 from gpusched.solver.preempt import Budget, Preemption, elsewhere, gang_budgets, plan_preemptions, still_standing
 from gpusched.solver.reclaim import at_limit_searched, plan_at_limit, plan_reclaims
 from gpusched.solver.registry import make_policy
@@ -2064,17 +2064,29 @@ def _solve(
     """
     plan: Plan | None = None
     now = state
-    for part in _passes(pods, first):
-        step = _place(policy, part, now, quick)
+    parts = _passes(pods, first)
+    limit = policy.time_limit_s if isinstance(policy, TimedPolicy) else None
+    deadline = time.perf_counter() + limit if limit is not None and len(parts) > 1 else None
+    left = len(pods)
+    solved: list[SolveStats] = []  # the passes with an objective and a bound
+    for part in parts:
+        until = None
+        if deadline is not None:  # each pass its share of what is left of the batch's one limit
+            until = time.perf_counter() + max(deadline - time.perf_counter(), 0.0) * len(part) / max(left, 1)
+        left -= len(part)
+        step = _place(policy, part, now, quick, until)
+        if not (math.isnan(step.stats.objective) or math.isnan(step.stats.bound)):
+            solved.append(step.stats)
         if plan is None:
             plan = step
         else:
             stats = replace(
                 step.stats,
                 status=f"{plan.stats.status}+{step.stats.status}",
-                objective=plan.stats.objective + step.stats.objective,
-                bound=plan.stats.bound + step.stats.bound,
+                objective=sum(x.objective for x in solved) if solved else math.nan,
+                bound=sum(x.bound for x in solved) if solved else math.nan,
                 wall_ms=plan.stats.wall_ms + step.stats.wall_ms,
+                variables=plan.stats.variables + step.stats.variables,
             )
             plan = Plan(
                 plan.assignments + step.assignments,
@@ -2091,7 +2103,9 @@ def _solve(
     return plan, now, frag
 
 
-def _place(policy: Policy, pods: list[Pod], state: ClusterState, quick: bool) -> Plan:
+def _place(policy: Policy, pods: list[Pod], state: ClusterState, quick: bool, deadline: float | None = None) -> Plan:
+    if isinstance(policy, TimedPolicy) and deadline is not None:
+        return policy.place_until(pods, state, deadline, quick)
     return place_quick(policy, pods, state) if quick else policy.place(pods, state)
 
 

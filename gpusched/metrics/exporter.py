@@ -9,6 +9,7 @@ Deployment points its liveness and readiness checks at.
 from __future__ import annotations
 
 import math
+import socket
 from collections.abc import Callable, Mapping
 
 import structlog
@@ -466,8 +467,10 @@ class HealthServer:
         runner = web.AppRunner(self._app(), access_log=None, shutdown_timeout=self._shutdown_timeout)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self._port)
-            await site.start()
+            if self._port == 0 and not self.host:
+                await self._start_on_a_free_port(runner)
+            else:
+                await web.TCPSite(runner, self.host, self._port).start()
         except BaseException:
             await runner.cleanup()
             raise
@@ -475,6 +478,20 @@ class HealthServer:
         if addresses:
             self._port = int(addresses[0][1])
         self._runner = runner
+
+    async def _start_on_a_free_port(self, runner: web.AppRunner) -> None:
+        """Every interface on one free port: left to the system, each address family would get
+        a port of its own, and only one could be told."""
+        for attempt in range(5):
+            with socket.socket() as probe:
+                probe.bind(("", 0))
+                port = int(probe.getsockname()[1])
+            try:
+                await web.TCPSite(runner, self.host, port).start()
+                return
+            except OSError:  # taken meanwhile, in one of the families
+                if attempt == 4:
+                    raise
 
     async def stop(self) -> None:
         """Stop serving and release the socket; a no-op when not running."""

@@ -35,6 +35,7 @@ from rich.progress import (
 )
 
 from gpusched.model import Cluster, Pod
+from gpusched.model.pod import model_key
 from gpusched.sim.engine import RunResult, replay
 from gpusched.sim.protocol import prepare_workload
 from gpusched.sim.report import group_by_policy, plot_allocation, summarize
@@ -311,8 +312,9 @@ def run_simulation(
             f"{nodes_csv}: no node has GPUs outside MIG mode, so there is no GPU capacity to measure allocation against"
         )
     models = {n.gpu_model for n in cluster.nodes}
-    stranded = [p for p in pods if p.gpu_models and not p.gpu_models & models]
-    if stranded:  # a typo, or another case: model names are compared exactly
+    keys = {model_key(m) for m in models if m}
+    stranded = [p for p in pods if p.gpu_models and not {model_key(m) for m in p.gpu_models} & keys]
+    if stranded:  # a typo (names are compared in any case, with or without the maker's prefix)
         log.warning(
             "pods accept only GPU models no node has; they will all fail",
             pods=len(stranded),

@@ -7,7 +7,7 @@ from typing import Protocol, runtime_checkable
 
 from gpusched.model import ClusterState, Plan, Pod
 
-__all__ = ["Policy", "QuickPolicy", "place_quick"]
+__all__ = ["Policy", "QuickPolicy", "TimedPolicy", "place_quick"]
 
 
 class Policy(Protocol):
@@ -39,3 +39,17 @@ def place_quick(policy: Policy, pods: Sequence[Pod], state: ClusterState) -> Pla
     if isinstance(policy, QuickPolicy):
         return policy.place_quick(pods, state)
     return policy.place(pods, state)
+
+
+@runtime_checkable
+class TimedPolicy(Protocol):
+    """A policy with a time limit per batch that can also stop at a given moment."""
+
+    @property
+    def time_limit_s(self) -> float:
+        """Seconds a batch may take."""
+        ...
+
+    def place_until(self, pods: Sequence[Pod], state: ClusterState, deadline: float, quick: bool) -> Plan:
+        """``place`` (``place_quick`` when ``quick``) that stops at ``deadline`` (``time.perf_counter()``)."""
+        ...

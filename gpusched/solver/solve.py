@@ -59,12 +59,14 @@ class CpSatPolicy:
         self.greedy = WarmStart(cluster, TypicalPods((), ()), seed=self.params.seed)
         self.greedy.preferences = self.params.weights.preferred_affinity > 0  # weight 0: ignored throughout
 
-    def place(self, pods: Sequence[Pod], state: ClusterState) -> Plan:
-        """Solve the batch; fall back to the greedy plan if CP-SAT finds nothing better."""
+    def place(self, pods: Sequence[Pod], state: ClusterState, *, deadline: float | None = None) -> Plan:
+        """Solve the batch; fall back to the greedy plan if CP-SAT finds nothing better.
+        ``deadline`` (``time.perf_counter()`` time): the search stops then, if before the time
+        limit (a batch placed in several passes shares one limit)."""
         start = time.perf_counter()
-        return self._solve(pods, state, self._greedy(pods, state), start)
+        return self._solve(pods, state, self._greedy(pods, state), start, deadline)
 
-    def place_quick(self, pods: Sequence[Pod], state: ClusterState) -> Plan:
+    def place_quick(self, pods: Sequence[Pod], state: ClusterState, *, deadline: float | None = None) -> Plan:
         """The warm start alone when it places every pod, else the full solve.
 
         When FGD places the whole batch, CP-SAT could only improve the secondary terms
@@ -76,14 +78,25 @@ class CpSatPolicy:
         hint = self._greedy(pods, state)
         if not hint.unplaced:
             return self._stats(hint, "QUICK", math.nan, math.nan, start, 0)
-        return self._solve(pods, state, hint, start)
+        return self._solve(pods, state, hint, start, deadline)
+
+    @property
+    def time_limit_s(self) -> float:
+        """Seconds a batch may take (``solver.timeLimitSeconds``)."""
+        return self.params.limits.time_limit_s
+
+    def place_until(self, pods: Sequence[Pod], state: ClusterState, deadline: float, quick: bool) -> Plan:
+        """``place`` (``place_quick`` when ``quick``) that stops at ``deadline`` if before the limit."""
+        return self.place_quick(pods, state, deadline=deadline) if quick else self.place(pods, state, deadline=deadline)
 
     def _greedy(self, pods: Sequence[Pod], state: ClusterState) -> Plan:
         self.tracker.observe(pods)
         self.greedy.scorer = self.tracker.scorer
         return self.greedy.place(pods, state)
 
-    def _solve(self, pods: Sequence[Pod], state: ClusterState, hint: Plan, start: float) -> Plan:
+    def _solve(
+        self, pods: Sequence[Pod], state: ClusterState, hint: Plan, start: float, deadline: float | None = None
+    ) -> Plan:
         inst = build_instance(
             pods,
             state,
@@ -98,7 +111,10 @@ class CpSatPolicy:
         hint_from_plan(inst, model, v)
         solver = cp_model.CpSolver()
         lim = self.params.limits
-        remaining = max(lim.time_limit_s - (time.perf_counter() - start), 0.01)
+        remaining = lim.time_limit_s - (time.perf_counter() - start)
+        if deadline is not None:
+            remaining = min(remaining, deadline - time.perf_counter())
+        remaining = max(remaining, 0.01)
         solver.parameters.max_time_in_seconds = remaining
         solver.parameters.num_workers = lim.workers
         solver.parameters.relative_gap_limit = lim.relative_gap

@@ -224,18 +224,22 @@ async def test_without_a_check_the_server_is_ready() -> None:
         await server.stop()
 
 
-async def test_by_default_probes_are_answered_over_ipv4_and_ipv6() -> None:
-    # A kubelet on an IPv6-only cluster probes the pod's IPv6 address.
-    with socket.socket(socket.AF_INET6) as s6, socket.socket() as s4:
-        s6.bind(("::1", 0))  # a port free in both families (the server binds it in each)
-        port = s6.getsockname()[1]
-        s4.bind(("127.0.0.1", port))
+@pytest.mark.parametrize("fixed", [True, False])
+async def test_by_default_probes_are_answered_over_ipv4_and_ipv6(fixed: bool) -> None:
+    # A kubelet on an IPv6-only cluster probes the pod's IPv6 address.  Port 0 picks one port,
+    # the same in both families (the one the server tells).
+    port = 0
+    if fixed:
+        with socket.socket(socket.AF_INET6) as s6, socket.socket() as s4:
+            s6.bind(("::1", 0))  # a port free in both families (the server binds it in each)
+            port = s6.getsockname()[1]
+            s4.bind(("127.0.0.1", port))
     server = HealthServer(SchedulerMetrics(), port=port)
     await server.start()
     try:
         async with aiohttp.ClientSession() as session:
             for host in ("127.0.0.1", "[::1]"):
-                async with session.get(f"http://{host}:{port}/healthz") as resp:
+                async with session.get(f"http://{host}:{server.port}/healthz") as resp:
                     assert resp.status == 200, host
     finally:
         await server.stop()

@@ -238,10 +238,18 @@ def test_a_simulation_whose_pods_accept_only_models_no_node_has_warns_with_the_n
     from gpusched.sim.runner import run_simulation
 
     nodes = write(tmp_path, "nodes.csv", NODE_HEADER, "n1,8000,32768,2,V100M32")
-    pods = write(tmp_path, "pods.csv", POD_HEADER, "p1,1000,1024,1,1000,v100m32", "p2,1000,1024,1,1000,")
+    # Names match in any case (v100m32 is V100M32); V100M16 is another model.
+    pods = write(
+        tmp_path,
+        "pods.csv",
+        POD_HEADER,
+        "p1,1000,1024,1,1000,V100M16",
+        "p2,1000,1024,1,1000,",
+        "p3,1000,1024,1,1000,v100m32",
+    )
     with capture_logs() as logs:
         run_simulation(nodes, pods, ["bestfit"], 1, [42], 1.0, tmp_path / "out", progress=False)
     (warned,) = [e for e in logs if e["event"].startswith("pods accept only GPU models no node has")]
     assert warned["pods"] == 1
-    assert warned["models"] == ["v100m32"]
+    assert warned["models"] == ["V100M16"]
     assert warned["nodes_have"] == ["V100M32"]
