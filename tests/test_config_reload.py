@@ -179,7 +179,7 @@ async def test_a_configmap_never_valid_since_the_start_places_no_pod_on_the_defa
         assert why.endswith("fix it, and pods are placed once a valid document is in it")
         ((_, reason, message),) = [e for e in api.events if e[0] == NAME]
         assert reason == "InvalidConfiguration"
-        assert message.endswith("no pod is placed until it is valid")
+        assert message.endswith("no pod is placed until a valid one is in it")
         _edit(s, "weights:\n  fragmentation: 5\n", "3")
         for _ in range(200):
             if api.bound:

@@ -126,9 +126,9 @@ class Scheduler:
         self._emptying: dict[str, list[int]] = {}
         """Per node a round is emptying: [evictions left, evictions refused, evictions in all]."""
         self._refused_until: dict[str, float] = {}
+        """Nodes a round left half emptied (an eviction refused): not emptied again until then."""
         self._interval_changed = asyncio.Event()
         """Set when a new configuration changes ``consolidation.intervalSeconds``."""
-        """Nodes a round left half emptied (an eviction refused): not emptied again until then."""
         self._evicted_now: list[Pod] = []
         """Victims of the preemption passes of the batch being handled (``_preempt``)."""
         self.mig = Repartitioner(self)
@@ -328,8 +328,10 @@ class Scheduler:
         return self.tenants.of if self.tenants.active else None
 
     async def _config_rejected(self, involved: dict[str, str], message: str) -> None:
-        kept = "the last good configuration stays" if self.configured.is_set() else "no pod is placed until it is valid"
-        await self.binder.object_event(involved, "InvalidConfiguration", f"{message}; {kept}", "Warning")
+        assert self.config_handler is not None
+        await self.binder.object_event(
+            involved, "InvalidConfiguration", f"{message}; {self.config_handler.kept()}", "Warning"
+        )
 
     def _leadership(self, leader: bool) -> None:
         self.metrics.set_leader(leader)
@@ -2034,12 +2036,9 @@ def _passes(pods: list[Pod], first: Collection[str] = ()) -> list[list[Pod]]:
         tiers: list[list[Pod]] = [[] for _ in range(min(len(levels), PRIORITY_PASSES))]
         for p in part:
             tiers[rank[level(p)]].append(p)
+        followers = [(i, p) for i, tier in enumerate(tiers) for p in tier if p.affinity]
         if any(  # a pod that must run beside a peer placed in a later pass is solved with it
-            p.affinity and q.matches_all(p.affinity)
-            for i, tier in enumerate(tiers)
-            for p in tier
-            for later in tiers[i + 1 :]
-            for q in later
+            q.matches_all(p.affinity) for i, p in followers for later in tiers[i + 1 :] for q in later
         ):
             tiers = [part] if part else []
         out += tiers

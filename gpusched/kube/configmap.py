@@ -47,14 +47,15 @@ class ConfigMapHandler:
         self.accepted = False
         """Whether a document was accepted since the start."""
 
-    def _kept(self) -> str:
+    def kept(self) -> str:
+        """What stays in force when a document is rejected (or the ConfigMap is gone)."""
         return "the last good configuration stays" if self.accepted else "no pod is placed until a valid one is in it"
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         """After a list: the ConfigMap or nothing."""
         if not objects:
             (log.warning if self.accepted else log.error)(
-                f"configuration ConfigMap not found; {self._kept()}",
+                f"configuration ConfigMap not found; {self.kept()}",
                 configmap=f"{self.namespace}/{self.name}",
             )
             return
@@ -64,7 +65,7 @@ class ConfigMapHandler:
         """Validate and take a new version of the document."""
         meta = obj.get("metadata") or {}
         if kind == "DELETED":
-            log.warning(f"configuration ConfigMap deleted; {self._kept()}", configmap=f"{self.namespace}/{self.name}")
+            log.warning(f"configuration ConfigMap deleted; {self.kept()}", configmap=f"{self.namespace}/{self.name}")
             return
         rv = str(meta.get("resourceVersion", ""))
         if rv and rv == self.last_rv:
@@ -78,7 +79,7 @@ class ConfigMapHandler:
             cfg = load_config(text, source)
         except ConfigError as exc:
             self.rejected = str(exc)
-            log.error(f"configuration rejected; {self._kept()}", error=str(exc), rv=rv)
+            log.error(f"configuration rejected; {self.kept()}", error=str(exc), rv=rv)
             if self.on_result is not None:
                 self.on_result(False)
             if self.on_rejected is not None and self.spawn is not None:
