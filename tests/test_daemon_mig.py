@@ -130,6 +130,17 @@ async def test_with_the_feature_off_the_mig_managers_state_changes_nothing() -> 
     assert not s.mig.sealed()
 
 
+async def test_with_the_feature_on_a_node_the_mig_manager_works_on_takes_no_pod() -> None:
+    api = MigApi()
+    s = scheduler(api)
+    add_node(s, "n0", 2, **{"nvidia.com/mig.config.state": "pending"})  # its GPUs are being re-partitioned
+    assert "n0" in s.mig.sealed()
+    s._pending.apply("ADDED", pod("w", gpus=1))
+    await batch(s)
+    assert api.bound_to == {}
+    stop(s)
+
+
 async def test_a_node_another_leader_asked_a_layout_for_is_sealed_until_it_times_out() -> None:
     api = MigApi()
     s = scheduler(api, {"mig": {"repartition": True, "timeoutSeconds": 60}})

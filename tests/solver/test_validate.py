@@ -245,6 +245,14 @@ def test_a_gang_on_nodes_whose_domain_label_is_empty_is_in_no_domain() -> None:
     plan = Plan((Assignment(m0, 0, tuple(range(8))), Assignment(m1, 1, tuple(range(8)))), ())
     assert plan_problems(plan, _racks("", ""), [m0, m1]) == ["gang ns/g: members span rack domains ['']"]
     assert plan_problems(plan, _racks("r1", "r1"), [m0, m1]) == []
+    assert plan_problems(plan, _racks("r1", "r2"), [m0, m1]) == ["gang ns/g: members span rack domains ['r1', 'r2']"]
+
+
+def test_a_gang_placed_with_fewer_members_than_its_minimum_is_rejected() -> None:
+    gang = Gang("ns/g", 3)
+    m0, m1 = (Pod(f"m{i}", 1000, 1024, 1, 1000, gang=gang) for i in range(2))
+    plan = Plan((Assignment(m0, 0, (0,)), Assignment(m1, 0, (1,))), ())
+    assert plan_problems(plan, _racks("r1"), [m0, m1]) == ["gang ns/g: placed with 2 members, fewer than its minimum 3"]
 
 
 def test_a_gang_placed_although_its_members_disagree_on_its_rules_is_rejected() -> None:
