@@ -632,6 +632,17 @@ def test_report_refuses_a_broken_or_ambiguous_price_list_in_one_line(
     assert "<unicode string>" not in said
 
 
+def _manifest(tmp_path: Path, workers: int) -> Path:
+    """A ConfigMap manifest, as ``kubectl get configmap -o yaml`` prints it, with ``solver.workers``."""
+    manifest = tmp_path / "cm.yaml"
+    manifest.write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: gpu-scheduler-config}\n"
+        f"data:\n  config.yaml: |\n    solver:\n      workers: {workers}\n",
+        encoding="utf-8",
+    )
+    return manifest
+
+
 def test_check_config_lists_what_differs_from_the_defaults_or_names_the_bad_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -643,12 +654,7 @@ def test_check_config_lists_what_differs_from_the_defaults_or_names_the_bad_key(
     assert "weights.fragmentation: 20" in out
     assert "batching.quickStart: false" in out
     assert "solver." not in out  # untouched sections are not listed
-    manifest = tmp_path / "cm.yaml"
-    manifest.write_text(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: gpu-scheduler-config}\n"
-        "data:\n  config.yaml: |\n    solver:\n      workers: 0\n",
-        encoding="utf-8",
-    )
+    manifest = _manifest(tmp_path, workers=0)
     assert main(["check-config", str(manifest)]) == 2
     err = capsys.readouterr().err
     assert "data.config.yaml" in err
@@ -662,12 +668,7 @@ def test_check_config_lists_what_differs_from_the_defaults_or_names_the_bad_key(
 def test_a_configmap_manifest_check_config_accepts_is_read_by_simulate_as_well(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    manifest = tmp_path / "cm.yaml"
-    manifest.write_text(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: gpu-scheduler-config}\n"
-        "data:\n  config.yaml: |\n    solver:\n      workers: 3\n",
-        encoding="utf-8",
-    )
+    manifest = _manifest(tmp_path, workers=3)
     assert main(["check-config", str(manifest)]) == 0
     params = cli._params(manifest)
     assert params is not None

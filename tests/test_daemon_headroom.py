@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -414,10 +415,9 @@ def test_a_guessed_pod_is_not_idle_while_one_of_its_nodes_gpus_is_saturated() ->
     assert ns.idle_gpus == 0.0
 
 
-# The low group told after the high group's search awaited: no "bound meanwhile" guard.
-async def test_a_low_pod_bound_during_the_high_search_is_not_told_it_is_unschedulable(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _high_search(monkeypatch: pytest.MonkeyPatch, meanwhile: Callable[[Scheduler], None]) -> tuple[Any, Scheduler]:
+    """Headroom of 1 for priority 1000: 'critical' (2 GPUs) and 'mid' (priority 500) must both
+    preempt 'v'; ``meanwhile`` runs during the high group's search, before the low group is told."""
     from tests.test_daemon_utilisation import EvictingApi
 
     api = EvictingApi()
@@ -429,12 +429,23 @@ async def test_a_low_pod_bound_during_the_high_search_is_not_told_it_is_unschedu
     real = daemon.plan_preemptions
 
     def search(*args: Any, **kw: Any) -> Any:
-        bound = pod("mid", 500, node="n0", gpu=1)  # bound meanwhile (e.g. the previous leader's Binding lands)
-        s._bound.apply("ADDED", bound)
-        s._pending.apply("MODIFIED", bound)
+        meanwhile(s)
         return real(*args, **kw)
 
     monkeypatch.setattr(daemon, "plan_preemptions", search)
+    return api, s
+
+
+# The low group told after the high group's search awaited: no "bound meanwhile" guard.
+async def test_a_low_pod_bound_during_the_high_search_is_not_told_it_is_unschedulable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def bound_meanwhile(s: Scheduler) -> None:
+        bound = pod("mid", 500, node="n0", gpu=1)  # bound meanwhile (e.g. the previous leader's Binding lands)
+        s._bound.apply("ADDED", bound)
+        s._pending.apply("MODIFIED", bound)
+
+    api, s = _high_search(monkeypatch, bound_meanwhile)
     await batch(s)
     assert s.cache.holds("default/mid", "uid-mid")
     assert api.failed("default/mid") == [], api.failed("default/mid")
@@ -555,24 +566,14 @@ async def test_a_pod_waiting_for_its_volume_is_no_demand_for_new_nodes() -> None
 
 
 async def test_a_low_pod_created_again_during_the_high_search_is_drawn_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.test_daemon_utilisation import EvictingApi
-
-    api = EvictingApi()
-    s = one_node_scheduler(api, gpus=2)
-    kept_for(s, 1)
-    s._bound.apply("ADDED", pod("v", 0, node="n0", gpu=0))
-    s._pending.apply("ADDED", pod("critical", 1000, gpus=2))
-    s._pending.apply("ADDED", pod("mid", 500))
-    real = daemon.plan_preemptions
-
-    def search(*args: Any, **kw: Any) -> Any:
+    def created_again(s: Scheduler) -> None:
         s._pending.apply("DELETED", pod("mid", 500))  # a StatefulSet's pod, deleted and created again
         again = pod("mid", 500)
         again["metadata"]["uid"] = "uid-mid-2"
         s._pending.apply("ADDED", again)
-        return real(*args, **kw)
 
-    monkeypatch.setattr(daemon, "plan_preemptions", search)
+    real = daemon.plan_preemptions
+    _, s = _high_search(monkeypatch, created_again)
     await batch(s)
     assert s.queue.counts().in_flight == 0, "the old pod's draw was never settled"
     monkeypatch.setattr(daemon, "plan_preemptions", real)
