@@ -11,6 +11,7 @@ import asyncio
 from typing import Any, cast
 
 import pytest
+from structlog.testing import capture_logs
 
 from gpusched.daemon import DaemonSettings, Scheduler
 from gpusched.daemon import scheduler as daemon
@@ -260,11 +261,18 @@ async def test_a_read_back_that_raises_is_tried_again_rather_than_leaving_the_po
     assert s.cache.snapshot().state.gpu_used.sum() == 0  # read back unbound: freed
 
 
-@pytest.mark.parametrize(("where", "gone"), [("elsewhere", False), ("", True)])
+@pytest.mark.parametrize(("where", "gone"), [("elsewhere", False), ("", True), ("n0", False)])
 async def test_a_binding_of_unknown_outcome_settled_by_the_watch_elsewhere_or_gone_frees_nothing_twice(
     where: str, gone: bool, unknown: tuple[Scheduler, _Answers]
 ) -> None:
+    """Only a pod the watch shows on the node it was bound to is told it was scheduled."""
     s, answers = unknown
+    events: list[str] = []
+
+    async def event(pod: Pod, reason: str, message: str, kind: str = "Normal") -> None:
+        events.append(f"{reason}: {message}")
+
+    answers.event = event  # type: ignore[method-assign]
     await _unknown_bind_of_a_then_b_waits(s, answers)
     NodeHandler(s).apply("ADDED", kit.node("elsewhere", 1, "A100"))
     await asyncio.sleep(0.05)
@@ -280,9 +288,11 @@ async def test_a_binding_of_unknown_outcome_settled_by_the_watch_elsewhere_or_go
         assert s.cache.placement("default/a") is None
         assert s.cache.snapshot().state.gpu_used.sum() == 0
     else:
-        assert s.cache.placement("default/a")[0] == "elsewhere"  # type: ignore[index]
+        assert s.cache.placement("default/a")[0] == where  # type: ignore[index]
         assert s.cache.snapshot().state.gpu_used.sum() == 1000  # counted once, where it runs
     assert answers.bound == ["default/a"]
+    scheduled = [e for e in events if e.startswith("Scheduled")]
+    assert scheduled == (["Scheduled: Successfully assigned default/a to n0 (GPUs 0)"] if where == "n0" else [])
 
 
 async def test_shutdown_does_not_wait_for_a_binding_of_unknown_outcome_to_be_read_back(
@@ -348,3 +358,60 @@ async def test_at_shutdown_the_lease_is_released_only_when_no_binding_was_cut_of
         t.cancel()
     await s.give_up_lead(cut)
     assert (cut, released) == ((1, []) if cut_off else (0, [True]))
+
+
+async def test_a_gpu_taken_by_another_scheduler_during_the_solve_is_not_bound_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plan was made against the books at the draw; a pod kube-scheduler bound to the same GPU
+    while the solver ran makes it wrong: nothing is bound, and the pod waits for room, not lost."""
+    s, answers = _scheduler(gpus=1)
+    loop = asyncio.get_running_loop()
+    solve = daemon._solve
+
+    def solve_while_another_binds(*args: Any, **kwargs: Any) -> Any:
+        plan = solve(*args, **kwargs)
+        # Handed to the loop before the plan is: the watch shows it before the plan comes back.
+        loop.call_soon_threadsafe(s._bound.apply, "ADDED", member_pod("other", node="n0"))
+        return plan
+
+    monkeypatch.setattr(daemon, "_solve", solve_while_another_binds)
+    s._pending.apply("ADDED", member_pod("a"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert answers.bound == []
+    assert "default/a" in s.queue
+    assert s.cache.snapshot().state.gpu_used.sum() == 1000  # "other" only
+    monkeypatch.setattr(daemon, "_solve", solve)
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert answers.bound == []
+    assert s.queue.counts().unschedulable == 1  # told, and parked until the cluster changes
+
+
+async def test_a_plan_that_fails_the_independent_check_binds_nothing_and_the_batch_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A policy's plan is checked before any Binding: one that over-commits a GPU is refused and
+    its pods are backed off, never bound and never dropped."""
+    from dataclasses import replace
+
+    s, answers = _scheduler(gpus=1)
+    solve = daemon._solve
+
+    def over_committing(*args: Any, **kwargs: Any) -> Any:
+        plan, after, frag = solve(*args, **kwargs)
+        (one,) = plan.assignments
+        b = next(p for p in plan.unplaced)
+        return replace(plan, assignments=(one, replace(one, pod=b)), unplaced=()), after, frag
+
+    monkeypatch.setattr(daemon, "_solve", over_committing)
+    for name in ("a", "b"):
+        s._pending.apply("ADDED", member_pod(name))
+    with capture_logs() as logs:
+        await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+        await settle(s)
+    assert answers.bound == []
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["plan rejected; batch requeued"]
+    assert s.queue.counts().backoff == 2
+    assert s.cache.snapshot().state.gpu_used.sum() == 0

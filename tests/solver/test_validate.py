@@ -262,3 +262,44 @@ def test_a_gang_placed_although_its_members_disagree_on_its_rules_is_rejected() 
     assert "gang ns/g: placed although its members disagree on its minimum or topology" in plan_problems(
         plan, _racks("r1"), [m0, m1]
     )
+
+
+def _mig_state() -> ClusterState:
+    """GPU 0 of the A100 node busy; the T4 node cannot be re-partitioned."""
+    nodes = [
+        Node("a100", 64000, 262144, gpu_count=2, gpu_model="A100-SXM4-80GB", mig_repartition=True),
+        Node("t4", 8000, 8192, gpu_count=1, gpu_model="T4"),
+    ]
+    state = Cluster(nodes).empty_state()  # the simulator's rule: any idle GPU may be partitioned
+    return state.apply([Assignment(Pod("old", 0, 0, num_gpu=1, gpu_milli=1000), 0, (0,))])
+
+
+@pytest.mark.parametrize(
+    ("partitions", "slices", "message"),
+    [
+        ([(1, 0, (("1g.10gb", 0),))], 0, "MIG layout on node index 1, which may not be re-partitioned"),
+        ([(0, 0, (("1g.10gb", 0),))], 0, "a100: GPU 0 is not an idle GPU to partition"),
+        ([(0, 2, (("1g.10gb", 0),))], 0, "a100: GPU 2 is not an idle GPU to partition"),
+        ([(0, 1, (("1g.10gb", 0),)), (0, 1, (("1g.10gb", 1),))], 0, "a100: GPU 1 is partitioned twice"),
+        ([(0, 1, (("1g.10gb", 0), ("2g.20gb", 0)))], 0, "a100: GPU 1 layout {'1g.10gb': 1, '2g.20gb': 1} is not"),
+        ([(0, 1, (("7g.80gb", 0), ("1g.10gb", 6)))], 0, "is not a valid A100-SXM4-80GB layout"),
+        ([(0, 1, (("1g.10gb", 0), ("1g.10gb", 1)))], 3, "a100: MIG 1g.10gb over-committed (3 > 2 instances)"),
+    ],
+)
+def test_each_wrong_mig_partition_is_reported(
+    partitions: list[tuple[int, int, tuple[tuple[str, int], ...]]], slices: int, message: str
+) -> None:
+    from gpusched.model.mig import MigLayout
+
+    state = _mig_state()
+    pods = tuple(Pod(f"s{i}", 100, 100, mig_profile="1g.10gb") for i in range(slices))
+    bad = Plan(
+        tuple(Assignment(p, 0) for p in pods),
+        (),
+        SolveStats("test"),
+        partitions=tuple((n, g, MigLayout(layout)) for n, g, layout in partitions),
+    )
+    problems = plan_problems(bad, state, list(pods))
+    assert any(message in p for p in problems), problems
+    good = Plan((), (), SolveStats("test"), partitions=((0, 1, MigLayout((("1g.10gb", 0), ("1g.10gb", 1)))),))
+    assert plan_problems(good, state) == []
