@@ -452,3 +452,13 @@ def test_a_cluster_of_only_mig_gpus_is_rejected_with_the_reason(
     argv = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--policy", "fgd", "--no-progress"]
     assert main([*argv, "--seeds", "1", "--out", str(tmp_path / "out")]) == 2
     assert "no node has GPUs outside MIG mode" in capsys.readouterr().err
+
+
+def test_tuning_up_stops_at_the_first_draw_that_would_pass_the_target_even_a_gang() -> None:
+    """As for single pods, the first pick that does not fit ends the tuning: a drawn gang of 4 GPUs
+    that would pass the target is not skipped for smaller pods that would still fit."""
+    out = prepare_workload(_gang_trace(), 40, seed=1, tune=1.3)
+    total = sum(p.gpu_demand_milli for p in out)
+    assert total == 48_500
+    assert 52_000 - total >= 500, "a half-GPU pod would still fit: the loop stopped at a gang"
+    assert [p.name for p in out[-5:]] == [f"g0-{m}-tuned-16" for m in range(4)] + ["s14-tuned-17"]
