@@ -138,3 +138,34 @@ async def test_a_pod_is_read_back_by_its_uid(control_plane: ControlPlane, namesp
         assert await binder.exists(new) is True
     finally:
         await kube.close()
+
+
+async def test_preemption_and_eviction_spare_a_pod_created_again_under_the_victims_name(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """A victim chosen in one batch may be deleted and created again (a StatefulSet's web-0)
+    before the deletion is sent: the new pod is not the victim. Neither its condition, nor its
+    life, nor its Events are touched, and the old victim counts as gone (its room is free)."""
+    kube = await kit.admin(control_plane)
+    path = f"/api/v1/namespaces/{namespace}/pods/web-0"
+    binder = Binder(kube, "test")
+    by = Pod("urgent", 0, 0, namespace=namespace, uid="uid-urgent")
+    try:
+        old = await _create(kube, namespace, "web-0")
+        await _delete(kube, namespace, "web-0")
+        new = await _create(kube, namespace, "web-0")
+        assert await binder.preempt(old, by, "n0") is True
+        assert await binder.evict(old, "n0", "emptying the node") is True
+        fresh = await kube.get(path)
+        assert fresh["metadata"]["uid"] == new.uid
+        assert not (fresh.get("status") or {}).get("conditions")
+        events = (await kube.get(f"/api/v1/namespaces/{namespace}/events"))["items"]
+        assert not [e for e in events if e["reason"] in ("Preempted", "Consolidating")]
+        # The pod itself is preempted: marked, deleted, told.
+        assert await binder.preempt(new, by, "n0") is True
+        assert (await kube.request("GET", path)).status == 404
+        events = (await kube.get(f"/api/v1/namespaces/{namespace}/events"))["items"]
+        told = [(e["involvedObject"]["uid"], e["message"]) for e in events if e["reason"] == "Preempted"]
+        assert told == [(new.uid, f"Preempted by pod {by.key} on node n0")]
+    finally:
+        await kube.close()
