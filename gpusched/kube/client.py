@@ -236,13 +236,22 @@ class Kube:
             raise r.error()
         return r.body
 
-    async def list(self, path: str, query: Mapping[str, Any] | None = None, page: int = 500) -> tuple[list[Any], str]:
-        """Every item of a list, fetched in pages; with the list's resourceVersion."""
+    async def list(
+        self,
+        path: str,
+        query: Mapping[str, Any] | None = None,
+        page: int = 500,
+        each: Callable[[Any], Any] | None = None,
+    ) -> tuple[list[Any], str]:
+        """Every item of a list, fetched in pages; with the list's resourceVersion.  ``each``,
+        when given, is applied to every item as its page arrives (so that what is not kept is
+        let go page by page, not after the whole list)."""
         items: list[Any] = []
         cont: str | None = None
         while True:
             body = await self.get(path, {**(query or {}), "limit": page, "continue": cont})
-            items.extend(body.get("items") or ())
+            found = body.get("items") or ()
+            items.extend(found if each is None else map(each, found))
             meta: Mapping[str, Any] = body.get("metadata") or {}
             cont = meta.get("continue") or None
             if cont is None:

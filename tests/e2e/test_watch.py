@@ -78,6 +78,51 @@ async def test_list_then_watch_pages_and_changes(control_plane: ControlPlane, na
         await kube.close()
 
 
+class Keeping(Recorder):
+    """Keeps the objects it is given, as handlers that remember them do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.objects: list[dict[str, Any]] = []
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        super().replace(objects)
+        self.objects.extend(objects)
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        super().apply(kind, obj)
+        self.objects.append(obj)
+
+
+async def test_what_no_handler_reads_is_dropped_from_listed_and_watched_objects(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """The API server writes managedFields on every object, and ``kubectl apply`` a copy of the
+    object as an annotation: together most of a real pod. Listed or watched, neither is kept;
+    the annotations the scheduler reads are."""
+    kube = await kit.admin(control_plane)
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+
+    def applied(name: str) -> dict[str, Any]:
+        notes = {"kubectl.kubernetes.io/last-applied-configuration": '{"data":{"k":"' + "v" * 4000 + '"}}'}
+        return {"metadata": {"name": name, "annotations": {**notes, "gpusched.io/gpu-milli": "500"}}, "data": {}}
+
+    try:
+        await kit.create_all(kube, path, [applied("listed")])
+        assert (await kube.get(f"{path}/listed"))["metadata"]["managedFields"], "the server writes them"
+        rec = Keeping()
+        async with running(Reflector(kube, "cm", path, rec)):
+            await _until(lambda: "listed" in rec.names)
+            await kit.create_all(kube, path, [applied("watched")])
+            await _until(lambda: "watched" in rec.names)
+        assert [o["metadata"]["name"] for o in rec.objects] == ["listed", "watched"]
+        for o in rec.objects:
+            assert "managedFields" not in o["metadata"]
+            assert o["metadata"]["annotations"] == {"gpusched.io/gpu-milli": "500"}
+    finally:
+        await kube.close()
+
+
 class Failing(Recorder):
     """A handler with a bug that one object sets off."""
 

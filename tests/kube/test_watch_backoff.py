@@ -25,7 +25,9 @@ class ExpiringApi:
     def __init__(self) -> None:
         self.lists = 0
 
-    async def list(self, path: str, query: Mapping[str, Any] | None = None, page: int = 500) -> tuple[list[Any], str]:
+    async def list(
+        self, path: str, query: Mapping[str, Any] | None = None, page: int = 500, each: Any = None
+    ) -> tuple[list[Any], str]:
         self.lists += 1
         await asyncio.sleep(0)  # a real list yields to the loop
         return [], str(self.lists)
@@ -88,10 +90,10 @@ async def test_a_slow_list_does_not_hide_that_the_watch_expired_at_once(monkeypa
 
     class SlowList(ExpiringApi):
         async def list(
-            self, path: str, query: Mapping[str, Any] | None = None, page: int = 500
+            self, path: str, query: Mapping[str, Any] | None = None, page: int = 500, each: Any = None
         ) -> tuple[list[Any], str]:
             clock.now += 2.0  # forty pages of pods
-            return await super().list(path, query, page)
+            return await super().list(path, query, page, each)
 
     monkeypatch.setattr(watch, "time", clock)
     monkeypatch.setattr(watch, "_back_off", back_off)
@@ -113,7 +115,9 @@ class ClosingApi:
         self.watches = 0
         self.timeouts: list[int] = []
 
-    async def list(self, path: str, query: Mapping[str, Any] | None = None, page: int = 500) -> tuple[list[Any], str]:
+    async def list(
+        self, path: str, query: Mapping[str, Any] | None = None, page: int = 500, each: Any = None
+    ) -> tuple[list[Any], str]:
         await asyncio.sleep(0)
         return [], "5"
 
@@ -160,7 +164,9 @@ class ScriptedApi:
             raise outcome
         return outcome
 
-    async def list(self, path: str, query: Mapping[str, Any] | None = None, page: int = 500) -> tuple[list[Any], str]:
+    async def list(
+        self, path: str, query: Mapping[str, Any] | None = None, page: int = 500, each: Any = None
+    ) -> tuple[list[Any], str]:
         await self._step("list", self.lists)
         return [], "7"
 
@@ -255,7 +261,9 @@ class TooNewApi:
         self.lists = 0
         self.watches = 0
 
-    async def list(self, path: str, query: Mapping[str, Any] | None = None, page: int = 500) -> tuple[list[Any], str]:
+    async def list(
+        self, path: str, query: Mapping[str, Any] | None = None, page: int = 500, each: Any = None
+    ) -> tuple[list[Any], str]:
         self.lists += 1
         await asyncio.sleep(0)
         return [], str(self.lists)
