@@ -62,6 +62,13 @@ def _taint_key(value: str) -> str:
 _TaintKey = Annotated[str, AfterValidator(_taint_key)]
 
 
+def _label_key(value: str) -> str:
+    """A label key (taints' keys and labels' keys follow one rule), or empty."""
+    if value and not _TAINT_KEY.fullmatch(value):
+        raise ValueError(f"{value!r} is not a label key: write the key only (as example.com/team)")
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
@@ -206,7 +213,7 @@ class TenantRuleConfig(_Strict):
 class TenantsConfig(_Strict):
     """Quotas, limits and fair shares of GPUs between tenants (off while nothing is set)."""
 
-    label: str = ""
+    label: Annotated[str, AfterValidator(_label_key)] = ""
     """The pod label that names a pod's tenant; empty, or absent on a pod: its namespace."""
     reclaim: bool = True
     """A pod within its tenant's quota may evict pods of tenants past theirs to get it."""

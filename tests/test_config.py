@@ -119,6 +119,7 @@ def test_an_unknown_key_lists_the_keys_known_in_its_place() -> None:
             "headroom.toleratedTaints.0",
             "is not a taint key: write the key only (as nvidia.com/gpu)",
         ),
+        ("tenants:\n  label: team=a\n", "tenants.label", "is not a label key: write the key only"),
     ],
 )
 def test_bad_value_is_rejected_naming_field_and_reason(text: str, path: str, reason: str) -> None:

@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
@@ -90,6 +91,24 @@ async def test_scheduler_rbac_from_manifests(scheduler_api: ApiClient) -> None:
     with pytest.raises(ApiException) as excinfo:
         await core.list_config_map_for_all_namespaces()
     assert excinfo.value.status == 403
+
+
+def test_the_replicas_outrank_every_pod_and_a_drain_leaves_one(control_plane: ControlPlane) -> None:
+    """As applied: the Deployment's priority class exists (or admission would refuse its pods),
+    above any priority a user's class may have, and the disruption budget selects its pods."""
+
+    def get(*args: str) -> Any:
+        return json.loads(control_plane.kubectl("get", *args, "-o", "json").stdout)
+
+    deploy = get("-n", SCHEDULER_NAMESPACE, "deployment", "gpu-scheduler")
+    template = deploy["spec"]["template"]
+    klass = get("priorityclass", template["spec"]["priorityClassName"])
+    assert klass["value"] == 1_000_000_000
+    budget = get("-n", SCHEDULER_NAMESPACE, "poddisruptionbudget", "gpu-scheduler")
+    selector = budget["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= template["metadata"]["labels"].items()
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert deploy["spec"]["replicas"] == 2
 
 
 def test_bad_token_is_unauthorized(control_plane: ControlPlane) -> None:
