@@ -664,3 +664,109 @@ async def test_a_running_gang_keeps_its_minimum_in_the_books_after_each_member_w
         s._bound.apply("ADDED", running(m, f"uid-{m}-2"))
     (budget,) = gang_budgets(s.cache.preemptible())
     assert budget.allowed == 0, budget
+
+
+def _deleting(name: str, priority: int, node: str) -> dict[str, Any]:
+    """A bound pod being deleted (its grace period running)."""
+    obj = _pod(name, priority, node=node)
+    obj["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
+    return obj
+
+
+async def test_a_pod_of_higher_priority_takes_over_room_held_for_one_of_lower_priority() -> None:
+    """ "mid" preempted "low"; while "low" terminates, "critical" comes. As kube-scheduler counts
+    a nominated pod only against pods of no higher priority, critical takes mid's room, evicting
+    no one more, and is bound once low is gone; mid gives it up and is told so."""
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    s._bound.apply("ADDED", _pod("low", 0, node="n0"))
+    s._bound.apply("ADDED", _pod("other", 60, node="n1"))  # critical could preempt it: needlessly
+    s._pending.apply("ADDED", _pod("mid", 50))
+    await _cycle(s)
+    assert api.evicted == [("default/low", "default/mid", "n0")]
+    s._bound.apply("MODIFIED", _deleting("low", 0, "n0"))
+    s._pending.apply("ADDED", _pod("critical", 1000))
+    await _cycle(s)
+    assert api.evicted == [("default/low", "default/mid", "n0")], "no one else evicted"
+    assert s.cache.nomination("default/critical") == ("n0", (0,), 1)
+    assert s.cache.nomination("default/mid") is None
+    assert api.nominated == {"default/mid": None, "default/critical": "n0"}
+    told = api.failed("default/mid")
+    assert told
+    assert "taken by pod default/critical, of higher priority (1000 > 50)" in told[-1]
+    s._bound.apply("DELETED", _deleting("low", 0, "n0"))
+    assert sorted(await _cycle(s)) == ["default/critical", "default/mid"]
+    assert api.bound == ["default/critical"]
+    assert [e for e in api.evicted if e[1] == "default/mid"] == [("default/low", "default/mid", "n0")]
+
+
+async def test_room_is_not_taken_over_by_a_pod_of_equal_or_lower_priority() -> None:
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", _pod("low", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("mid", 50))
+    await _cycle(s)
+    s._bound.apply("MODIFIED", _deleting("low", 0, "n0"))
+    s._pending.apply("ADDED", _pod("peer", 50))
+    await _cycle(s)
+    assert s.cache.nomination("default/mid") == ("n0", (0,), 1)
+    assert s.cache.nomination("default/peer") is None
+    s._bound.apply("DELETED", _deleting("low", 0, "n0"))
+    await _cycle(s)
+    assert api.bound == ["default/mid"]
+
+
+async def test_a_refused_deletion_clears_the_preemptors_nominated_node() -> None:
+    """The room is given up, and so is the pod's ``status.nominatedNodeName``: nothing (a cluster
+    autoscaler, the next leader) is to take it for a pod on its way to that node."""
+    api = _Api()
+    api.refuse = True
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", _pod("low", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("urgent", 50))
+    await _cycle(s)
+    await settle(s)
+    assert s.cache.nomination("default/urgent") is None
+    assert api.nominated["default/urgent"] is None
+    told = api.failed("default/urgent")
+    assert told
+    assert "The deletion of pod default/low on node n0, which it preempted, failed" in told[-1]
+    with pytest.raises(TimeoutError):  # not drawn again at once: a refused deletion is likely refused again
+        await asyncio.wait_for(s.queue.next_batch(), 0.3)
+
+
+async def test_a_budget_spent_by_an_earlier_batch_counts_until_its_status_is_written_again() -> None:
+    """The disruption controller writes a budget's status some time after a deletion: until then
+    the budget still reads as unspent, and the next batch's preemption must not spend it twice
+    when a pod no budget protects would do."""
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    for n in ("n1", "n2"):
+        NodeHandler(s).apply("ADDED", kit.node(n, 1, "A100"))
+    web = {}
+    for name, node, priority in (("web-0", "n0", 0), ("web-1", "n1", 0), ("other", "n2", 10)):
+        obj = _pod(name, priority, node=node)
+        if name.startswith("web"):
+            obj["metadata"]["labels"]["app"] = "web"
+            web[name] = obj
+        s._bound.apply("ADDED", obj)
+    budgets = next(r.handler for r in s.reflectors if r.name == "disruption-budgets")
+    budget = {
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}},
+        "status": {"disruptionsAllowed": 1},
+    }
+    budgets.replace([budget])
+    s._pending.apply("ADDED", _pod("first", 50))
+    await _cycle(s)
+    assert [v for v, _, _ in api.evicted] == ["default/web-0"]
+    web["web-0"]["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
+    s._bound.apply("MODIFIED", web["web-0"])  # terminating; the budget's status not written yet
+    s._pending.apply("ADDED", _pod("second", 50))
+    await _cycle(s)
+    assert [v for v, _, _ in api.evicted] == ["default/web-0", "default/other"]
+    assert list(s.evicted_uncounted) == ["default/web-0"]
+    # Its status written since (web-0 counted): it allows none, and says so itself.
+    budgets.apply("MODIFIED", {**budget, "status": {"disruptionsAllowed": 0}})
+    assert not s.evicted_uncounted

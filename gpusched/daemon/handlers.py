@@ -154,6 +154,7 @@ class BudgetHandler:
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         self.s.budgets = dict(r for r in map(self._read, objects) if r is not None)
+        self.s.evicted_uncounted.clear()  # every status as written now
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -163,6 +164,10 @@ class BudgetHandler:
             self.s.budgets.pop(key, None)
         else:
             self.s.budgets[read[0]] = read[1]
+            # Its status written after the deletions sent so far: it counts the victims it covers.
+            counted = [k for k, v in self.s.evicted_uncounted.items() if read[1].covers(v)]
+            for k in counted:
+                del self.s.evicted_uncounted[k]
 
 
 class PendingHandler:

@@ -57,7 +57,7 @@ from gpusched.solver.preempt import Budget, Preemption, elsewhere, gang_budgets,
 from gpusched.solver.reclaim import at_limit_searched, plan_at_limit, plan_reclaims
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
-from gpusched.state.cache import Cache, Snapshot, same_offer
+from gpusched.state.cache import Cache, Room, Snapshot, same_offer
 from gpusched.state.records import PodRecord
 from gpusched.state.volumes import Claims
 
@@ -129,8 +129,10 @@ class Scheduler:
         """Nodes a round left half emptied (an eviction refused): not emptied again until then."""
         self._interval_changed = asyncio.Event()
         """Set when a new configuration changes ``consolidation.intervalSeconds``."""
-        self._evicted_now: list[Pod] = []
-        """Victims of the preemption passes of the batch being handled (``_preempt``)."""
+        self.evicted_uncounted: dict[str, Pod] = {}
+        """Victims deleted here that the status of a disruption budget covering them may not
+        count yet (the disruption controller writes it after the deletion): by key, until such
+        a budget's status is written again, or the victim has left the books."""
         self.mig = Repartitioner(self)
         """MIG layouts asked for and given back (``mig.repartition``)."""
         self.placed_here: set[str] = set()
@@ -1190,7 +1192,7 @@ class Scheduler:
         kept from the pods: busy GPUs, GPUs kept free).  With tenants, a pod within its
         tenant's quota first reclaims GPUs that other tenants borrowed, and preempts pods of
         lower priority (of its own tenant) only where that finds nothing."""
-        self._evicted_now = []  # the budgets the reclaim pass spends are spent for the preemption pass
+        pods = self._take_over(pods, batch)
         if (pods or gangs) and self.tenants.active and self.tenants.reclaim:
             left: list[tuple[Pod, Explanation]] = []
             left_gangs: list[dict[str, tuple[Pod, str]]] = []
@@ -1231,6 +1233,77 @@ class Scheduler:
                     return
                 pods, gangs = low, low_gangs
         await self._preempt_for(pods, gangs, batch_id, batch)
+
+    def _take_over(self, pods: list[tuple[Pod, Explanation]], batch: Snapshot | None) -> list[tuple[Pod, Explanation]]:
+        """Of ``pods``, those that do not take over room held for a pod of lower priority (not
+        a gang's) while its victims leave: a pod that fits there, those victims gone, is
+        nominated there in its place, evicting no one, and the pod of lower priority gives it
+        up and looks again (kube-scheduler counts a nominated pod only against pods of no
+        higher priority than its own, and clears the nominations it outranks)."""
+        left: list[tuple[Pod, Explanation]] = []
+        for p, e in sorted(pods, key=lambda pe: -pe[0].priority):
+            room = self._room_for(p) if p.preempts and p.gang is None and self.is_leader else None
+            if room is None:
+                left.append((p, e))
+                continue
+            taken, node, gpus = room
+            lower = taken.pod
+            self.cache.unnominate(lower.key)
+            self.placed_here.add(p.key)
+            self.cache.nominate(p, node, gpus, [v.pod for v in taken.victims])
+            log.info(
+                "room taken over",
+                pod=p.key,
+                priority=p.priority,
+                node=node,
+                from_pod=lower.key,
+                from_priority=lower.priority,
+                victims=[v.pod.key for v in taken.victims],
+            )
+            said = (
+                f"The room held for it on node {node} was taken by pod {p.key}, of higher priority "
+                f"({p.priority} > {lower.priority}); it looks again."
+            )
+            if self.queue.current(lower.key, lower.uid):
+                self._tell_room_lost(lower, said)
+            leaving = f", whose {len(taken.victims)} preempted pod(s) are leaving" if taken.victims else ""
+            message = f"{e.message} Taking the room held on node {node} for pod {lower.key} of lower priority{leaving}."
+            self.tell_unschedulable(p, self._notes(p, message, batch), e.reason, nominated=node)
+        return left
+
+    def _tell_room_lost(self, pod: Pod, message: str, wake: bool = True) -> None:
+        """``pod`` (queued, wherever it is) no longer holds room: its Event and condition say so,
+        with no nominated node; and, parked, it looks again (with ``wake``)."""
+        self._write(("event", pod.key), lambda: self._verdict_event(pod, message))
+        self._write(("condition", pod.key), lambda: self._verdict_condition(pod, message, None))
+        if wake:
+            self.queue.move_all(lambda r: r.key == pod.key)
+
+    def _room_for(self, pod: Pod) -> tuple[Room, str, tuple[int, ...]] | None:
+        """Room held for a pod of lower priority than ``pod`` that ``pod`` fits in once the
+        victims it waits for are gone: the room (the lowest priority's first), its node and the
+        GPUs ``pod`` would take there."""
+        rooms = [
+            r
+            for r in self.cache.rooms()
+            if r.pod.priority < pod.priority and r.pod.gang is None and r.pod.key != pod.key
+        ]
+        if not rooms:
+            return None
+        busy = self.busy_gpus() or {}
+        holders = self.cache.holders_of([(n, g) for n, gpus in busy.items() for g in gpus])
+        outside = {n: frozenset(g for g in gpus if not holders.get((n, g))) for n, gpus in busy.items()}
+        for room in sorted(rooms, key=lambda r: (r.pod.priority, r.pod.key)):
+            snap = self.cache.snapshot(
+                free=[room.pod.key, pod.key], busy=outside, sealed=self.mig.sealed(), **self._keep([pod])
+            )
+            i = snap.cluster.index.get(room.node)
+            if i is None or not snap.cluster.could_take(pod, room.node):
+                continue
+            state = snap.state.release(room.victims)
+            if state.pod_mask(pod)[i]:
+                return room, room.node, GPU_CHOICE.gpus(pod, state, i)
+        return None
 
     async def _preempt_for(
         self,
@@ -1274,8 +1347,11 @@ class Scheduler:
         looked: list[Pod] = []  # the pods a reclaim search looked for
         budgets: list[Budget] = []
         try:
-            budgets = [  # what an earlier pass of this batch evicted is not in their status yet
-                replace(b, allowed=b.allowed - sum(1 for v in self._evicted_now if b.covers(v)))
+            for k, v in list(self.evicted_uncounted.items()):
+                if not self.cache.holds(k, v.uid):
+                    del self.evicted_uncounted[k]
+            budgets = [  # what was evicted here since their status was written is not in it yet
+                replace(b, allowed=b.allowed - sum(1 for v in self.evicted_uncounted.values() if b.covers(v)))
                 for b in self.budgets.values()
             ]
             budgets += gang_budgets(running)  # running gangs keep their minimum
@@ -1459,7 +1535,8 @@ class Scheduler:
         node = cluster.nodes[pre.node].name
         self.placed_here.add(pre.pod.key)
         self.cache.nominate(pre.pod, node, pre.placement.gpus, [v.pod for v in pre.victims])
-        self._evicted_now.extend(v.pod for v in pre.victims)
+        covered = [v.pod for v in pre.victims if any(b.covers(v.pod) for b in self.budgets.values())]
+        self.evicted_uncounted.update((v.key, v) for v in covered)
         for v in pre.victims:
             self.spawn(self._evict(v.pod, pre.pod, node, why), f"preempt:{v.pod.key}")
         return node
@@ -1483,12 +1560,21 @@ class Scheduler:
         deleted = await (self.binder.preempt(victim, by, node, why) if why else self.binder.preempt(victim, by, node))
         if deleted or not self.cache.preempted_for(by.key, victim):
             return
+        said = (
+            f"The deletion of pod {victim.key} on node {node}, which it preempted, failed: the room held "
+            "for it there is given up; it looks again when the cluster changes."
+        )
         if by.gang is None:
             self.cache.unnominate(by.key)
+            if self.queue.current(by.key, by.uid):  # its nominatedNodeName must not point there
+                self._tell_room_lost(by, said, wake=False)
             return
         gang = by.gang.name
         for key in self.cache.gang_nominations(gang):
             self.cache.unnominate(key)
+            record = self.queue.record(key)
+            if record is not None:
+                self._tell_room_lost(record.pod, said, wake=False)
         self.queue.move_all(lambda r: r.pod.gang is None or r.pod.gang.name != gang)
 
     def give_up_room(self, key: str) -> None:

@@ -159,6 +159,16 @@ class _Nomination:
     """Key and UID of each pod it preempted (a pod created again under the name is another)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Room:
+    """Room held for ``pod`` on ``node`` while the pods it preempted there (``victims``, those
+    still on the books, as placed in the cluster of the last snapshot) terminate."""
+
+    pod: Pod
+    node: str
+    victims: tuple[Assignment, ...]
+
+
 def _another(held: _Held, uid: str) -> bool:
     """``held`` is an earlier (or later) pod of the same name than the one with ``uid``."""
     return bool(uid and held.pod.uid and held.pod.uid != uid)
@@ -588,6 +598,21 @@ class Cache:
         held = nomination.held
         left = sum(1 for k, uid in nomination.victims if (h := self._held.get(k)) is not None and h.pod.uid == uid)
         return held.node, held.gpus, left
+
+    def rooms(self) -> list[Room]:
+        """Every room held, with the pods it waits for."""
+        cluster = self._ensure_cluster()
+        out = []
+        for n in self._nominated.values():
+            victims = tuple(
+                Assignment(h.pod, i, h.gpus)
+                for k, uid in sorted(n.victims)
+                if (h := self._held.get(k)) is not None
+                and h.pod.uid == uid
+                and (i := cluster.index.get(h.node)) is not None
+            )
+            out.append(Room(n.held.pod, n.held.node, victims))
+        return out
 
     @property
     def nominations(self) -> int:
