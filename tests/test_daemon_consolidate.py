@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from gpusched.config import parse_config
-from gpusched.daemon import Scheduler
+from gpusched.daemon import DaemonSettings, Scheduler
 from gpusched.daemon.handlers import NodeHandler
+from gpusched.kube.binder import Binder
+from gpusched.kube.client import Kube
 from gpusched.kube.convert import pod_record
 from gpusched.model import Pod
-from tests.doubles import RecordingApi, one_node_scheduler, settle
+from tests.doubles import IdleClient, RecordingApi, one_node_scheduler, settle
 from tests.e2e import kit
 from tests.test_daemon_utilisation import pod
 
@@ -106,14 +108,14 @@ async def test_a_node_with_a_pod_that_may_not_move_is_left_alone() -> None:
         assert "default/b0" not in api.evicted
 
 
-async def test_a_refused_eviction_lets_the_next_round_look_again() -> None:
+async def test_a_node_whose_evictions_were_all_refused_is_left_alone_and_the_next_round_goes_on() -> None:
     api = EvictionApi(refuse=True)
-    s = two_nodes(api)
+    s = two_nodes(api)  # n0: a0, a1 on GPUs 0-1
     s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
     assert await round_of(s) == 1
-    api.refuse = False
-    assert await round_of(s) == 1  # not waiting for a pod that was never evicted
-    assert api.evicted == ["default/b0"]
+    api.refuse = False  # the budget that refused b0 allows it now, say
+    assert await round_of(s) == 1  # not waiting for a pod that was never evicted ...
+    assert api.evicted == ["default/a0", "default/a1"]  # ... nor asking for b0 again: n0 goes to n1
 
 
 def other(
@@ -294,3 +296,39 @@ async def test_a_moved_pods_replacement_is_not_held_to_its_tenants_limit_by_the_
     await batch(s)
     assert api.bound == ["default/b0-next"], api.failed("default/b0-next")
     assert api.evicted == ["default/b0"]  # a0 and a1 are left alone
+
+
+async def test_a_node_whose_moved_pods_came_back_to_it_is_not_emptied_again_round_after_round() -> None:
+    # FGD places b0's replacement back on n1, the node the round emptied, not in the room the
+    # plan found on n0: evicting it again each round would kill the same batch job each interval.
+    api = EvictionApi()
+    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy="fgd"), cast(Kube, IdleClient()))
+    s.binder = cast(Binder, api)
+    for n in ("n0", "n1", "n2"):
+        NodeHandler(s).apply("ADDED", kit.node(n, 4, "A100"))
+    s.set_config(parse_config({"consolidation": {"enabled": True}}))
+    s._bound.apply("ADDED", batch_pod("a0", "n0", 0))
+    s._bound.apply("ADDED", batch_pod("a1", "n0", 1))
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    emptied: list[str] = []
+    made = 0
+    for _ in range(5):
+        before = len(api.evicted)
+        await round_of(s)
+        for key in api.evicted[before:]:  # each evicted pod leaves, and its Job makes a new one
+            node, gpus = s.cache.placement(key) or ("", ())
+            if node not in emptied[-1:]:
+                emptied.append(node)
+            s._bound.apply("DELETED", batch_pod(key.split("/")[1], node, gpus[0]))
+            made += 1
+            s._pending.apply("ADDED", batch_pod(f"r{made}", "", 0))
+        while s.queue.counts().active:
+            await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 10))
+            await settle(s)
+            for i in range(1, made + 1):  # the watch sees where the new pods were bound
+                if (where := s.cache.placement(f"default/r{i}")) is not None:
+                    s._bound.apply("MODIFIED", batch_pod(f"r{i}", where[0], where[1][0]))
+    assert emptied[0] == "n1"
+    assert "default/r1" not in api.evicted, api.evicted
+    assert s.cache.placement("default/r1") == ("n1", (0,))  # where the policy put it back
+    assert len(emptied) == len(set(emptied)), emptied  # no node emptied twice

@@ -126,7 +126,12 @@ class Scheduler:
         self._emptying: dict[str, list[int]] = {}
         """Per node a round is emptying: [evictions left, evictions refused, evictions in all]."""
         self._refused_until: dict[str, float] = {}
-        """Nodes a round left half emptied (an eviction refused): not emptied again until then."""
+        """Nodes not emptied again until then: a round left them in use (an eviction refused), or
+        the pods of the round that emptied them were placed back on them (``_emptied``)."""
+        self._emptied: set[str] = set()
+        """Nodes the last round emptied, until its evictions are settled: then each that holds GPU
+        pods again (the batches placed the replacements on it after all) is held in
+        ``_refused_until``, so that no policy has a round evict the same work from it each time."""
         self._interval_changed = asyncio.Event()
         """Set when a new configuration changes ``consolidation.intervalSeconds``."""
         self.evicted_uncounted: dict[str, Pod] = {}
@@ -538,12 +543,16 @@ class Scheduler:
             self._consolidating.clear()
             self._awaiting.clear()
         self._consolidating = {(k, uid) for k, uid in self._consolidating if self.cache.holds(k, uid)}
+        if self._consolidating:
+            return 0  # an evicted pod is still on the books: it still counts among its controller's
         if self._awaiting:
             running = self._running_by_owner()
             if any(running.get(o, 0) < n for o, n in self._awaiting.items()):
                 return 0  # their replacements are not all placed yet: the room they need is theirs
             self._awaiting.clear()
-        if not self._quiet() or self._consolidating:
+        if self._emptied:
+            self._hold_refilled()
+        if not self._quiet():
             return 0
         snap = self._books()
         placed = self.cache.placed()  # as counted in ``snap``: taken together
@@ -571,6 +580,7 @@ class Scheduler:
                 "and the node is left idle; the pod's controller creates it again"
             )
             self._emptying[node] = [len(m.pods), 0, len(m.pods)]
+            self._emptied.add(node)
             for a in m.pods:
                 self._consolidating.add((a.pod.key, a.pod.uid))
                 self._awaiting[a.pod.owner] = running.get(a.pod.owner, 0)
@@ -578,6 +588,22 @@ class Scheduler:
         if moves:
             self._round_deadline = time.monotonic() + max(600.0, 2 * c.interval_seconds)
         return len(moves)
+
+    def _hold_refilled(self) -> None:
+        """Hold the nodes the last round emptied that GPU pods took again once its evictions were
+        settled: its pods' replacements went back to them (the batches follow their policy, not
+        the plan), and emptying them again would only evict the same work once more."""
+        until = time.monotonic() + self._hold_s()
+        for node in sorted(self._emptied - self._refused_until.keys()):
+            if not self.cache.gpu_pods_on(node):
+                continue
+            self._refused_until[node] = until
+            log.warning("consolidation emptied a node that was filled again", node=node, retry_in_s=self._hold_s())
+        self._emptied.clear()
+
+    def _hold_s(self) -> float:
+        """How long a node consolidation could not leave idle is left out of rounds."""
+        return max(3600.0, 6 * self.config.consolidation.interval_seconds)
 
     def _still_good(self, moves: list[Move], snap: Snapshot) -> list[Move]:
         """The moves of a plan made on ``snap`` that still hold on the books as they are now: a
@@ -632,9 +658,10 @@ class Scheduler:
         if tally[0] <= 0:
             if not tally[1]:
                 self.metrics.consolidation(1, 0)
-            elif tally[1] < tally[2]:  # half emptied: not chosen again each round, each evicting some
-                hold = max(3600.0, 6 * self.config.consolidation.interval_seconds)
+            else:  # left in use: not chosen again each round, each evicting some or none
+                hold = self._hold_s()
                 self._refused_until[node] = time.monotonic() + hold
+                self._emptied.discard(node)
                 log.warning("consolidation left a node in use", node=node, refused=tally[1], retry_in_s=hold)
             del self._emptying[node]
 
