@@ -254,7 +254,7 @@ async def test_a_plan_the_cluster_outran_is_not_carried_out(monkeypatch: Any) ->
 async def test_a_node_left_half_emptied_is_not_chosen_again_at_once() -> None:
     class HalfApi(EvictionApi):
         async def evict(self, victim: Pod, node: str, why: str) -> bool:
-            if victim.name == "b1":  # two budgets cover it, say: the Eviction API refuses it
+            if victim.name == "b1":  # a budget the plan could not see refuses it, say
                 return False
             return await super().evict(victim, node, why)
 

@@ -12,7 +12,10 @@ A node is a candidate when all of the following hold:
 * every pod on it is movable (``Pod.movable``) and not a gang member, or else a pod that runs
   on every node (``Pod.daemon``: a DaemonSet's, or a static pod), which stays;
 * evicting its pods breaks no disruption budget, read as the Eviction API reads it
-  (``Budget.evicts``; budgets are hard here: nothing forces this).
+  (``Budget.evicts``; budgets are hard here: nothing forces this);
+* no pod to evict is selected by two budgets or more: the Eviction API refuses such a pod
+  whatever the budgets allow, and the node's other pods, evicted beside it, would be evicted
+  for nothing.
 
 Candidates are tried emptiest first (least GPU in use, then by name).  For each, its pods are
 placed largest first, best fit, only on other nodes that stay in use (a pod holds a GPU there):
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpusched.model import Assignment, ClusterState
+from gpusched.model import Assignment, ClusterState, Pod
 from gpusched.solver.baselines.base import GPU_CHOICE
 from gpusched.solver.baselines.best_fit import BestFitPolicy
 from gpusched.solver.preempt import Budget
@@ -77,8 +80,11 @@ def plan_consolidation(
     targets = in_use & ~cl.cordoned & ~leaving & ~down
     allowed_left = [b.allowed for b in budgets]
 
+    def evictable(pod: Pod) -> bool:  # the Eviction API evicts no pod that two budgets select
+        return pod.movable and pod.gang is None and sum(b.evicts(pod) for b in budgets) < 2
+
     def movable(pods: list[Assignment]) -> bool:
-        ok = all(a.pod.daemon or (a.pod.movable and a.pod.gang is None) for a in pods)
+        ok = all(a.pod.daemon or evictable(a.pod) for a in pods)
         return ok and any(a.pod.movable for a in pods)
 
     candidates = [int(n) for n in np.flatnonzero(targets) if int(n) not in skip and movable(by_node[int(n)])]

@@ -149,3 +149,17 @@ def test_mig_pods_move_to_free_instances_of_their_profile_and_never_partition_a_
     assert {cluster.nodes[t.node].name for m in moves for t in m.targets} == {kept}, "never the whole-GPU node"
     check(state, placed, moves)
     assert all(t.gpus == () for m in moves for t in m.targets)
+
+
+def test_a_pod_two_budgets_select_is_not_moved_as_the_eviction_api_would_refuse_it() -> None:
+    web = (("app", "web"), ("tier", "gpu"))
+    placed = [on("a0", 0, (0,)), on("a1", 0, (1,)), on("a2", 0, (2,)), on("b0", 1, (0,), labels=web), on("b1", 1, (1,))]
+    _, state = setup(placed, nodes=2, gpus=6)
+    app = Budget("default", (Requirement("app", "In", ("web",)),), 1)
+    tier = Budget("default", (Requirement("tier", "In", ("gpu",)),), 1)
+    assert [m.node for m in plan_consolidation(state, placed, budgets=[app])] == [1]  # the emptier
+    # Each budget allows b0 to go, but the Eviction API refuses a pod of two budgets outright:
+    # n1 is left alone (b1 would be evicted for nothing), and n0 moves onto it instead.
+    (move,) = plan_consolidation(state, placed, budgets=[app, tier])
+    assert move.node == 0
+    assert sorted(a.pod.name for a in move.pods) == ["a0", "a1", "a2"]
