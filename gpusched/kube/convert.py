@@ -694,10 +694,10 @@ def _pod(
     reqs = _effective_requests(spec, where, status)
     num_gpu = reqs.get(GPU_RESOURCE, 0)
     # What this scheduler cannot honour sets ``error`` and keeps the rest of the request: a pod
-    # bound by another scheduler is still counted with its CPU, memory, GPUs and a slice (a share
+    # bound by another scheduler is still counted with its CPU, memory, GPUs and slices (a share
     # it asks for wrongly is not counted: there is no telling which part of a GPU it holds).
     milli, share_error = _share(reqs, annotations, num_gpu, where)
-    mig_profile, error = _mig_request(reqs, num_gpu, where)  # against the GPUs it asks for, not its share
+    mig_profile, mig_held, error = _mig_request(reqs, num_gpu, where)  # against the GPUs it asks for, not its share
     if mig_profile and milli:  # the slice is what the kubelet gives it: counted, the share not
         error = error or (
             f"{where}: asks for a MIG slice ({MIG_PREFIX}{mig_profile}) and a share of a GPU "
@@ -801,6 +801,7 @@ def _pod(
             preferred_together=wished["podAffinity"],
             soft_spread=soft_spread,
             preempts=spec.get("preemptionPolicy") != "Never",
+            mig_held=mig_held,
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
@@ -1112,25 +1113,34 @@ def _resource_claims(spec: Mapping[str, Any]) -> list[str]:
     return [str(c.get("name") or "?") for c in claims if isinstance(c, Mapping)]
 
 
-def _mig_request(reqs: Mapping[str, int], num_gpu: int, where: str) -> tuple[str, str]:
-    """The MIG profile to count the pod on ("" when none), and why it cannot be scheduled ("" when
-    it can): one ``nvidia.com/mig-<profile>: 1`` and no GPUs is what this scheduler places."""
+def _mig_request(reqs: Mapping[str, int], num_gpu: int, where: str) -> tuple[str, tuple[tuple[str, int], ...], str]:
+    """The MIG profile to count the pod on ("" when none), every slice it holds, (profile, count),
+    when that is more than the profile's one, and why it cannot be scheduled ("" when it can): one
+    ``nvidia.com/mig-<profile>: 1`` and no GPUs is what this scheduler places.  A pod another
+    scheduler bound holds every slice it asks for, so all are kept for the books."""
     asked = {k: v for k, v in sorted(reqs.items()) if k.startswith(MIG_PREFIX) and v}
     if not asked:
-        return "", ""
-    resource = next(iter(asked))
-    try:
-        profile = profile_of(resource) or ""
-    except ValueError as exc:
-        return "", f"{where}: resources {resource}: {exc}"
-    if len(asked) > 1 or asked[resource] != 1 or num_gpu:
+        return "", (), ""
+    held: dict[str, int] = {}
+    malformed = ""
+    for resource, count in asked.items():
+        try:
+            profile = profile_of(resource) or ""
+        except ValueError as exc:
+            malformed = malformed or f"{where}: resources {resource}: {exc}"
+            continue
+        held[profile] = held.get(profile, 0) + count
+    if malformed:  # the slices it names rightly are still held
+        return "", tuple(held.items()), malformed
+    first = next(iter(held))
+    if len(asked) > 1 or held[first] != 1 or num_gpu:
         error = (
             f"{where}: asks for {', '.join(f'{v} {k}' for k, v in asked.items())}"
             f"{f' and {num_gpu} {GPU_RESOURCE}' if num_gpu else ''}; a pod takes one MIG slice "
             f"(one {MIG_PREFIX}<profile>: 1) or GPUs, so split it into one pod per slice"
         )
-        return ("" if num_gpu else profile), error
-    return profile, ""
+        return ("" if num_gpu else first), tuple(held.items()), error
+    return first, (), ""
 
 
 def _share(reqs: Mapping[str, int], annotations: Mapping[str, str], num_gpu: int, where: str) -> tuple[int, str]:

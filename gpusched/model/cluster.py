@@ -899,10 +899,12 @@ class ClusterState:
                 gpu[a.node, g] += sign * p.gpu_milli
             if p.num_gpu:
                 kinds[a.node, 0 if p.is_fractional else min(p.num_gpu, self.cluster.max_gpus)] += sign
-            elif p.mig_profile:
+            for profile, count in p.mig_slices:  # all it holds: a pod another scheduler bound may hold several
+                if (col := self.cluster.mig_id(profile)) < 0:  # a profile no node advertises: none to take
+                    continue
                 if mig is self.mig_used:
                     mig = take("mig_used", mig)
-                mig[a.node, self.cluster.mig_index[p.mig_profile]] += sign
+                mig[a.node, col] += sign * count
         new = ClusterState(
             self.cluster,
             cpu,

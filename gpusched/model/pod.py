@@ -233,6 +233,10 @@ class Pod(_Wishes):
     daemon: bool = False
     """It runs on its node whatever runs beside it: a DaemonSet's pod or a static pod.  It does
     not keep consolidation from emptying the node of GPU work, and is never moved."""
+    mig_held: tuple[tuple[str, int], ...] = ()
+    """Every MIG slice it holds, (profile, count) by profile, when that is more than the one
+    ``mig_profile`` names: several slices, or slices beside GPUs.  This scheduler places no such
+    pod, but one another scheduler bound holds them all.  Empty: ``mig_profile``'s slice, if any."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"
@@ -244,6 +248,14 @@ class Pod(_Wishes):
             mig_milli(self.mig_profile)
             if self.num_gpu:
                 raise ValueError(f"{where}: a pod takes whole GPUs, a GPU share or one MIG slice, not GPUs and a slice")
+        if self.mig_held:
+            for profile, count in self.mig_held:
+                mig_milli(profile)
+                if count < 1:
+                    raise ValueError(f"{where}: holds {count} MIG {profile} slices; leave out profiles it lacks")
+            if self.mig_profile and self.mig_profile not in dict(self.mig_held):
+                raise ValueError(f"{where}: holds no MIG {self.mig_profile} slice, yet asks for one")
+            object.__setattr__(self, "mig_held", tuple(sorted(dict(self.mig_held).items())))
         if self.cpu_milli < 0 or self.memory_mib < 0 or self.storage_mib < 0:
             raise ValueError(f"{where}: CPU, memory and storage requests must not be negative")
         if self.num_gpu < 0:
@@ -266,6 +278,18 @@ class Pod(_Wishes):
             object.__setattr__(self, "host_ports", frozenset(self.host_ports))
         if list(self.labels) != sorted(dict(self.labels).items()):
             object.__setattr__(self, "labels", tuple(sorted(dict(self.labels).items())))
+
+    @property
+    def mig_slices(self) -> tuple[tuple[str, int], ...]:
+        """Every MIG slice it holds, (profile, count) by profile: what a node's books charge."""
+        if self.mig_held:
+            return self.mig_held
+        return ((self.mig_profile, 1),) if self.mig_profile else ()
+
+    @property
+    def gpu_demand_milli(self) -> int:
+        """Total GPU demand in thousandths of a GPU (a MIG slice counts its compute share)."""
+        return self.num_gpu * self.gpu_milli + sum(mig_milli(p) * n for p, n in self.mig_slices)
 
     @property
     def held_wishes(self) -> tuple[tuple[int, PodAffinityTerm], ...]:

@@ -36,8 +36,9 @@ def demand_of(pod: Pod) -> int:
     """What ``pod`` counts against its tenant, in thousandths of a GPU (a MIG instance, by its
     compute slices, rounded down, so that the seven sevenths of one GPU count no more than that
     GPU)."""
-    if pod.mig_profile:
-        return int(GPU_MILLI * gpu_fraction(pod.mig_profile))
+    if pod.mig_slices:  # each slice it holds, beside any GPUs (a pod another scheduler bound)
+        slices = sum(int(GPU_MILLI * gpu_fraction(p)) * n for p, n in pod.mig_slices)
+        return pod.num_gpu * pod.gpu_milli + slices
     return pod.gpu_demand_milli
 
 

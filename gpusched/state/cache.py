@@ -183,6 +183,7 @@ def _request(p: Pod) -> tuple[object, ...]:
         p.num_gpu,
         p.gpu_milli,
         p.mig_profile,
+        p.mig_held,
         p.labels,
         p.anti_affinity,
         p.terminating,
@@ -803,8 +804,9 @@ class Cache:
         if pod.num_gpu:
             col = 0 if pod.is_fractional else min(pod.num_gpu, self._cluster.max_gpus)
             self._kinds[i, col] += sign
-        elif pod.mig_profile and (m := self._cluster.mig_id(pod.mig_profile)) >= 0:
-            self._mig[i, m] += sign
+        for profile, count in pod.mig_slices:  # all it holds: a pod another scheduler bound may hold several
+            if (m := self._cluster.mig_id(profile)) >= 0:
+                self._mig[i, m] += sign * count
 
     def _pick_gpus(self, i: int, pod: Pod, wanted: tuple[int, ...] | None) -> tuple[int, ...]:
         """GPU indices to count ``pod`` on: the annotated ones when valid, else the emptiest."""

@@ -371,7 +371,7 @@ def test_a_request_this_scheduler_refuses_still_counts_what_it_holds() -> None:
     rec = pod_record(obj)
     assert rec.bound
     assert "one MIG slice" in rec.error
-    assert (rec.pod.cpu_milli, rec.pod.memory_mib, rec.pod.mig_profile) == (4000, 16384, "1g.10gb")
+    assert (rec.pod.cpu_milli, rec.pod.memory_mib, rec.pod.mig_slices) == (4000, 16384, (("1g.10gb", 2),))
     gpus = pod_record(pod_obj(limits={"nvidia.com/gpu": "2", "cpu": "1"}, annotations={"gpusched.io/gpu-island": "x"}))
     assert "required or preferred" in gpus.error
     assert (gpus.pod.num_gpu, gpus.pod.cpu_milli) == (2, 1000)

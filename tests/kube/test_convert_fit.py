@@ -148,3 +148,52 @@ def test_a_resize_the_kubelet_allocated_but_has_not_applied_holds_what_it_alloca
     obj = _resized("24", "4", infeasible=True)  # 24 is infeasible; 6, asked before, was allocated
     obj["status"]["containerStatuses"][0]["allocatedResources"] = {"cpu": "6", "memory": "4Gi"}
     assert pod_record(obj).pod.cpu_milli == 6000
+
+
+def _mig_node(slices: dict[str, str]) -> Any:
+    alloc = {"cpu": "64", "memory": "256Gi", "nvidia.com/gpu": "0", "pods": "110"}
+    labels = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    return {"metadata": {"name": "n1", "labels": labels}, "status": {"allocatable": alloc | slices}}
+
+
+def _theirs(limits: dict[str, str]) -> Any:
+    obj = pod_obj("theirs", containers=[{"name": "c", "resources": {"limits": limits}}], nodeName="n1")
+    obj["spec"]["schedulerName"] = "default-scheduler"
+    return obj
+
+
+def _mine(profile: str) -> Pod:
+    rec = pod_record(pod_obj("mine", containers=[{"name": "c", "resources": {"limits": {profile: "1"}}}]))
+    assert rec.error == ""
+    return rec.pod
+
+
+def test_a_pod_another_scheduler_bound_holds_every_slice_it_asks_for() -> None:
+    """Two 1g.10gb slices held by another scheduler's pod leave none of the node's two: a pod of
+    this scheduler bound there would be refused by the kubelet (OutOfnvidia.com/mig-1g.10gb)."""
+    node = node_record(_mig_node({"nvidia.com/mig-1g.10gb": "2"})).node
+    theirs = pod_record(_theirs({"nvidia.com/mig-1g.10gb": "2"}))
+    assert theirs.bound
+    state = Cluster([node]).empty_state().apply([Assignment(theirs.pod, 0, ())])
+    mine = _mine("nvidia.com/mig-1g.10gb")
+    assert list(state.pod_mask(mine)) == [False]
+    assert explain(mine, state).fits == 0
+    assert list(state.release([Assignment(theirs.pod, 0, ())]).pod_mask(mine)) == [True]  # gone, both free
+
+
+def test_a_pod_holding_a_gpu_and_a_slice_holds_the_slice_too() -> None:
+    node_obj_ = _mig_node({"nvidia.com/mig-1g.10gb": "1"})
+    node_obj_["status"]["allocatable"]["nvidia.com/gpu"] = "1"
+    node = node_record(node_obj_).node
+    theirs = pod_record(_theirs({"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "1"}))
+    state = Cluster([node]).empty_state().apply([Assignment(theirs.pod, 0, (0,))])
+    assert list(state.pod_mask(_mine("nvidia.com/mig-1g.10gb"))) == [False]
+    assert list(state.pod_mask(_mine("nvidia.com/gpu"))) == [False]
+
+
+def test_a_pod_holding_slices_of_two_profiles_holds_both() -> None:
+    node = node_record(_mig_node({"nvidia.com/mig-1g.10gb": "1", "nvidia.com/mig-2g.20gb": "1"})).node
+    theirs = pod_record(_theirs({"nvidia.com/mig-1g.10gb": "1", "nvidia.com/mig-2g.20gb": "1"}))
+    state = Cluster([node]).empty_state().apply([Assignment(theirs.pod, 0, ())])
+    assert list(state.pod_mask(_mine("nvidia.com/mig-1g.10gb"))) == [False]
+    assert list(state.pod_mask(_mine("nvidia.com/mig-2g.20gb"))) == [False]

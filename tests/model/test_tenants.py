@@ -67,6 +67,11 @@ def test_seven_mig_sevenths_count_no_more_than_one_gpu() -> None:
     assert sum(limited.usage(sevenths).values()) <= 1000
 
 
+def test_a_pod_holding_several_slices_and_a_gpu_counts_them_all_against_its_tenant() -> None:
+    theirs = replace(pod("theirs", gpus=1), namespace="a", mig_held=(("1g.10gb", 2), ("3g.40gb", 1)))
+    assert Tenants().usage([theirs]) == {"a": 1000 + 2 * 142 + 428}
+
+
 def test_a_gang_is_admitted_whole_or_held_back_whole() -> None:
     gang = [member("m0", "a", "g"), member("m1", "a", "g"), member("m2", "a", "g")]
     admitted, held = T.admit(gang, {"a": 2000})

@@ -256,6 +256,23 @@ def test_mig_slices_held_by_bound_and_assumed_pods_are_counted() -> None:
     assert int(state.mig_free[0, state.cluster.mig_id("1g.10gb")]) == 3
 
 
+def test_every_slice_a_pod_of_another_scheduler_holds_is_counted() -> None:
+    """Slices of two profiles beside a GPU: each one is taken while it runs, and freed when it goes."""
+    from gpusched.model import Node
+
+    slices = (("1g.10gb", 3), ("2g.20gb", 1))
+    node = Node("m", 64000, 65536, gpu_count=1, gpu_model="A100-SXM4-80GB", mig_slices=slices)
+    c = cache_with(NodeRecord(node))
+    theirs = Pod("x", 100, 100, num_gpu=1, gpu_milli=1000, mig_held=(("1g.10gb", 2), ("2g.20gb", 1)))
+    c.observe_pod(bound(theirs, "m"))
+    state = c.snapshot().state
+    assert [int(state.mig_free[0, state.cluster.mig_id(p)]) for p in ("1g.10gb", "2g.20gb")] == [1, 0]
+    assert int(state.gpu_used[0, 0]) == 1000
+    c.delete_pod("default/x")
+    state = c.snapshot().state
+    assert [int(state.mig_free[0, state.cluster.mig_id(p)]) for p in ("1g.10gb", "2g.20gb")] == [3, 1]
+
+
 def test_a_pod_of_the_same_name_but_another_uid_is_not_the_one_held() -> None:
     from dataclasses import replace
 
