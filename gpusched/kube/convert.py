@@ -70,7 +70,7 @@ from gpusched.model.affinity import (
 )
 from gpusched.model.mig import MIG_CONFIG_PREFIX, geometry_for, profile_of
 from gpusched.model.node import LABEL_GPU_COUNT, MAX_GPUS, Taint
-from gpusched.model.pod import Gang, Toleration, gang_conflicts, model_key
+from gpusched.model.pod import TOLERATION_OPERATORS, Gang, Toleration, gang_conflicts, model_key
 from gpusched.model.ports import host_port
 from gpusched.model.topology import ISLANDS_ANNOTATION, default_islands, parse_islands
 from gpusched.solver.preempt import Budget
@@ -761,6 +761,13 @@ def _pod(
         spread, wishes = (), ()
     soft_spread = tuple(t for _, t in wishes if all(t != mine for _, mine in apart))
     apart = tuple(dict.fromkeys((*apart, *wishes)))
+    for t in spec.get("tolerations") or ():
+        operator = str(t.get("operator") or "Equal") if isinstance(t, Mapping) else "Equal"
+        if operator not in TOLERATION_OPERATORS:
+            error = error or (
+                f"{where}: tolerations: operator {operator!r} (key {str(t.get('key') or '')!r}) is not one of "
+                f"{', '.join(TOLERATION_OPERATORS)}, so it tolerates no taint; fix or remove the toleration"
+            )
     unknown = _unsupported_resources(spec)
     if unknown:
         error = error or (

@@ -32,6 +32,7 @@ __all__ = [
     "Requirement",
     "Spread",
     "check_label_selector",
+    "is_int64",
     "label_selector_selects",
     "preference_score",
     "selects",
@@ -62,7 +63,7 @@ class Requirement:
             raise ValueError(f"{where}: {self.operator} needs at least one value")
         if self.operator in ("Exists", "DoesNotExist") and self.values:
             raise ValueError(f"{where}: {self.operator} takes no values")
-        if self.operator in ("Gt", "Lt") and (len(self.values) != 1 or not _is_int(self.values[0])):
+        if self.operator in ("Gt", "Lt") and (len(self.values) != 1 or not is_int64(self.values[0])):
             raise ValueError(f"{where}: {self.operator} needs exactly one integer value")
         if self.field and (self.key != "metadata.name" or self.operator not in ("In", "NotIn")):
             raise ValueError(f"{where}: matchFields supports only metadata.name with In or NotIn")
@@ -82,7 +83,7 @@ class Requirement:
             return value is not None
         if op == "DoesNotExist":
             return value is None
-        if value is None or not _is_int(value):
+        if value is None or not is_int64(value):
             return False
         return int(value) > int(self.values[0]) if op == "Gt" else int(value) < int(self.values[0])
 
@@ -189,6 +190,6 @@ def label_selector_selects(selector: tuple[Requirement, ...], labels: Mapping[st
 _INT64 = re.compile(r"[+-]?[0-9]+")
 
 
-def _is_int(text: str) -> bool:
+def is_int64(text: str) -> bool:
     """A base-10 64-bit integer, as the API server parses ``Gt`` and ``Lt`` values and labels."""
     return _INT64.fullmatch(text) is not None and -(2**63) <= int(text) < 2**63

@@ -5,10 +5,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Spread
+from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Spread, is_int64
 from gpusched.model.node import GPU_MILLI, Taint
 
-__all__ = ["ISLAND_MODES", "Gang", "Pod", "PodShape", "Toleration", "gang_conflicts", "mig_milli"]
+__all__ = [
+    "ISLAND_MODES",
+    "TOLERATION_OPERATORS",
+    "Gang",
+    "Pod",
+    "PodShape",
+    "Toleration",
+    "gang_conflicts",
+    "mig_milli",
+]
 
 ISLAND_MODES = ("", "required", "preferred")
 """How a multi-GPU pod asks for its GPUs within one island: not at all, as a must, as a wish."""
@@ -71,10 +80,15 @@ class Gang:
         return f"at least {self.min_members} members{where}"
 
 
+TOLERATION_OPERATORS = ("Equal", "Exists", "Lt", "Gt")
+"""The operators a toleration may use; one with another tolerates no taint."""
+
+
 @dataclass(frozen=True, slots=True)
 class Toleration:
     """A pod toleration, matched as the API defines it: ``Exists`` with an empty key tolerates
-    every taint; an empty effect matches every effect."""
+    every taint; an empty effect matches every effect; ``Gt`` and ``Lt`` compare the taint's value
+    with the toleration's as integers; any other operator tolerates nothing."""
 
     key: str = ""
     operator: str = "Equal"
@@ -87,7 +101,16 @@ class Toleration:
             return False
         if self.operator == "Exists":
             return not self.key or self.key == taint.key
-        return self.key == taint.key and self.value == taint.value
+        if self.key != taint.key:
+            return False
+        if self.operator == "Equal":
+            return self.value == taint.value
+        if self.operator in ("Gt", "Lt"):  # taint value > (or <) the toleration's; both whole numbers
+            if not (is_int64(self.value) and is_int64(taint.value)):
+                return False
+            mine, theirs = int(self.value), int(taint.value)
+            return theirs > mine if self.operator == "Gt" else theirs < mine
+        return False
 
 
 def untolerated(tolerations: tuple[Toleration, ...], taints: tuple[Taint, ...]) -> list[Taint]:

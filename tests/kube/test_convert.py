@@ -1020,6 +1020,17 @@ def test_a_toleration_with_a_null_effect_tolerates_every_effect() -> None:
     assert (t.key, t.operator, t.effect) == ("gpu", "Exists", "")
 
 
+def test_a_toleration_with_an_unknown_operator_is_refused_by_name() -> None:
+    rec = pod_record(pod_obj(tolerations=[{"key": "sla", "operator": "Bogus", "value": "1", "effect": "NoSchedule"}]))
+    assert rec.error == (
+        "pod ns/p: tolerations: operator 'Bogus' (key 'sla') is not one of Equal, Exists, Lt, Gt, "
+        "so it tolerates no taint; fix or remove the toleration"
+    )
+    for operator in ("Equal", "Exists", "Gt", "Lt", None):
+        ok = pod_record(pod_obj(tolerations=[{"key": "sla", "operator": operator, "value": "1"}]))
+        assert ok.error == ""
+
+
 def test_a_time_sliced_node_is_warned_about_and_too_many_slices_name_the_cause() -> None:
     def node(gpus: int, replicas: int) -> dict[str, Any]:
         return {

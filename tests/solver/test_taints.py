@@ -35,6 +35,30 @@ def test_toleration_matching(toleration: Toleration, taint: Taint, expected: boo
     assert toleration.tolerates(taint) is expected
 
 
+SLA = Taint("sla", "800", "NoSchedule")
+
+
+@pytest.mark.parametrize(
+    ("toleration", "expected"),
+    [
+        (Toleration("sla", "Gt", "750", "NoSchedule"), True),  # the taint's 800 is greater
+        (Toleration("sla", "Gt", "800", "NoSchedule"), False),
+        (Toleration("sla", "Lt", "900", "NoSchedule"), True),  # the taint's 800 is less
+        (Toleration("sla", "Lt", "800", "NoSchedule"), False),
+        (Toleration("sla", "Gt", "+750", ""), True),
+        (Toleration("sla", "Lt", "9223372036854775808", ""), False),  # past int64: no number
+        (Toleration("sla", "Gt", "7.5e2", ""), False),
+        (Toleration("sla", "Gt", " 750", ""), False),
+        (Toleration("other", "Gt", "750", ""), False),
+        (Toleration("sla", "Bogus", "800", ""), False),  # an unknown operator tolerates nothing
+        (Toleration("sla", "equal", "800", ""), False),
+    ],
+)
+def test_comparison_and_unknown_operators(toleration: Toleration, expected: bool) -> None:
+    assert toleration.tolerates(SLA) is expected
+    assert toleration.tolerates(Taint("sla", "high", "NoSchedule")) is False  # not a number: no comparison
+
+
 def cluster() -> Cluster:
     # The only GPU node is tainted, as GPU node pools often are; the other node has no GPUs.
     return Cluster([replace(gpu_node("gpu", gpus=4), taints=(GPU_TAINT,)), gpu_node("cpu", gpus=0)])
