@@ -252,12 +252,15 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
             max_pods = _int_quantity(alloc["pods"], f"{where}: allocatable pods")
         except ConvertError as exc:
             warnings.append(f"{exc}; its pod limit is not checked")
-    storage: int | None = None
+    storage = 0  # not reported: none, as kube-scheduler reads it (a pod asking for some does not fit)
     if STORAGE_RESOURCE in alloc:
         try:
             storage = memory_mib(alloc[STORAGE_RESOURCE], round_up=False)
         except QuantityError as exc:
-            warnings.append(f"{where}: allocatable {STORAGE_RESOURCE} ignored: {exc}")
+            warnings.append(
+                f"{where}: allocatable {STORAGE_RESOURCE} counted as 0, as if not reported, so no pod asking "
+                f"for ephemeral storage fits it: {exc}"
+            )
     if GPU_RESOURCE not in alloc and labels.get(LABEL_GPU_COUNT, "0") not in ("", "0") and not mig:
         warnings.append(
             f"{where}: label {LABEL_GPU_COUNT}={labels[LABEL_GPU_COUNT]} but no allocatable {GPU_RESOURCE} "

@@ -55,7 +55,8 @@ _LABEL_VALUE_MAX = 63
 """The longest a Kubernetes label value may be."""
 
 UNMETERED = 1 << 50
-"""Ephemeral storage of a node that does not report any, MiB: more than any pod asks for."""
+"""Ephemeral storage of a node that does not meter it (``storage_mib`` None), and pods of one that
+sets no limit: more than any pod asks for."""
 
 
 def _frozen(a: _A) -> _A:
@@ -95,7 +96,7 @@ class Cluster:
         self.storage_cap: IntArray = _frozen(
             np.array([UNMETERED if x.storage_mib is None else x.storage_mib for x in nodes], dtype=np.int64)
         )
-        """Allocatable ephemeral storage per node, MiB (``UNMETERED`` where the node does not say)."""
+        """Allocatable ephemeral storage per node, MiB (``UNMETERED`` where the node does not meter it)."""
         self.pods_cap: IntArray = _frozen(
             np.array([UNMETERED if x.max_pods is None else x.max_pods for x in nodes], dtype=np.int64)
         )

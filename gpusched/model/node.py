@@ -64,7 +64,8 @@ class Node:
     taints: tuple[Taint, ...] = ()
     """Taints a pod must tolerate to be placed here."""
     storage_mib: int | None = None
-    """Allocatable ephemeral storage, MiB; None when the node does not say (then it is not checked)."""
+    """Allocatable ephemeral storage, MiB; None: not metered (a simulated node), never short of it.  A
+    Kubernetes node that does not report any has 0, as kube-scheduler reads it (``kube.convert``)."""
     max_pods: int | None = None
     """Allocatable pods (the kubelet's ``maxPods``); None when the node does not say."""
     soft_taints: tuple[Taint, ...] = ()

@@ -501,11 +501,11 @@ def test_ephemeral_storage_of_pods_and_nodes_in_mib() -> None:
     node = node_obj()
     node["status"]["allocatable"]["ephemeral-storage"] = "100Gi"
     assert node_record(node).node.storage_mib == 100 * 1024
-    assert node_record(node_obj()).node.storage_mib is None  # not reported: not checked
+    assert node_record(node_obj()).node.storage_mib == 0  # not reported: none, as kube-scheduler reads it
     node["status"]["allocatable"]["ephemeral-storage"] = "lots"
-    rec = node_record(node)  # the node still counts, its storage unchecked, and the log says why
-    assert rec.node.storage_mib is None
-    assert "allocatable ephemeral-storage ignored" in rec.warning
+    rec = node_record(node)  # the node still counts, with no storage, and the log says why
+    assert rec.node.storage_mib == 0
+    assert "allocatable ephemeral-storage counted as 0, as if not reported" in rec.warning
 
 
 def test_a_gpu_product_selector_selects_nodes_for_any_pod_and_is_the_model_constraint_of_a_gpu_pod() -> None:

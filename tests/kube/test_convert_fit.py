@@ -197,3 +197,16 @@ def test_a_pod_holding_slices_of_two_profiles_holds_both() -> None:
     state = Cluster([node]).empty_state().apply([Assignment(theirs.pod, 0, ())])
     assert list(state.pod_mask(_mine("nvidia.com/mig-1g.10gb"))) == [False]
     assert list(state.pod_mask(_mine("nvidia.com/mig-2g.20gb"))) == [False]
+
+
+def test_a_node_that_reports_no_ephemeral_storage_takes_no_pod_asking_for_some() -> None:
+    """kube-scheduler reads a missing allocatable ``ephemeral-storage`` as none (a kubelet with
+    local storage capacity isolation off reports none): a pod asking for some does not fit, and is
+    told so as kube-scheduler tells it; a pod asking for none is unaffected."""
+    node = node_record(node_obj()).node  # cpu, memory, GPUs and pods, no ephemeral-storage
+    state = Cluster([node]).empty_state()
+    scratch = pod_record(pod_obj(containers=[{"name": "c", "resources": {"requests": {"ephemeral-storage": "1Gi"}}}]))
+    assert list(state.pod_mask(scratch.pod)) == [False]
+    assert explain(scratch.pod, state).message == "0/1 nodes are available: 1 Insufficient ephemeral-storage."
+    plain = pod_record(pod_obj(containers=[{"name": "c", "resources": {"requests": {"cpu": "1"}}}])).pod
+    assert list(state.pod_mask(plain)) == [True]
