@@ -312,7 +312,9 @@ class Pod(_Wishes):
     @property
     def gpu_demand_milli(self) -> int:
         """Total GPU demand in thousandths of a GPU (a MIG slice counts its compute share)."""
-        return self.num_gpu * self.gpu_milli + sum(mig_milli(p) * n for p, n in self.mig_slices)
+        if not self.mig_held:  # every pod this scheduler places: as its shape counts it
+            return mig_milli(self.mig_profile) if self.mig_profile else self.num_gpu * self.gpu_milli
+        return self.num_gpu * self.gpu_milli + sum(mig_milli(p) * n for p, n in self.mig_held)
 
     @property
     def held_wishes(self) -> tuple[tuple[int, PodAffinityTerm], ...]:
