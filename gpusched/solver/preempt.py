@@ -190,11 +190,13 @@ def find_preemption(
     if not by_node:
         return None
     # Nodes where it cannot fit even with every pod of lower priority gone are not worth a look.
-    # (Gone everywhere at once, those pods may take a pod affinity peer away: such a node is
-    # missed, never wrongly chosen, since each node is checked on its own below.)
+    # Gone everywhere at once, those pods may take away a peer its required pod affinity needs,
+    # or unbalance the domains its spread constraints count: for such a pod only what it asks of
+    # the node itself rules nodes out here (each node is checked exactly below, its own victims
+    # gone and every other pod in place).
     if lowered is None:
         lowered = state.release(a for lower in by_node.values() for a in lower)
-    possible = lowered.pod_mask(pod)
+    possible = lowered.fit_mask(pod.shape) if pod.affinity or pod.spread else lowered.pod_mask(pod)
     if allowed is not None:
         possible = possible & allowed
     # One private state, updated in place node after node and left as it was after each one: a

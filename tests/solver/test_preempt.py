@@ -306,3 +306,38 @@ def test_a_preemption_that_counted_on_a_dropped_ones_victims_is_dropped_too() ->
     assert [(f.pod.name, [x.pod.name for x in f.victims]) for f in found] == [("p1", ["v"]), ("p2", ["w"])]
     assert still_standing(found, state) == found  # together they hold
     assert still_standing(found[1:], state) == []  # p2 alone would evict w for nothing
+
+
+def test_a_pod_whose_affinity_needs_a_peer_of_lower_priority_elsewhere_still_finds_room() -> None:
+    """Its peer (priority 0, on b) may not be evicted in one's mind with every other pod of
+    lower priority: evicting only "batch" on a leaves the peer in the zone, as kube-scheduler finds."""
+    zone = {"zone": "z1"}
+    cluster = Cluster([replace(gpu_node(n, gpus=1), labels={**zone, "kubernetes.io/hostname": n}) for n in "ab"])
+    peer = running("cache", 1, (0,), 0, labels=(("app", "cache"),))
+    blocker = running("batch", 0, (0,), 0)
+    near = PodAffinityTerm((Requirement("app", "In", ("cache",)),), None, "zone")
+    found = find_preemption(replace(urgent(), affinity=(near,)), state_of(cluster, [peer, blocker]), [peer, blocker])
+    assert found is not None
+    assert (found.node, [v.pod.name for v in found.victims]) == (0, ["batch"])
+
+
+def test_a_pod_whose_spread_counts_pods_of_lower_priority_elsewhere_still_finds_room() -> None:
+    from gpusched.model.affinity import Spread
+    from gpusched.model.node import Taint
+
+    web = (("app", "web"),)
+    cluster = Cluster(
+        [
+            replace(gpu_node("a", gpus=2), labels={"zone": "z1"}),
+            replace(gpu_node("b", gpus=1), labels={"zone": "z2"}, taints=(Taint("dedicated", "x", "NoSchedule"),)),
+        ]
+    )
+    placed = [
+        running("w-high", 0, (0,), 100, labels=web),
+        running("blocker", 0, (1,), 0),
+        running("w-low", 1, (0,), 0, labels=web),  # z2's one: all gone at once, z1 would be over-full
+    ]
+    even = Spread(1, "zone", (Requirement("app", "In", ("web",)),), "default")
+    found = find_preemption(replace(urgent(priority=50), labels=web, spread=(even,)), state_of(cluster, placed), placed)
+    assert found is not None
+    assert (found.node, [v.pod.name for v in found.victims]) == (0, ["blocker"])
