@@ -1,4 +1,4 @@
-"""A gang with a member whose request cannot be honoured as written.
+"""A gang with a member whose request cannot be honoured as written, or short of its minimum.
 
 These drive a real ``Scheduler`` (queue, cache, policy) with watch events as the API server
 sends them; only the API server's answers (Bindings, Events, conditions) are scripted.  What is
@@ -194,3 +194,37 @@ async def test_members_of_a_gang_still_terminating_do_not_let_a_new_member_go_al
     [told] = api.failed("default/new0")
     assert told.startswith("gang default/g: 1 of at least 4 members are pending")
     assert s.cache.snapshot().state.gpu_used.sum() == 4 * 8 * 1000  # the old ones still hold theirs
+
+
+@pytest.mark.parametrize("why", ["invalid-member", "disagreeing-members"])
+async def test_members_no_new_node_would_place_are_no_demand_for_new_nodes(why: str) -> None:
+    """The autoscaling signal counts the pods more nodes would place: not a gang held back by a
+    member no node takes as written, nor one whose members disagree on its rules."""
+    s, api = _racks_scheduler([kit.node("n0", 1, "H100", rack="r1")])
+    if why == "invalid-member":
+        pods = [_member("a"), _member("b")]
+        _fpga(pods[0])
+    else:
+        pods = [_ranked("a", "2", gpus=1), _ranked("b", "2", gpus=1, key="rack")]
+    for obj in pods:
+        s._pending.apply("ADDED", obj)
+    await _one_batch(s)
+    assert api.bound == []
+    assert len(s.unschedulable_records()) == 2
+    assert s.waiting(s.unschedulable_records()) == []
+
+
+async def test_a_member_told_its_gang_is_short_is_drawn_again_when_a_peer_shows_up_bound() -> None:
+    """After a fail-over the last leader's Binding of one member lands after the other member was
+    told its gang is short (or a member is pinned to its node): the gang has its minimum now, and
+    the waiting member is placed at once, not after the next flush of parked pods."""
+    api = RecordingApi()
+    s = one_node_scheduler(api, 4)
+    s._pending.apply("ADDED", _member("m2"))
+    await _one_batch(s)
+    assert s.queue.counts().unschedulable == 1
+    peer = _member("m1")
+    peer["spec"]["nodeName"] = "n0"
+    s._bound.apply("ADDED", peer)
+    await _one_batch(s)
+    assert api.bound == ["default/m2"]

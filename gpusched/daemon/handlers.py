@@ -91,13 +91,16 @@ class BoundHandler:
             self.s.mig.idle_since.pop(rec.node_name, None)
         if freed:
             self.s.queue.move_all()
-        elif arrived:  # another scheduler's pod: one to follow, or one that evens a spread
+        elif arrived:  # one to follow, one that evens a spread, or a peer its gang waited for
             self.s.queue.move_all(lambda r: waits_for(r.pod, rec.pod))
 
 
 def waits_for(waiting: Pod, arrived: Pod) -> bool:
-    """Whether ``arrived`` may let ``waiting`` in: all its pod affinity terms select it, or one of
-    its spread constraints counts it."""
+    """Whether ``arrived`` may let ``waiting`` in: all its pod affinity terms select it, one of
+    its spread constraints counts it, or it is a member of its gang (which may have its minimum
+    now: a member bound by the last leader, by another scheduler, or pinned to its node)."""
+    if waiting.gang is not None and arrived.gang is not None and waiting.gang.name == arrived.gang.name:
+        return True
     if waiting.affinity and arrived.matches_all(waiting.affinity):
         return True
     return any(arrived.selected_by(c) for c in waiting.spread)

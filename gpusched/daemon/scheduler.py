@@ -2034,6 +2034,12 @@ class Scheduler:
         records = list(records)
         names = {g.name for r in records if (g := r.pod.gang) is not None}
         held = self.cache.gang_held(names) if names else {}
+        blocked: set[str] = set()  # gangs a member of which no node takes as written, or that disagree
+        if names:
+            queued = [r for k in self.queue.pending_keys() if (r := self.queue.record(k)) is not None]
+            members = [r for r in queued if (g := r.pod.gang) is not None and g.name in names]
+            blocked = {g.name for r in members if r.error and (g := r.pod.gang) is not None}
+            blocked |= set(gang_disagreements(r.pod for r in members))
         pods = [
             r.pod
             for r in records
@@ -2042,7 +2048,10 @@ class Scheduler:
             and self.cache.nomination(r.key) is None
             and (r.key, r.uid) not in aside
             and not (r.claims and self.claims.problem(r.key, r.uid, r.claims, r.ephemeral_claims))
-            and ((g := r.pod.gang) is None or self.queue.gang_pending(g.name) + held[g.name][0] >= g.min_members)
+            and (
+                (g := r.pod.gang) is None
+                or (g.name not in blocked and self.queue.gang_pending(g.name) + held[g.name][0] >= g.min_members)
+            )
         ]
         if self.tenants.active and pods:
             usage = self.cache.tenant_usage(self.tenants, terminating=True)
