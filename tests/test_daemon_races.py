@@ -415,3 +415,57 @@ async def test_a_plan_that_fails_the_independent_check_binds_nothing_and_the_bat
     assert [e["event"] for e in logs if e["log_level"] == "error"] == ["plan rejected; batch requeued"]
     assert s.queue.counts().backoff == 2
     assert s.cache.snapshot().state.gpu_used.sum() == 0
+
+
+def _gang_of_two_on_two_gpus() -> tuple[Scheduler, _Answers]:
+    """m1 and m2 (a gang of 2) placed on n0's two GPUs; m1 bound, m2's Binding refused by a
+    webhook; meanwhile x (no gang) came and was parked: no room."""
+    s, answers = _scheduler(gpus=2)
+    answers.results["default/m2"] = (BindResult.FAILED, 'admission webhook "quota.example" denied the request')
+    answers.held["default/m2"] = asyncio.Event()
+    for name in ("m1", "m2"):
+        s._pending.apply("ADDED", member_pod(name, gang="g"))
+    return s, answers
+
+
+async def _refused_after_x_parked(s: Scheduler, answers: _Answers) -> None:
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await asyncio.sleep(0)
+    s._pending.apply("DELETED", member_pod("m1", gang="g"))
+    s._bound.apply("ADDED", member_pod("m1", gang="g", node="n0"))  # m1's Binding landed
+    s._pending.apply("ADDED", member_pod("x"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    assert s.queue.counts().unschedulable == 1
+    answers.held["default/m2"].set()
+    await settle(s)
+
+
+async def test_a_member_whose_binding_is_refused_after_its_peer_was_bound_keeps_its_room() -> None:
+    """Bindings are one pod at a time: a refused member is retried into the room it was placed
+    in, before any other pod may take it, so that its gang is not left running short."""
+    s, answers = _gang_of_two_on_two_gpus()
+    s.queue.initial_backoff = 0.01
+    await _refused_after_x_parked(s, answers)
+    assert s.cache.nomination("default/m2") == ("n0", (1,), 0)
+    del answers.results["default/m2"]  # the webhook lets it through now
+    batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
+    assert [r.key for r in batch] == ["default/m2"]
+    await s.schedule_batch(batch)
+    await settle(s)
+    assert answers.bound == ["default/m1", "default/m2", "default/m2"]
+    assert "default/x" in s.queue  # still waiting: there was no room for it
+
+
+async def test_a_member_refused_again_and_again_gives_its_room_up() -> None:
+    """A webhook that refuses the member for good must not keep the GPU idle for ever."""
+    s, answers = _gang_of_two_on_two_gpus()
+    s.queue.initial_backoff = 0.01
+    await _refused_after_x_parked(s, answers)
+    for _ in range(daemon.GANG_ROOM_TRIES + 1):
+        if "default/x" in answers.bound:
+            break
+        await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+        await settle(s)
+    assert answers.bound.count("default/m2") == daemon.GANG_ROOM_TRIES
+    assert answers.bound[-1] == "default/x"
+    assert s.cache.nomination("default/m2") is None

@@ -63,6 +63,9 @@ from gpusched.state.volumes import Claims
 
 log = structlog.get_logger("gpusched.daemon")
 
+GANG_ROOM_TRIES = 3
+"""Refused Bindings in a row after which a gang member whose peers run gives its room up."""
+
 READ_BACK_RETRY_S = 1.0
 READ_BACK_RETRY_MAX_S = 60.0
 """How often a pod a relist missed is asked for again while the API server cannot answer."""
@@ -1692,7 +1695,14 @@ class Scheduler:
             self.metrics.bind_error("unknown")
             self.spawn(self._resolve(pod, node, gpus, why), f"resolve:{pod.key}")
         else:
-            if self.cache.forget(pod.key):  # its capacity is free again: the parked may fit
+            freed = self.cache.forget(pod.key)
+            if result is BindResult.FAILED and self._keeps_gang_room(pod):
+                # Its peers run: the room it was placed in stays its own (no victims to wait
+                # for), and it is bound there first when it is retried, rather than a parked
+                # pod taking it and leaving the gang short for good.
+                self.cache.nominate(pod, node, gpus, ())
+                self.placed_here.add(pod.key)
+            elif freed:  # its capacity is free again: the parked may fit
                 self.queue.move_all()
             if result is BindResult.FAILED:
                 self.metrics.bind_error("failed")
@@ -1706,6 +1716,15 @@ class Scheduler:
                 if result is BindResult.TAKEN:
                     self.metrics.bind_error("taken")
                 self.queue.done(pod.key)
+
+    def _keeps_gang_room(self, pod: Pod) -> bool:
+        """Whether a gang member whose Binding was refused keeps the room it was placed in: while
+        members of its gang are on the books, for its first ``GANG_ROOM_TRIES`` refusals in a
+        row (a Binding refused for good must not keep a GPU idle for ever)."""
+        if pod.gang is None or not self.is_leader or self.queue.attempts(pod.key) + 1 >= GANG_ROOM_TRIES:
+            return False
+        name = pod.gang.name
+        return self.cache.gang_held({name})[name][0] > 0
 
     async def _resolve(self, pod: Pod, node: str, gpus: tuple[int, ...], cause: str) -> None:
         """A Binding whose outcome is unknown: read the pod back (with a growing delay) until the
