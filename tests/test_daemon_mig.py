@@ -24,6 +24,7 @@ from tests.e2e import kit
 A100 = "NVIDIA-A100-SXM4-80GB"
 CM = "/api/v1/namespaces/gpu-operator/configmaps/gpusched-mig-parted-config"
 ON = {"mig": {"repartition": True, "configDelaySeconds": 0}}
+LABEL_STATE = "nvidia.com/mig.config.state"
 
 
 class MigApi(RecordingApi):
@@ -1312,3 +1313,207 @@ async def test_no_pod_is_preempted_on_a_node_being_repartitioned() -> None:
     stop(s)
     assert s.cache.nomination("default/urgent") is None  # no victim evicted for room it could not have
     assert api.failed("default/urgent")
+
+
+def failed_restore(name: str, requested: str, **labels: str) -> dict[str, Any]:
+    """A node labelled back to whole GPUs by gpusched that the MIG manager failed on: its
+    instances still advertised."""
+    obj = mig_node(name, config="all-disabled", **{"1g_10gb": 7})
+    obj["metadata"]["labels"] |= {
+        "gpusched.io/mig-requested-at": requested,
+        "gpusched.io/mig-previous": "gpusched-0123456789ab",
+        "nvidia.com/mig.config.state": "failed",
+        **labels,
+    }
+    return obj
+
+
+async def test_a_restore_the_last_leader_saw_fail_is_labelled_with_its_layout_by_the_next() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "timeoutSeconds": 10}})
+    NodeHandler(s).apply("ADDED", failed_restore("m", str(int(time.time()) - 5)))  # a new leader's first look
+    await asyncio.sleep(0)
+    back = [labels for node, labels in api.labelled if node == "m"]
+    assert back, "not relabelled with the layout it had"
+    assert back[0]["nvidia.com/mig.config"] == "gpusched-0123456789ab"
+    assert back[0]["gpusched.io/mig-requested-at"] is None
+    NodeHandler(s).apply("MODIFIED", mig_node("m", **{"1g_10gb": 7}))  # the watch shows the relabel
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    stop(s)
+    assert api.bound_to.get("default/p") == "m", "its instances sealed for good"
+
+
+async def test_a_failed_restore_whose_relabel_failed_is_relabelled_at_the_next_look() -> None:
+    api = MigApi()
+    orig = api.label_node
+    answers = ["503 the server is currently unable to handle the request"]
+
+    async def label(node: str, labels: dict[str, str | None]) -> str:
+        if "nvidia.com/mig.config" in labels and answers:
+            api.labelled.append((node, labels))
+            return answers.pop()
+        return await orig(node, labels)
+
+    api.label_node = label  # type: ignore[method-assign]
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "timeoutSeconds": 10}})
+    NodeHandler(s).apply("ADDED", failed_restore("m", str(int(time.time()) - 5)))
+    await asyncio.sleep(0)
+    assert len(api.labelled) == 1
+    assert "m" in s.mig.sealed()
+    s.mig.expire_asks()  # the next batch, or the next look for idle nodes; no update of the node
+    await asyncio.sleep(0)
+    stop(s)
+    assert len(api.labelled) == 2, "not tried again"
+    assert api.labelled[-1][1]["nvidia.com/mig.config"] == "gpusched-0123456789ab"
+    assert "m" not in s.mig.sealed()
+
+
+async def test_a_layout_is_not_given_up_while_the_mig_manager_reboots_the_node_for_it() -> None:
+    api = HookApi()
+    s = scheduler(api, {"mig": {"repartition": True, "timeoutSeconds": 10, "configDelaySeconds": 0}})
+    add_node(s, "n", 1)
+
+    def expire_soon() -> None:  # the timeout, 0.2 s from now rather than 10 s
+        api.after_event = None
+        s.mig.jobs["n"].asked -= 9.8
+
+    api.after_event = expire_soon
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    (_, asked) = api.labelled[-1]
+    rebooting = kit.node("n", 0, A100, **{"gpusched.io/mig-repartition": "true"})  # the device plugin is down
+    rebooting["metadata"]["labels"] |= {
+        "nvidia.com/mig.config": str(asked["nvidia.com/mig.config"]),
+        "gpusched.io/mig-requested-at": str(asked["gpusched.io/mig-requested-at"]),
+        "nvidia.com/mig.config.state": "rebooting",
+    }
+    NodeHandler(s).apply("MODIFIED", rebooting)
+    await asyncio.sleep(0.4)
+    stop(s)
+    assert [labels for _, labels in api.labelled[1:]] == [], "set back while the MIG manager was at work"
+    assert "n" in s.mig.jobs, "the pods waiting for it were told it failed"
+
+
+async def test_another_leaders_layout_is_waited_for_while_the_mig_manager_works_at_most_four_timeouts() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "timeoutSeconds": 10}})
+
+    def asked(ago: int, state: str) -> None:
+        labels = {
+            "nvidia.com/mig.config": "gpusched-0123456789ab",
+            "nvidia.com/mig.config.state": state,
+            "gpusched.io/mig-requested-at": str(int(time.time()) - ago),
+        }
+        add_node(s, "n", 0, **labels)
+
+    asked(15, "rebooting")
+    s.mig.expire_asks()
+    assert "n" in s.mig.sealed()
+    assert not api.labelled
+    asked(15, "success")  # back from the reboot; the device plugin not registered yet
+    s.mig.expire_asks()
+    assert "n" in s.mig.sealed(), "the timeout runs again from when the reboot ended"
+    assert not api.labelled
+    asked(41, "rebooting")
+    s.mig.expire_asks()
+    await asyncio.sleep(0)
+    stop(s)
+    assert [labels.get("nvidia.com/mig.config") for _, labels in api.labelled] == ["all-disabled"]
+
+
+async def test_a_layout_the_mig_manager_failed_on_is_labelled_back_before_its_gpus_are_offered_whole() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "timeoutSeconds": 10, "configDelaySeconds": 0}})
+    add_node(s, "n", 2, **{"nvidia.com/mig.config": "all-disabled", "nvidia.com/mig.config.state": "success"})
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    await asyncio.sleep(0.05)
+    (_, asked) = api.labelled[-1]
+    config = str(asked["nvidia.com/mig.config"])
+    # mig-parted failed (a GPU reset refused); the device plugin is back with both GPUs whole.
+    failed = {"nvidia.com/mig.config": config, "nvidia.com/mig.config.state": "failed"}
+    add_node(s, "n", 2, **failed, **{"gpusched.io/mig-requested-at": str(asked["gpusched.io/mig-requested-at"])})
+    await asyncio.sleep(0)
+    assert api.labelled[1:] == [
+        (
+            "n",
+            {
+                "nvidia.com/mig.config": "all-disabled",
+                "gpusched.io/mig-requested-at": None,
+                "gpusched.io/mig-repartition": "false",
+            },
+        )
+    ], "the MIG manager applies the failed layout again whenever its pod restarts"
+    s._pending.apply("ADDED", pod("w", gpus=2))
+    await batch(s)
+    assert "default/w" not in api.bound_to, "bound before the MIG manager has set the GPUs back"
+    for state in ("failed", "pending", "success"):  # the watch shows the label; the MIG manager applies it
+        add_node(s, "n", 2, repartition=False, **{"nvidia.com/mig.config": "all-disabled", LABEL_STATE: state})
+        assert ("n" in s.mig.sealed()) == (state != "success"), state
+    await batch(s)
+    stop(s)
+    assert api.bound_to.get("default/w") == "n"
+
+
+async def test_a_restore_is_not_over_when_the_device_plugin_restarts_before_the_mig_manager_acts() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})
+    NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
+    s.mig.restore_idle(0.0)
+    assert s.mig.restore_idle(1000.0) == ["m"]
+    await asyncio.sleep(0)
+    (_, asked) = api.labelled[-1]
+
+    def seen(state: str, slices: int) -> dict[str, Any]:
+        obj = mig_node("m", config="all-disabled", **{"1g_10gb": slices})
+        obj["metadata"]["labels"] |= {
+            "gpusched.io/mig-requested-at": str(asked["gpusched.io/mig-requested-at"]),
+            "gpusched.io/mig-previous": "gpusched-0123456789ab",
+            "nvidia.com/mig.config.state": state,  # "success": still the state of the layout
+        }
+        return obj
+
+    NodeHandler(s).apply("MODIFIED", seen("success", 0))  # the device plugin restarts: nothing advertised
+    await asyncio.sleep(0)
+    assert api.labelled[1:] == [], "the request dropped, for every leader, before the MIG manager acted"
+    NodeHandler(s).apply("MODIFIED", seen("success", 7))
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    assert "default/p" not in api.bound_to, "bound to an instance the MIG manager is about to destroy"
+    NodeHandler(s).apply("MODIFIED", seen("pending", 7))
+    NodeHandler(s).apply("MODIFIED", seen("success", 0))  # done: the whole GPUs to follow
+    await asyncio.sleep(0)
+    stop(s)
+    assert "m" not in s.mig.jobs
+
+
+async def test_no_request_or_previous_layout_is_left_on_a_node_once_its_layout_or_restore_is_over() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "configDelaySeconds": 0}})
+    # Whole GPUs again after a restore: the layout they replace is no longer anyone's to go back to.
+    NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
+    s.mig.restore_idle(0.0)
+    assert s.mig.restore_idle(1000.0) == ["m"]
+    await asyncio.sleep(0)
+    (_, asked) = api.labelled[-1]
+    whole = kit.node("m", 8, A100, **{"gpusched.io/mig-repartition": "true", "nvidia.com/mig.config": "all-disabled"})
+    whole["metadata"]["labels"] |= {
+        "nvidia.com/mig.config.state": "success",
+        "gpusched.io/mig-requested-at": str(asked["gpusched.io/mig-requested-at"]),
+        "gpusched.io/mig-previous": "gpusched-0123456789ab",
+    }
+    NodeHandler(s).apply("MODIFIED", whole)
+    await asyncio.sleep(0)
+    assert api.labelled[-1] == ("m", {"gpusched.io/mig-requested-at": None, "gpusched.io/mig-previous": None})
+    # A layout an admin relabels the node from: the request is over for every leader.
+    add_node(s, "n", 1, **{"nvidia.com/mig.config": "all-disabled"})
+    s._pending.apply("ADDED", pod("w", mig="1g.10gb"))
+    await batch(s)
+    await asyncio.sleep(0.05)
+    config = s.mig.jobs["n"].config
+    add_node(s, "n", 1, **{"nvidia.com/mig.config": config, "nvidia.com/mig.config.state": "pending"})
+    add_node(s, "n", 1, **{"nvidia.com/mig.config": "all-1g.10gb"})
+    await asyncio.sleep(0)
+    stop(s)
+    assert api.labelled[-1] == ("n", {"gpusched.io/mig-requested-at": None})

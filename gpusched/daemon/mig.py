@@ -40,6 +40,10 @@ from gpusched.state.records import PodRecord
 if TYPE_CHECKING:
     from gpusched.daemon.scheduler import Scheduler
 
+HARD_CAP_FACTOR = 4
+"""While the MIG manager reports it is at work (pending, rebooting), a request is waited for up to
+this many times ``mig.timeoutSeconds`` from its label; ``mig.timeoutSeconds`` runs again from
+when it stops reporting so."""
 RESTORE_BACKOFF_S = 86_400.0
 """How long a node a restore failed on is not set back to whole GPUs again."""
 MIG_ALL_DISABLED = "all-disabled"
@@ -81,6 +85,9 @@ class Repartition:
     """The node's ``nvidia.com/mig.config`` before it was labelled."""
     serves: frozenset[str] = frozenset()
     """Set back to whole GPUs sooner for these waiting pods (keys): not counted again meanwhile."""
+    busy: bool = False
+    """The MIG manager was seen at work (pending, rebooting) on the label once it was written: a
+    state ``success`` from then on is its answer, not the state of the last configuration."""
 
     @property
     def wanted(self) -> Counter[str]:
@@ -89,6 +96,23 @@ class Repartition:
         for _, layout in self.layouts:
             out.update(layout.counts)
         return out
+
+
+@dataclass
+class SetBack:
+    """A node labelled back to the configuration it had before, after a layout of ours failed or
+    did not come: sealed until the MIG manager has applied that (at most ``HARD_CAP_FACTOR`` times
+    ``mig.timeoutSeconds``), since it may reset the GPUs meanwhile."""
+
+    config: str
+    """The ``nvidia.com/mig.config`` value labelled."""
+    stale: str
+    """The MIG manager's state when labelled: the last configuration's, not this one's."""
+    since: float = field(default_factory=time.monotonic)
+    seen: bool = False
+    """The watch has shown the node with that label."""
+    busy: bool = False
+    """The MIG manager was seen at work on it."""
 
 
 class Repartitioner:
@@ -118,19 +142,45 @@ class Repartitioner:
         refuses still runs it): kept in the ConfigMap."""
         self.idle_since: dict[str, float] = {}
         """Nodes re-partitioned by gpusched whose instances no pod uses: since when (monotonic)."""
+        self.left_busy: dict[str, float] = {}
+        """When the MIG manager last stopped reporting it was at work on a node (monotonic)."""
+        self.setting_back: dict[str, SetBack] = {}
+        """Nodes labelled back after a layout failed or did not come, until the MIG manager applied it."""
 
     def sealed(self) -> set[str]:
         """Nodes being re-partitioned into MIG instances: none of their GPUs or instances is
         offered to a pod until it is over.  Those this instance asked a layout for; with
         ``mig.repartition``, also those the MIG manager says it is at work on, and those any
-        leader asked a layout for (``LABEL_MIG_REQUESTED``) that advertise no instance yet, for
-        ``mig.timeoutSeconds`` after the request."""
+        leader asked a layout for (``LABEL_MIG_REQUESTED``) that advertise no instance yet, until
+        the request is due (``_due``), and those labelled back after a layout failed or did not
+        come (``setting_back``)."""
         out = set(self.jobs)
         if self.s.config.mig.repartition:
-            since = time.time() - float(self.s.config.mig.timeout_seconds)
+            now = time.monotonic()
+            cap = HARD_CAP_FACTOR * float(self.s.config.mig.timeout_seconds)
             out |= self.at_work | self.restoring
-            out |= {n for n, at in self.asked.items() if at > since}
+            out |= {n for n, at in self.asked.items() if now < self._due(n, _monotonic(at))}
+            out |= {n for n, back in self.setting_back.items() if now - back.since < cap}
         return out
+
+    def _due(self, node: str, since: float) -> float:
+        """When a request labelled at ``since`` (monotonic) is given up: ``mig.timeoutSeconds``
+        after it, or after the MIG manager last stopped reporting it was at work on the node;
+        never while it reports so, but at ``HARD_CAP_FACTOR`` times that after it anyway."""
+        timeout = float(self.s.config.mig.timeout_seconds)
+        cap = since + HARD_CAP_FACTOR * timeout
+        if node in self.at_work:
+            return cap
+        return min(cap, max(since, self.left_busy.get(node, since)) + timeout)
+
+    async def _wait_for_manager(self, node: str, job: Repartition) -> bool:
+        """Wait until ``job`` is over or due (``_due``); whether it is still ours, and due."""
+        while self.jobs.get(node) is job:
+            wait = self._due(node, job.asked) - time.monotonic()
+            if wait <= 0:
+                return True
+            await asyncio.sleep(wait)  # the due time only moves later: looked at again then
+        return False
 
     # -- MIG re-partitioning ------------------------------------------------------------------
     def set_aside(self) -> dict[tuple[str, str], str]:
@@ -325,10 +375,10 @@ class Repartitioner:
         rec = self.s.cache.nodes.get(node)
         if rec is not None:  # the MIG manager may have answered before the write returned
             self.node_seen(rec.node)
-        await asyncio.sleep(max(0.0, job.asked + float(self.s.config.mig.timeout_seconds) - time.monotonic()))
-        if self.jobs.get(node) is job:
-            self._end(node, job, "timeout", self._timed_out(job.config, node, job))
-            self._give_up_layout(node, job.config)
+        if await self._wait_for_manager(node, job):
+            why = self._timed_out(job.config, node, job)
+            self._end(node, job, "timeout", why)
+            self._give_up_layout(node, job.config, job.before, why)
 
     def _withdrawn(self, node: str, whole: bool = False) -> str:
         """Why ``node`` may no longer be labelled for the layout asked for ("" when it may): what
@@ -351,22 +401,33 @@ class Repartitioner:
             return "a pod took one of its MIG instances meanwhile"
         return ""
 
-    def _clear(self, node: str) -> None:
-        """The layout came: the request is over, for every leader (a MIG manager that applies the
-        layout again later, after a reboot, is no new request).  Once at a time per node."""
+    def _clear(self, node: str, previous: bool = False) -> None:
+        """The layout came, or someone else's label replaced it: the request is over, for every
+        leader (a MIG manager that applies the layout again later, after a reboot, is no new
+        request).  ``previous``: whole GPUs came back, the layout they replace is forgotten too.
+        Once at a time per node."""
         if node not in self._clearing:
             self._clearing.add(node)
-            self.s.spawn(self._clear_request(node), f"mig-done:{node}")
+            self.s.spawn(self._clear_request(node, previous), f"mig-done:{node}")
 
-    async def _clear_request(self, node: str) -> None:
+    async def _clear_request(self, node: str, previous: bool = False) -> None:
+        labels: dict[str, str | None] = {LABEL_MIG_REQUESTED: None}
+        if previous:
+            labels[LABEL_MIG_PREVIOUS] = None
         try:
-            error = await self.s.binder.label_node(node, {LABEL_MIG_REQUESTED: None})
+            error = await self.s.binder.label_node(node, labels)
         finally:
             self._clearing.discard(node)
         if error:  # the next update of the node tries again (``node_seen``)
             log.warning("request label not removed after a MIG layout came", node=node, error=error)
 
     def _timed_out(self, config: str, node: str = "", job: Repartition | None = None) -> str:
+        if node in self.at_work:
+            cap = HARD_CAP_FACTOR * float(self.s.config.mig.timeout_seconds)
+            return (
+                f"the MIG manager was still at work on {LABEL_MIG_CONFIG}={config} "
+                f"{cap:g} s after it was asked (is the node stuck rebooting? see its log)"
+            )
         rec = self.s.cache.nodes.get(node) if node else None
         if rec is not None and job is not None and rec.node.labels.get(LABEL_MIG_STATE) == "success":
             offered = _counts(rec.node.mig_slices) or "none"
@@ -381,23 +442,37 @@ class Repartitioner:
             f"{self.s.config.mig.timeout_seconds} s (is the MIG manager running there? see its log)"
         )
 
-    def _give_up_layout(self, node: str, config: str) -> bool:
-        """A layout asked for that did not come in time: the node is set back to
-        ``all-disabled`` and no longer offered for re-partitioning (its label
-        ``gpusched.io/mig-repartition`` set to false), once; not when its label names another
-        configuration by now, or the instances came after all.  Whether it is set back."""
+    def _give_up_layout(self, node: str, config: str, before: str = "", why: str = "", failed: bool = False) -> bool:
+        """A layout asked for that did not come in time, or that the MIG manager failed to apply
+        (``failed``): the node is labelled back with the configuration it had ``before``
+        (``all-disabled`` when unknown) and no longer offered for re-partitioning (its label
+        ``gpusched.io/mig-repartition`` set to false), once; and sealed until the MIG manager has
+        applied that (``setting_back``), since it may reset the GPUs meanwhile.  Not when its
+        label names another configuration by now, or (timed out) the instances came after all
+        or pods run there.  Whether it is set back."""
         if node in self._giving_up or not self.s.is_leader:
             return False
         rec = self.s.cache.nodes.get(node)
+        if (
+            config == MIG_ALL_DISABLED
+            and rec is not None
+            and not rec.node.mig_slices
+            and LABEL_MIG_PREVIOUS not in rec.node.labels
+        ):
+            # No restore of gpusched's (each names the layout it replaces) and no instance left:
+            # a request left over from a layout someone else's label replaced.
+            self.asked.pop(node, None)
+            self._clear(node)
+            return False
         if config == MIG_ALL_DISABLED:  # a restore another leader asked for: not a layout to give up
             return self._set_back_failed(node, None, "the MIG manager did not apply it in time", "timeout")
         if rec is not None and (
-            rec.node.labels.get(LABEL_MIG_CONFIG, "") != config or (config != MIG_ALL_DISABLED and rec.node.mig_slices)
+            rec.node.labels.get(LABEL_MIG_CONFIG, "") != config or (not failed and rec.node.mig_slices)
         ):
             log.info("mig layout not set back: the node was relabelled, or its instances came", node=node)
             return False
         running = self.s.cache.gpu_pods_on(node)
-        if running:  # never: setting it back would take the instances from under them
+        if running and not failed:  # never: setting it back would take the instances from under them
             log.warning(
                 "mig layout not set back: pods run on the node",
                 node=node,
@@ -407,26 +482,36 @@ class Repartitioner:
             )
             self.asked.pop(node, None)
             return False
+        # A failed layout is never left on the node: the MIG manager applies its label again
+        # whenever its pod restarts, to GPUs that pods may use by then.
+        target = before if before and not before.startswith(MIG_CONFIG_PREFIX) else MIG_ALL_DISABLED
+        why = why or (
+            f"the MIG manager failed to apply {LABEL_MIG_CONFIG}={config}" if failed else self._timed_out(config)
+        )
         self._giving_up.add(node)
+        stale = rec.node.labels.get(LABEL_MIG_STATE, "") if rec is not None else ""
+        self.setting_back[node] = SetBack(target, stale)
 
         async def reset() -> None:
             try:
                 labels: dict[str, str | None] = {
-                    LABEL_MIG_CONFIG: MIG_ALL_DISABLED,
+                    LABEL_MIG_CONFIG: target,
                     LABEL_MIG_REQUESTED: None,
                     LABEL_MIG_REPARTITION: "false",
                 }
                 error = await self.s.binder.label_node(node, labels)
-                if error:
-                    log.warning("node not set back after a MIG layout timed out", node=node, error=error)
+                if error:  # the next update of the node, or look, tries again
+                    log.warning("node not set back after a MIG layout did not come", node=node, error=error)
+                    self.setting_back.pop(node, None)
                     return
-                why = self._timed_out(config)
-                log.warning("mig repartition given up", node=node, config=config, why=why)
+                log.warning("mig repartition given up", node=node, config=config, why=why, set_to=target)
                 await self.s.binder.object_event(
                     {"kind": "Node", "name": node, "apiVersion": "v1"},
-                    "MigRepartitionTimeout",
-                    f"Node {why}. Set back to {LABEL_MIG_CONFIG}=all-disabled; set "
-                    f"{LABEL_MIG_REPARTITION}=true to offer it for re-partitioning again.",
+                    "MigRepartitionFailed" if failed else "MigRepartitionTimeout",
+                    f"Node {node}: {why}. Labelled {LABEL_MIG_CONFIG}={target} again and "
+                    f"{LABEL_MIG_REPARTITION}=false; no pod is placed there until the MIG manager reports "
+                    f"{LABEL_MIG_CONFIG}={target} applied. Set {LABEL_MIG_REPARTITION}=true to offer it for "
+                    "re-partitioning again.",
                     "Warning",
                 )
             finally:
@@ -436,12 +521,13 @@ class Repartitioner:
         return True
 
     async def restore_forever(self) -> None:
-        """Now and then, ``restore_idle``."""
+        """Now and then, ``expire_asks`` (batches may be rare) and ``restore_idle``."""
         while True:
             mig = self.s.config.mig
             every = [float(s) / 4 for s in (mig.restore_idle_seconds, mig.restore_for_waiting_seconds) if s]
             await asyncio.sleep(max(1.0, min([30.0, *every])))
             try:
+                self.expire_asks()
                 self.restore_idle(time.monotonic())
             except Exception as exc:
                 log.error("MIG restore check failed", error=repr(exc))
@@ -637,15 +723,16 @@ class Repartitioner:
         rec = self.s.cache.nodes.get(node)
         if rec is not None:
             self.node_seen(rec.node)
-        await asyncio.sleep(float(self.s.config.mig.timeout_seconds))
-        if self.jobs.get(node) is job:
+        if await self._wait_for_manager(node, job):
             await self._restore_failed(
                 node, job, f"the MIG manager did not apply it within {self.s.config.mig.timeout_seconds} s"
             )
 
     def _set_back_failed(self, node: str, job: Repartition | None, why: str, result: str) -> bool:
-        """``_restore_failed`` for ``node``, once at a time; whether it was started."""
-        if node in self._giving_up:
+        """``_restore_failed`` for ``node``, once at a time (and, for no job, not again once it
+        relabelled the node: the watch may show the node as it was a moment longer); whether it
+        was started."""
+        if node in self._giving_up or (job is None and self._restore_after.get(node, 0.0) > time.monotonic()):
             return False
         self._giving_up.add(node)
 
@@ -673,13 +760,13 @@ class Repartitioner:
         }
         if rec is not None and rec.node.mig_slices and previous.startswith(MIG_CONFIG_PREFIX):
             back[LABEL_MIG_CONFIG] = previous
-        self._restore_after[node] = time.monotonic() + RESTORE_BACKOFF_S
         error = await self.s.binder.label_node(node, back) if self.s.is_leader else "no longer the leader"
-        if error:  # still sealed (the request stands): the next leader, or the next try, relabels it
+        if error:  # still sealed (the request stands): the next leader, or the next look, relabels it
             log.warning("node not relabelled after a MIG restore failed", node=node, error=error)
             if job is not None:
                 self._end(node, job, "", "")
             return
+        self._restore_after[node] = time.monotonic() + RESTORE_BACKOFF_S
         self.asked.pop(node, None)
         self.restoring.discard(node)
         if job is not None:
@@ -699,29 +786,51 @@ class Repartitioner:
         )
 
     def expire_asks(self) -> None:
-        """Set back the nodes another leader asked a layout for that did not come in time."""
+        """Set back the nodes another leader asked a layout for that did not come in time
+        (``_due``); label the nodes a restore failed on with their layout again (any leader's
+        restore, and again when the last try could not); unseal the nodes set back after a
+        layout that the MIG manager has not applied after all."""
         if not self.s.is_leader or not self.s.config.mig.repartition:
             return
-        since = time.time() - float(self.s.config.mig.timeout_seconds)
+        now = time.monotonic()
         for node, at in list(self.asked.items()):
-            if at <= since and node not in self.jobs:
+            if now >= self._due(node, _monotonic(at)) and node not in self.jobs:
                 rec = self.s.cache.nodes.get(node)
                 if self._give_up_layout(node, rec.node.labels.get(LABEL_MIG_CONFIG, "") if rec else ""):
                     self.s.metrics.mig_repartition("timeout")
+        for node in list(self.restoring):
+            rec = self.s.cache.nodes.get(node)
+            if node not in self.jobs and rec is not None and rec.node.labels.get(LABEL_MIG_STATE) == "failed":
+                self._set_back_failed(
+                    node, None, f"the MIG manager failed to apply {LABEL_MIG_CONFIG}={MIG_ALL_DISABLED}", "failed"
+                )
+        cap = HARD_CAP_FACTOR * float(self.s.config.mig.timeout_seconds)
+        for node, back in list(self.setting_back.items()):
+            if now - back.since >= cap:
+                del self.setting_back[node]
+                log.warning(
+                    "node offered again, though the MIG manager has not reported its configuration applied",
+                    node=node,
+                    config=back.config,
+                    seconds=cap,
+                )
 
     def node_seen(self, node: Node) -> None:
         """A node as the watch shows it: the MIG manager's state, a layout asked for and not
         there yet, and the end of a re-partition this instance asked for (its label, the state
-        ``success`` and the instances advertised; or ``failed``)."""
+        ``success`` and the instances advertised; or ``failed``).  A layout of ours the MIG
+        manager failed on, and a restore it failed on, are set back by any leader, once."""
         labels = node.labels
         state = labels.get(LABEL_MIG_STATE, "")
         if state in MIG_BUSY_STATES:
             self.at_work.add(node.name)
-        else:
+        elif node.name in self.at_work:
             self.at_work.discard(node.name)
+            self.left_busy[node.name] = time.monotonic()
         config = labels.get(LABEL_MIG_CONFIG, "")
         requested = labels.get(LABEL_MIG_REQUESTED, "")
         ours = config.startswith(MIG_CONFIG_PREFIX)
+        acting = self.s.is_leader and self.s.config.mig.repartition
         # There: instances of a layout of ours (also while a MIG manager applies it again after a
         # reboot), or none once set back to whole GPUs.
         arrived = bool(node.mig_slices) if ours else state == "success" and not node.mig_slices
@@ -747,28 +856,66 @@ class Repartitioner:
             self.restoring.add(node.name)
         else:
             self.restoring.discard(node.name)
+        self._settled(node.name, config, state)
         job = self.jobs.get(node.name)
         if job is None:
+            if acting and state == "failed" and requested and node.name not in self.setting_back:
+                if ours:  # asked for under another leader, or before a restart
+                    self._give_up_layout(node.name, config, failed=True)
+                elif node.name in self.restoring:
+                    why = f"the MIG manager failed to apply {LABEL_MIG_CONFIG}={MIG_ALL_DISABLED}"
+                    self._set_back_failed(node.name, None, why, "failed")
             return
         if job.labelled and config != job.config and (job.seen or config != job.before):  # someone else's word
             self._end(node.name, job, "failed", f"the node was relabelled {LABEL_MIG_CONFIG}={config}")
+            if self.s.is_leader:  # the request is over: no leader is to wait for it, nor set it back
+                self._clear(node.name)
             return
         if config != job.config:
             return
         job.seen = job.seen or job.labelled
+        job.busy = job.busy or (job.labelled and state in MIG_BUSY_STATES)
         if state == "failed":
             why = f"the MIG manager failed to apply {LABEL_MIG_CONFIG}={job.config}"
             if job.config == MIG_ALL_DISABLED:
                 self._set_back_failed(node.name, job, why, "failed")
                 return
             self._end(node.name, job, "failed", why)
+            self._give_up_layout(node.name, job.config, job.before, why, failed=True)
             return
         offered = dict(node.mig_slices)
-        whole = job.config == MIG_ALL_DISABLED
-        if state == "success" and (
-            not offered if whole else all(offered.get(p, 0) >= c for p, c in job.wanted.items())
-        ):
+        if job.config == MIG_ALL_DISABLED:
+            # Right after the label the state is still the last layout's "success", and a device
+            # plugin restart shows no instance for a moment: done once the MIG manager was seen at
+            # work on it, or every GPU is advertised whole again.
+            count = labels.get(LABEL_GPU_COUNT, "")
+            back = count.isdigit() and 0 < int(count) <= node.gpu_count
+            if state == "success" and not offered and (job.busy or back):
+                self._end(node.name, job, "success", "")
+            return
+        if state == "success" and all(offered.get(p, 0) >= c for p, c in job.wanted.items()):
             self._end(node.name, job, "success", "")
+
+    def _settled(self, name: str, config: str, state: str) -> None:
+        """Whether the MIG manager has applied the configuration a node was labelled back with
+        (``setting_back``): then it is offered again."""
+        back = self.setting_back.get(name)
+        if back is None:
+            return
+        if config != back.config:
+            if back.seen:  # someone else's word since: theirs to look after
+                del self.setting_back[name]
+            return
+        back.seen = True
+        back.busy = back.busy or state in MIG_BUSY_STATES
+        if state == "success" and (back.busy or back.stale != "success"):
+            del self.setting_back[name]
+            log.info("node set back", node=name, config=config)
+            self.s.queue.move_all()
+        elif state == "failed" and back.busy:
+            del self.setting_back[name]
+            log.warning("the MIG manager failed to set the node back; offered as it is", node=name, config=config)
+            self.s.queue.move_all()
 
     def note_configs(self, name: str, labels: Mapping[str, Any]) -> None:
         """A node's labels as the watch shows them, read or not: its configuration of ours (or the
@@ -782,12 +929,15 @@ class Repartitioner:
 
     def relisted(self, nodes: Iterable[Node]) -> None:
         """The nodes were listed afresh: what the MIG manager is at work on is read again."""
+        was = set(self.at_work)
         self.at_work.clear()
         self.restoring.clear()
         listed = set()
         for node in nodes:
             listed.add(node.name)
             self.node_seen(node)
+        for name in was - self.at_work:
+            self.left_busy[name] = time.monotonic()
         for name in (set(self.asked) | set(self.jobs)) - listed:  # deleted while the watch was down
             self.node_gone(name, deleted=True)
 
@@ -798,6 +948,8 @@ class Repartitioner:
         self.at_work.discard(name)
         self.restoring.discard(name)
         self.asked.pop(name, None)
+        self.left_busy.pop(name, None)
+        self.setting_back.pop(name, None)
         job = self.jobs.get(name)
         if job is not None:
             self._end(name, job, "failed", "the node is gone")
@@ -815,7 +967,7 @@ class Repartitioner:
         seconds = round(time.monotonic() - job.started, 1)
         if result == "success":
             log.info("mig repartition done", node=node, config=job.config, seconds=seconds)
-            self._clear(node)
+            self._clear(node, previous=job.config == MIG_ALL_DISABLED)
             self.s.queue.move_all()
             return
         log.warning("mig repartition failed", node=node, config=job.config, result=result, why=why, seconds=seconds)
@@ -826,6 +978,11 @@ class Repartitioner:
                 p, f"Node {node} was not re-partitioned into MIG instances for this pod: {why}.", "MigRepartition"
             )
         self.s.queue.move_all()
+
+
+def _monotonic(stamp: float) -> float:
+    """The Unix time ``stamp`` on the monotonic clock."""
+    return stamp - time.time() + time.monotonic()
 
 
 def _within(stamp: str, seconds: float) -> bool:
