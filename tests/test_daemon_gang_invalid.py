@@ -228,3 +228,17 @@ async def test_a_member_told_its_gang_is_short_is_drawn_again_when_a_peer_shows_
     s._bound.apply("ADDED", peer)
     await _one_batch(s)
     assert api.bound == ["default/m2"]
+
+
+async def test_a_gang_with_a_member_running_is_told_its_minimum_as_its_owner_wrote_it() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, 8)
+    running = _member("m1", "4")
+    running["spec"]["nodeName"] = "n0"
+    s._bound.apply("ADDED", running)
+    for name in ("m2", "m3"):
+        s._pending.apply("ADDED", _member(name, "4"))
+    await _one_batch(s)
+    assert api.bound == []
+    [told] = api.failed("default/m2")
+    assert told.startswith("gang default/g: 2 pending and 1 running of at least 4 members;"), told

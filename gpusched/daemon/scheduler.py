@@ -1013,7 +1013,8 @@ class Scheduler:
             g = p.gang
             if g is not None and held[g.name][0]:
                 count, domain = held[g.name]
-                out.append(replace(p, gang=replace(g, min_members=max(1, g.min_members - count), domain=domain)))
+                left = max(1, g.min_members - count)
+                out.append(replace(p, gang=replace(g, min_members=left, domain=domain, running=count)))
             else:
                 out.append(p)
         return out

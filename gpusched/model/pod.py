@@ -58,6 +58,8 @@ class Gang:
     topology: str = ""
     domain: str = ""
     """The domain the gang is held to (where members already run); empty: any."""
+    running: int = 0
+    """Members already running, which ``min_members`` counts in (it is what is left to place)."""
 
     def __post_init__(self) -> None:
         if not self.name:

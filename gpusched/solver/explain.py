@@ -196,6 +196,11 @@ def explain_gang(pod: Pod, members: int, state: ClusterState) -> str:
     gang = pod.gang
     assert gang is not None
     if members < gang.min_members:
+        if gang.running:  # as the user wrote the minimum, the running members counted in
+            return (
+                f"gang {gang.name}: {members} pending and {gang.running} running of at least "
+                f"{gang.min_members + gang.running} members; no member is placed until all of them can be, together."
+            )
         return (
             f"gang {gang.name}: {members} of at least {gang.min_members} members are pending; "
             "no member is placed until all of them can be, together."
@@ -211,7 +216,8 @@ def explain_gang(pod: Pod, members: int, state: ClusterState) -> str:
         where = f" within {key} {gang.domain}, where its members run" if gang.domain else f" within one {key} domain"
     e = explain(pod, state)
     detail = e.message if not e.fits else f"{e.fits}/{e.total} nodes could take this member alone."
-    return f"gang {gang.name}: its {members} members do not all fit at once{where}; {detail}"
+    which = f"{members} pending members (beside {gang.running} running)" if gang.running else f"{members} members"
+    return f"gang {gang.name}: its {which} do not all fit at once{where}; {detail}"
 
 
 def gang_fits(members: Sequence[Pod], state: ClusterState) -> bool:

@@ -63,3 +63,16 @@ def test_a_gang_that_does_not_fit_whole_says_how_many_nodes_could_take_one_membe
         "gang ns/g: its 2 members do not all fit at once; 1/1 nodes could take this member alone."
     )
     assert explain_gang(member, 1, state).startswith("gang ns/g: 1 of at least 2 members are pending;")
+
+
+def test_a_gang_with_members_running_is_told_its_minimum_as_written() -> None:
+    """A gang of at least 4 with one member running and two pending is short by one: said in the
+    numbers its owner wrote, not in the three the batch has left to place."""
+    state = Cluster([gpu_node("a", gpus=1)]).empty_state()
+    left = replace(pod("m2", gpus=1), gang=Gang("ns/g", min_members=3, running=1))
+    assert explain_gang(left, 2, state).startswith(
+        "gang ns/g: 2 pending and 1 running of at least 4 members; no member is placed"
+    )
+    assert explain_gang(left, 3, state).startswith(
+        "gang ns/g: its 3 pending members (beside 1 running) do not all fit at once;"
+    )
