@@ -53,6 +53,7 @@ together with the Binding.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime
@@ -811,6 +812,7 @@ def _pod(
             preferred_together=wished["podAffinity"],
             soft_spread=soft_spread,
             preempts=spec.get("preemptionPolicy") != "Never",
+            started=_epoch((status or {}).get("startTime")) or math.inf,
             mig_held=mig_held,
         )
     except ValueError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -258,6 +259,10 @@ class Pod(_Wishes):
     daemon: bool = False
     """It runs on its node whatever runs beside it: a DaemonSet's pod or a static pod.  It does
     not keep consolidation from emptying the node of GPU work, and is never moved."""
+    started: float = math.inf
+    """When it started running (``status.startTime``, seconds since the epoch); not yet: ``inf``.
+    Among victims of equal priority, preemption evicts the ones that started last, as
+    kube-scheduler does (the least work lost)."""
     mig_held: tuple[tuple[str, int], ...] = ()
     """Every MIG slice it holds, (profile, count) by profile, when that is more than the one
     ``mig_profile`` names: several slices, or slices beside GPUs.  This scheduler places no such

@@ -5,15 +5,15 @@ As kube-scheduler's DefaultPreemption chooses them, on the books as they are aft
 1. Only a pod that may preempt (``Pod.preempts``: its ``preemptionPolicy`` is not ``Never``)
    and only pods of strictly lower priority that are not being deleted already.
 2. Per node with such pods: remove them all; if the pod then fits there, add them back one
-   by one, those a PodDisruptionBudget protects first, each group highest priority first,
-   keeping each one the pod still fits beside (kube-scheduler's "reprieve"). What is left are
+   by one, those a PodDisruptionBudget protects first, each group highest priority first (and
+   of equal priority, the one that started first), keeping each one the pod still fits beside (kube-scheduler's "reprieve"). What is left are
    the node's victims.  A victim is protected when evicting it (with those before it on the
    node) would take a budget it matches below zero (``status.disruptionsAllowed``).  A running
    gang is such a budget too (``gang_budgets``), allowing the members beyond its minimum.
 3. Of the nodes where the pod fits so, the one with the fewest protected victims, then the one
    whose most important victim has the lowest priority, then the lowest sum of victim
-   priorities each raised by 2^31 (so that fewer victims come first), then the first in the
-   cluster's order.  As kube-scheduler does, the search stops once it has
+   priorities each raised by 2^31 (so that fewer victims come first), then the one whose most
+   important victims started last, then the first in the cluster's order.  As kube-scheduler does, the search stops once it has
    ``max(min_candidates, 10 % of the nodes)`` candidate nodes, or sooner at a node where one
    unprotected pod of the lowest priority there is makes room, which no later node can beat.
 
@@ -137,9 +137,18 @@ def gang_budgets(running: Sequence[Assignment]) -> list[Budget]:
     return out
 
 
-def _rank(victims: Sequence[Assignment], violations: int, node: int) -> tuple[int, int, int, int, int]:
+def _rank(victims: Sequence[Assignment], violations: int, node: int) -> tuple[int, int, int, int, float, int]:
     prio = [v.pod.priority for v in victims]
-    return (violations, max(prio), sum(p + _SHIFT for p in prio), len(prio), node)
+    top = max(prio)
+    # Then the node whose most important victims started last (the least work lost), as
+    # kube-scheduler breaks ties: the earliest start among them, latest first.
+    earliest = min(v.pod.started for v in victims if v.pod.priority == top)
+    return (violations, top, sum(p + _SHIFT for p in prio), len(prio), -earliest, node)
+
+
+def _importance(a: Assignment) -> tuple[int, float, str]:
+    """Most important first: higher priority, then started earlier (kube-scheduler's order)."""
+    return (-a.pod.priority, a.pod.started, a.pod.key)
 
 
 def _protected(lower: Sequence[Assignment], budgets: Sequence[Budget], spent: Sequence[int]) -> set[int]:
@@ -206,10 +215,10 @@ def find_preemption(
     least = min(a.pod.priority for lower in by_node.values() for a in lower)
     unbeatable = (0, least, least + _SHIFT, 1)  # one unprotected victim of the lowest priority there is
     spent = [0] * len(budgets) if spent is None else spent
-    best: tuple[tuple[int, int, int, int, int], Preemption] | None = None
+    best: tuple[tuple[int, int, int, int, float, int], Preemption] | None = None
     found = 0
     for node in sorted(n for n in by_node if possible[n]):
-        lower = sorted(by_node[node], key=lambda a: (-a.pod.priority, a.pod.key))
+        lower = sorted(by_node[node], key=_importance)
         work = work.release(lower, consume=True)
         if not work.pod_mask(pod)[node]:
             work = work.apply(lower, consume=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -84,6 +85,13 @@ def test_cordoned_nodes_carry_the_unschedulable_taint_and_taints_are_kept_for_th
     soft = node_record(node_obj(taints=[{"key": "x", "effect": "PreferNoSchedule"}]))
     assert soft.node.taints == ()
     assert soft.node.soft_taints == (Taint("x", "", "PreferNoSchedule"),)  # weighed, not required
+
+
+def test_when_a_pod_started_is_read_for_preemption_to_spare_the_longest_running() -> None:
+    obj = pod_obj(nodeName="n0")
+    assert pod_record(obj).pod.started == math.inf  # not started yet: the newest of all
+    obj["status"] = {"phase": "Running", "startTime": "2026-12-01T00:00:10Z"}
+    assert pod_record(obj).pod.started == 1_796_083_210.0
 
 
 def test_priority_and_preemption_policy_are_read() -> None:

@@ -341,3 +341,31 @@ def test_a_pod_whose_spread_counts_pods_of_lower_priority_elsewhere_still_finds_
     found = find_preemption(replace(urgent(priority=50), labels=web, spread=(even,)), state_of(cluster, placed), placed)
     assert found is not None
     assert (found.node, [v.pod.name for v in found.victims]) == (0, ["blocker"])
+
+
+def test_of_victims_of_equal_priority_the_one_that_started_last_is_evicted() -> None:
+    """Kept first is the pod that has run longest (the least work lost), whatever the names."""
+    c = Cluster([gpu_node("a", gpus=2)])
+    placed = [running("a-young", 0, (0,), 0, started=2_000.0), running("b-old", 0, (1,), 0, started=1_000.0)]
+    found = find_preemption(urgent(), state_of(c, placed), placed)
+    assert found is not None
+    assert [v.pod.name for v in found.victims] == ["a-young"]
+    placed = [running("a-old", 0, (0,), 0, started=1_000.0), running("b-young", 0, (1,), 0, started=2_000.0)]
+    found = find_preemption(urgent(), state_of(c, placed), placed)
+    assert found is not None
+    assert [v.pod.name for v in found.victims] == ["b-young"]
+
+
+def test_between_nodes_alike_in_their_victims_the_one_whose_victims_started_last_is_chosen() -> None:
+    """Two victims a node (a node where one pod of the lowest priority makes room ends the search
+    at once, whenever it started)."""
+    c = Cluster([gpu_node("a", gpus=2), gpu_node("b", gpus=2)])
+    placed = [
+        running("a0", 0, (0,), 0, started=1_000.0),
+        running("a1", 0, (1,), 0, started=4_000.0),
+        running("b0", 1, (0,), 0, started=3_000.0),
+        running("b1", 1, (1,), 0, started=3_500.0),
+    ]
+    found = find_preemption(urgent(gpus=2), state_of(c, placed), placed)
+    assert found is not None
+    assert sorted(v.pod.name for v in found.victims) == ["b0", "b1"]  # a0 started first of all
