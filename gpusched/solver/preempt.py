@@ -6,16 +6,18 @@ As kube-scheduler's DefaultPreemption chooses them, on the books as they are aft
    and only pods of strictly lower priority that are not being deleted already.
 2. Per node with such pods: remove them all; if the pod then fits there, add them back one
    by one, those a PodDisruptionBudget protects first, each group highest priority first (and
-   of equal priority, the one that started first), keeping each one the pod still fits beside (kube-scheduler's "reprieve"). What is left are
-   the node's victims.  A victim is protected when evicting it (with those before it on the
-   node) would take a budget it matches below zero (``status.disruptionsAllowed``).  A running
-   gang is such a budget too (``gang_budgets``), allowing the members beyond its minimum.
+   of equal priority, the one that started first), keeping each one the pod still fits beside
+   (kube-scheduler's "reprieve"). What is left are the node's victims.  A victim is protected
+   when evicting it (with those before it on the node) would take a budget it matches below
+   zero (``status.disruptionsAllowed``).  A running gang is such a budget too
+   (``gang_budgets``), allowing the members beyond its minimum.
 3. Of the nodes where the pod fits so, the one with the fewest protected victims, then the one
    whose most important victim has the lowest priority, then the lowest sum of victim
    priorities each raised by 2^31 (so that fewer victims come first), then the one whose most
-   important victims started last, then the first in the cluster's order.  As kube-scheduler does, the search stops once it has
-   ``max(min_candidates, 10 % of the nodes)`` candidate nodes, or sooner at a node where one
-   unprotected pod of the lowest priority there is makes room, which no later node can beat.
+   important victims started last, then the first in the cluster's order.  As kube-scheduler
+   does, the search stops once it has ``max(min_candidates, 10 % of the nodes)`` candidate
+   nodes, or sooner at a node where one unprotected pod of the lowest priority there is makes
+   room, which no later node can beat.
 
 A gang (``find_gang_preemption``) has room for all its pending members or none: members are
 placed largest first, each where it fits as things are or else as a single pod would preempt,
