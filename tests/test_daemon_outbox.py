@@ -111,3 +111,31 @@ async def test_a_worker_cancelled_before_it_ran_does_not_stall_the_outbox() -> N
     await asyncio.gather(worker, return_exceptions=True)
     await asyncio.sleep(0)
     assert box.put("b", go) == 1  # a new worker is started for what still waits
+
+
+async def test_a_write_put_as_the_last_worker_leaves_starts_a_worker_of_its_own() -> None:
+    """Between a worker leaving its loop and its task's callbacks, a write may be put: it must
+    not wait, unsent, for whatever write comes next (on a quiet cluster: none)."""
+    box = Outbox(workers=1)
+    sent: list[str] = []
+
+    def write(what: str) -> Any:
+        async def go() -> None:
+            sent.append(what)
+
+        return go
+
+    assert box.put("a", write("a")) == 1
+    task = asyncio.ensure_future(box.work())
+    late: list[int] = []
+    task.add_done_callback(lambda _: late.append(box.put("b", write("b"))))  # before the scheduler's
+    task.add_done_callback(box.worker_done)
+    await task
+    await asyncio.sleep(0)
+    assert late == [1]
+    again = asyncio.ensure_future(box.work())
+    again.add_done_callback(box.worker_done)
+    await again
+    await asyncio.sleep(0)
+    assert sent == ["a", "b"]
+    assert box.put("c", write("c")) == 1  # counted out once each: a worker starts again

@@ -12,9 +12,11 @@ again).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
+from typing import Any
 
 import structlog
 
@@ -35,6 +37,8 @@ class Outbox:
         """Writes dropped because ``limit`` were waiting."""
         self._waiting: OrderedDict[Hashable, Write] = OrderedDict()
         self._running = 0
+        self._counted_out: set[asyncio.Task[Any] | None] = set()
+        """Worker tasks that counted themselves out as they ended (``work``)."""
         self._told_dropped = 0.0
 
     def __len__(self) -> int:
@@ -64,13 +68,22 @@ class Outbox:
     async def work(self) -> None:
         """Send waiting writes, oldest first, until none wait.  A write that fails is logged; it
         never stops the others.  Run as a task that calls ``worker_done`` when it ends."""
-        while self._waiting:
-            key, write = self._waiting.popitem(last=False)
-            try:
-                await write()
-            except Exception as exc:
-                log.error("status write failed", key=str(key), error=repr(exc))
+        try:
+            while self._waiting:
+                key, write = self._waiting.popitem(last=False)
+                try:
+                    await write()
+                except Exception as exc:
+                    log.error("status write failed", key=str(key), error=repr(exc))
+        finally:
+            # Counted out as it leaves the loop, not when its task's callbacks run: a write put
+            # in between must start a worker, or it would wait for the next put.
+            self._running -= 1
+            self._counted_out.add(asyncio.current_task())
 
-    def worker_done(self, _: object = None) -> None:
-        """A worker's task ended (also one cancelled before it ran: counted all the same)."""
+    def worker_done(self, task: object = None) -> None:
+        """A worker's task ended: counted out here only if it never ran (cancelled before)."""
+        if task in self._counted_out:
+            self._counted_out.discard(task)
+            return
         self._running -= 1
