@@ -770,3 +770,89 @@ async def test_a_budget_spent_by_an_earlier_batch_counts_until_its_status_is_wri
     # Its status written since (web-0 counted): it allows none, and says so itself.
     budgets.apply("MODIFIED", {**budget, "status": {"disruptionsAllowed": 0}})
     assert not s.evicted_uncounted
+
+
+class _Slow(_Api):
+    """Deletions wait for ``release``, then are refused (a webhook, RBAC)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def preempt(self, victim: Pod, by: Pod, node: str) -> bool:
+        self.evicted.append((victim.key, by.key, node))
+        await self.release.wait()
+        return False
+
+
+async def test_room_taken_over_whose_victims_deletion_is_then_refused_is_given_up() -> None:
+    """mid's victim's deletion is still in flight when critical takes mid's room over; then it is
+    refused: the victim runs on, and critical must not wait for it for ever."""
+    api = _Slow()
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", _pod("low", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("mid", 50))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    s._pending.apply("ADDED", _pod("critical", 1000))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    assert s.cache.nomination("default/critical") == ("n0", (0,), 1)
+    api.release.set()
+    await settle(s)
+    assert s.cache.nomination("default/critical") is None
+    assert api.nominated["default/critical"] is None
+    assert [a.pod.key for a in s.cache.preemptible()] == ["default/low"]  # it may be evicted again
+
+
+async def test_a_pod_deleted_during_its_batch_takes_no_room_over() -> None:
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", _pod("low", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("mid", 50))
+    await _cycle(s)
+    s._bound.apply("MODIFIED", _deleting("low", 0, "n0"))
+    s._pending.apply("ADDED", _pod("critical", 1000))
+    batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
+    s._pending.apply("DELETED", _pod("critical", 1000))  # while its batch is solved
+    await s.schedule_batch(batch)
+    await settle(s)
+    assert s.cache.nomination("default/critical") is None
+    assert s.cache.nomination("default/mid") == ("n0", (0,), 1)
+
+
+async def test_a_refused_deletion_spends_no_budget() -> None:
+    """The victim runs on: the budget that covers it still allows what it allowed."""
+    api = _Api()
+    api.refused = {"default/web-0"}
+    s = one_node_scheduler(api, gpus=1)
+    NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    for name, node, priority in (("web-0", "n0", 0), ("other", "n1", 10)):
+        obj = _pod(name, priority, node=node)
+        if name == "web-0":
+            obj["metadata"]["labels"]["app"] = "web"
+        s._bound.apply("ADDED", obj)
+    budgets = next(r.handler for r in s.reflectors if r.name == "disruption-budgets")
+    budgets.replace(
+        [
+            {
+                "metadata": {"name": "web", "namespace": "default"},
+                "spec": {"selector": {"matchLabels": {"app": "web"}}},
+                "status": {"disruptionsAllowed": 1},
+            }
+        ]
+    )
+    s._pending.apply("ADDED", _pod("first", 50))
+    await _cycle(s)
+    assert [v for v, _, _ in api.evicted] == ["default/web-0"]
+    assert not s.evicted_uncounted
+
+
+def test_the_start_time_the_kubelet_writes_after_the_bind_reaches_the_books() -> None:
+    """Pods are seen bound before they start: their start time, which preemption's ties read,
+    comes with a later update of the same pod."""
+    s = one_node_scheduler(_Api(), gpus=1)
+    obj = _pod("w", 0, node="n0")
+    s._bound.apply("ADDED", obj)
+    assert s.cache.preemptible()[0].pod.started == float("inf")
+    obj["status"] = {"phase": "Running", "startTime": "2026-12-01T00:00:00Z"}
+    s._bound.apply("MODIFIED", obj)
+    assert s.cache.preemptible()[0].pod.started == 1_796_083_200.0

@@ -469,3 +469,16 @@ async def test_a_member_refused_again_and_again_gives_its_room_up() -> None:
     assert answers.bound.count("default/m2") == daemon.GANG_ROOM_TRIES
     assert answers.bound[-1] == "default/x"
     assert s.cache.nomination("default/m2") is None
+
+
+async def test_a_member_deleted_while_its_refused_binding_was_in_flight_keeps_no_room() -> None:
+    s, answers = _gang_of_two_on_two_gpus()
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await asyncio.sleep(0)
+    s._pending.apply("DELETED", member_pod("m1", gang="g"))
+    s._bound.apply("ADDED", member_pod("m1", gang="g", node="n0"))
+    s._pending.apply("DELETED", member_pod("m2", gang="g"))  # the job deleted meanwhile
+    answers.held["default/m2"].set()
+    await settle(s)
+    assert "default/m2" not in s.queue
+    assert s.cache.nomination("default/m2") is None

@@ -503,3 +503,23 @@ async def test_a_disruption_budget_a_reclaim_spent_is_spent_for_the_preemption_o
     await batch(s)
     assert len(api.why) == 1, api.why  # one reclaim
     assert sorted(v.removesuffix("-0").removesuffix("-1") for v in api.evicted) == ["a/other", "a/web"], api.evicted
+
+
+async def test_room_reclaimed_for_one_tenant_is_not_taken_over_by_another_of_higher_priority() -> None:
+    """Priority does not decide between tenants: b reclaimed its quota from a, and a pod of a of
+    higher priority does not take b's room (b would only reclaim it again)."""
+    from tests.test_daemon_utilisation import EvictingApi, batch
+
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    tenants(s, quotas={"b": {"quotaGpus": 1}})
+    s._bound.apply("ADDED", of("a-lo", "a", 0, node="n0", gpu=0))  # a borrows (quota 0)
+    s._pending.apply("ADDED", of("b1", "b", 0))
+    await batch(s)
+    assert api.evicted == ["a/a-lo"]
+    held = s.cache.nomination("b/b1")
+    assert held is not None
+    s._pending.apply("ADDED", of("a-hi", "a", 1000))
+    await batch(s)
+    assert s.cache.nomination("b/b1") == held
+    assert s.cache.nomination("a/a-hi") is None

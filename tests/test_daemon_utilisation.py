@@ -249,3 +249,21 @@ def test_a_configuration_that_makes_answers_too_short_lived_for_the_poll_is_warn
     assert line["log_level"] == "warning"
     assert line["fix"] == "a --utilisation-poll below utilisation.maxAgeSeconds"
     assert (line["poll_s"], line["max_age_s"]) == (15, 10)
+
+
+async def test_room_on_a_node_with_busy_gpus_is_not_taken_over() -> None:
+    """Who keeps a GPU busy is not known to leave: a pod of higher priority does not take over room
+    held on such a node (it may preempt as usual)."""
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=2)
+    measured(s, {"n0": {1: 99.0}})  # GPU 1 kept busy by "other"
+    s._bound.apply("ADDED", pod("low", 0, node="n0", gpu=0))
+    s._bound.apply("ADDED", pod("other", 5000, milli=500, node="n0", gpu=1))
+    s._pending.apply("ADDED", pod("mid", 50))
+    await batch(s)
+    assert s.cache.nomination("default/mid") == ("n0", (0,), 1)
+    s._pending.apply("ADDED", pod("critical", 1000, milli=500))
+    await batch(s)
+    assert s.cache.nomination("default/mid") == ("n0", (0,), 1)
+    room = s.cache.nomination("default/critical")
+    assert room is None or 1 not in room[1]

@@ -137,6 +137,8 @@ class Scheduler:
         ``_refused_until``, so that no policy has a round evict the same work from it each time."""
         self._interval_changed = asyncio.Event()
         """Set when a new configuration changes ``consolidation.intervalSeconds``."""
+        self._refusals: dict[str, int] = {}
+        """Gang members whose Bindings were refused in a row since they were last bound: how many."""
         self.evicted_uncounted: dict[str, Pod] = {}
         """Victims deleted here that the status of a disruption budget covering them may not
         count yet (the disruption controller writes it after the deletion): by key, until such
@@ -1267,13 +1269,15 @@ class Scheduler:
 
     def _take_over(self, pods: list[tuple[Pod, Explanation]], batch: Snapshot | None) -> list[tuple[Pod, Explanation]]:
         """Of ``pods``, those that do not take over room held for a pod of lower priority (not
-        a gang's) while its victims leave: a pod that fits there, those victims gone, is
-        nominated there in its place, evicting no one, and the pod of lower priority gives it
-        up and looks again (kube-scheduler counts a nominated pod only against pods of no
-        higher priority than its own, and clears the nominations it outranks)."""
+        a gang's; of its own tenant, with tenants) while its victims leave: a pod that fits
+        there, those victims gone, is nominated there in its place, evicting no one, and the
+        pod of lower priority gives it up and looks again (kube-scheduler counts a nominated pod
+        only against pods of no higher priority than its own, and clears the nominations it
+        outranks)."""
         left: list[tuple[Pod, Explanation]] = []
         for p, e in sorted(pods, key=lambda pe: -pe[0].priority):
-            room = self._room_for(p) if p.preempts and p.gang is None and self.is_leader else None
+            live = self.queue.current(p.key, p.uid) and not self.cache.holds(p.key, p.uid)
+            room = self._room_for(p) if live and p.preempts and p.gang is None and self.is_leader else None
             if room is None:
                 left.append((p, e))
                 continue
@@ -1300,6 +1304,8 @@ class Scheduler:
             leaving = f", whose {len(taken.victims)} preempted pod(s) are leaving" if taken.victims else ""
             message = f"{e.message} Taking the room held on node {node} for pod {lower.key} of lower priority{leaving}."
             self.tell_unschedulable(p, self._notes(p, message, batch), e.reason, nominated=node)
+            if not taken.victims:  # its room is ready: bound there with the next batch
+                self._wake_one(p.key)
         return left
 
     def _tell_room_lost(self, pod: Pod, message: str, wake: bool = True) -> None:
@@ -1308,29 +1314,42 @@ class Scheduler:
         self._write(("event", pod.key), lambda: self._verdict_event(pod, message))
         self._write(("condition", pod.key), lambda: self._verdict_condition(pod, message, None))
         if wake:
-            self.queue.move_all(lambda r: r.key == pod.key)
+            self._wake_one(pod.key)
+
+    def _wake_one(self, key: str) -> None:
+        """The pod ``key``, parked, looks again at once."""
+        self.queue.move_all(lambda r: r.key == key)
 
     def _room_for(self, pod: Pod) -> tuple[Room, str, tuple[int, ...]] | None:
         """Room held for a pod of lower priority than ``pod`` that ``pod`` fits in once the
         victims it waits for are gone: the room (the lowest priority's first), its node and the
-        GPUs ``pod`` would take there."""
+        GPUs ``pod`` would take there.  Not on a node with GPUs busy by utilisation (whose
+        holders are not known to leave), nor across tenants (priority does not decide between
+        them)."""
+        mine = self.tenants.of(pod) if self.tenants.active else None
+        busy = self.busy_gpus() or {}
         rooms = [
             r
             for r in self.cache.rooms()
-            if r.pod.priority < pod.priority and r.pod.gang is None and r.pod.key != pod.key
+            if r.pod.priority < pod.priority
+            and r.pod.gang is None
+            and r.pod.key != pod.key
+            and not busy.get(r.node)
+            and (mine is None or self.tenants.of(r.pod) == mine)
         ]
         if not rooms:
             return None
-        busy = self.busy_gpus() or {}
-        holders = self.cache.holders_of([(n, g) for n, gpus in busy.items() for g in gpus])
-        outside = {n: frozenset(g for g in gpus if not holders.get((n, g))) for n, gpus in busy.items()}
+        # One look with every such room free (a superset of what any one leaves), then the
+        # rooms that pass it one at a time.
+        sealed = self.mig.sealed()
+        every = self.cache.snapshot(free=[r.pod.key for r in rooms] + [pod.key], sealed=sealed, **self._keep([pod]))
         for room in sorted(rooms, key=lambda r: (r.pod.priority, r.pod.key)):
-            snap = self.cache.snapshot(
-                free=[room.pod.key, pod.key], busy=outside, sealed=self.mig.sealed(), **self._keep([pod])
-            )
-            i = snap.cluster.index.get(room.node)
-            if i is None or not snap.cluster.could_take(pod, room.node):
+            i = every.cluster.index.get(room.node)
+            if i is None or not every.cluster.could_take(pod, room.node):
                 continue
+            if not every.state.release(room.victims).pod_mask(pod)[i]:
+                continue
+            snap = self.cache.snapshot(free=[room.pod.key, pod.key], sealed=sealed, **self._keep([pod]))
             state = snap.state.release(room.victims)
             if state.pod_mask(pod)[i]:
                 return room, room.node, GPU_CHOICE.gpus(pod, state, i)
@@ -1589,24 +1608,26 @@ class Scheduler:
         For a gang member, the room of every member goes (a gang has room whole or not at all),
         and the pods parked outside the gang may take what was held."""
         deleted = await (self.binder.preempt(victim, by, node, why) if why else self.binder.preempt(victim, by, node))
-        if deleted or not self.cache.preempted_for(by.key, victim):
+        if deleted:
             return
+        if (held := self.evicted_uncounted.get(victim.key)) is not None and held.uid == victim.uid:
+            del self.evicted_uncounted[victim.key]  # it runs on: no budget spent
         said = (
             f"The deletion of pod {victim.key} on node {node}, which it preempted, failed: the room held "
             "for it there is given up; it looks again when the cluster changes."
         )
-        if by.gang is None:
-            self.cache.unnominate(by.key)
-            if self.queue.current(by.key, by.uid):  # its nominatedNodeName must not point there
-                self._tell_room_lost(by, said, wake=False)
-            return
-        gang = by.gang.name
-        for key in self.cache.gang_nominations(gang):
+        # Every room that waits for it (its room may have been taken over by a pod of higher
+        # priority meanwhile), and a gang's whole: a gang has room whole or not at all.
+        waiting = self.cache.waiting_on(victim)
+        gangs = {g.name for k in waiting if (r := self.queue.record(k)) is not None and (g := r.pod.gang) is not None}
+        waiting += [k for name in sorted(gangs) for k in self.cache.gang_nominations(name) if k not in waiting]
+        for key in waiting:
             self.cache.unnominate(key)
             record = self.queue.record(key)
-            if record is not None:
+            if record is not None:  # its nominatedNodeName must not point there
                 self._tell_room_lost(record.pod, said, wake=False)
-        self.queue.move_all(lambda r: r.pod.gang is None or r.pod.gang.name != gang)
+        if gangs:  # what the gang held is free for the pods parked outside it
+            self.queue.move_all(lambda r: r.pod.gang is None or r.pod.gang.name not in gangs)
 
     def give_up_room(self, key: str) -> None:
         """Give up the room held for ``key``, if any: what it held is free for the parked pods."""
@@ -1619,6 +1640,8 @@ class Scheduler:
         if nominated is None:
             self.give_up_room(pod.key)
         if not self.queue.current(pod.key, pod.uid):  # deleted, or created again, since it was drawn:
+            if nominated is not None:  # no room for a pod that is gone
+                self.give_up_room(pod.key)
             self.queue.park(pod.key)  # the queue drops it or queues the new pod; nothing to tell
             return
         if self.is_leader:  # its nominatedNodeName is written below: this instance's word now
@@ -1680,6 +1703,7 @@ class Scheduler:
     def _bind_outcome(self, pod: Pod, node: str, gpus: tuple[int, ...], result: BindResult, why: str) -> None:
         """Act on how a Binding ended: the books, the queue, the Events and the counters."""
         if result is BindResult.BOUND:
+            self._refusals.pop(pod.key, None)
             if self.cache.confirm(pod.key):  # a relist missed it: it may be gone already
                 self.spawn(self.read_back(pod), f"read-back:{pod.key}")
             self.queue.done(pod.key)
@@ -1697,7 +1721,7 @@ class Scheduler:
             self.spawn(self._resolve(pod, node, gpus, why), f"resolve:{pod.key}")
         else:
             freed = self.cache.forget(pod.key)
-            if result is BindResult.FAILED and self._keeps_gang_room(pod):
+            if result is BindResult.FAILED and self.queue.current(pod.key, pod.uid) and self._keeps_gang_room(pod):
                 # Its peers run: the room it was placed in stays its own (no victims to wait
                 # for), and it is bound there first when it is retried, rather than a parked
                 # pod taking it and leaving the gang short for good.
@@ -1722,7 +1746,11 @@ class Scheduler:
         """Whether a gang member whose Binding was refused keeps the room it was placed in: while
         members of its gang are on the books, for its first ``GANG_ROOM_TRIES`` refusals in a
         row (a Binding refused for good must not keep a GPU idle for ever)."""
-        if pod.gang is None or not self.is_leader or self.queue.attempts(pod.key) + 1 >= GANG_ROOM_TRIES:
+        if pod.gang is None or not self.is_leader:
+            return False
+        refused = self._refusals[pod.key] = self._refusals.get(pod.key, 0) + 1
+        if refused >= GANG_ROOM_TRIES or len(self._refusals) > 10_000:
+            del self._refusals[pod.key]
             return False
         name = pod.gang.name
         return self.cache.gang_held({name})[name][0] > 0

@@ -229,10 +229,6 @@ class SchedulingQueue:
         record = self._records.get(key)
         return record is not None and record.uid == uid and key not in self._deleted_in_flight
 
-    def attempts(self, key: str) -> int:
-        """How many times in a row the pod was backed off (reset once it is bound or parked)."""
-        return self._attempts.get(key, 0)
-
     def record(self, key: str) -> PodRecord | None:
         """The latest record of a queued or in-flight pod."""
         return self._records.get(key)

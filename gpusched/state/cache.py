@@ -304,6 +304,8 @@ class Cache:
                 annotated = record.gpu_indices
                 if _request(held.pod) == _request(record.pod) and annotated in (None, held.wanted):
                     held.assumed = False  # confirmed
+                    if held.pod.started != record.pod.started:  # the kubelet started it: for preemption's ties
+                        held.pod = replace(held.pod, started=record.pod.started)
                     return False
                 # Same pod, new request (an in-place resize), or other GPUs than we assumed (an
                 # earlier instance bound it first): count what it asks for now, on the GPUs its
@@ -599,6 +601,10 @@ class Cache:
         held = nomination.held
         left = sum(1 for k, uid in nomination.victims if (h := self._held.get(k)) is not None and h.pod.uid == uid)
         return held.node, held.gpus, left
+
+    def waiting_on(self, victim: Pod) -> list[str]:
+        """Keys of the pods whose room waits for ``victim`` (this UID) to leave."""
+        return [k for k, n in self._nominated.items() if (victim.key, victim.uid) in n.victims]
 
     def rooms(self) -> list[Room]:
         """Every room held, with the pods it waits for."""
