@@ -701,13 +701,19 @@ async def test_a_pod_of_higher_priority_takes_over_room_held_for_one_of_lower_pr
     assert [e for e in api.evicted if e[1] == "default/mid"] == [("default/low", "default/mid", "n0")]
 
 
-async def test_room_is_not_taken_over_by_a_pod_of_equal_or_lower_priority() -> None:
+async def _mid_holds_room_while_low_leaves() -> tuple[Scheduler, _Api]:
+    """One GPU: "mid" (50) preempted "low" (0), which is terminating; room is held for mid."""
     api = _Api()
     s = one_node_scheduler(api, gpus=1)
     s._bound.apply("ADDED", _pod("low", 0, node="n0"))
     s._pending.apply("ADDED", _pod("mid", 50))
     await _cycle(s)
     s._bound.apply("MODIFIED", _deleting("low", 0, "n0"))
+    return s, api
+
+
+async def test_room_is_not_taken_over_by_a_pod_of_equal_or_lower_priority() -> None:
+    s, api = await _mid_holds_room_while_low_leaves()
     s._pending.apply("ADDED", _pod("peer", 50))
     await _cycle(s)
     assert s.cache.nomination("default/mid") == ("n0", (0,), 1)
@@ -804,12 +810,7 @@ async def test_room_taken_over_whose_victims_deletion_is_then_refused_is_given_u
 
 
 async def test_a_pod_deleted_during_its_batch_takes_no_room_over() -> None:
-    api = _Api()
-    s = one_node_scheduler(api, gpus=1)
-    s._bound.apply("ADDED", _pod("low", 0, node="n0"))
-    s._pending.apply("ADDED", _pod("mid", 50))
-    await _cycle(s)
-    s._bound.apply("MODIFIED", _deleting("low", 0, "n0"))
+    s, _ = await _mid_holds_room_while_low_leaves()
     s._pending.apply("ADDED", _pod("critical", 1000))
     batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
     s._pending.apply("DELETED", _pod("critical", 1000))  # while its batch is solved
