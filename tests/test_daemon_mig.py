@@ -1517,3 +1517,37 @@ async def test_no_request_or_previous_layout_is_left_on_a_node_once_its_layout_o
     await asyncio.sleep(0)
     stop(s)
     assert api.labelled[-1] == ("n", {"gpusched.io/mig-requested-at": None})
+
+
+class EventApi(MigApi):
+    """Also records the Events written: (object name, reason, message)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, str, str]] = []
+
+    async def object_event(self, involved: dict[str, str], reason: str, message: str, *_: Any) -> None:
+        self.events.append((involved["name"], reason, message))
+
+
+async def test_a_node_a_dead_mig_manager_left_pending_is_offered_again_after_four_timeouts_with_one_warning() -> None:
+    api = EventApi()
+    s = scheduler(api, {"mig": {"repartition": True, "timeoutSeconds": 10}})
+    add_node(s, "n", 1, **{LABEL_STATE: "pending"})
+    s._pending.apply("ADDED", pod("w", gpus=1))
+    await batch(s)
+    assert "default/w" not in api.bound_to
+    s.mig.busy_since["n"] -= 41  # four timeouts on, the MIG manager gone, its label left behind
+    add_node(s, "n", 1, **{LABEL_STATE: "pending"})  # the node's next update: still pending
+    s.queue.move_all()
+    await batch(s)
+    s.mig.expire_asks()  # the next look
+    add_node(s, "n", 1, **{LABEL_STATE: "rebooting"})
+    s.mig.expire_asks()
+    await asyncio.sleep(0)
+    stop(s)
+    assert api.bound_to.get("default/w") == "n", "sealed for good by a state label nobody will change"
+    stuck = [(node, message) for node, reason, message in api.events if reason == "MigManagerStuck"]
+    assert len(stuck) == 1, api.events
+    assert stuck[0][0] == "n"
+    assert "nvidia.com/mig.config.state=pending" in stuck[0][1]

@@ -124,6 +124,12 @@ class Repartitioner:
         """Nodes this instance asked the MIG manager to re-partition, until it is done or failed."""
         self.at_work: set[str] = set()
         """Nodes the MIG manager says it is re-partitioning (``nvidia.com/mig.config.state``)."""
+        self.busy_since: dict[str, float] = {}
+        """Nodes of ``at_work``: since when (monotonic) they have been seen so without a break.
+        Sealed for ``HARD_CAP_FACTOR`` times ``mig.timeoutSeconds`` from then at most: a MIG
+        manager that died at work leaves its state label behind."""
+        self._stuck: set[str] = set()
+        """Nodes of ``at_work`` offered again past that cap, told once (``expire_asks``)."""
         self.off_until = 0.0
         """Monotonic time before which no GPU is re-partitioned (a layout could not be written)."""
         self._writes = asyncio.Lock()
@@ -158,7 +164,7 @@ class Repartitioner:
         if self.s.config.mig.repartition:
             now = time.monotonic()
             cap = HARD_CAP_FACTOR * float(self.s.config.mig.timeout_seconds)
-            out |= self.at_work | self.restoring
+            out |= {n for n in self.at_work if now - self.busy_since.get(n, now) < cap} | self.restoring
             out |= {n for n, at in self.asked.items() if now < self._due(n, _monotonic(at))}
             out |= {n for n, back in self.setting_back.items() if now - back.since < cap}
         return out
@@ -805,6 +811,10 @@ class Repartitioner:
                     node, None, f"the MIG manager failed to apply {LABEL_MIG_CONFIG}={MIG_ALL_DISABLED}", "failed"
                 )
         cap = HARD_CAP_FACTOR * float(self.s.config.mig.timeout_seconds)
+        for node in self.at_work - self._stuck:
+            if now - self.busy_since.get(node, now) >= cap:
+                self._stuck.add(node)
+                self._tell_stuck(node, cap)
         for node, back in list(self.setting_back.items()):
             if now - back.since >= cap:
                 del self.setting_back[node]
@@ -815,6 +825,29 @@ class Repartitioner:
                     seconds=cap,
                 )
 
+    def _tell_stuck(self, node: str, cap: float) -> None:
+        """Log, and write a Warning Event on ``node``: it is offered again although the MIG
+        manager's state label still says it is at work (``busy_since``)."""
+        rec = self.s.cache.nodes.get(node)
+        state = rec.node.labels.get(LABEL_MIG_STATE, "") if rec is not None else ""
+        log.warning(
+            "node offered again, though the MIG manager still reports it at work",
+            node=node,
+            label=f"{LABEL_MIG_STATE}={state}",
+            seconds=cap,
+            why="is the MIG manager running there? see its log",
+        )
+        self.s.spawn(
+            self.s.binder.object_event(
+                {"kind": "Node", "name": node, "apiVersion": "v1"},
+                "MigManagerStuck",
+                f"The node has shown {LABEL_MIG_STATE}={state} for {cap:g} s: offered to pods again as it is. "
+                "Is the MIG manager running there? See its log.",
+                "Warning",
+            ),
+            f"mig-stuck:{node}",
+        )
+
     def node_seen(self, node: Node) -> None:
         """A node as the watch shows it: the MIG manager's state, a layout asked for and not
         there yet, and the end of a re-partition this instance asked for (its label, the state
@@ -824,9 +857,13 @@ class Repartitioner:
         state = labels.get(LABEL_MIG_STATE, "")
         if state in MIG_BUSY_STATES:
             self.at_work.add(node.name)
-        elif node.name in self.at_work:
-            self.at_work.discard(node.name)
-            self.left_busy[node.name] = time.monotonic()
+            self.busy_since.setdefault(node.name, time.monotonic())
+        else:
+            self.busy_since.pop(node.name, None)
+            self._stuck.discard(node.name)
+            if node.name in self.at_work:
+                self.at_work.discard(node.name)
+                self.left_busy[node.name] = time.monotonic()
         config = labels.get(LABEL_MIG_CONFIG, "")
         requested = labels.get(LABEL_MIG_REQUESTED, "")
         ours = config.startswith(MIG_CONFIG_PREFIX)
@@ -938,6 +975,9 @@ class Repartitioner:
             self.node_seen(node)
         for name in was - self.at_work:
             self.left_busy[name] = time.monotonic()
+        for name in set(self.busy_since) - self.at_work:
+            self.busy_since.pop(name, None)
+            self._stuck.discard(name)
         for name in (set(self.asked) | set(self.jobs)) - listed:  # deleted while the watch was down
             self.node_gone(name, deleted=True)
 
@@ -946,6 +986,8 @@ class Repartitioner:
         if deleted:
             self.configs.pop(name, None)
         self.at_work.discard(name)
+        self.busy_since.pop(name, None)
+        self._stuck.discard(name)
         self.restoring.discard(name)
         self.asked.pop(name, None)
         self.left_busy.pop(name, None)
