@@ -1551,3 +1551,23 @@ async def test_a_node_a_dead_mig_manager_left_pending_is_offered_again_after_fou
     assert len(stuck) == 1, api.events
     assert stuck[0][0] == "n"
     assert "nvidia.com/mig.config.state=pending" in stuck[0][1]
+
+
+async def test_a_layout_that_failed_while_this_instance_followed_is_set_back_once_it_leads() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "timeoutSeconds": 10}})
+    s._leadership(False)  # another replica leads
+    failed = {
+        "nvidia.com/mig.config": "gpusched-0123456789ab",
+        LABEL_STATE: "failed",
+        "gpusched.io/mig-requested-at": str(int(time.time()) - 5),
+    }
+    add_node(s, "n", 2, **failed)  # the MIG manager failed while the other replica led; it then died
+    assert not api.labelled, "a follower labels nothing"
+    s._leadership(True)  # no update of the node since
+    await asyncio.sleep(0)
+    s._pending.apply("ADDED", pod("w", gpus=1))
+    await batch(s)
+    stop(s)
+    assert "default/w" not in api.bound_to, "bound to GPUs the MIG manager applies the failed layout to again"
+    assert [labels.get("nvidia.com/mig.config") for _, labels in api.labelled] == ["all-disabled"]

@@ -848,6 +848,14 @@ class Repartitioner:
             f"mig-stuck:{node}",
         )
 
+    def lead(self) -> None:
+        """This instance has just started leading: every node in the cache is looked at as the
+        watch shows it (``node_seen``), so what went wrong under the last leader (a layout the
+        MIG manager failed on, a restore it failed) is set back now, not at the node's next
+        update."""
+        for rec in list(self.s.cache.nodes.values()):
+            self.node_seen(rec.node)
+
     def node_seen(self, node: Node) -> None:
         """A node as the watch shows it: the MIG manager's state, a layout asked for and not
         there yet, and the end of a re-partition this instance asked for (its label, the state

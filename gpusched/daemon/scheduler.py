@@ -350,6 +350,7 @@ class Scheduler:
         if leader:
             self.metrics.new_term()
             self._leading.set()
+            self.mig.lead()  # what failed under the last leader is set back now
         else:
             self._leading.clear()
             self.placed_here.clear()
