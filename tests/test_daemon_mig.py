@@ -639,7 +639,12 @@ async def test_after_a_restore_times_out_the_instances_still_there_are_not_offer
             "nvidia.com/mig.config": asked_before,
         },
     )
-    assert "m" not in s.mig.sealed()
+    # Sealed until the MIG manager has applied the layout again: it may have set some GPUs back.
+    for state, sealed in (("success", True), ("pending", True), ("success", False)):  # the label seen; at work; done
+        back = mig_node("m", config=asked_before, **{"1g_10gb": 7})
+        back["metadata"]["labels"][LABEL_STATE] = state
+        NodeHandler(s).apply("MODIFIED", back)
+        assert ("m" in s.mig.sealed()) == sealed, state
     stop(s)
 
 
@@ -1366,6 +1371,7 @@ async def test_a_failed_restore_whose_relabel_failed_is_relabelled_at_the_next_l
     stop(s)
     assert len(api.labelled) == 2, "not tried again"
     assert api.labelled[-1][1]["nvidia.com/mig.config"] == "gpusched-0123456789ab"
+    NodeHandler(s).apply("MODIFIED", mig_node("m", **{"1g_10gb": 7}))  # the MIG manager applied it
     assert "m" not in s.mig.sealed()
 
 
@@ -1571,3 +1577,29 @@ async def test_a_layout_that_failed_while_this_instance_followed_is_set_back_onc
     stop(s)
     assert "default/w" not in api.bound_to, "bound to GPUs the MIG manager applies the failed layout to again"
     assert [labels.get("nvidia.com/mig.config") for _, labels in api.labelled] == ["all-disabled"]
+
+
+async def test_a_restore_that_partly_happened_is_sealed_until_its_layout_is_applied_again() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "timeoutSeconds": 10}})
+    NodeHandler(s).apply("ADDED", failed_restore("m", str(int(time.time()) - 5)))
+    await asyncio.sleep(0)
+    assert api.labelled[-1][1]["nvidia.com/mig.config"] == "gpusched-0123456789ab"
+
+    def seen(state: str, slices: int, gpus: int) -> dict[str, Any]:
+        obj = mig_node("m", **{"1g_10gb": slices})
+        obj["metadata"]["labels"][LABEL_STATE] = state
+        for st in ("capacity", "allocatable"):
+            obj["status"][st]["nvidia.com/gpu"] = str(gpus)
+        return obj
+
+    # The relabel seen, the restore's "failed" still the state: one GPU had been set back whole.
+    NodeHandler(s).apply("MODIFIED", seen("failed", 3, 1))
+    s._pending.apply("ADDED", pod("w", gpus=1))
+    await batch(s)
+    assert "default/w" not in api.bound_to, "bound to a GPU the MIG manager is about to re-partition"
+    NodeHandler(s).apply("MODIFIED", seen("pending", 3, 1))
+    assert "m" in s.mig.sealed()
+    NodeHandler(s).apply("MODIFIED", seen("success", 7, 0))  # its layout back
+    stop(s)
+    assert "m" not in s.mig.sealed()

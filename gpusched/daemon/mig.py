@@ -766,9 +766,13 @@ class Repartitioner:
         }
         if rec is not None and rec.node.mig_slices and previous.startswith(MIG_CONFIG_PREFIX):
             back[LABEL_MIG_CONFIG] = previous
+            # The restore may have partly succeeded: until the MIG manager has applied the layout
+            # again, some GPUs may be whole that it is about to re-partition.
+            self.setting_back[node] = SetBack(previous, rec.node.labels.get(LABEL_MIG_STATE, ""))
         error = await self.s.binder.label_node(node, back) if self.s.is_leader else "no longer the leader"
         if error:  # still sealed (the request stands): the next leader, or the next look, relabels it
             log.warning("node not relabelled after a MIG restore failed", node=node, error=error)
+            self.setting_back.pop(node, None)
             if job is not None:
                 self._end(node, job, "", "")
             return
