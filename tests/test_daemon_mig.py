@@ -612,14 +612,19 @@ async def test_a_whole_gpu_pod_is_not_bound_to_a_node_restored_during_the_solve(
     )
 
 
-async def test_after_a_restore_times_out_the_instances_still_there_are_not_offered_to_pods() -> None:
-    api = MigApi()
-    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "timeoutSeconds": 10}})
+async def _restoring(s: Scheduler, api: MigApi) -> Any:
+    """Node "m", its seven 1g.10gb instances idle, set back to whole GPUs: the labels written."""
     NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
     s.mig.restore_idle(0.0)
     assert s.mig.restore_idle(1000.0) == ["m"]
     await asyncio.sleep(0)
-    (_, asked) = api.labelled[-1]
+    return api.labelled[-1][1]
+
+
+async def test_after_a_restore_times_out_the_instances_still_there_are_not_offered_to_pods() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "timeoutSeconds": 10}})
+    asked = await _restoring(s, api)
     asked_before = "gpusched-0123456789ab"
     labelled = mig_node("m", config="all-disabled", **{"1g_10gb": 7})  # as the watch shows it
     labelled["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(asked["gpusched.io/mig-requested-at"])
@@ -687,11 +692,7 @@ async def test_the_configuration_of_a_node_that_cannot_be_read_stays_in_the_conf
 
 async def _timed_out_restore(api: MigApi) -> Any:
     s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "timeoutSeconds": 10}})
-    NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
-    s.mig.restore_idle(0.0)
-    assert s.mig.restore_idle(1000.0) == ["m"]
-    await asyncio.sleep(0)
-    (_, asked) = api.labelled[-1]
+    asked = await _restoring(s, api)
     labelled = mig_node("m", config="all-disabled", **{"1g_10gb": 7})  # as the watch shows it
     labelled["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(asked["gpusched.io/mig-requested-at"])
     NodeHandler(s).apply("MODIFIED", labelled)
@@ -729,11 +730,7 @@ async def test_restore_timeout_relabel_failure_leaves_node_all_disabled_with_pod
         return await orig(node, labels)
 
     api.label_node = label  # type: ignore[method-assign]
-    NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
-    s.mig.restore_idle(0.0)
-    assert s.mig.restore_idle(1000.0) == ["m"]
-    await asyncio.sleep(0)
-    (_, asked) = api.labelled[-1]
+    asked = await _restoring(s, api)
     labelled = mig_node("m", config="all-disabled", **{"1g_10gb": 7})
     labelled["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(asked["gpusched.io/mig-requested-at"])
     NodeHandler(s).apply("MODIFIED", labelled)
@@ -759,11 +756,7 @@ async def test_a_restore_that_timed_out_is_not_asked_again_and_again() -> None:
 async def test_a_failed_restore_is_relabelled_with_its_layout_before_instances_are_offered() -> None:
     api = MigApi()
     s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})
-    NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
-    s.mig.restore_idle(0.0)
-    assert s.mig.restore_idle(1000.0) == ["m"]
-    await asyncio.sleep(0)
-    (_, asked) = api.labelled[-1]
+    asked = await _restoring(s, api)
     failed = mig_node("m", config="all-disabled", **{"1g_10gb": 7})  # mig-parted failed; instances left
     failed["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(asked["gpusched.io/mig-requested-at"])
     failed["metadata"]["labels"]["nvidia.com/mig.config.state"] = "failed"
@@ -1465,11 +1458,7 @@ async def test_a_layout_the_mig_manager_failed_on_is_labelled_back_before_its_gp
 async def test_a_restore_is_not_over_when_the_device_plugin_restarts_before_the_mig_manager_acts() -> None:
     api = MigApi()
     s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})
-    NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
-    s.mig.restore_idle(0.0)
-    assert s.mig.restore_idle(1000.0) == ["m"]
-    await asyncio.sleep(0)
-    (_, asked) = api.labelled[-1]
+    asked = await _restoring(s, api)
 
     def seen(state: str, slices: int) -> dict[str, Any]:
         obj = mig_node("m", config="all-disabled", **{"1g_10gb": slices})
@@ -1498,11 +1487,7 @@ async def test_no_request_or_previous_layout_is_left_on_a_node_once_its_layout_o
     api = MigApi()
     s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "configDelaySeconds": 0}})
     # Whole GPUs again after a restore: the layout they replace is no longer anyone's to go back to.
-    NodeHandler(s).apply("ADDED", mig_node("m", **{"1g_10gb": 7}))
-    s.mig.restore_idle(0.0)
-    assert s.mig.restore_idle(1000.0) == ["m"]
-    await asyncio.sleep(0)
-    (_, asked) = api.labelled[-1]
+    asked = await _restoring(s, api)
     whole = kit.node("m", 8, A100, **{"gpusched.io/mig-repartition": "true", "nvidia.com/mig.config": "all-disabled"})
     whole["metadata"]["labels"] |= {
         "nvidia.com/mig.config.state": "success",
