@@ -1312,8 +1312,7 @@ class Scheduler:
     def _tell_room_lost(self, pod: Pod, message: str, wake: bool = True) -> None:
         """``pod`` (queued, wherever it is) no longer holds room: its Event and condition say so,
         with no nominated node; and, parked, it looks again (with ``wake``)."""
-        self._write(("event", pod.key), lambda: self._verdict_event(pod, message))
-        self._write(("condition", pod.key), lambda: self._verdict_condition(pod, message, None))
+        self._write_verdict(pod, message, None)
         if wake:
             self._wake_one(pod.key)
 
@@ -1652,9 +1651,13 @@ class Scheduler:
             self.queue.backoff(pod.key)
         else:
             self.queue.park(pod.key)
+        self._write_verdict(pod, message, nominated)
+        log.info("unschedulable", pod=pod.key, reason=reason, message=message)
+
+    def _write_verdict(self, pod: Pod, message: str, nominated: str | None) -> None:
+        """The pod's ``FailedScheduling`` Event and its condition (with ``nominated``, or none)."""
         self._write(("event", pod.key), lambda: self._verdict_event(pod, message))
         self._write(("condition", pod.key), lambda: self._verdict_condition(pod, message, nominated))
-        log.info("unschedulable", pod=pod.key, reason=reason, message=message)
 
     def _write(self, key: tuple[str, str], write: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """A verdict's write, through the outbox: only the latest per pod waits to be sent."""
