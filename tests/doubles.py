@@ -83,3 +83,15 @@ def one_node_scheduler(api: object, gpus: int) -> Scheduler:
     s.binder = cast(Binder, api)
     NodeHandler(s).apply("ADDED", kit.node("n0", gpus, "A100"))
     return s
+
+
+def web_budget(s: Scheduler, namespace: str = "default", allowed: int = 1) -> dict[str, Any]:
+    """The PodDisruptionBudget ``web`` (the pods labelled ``app=web`` in ``namespace``, ``allowed``
+    disruptions) as ``s``'s watch lists it; the object, to be sent again changed."""
+    budget = {
+        "metadata": {"name": "web", "namespace": namespace},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}},
+        "status": {"disruptionsAllowed": allowed},
+    }
+    next(r.handler for r in s.reflectors if r.name == "disruption-budgets").replace([budget])
+    return budget

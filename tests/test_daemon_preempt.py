@@ -18,7 +18,7 @@ from gpusched.daemon import scheduler as daemon
 from gpusched.daemon.handlers import NodeHandler
 from gpusched.kube.binder import condition_changes
 from gpusched.model import Pod
-from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle
+from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle, web_budget
 from tests.e2e import kit
 
 DRAWN_WITHIN_S = 10.0
@@ -757,13 +757,7 @@ async def test_a_budget_spent_by_an_earlier_batch_counts_until_its_status_is_wri
             obj["metadata"]["labels"]["app"] = "web"
             web[name] = obj
         s._bound.apply("ADDED", obj)
-    budgets = next(r.handler for r in s.reflectors if r.name == "disruption-budgets")
-    budget = {
-        "metadata": {"name": "web", "namespace": "default"},
-        "spec": {"selector": {"matchLabels": {"app": "web"}}},
-        "status": {"disruptionsAllowed": 1},
-    }
-    budgets.replace([budget])
+    budget = web_budget(s)
     s._pending.apply("ADDED", _pod("first", 50))
     await _cycle(s)
     assert [v for v, _, _ in api.evicted] == ["default/web-0"]
@@ -774,6 +768,7 @@ async def test_a_budget_spent_by_an_earlier_batch_counts_until_its_status_is_wri
     assert [v for v, _, _ in api.evicted] == ["default/web-0", "default/other"]
     assert list(s.evicted_uncounted) == ["default/web-0"]
     # Its status written since (web-0 counted): it allows none, and says so itself.
+    budgets = next(r.handler for r in s.reflectors if r.name == "disruption-budgets")
     budgets.apply("MODIFIED", {**budget, "status": {"disruptionsAllowed": 0}})
     assert not s.evicted_uncounted
 
@@ -831,16 +826,7 @@ async def test_a_refused_deletion_spends_no_budget() -> None:
         if name == "web-0":
             obj["metadata"]["labels"]["app"] = "web"
         s._bound.apply("ADDED", obj)
-    budgets = next(r.handler for r in s.reflectors if r.name == "disruption-budgets")
-    budgets.replace(
-        [
-            {
-                "metadata": {"name": "web", "namespace": "default"},
-                "spec": {"selector": {"matchLabels": {"app": "web"}}},
-                "status": {"disruptionsAllowed": 1},
-            }
-        ]
-    )
+    web_budget(s)
     s._pending.apply("ADDED", _pod("first", 50))
     await _cycle(s)
     assert [v for v, _, _ in api.evicted] == ["default/web-0"]

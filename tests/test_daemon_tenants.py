@@ -9,7 +9,7 @@ from typing import Any
 from gpusched.config import parse_config
 from gpusched.daemon import Scheduler
 from gpusched.daemon.handlers import NodeHandler
-from tests.doubles import RecordingApi, one_node_scheduler, settle
+from tests.doubles import RecordingApi, one_node_scheduler, settle, web_budget
 from tests.e2e import kit
 from tests.test_daemon_utilisation import EvictingApi, batch, pod
 
@@ -488,16 +488,7 @@ async def test_a_disruption_budget_a_reclaim_spent_is_spent_for_the_preemption_o
         if name.startswith("web"):
             obj["metadata"]["labels"]["app"] = "web"
         s._bound.apply("ADDED", obj)
-    handler = next(r.handler for r in s.reflectors if r.name == "disruption-budgets")
-    handler.replace(
-        [
-            {
-                "metadata": {"name": "web", "namespace": "a"},
-                "spec": {"selector": {"matchLabels": {"app": "web"}}},
-                "status": {"disruptionsAllowed": 1},
-            }
-        ]
-    )
+    web_budget(s, "a")
     s._pending.apply("ADDED", of("b1", "b", 0))
     s._pending.apply("ADDED", of("a-urgent", "a", 100))
     await batch(s)
