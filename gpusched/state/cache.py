@@ -562,11 +562,6 @@ class Cache:
         self.nominate(pod, node, freed[: pod.num_gpu] if len(freed) >= pod.num_gpu else (), [h.pod for h in leaving])
         return True
 
-    def preempted_for(self, key: str, victim: Pod) -> bool:
-        """Whether the room held for ``key`` waits for ``victim`` (this UID)."""
-        nomination = self._nominated.get(key)
-        return nomination is not None and (victim.key, victim.uid) in nomination.victims
-
     def nominate(self, pod: Pod, node: str, gpus: tuple[int, ...], victims: Iterable[Pod]) -> None:
         """Hold room for ``pod`` on ``node`` (on ``gpus``) while the pods it preempted there
         (``victims``) terminate: other pods are placed as if it were there."""
