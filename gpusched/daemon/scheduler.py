@@ -46,6 +46,7 @@ from gpusched.kube.watch import Reflector
 from gpusched.metrics.exporter import SchedulerMetrics
 from gpusched.metrics.source import UtilisationSource, UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
+from gpusched.model.pod import gang_conflicts
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.solver.baselines.base import GPU_CHOICE
 from gpusched.solver.consolidate import Move, plan_consolidation
@@ -2091,7 +2092,7 @@ class Scheduler:
             queued = [r for k in self.queue.pending_keys() if (r := self.queue.record(k)) is not None]
             members = [r for r in queued if (g := r.pod.gang) is not None and g.name in names]
             blocked = {g.name for r in members if r.error and (g := r.pod.gang) is not None}
-            blocked |= set(gang_disagreements(r.pod for r in members))
+            blocked |= set(gang_conflicts(r.pod for r in members))
         pods = [
             r.pod
             for r in records
