@@ -16,8 +16,9 @@ As kube-scheduler's DefaultPreemption chooses them, on the books as they are aft
    priorities each raised by 2^31 (so that fewer victims come first), then the one whose most
    important victims started last, then the first in the cluster's order.  As kube-scheduler
    does, the search stops once it has ``max(min_candidates, 10 % of the nodes)`` candidate
-   nodes, or sooner at a node where one unprotected pod of the lowest priority there is makes
-   room, which no later node can beat.
+   nodes.  Nodes are tried latest-started pod of the lowest priority first, so it stops sooner
+   at a node where one unprotected pod of the lowest priority there is makes room once no node
+   left holds such a pod that started later: none of them could beat it.
 
 A gang (``find_gang_preemption``) has room for all its pending members or none: members are
 placed largest first, each where it fits as things are or else as a single pod would preempt,
@@ -31,6 +32,7 @@ when every way to make room breaks one, one is broken.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -219,7 +221,15 @@ def find_preemption(
     spent = [0] * len(budgets) if spent is None else spent
     best: tuple[tuple[int, int, int, int, float, int], Preemption] | None = None
     found = 0
-    for node in sorted(n for n in by_node if possible[n]):
+    # Nodes whose pods of the lowest priority started last come first, so that the search can
+    # stop at a node where one such pod makes room as soon as no later node's could have
+    # started later (its start time decides between such nodes).
+    latest = {
+        n: max((a.pod.started for a in lower if a.pod.priority == least), default=-math.inf)
+        for n, lower in by_node.items()
+    }
+    nodes = sorted((n for n in by_node if possible[n]), key=lambda n: (-latest[n], n))
+    for at, node in enumerate(nodes):
         lower = sorted(by_node[node], key=_importance)
         work = work.release(lower, consume=True)
         if not work.pod_mask(pod)[node]:
@@ -242,8 +252,12 @@ def find_preemption(
                 placement = Assignment(pod, node, GPU_CHOICE.gpus(pod, work, node))
                 best = (key, Preemption(placement, tuple(victims), violations))
         work = work.apply(victims, consume=True)
-        if found >= want or (best is not None and best[0][:4] == unbeatable):
+        if found >= want:
             break
+        if best is not None and best[0][:4] == unbeatable and at + 1 < len(nodes):
+            then = nodes[at + 1]  # and every node after it ranks at best (-latest[n], n) >= this
+            if best[0][4:] < (-latest[then], then):
+                break
     return None if best is None else best[1]
 
 

@@ -369,3 +369,22 @@ def test_between_nodes_alike_in_their_victims_the_one_whose_victims_started_last
     found = find_preemption(urgent(gpus=2), state_of(c, placed), placed)
     assert found is not None
     assert sorted(v.pod.name for v in found.victims) == ["b0", "b1"]  # a0 started first of all
+
+
+def test_of_nodes_where_one_pod_of_the_lowest_priority_makes_room_the_one_whose_pod_started_last_wins() -> None:
+    """The search may stop early at such a node, but not before a node whose one victim started
+    later: less work is lost there, wherever it comes in the cluster's order."""
+    c = Cluster([gpu_node(n, gpus=1) for n in "abcd"])
+    placed = [
+        running("a-old", 0, (0,), 0, started=1_000.0),
+        running("b-older", 1, (0,), 0, started=500.0),
+        running("c-young", 2, (0,), 0, started=3_000.0),
+        running("d-mid", 3, (0,), 0, started=2_000.0),
+    ]
+    found = find_preemption(urgent(), state_of(c, placed), placed)
+    assert found is not None
+    assert (found.node, [v.pod.name for v in found.victims]) == (2, ["c-young"])
+    placed[3] = running("d-new", 3, (0,), 0)  # bound, not started yet: nothing of it is lost
+    found = find_preemption(urgent(), state_of(c, placed), placed)
+    assert found is not None
+    assert (found.node, [v.pod.name for v in found.victims]) == (3, ["d-new"])
