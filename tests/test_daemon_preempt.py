@@ -843,3 +843,33 @@ def test_the_start_time_the_kubelet_writes_after_the_bind_reaches_the_books() ->
     obj["status"] = {"phase": "Running", "startTime": "2026-12-01T00:00:00Z"}
     s._bound.apply("MODIFIED", obj)
     assert s.cache.preemptible()[0].pod.started == 1_796_083_200.0
+
+
+@pytest.mark.parametrize(
+    "held",
+    [
+        {"nvidia.com/mig-1g.10gb": "1", "nvidia.com/mig-3g.40gb": "1"},
+        {"nvidia.com/gpu": "1", "nvidia.com/mig-3g.40gb": "1"},
+    ],
+    ids=["two-slices", "a-gpu-and-a-slice"],
+)
+async def test_a_mig_pod_preempts_a_pod_another_scheduler_bound_onto_several_of_its_node_s_instances(
+    held: dict[str, str],
+) -> None:
+    """Evicting such a pod frees every instance it holds: the slice the MIG pod wants among them."""
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    NodeHandler(s).apply("DELETED", kit.node("n0", 1, "A100"))
+    m = kit.node("m", 1, "A100")
+    m["status"]["allocatable"].update({"nvidia.com/mig-1g.10gb": "1", "nvidia.com/mig-3g.40gb": "1"})
+    NodeHandler(s).apply("ADDED", m)
+    foreign = kit.pod("foreign", "default-scheduler", node_name="m")
+    foreign["spec"]["containers"][0]["resources"]["limits"] = dict(held)
+    foreign["spec"]["priority"] = 0
+    s._bound.apply("ADDED", foreign)
+    want = _pod("want", 100)
+    want["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/mig-3g.40gb": "1"}
+    s._pending.apply("ADDED", want)
+    assert await _cycle(s) == ["default/want"]
+    assert api.evicted == [("default/foreign", "default/want", "m")]
+    assert api.failed("default/want")[-1].endswith("Preempting 1 pod(s) of lower priority on node m.")

@@ -2163,8 +2163,9 @@ def _on_instances(found: list[Preemption], state: ClusterState) -> list[Preempti
     dropped: set[str] = set()
     for pre in found:
         for v in pre.victims:
-            if v.pod.mig_profile:
-                free[v.node, state.cluster.mig_index[v.pod.mig_profile]] += 1
+            for held, count in v.pod.mig_slices:  # all it holds: one another scheduler bound may hold several
+                if (col := state.cluster.mig_id(held)) >= 0:
+                    free[v.node, col] += count
         profile = pre.pod.mig_profile
         if profile:
             col = state.cluster.mig_index[profile]
