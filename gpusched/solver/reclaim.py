@@ -125,7 +125,7 @@ def plan_at_limit(
     gone = [v for pre in out for v in pre.victims]
     taken = {id(v) for v in gone}
     after = blocked.release(gone).apply([pre.placement for pre in out])
-    on_instances = [a for a in running if a.pod.mig_profile and id(a) not in taken]
+    on_instances = [a for a in running if a.pod.mig_slices and id(a) not in taken]
     left = [replace(b, allowed=b.allowed - sum(1 for v in gone if b.covers(v.pod))) for b in budgets]
     return out + plan_preemptions(slices, after, on_instances, min_candidates, budgets=left, scope=tenants.of)
 

@@ -213,3 +213,18 @@ def test_a_mig_pod_at_its_limit_looks_past_a_whole_gpu_that_would_need_re_partit
     (pre,) = plan_at_limit([urgent], state, placed, Tenants(rules={"a": TenantRule(limit=1000)}))
     assert [v.pod.name for v in pre.victims] == ["a-m"], "the instance of its profile, not the whole GPU"
     assert pre.placement.node == 1
+
+
+def test_a_mig_pod_at_its_limit_takes_the_instance_of_a_pod_that_holds_a_gpu_beside_it() -> None:
+    """Another scheduler may have bound a pod onto a GPU and a slice: its slice is an instance too."""
+    from gpusched.model import Node
+    from gpusched.solver.reclaim import plan_at_limit
+
+    node = Node("m", 64000, 262144, 1, "NVIDIA-A100-SXM4-80GB", mig_slices=(("3g.40gb", 1),))
+    both = replace(of("a-both", "a"), priority=-5, mig_held=(("3g.40gb", 1),))
+    placed = [Assignment(both, 0, (0,))]
+    state = Cluster([node]).empty_state().apply(placed)
+    urgent = replace(pod("a-urgent"), namespace="a", priority=10, mig_profile="3g.40gb")
+    (pre,) = plan_at_limit([urgent], state, placed, Tenants(rules={"a": TenantRule(limit=1143)}))
+    assert [v.pod.name for v in pre.victims] == ["a-both"]
+    validate_plan(Plan((pre.placement,), ()), state.release(pre.victims), [pre.pod])
