@@ -50,6 +50,8 @@ DEMO_BATCH = 16
 DEMO_OUT = "gpusched-demo"
 TRACE_OUT = "gpusched-sim"
 MAX_SEEDS = 1000
+MAX_SEED = 2**31 - 1
+"""The largest seed: the solver takes a signed 32-bit one."""
 
 
 class UsageError(Exception):
@@ -76,11 +78,16 @@ def parse_seeds(text: str) -> list[int]:
             hi = int(hi_text) if sep else lo
         except ValueError:
             raise ValueError(f"{part!r} is not a seed or a range of seeds") from None
+        if not 0 <= min(lo, hi) <= max(lo, hi) <= MAX_SEED:  # CP-SAT takes a 32-bit seed
+            raise ValueError(f"{part!r}: seeds run from 0 to {MAX_SEED}")
         if lo > hi:
             raise ValueError(f"range {part!r} runs backwards; write {hi}-{lo}")
-        if hi - lo + 1 + len(seeds) > MAX_SEEDS:
+        if hi - lo + 1 > MAX_SEEDS:
             raise ValueError(f"more than {MAX_SEEDS} seeds")
-        seeds.extend(s for s in range(lo, hi + 1) if s not in seeds)
+        known = set(seeds)
+        seeds.extend(s for s in range(lo, hi + 1) if s not in known)
+        if len(seeds) > MAX_SEEDS:
+            raise ValueError(f"more than {MAX_SEEDS} seeds")
     return seeds
 
 

@@ -168,6 +168,8 @@ def test_parse_seeds() -> None:
         (["simulate", "--seeds", "51-42"], "runs backwards; write 42-51"),
         (["simulate", "--seeds", "forty"], "use a range like 42-51 or a list like 42,43"),
         (["simulate", "--seeds", "42,,43"], "empty item"),
+        (["simulate", "--seeds", "2147483648"], "'2147483648': seeds run from 0 to 2147483647"),
+        (["simulate", "--seeds", "42--43"], "'42--43': seeds run from 0 to 2147483647"),
         (["simulate", "--batch", "0"], "argument --batch: must be at least 1"),
         (["simulate", "--jobs", "x"], "argument --jobs: expected a whole number"),
         (["simulate", "--tune", "-1"], "argument --tune: must be a positive number"),
@@ -546,6 +548,11 @@ def test_seeds_count_up_to_the_limit_inclusive() -> None:
     assert len(parse_seeds(f"1-{MAX_SEEDS}")) == MAX_SEEDS
     with pytest.raises(ValueError, match=f"more than {MAX_SEEDS} seeds"):
         parse_seeds(f"0-{MAX_SEEDS}")
+    # Seeds named twice count once.
+    assert len(parse_seeds(f"1-600,500-{MAX_SEEDS}")) == MAX_SEEDS
+    with pytest.raises(ValueError, match=f"more than {MAX_SEEDS} seeds"):
+        parse_seeds(f"1-600,500-{MAX_SEEDS + 1}")
+    assert parse_seeds("2147483647") == [2147483647]  # the largest the solver takes
 
 
 @pytest.mark.parametrize(
