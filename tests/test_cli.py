@@ -280,7 +280,7 @@ def test_bad_published_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (b"trace,policy,alloc_pct_at_arrival130\ndemo,FGD,95\xff\n", ":1: not UTF-8 text"),
+        (b"trace,policy,alloc_pct_at_arrival130\ndemo,FGD,95\xff\n", ":2: not UTF-8 text"),
         (b"alloc_pct_at_arrival130,trace,policy\n95\n", ":2: column 'trace': empty"),
         (b"trace,policy,alloc_pct_at_arrival130\ndemo,FGD,nan\n", ":2: column 'alloc_pct_at_arrival130'"),
     ],

@@ -19,6 +19,7 @@ See ``docs/trace-format.md``.
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -53,40 +54,47 @@ def csv_rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[st
     stripped and short rows padded, blank rows skipped; ``TraceError`` names the file and line
     of what cannot be read (not UTF-8, an unclosed quote, a missing column)."""
     try:
-        handle = path.open(newline="", encoding="utf-8-sig")  # a spreadsheet's byte-order mark is no column name
+        data = path.read_bytes()
     except OSError as exc:
         raise TraceError(path, 0, None, f"cannot open: {exc.strerror or exc}") from exc
-    with handle:
-        reader = csv.reader(handle)
+    try:
+        text = data.decode("utf-8-sig")  # a spreadsheet's byte-order mark is no column name
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise TraceError(path, line, None, f"not UTF-8 text ({exc.reason}); save the file as UTF-8") from None
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+
+    def row() -> tuple[int, list[str]] | None:
+        """The next row and the line it starts on; a row must not span lines."""
+        first = reader.line_num + 1
         try:
-            header = next(reader, None)
-            if header is None:
-                raise TraceError(path, 1, None, "file is empty; expected a header row")
-            header = [h.strip() for h in header]
-            missing = [c for c in required if c not in header]
-            if missing:
-                swapped = ""
-                for other, what, flag in (
-                    (POD_COLUMNS, "a pod list", "--pods"),
-                    (NODE_COLUMNS, "a node list", "--nodes"),
-                ):
-                    if tuple(required) != other and all(c in header for c in other):
-                        swapped = f" (it looks like {what}: pass it as {flag}; are --nodes and --pods swapped?)"
-                raise TraceError(
-                    path, 1, missing[0], f"missing column(s) {', '.join(missing)}; header is {header}{swapped}"
-                )
-            for raw in reader:
-                line = reader.line_num
-                if not raw or all(not c.strip() for c in raw):
-                    continue
-                row = raw + [""] * (len(header) - len(raw))
-                yield line, {h: v.strip() for h, v in zip(header, row, strict=False)}
-        except UnicodeDecodeError as exc:  # decoded a block at a time: the line is where the block starts
-            raise TraceError(
-                path, reader.line_num + 1, None, f"not UTF-8 text (from here on: {exc.reason}); save the file as UTF-8"
-            ) from None
+            raw = next(reader, None)
         except csv.Error as exc:
-            raise TraceError(path, reader.line_num, None, f"not a CSV row: {exc} (a quote left open?)") from None
+            raise TraceError(path, first, None, f"not a CSV row: {exc} (a quote left open?)") from None
+        if raw is not None and reader.line_num != first:
+            raise TraceError(path, first, None, f"a quoted cell runs on to line {reader.line_num}; close its quote")
+        return None if raw is None else (first, raw)
+
+    head = row()
+    if head is None:
+        raise TraceError(path, 1, None, "file is empty; expected a header row")
+    header = [h.strip() for h in head[1]]
+    missing = [c for c in required if c not in header]
+    if missing:
+        swapped = ""
+        for other, what, flag in (
+            (POD_COLUMNS, "a pod list", "--pods"),
+            (NODE_COLUMNS, "a node list", "--nodes"),
+        ):
+            if tuple(required) != other and all(c in header for c in other):
+                swapped = f" (it looks like {what}: pass it as {flag}; are --nodes and --pods swapped?)"
+        raise TraceError(path, 1, missing[0], f"missing column(s) {', '.join(missing)}; header is {header}{swapped}")
+    while (got := row()) is not None:
+        line, raw = got
+        if not raw or all(not c.strip() for c in raw):
+            continue
+        cells = raw + [""] * (len(header) - len(raw))
+        yield line, {h: v.strip() for h, v in zip(header, cells, strict=False)}
 
 
 def _int(path: Path, line: int, row: dict[str, str], column: str, default: int | None = None) -> int:

@@ -217,13 +217,20 @@ def test_a_header_behind_a_byte_order_mark_is_read(tmp_path: Path) -> None:
 def test_a_file_that_is_not_utf8_text_is_refused_with_where_it_goes_wrong(tmp_path: Path) -> None:
     p = tmp_path / "nodes.csv"
     p.write_bytes((NODE_HEADER + "\nn0,1000,1024,1,A100\nn\xe91,1000,1024,1,A100\n").encode("latin-1"))
-    expect_error(p, 1, None, "not UTF-8 text")
+    expect_error(p, 3, None, "not UTF-8 text")  # the line of the byte, not of the block it came in
     assert "save the file as UTF-8" in _message(p)
 
 
 def test_a_quote_left_open_is_refused_with_its_line(tmp_path: Path) -> None:
     p = write(tmp_path, "pods.csv", POD_HEADER, "p0,1000,1024,1,1000,", 'p1,1000,1024,1,1000,"A100' + "x" * 140_000)
     expect_error(p, 3, None, "not a CSV row: field larger than field limit")
+    # Left open with rows after it: the rest of the file is no cell of that row.
+    p = write(tmp_path, "pods.csv", POD_HEADER, "p0,1000,1024,1,1000,", 'p1,1000,1024,1,1000,"A100', "p2,1,1,0,0,")
+    expect_error(p, 3, None, "not a CSV row: unexpected end of data (a quote left open?)")
+    p = write(tmp_path, "pods.csv", POD_HEADER, 'p1,1000,1024,1,1000,"A100', 'p2",1,1,0,0,', "p3,1,1,0,0,")
+    expect_error(p, 2, None, "a quoted cell runs on to line 3; close its quote")
+    p = write(tmp_path, "pods.csv", POD_HEADER, 'p1,1000,1024,1,1000,"A100"x')
+    expect_error(p, 2, None, "not a CSV row: ',' expected after '\"'")
 
 
 def _message(path: Path) -> str:
