@@ -5,9 +5,10 @@ view go in; a ``CostReport`` comes out (``gpusched report`` prints it).  A pod's
 costs that share of the GPU's hourly price; a GPU is idle when the view has it under the idle
 percentage (a share on an idle GPU is idle in proportion); a MIG slice costs its compute
 slices' part of its GPU (``3g.40gb``: three sevenths; ``2g.12gb`` of an A30: two fourths)
-and is never counted idle.  GPUs on a node where no pod holds a GPU are the autoscaler's to
-take away; they are reported apart from the free GPUs of nodes in use, which packing can still
-fill.
+and is never counted idle.  A pod is charged every slice it holds (``Pod.mig_slices``: a pod
+another scheduler bound may hold several, or slices beside whole GPUs), as its tenant counts
+them.  GPUs on a node where no pod holds a GPU are the autoscaler's to take away; they are
+reported apart from the free GPUs of nodes in use, which packing can still fill.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpusched.metrics.source import UtilisationView
-from gpusched.model import GPU_MILLI, Assignment, Cluster, Node
+from gpusched.model import GPU_MILLI, Assignment, Cluster, Node, Pod
 from gpusched.model.mig import gpu_fraction, product_key
 
 __all__ = [
@@ -115,6 +116,14 @@ def mig_gpus(node: Node) -> float:
     return sum(gpu_fraction(p) * c for p, c in node.mig_slices)
 
 
+def _mig_share(pod: Pod) -> float:
+    """The part of a GPU the MIG slices ``pod`` holds are, by their compute slices: every slice
+    of ``Pod.mig_slices`` (a pod another scheduler bound may hold several, or slices beside GPUs),
+    as the tenant gauge counts them (``model.tenants.demand_of``), though not rounded down to
+    thousandths: seven ``1g.10gb`` slices are the whole GPU and cost its whole price."""
+    return sum(gpu_fraction(p) * n for p, n in pod.mig_slices)
+
+
 def _price(value: object, where: str) -> float:
     if isinstance(value, str):  # "0.5", or 1e-1, which YAML reads as a string
         with contextlib.suppress(ValueError):
@@ -178,31 +187,29 @@ def cost_report(
     idle = {n: g for n, g in idle.items() if (i := cluster.index.get(n)) is None or not cluster.mig_cap[i].any()}
     placed = list(placed)
     held: dict[tuple[int, int], int] = defaultdict(int)  # (node, GPU) -> thousandths held
-    for a in placed:
-        if not a.pod.mig_profile:
-            for g in a.gpus:
-                held[(a.node, g)] += a.pod.gpu_milli
     mig_held: dict[int, float] = defaultdict(float)  # node -> GPUs held in MIG slices
     for a in placed:
-        if a.pod.mig_profile:
-            mig_held[a.node] += gpu_fraction(a.pod.mig_profile)
+        for g in a.gpus if a.pod.num_gpu else ():
+            held[(a.node, g)] += a.pod.gpu_milli
+        if mig := _mig_share(a.pod):
+            mig_held[a.node] += mig
     by_ns: dict[str, NamespaceCost] = {}
     for a in placed:
         pod = a.pod
+        mig = _mig_share(pod)
+        if not (pod.num_gpu or mig):
+            continue
         node = cluster.nodes[a.node]
         price = prices.of(node.gpu_model)
-        if pod.mig_profile:  # a slice of g compute slices costs g sevenths of its GPU
-            # ... of what the node still offers in MIG mode, shared as GPUs held twice are
-            share = gpu_fraction(pod.mig_profile) * min(1.0, mig_gpus(node) / mig_held[a.node])
-            ns = by_ns.setdefault(pod.namespace, NamespaceCost(pod.namespace))
-            ns.pods += 1
-            ns.gpus += share
-            ns.per_hour += share * price
-            continue
-        if not (pod.num_gpu or pod.gpu_milli):
-            continue
         ns = by_ns.setdefault(pod.namespace, NamespaceCost(pod.namespace))
         ns.pods += 1
+        if mig:  # a slice of g compute slices costs g sevenths of its GPU ...
+            # ... of what the node still offers in MIG mode, shared as GPUs held twice are
+            share = mig * min(1.0, mig_gpus(node) / mig_held[a.node])
+            ns.gpus += share
+            ns.per_hour += share * price
+        if not pod.num_gpu:
+            continue
         # On a time-sliced node an advertised GPU is 1/slices of one, and the indices the books
         # number are slices, not the GPUs the view names: idle only when all its GPUs are.
         slices = slices_of(node)

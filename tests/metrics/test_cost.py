@@ -7,9 +7,11 @@ import re
 import pytest
 from rich.console import Console
 
-from gpusched.metrics.cost import Prices, cost_report, parse_prices, render_report, report_json
+from gpusched.kube.convert import node_record, pod_record
+from gpusched.metrics.cost import CostReport, Prices, cost_report, parse_prices, render_report, report_json
 from gpusched.metrics.source import UtilisationView
 from gpusched.model import Assignment, Cluster, Node, Pod
+from gpusched.state.cache import Cache
 from tests.factories import gpu_node, pod
 
 PRICES = Prices({"A100": 3.0}, default=1.0, currency="EUR")
@@ -163,3 +165,71 @@ def test_a_time_sliced_node_is_priced_by_its_gpus_not_its_slices() -> None:
     assert cost_report(Cluster([t4]), held, prices, some).per_hour_idle_held == 0.0
     every = UtilisationView(0.0, {"ts": dict.fromkeys(range(4), 0.0)})
     assert cost_report(Cluster([t4]), held, prices, every).per_hour_idle_held == pytest.approx(0.35)
+
+
+def _books(gpus: int, slices: dict[str, int], *limits: dict[str, str]) -> Cache:
+    """A cache reading one A100 node ``m`` (``gpus`` whole, the rest in MIG mode offering
+    ``slices``) and a pod of another scheduler bound to it per ``limits``, as the API gives them."""
+    alloc = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": str(gpus)}
+    alloc |= {f"nvidia.com/mig-{p}": str(n) for p, n in slices.items()}
+    labels = {"nvidia.com/gpu.product": "A100-SXM4-80GB", "nvidia.com/gpu.count": str(gpus + 2)}
+    node = {"metadata": {"name": "m", "labels": labels}, "spec": {}, "status": {"allocatable": alloc}}
+    cache = Cache()
+    cache.replace_nodes([node_record(node)])
+    cache.replace_pods(
+        pod_record(
+            {
+                "metadata": {"name": f"p{i}", "namespace": "team", "uid": f"u{i}"},
+                "spec": {
+                    "schedulerName": "default-scheduler",
+                    "nodeName": "m",
+                    "containers": [{"name": "c", "resources": {"limits": lim}}],
+                },
+                "status": {"phase": "Running"},
+            }
+        )
+        for i, lim in enumerate(limits)
+    )
+    return cache
+
+
+def _report(cache: Cache) -> CostReport:
+    prices = Prices({"A100-SXM4-80GB": 3.5}, currency="USD")
+    return cost_report(cache.snapshot().cluster, cache.placed(), prices, None, 5.0, cache.guessed_gpus())
+
+
+@pytest.mark.parametrize(
+    ("limits", "gpus", "per_hour", "free"),
+    [
+        ({"nvidia.com/mig-1g.10gb": "2"}, 0.286, 1.0, 2.714),  # two sevenths of a GPU
+        ({"nvidia.com/mig-1g.10gb": "1", "nvidia.com/mig-3g.40gb": "1"}, 0.571, 2.0, 2.429),
+        ({"nvidia.com/mig-1g.10gb": "7"}, 1.0, 3.5, 2.0),  # the seven sevenths: one GPU's price
+        ({"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "1"}, 1.143, 4.0, 1.857),  # a GPU and a slice
+    ],
+    ids=["two-1g", "1g-and-3g", "seven-1g", "gpu-and-1g"],
+)
+def test_a_pod_another_scheduler_bound_is_charged_every_mig_slice_it_holds(
+    limits: dict[str, str], gpus: float, per_hour: float, free: float
+) -> None:
+    # One whole A100 and two in MIG mode: the pod holds several slices, or a GPU beside one.
+    out = report_json(_report(_books(1, {"1g.10gb": 7, "3g.40gb": 1}, limits)))
+    row = {"namespace": "team", "pods": 1, "gpus": gpus, "idle_gpus": 0.0, "per_hour": per_hour, "idle_per_hour": 0.0}
+    assert out["namespaces"] == [row]
+    assert (out["gpus_held"], out["per_hour_held"]) == (gpus, per_hour)
+    assert (out["gpus_total"], out["per_hour_total"]) == (3.0, 10.5)
+    assert out["free_gpus_in_use_nodes"] == free  # what it holds is not free for packing
+    assert out["per_hour_free_in_use_nodes"] == round(free * 3.5, 2)
+
+
+def test_a_pod_with_an_unreadable_mig_resource_is_charged_the_slice_it_holds_on_a_node_in_use() -> None:
+    # Two A100s in MIG mode.  The converter refuses the pod for its malformed resource, but the
+    # books hold its 1g.10gb slice: the report charges it, and the node is no spare capacity.
+    bogus = {"nvidia.com/mig-1g.10gb": "1", "nvidia.com/mig-bogus": "1"}
+    cache = _books(0, {"1g.10gb": 7}, bogus)
+    console = Console(width=120, record=True)
+    render_report(_report(cache), console)
+    text = console.export_text()
+    assert re.search(r"│ team\s+│\s+1 │\s+0\.14 │\s+- │\s+0\.50 │", text), text
+    assert "held 0.14 GPUs, 0.50 USD/h" in text
+    assert "free on nodes in use: 1.86 GPUs, 6.50 USD/h" in text
+    assert "nodes with no GPU held: 0 (0 GPUs), 0.00 USD/h" in text
