@@ -639,6 +639,14 @@ def test_report_refuses_a_broken_or_ambiguous_price_list_in_one_line(
     assert "<unicode string>" not in said
 
 
+def test_report_refuses_an_empty_price_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty file is a mistake, not "no --prices" (which would count every GPU-hour as 1)."""
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("# to be filled in\n")
+    said = rejected(capsys, ["report", "--prices", str(prices), "--kubeconfig", str(prices)])
+    assert f"--prices {prices}: empty; name what the prices are in, such as currency: USD" in said
+
+
 def _manifest(tmp_path: Path, workers: int) -> Path:
     """A ConfigMap manifest, as ``kubectl get configmap -o yaml`` prints it, with ``solver.workers``."""
     manifest = tmp_path / "cm.yaml"

@@ -73,10 +73,10 @@ class Prices:
 
 
 def parse_prices(data: object, source: str = "prices") -> Prices:
-    """``{currency: EUR, default: 2.0, gpuHour: {A100-SXM4-80GB: 3.1, ...}}``, every key optional;
-    a bad document raises ``ValueError`` naming the key."""
-    if data is None:
-        return Prices()
+    """``{currency: EUR, default: 2.0, gpuHour: {A100-SXM4-80GB: 3.1, ...}}``, ``currency``
+    required; a bad document raises ``ValueError`` naming the key."""
+    if data is None:  # an empty file: no prices is no --prices, not a price list
+        raise ValueError(f"{source}: empty; name what the prices are in, such as currency: USD")
     if not isinstance(data, dict):
         raise ValueError(f"{source}: expected a mapping, got {type(data).__name__}")
     unknown = sorted(set(data) - {"currency", "default", "gpuHour"})
@@ -282,6 +282,11 @@ def report_json(report: CostReport) -> dict[str, Any]:
     return out
 
 
+def _count(gpus: float) -> str:
+    """A number of GPUs as people write it: ``8``, ``14.86``, ``10,400`` (never ``1.04e+04``)."""
+    return f"{gpus:,.2f}".rstrip("0").rstrip(".")
+
+
 def render_report(report: CostReport, console: Console, unmeasured: str = "pass --prometheus-url") -> None:
     """The report as a table per namespace and a summary of where the rest goes (``unmeasured``:
     what to say when nothing was measured idle)."""
@@ -297,7 +302,7 @@ def render_report(report: CostReport, console: Console, unmeasured: str = "pass 
     console.print(table)
     share = report.per_hour_held / report.per_hour_total if report.per_hour_total else 0.0
     console.print(
-        f"{report.gpus_total:.4g} GPUs cost {report.per_hour_total:.2f} {c}/h; held {report.gpus_held:.2f} GPUs, "
+        f"{_count(report.gpus_total)} GPUs cost {report.per_hour_total:.2f} {c}/h; held {report.gpus_held:.2f} GPUs, "
         f"{report.per_hour_held:.2f} {c}/h ({share:.1%})"
     )
     if report.measured:
@@ -308,6 +313,6 @@ def render_report(report: CostReport, console: Console, unmeasured: str = "pass 
         f"free on nodes in use: {report.free_gpus_in_use_nodes:.2f} GPUs, {report.per_hour_free_in_use_nodes:.2f} {c}/h"
     )
     console.print(
-        f"nodes with no GPU held: {report.idle_nodes} ({report.idle_node_gpus:.4g} GPUs), "
+        f"nodes with no GPU held: {report.idle_nodes} ({_count(report.idle_node_gpus)} GPUs), "
         f"{report.per_hour_idle_nodes:.2f} {c}/h"
     )

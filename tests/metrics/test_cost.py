@@ -91,10 +91,22 @@ def test_the_report_as_json_and_as_a_table() -> None:
     assert "nodes with no GPU held: 1 (8 GPUs), 24.00 EUR/h" in text
 
 
+def test_a_large_cluster_s_gpus_are_counted_in_plain_numbers() -> None:
+    from dataclasses import replace
+
+    r = replace(cost_report(cluster(), placed(), PRICES), gpus_total=10_400.0, idle_nodes=1299, idle_node_gpus=10_392.0)
+    console = Console(width=120, record=True)
+    render_report(r, console)
+    text = console.export_text()
+    assert "10,400 GPUs cost" in text
+    assert "nodes with no GPU held: 1299 (10,392 GPUs)" in text
+
+
 def test_prices_are_read_and_bad_ones_refused_with_the_key() -> None:
     got = parse_prices({"currency": "EUR", "default": 2, "gpuHour": {"H100-SXM5-80GB": 4.5}})
     assert got == Prices({"H100-SXM5-80GB": 4.5}, 2.0, "EUR")
-    assert parse_prices(None) == Prices()
+    with pytest.raises(ValueError, match="prices: empty; name what the prices are in"):
+        parse_prices(None)  # an empty file
     quoted = parse_prices({"currency": "USD", "default": "0.5", "gpuHour": {"T4": "1e-1"}})  # YAML: 1e-1 a string
     assert quoted == Prices({"T4": 0.1}, 0.5, "USD")
     for data, why in [
