@@ -32,7 +32,14 @@ from gpusched.config import ConfigError, GpuschedConfig, load_config, parse_conf
 from gpusched.metrics.cost import render_report, report_json
 from gpusched.metrics.source import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, default_query
 from gpusched.sim.report import render_extended_table, render_table
-from gpusched.sim.runner import TYPICAL_SOURCES, SimulationError, normalize_policies, run_simulation
+from gpusched.sim.runner import (
+    PLOT_FILE,
+    SUMMARY_FILE,
+    TYPICAL_SOURCES,
+    SimulationError,
+    normalize_policies,
+    run_simulation,
+)
 from gpusched.sim.trace import TraceError
 from gpusched.solver.params import SolverParams
 from gpusched.solver.registry import POLICIES
@@ -720,6 +727,9 @@ def _writable_dir(out: Path) -> None:
             pass
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot write there: {exc.strerror or exc}; pass a writable directory") from None
+    for name in (SUMMARY_FILE, PLOT_FILE):
+        if (out / name).is_dir():
+            raise UsageError(f"--out {out}: {name} there is a directory; remove it or pass another directory")
 
 
 def _simulate(args: argparse.Namespace, console: Console) -> int:

@@ -621,6 +621,15 @@ def test_simulate_out_naming_a_file_says_it_is_a_file(tmp_path: Path, capsys: py
     assert "is a file, not a directory" in rejected(capsys, ["simulate", "--out", str(taken)])
 
 
+@pytest.mark.parametrize("name", ["summary.json", "allocation.png"])
+def test_simulate_refuses_before_the_run_an_out_whose_result_file_is_a_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    (tmp_path / name).mkdir()
+    said = rejected(capsys, ["simulate", *FAST, "--out", str(tmp_path)])
+    assert f"--out {tmp_path}: {name} there is a directory; remove it or pass another directory" in said
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -358,13 +358,16 @@ def run_simulation(
         if s["policy"] == "cpsat":
             s["typical"] = typical_source
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / SUMMARY_FILE).write_text(json.dumps(summaries, indent=2) + "\n", encoding="utf-8")
-    plot_allocation(
-        results,
-        out / PLOT_FILE,
-        title=f"{trace or Path(pods_csv).name}: GPU allocation vs arrived demand "
-        f"({cluster.total_gpus} GPUs, batch {batch}, {len(seed_list)} seeds)",
-    )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / SUMMARY_FILE).write_text(json.dumps(summaries, indent=2) + "\n", encoding="utf-8")
+        plot_allocation(
+            results,
+            out / PLOT_FILE,
+            title=f"{trace or Path(pods_csv).name}: GPU allocation vs arrived demand "
+            f"({cluster.total_gpus} GPUs, batch {batch}, {len(seed_list)} seeds)",
+        )
+    except OSError as exc:
+        raise SimulationError(f"cannot write the results to {out}: {exc}") from None
     log.info("simulation.done", out=str(out), seconds=round(time.perf_counter() - start, 3))
     return summaries

@@ -260,3 +260,13 @@ def test_a_simulation_whose_pods_accept_only_models_no_node_has_warns_with_the_n
     assert warned["pods"] == 1
     assert warned["models"] == ["V100M16"]
     assert warned["nodes_have"] == ["V100M32"]
+
+
+def test_results_that_cannot_be_written_end_the_run_with_a_simulation_error(tmp_path: Path) -> None:
+    from gpusched.sim.runner import SimulationError, run_simulation
+
+    nodes = write(tmp_path, "nodes.csv", NODE_HEADER, "n1,8000,32768,2,V100M32")
+    pods = write(tmp_path, "pods.csv", POD_HEADER, "p1,1000,1024,1,1000,")
+    (tmp_path / "out" / "allocation.png").mkdir(parents=True)
+    with pytest.raises(SimulationError, match=f"cannot write the results to {tmp_path / 'out'}: "):
+        run_simulation(nodes, pods, ["bestfit"], 1, [42], 1.0, tmp_path / "out", progress=False)
