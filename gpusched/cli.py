@@ -28,7 +28,14 @@ import structlog
 from rich.console import Console
 
 from gpusched import __version__, logs
-from gpusched.config import ConfigError, GpuschedConfig, load_config, parse_config, read_yaml
+from gpusched.config import (
+    ConfigError,
+    GpuschedConfig,
+    load_config,
+    parse_config,
+    read_yaml,
+    read_yaml_documents,
+)
 from gpusched.metrics.cost import render_report, report_json
 from gpusched.metrics.source import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, default_query
 from gpusched.sim.report import render_extended_table, render_table
@@ -388,11 +395,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate a solver configuration before it is applied",
         description=(
             "Read a solver configuration as the scheduler reads its ConfigMap: a YAML document, or a ConfigMap "
-            "manifest (its data key config.yaml). Exit 0 and list what differs from the defaults, or exit 2 naming "
-            "the key and the reason."
+            "manifest (its data key config.yaml; among several objects, or in a List, the one ConfigMap that has "
+            "it). Exit 0 and list what differs from the defaults, or exit 2 naming the key and the reason."
         ),
     )
     chk.add_argument("file", type=Path, metavar="FILE", help="the YAML document or ConfigMap manifest")
+    chk.add_argument("--log-level", default=argparse.SUPPRESS, choices=logs.LEVELS, help="as gpusched --log-level")
     chk.set_defaults(handler=_check_config)
     return parser
 
@@ -682,7 +690,24 @@ def _read_config(path: Path, what: str, flag: str = "--config") -> tuple[Gpusche
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{flag} {path}: cannot read: {exc}") from None
-    data = read_yaml(text, str(path))
+    docs = [d for d in read_yaml_documents(text, str(path)) if d is not None]
+    data = docs[0] if docs else None
+    if len(docs) > 1 or (isinstance(data, dict) and data.get("kind") == "List"):
+        # Several objects (kubectl kustomize) or a List (kubectl get ... -o yaml): its ConfigMap.
+        objects = [d for d in docs if isinstance(d, dict)]
+        objects += [i for d in objects if d.get("kind") == "List" for i in d.get("items") or () if isinstance(i, dict)]
+        maps = [
+            d
+            for d in objects
+            if d.get("kind") == "ConfigMap" and isinstance(d.get("data"), dict) and "config.yaml" in d["data"]
+        ]
+        if len(maps) != 1:
+            raise ConfigError(
+                f"{path}: {len(maps)} ConfigMaps with data.config.yaml among its objects; pass a file with one"
+            )
+        data = maps[0]
+    if isinstance(data, dict) and data.get("kind") not in (None, "ConfigMap") and "apiVersion" in data:
+        raise ConfigError(f"{path}: a {data['kind']}, not a solver configuration or a ConfigMap manifest")
     if isinstance(data, dict) and data.get("kind") == "ConfigMap":
         entries = data.get("data")
         inner = entries.get("config.yaml") if isinstance(entries, dict) else None

@@ -389,6 +389,15 @@ def read_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source}: not valid YAML: {yaml_problem(exc)}") from None
 
 
+def read_yaml_documents(text: str, source: str) -> list[Any]:
+    """Every YAML document of ``text`` (as ``kubectl kustomize`` prints several), each as
+    ``read_yaml`` reads one."""
+    try:
+        return list(yaml.load_all(text, Loader=_UniqueKeys))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {yaml_problem(exc)}") from None
+
+
 def load_config(text: str, source: str = "config") -> GpuschedConfig:
     """Parse and validate a YAML document."""
     return parse_config(read_yaml(text, source), source)

@@ -667,6 +667,30 @@ def _manifest(tmp_path: Path, workers: int) -> Path:
     return manifest
 
 
+def test_check_config_finds_the_one_configmap_among_several_objects_or_says_what_it_was_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cm = _manifest(tmp_path, workers=3).read_text(encoding="utf-8")
+    namespace = "apiVersion: v1\nkind: Namespace\nmetadata: {name: gpusched}\n"
+    stream = tmp_path / "all.yaml"  # as kubectl kustomize prints it
+    stream.write_text(f"{namespace}---\n{cm}", encoding="utf-8")
+    assert main(["check-config", str(stream), "--log-level", "debug"]) == 0
+    assert "solver.workers: 3" in capsys.readouterr().out
+    listed = tmp_path / "list.yaml"  # as kubectl get configmap -o yaml prints several
+    items = "\n".join("  " + line for line in cm.splitlines())
+    listed.write_text(f"apiVersion: v1\nkind: List\nitems:\n- {items.lstrip()}\n", encoding="utf-8")
+    assert main(["check-config", str(listed)]) == 0
+    assert "solver.workers: 3" in capsys.readouterr().out
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(f"{cm}---\n{cm}", encoding="utf-8")
+    said = rejected(capsys, ["check-config", str(twice)])
+    assert f"{twice}: 2 ConfigMaps with data.config.yaml among its objects; pass a file with one" in said
+    deployment = tmp_path / "deployment.yaml"
+    deployment.write_text("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {}\n", encoding="utf-8")
+    said = rejected(capsys, ["check-config", str(deployment)])
+    assert f"{deployment}: a Deployment, not a solver configuration or a ConfigMap manifest" in said
+
+
 def test_check_config_lists_what_differs_from_the_defaults_or_names_the_bad_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
