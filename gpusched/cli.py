@@ -622,6 +622,8 @@ def _explain(args: argparse.Namespace, console: Console) -> int:
         raise UsageError(str(exc)) from None
     except ApiError as exc:
         raise UsageError(_cluster_unreadable(exc)) from None
+    if code == EXIT_USAGE:  # no such pod: an error, on stderr
+        raise UsageError(text)
     print(text)
     return code
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -12,8 +13,14 @@ from tests.e2e import kit
 
 
 class FakeKube:
-    def __init__(self, pod: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
-        self.pod, self.nodes = pod, nodes
+    def __init__(
+        self,
+        pod: dict[str, Any],
+        nodes: list[dict[str, Any]],
+        pending: Sequence[dict[str, Any]] = (),
+        bound: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        self.pod, self.nodes, self.pending, self.bound = pod, nodes, list(pending), list(bound)
 
     async def request(self, method: str, path: str, *a: Any, **k: Any) -> Response:
         return Response(200, self.pod)
@@ -21,14 +28,25 @@ class FakeKube:
     async def list(self, path: str, query: Any = None, page: int = 500) -> tuple[list[Any], str]:
         if path == "/api/v1/nodes":
             return self.nodes, "1"
+        if path == "/api/v1/pods":
+            return self.bound, "1"
+        if path == "/api/v1/namespaces/default/pods":
+            assert query == {"fieldSelector": "spec.nodeName="}
+            return [self.pod, *self.pending], "1"
         return [], "1"
 
     async def close(self) -> None:
         return None
 
 
-async def explain(monkeypatch: pytest.MonkeyPatch, pod: dict[str, Any]) -> tuple[str, int]:
-    fake = FakeKube(pod, [kit.node("n0", 1, "NVIDIA-A100-SXM4-80GB")])
+async def explain(
+    monkeypatch: pytest.MonkeyPatch,
+    pod: dict[str, Any],
+    gpus: int = 1,
+    pending: Sequence[dict[str, Any]] = (),
+    bound: Sequence[dict[str, Any]] = (),
+) -> tuple[str, int]:
+    fake = FakeKube(pod, [kit.node("n0", gpus, "NVIDIA-A100-SXM4-80GB")], pending, bound)
 
     async def connect(*_: Any) -> FakeKube:
         return fake
@@ -79,3 +97,47 @@ async def test_the_time_printed_is_not_when_the_pod_first_became_unschedulable(m
     assert "said at 2026-12-06T10:00:00Z" not in text, text
     assert "unschedulable since 2026-12-06T10:00:00Z" in text
     assert "Waiting for node n0 to be re-partitioned into MIG instances" in text
+
+
+def _member(name: str, minimum: int, node: str = "") -> dict[str, Any]:
+    obj = kit.pod(name, daemon.SCHEDULER_NAME, gpus=1, node_name=node)
+    obj["metadata"].update({"namespace": "default", "uid": f"u-{name}"})
+    obj["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": "train"}
+    obj["metadata"]["annotations"]["gpusched.io/gang-min-members"] = str(minimum)
+    return obj
+
+
+async def test_a_gang_member_is_not_said_to_fit_while_its_gang_cannot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It fits alone, but its gang of at least 4 has one member pending: the scheduler places none."""
+    text, code = await explain(monkeypatch, _member("m0", 4))
+    assert code == 1, text
+    assert "gang default/train: 1 of at least 4 members are pending" in text
+    assert "nodes can take it now" not in text
+
+
+async def test_a_gang_whose_pending_members_fit_together_is_said_to_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    text, code = await explain(monkeypatch, _member("m0", 2), gpus=2, pending=[_member("m1", 2)])
+    assert code == 0, text
+    assert "gang default/train: its 2 pending members fit together now" in text
+    # On one GPU the two do not fit at once, though each would alone.
+    text, code = await explain(monkeypatch, _member("m0", 2), gpus=1, pending=[_member("m1", 2)])
+    assert code == 1, text
+    assert "gang default/train: its members" not in text
+    assert "fit together now" not in text
+    assert "do not all fit at once" in text
+
+
+async def test_a_gang_member_running_counts_toward_the_minimum(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One member runs on n0 (its replacement is pending): the gang of 2 needs only it."""
+    text, code = await explain(monkeypatch, _member("m1", 2), gpus=2, bound=[_member("m0", 2, node="n0")])
+    assert code == 0, text
+    assert "gang default/train: its 1 pending member fits now beside the 1 running (at least 2 in all)" in text
+    text, code = await explain(monkeypatch, _member("m1", 3), gpus=2, bound=[_member("m0", 3, node="n0")])
+    assert code == 1, text
+    assert "gang default/train: 1 pending and 1 running of at least 3 members" in text
+
+
+async def test_gang_members_that_disagree_on_the_rules_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    text, code = await explain(monkeypatch, _member("m0", 2), gpus=2, pending=[_member("m1", 3)])
+    assert code == 1, text
+    assert "gang default/train: its members disagree" in text

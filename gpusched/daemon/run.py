@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Coroutine, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from gpusched.kube.client import Kube, connect
 from gpusched.kube.convert import (
     ConvertError,
     claim_record,
+    gang_disagreements,
     namespace_labels,
     node_record,
     pod_record,
@@ -25,8 +27,10 @@ from gpusched.kube.convert import (
 from gpusched.metrics.cost import CostReport, Prices, cost_report, slices_of
 from gpusched.metrics.exporter import HealthServer
 from gpusched.metrics.source import UtilisationSource
-from gpusched.solver.explain import explain
+from gpusched.model import ClusterState
+from gpusched.solver.explain import explain, explain_gang, gang_fits
 from gpusched.state.cache import Cache
+from gpusched.state.records import PodRecord
 from gpusched.state.volumes import Claims
 
 log = structlog.get_logger("gpusched.daemon")
@@ -185,6 +189,12 @@ async def explain_pod(
                 f"member of gang {p.gang.name} (at least {p.gang.min_members} members, placed together or not at all)"
             )
         said = _last_word(r.body)
+        if p.gang is not None:  # the gang is placed whole or not at all: its members are the answer
+            answer, fits = await _gang_answer(kube, rec, namespaces, cache, snap.state, scheduler_name)
+            lines.append(answer)
+            if said and said[1] != answer:
+                lines.append(f"the scheduler says (unschedulable since {said[0]}): {said[1]}")
+            return "\n".join(lines), 0 if fits else 1
         if e.fits:
             mask = snap.state.pod_mask(p)
             fit = [snap.cluster.nodes[i].name for i in range(len(snap.cluster)) if mask[i]]
@@ -202,6 +212,47 @@ async def explain_pod(
         return "\n".join(lines), 0 if e.fits else 1
     finally:
         await kube.close()
+
+
+async def _gang_answer(
+    kube: Kube,
+    rec: PodRecord,
+    namespaces: dict[str, dict[str, str]] | None,
+    books: Cache,
+    state: ClusterState,
+    scheduler_name: str,
+) -> tuple[str, bool]:
+    """Whether ``rec``'s gang fits now, as the scheduler weighs a gang: its pending members
+    (read here) all at once, its members already running counted toward its minimum and
+    holding it to their topology domain; and the text that says so."""
+    gang = rec.pod.gang
+    assert gang is not None
+    pending, _ = await kube.list(f"/api/v1/namespaces/{rec.pod.namespace}/pods", {"fieldSelector": "spec.nodeName="})
+    members = [rec.pod]
+    for obj in pending:
+        other = pod_record(obj, namespaces)
+        g = other.pod.gang
+        if other.key == rec.key or g is None or g.name != gang.name or other.scheduler != scheduler_name:
+            continue
+        if other.error or other.gated or other.pod.terminating:  # not drawn: counted out
+            continue
+        members.append(other.pod)
+    disagree = gang_disagreements(members)
+    if disagree:
+        return disagree[gang.name], False
+    running, domain = books.gang_held({gang.name})[gang.name]
+    if running:
+        left = max(1, gang.min_members - running)
+        members = [replace(m, gang=replace(gang, min_members=left, domain=domain, running=running)) for m in members]
+    if len(members) >= (members[0].gang or gang).min_members and gang_fits(members, state):
+        if running:
+            n = len(members)
+            return (
+                f"gang {gang.name}: its {n} pending member{' fits' if n == 1 else 's fit'} now beside the "
+                f"{running} running (at least {gang.min_members} in all)"
+            ), True
+        return f"gang {gang.name}: its {len(members)} pending members fit together now", True
+    return explain_gang(members[0], len(members), state), False
 
 
 def _last_word(pod: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -187,7 +187,8 @@ async def test_unschedulable_pod_is_retried_when_the_cluster_changes(
         assert message in explained.stdout
         missing = await kit.explain(control_plane, "big")  # in the default namespace: not there
         assert missing.returncode == 2
-        assert "pod default/big not found; name it as NAMESPACE/POD, or pass --namespace" in missing.stdout
+        assert "error: pod default/big not found; name it as NAMESPACE/POD, or pass --namespace" in missing.stderr
+        assert missing.stdout == ""
         # Parked, not solved again: the watch bringing back our own condition is no reason to
         # retry, and the condition was written once (its transition time has not moved).
         again = await kube.get(f"/api/v1/namespaces/{namespace}/pods/big")
