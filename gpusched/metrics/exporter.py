@@ -207,8 +207,8 @@ class SchedulerMetrics:
             registry=reg,
         )
         self._gpu_fragmentation_ratio.set(math.nan)
-        self._gpus_total = Gauge(
-            "gpus_total",
+        self._gpus = Gauge(
+            "gpus",
             "GPUs on the nodes this scheduler manages that are not cordoned.",
             namespace=NAMESPACE,
             registry=reg,
@@ -358,14 +358,14 @@ class SchedulerMetrics:
 
     def set_cluster(
         self,
-        gpus_total: int,
+        gpus: float,
         allocation_ratio: float,
         fragmentation_ratio: float | None,
         active_gpu_nodes: int,
     ) -> None:
-        """Set the cluster gauges: total GPUs, allocated share, fragmentation (``None``: left as it
+        """Set the cluster gauges: the GPUs, allocated share, fragmentation (``None``: left as it
         is) and active GPU nodes."""
-        self._gpus_total.set(gpus_total)
+        self._gpus.set(gpus)
         self._gpu_allocation_ratio.set(allocation_ratio)
         if fragmentation_ratio is not None:
             self._gpu_fragmentation_ratio.set(fragmentation_ratio)

@@ -652,7 +652,7 @@ async def test_metrics_health_and_readiness(control_plane: ControlPlane, kube: K
                 async with s.get(f"http://127.0.0.1:{port}{path}") as r:
                     assert r.status == 200, path
         assert await _metric_once(port, "gpusched_pods_scheduled_total", 3) == 3
-        assert await _metric(port, "gpusched_gpus_total") == 10
+        assert await _metric(port, "gpusched_gpus") == 10
         assert await _metric(port, "gpusched_gpu_allocation_ratio") == pytest.approx(3 / 10)
         # The autoscaling signals: one GPU node with nothing on it, 16.3 GPUs asked for in vain.
         assert await _metric(port, "gpusched_gpu_nodes_idle") == 1

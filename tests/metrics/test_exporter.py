@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import shutil
 import socket
+import subprocess
 
 import aiohttp
 import prometheus_client
@@ -23,7 +25,7 @@ EXPECTED_FAMILIES = {
     "gpusched_pending_pods": "gauge",
     "gpusched_gpu_allocation_ratio": "gauge",
     "gpusched_gpu_fragmentation_ratio": "gauge",
-    "gpusched_gpus_total": "gauge",
+    "gpusched_gpus": "gauge",
     "gpusched_gpu_nodes_active": "gauge",
     "gpusched_is_leader": "gauge",
     "gpusched_config_reloads": "counter",
@@ -46,6 +48,27 @@ def test_every_metric_is_exported_with_help_and_type() -> None:
         assert name in families, name
         assert families[name].type == kind, name
         assert families[name].documentation, name
+
+
+def test_no_gauge_is_named_as_a_counter() -> None:
+    """A ``_total`` suffix tells dashboards and ``rate()`` users the series is a counter."""
+    m = SchedulerMetrics()
+    m.set_cluster(8, 0.5, 0.25, 1)
+    gauges = {f.name for f in text_string_to_metric_families(text(m)) if f.type == "gauge"}
+    assert "gpusched_gpus" in gauges
+    assert not {name for name in gauges if name.endswith("_total")}
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="no promtool on PATH")
+def test_promtool_finds_nothing_to_fix_in_a_scrape() -> None:
+    m = SchedulerMetrics()
+    m.set_cluster(8, 0.5, 0.25, 1)
+    m.bind_error("failed")
+    m.mig_repartition("success")
+    checked = subprocess.run(
+        ["promtool", "check", "metrics"], input=text(m), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_counters_carry_their_labels_and_values() -> None:
@@ -85,14 +108,14 @@ def test_gauges_hold_the_last_value() -> None:
     m = SchedulerMetrics()
     m.set_pending(active=5, backoff=2, unschedulable=7)
     m.set_pending(active=4, backoff=1, unschedulable=7)
-    m.set_cluster(gpus_total=64, allocation_ratio=0.75, fragmentation_ratio=0.125, active_gpu_nodes=9)
+    m.set_cluster(gpus=64, allocation_ratio=0.75, fragmentation_ratio=0.125, active_gpu_nodes=9)
     m.set_signals(idle_gpu_nodes=3, unschedulable_gpu_demand=2.5, kept_free=4)
     m.set_leader(True)
     out = lines(m)
     assert 'gpusched_pending_pods{queue="active"} 4.0' in out
     assert 'gpusched_pending_pods{queue="backoff"} 1.0' in out
     assert 'gpusched_pending_pods{queue="unschedulable"} 7.0' in out
-    assert "gpusched_gpus_total 64.0" in out
+    assert "gpusched_gpus 64.0" in out
     assert "gpusched_gpu_allocation_ratio 0.75" in out
     assert "gpusched_gpu_fragmentation_ratio 0.125" in out
     assert "gpusched_gpu_nodes_active 9.0" in out

@@ -100,7 +100,7 @@ async def _settle(s: Scheduler) -> None:
 def test_the_cluster_gauges_are_read_before_any_pod_arrives() -> None:
     s = _scheduler(("n0", 8), ("n1", 4))
     m = _scrape(s.metrics)
-    assert m["gpusched_gpus_total"] == 12
+    assert m["gpusched_gpus"] == 12
     assert m["gpusched_gpu_allocation_ratio"] == 0
     assert m["gpusched_gpu_nodes_active"] == 0
 
@@ -148,7 +148,7 @@ async def test_a_cordoned_node_is_no_capacity_though_a_tolerating_pod_may_go_the
     _watch(s, "nodes").apply("ADDED", cordoned)
     _watch(s, "bound-pods").apply("ADDED", _pod("draining", "n1"))
     m = _scrape(s.metrics)
-    assert m["gpusched_gpus_total"] == 2
+    assert m["gpusched_gpus"] == 2
     assert m["gpusched_gpu_allocation_ratio"] == 0
     assert m["gpusched_gpu_nodes_active"] == 0
     tolerant = _pod("tolerant")
@@ -158,11 +158,11 @@ async def test_a_cordoned_node_is_no_capacity_though_a_tolerating_pod_may_go_the
     await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 5))
     await _settle(s)
     assert cast(_Binder, s.binder).bound == ["default/tolerant"]  # only n1 has three GPUs free
-    assert _scrape(s.metrics)["gpusched_gpus_total"] == 2
+    assert _scrape(s.metrics)["gpusched_gpus"] == 2
     uncordoned = _node("n1", 4)
     _watch(s, "nodes").apply("MODIFIED", uncordoned)
     m = _scrape(s.metrics)
-    assert m["gpusched_gpus_total"] == 6
+    assert m["gpusched_gpus"] == 6
     assert m["gpusched_gpu_nodes_active"] == 1
 
 
