@@ -20,6 +20,8 @@ from gpusched.model.mig import GEOMETRIES
 
 __all__ = [
     "BATCH_SIZE_BUCKETS",
+    "BIND_ERROR_REASONS",
+    "MIG_REPARTITION_RESULTS",
     "PENDING_QUEUES",
     "POLL_RESULTS",
     "RELOAD_RESULTS",
@@ -47,6 +49,12 @@ RELOAD_RESULTS: tuple[str, ...] = ("ok", "rejected")
 POLL_RESULTS: tuple[str, ...] = ("ok", "error")
 """Values of the ``result`` label of ``gpusched_utilisation_polls_total``."""
 
+BIND_ERROR_REASONS: tuple[str, ...] = ("failed", "unknown", "taken")
+"""Values of the ``reason`` label of ``gpusched_bind_errors_total``."""
+
+MIG_REPARTITION_RESULTS: tuple[str, ...] = ("requested", "success", "failed", "timeout", "error")
+"""Values of the ``result`` label of ``gpusched_mig_repartitions_total``."""
+
 ReadyCheck = Callable[[], tuple[bool, str]]
 """Readiness callback of ``HealthServer``: ``(ready, reason)``; ``reason`` explains a ``False``."""
 
@@ -71,8 +79,10 @@ def reason_label(reason: str) -> str:
 class SchedulerMetrics:
     """Every metric the scheduler exports, in a registry owned by this instance.
 
-    Label children whose values are known in advance (the three pending queues, the two reload
-    results) exist from construction, so their series show ``0`` before the first update.
+    Label children whose values are known in advance (the pending queues, the results of
+    reloads, polls and MIG re-partitions, the reasons of bind errors) exist from construction,
+    so their series show ``0`` before the first update: ``increase()`` over a series that
+    appears at 1 misses that first event.
     Gauges that follow live state (queue depths, the cluster's GPUs) are set by the callbacks
     given to ``on_scrape``, which ``render`` calls first, so a scrape never reads them stale.
     """
@@ -290,6 +300,10 @@ class SchedulerMetrics:
             self._config_reloads.labels(result=result)
         for result in POLL_RESULTS:
             self._utilisation_polls.labels(result=result)
+        for reason in BIND_ERROR_REASONS:
+            self._bind_errors.labels(reason=reason)
+        for result in MIG_REPARTITION_RESULTS:
+            self._mig_repartitions.labels(result=result)
         self._utilisation_age.set(math.nan)
         self._on_scrape: list[Callable[[], None]] = []
 

@@ -101,6 +101,16 @@ def test_known_label_values_start_at_zero() -> None:
     assert 'gpusched_config_reloads_total{result="ok"} 0.0' in out
     assert 'gpusched_config_reloads_total{result="rejected"} 0.0' in out
     assert "gpusched_pods_scheduled_total 0.0" in out
+
+
+def test_outcomes_that_happen_rarely_are_scraped_at_zero_before_the_first() -> None:
+    """``increase()`` sees the first refused Binding, the first failed re-partition, only if
+    the series was scraped before it: at 0."""
+    out = lines(SchedulerMetrics())
+    for reason in ("failed", "unknown", "taken"):
+        assert f'gpusched_bind_errors_total{{reason="{reason}"}} 0.0' in out
+    for result in ("requested", "success", "failed", "timeout", "error"):
+        assert f'gpusched_mig_repartitions_total{{result="{result}"}} 0.0' in out
     assert "gpusched_is_leader 0.0" in out
 
 
@@ -166,10 +176,11 @@ def test_instances_do_not_collide_or_touch_the_global_registry() -> None:
     a, b = SchedulerMetrics(), SchedulerMetrics()
     a.scheduled(3)
     b.scheduled(1)
-    b.bind_error("conflict")
+    b.bind_error("failed")
     assert "gpusched_pods_scheduled_total 3.0" in lines(a)
     assert "gpusched_pods_scheduled_total 1.0" in lines(b)
-    assert not any(line.startswith("gpusched_bind_errors_total{") for line in lines(a))
+    assert 'gpusched_bind_errors_total{reason="failed"} 0.0' in lines(a)
+    assert 'gpusched_bind_errors_total{reason="failed"} 1.0' in lines(b)
     assert a.registry is not b.registry
     assert prometheus_client.REGISTRY.get_sample_value("gpusched_pods_scheduled_total") is None
 
