@@ -7,6 +7,7 @@ Prometheus); the API server's answers are scripted (tests/doubles.py).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -212,6 +213,25 @@ async def test_the_idle_gauge_does_not_trust_the_books_guess_of_a_pods_gpu() -> 
     measured(s, {"n0": {0: 0.0, 1: 1.0}})  # both idle: whichever it has is idle
     s._scrape()
     assert gauge(s, "gpusched_gpus_allocated_idle") == 1.0
+
+
+async def test_with_no_answer_young_enough_to_use_the_utilisation_gauges_say_nothing() -> None:
+    """Not 0: that would read as "nothing busy, nothing idle", measured."""
+    s = one_node_scheduler(RecordingApi(), gpus=2)
+    s._bound.apply("ADDED", pod("train", node="n0"))
+    s.utilisation = UtilisationSource("http://prometheus.invalid:9090")
+    s._scrape()  # before the first answer
+    assert math.isnan(gauge(s, "gpusched_gpus_busy"))
+    assert math.isnan(gauge(s, "gpusched_gpus_allocated_idle"))
+    measured(s, {"n0": {0: 0.0, 1: 99.0}})
+    s._scrape()
+    assert (gauge(s, "gpusched_gpus_busy"), gauge(s, "gpusched_gpus_allocated_idle")) == (1.0, 1.0)
+    too_old = s.config.utilisation.max_age_seconds + 60
+    s.utilisation.view = UtilisationView(time.monotonic() - too_old, {"n0": {0: 0.0, 1: 99.0}})
+    s._scrape()
+    assert gauge(s, "gpusched_utilisation_age_seconds") >= too_old
+    assert math.isnan(gauge(s, "gpusched_gpus_busy"))
+    assert math.isnan(gauge(s, "gpusched_gpus_allocated_idle"))
 
 
 def gauge(s: Scheduler, name: str) -> float:

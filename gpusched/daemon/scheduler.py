@@ -2005,16 +2005,17 @@ class Scheduler:
         return "; ".join([message.rstrip("."), *notes]) + "." if notes else message
 
     def _utilisation_metrics(self, state: ClusterState) -> None:
-        """The age of the utilisation answer, the GPUs it finds busy and those pods hold idle."""
+        """The age of the utilisation answer, the GPUs it finds busy and those pods hold idle
+        (NaN without an answer young enough to use: nothing is measured, which 0 would hide)."""
         assert self.utilisation is not None
         u = self.config.utilisation
         view = self.utilisation.view
         if view is None:
-            self.metrics.set_utilisation(math.nan, 0, 0)
+            self.metrics.set_utilisation(math.nan, math.nan, math.nan)
             return
         age = self.utilisation.age()
-        if age > u.max_age_seconds:  # not used: nothing is busy or idle by it
-            self.metrics.set_utilisation(age, 0, 0)
+        if age > u.max_age_seconds:  # not used: no GPU is known busy or idle by it
+            self.metrics.set_utilisation(age, math.nan, math.nan)
             return
         cl, used = state.cluster, state.gpu_used
         busy = len(self.cache.blocking(view.at_least(u.busy_percent))) if u.avoid_busy_gpus else 0

@@ -283,14 +283,14 @@ class SchedulerMetrics:
         )
         self._gpus_busy = Gauge(
             "gpus_busy",
-            "GPUs at utilisation.busyPercent or above by the last answer young enough to use.",
+            "GPUs at utilisation.busyPercent or above by the last answer young enough to use (NaN: none).",
             namespace=NAMESPACE,
             registry=reg,
         )
         self._gpus_allocated_idle = Gauge(
             "gpus_allocated_idle",
             "GPUs that pods hold and that are used less than utilisation.idlePercent, by the last answer "
-            "young enough to use.",
+            "young enough to use (NaN: none).",
             namespace=NAMESPACE,
             registry=reg,
         )
@@ -304,7 +304,8 @@ class SchedulerMetrics:
             self._bind_errors.labels(reason=reason)
         for result in MIG_REPARTITION_RESULTS:
             self._mig_repartitions.labels(result=result)
-        self._utilisation_age.set(math.nan)
+        for unknown in (self._utilisation_age, self._gpus_busy, self._gpus_allocated_idle):
+            unknown.set(math.nan)  # until an answer is read
         self._on_scrape: list[Callable[[], None]] = []
 
     def on_scrape(self, refresh: Callable[[], None]) -> None:
@@ -396,8 +397,9 @@ class SchedulerMetrics:
         """Count one query for GPU utilisation, answered (``ok``) or not."""
         self._utilisation_polls.labels(result="ok" if ok else "error").inc()
 
-    def set_utilisation(self, age_seconds: float, busy: int, allocated_idle: int) -> None:
-        """Set the utilisation gauges: the answer's age (NaN: none yet), busy GPUs, GPUs held idle."""
+    def set_utilisation(self, age_seconds: float, busy: float, allocated_idle: float) -> None:
+        """Set the utilisation gauges: the answer's age (NaN: none yet), busy GPUs, GPUs held idle
+        (NaN: no answer young enough to use)."""
         self._utilisation_age.set(age_seconds)
         self._gpus_busy.set(busy)
         self._gpus_allocated_idle.set(allocated_idle)
