@@ -43,9 +43,11 @@ from gpusched.kube.convert import (
 )
 from gpusched.kube.leader import LeaderElector
 from gpusched.kube.watch import Reflector
+from gpusched.metrics.cost import mig_gpus
 from gpusched.metrics.exporter import SchedulerMetrics
 from gpusched.metrics.source import UtilisationSource, UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
+from gpusched.model.mig import gpu_fraction
 from gpusched.model.pod import gang_conflicts
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.solver.baselines.base import GPU_CHOICE
@@ -2043,8 +2045,14 @@ class Scheduler:
         c = self.queue.counts()
         self.metrics.set_pending(c.active + c.in_flight, c.backoff, c.unschedulable)
         cl, open_ = state.cluster, ~state.cluster.cordoned  # a cordoned node is no capacity to place on
-        gpus = int(cl.gpu_count[open_].sum())
-        alloc = int(state.gpu_used[open_].sum()) / (gpus * 1000) if gpus else 0.0
+        # GPUs in MIG mode count as the cost report counts them, a slice held as its part of one
+        # (held twice, at most the node's).
+        mig = np.array([mig_gpus(node) for node in cl.nodes], dtype=np.float64)
+        part = np.array([gpu_fraction(p) for p in cl.mig_profiles], dtype=np.float64)
+        mig_held = np.minimum(state.mig @ part, mig) if part.size else np.zeros(len(cl), dtype=np.float64)
+        gpus = float(cl.gpu_count[open_].sum() + mig[open_].sum())
+        held = float(state.gpu_used[open_].sum()) / GPU_MILLI + float(mig_held[open_].sum())
+        alloc = held / gpus if gpus else 0.0
         in_use = (state.gpu_used.sum(axis=1) > 0) | (state.mig.sum(axis=1) > 0)
         active = int((in_use & ((cl.gpu_count > 0) | cl.mig_cap.any(axis=1)) & open_).sum())
         self.metrics.set_cluster(gpus, alloc, frag, active)

@@ -205,7 +205,7 @@ class SchedulerMetrics:
         )
         self._gpu_allocation_ratio = Gauge(
             "gpu_allocation_ratio",
-            "Allocated GPU share divided by the total GPUs of the cluster, 0..1.",
+            "Allocated GPU share (a MIG slice as its compute slices' part of its GPU) divided by gpusched_gpus, 0..1.",
             namespace=NAMESPACE,
             registry=reg,
         )
@@ -219,7 +219,7 @@ class SchedulerMetrics:
         self._gpu_fragmentation_ratio.set(math.nan)
         self._gpus = Gauge(
             "gpus",
-            "GPUs on the nodes this scheduler manages that are not cordoned.",
+            "GPUs on the nodes this scheduler manages that are not cordoned, whole and in MIG mode.",
             namespace=NAMESPACE,
             registry=reg,
         )

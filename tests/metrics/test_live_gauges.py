@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
+import pytest
+
 from gpusched.daemon import DaemonSettings, Scheduler
 from gpusched.kube.binder import Binder, BindResult
 from gpusched.kube.client import Kube
@@ -164,6 +166,46 @@ async def test_a_cordoned_node_is_no_capacity_though_a_tolerating_pod_may_go_the
     m = _scrape(s.metrics)
     assert m["gpusched_gpus"] == 6
     assert m["gpusched_gpu_nodes_active"] == 1
+
+
+def _mig_node(name: str, whole: int, in_mig: int, slices: dict[str, int]) -> dict[str, Any]:
+    """``whole`` GPUs advertised as such and ``in_mig`` more in MIG mode, cut into ``slices``."""
+    obj = _node(name, whole)
+    obj["metadata"]["labels"]["nvidia.com/gpu.count"] = str(whole + in_mig)
+    for key in ("capacity", "allocatable"):
+        obj["status"][key].update({f"nvidia.com/mig-{p}": str(n) for p, n in slices.items()})
+    return obj
+
+
+def _sliced_pod(name: str, node: str, profile: str) -> dict[str, Any]:
+    obj = _pod(name, node)
+    obj["spec"]["containers"][0]["resources"]["limits"] = {
+        "cpu": "1",
+        "memory": "1Gi",
+        f"nvidia.com/mig-{profile}": "1",
+    }
+    return obj
+
+
+def test_gpus_in_mig_mode_are_gpus_and_their_slices_held_are_allocated() -> None:
+    s = _scheduler()
+    _watch(s, "nodes").apply("ADDED", _mig_node("m", 0, 1, {"3g.40gb": 2}))  # one GPU, all in MIG mode
+    m = _scrape(s.metrics)
+    assert (m["gpusched_gpus"], m["gpusched_gpu_allocation_ratio"]) == (1, 0)
+    for k in range(2):
+        _watch(s, "bound-pods").apply("ADDED", _sliced_pod(f"s{k}", "m", "3g.40gb"))
+    m = _scrape(s.metrics)
+    assert m["gpusched_gpus"] == 1
+    assert m["gpusched_gpu_allocation_ratio"] == pytest.approx(6 / 7)  # two of its seven compute slices
+    assert m["gpusched_gpu_nodes_active"] == 1
+
+    # Beside whole GPUs: each counts as one GPU, each slice as its part of one.
+    _watch(s, "nodes").apply("ADDED", _mig_node("w", 2, 1, {"1g.10gb": 7}))
+    _watch(s, "bound-pods").apply("ADDED", _pod("whole", "w"))
+    _watch(s, "bound-pods").apply("ADDED", _sliced_pod("small", "w", "1g.10gb"))
+    m = _scrape(s.metrics)
+    assert m["gpusched_gpus"] == 4
+    assert m["gpusched_gpu_allocation_ratio"] == pytest.approx((6 / 7 + 1 + 1 / 7) / 4)
 
 
 def test_a_failing_refresh_does_not_fail_the_scrape() -> None:
