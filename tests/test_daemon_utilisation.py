@@ -234,6 +234,57 @@ async def test_with_no_answer_young_enough_to_use_the_utilisation_gauges_say_not
     assert math.isnan(gauge(s, "gpusched_gpus_allocated_idle"))
 
 
+def time_sliced(s: Scheduler) -> None:
+    """Node ``n0`` of ``s`` becomes two A100s the device plugin time-slices four ways: it
+    advertises 8 ``nvidia.com/gpu`` (the books' GPUs 0-7), and DCGM reports GPUs 0 and 1."""
+    obj = kit.node("n0", 8, "A100", **{"nvidia.com/gpu.replicas": "4"})
+    obj["metadata"]["labels"]["nvidia.com/gpu.count"] = "2"
+    NodeHandler(s).apply("MODIFIED", obj)
+
+
+async def test_on_a_time_sliced_node_a_gpu_is_busy_or_idle_in_all_its_slices() -> None:
+    s = one_node_scheduler(RecordingApi(), gpus=8)
+    time_sliced(s)
+    for k in (4, 5, 6, 7):
+        s._bound.apply("ADDED", pod(f"w{k}", node="n0", gpu=k))
+    measured(s, {"n0": {0: 0.0, 1: 0.0}})
+    s._scrape()
+    assert gauge(s, "gpusched_gpus_allocated_idle") == 4.0  # every slice held is on an idle GPU
+    assert gauge(s, "gpusched_gpus_busy") == 0.0
+    measured(s, {"n0": {0: 100.0, 1: 100.0}})
+    s._scrape()
+    assert gauge(s, "gpusched_gpus_busy") == 4.0  # the four slices with room: on a saturated GPU
+    assert gauge(s, "gpusched_gpus_allocated_idle") == 0.0
+    # One busy, one idle: which slice runs on which GPU is the device plugin's choice, so a
+    # slice is neither known busy nor known idle.
+    measured(s, {"n0": {0: 100.0, 1: 0.0}})
+    s._scrape()
+    assert (gauge(s, "gpusched_gpus_busy"), gauge(s, "gpusched_gpus_allocated_idle")) == (0.0, 0.0)
+
+
+async def test_no_pod_goes_to_a_slice_of_a_busy_time_sliced_gpu_and_is_woken_when_it_cools() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=8)
+    time_sliced(s)
+    for k in (4, 5, 6, 7):
+        s._bound.apply("ADDED", pod(f"w{k}", node="n0", gpu=k))
+    measured(s, {"n0": {0: 100.0, 1: 100.0}})
+    s._pending.apply("ADDED", pod("p"))
+    await batch(s)
+    assert api.bound == []
+    (message,) = api.failed("default/p")
+    assert message.endswith("; 4 GPUs with room for it were not offered: busy, at 90 % utilisation or more (DCGM)."), (
+        message
+    )
+    blocking = s.utilisation_changed(s.cache.blocking(s.busy_gpus() or {}))
+    assert s.queue.counts().unschedulable == 1  # still busy: not drawn again
+    measured(s, {"n0": {0: 100.0, 1: 10.0}})
+    s.utilisation_changed(blocking)
+    assert s.queue.counts().unschedulable == 0
+    await batch(s)
+    assert api.bound == ["default/p"]
+
+
 def gauge(s: Scheduler, name: str) -> float:
     line = next(x for x in s.metrics.render()[0].decode().splitlines() if x.startswith(name + " "))
     return float(line.split()[-1])

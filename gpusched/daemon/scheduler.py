@@ -1832,10 +1832,11 @@ class Scheduler:
         return self.utilisation.current(self.config.utilisation.max_age_seconds)
 
     def busy_gpus(self) -> dict[str, frozenset[int]] | None:
-        """GPUs (node name -> indices) a batch leaves out as busy; None when none are."""
+        """GPUs (node name -> indices, as the books number them) a batch leaves out as busy;
+        None when none are."""
         u = self.config.utilisation
         view = self.utilisation_view() if u.avoid_busy_gpus else None
-        return None if view is None else view.at_least(u.busy_percent) or None
+        return None if view is None else self.cache.as_booked(view.at_least(u.busy_percent)) or None
 
     def _check_poll_age(self) -> None:
         """Warn when answers are polled less often than one may be used (checked at the start
@@ -2020,8 +2021,8 @@ class Scheduler:
             self.metrics.set_utilisation(age, math.nan, math.nan)
             return
         cl, used = state.cluster, state.gpu_used
-        busy = len(self.cache.blocking(view.at_least(u.busy_percent))) if u.avoid_busy_gpus else 0
-        low = view.below(u.idle_percent)
+        busy = len(self.cache.blocking(self.busy_gpus() or {}))
+        low = self.cache.as_booked(view.below(u.idle_percent))  # on a time-sliced node, slices
         held = [
             (n, g)
             for n, gpus in low.items()

@@ -26,6 +26,7 @@ from rich.table import Table
 from gpusched.metrics.source import UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, Node, Pod
 from gpusched.model.mig import gpu_fraction, product_key
+from gpusched.model.node import slices_of
 
 __all__ = [
     "CostReport",
@@ -95,13 +96,6 @@ def parse_prices(data: object, source: str = "prices") -> Prices:
     if currency is None:  # what would the report call its figures?
         raise ValueError(f"{source}: currency: missing; name what the prices are in, such as currency: USD")
     return Prices(per_model, default, currency)
-
-
-def slices_of(node: Node) -> int:
-    """How many of ``node``'s advertised GPUs one physical GPU is: its ``nvidia.com/gpu.replicas``
-    when the device plugin time-slices GPUs, else 1."""
-    text = node.labels.get("nvidia.com/gpu.replicas", "")
-    return int(text) if text.isdigit() and int(text) > 1 else 1
 
 
 def mig_gpus(node: Node) -> float:

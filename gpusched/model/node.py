@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["GPU_MILLI", "LABEL_GPU_COUNT", "UNSCHEDULABLE_TAINT", "Node", "Taint"]
+__all__ = [
+    "GPU_MILLI",
+    "LABEL_GPU_COUNT",
+    "LABEL_GPU_REPLICAS",
+    "UNSCHEDULABLE_TAINT",
+    "Node",
+    "Taint",
+    "booked_gpus",
+    "slices_of",
+]
 
 GPU_MILLI = 1000
 """Capacity of one whole GPU in thousandths; fractional shares are carved from it."""
@@ -16,6 +25,9 @@ _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 LABEL_GPU_COUNT = "nvidia.com/gpu.count"
 """GPU feature discovery's count of a node's GPUs, those in MIG mode and unhealthy ones too."""
+
+LABEL_GPU_REPLICAS = "nvidia.com/gpu.replicas"
+"""GPU feature discovery's count of the slices the device plugin time-slices each GPU into."""
 
 MAX_GPUS = 64
 """GPUs one node may have (the books keep a column per GPU of the largest node)."""
@@ -120,3 +132,23 @@ class Node:
     def islands(self) -> tuple[int, ...]:
         """Island id per GPU, all 0 when the node describes none."""
         return self.gpu_islands or (0,) * self.gpu_count
+
+
+def slices_of(node: Node) -> int:
+    """How many of ``node``'s advertised GPUs one physical GPU is: its ``nvidia.com/gpu.replicas``
+    when the device plugin time-slices GPUs, else 1."""
+    text = node.labels.get(LABEL_GPU_REPLICAS, "")
+    return int(text) if text.isdigit() and int(text) > 1 else 1
+
+
+def booked_gpus(node: Node, physical: Collection[int]) -> frozenset[int]:
+    """The GPUs of ``node`` as the books number them (as its device plugin advertises them) that
+    the GPUs ``physical`` stand for, as the node numbers them (nvidia-smi, DCGM).  The same
+    indices but where the device plugin time-slices: there the books' GPUs are slices, and
+    which slice runs on which GPU is the device plugin's choice, so every slice when all the
+    node's GPUs are of ``physical``, else none."""
+    slices = slices_of(node)
+    if slices == 1:
+        return frozenset(physical)
+    whole = node.gpu_count // slices
+    return frozenset(range(node.gpu_count)) if whole and set(range(whole)) <= set(physical) else frozenset()

@@ -26,6 +26,7 @@ import numpy as np
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Pod
 from gpusched.model.cluster import IntArray, Repartition
 from gpusched.model.mig import MigLayout
+from gpusched.model.node import booked_gpus
 from gpusched.model.placement import MigPartition
 from gpusched.model.tenants import Tenants
 from gpusched.state.records import NodeRecord, PodRecord
@@ -68,9 +69,9 @@ class Snapshot:
 
 
 def _busy_cells(cluster: Cluster, busy: Mapping[str, Collection[int]]) -> list[tuple[int, int]]:
-    """The GPUs of ``busy`` (node name -> GPU indices) a snapshot may count as full: on nodes of
-    ``cluster`` with no MIG slices (their slices are not numbered as their GPUs), within each
-    node's GPU count; as (node index, GPU index)."""
+    """The GPUs of ``busy`` (node name -> GPU indices as the books number them: ``Cache.as_booked``)
+    a snapshot may count as full: on nodes of ``cluster`` with no MIG slices (their slices are
+    not numbered as their GPUs), within each node's GPU count; as (node index, GPU index)."""
     return [
         (i, g)
         for node, gpus in busy.items()
@@ -274,6 +275,15 @@ class Cache:
     def nodes(self) -> Mapping[str, NodeRecord]:
         """Every known node by name."""
         return MappingProxyType(self._nodes)
+
+    def as_booked(self, measured: Mapping[str, Collection[int]]) -> dict[str, frozenset[int]]:
+        """``measured`` (node name -> GPU indices as the node numbers them: DCGM's) as the books
+        number them (``booked_gpus``: on a time-sliced node, slices); a node not known is left
+        as it is."""
+        return {
+            name: frozenset(gpus) if (rec := self._nodes.get(name)) is None else booked_gpus(rec.node, gpus)
+            for name, gpus in measured.items()
+        }
 
     # -- pods --------------------------------------------------------------------------------
     def observe_pod(self, record: PodRecord) -> bool:
