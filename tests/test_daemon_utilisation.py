@@ -338,3 +338,29 @@ async def test_room_on_a_node_with_busy_gpus_is_not_taken_over() -> None:
     assert s.cache.nomination("default/mid") == ("n0", (0,), 1)
     room = s.cache.nomination("default/critical")
     assert room is None or 1 not in room[1]
+
+
+def test_names_in_the_answer_that_are_no_node_are_warned_about_once_until_they_change() -> None:
+    """A dcgm-exporter without NODE_NAME labels its GPUs with its pod's name: those GPUs go
+    unmeasured while the others' are read, which only a warning tells."""
+    from structlog.testing import capture_logs
+
+    s = one_node_scheduler(EvictingApi(), gpus=1)
+    NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    warned = []
+    told: tuple[frozenset[str], bool] = (frozenset(), False)
+    for answer in (
+        {"n0": {0: 5.0}, "n1": {0: 5.0}},  # every name a node: nothing to say
+        {"n0": {0: 5.0}, "dcgm-exporter-x1": {0: 5.0}},
+        {"n0": {0: 6.0}, "dcgm-exporter-x1": {0: 6.0}},  # the same stranger: said once
+        {"n0": {0: 6.0}, "dcgm-exporter-x2": {0: 6.0}},  # a new one
+        {"dcgm-exporter-x2": {0: 6.0}},  # no node at all: the label names something else
+    ):
+        measured(s, answer)
+        with capture_logs() as logs:
+            told = s._check_node_names(told)
+        warned.append([(e["event"], e.get("answered")) for e in logs if e["log_level"] == "warning"])
+    some = "names in the utilisation answer are no node of the cluster; their GPUs count as neither busy nor idle"
+    assert warned[:4] == [[], [(some, ["dcgm-exporter-x1"])], [], [(some, ["dcgm-exporter-x2"])]]
+    (last,) = warned[4]
+    assert last[0].startswith("no node of the utilisation answer is a node of the cluster")

@@ -295,6 +295,12 @@ async def report_costs(
                     "must name the label that holds the Kubernetes node name"
                 )
                 view = None
+            elif view is not None and (strangers := view.strangers(cache.nodes)):
+                notes.append(
+                    f"{len(strangers)} name(s) in the utilisation answer are no node of the cluster "
+                    f"({', '.join(strangers[:3])}): their GPUs are not measured; an exporter without NODE_NAME "
+                    "labels its GPUs with its pod's name"
+                )
         else:
             notes.append(f"{utilisation.error}; nothing is counted idle")
     sliced = sorted(n for n, rec in cache.nodes.items() if rec.node.gpu_count and slices_of(rec.node) > 1)

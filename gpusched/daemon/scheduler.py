@@ -1855,10 +1855,10 @@ class Scheduler:
         assert self.utilisation is not None
         self._check_poll_age()
         blocking = self.cache.blocking(self.busy_gpus() or {})  # GPUs a batch would not be offered
-        unmatched = False
+        told: tuple[frozenset[str], bool] = (frozenset(), False)
         while True:
             if await self.utilisation.poll_once():
-                unmatched = self._check_node_names(unmatched)
+                told = self._check_node_names(told)
             blocking = self.utilisation_changed(blocking)
             await asyncio.sleep(self.utilisation.poll_s)
 
@@ -1871,22 +1871,36 @@ class Scheduler:
             self.queue.move_all()
         return self.cache.blocking(now)
 
-    def _check_node_names(self, told: bool) -> bool:
-        """Warn (once, until it changes) when no node of the answer is a node of the cluster:
-        the node label names something else, and no GPU would ever count as busy or idle."""
+    def _check_node_names(self, told: tuple[frozenset[str], bool]) -> tuple[frozenset[str], bool]:
+        """Warn (once, until they change) about the names of the answer that are no node of the
+        cluster: when none is, the node label names something else and no GPU would ever count
+        as busy or idle; when some are not, those exporters' GPUs go unmeasured.  What was
+        warned about now: those names, and whether none was a node."""
         assert self.utilisation is not None
         assert self.utilisation.view is not None
         view, nodes = self.utilisation.view, self.cache.nodes
-        unmatched = view.names_none_of(nodes)
-        if unmatched and not told:
-            log.warning(
-                "no node of the utilisation answer is a node of the cluster; nothing counts as busy or idle",
-                label=self.utilisation.node_label,
-                answered=sorted(view.percent)[:3],
-                cluster=sorted(nodes)[:3],
-                fix="--utilisation-node-label must name the label that holds the Kubernetes node name",
-            )
-        return unmatched
+        strangers = frozenset(view.strangers(nodes)) if nodes else frozenset()
+        now = (strangers, view.names_none_of(nodes))
+        if strangers and now != told:
+            if now[1]:
+                log.warning(
+                    "no node of the utilisation answer is a node of the cluster; nothing counts as busy or idle",
+                    label=self.utilisation.node_label,
+                    answered=sorted(view.percent)[:3],
+                    cluster=sorted(nodes)[:3],
+                    fix="--utilisation-node-label must name the label that holds the Kubernetes node name",
+                )
+            else:
+                log.warning(
+                    "names in the utilisation answer are no node of the cluster; their GPUs count as neither "
+                    "busy nor idle",
+                    label=self.utilisation.node_label,
+                    names=len(strangers),
+                    answered=sorted(strangers)[:3],
+                    fix="an exporter without NODE_NAME labels its GPUs with its pod's name: give it the node's "
+                    "(a node deleted in the last minutes is listed too, until its series age out)",
+                )
+        return now
 
     def _below_headroom(self, pod: Pod) -> bool:
         """Whether ``pod`` may not take the GPUs the headroom keeps free."""

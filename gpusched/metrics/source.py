@@ -78,6 +78,11 @@ class UtilisationView:
         node label holds something other than the Kubernetes node name."""
         return bool(self.percent) and bool(nodes) and not any(n in nodes for n in self.percent)
 
+    def strangers(self, nodes: Collection[str]) -> list[str]:
+        """The names the answer gives that are no node of ``nodes``, sorted: an exporter whose
+        node label holds its own pod's name, or a node gone since it was measured."""
+        return sorted(n for n in self.percent if n not in nodes)
+
     def at_least(self, limit: float) -> dict[str, frozenset[int]]:
         """GPUs at ``limit`` percent or above, by node."""
         out = {node: frozenset(i for i, v in gpus.items() if v >= limit) for node, gpus in self.percent.items()}

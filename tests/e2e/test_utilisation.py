@@ -230,8 +230,19 @@ async def test_an_answer_naming_no_node_of_the_cluster_is_noted(
         assert out["measured"] is False  # nothing was measured of this cluster's GPUs
         assert done.stderr.startswith("note: no node of the utilisation answer is a node of the cluster")
         assert "--utilisation-node-label" in done.stderr
+        # One exporter fixed, the other not: what the fixed one measures is read, and the
+        # other's GPUs are named as unmeasured.
+        await measure(dcgm, prometheus, node, 0)
+        done = await asyncio.to_thread(
+            report, control_plane, "--prometheus-url", prometheus.url, "--utilisation-query", QUERY, "--json"
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["measured"] is True
+        assert "name(s) in the utilisation answer are no node of the cluster" in done.stderr
+        assert f"dcgm-exporter-{tag}" in done.stderr
     finally:
         dcgm.drop(f"dcgm-exporter-{tag}")
+        dcgm.drop(node)
 
 
 def hung_server() -> tuple[int, list[socket.socket]]:
