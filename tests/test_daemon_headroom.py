@@ -292,7 +292,10 @@ async def test_a_pod_refused_as_invalid_is_no_demand_for_new_nodes() -> None:
 
 
 # The gauges after a batch read the kept GPUs by node name: the node list may have changed since.
-async def test_a_node_added_during_a_solve_does_not_crash_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("joining", ["z-new", "a-new"])  # after n0 in the books' order, or before it
+async def test_a_node_added_during_a_solve_leaves_the_plan_as_good(
+    monkeypatch: pytest.MonkeyPatch, joining: str
+) -> None:
     api = RecordingApi()
     s = one_node_scheduler(api, gpus=8)  # n0
     kept_for(s, 8)
@@ -301,16 +304,16 @@ async def test_a_node_added_during_a_solve_does_not_crash_the_batch(monkeypatch:
 
     def solve_while_a_node_joins(*args: Any) -> Any:
         out = real(*args)
-        NodeHandler(s).apply("ADDED", kit.node("z-new", 8, "A100"))  # the autoscaler's node shows up
+        NodeHandler(s).apply("ADDED", kit.node(joining, 8, "A100"))  # the autoscaler's node shows up
         return out
 
     monkeypatch.setattr(daemon, "_solve", solve_while_a_node_joins)
     s._pending.apply("ADDED", pod("critical", 1000))  # only pods of high priority: nothing kept in the batch
     await batch(s)  # once an IndexError in the gauges, ending the schedule loop
-    assert api.bound == []  # the inventory changed during the solve: drawn again ...
-    monkeypatch.setattr(daemon, "_solve", real)
-    await batch(s)
-    assert api.bound == ["default/critical"]  # ... and placed
+    assert api.bound == ["default/critical"]  # the plan holds on the nodes as they are now
+    assert [m for _, r, m in api.events if r == "Scheduled"] == [
+        "Successfully assigned default/critical to n0 (GPUs 1)"
+    ]
 
 
 # Every GPU node tainted nvidia.com/gpu:NoSchedule (GKE's default) -> nothing is ever kept.

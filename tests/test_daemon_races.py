@@ -389,6 +389,67 @@ async def test_a_gpu_taken_by_another_scheduler_during_the_solve_is_not_bound_tw
     assert s.queue.counts().unschedulable == 1  # told, and parked until the cluster changes
 
 
+def _during_the_solve(monkeypatch: pytest.MonkeyPatch, s: Scheduler, kind: str, node: dict[str, Any]) -> None:
+    """The watch shows ``node`` (``kind``) while the next solve runs."""
+    loop = asyncio.get_running_loop()
+    solve = daemon._solve
+
+    def solve_while_the_node_changes(*args: Any, **kwargs: Any) -> Any:
+        plan = solve(*args, **kwargs)
+        loop.call_soon_threadsafe(NodeHandler(s).apply, kind, node)
+        monkeypatch.setattr(daemon, "_solve", solve)
+        return plan
+
+    monkeypatch.setattr(daemon, "_solve", solve_while_the_node_changes)
+
+
+def _selecting(name: str, label: str) -> dict[str, Any]:
+    obj = member_pod(name)
+    obj["spec"]["nodeSelector"] = {label: "true"}
+    return obj
+
+
+async def test_a_plan_is_rechecked_node_by_node_name_against_the_nodes_as_they_are_after_the_solve(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A label changed on another node, or one no pod reads, leaves the plan good: it is bound.
+    The label the pod selects gone from its node, or its node deleted: nothing is bound, and the
+    pod is drawn again."""
+    s, answers = _scheduler(gpus=2)
+    labelled = kit.node("n0", 2, "A100")
+    labelled["metadata"]["labels"]["pool"] = "true"
+    NodeHandler(s).apply("MODIFIED", labelled)
+    other = kit.node("a-other", 1, "A100")  # before n0 in the books' order
+    NodeHandler(s).apply("ADDED", other)
+    relabelled = kit.node("a-other", 1, "A100")
+    relabelled["metadata"]["labels"]["rack"] = "r7"
+    _during_the_solve(monkeypatch, s, "MODIFIED", relabelled)
+    s._pending.apply("ADDED", _selecting("a", "pool"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert answers.bound == ["default/a"]
+
+    _during_the_solve(monkeypatch, s, "MODIFIED", kit.node("n0", 2, "A100"))  # "pool" removed
+    s._pending.apply("ADDED", _selecting("b", "pool"))
+    with capture_logs() as logs:
+        await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert answers.bound == ["default/a"]
+    assert "default/b" in s.queue
+    (warned,) = [e for e in logs if e["event"] == "plan no longer fits after the solve; batch requeued"]
+    assert "selector" in " ".join(warned["problems"]), warned
+
+    NodeHandler(s).apply("MODIFIED", labelled)
+    _during_the_solve(monkeypatch, s, "DELETED", labelled)
+    with capture_logs() as logs:
+        await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert answers.bound == ["default/a"]
+    assert "default/b" in s.queue
+    (warned,) = [e for e in logs if e["event"] == "plan no longer fits after the solve; batch requeued"]
+    assert warned["problems"] == ["node n0 is gone"]
+
+
 async def test_a_plan_that_fails_the_independent_check_binds_nothing_and_the_batch_is_tried_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -482,3 +543,29 @@ async def test_a_member_deleted_while_its_refused_binding_was_in_flight_keeps_no
     await settle(s)
     assert "default/m2" not in s.queue
     assert s.cache.nomination("default/m2") is None
+
+
+async def test_feature_discovery_stamping_a_node_each_minute_is_no_change_of_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GPU feature discovery rewrites nvidia.com/gfd.timestamp on every node each minute: that
+    neither voids the batch being solved nor wakes the pods parked as unschedulable."""
+    s, answers = _scheduler(gpus=1)
+
+    def stamped(at: str) -> dict[str, Any]:
+        node = kit.node("n0", 1, "A100")
+        node["metadata"]["labels"]["nvidia.com/gfd.timestamp"] = at
+        return node
+
+    NodeHandler(s).apply("MODIFIED", stamped("1765100000"))
+    _during_the_solve(monkeypatch, s, "MODIFIED", stamped("1765100060"))
+    s._pending.apply("ADDED", member_pod("a"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert answers.bound == ["default/a"]
+    s._pending.apply("ADDED", member_pod("b"))  # no room: parked
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert s.queue.counts().unschedulable == 1
+    NodeHandler(s).apply("MODIFIED", stamped("1765100120"))
+    assert s.queue.counts().unschedulable == 1  # not woken for nothing

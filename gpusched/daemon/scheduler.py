@@ -1035,7 +1035,10 @@ class Scheduler:
             coming=self.mig.coming(),
         )
         if fresh.cluster is not snap.cluster and not _same_offers(snap.cluster, fresh.cluster):
-            problems = ["the node inventory changed during the solve"]
+            # Nodes came, went or changed: the plan, node by node name, against them as they are
+            # now (a label no pod reads changing, or a node added, leaves it as good as it was).
+            moved = _renumbered(plan, snap.cluster, fresh.cluster)
+            problems = plan_problems(moved, fresh.state) if isinstance(moved, Plan) else [moved]
         else:
             problems = plan_problems(plan, fresh.state)
         if not problems:
@@ -2199,6 +2202,23 @@ def _on_instances(found: list[Preemption], state: ClusterState) -> list[Preempti
             free[pre.node, col] -= 1
         out.append(pre)
     return [pre for pre in out if pre.pod.unit not in dropped]
+
+
+def _renumbered(plan: Plan, old: Cluster, new: Cluster) -> Plan | str:
+    """``plan``, made against ``old``, with its nodes numbered as in ``new``; or what is wrong
+    when a node of it is no longer there."""
+    index = {n.name: i for i, n in enumerate(new.nodes)}
+    at: dict[int, int] = {}
+    for n in {a.node for a in plan.assignments} | {n for n, _, _ in plan.partitions}:
+        name = old.nodes[n].name
+        if name not in index:
+            return f"node {name} is gone"
+        at[n] = index[name]
+    return replace(
+        plan,
+        assignments=tuple(replace(a, node=at[a.node]) for a in plan.assignments),
+        partitions=tuple((at[n], g, layout) for n, g, layout in plan.partitions),
+    )
 
 
 def _same_offers(a: Cluster, b: Cluster) -> bool:

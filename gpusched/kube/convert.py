@@ -108,6 +108,10 @@ __all__ = [
 ]
 
 GPU_RESOURCE = "nvidia.com/gpu"
+VOLATILE_NODE_LABELS = frozenset({"nvidia.com/gfd.timestamp"})
+"""Node labels rewritten on a timer that no pod selects on: left out of the books, so that
+their churn (GPU feature discovery stamps every node each minute) is no change of the node.
+Each such change would otherwise wake every parked pod and void the batch being solved."""
 STORAGE_RESOURCE = "ephemeral-storage"
 MIG_PREFIX = "nvidia.com/mig-"
 LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"
@@ -310,7 +314,7 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
             gpus,
             model,
             gpu_mem,
-            dict(labels),
+            {k: v for k, v in labels.items() if k not in VOLATILE_NODE_LABELS},
             islands,
             tuple(slices),
             taints=taints,
