@@ -873,3 +873,29 @@ async def test_a_mig_pod_preempts_a_pod_another_scheduler_bound_onto_several_of_
     assert await _cycle(s) == ["default/want"]
     assert api.evicted == [("default/foreign", "default/want", "m")]
     assert api.failed("default/want")[-1].endswith("Preempting 1 pod(s) of lower priority on node m.")
+
+
+async def test_room_taken_over_after_a_failover_is_not_held_again_from_the_last_leaders_word() -> None:
+    """mid holds room from the last leader's nominatedNodeName; critical takes it over. Drawn
+    again before the cleared nominatedNodeName reaches the watch, mid must not hold room on
+    the same victim again: two pods would wait for one GPU."""
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", _leaving("low", 0, "n0"))
+    s._pending.apply("ADDED", _pod("critical", 1000))
+    batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
+    mid = _pod("mid", 50)
+    mid["status"] = {"phase": "Pending", "nominatedNodeName": "n0"}
+    s._pending.apply("ADDED", mid)  # seen while critical's batch is drawn
+    assert s.cache.nomination("default/mid") == ("n0", (0,), 1)
+    await s.schedule_batch(batch)
+    await settle(s)
+    assert s.cache.nomination("default/critical") == ("n0", (0,), 1)
+    assert s.cache.nomination("default/mid") is None
+    assert api.nominated["default/mid"] is None
+    assert await _cycle(s) == ["default/mid"]  # its status still shows the last leader's word
+    assert s.cache.nomination("default/mid") is None
+    assert s.cache.nomination("default/critical") == ("n0", (0,), 1)
+    s._pending.apply("MODIFIED", mid)  # an update the watch shows late
+    assert s.cache.nomination("default/mid") is None
+    assert api.evicted == []

@@ -1317,7 +1317,11 @@ class Scheduler:
 
     def _tell_room_lost(self, pod: Pod, message: str, wake: bool = True) -> None:
         """``pod`` (queued, wherever it is) no longer holds room: its Event and condition say so,
-        with no nominated node; and, parked, it looks again (with ``wake``)."""
+        with no nominated node; and, parked, it looks again (with ``wake``).  Its nominatedNodeName
+        is this instance's word from now on: the last leader's, until the cleared one reaches the
+        watch, holds no room again (``adopt_room``)."""
+        if self.is_leader:
+            self.placed_here.add(pod.key)
         self._write_verdict(pod, message, None)
         if wake:
             self._wake_one(pod.key)
