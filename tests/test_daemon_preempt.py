@@ -802,6 +802,13 @@ async def test_room_taken_over_whose_victims_deletion_is_then_refused_is_given_u
     assert s.cache.nomination("default/critical") is None
     assert api.nominated["default/critical"] is None
     assert [a.pod.key for a in s.cache.preemptible()] == ["default/low"]  # it may be evicted again
+    # Each is told what it waited for: critical preempted no one.
+    assert api.failed("default/mid")[-1].startswith("The room held for it on node n0 was taken by pod")
+    told = api.failed("default/critical")[-1]
+    assert told == (
+        "The deletion of pod default/low on node n0, that the room held for it there waited for, failed: "
+        "the room is given up; it looks again when the cluster changes."
+    )
 
 
 async def test_a_pod_deleted_during_its_batch_takes_no_room_over() -> None:

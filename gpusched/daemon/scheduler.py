@@ -1626,6 +1626,11 @@ class Scheduler:
             f"The deletion of pod {victim.key} on node {node}, which it preempted, failed: the room held "
             "for it there is given up; it looks again when the cluster changes."
         )
+        # A pod that took the room over preempted no one: it is told what its room waited for.
+        waited = (
+            f"The deletion of pod {victim.key} on node {node}, that the room held for it there waited for, "
+            "failed: the room is given up; it looks again when the cluster changes."
+        )
         # Every room that waits for it (its room may have been taken over by a pod of higher
         # priority meanwhile), and a gang's whole: a gang has room whole or not at all.
         waiting = self.cache.waiting_on(victim)
@@ -1635,7 +1640,8 @@ class Scheduler:
             self.cache.unnominate(key)
             record = self.queue.record(key)
             if record is not None:  # its nominatedNodeName must not point there
-                self._tell_room_lost(record.pod, said, wake=False)
+                took = key != by.key and record.pod.gang is None  # (a gang's room is never taken over)
+                self._tell_room_lost(record.pod, waited if took else said, wake=False)
         if gangs:  # what the gang held is free for the pods parked outside it
             self.queue.move_all(lambda r: r.pod.gang is None or r.pod.gang.name not in gangs)
 
