@@ -514,3 +514,30 @@ async def test_room_reclaimed_for_one_tenant_is_not_taken_over_by_another_of_hig
     await batch(s)
     assert s.cache.nomination("b/b1") == held
     assert s.cache.nomination("a/a-hi") is None
+
+
+async def test_a_pod_takes_over_no_room_that_would_take_its_tenant_past_its_limit() -> None:
+    """low (1 GPU) preempted v (2 GPUs); while v leaves, p1 is placed on a new node, and p2, of
+    higher priority than low and twice its size, would fit in low's room: taking it would take
+    a to 4 GPUs of its 3."""
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=2)
+    NodeHandler(s).apply("ADDED", kit.node("n1", 2, "A100"))
+    tenants(s, quotas={"a": {"limitGpus": 3}})
+    v = of("v", "a", 0, node="n0", gpu=0, gpus=2)
+    s._bound.apply("ADDED", v)
+    s._bound.apply("ADDED", of("bb", "b", 20, node="n1", gpu=0, gpus=2))
+    s._pending.apply("ADDED", of("low", "a", 10))
+    await batch(s)
+    assert api.evicted == ["a/v"]
+    v["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
+    s._bound.apply("MODIFIED", v)
+    NodeHandler(s).apply("ADDED", kit.node("n2", 2, "A100"))
+    s._pending.apply("ADDED", of("p1", "a", 100, gpus=2))
+    s._pending.apply("ADDED", of("p2", "a", 50, gpus=2))
+    await batch(s)
+    assert api.bound == ["a/p1"]
+    assert s.cache.nomination("a/p2") is None
+    assert s.cache.nomination("a/low") == ("n0", (0,), 1)
+    assert api.evicted == ["a/v"]
+    assert s.cache.tenant_usage(s.tenants, terminating=True)["a"] <= 3000

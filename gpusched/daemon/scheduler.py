@@ -49,6 +49,7 @@ from gpusched.metrics.source import UtilisationSource, UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
 from gpusched.model.mig import gpu_fraction
 from gpusched.model.pod import gang_conflicts
+from gpusched.model.tenants import demand_of
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.solver.baselines.base import GPU_CHOICE
 from gpusched.solver.consolidate import Move, plan_consolidation
@@ -1335,7 +1336,8 @@ class Scheduler:
         victims it waits for are gone: the room (the lowest priority's first), its node and the
         GPUs ``pod`` would take there.  Not on a node with GPUs busy by utilisation (whose
         holders are not known to leave), nor across tenants (priority does not decide between
-        them)."""
+        them), nor where its tenant would pass its limit (``pod`` larger than the pod the room
+        is held for by more than the tenant may still take)."""
         mine = self.tenants.of(pod) if self.tenants.active else None
         busy = self.busy_gpus() or {}
         rooms = [
@@ -1347,6 +1349,9 @@ class Scheduler:
             and not busy.get(r.node)
             and (mine is None or self.tenants.of(r.pod) == mine)
         ]
+        left = self._limit_left(pod) if rooms and mine is not None else None
+        if left is not None:
+            rooms = [r for r in rooms if demand_of(pod) - demand_of(r.pod) <= left]
         if not rooms:
             return None
         # One look with every such room free (a superset of what any one leaves), then the
@@ -1364,6 +1369,17 @@ class Scheduler:
             if state.pod_mask(pod)[i]:
                 return room, room.node, GPU_CHOICE.gpus(pod, state, i)
         return None
+
+    def _limit_left(self, pod: Pod) -> int | None:
+        """What ``pod``'s tenant may still take under its limit (None: it has none), beside what it
+        holds now: the pods this batch bound, its pods being deleted, and the rooms held for its
+        pods (but ``pod``'s own)."""
+        t = self.tenants.of(pod)
+        limit = self.tenants.rule(t).limit
+        if limit is None:
+            return None
+        usage = self.cache.tenant_usage(self.tenants, [pod.key], terminating=True, moving=self._consolidating)
+        return limit - usage.get(t, 0)
 
     async def _preempt_for(
         self,
