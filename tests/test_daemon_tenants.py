@@ -541,3 +541,30 @@ async def test_a_pod_takes_over_no_room_that_would_take_its_tenant_past_its_limi
     assert s.cache.nomination("a/low") == ("n0", (0,), 1)
     assert api.evicted == ["a/v"]
     assert s.cache.tenant_usage(s.tenants, terminating=True)["a"] <= 3000
+
+
+async def test_room_reclaimed_within_quota_is_not_taken_over_past_it() -> None:
+    """l, within a's quota of 1 GPU, reclaimed the 2 GPUs of b1 from b, which borrowed them.
+    p, of a and of higher priority, would fit in l's room: taken over, a would hold 2 GPUs
+    reclaimed for its quota of 1, and b would have lost one to a's borrowing."""
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=2)
+    NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    tenants(s, quotas={"a": {"quotaGpus": 1}, "b": {"quotaGpus": 1}})
+    b1 = of("b1", "b", 0, node="n0", gpu=0, gpus=2)
+    s._bound.apply("ADDED", b1)
+    s._bound.apply("ADDED", of("b2", "b", 5, node="n1", gpu=0))
+    s._pending.apply("ADDED", of("l", "a", 0))
+    await batch(s)
+    assert api.evicted == ["b/b1"]
+    held = s.cache.nomination("a/l")
+    assert held is not None
+    assert held[0] == "n0"
+    b1["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
+    s._bound.apply("MODIFIED", b1)
+    s._pending.apply("ADDED", of("p", "a", 100, gpus=2))
+    await batch(s)
+    assert s.cache.nomination("a/p") is None
+    assert s.cache.nomination("a/l") == held
+    assert api.failed("a/p") == ["0/2 nodes are available: 2 Insufficient nvidia.com/gpu."]
+    assert s.cache.tenant_usage(s.tenants)["a"] == 1000

@@ -1293,7 +1293,7 @@ class Scheduler:
             lower = taken.pod
             self.cache.unnominate(lower.key)
             self.placed_here.add(p.key)
-            self.cache.nominate(p, node, gpus, [v.pod for v in taken.victims])
+            self.cache.nominate(p, node, gpus, [v.pod for v in taken.victims], self._reclaimed(taken))
             log.info(
                 "room taken over",
                 pod=p.key,
@@ -1337,7 +1337,7 @@ class Scheduler:
         GPUs ``pod`` would take there.  Not on a node with GPUs busy by utilisation (whose
         holders are not known to leave), nor across tenants (priority does not decide between
         them), nor where its tenant would pass its limit (``pod`` larger than the pod the room
-        is held for by more than the tenant may still take)."""
+        is held for by more than the tenant may still take), nor, for room reclaimed, its quota."""
         mine = self.tenants.of(pod) if self.tenants.active else None
         busy = self.busy_gpus() or {}
         rooms = [
@@ -1352,6 +1352,11 @@ class Scheduler:
         left = self._limit_left(pod) if rooms and mine is not None else None
         if left is not None:
             rooms = [r for r in rooms if demand_of(pod) - demand_of(r.pod) <= left]
+        if mine is not None and any(demand_of(pod) > demand_of(r.pod) and self._reclaimed(r) for r in rooms):
+            # GPUs reclaimed for a tenant within its quota are not taken over past it: by a pod no
+            # larger than the one they were reclaimed for, or one within the quota.
+            within = self.tenants.rule(mine).quota - self.cache.tenant_usage(self.tenants, [pod.key]).get(mine, 0)
+            rooms = [r for r in rooms if demand_of(pod) - demand_of(r.pod) <= max(within, 0) or not self._reclaimed(r)]
         if not rooms:
             return None
         # One look with every such room free (a superset of what any one leaves), then the
@@ -1369,6 +1374,12 @@ class Scheduler:
             if state.pod_mask(pod)[i]:
                 return room, room.node, GPU_CHOICE.gpus(pod, state, i)
         return None
+
+    def _reclaimed(self, room: Room) -> bool:
+        """Whether ``room`` holds GPUs reclaimed from other tenants: it was reclaimed (or taken
+        over from a pod it was), or, held again after a fail-over, waits for pods of another tenant."""
+        mine = self.tenants.of(room.pod)
+        return room.reclaimed or any(self.tenants.of(v.pod) != mine for v in room.victims)
 
     def _limit_left(self, pod: Pod) -> int | None:
         """What ``pod``'s tenant may still take under its limit (None: it has none), beside what it
@@ -1607,10 +1618,10 @@ class Scheduler:
 
     def _carry_out(self, pre: Preemption, cluster: Cluster, why: str = "") -> str:
         """Hold the room ``pre`` makes for its pod and start evicting its victims; its node.
-        ``why``: what the victims are told, when not priority."""
+        ``why``: what the victims are told, when not priority (a reclaim)."""
         node = cluster.nodes[pre.node].name
         self.placed_here.add(pre.pod.key)
-        self.cache.nominate(pre.pod, node, pre.placement.gpus, [v.pod for v in pre.victims])
+        self.cache.nominate(pre.pod, node, pre.placement.gpus, [v.pod for v in pre.victims], reclaimed=bool(why))
         covered = [v.pod for v in pre.victims if any(b.covers(v.pod) for b in self.budgets.values())]
         self.evicted_uncounted.update((v.key, v) for v in covered)
         for v in pre.victims:

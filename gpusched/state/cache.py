@@ -158,6 +158,8 @@ class _Nomination:
     held: _Held
     victims: frozenset[tuple[str, str]]
     """Key and UID of each pod it preempted (a pod created again under the name is another)."""
+    reclaimed: bool = False
+    """The room was reclaimed for a tenant within its quota (``Room.reclaimed``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +170,9 @@ class Room:
     pod: Pod
     node: str
     victims: tuple[Assignment, ...]
+    reclaimed: bool = False
+    """Reclaimed from other tenants for ``pod``'s, within its quota (or taken over from a pod it
+    was reclaimed for): GPUs the tenant is guaranteed, not more."""
 
 
 def _another(held: _Held, uid: str) -> bool:
@@ -572,12 +577,15 @@ class Cache:
         self.nominate(pod, node, freed[: pod.num_gpu] if len(freed) >= pod.num_gpu else (), [h.pod for h in leaving])
         return True
 
-    def nominate(self, pod: Pod, node: str, gpus: tuple[int, ...], victims: Iterable[Pod]) -> None:
+    def nominate(
+        self, pod: Pod, node: str, gpus: tuple[int, ...], victims: Iterable[Pod], reclaimed: bool = False
+    ) -> None:
         """Hold room for ``pod`` on ``node`` (on ``gpus``) while the pods it preempted there
-        (``victims``) terminate: other pods are placed as if it were there."""
+        (``victims``) terminate: other pods are placed as if it were there.  ``reclaimed``: the
+        room is reclaimed for its tenant (``Room.reclaimed``)."""
         self.unnominate(pod.key)
         held = _Held(pod, node, (), True, gpus)
-        self._nominated[pod.key] = _Nomination(held, frozenset((v.key, v.uid) for v in victims))
+        self._nominated[pod.key] = _Nomination(held, frozenset((v.key, v.uid) for v in victims), reclaimed)
         self.generation += 1
         if self._cluster is not None:
             self._account(held, 1)
@@ -623,7 +631,7 @@ class Cache:
                 and h.pod.uid == uid
                 and (i := cluster.index.get(h.node)) is not None
             )
-            out.append(Room(n.held.pod, n.held.node, victims))
+            out.append(Room(n.held.pod, n.held.node, victims, n.reclaimed))
         return out
 
     @property
