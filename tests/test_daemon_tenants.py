@@ -265,7 +265,7 @@ async def test_a_pod_waiting_for_its_victims_takes_no_free_gpu_elsewhere_past_it
     s._pending.apply("ADDED", of("urgent", "a", 100))
     await batch(s)  # at its limit: urgent preempts low and waits for its GPU
     assert api.evicted == ["a/low"]
-    s._pending.apply("ADDED", of("q", "a", 200))
+    s._pending.apply("ADDED", of("q", "a", 60))  # (of higher priority than urgent, it would take its room over)
     s.queue.move_all()  # urgent drawn again, beside q, while low is leaving; GPU 2 is free
     await batch(s)
     assert "a/urgent" not in api.bound  # not onto GPU 2: a would hold run, low (leaving), urgent and q
@@ -568,3 +568,56 @@ async def test_room_reclaimed_within_quota_is_not_taken_over_past_it() -> None:
     assert s.cache.nomination("a/l") == held
     assert api.failed("a/p") == ["0/2 nodes are available: 2 Insufficient nvidia.com/gpu."]
     assert s.cache.tenant_usage(s.tenants)["a"] == 1000
+
+
+async def test_a_pod_at_its_tenants_limit_takes_over_the_room_of_a_lower_pod_of_its_tenant() -> None:
+    """mid, at a's limit of 1 GPU, preempted low; while low leaves, high (at the limit too)
+    comes. Nothing of a runs below it, but mid's room is there to take over: high takes it,
+    evicting no one more, rather than wait for mid to be bound and then evict it."""
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    tenants(s, quotas={"a": {"limitGpus": 1}})
+    low = of("low", "a", 0, node="n0", gpu=0)
+    s._bound.apply("ADDED", low)
+    s._pending.apply("ADDED", of("mid", "a", 10))
+    await batch(s)
+    assert api.evicted == ["a/low"]
+    low["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
+    s._bound.apply("MODIFIED", low)
+    s._pending.apply("ADDED", of("high", "a", 100))
+    await batch(s)
+    assert s.cache.nomination("a/high") == ("n0", (0,), 1)
+    assert s.cache.nomination("a/mid") is None
+    assert api.failed("a/high")[-1] == (
+        "tenant a is at its GPU limit: it holds 1 of 1 GPUs and this pod asks for 1 more. "
+        "Taking the room held on node n0 for pod a/mid of lower priority, whose 1 preempted pod(s) are leaving."
+    )
+    assert "taken by pod a/high, of higher priority (100 > 10)" in api.failed("a/mid")[-1]
+    s._bound.apply("DELETED", low)
+    for _ in range(3):
+        if s.queue.counts().active:
+            await batch(s)
+    assert api.bound == ["a/high"]
+    assert api.evicted == ["a/low"]
+    assert api.failed("a/mid")[-1] == "tenant a is at its GPU limit: it holds 1 of 1 GPUs and this pod asks for 1 more."
+
+
+async def test_a_pod_at_its_tenants_limit_takes_over_no_room_smaller_than_itself() -> None:
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=2)
+    tenants(s, quotas={"a": {"limitGpus": 2}})
+    low = of("low", "a", 0, node="n0", gpu=0)
+    s._bound.apply("ADDED", low)
+    s._bound.apply("ADDED", of("other", "a", 200, node="n0", gpu=1))
+    s._pending.apply("ADDED", of("mid", "a", 10))
+    await batch(s)
+    assert api.evicted == ["a/low"]
+    low["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
+    s._bound.apply("MODIFIED", low)
+    s._pending.apply("ADDED", of("high", "a", 100, gpus=2))  # 2 GPUs for mid's 1: a would hold 4 of 2
+    await batch(s)
+    assert s.cache.nomination("a/high") is None
+    assert s.cache.nomination("a/mid") == ("n0", (0,), 1)
+    assert api.failed("a/high")[-1] == (
+        "tenant a is at its GPU limit: it holds 2 of 2 GPUs and this pod asks for 2 more."
+    )

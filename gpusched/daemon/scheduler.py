@@ -12,7 +12,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import structlog
@@ -749,16 +749,21 @@ class Scheduler:
             at_limit: list[tuple[Pod, Explanation | _Verdict]] = []
             gangs_at_limit: dict[str, dict[str, tuple[Pod, str]]] = defaultdict(dict)
             lowest = self._lowest_by_tenant() if over else {}
+            alone: list[tuple[Pod, _Verdict]] = []
             for r in todo:
                 if r.key not in over:
                     continue
-                verdict = _Verdict(over[r.key], "TenantLimit")
                 if r.pod.gang is not None:
-                    gangs_at_limit[r.pod.gang.name][r.key] = (r.pod, verdict.message)
-                elif r.pod.priority > lowest.get(self.tenants.of(r.pod), r.pod.priority):
-                    at_limit.append((r.pod, verdict))
+                    gangs_at_limit[r.pod.gang.name][r.key] = (r.pod, over[r.key])
+                else:
+                    alone.append((r.pod, _Verdict(over[r.key], "TenantLimit")))
+            # A pod may take over the room held for a lower one of its tenant, within the limit,
+            # before it looks for pods to preempt.
+            for p, verdict in self._take_over(alone, None):
+                if p.priority > lowest.get(self.tenants.of(p), p.priority):
+                    at_limit.append((p, verdict))
                 else:  # nothing of its tenant below it to preempt
-                    self.tell_unschedulable(r.pod, verdict.message, verdict.reason)
+                    self.tell_unschedulable(p, verdict.message, verdict.reason)
             for name, told in list(gangs_at_limit.items()):
                 floor = min(p.priority for p, _ in told.values())
                 tenant = self.tenants.of(next(iter(told.values()))[0])
@@ -1275,14 +1280,14 @@ class Scheduler:
                 pods, gangs = low, low_gangs
         await self._preempt_for(pods, gangs, batch_id, batch)
 
-    def _take_over(self, pods: list[tuple[Pod, Explanation]], batch: Snapshot | None) -> list[tuple[Pod, Explanation]]:
+    def _take_over(self, pods: list[tuple[Pod, _Why]], batch: Snapshot | None) -> list[tuple[Pod, _Why]]:
         """Of ``pods``, those that do not take over room held for a pod of lower priority (not
         a gang's; of its own tenant, with tenants) while its victims leave: a pod that fits
         there, those victims gone, is nominated there in its place, evicting no one, and the
         pod of lower priority gives it up and looks again (kube-scheduler counts a nominated pod
         only against pods of no higher priority than its own, and clears the nominations it
-        outranks)."""
-        left: list[tuple[Pod, Explanation]] = []
+        outranks).  So may a pod its tenant's limit holds back, as ``_room_for`` keeps to it."""
+        left: list[tuple[Pod, _Why]] = []
         for p, e in sorted(pods, key=lambda pe: -pe[0].priority):
             live = self.queue.current(p.key, p.uid) and not self.cache.holds(p.key, p.uid)
             room = self._room_for(p) if live and p.preempts and p.gang is None and self.is_leader else None
@@ -2363,6 +2368,10 @@ def _place(policy: Policy, pods: list[Pod], state: ClusterState, quick: bool, de
     if isinstance(policy, TimedPolicy) and deadline is not None:
         return policy.place_until(pods, state, deadline, quick)
     return place_quick(policy, pods, state) if quick else policy.place(pods, state)
+
+
+_Why = TypeVar("_Why", bound="Explanation | _Verdict")
+"""Why a pod waits: a placement search's explanation, or a verdict reached without one."""
 
 
 @dataclass(frozen=True)
