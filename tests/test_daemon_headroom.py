@@ -582,3 +582,38 @@ async def test_a_low_pod_created_again_during_the_high_search_is_drawn_again(mon
     monkeypatch.setattr(daemon, "plan_preemptions", real)
     drawn = await asyncio.wait_for(s.queue.next_batch(), 10)
     assert [(r.key, r.uid) for r in drawn] == [("default/mid", "uid-mid-2")]
+
+
+async def test_a_pod_of_high_priority_reclaims_with_the_headroom_beside_a_low_pod_of_its_batch() -> None:
+    """GPU 0 is kept free for pods of priority 1000; b borrows GPU 1. crit (a, within its quota)
+    fits once b0 is reclaimed, with the kept GPU; m (d, within its quota) is below the
+    headroom's priority. Searched together, the kept GPU was out of crit's reach: m reclaimed
+    b0 and crit waited on."""
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=2)
+    s.set_config(
+        parse_config(
+            {
+                "headroom": {"gpus": 1, "priorityAtLeast": 1000},
+                "tenants": {"quotas": {"a": {"quotaGpus": 2}, "d": {"quotaGpus": 1}}},
+            }
+        )
+    )
+    b0 = pod("b0", 0, node="n0", gpu=1)
+    b0["metadata"]["namespace"] = "b"
+    s._bound.apply("ADDED", b0)
+    crit, m = pod("crit", 1000, gpus=2), pod("m", 0)
+    crit["metadata"]["namespace"], m["metadata"]["namespace"] = "a", "d"
+    s._pending.apply("ADDED", crit)
+    s._pending.apply("ADDED", m)
+    await batch(s)
+    assert api.evicted == ["b/b0"]
+    assert s.cache.nomination("a/crit") == ("n0", (0, 1), 1)
+    assert s.cache.nomination("d/m") is None
+    assert api.failed("a/crit")[-1].endswith(
+        "Reclaiming the GPUs of 1 pod(s) on node n0 from tenant(s) b, past their quota: tenant a is within its own."
+    )
+    assert api.failed("d/m") == [
+        "0/1 nodes are available: 1 Insufficient nvidia.com/gpu; "
+        "1 idle GPU is kept free for pods of priority 1000 or more (headroom)."
+    ]

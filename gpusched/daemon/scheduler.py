@@ -1239,34 +1239,17 @@ class Scheduler:
         tenant's quota first reclaims GPUs that other tenants borrowed, and preempts pods of
         lower priority (of its own tenant) only where that finds nothing."""
         pods = self._take_over(pods, batch)
-        if (pods or gangs) and self.tenants.active and self.tenants.reclaim:
-            left: list[tuple[Pod, Explanation]] = []
-            left_gangs: list[dict[str, tuple[Pod, str]]] = []
-            await self._preempt_for(pods, gangs, batch_id, batch, reclaim=left, reclaim_gangs=left_gangs)
-            pods, gangs = left, left_gangs
-            if not pods and not gangs:
-                return
-        lowest = self.cache.lowest_priority()
-        hopeless = [(p, e) for p, e in pods if lowest is None or p.priority <= lowest]
-        for p, e in hopeless:  # every running pod matters as much: told as usual, at no cost
-            self.tell_unschedulable(p, self._notes(p, e.message, batch), e.reason)
-        pods = [(p, e) for p, e in pods if lowest is not None and p.priority > lowest]
-        for told in [g for g in gangs if lowest is None or min(p.priority for p, _ in g.values()) <= lowest]:
-            for p, message in told.values():
-                self.tell_unschedulable(p, message, "Gang")
-        gangs = [g for g in gangs if lowest is not None and min(p.priority for p, _ in g.values()) > lowest]
-        if not pods and not gangs:
-            return
         # Pods at the headroom's priority or more may have the kept GPUs; those below may not.
-        # Searched together, the kept GPUs would be out of reach of both: the first look first,
-        # and the others only if they evict nobody (else they look again once victims left).
+        # Searched together, the kept GPUs would be out of reach of both: the first look first
+        # (reclaim, then preemption), and the others only if they evict nobody (else they look
+        # again once victims left).
         if self.config.headroom.gpus:
             high = [(p, e) for p, e in pods if not self._below_headroom(p)]
             high_gangs = [g for g in gangs if not any(self._below_headroom(p) for p, _ in g.values())]
             low = [(p, e) for p, e in pods if self._below_headroom(p)]
             low_gangs = [g for g in gangs if any(self._below_headroom(p) for p, _ in g.values())]
             if (high or high_gangs) and (low or low_gangs):
-                if await self._preempt_for(high, high_gangs, batch_id, batch):
+                if await self._preempt_pass(high, high_gangs, batch_id, batch):
                     told_now = [(p, self._notes(p, e.message, batch), e.reason) for p, e in low]
                     told_now += [(p, message, "Gang") for told in low_gangs for p, message in told.values()]
                     for p, message, reason in told_now:  # as things are after the search
@@ -1278,7 +1261,36 @@ class Scheduler:
                             self.queue.requeue(p.key)
                     return
                 pods, gangs = low, low_gangs
-        await self._preempt_for(pods, gangs, batch_id, batch)
+        await self._preempt_pass(pods, gangs, batch_id, batch)
+
+    async def _preempt_pass(
+        self,
+        pods: list[tuple[Pod, Explanation]],
+        gangs: list[dict[str, tuple[Pod, str]]],
+        batch_id: int,
+        batch: Snapshot | None,
+    ) -> bool:
+        """One pass of ``_preempt`` (pods all of one side of the headroom's priority, or the
+        headroom off): with tenants, reclaims first, then preemption for what they left; whether
+        anything is evicted."""
+        evicting = False
+        if (pods or gangs) and self.tenants.active and self.tenants.reclaim:
+            left: list[tuple[Pod, Explanation]] = []
+            left_gangs: list[dict[str, tuple[Pod, str]]] = []
+            evicting = await self._preempt_for(pods, gangs, batch_id, batch, reclaim=left, reclaim_gangs=left_gangs)
+            pods, gangs = left, left_gangs
+        lowest = self.cache.lowest_priority()
+        hopeless = [(p, e) for p, e in pods if lowest is None or p.priority <= lowest]
+        for p, e in hopeless:  # every running pod matters as much: told as usual, at no cost
+            self.tell_unschedulable(p, self._notes(p, e.message, batch), e.reason)
+        pods = [(p, e) for p, e in pods if lowest is not None and p.priority > lowest]
+        for told in [g for g in gangs if lowest is None or min(p.priority for p, _ in g.values()) <= lowest]:
+            for p, message in told.values():
+                self.tell_unschedulable(p, message, "Gang")
+        gangs = [g for g in gangs if lowest is not None and min(p.priority for p, _ in g.values()) > lowest]
+        if not pods and not gangs:
+            return evicting
+        return await self._preempt_for(pods, gangs, batch_id, batch) or evicting
 
     def _take_over(self, pods: list[tuple[Pod, _Why]], batch: Snapshot | None) -> list[tuple[Pod, _Why]]:
         """Of ``pods``, those that do not take over room held for a pod of lower priority (not
