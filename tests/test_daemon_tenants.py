@@ -621,3 +621,23 @@ async def test_a_pod_at_its_tenants_limit_takes_over_no_room_smaller_than_itself
     assert api.failed("a/high")[-1] == (
         "tenant a is at its GPU limit: it holds 2 of 2 GPUs and this pod asks for 2 more."
     )
+
+
+async def test_a_pod_whose_room_is_ready_is_drawn_as_within_its_tenants_limit() -> None:
+    """mid, at a's limit of 1 GPU, preempted low, which is gone: the room held for it counts in
+    what a holds, and drawing mid takes a no further. Counted twice, a was ranked past its limit
+    and mid drawn after b's pod, which fits nowhere."""
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    NodeHandler(s).apply("ADDED", kit.node("n1", 2, "A100"))
+    s.set_config(parse_config({"batching": {"maxSize": 1}, "tenants": {"quotas": {"a": {"limitGpus": 1}}}}))
+    low = of("low", "a", 0, node="n0", gpu=0)
+    s._bound.apply("ADDED", low)
+    s._bound.apply("ADDED", of("bb", "b", 0, node="n1", gpu=0, gpus=2))
+    s._pending.apply("ADDED", of("mid", "a", 10))
+    await batch(s)
+    assert api.evicted == ["a/low"]
+    s._pending.apply("ADDED", of("bp", "b", 0))
+    s._bound.apply("DELETED", low)  # mid's room is ready; both are drawn again
+    await batch(s)
+    assert api.bound == ["a/mid"]

@@ -256,7 +256,7 @@ class Scheduler:
         if age_changed:
             self._check_poll_age()
         self.tenants = cfg.tenants.tenants()
-        self.queue.set_tenants(self.tenants, self._tenant_usage)
+        self.queue.set_tenants(self.tenants, self._tenant_usage, self.cache.has_room)
         self.metrics.set_weights({k: float(v) for k, v in cfg.weights.model_dump(by_alias=True).items()})
         self.queue.max_size = cfg.batching.max_size
         self.queue.max_wait = cfg.batching.max_wait_seconds

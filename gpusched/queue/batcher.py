@@ -94,6 +94,8 @@ class SchedulingQueue:
         """Per tenant ("" for all, without tenants): (-priority, seq, key); stale entries skipped."""
         self._tenants: Tenants | None = None
         self._usage: Callable[[], Mapping[str, int]] = dict
+        self._counted: Callable[[str], bool] = _never
+        """Whether a pending pod (its key) holds room that ``_usage`` counts already."""
         self._passed_over: set[str] = set()
         """Tenants that had pods waiting when the last batch was drawn and drew none: first in
         the next batch's first round."""
@@ -296,11 +298,19 @@ class SchedulingQueue:
                 return True
         return False
 
-    def set_tenants(self, tenants: Tenants | None, usage: Callable[[], Mapping[str, int]] = dict) -> None:
+    def set_tenants(
+        self,
+        tenants: Tenants | None,
+        usage: Callable[[], Mapping[str, int]] = dict,
+        counted: Callable[[str], bool] | None = None,
+    ) -> None:
         """Draw batches fairly between ``tenants`` (None or inactive: by priority alone);
-        ``usage`` says what each tenant holds now, read once per batch."""
+        ``usage`` says what each tenant holds now, read once per batch, and ``counted`` which
+        pending pods it counts already (room is held for them): drawing one of those takes its
+        tenant no further."""
         self._tenants = tenants if tenants is not None and tenants.active else None
         self._usage = usage
+        self._counted = counted or _never
         self._heaps = {}
         for key in sorted(self._active, key=lambda k: self._active[k][0]):
             self._push(key, self._active[key][0])
@@ -332,10 +342,14 @@ class SchedulingQueue:
         tenants = self._tenants
         used = dict(self._usage()) if tenants is not None else {}
 
+        def adds(key: str) -> int:
+            """What drawing ``key`` adds to its tenant's usage: its room, if any, is in it already."""
+            return 0 if self._counted(key) else demand_of(self._records[key].pod)
+
         def rank(tenant: str, head: tuple[int, int, str]) -> tuple[tuple[int, float], tuple[int, int, str]]:
             if tenants is None:
                 return (0, 0.0), head
-            return tenants.order_key(tenant, used.get(tenant, 0), demand_of(self._records[head[2]].pod)), head
+            return tenants.order_key(tenant, used.get(tenant, 0), adds(head[2])), head
 
         waiting: set[str] = set()
         first_round = True
@@ -358,7 +372,7 @@ class SchedulingQueue:
                     if tenants is not None:
                         for r in batch[drawn:]:
                             t = tenants.of(r.pod)
-                            used[t] = used.get(t, 0) + demand_of(r.pod)
+                            used[t] = used.get(t, 0) + adds(r.key)
         if tenants is not None:
             self._passed_over = waiting - {tenants.of(r.pod) for r in batch}
         return batch
@@ -471,3 +485,7 @@ class SchedulingQueue:
         self._parked.pop(key, None)
         if attempts:
             self._attempts.pop(key, None)
+
+
+def _never(_: str) -> bool:
+    return False

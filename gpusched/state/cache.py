@@ -615,6 +615,10 @@ class Cache:
         left = sum(1 for k, uid in nomination.victims if (h := self._held.get(k)) is not None and h.pod.uid == uid)
         return held.node, held.gpus, left
 
+    def has_room(self, key: str) -> bool:
+        """Whether room is held for ``key`` (cheaper than ``nomination``)."""
+        return key in self._nominated
+
     def waiting_on(self, victim: Pod) -> list[str]:
         """Keys of the pods whose room waits for ``victim`` (this UID) to leave."""
         return [k for k, n in self._nominated.items() if (victim.key, victim.uid) in n.victims]
