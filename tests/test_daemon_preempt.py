@@ -906,3 +906,43 @@ async def test_room_taken_over_after_a_failover_is_not_held_again_from_the_last_
     s._pending.apply("MODIFIED", mid)  # an update the watch shows late
     assert s.cache.nomination("default/mid") is None
     assert api.evicted == []
+
+
+async def test_a_pod_of_higher_priority_evicts_beside_the_room_held_for_one_of_lower_priority() -> None:
+    """mid preempted w; while w terminates, critical (2 GPUs) comes: evicting low and taking
+    mid's room makes room for it, as kube-scheduler counts mid's room free for critical. Held
+    for mid, that room stopped critical: once mid was bound, critical evicted it."""
+    api = _Api()
+    s = one_node_scheduler(api, gpus=2)
+    s._bound.apply("ADDED", _pod("low", 0, node="n0"))
+    w = _pod("w", 0, node="n0")
+    w["metadata"]["annotations"]["gpusched.io/gpu-indices"] = "1"
+    s._bound.apply("ADDED", w)
+    s._pending.apply("ADDED", _pod("mid", 10))
+    await _cycle(s)
+    assert api.evicted == [("default/w", "default/mid", "n0")]
+    w["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
+    s._bound.apply("MODIFIED", w)
+    critical = _pod("critical", 1000)
+    critical["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    s._pending.apply("ADDED", critical)
+    await _cycle(s)
+    assert api.evicted == [("default/w", "default/mid", "n0"), ("default/low", "default/critical", "n0")]
+    assert s.cache.nomination("default/critical") == ("n0", (0, 1), 2)  # it waits for w and low
+    assert s.cache.nomination("default/mid") is None
+    assert api.nominated == {"default/mid": None, "default/critical": "n0"}
+    assert api.failed("default/critical")[-1] == (
+        "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. Preempting 1 pod(s) of lower priority on node n0, "
+        "and taking the room held there for pod default/mid of lower priority, whose 1 preempted pod(s) are leaving."
+    )
+    assert api.failed("default/mid")[-1] == (
+        "The room held for it on node n0 was taken by pod default/critical, of higher priority (1000 > 10); "
+        "it looks again."
+    )
+    s._bound.apply("DELETED", w)
+    await _cycle(s)  # mid, woken, finds nothing to preempt; critical still waits for low
+    assert api.bound == []
+    s._bound.apply("DELETED", _deleting("low", 0, "n0"))
+    await _cycle(s)
+    assert api.bound == ["default/critical"]
+    assert len(api.evicted) == 2

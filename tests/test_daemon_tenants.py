@@ -641,3 +641,38 @@ async def test_a_pod_whose_room_is_ready_is_drawn_as_within_its_tenants_limit() 
     s._bound.apply("DELETED", low)  # mid's room is ready; both are drawn again
     await batch(s)
     assert api.bound == ["a/mid"]
+
+
+async def test_room_held_for_a_tenant_past_its_quota_is_reclaimed_by_one_within_its_own() -> None:
+    """bhigh preempted blow, both of b, which borrows every GPU it holds. While blow leaves, a1
+    comes, within a's quota: it reclaims bhigh's room, evicting no one more. Held for bhigh,
+    that room was out of reach of the reclaim: a1 waited, and once bhigh was bound reclaimed it."""
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    tenants(s, quotas={"a": {"quotaGpus": 1}})
+    blow = of("blow", "b", 0, node="n0", gpu=0)
+    s._bound.apply("ADDED", blow)
+    s._pending.apply("ADDED", of("bhigh", "b", 100))
+    await batch(s)
+    assert api.evicted == ["b/blow"]
+    blow["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
+    s._bound.apply("MODIFIED", blow)
+    s._pending.apply("ADDED", of("a1", "a", 0))
+    await batch(s)
+    assert api.evicted == ["b/blow"]
+    assert s.cache.nomination("a/a1") == ("n0", (0,), 1)
+    assert s.cache.nomination("b/bhigh") is None
+    assert api.failed("a/a1")[-1] == (
+        "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. Reclaiming the room held on node n0 for pod "
+        "b/bhigh of tenant b, past its quota: tenant a is within its own."
+    )
+    assert api.failed("b/bhigh")[-1] == (
+        "The room held for it on node n0 was reclaimed for pod a/a1 of tenant a, within its quota: "
+        "tenant b is past its own; it looks again."
+    )
+    s._bound.apply("DELETED", blow)
+    for _ in range(3):
+        if s.queue.counts().active:
+            await batch(s)
+    assert api.bound == ["a/a1"]
+    assert api.evicted == ["b/blow"]

@@ -57,8 +57,23 @@ from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.params import SolverParams
 from gpusched.solver.policy import Policy, TimedPolicy, place_quick
-from gpusched.solver.preempt import Budget, Preemption, elsewhere, gang_budgets, plan_preemptions, still_standing
-from gpusched.solver.reclaim import at_limit_searched, plan_at_limit, plan_reclaims
+from gpusched.solver.preempt import (
+    Budget,
+    Preemption,
+    elsewhere,
+    gang_budgets,
+    harm,
+    plan_preemptions,
+    still_standing,
+    through_room,
+)
+from gpusched.solver.reclaim import (
+    at_limit_searched,
+    plan_at_limit,
+    plan_reclaims,
+    reclaim_through_room,
+    reclaimable,
+)
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
 from gpusched.state.cache import Cache, Room, Snapshot, same_offer
@@ -1353,8 +1368,8 @@ class Scheduler:
         victims it waits for are gone: the room (the lowest priority's first), its node and the
         GPUs ``pod`` would take there.  Not on a node with GPUs busy by utilisation (whose
         holders are not known to leave), nor across tenants (priority does not decide between
-        them), nor where its tenant would pass its limit (``pod`` larger than the pod the room
-        is held for by more than the tenant may still take), nor, for room reclaimed, its quota."""
+        them), nor where its tenant would pass its limit or, for room reclaimed, its quota
+        (``_may_take``)."""
         mine = self.tenants.of(pod) if self.tenants.active else None
         busy = self.busy_gpus() or {}
         rooms = [
@@ -1366,14 +1381,9 @@ class Scheduler:
             and not busy.get(r.node)
             and (mine is None or self.tenants.of(r.pod) == mine)
         ]
-        left = self._limit_left(pod) if rooms and mine is not None else None
-        if left is not None:
-            rooms = [r for r in rooms if demand_of(pod) - demand_of(r.pod) <= left]
-        if mine is not None and any(demand_of(pod) > demand_of(r.pod) and self._reclaimed(r) for r in rooms):
-            # GPUs reclaimed for a tenant within its quota are not taken over past it: by a pod no
-            # larger than the one they were reclaimed for, or one within the quota.
-            within = self.tenants.rule(mine).quota - self.cache.tenant_usage(self.tenants, [pod.key]).get(mine, 0)
-            rooms = [r for r in rooms if demand_of(pod) - demand_of(r.pod) <= max(within, 0) or not self._reclaimed(r)]
+        if rooms and mine is not None:
+            may = self._may_take(pod)
+            rooms = [r for r in rooms if may(r, 0)]
         if not rooms:
             return None
         # One look with every such room free (a superset of what any one leaves), then the
@@ -1391,6 +1401,30 @@ class Scheduler:
             if state.pod_mask(pod)[i]:
                 return room, room.node, GPU_CHOICE.gpus(pod, state, i)
         return None
+
+    def _may_take(self, pod: Pod) -> Callable[[Room, int], bool]:
+        """Whether ``pod`` may take over a room held for a pod of its tenant (first), evicting
+        pods of its tenant whose demand adds up to the second: if it takes its tenant further,
+        within its limit, and for room reclaimed (``_reclaimed``), within its quota (GPUs
+        reclaimed for a tenant's guarantee are not borrowed past it)."""
+        mine = self.tenants.of(pod)
+        left = self._limit_left(pod)
+        within: list[int] = []  # what the quota still covers, once asked for
+
+        def may(room: Room, freed: int) -> bool:
+            more = demand_of(pod) - demand_of(room.pod) - freed
+            if more <= 0:
+                return True
+            if left is not None and more > left:
+                return False
+            if not self._reclaimed(room):
+                return True
+            if not within:
+                usage = self.cache.tenant_usage(self.tenants, [pod.key])
+                within.append(self.tenants.rule(mine).quota - usage.get(mine, 0))
+            return more <= within[0]
+
+        return may
 
     def _reclaimed(self, room: Room) -> bool:
         """Whether ``room`` holds GPUs reclaimed from other tenants: it was reclaimed (or taken
@@ -1451,14 +1485,7 @@ class Scheduler:
         looked: list[Pod] = []  # the pods a reclaim search looked for
         budgets: list[Budget] = []
         try:
-            for k, v in list(self.evicted_uncounted.items()):
-                if not self.cache.holds(k, v.uid):
-                    del self.evicted_uncounted[k]
-            budgets = [  # what was evicted here since their status was written is not in it yet
-                replace(b, allowed=b.allowed - sum(1 for v in self.evicted_uncounted.values() if b.covers(v)))
-                for b in self.budgets.values()
-            ]
-            budgets += gang_budgets(running)  # running gangs keep their minimum
+            budgets = self._budgets(running)
             if at_limit:
                 found = await asyncio.to_thread(
                     plan_at_limit,
@@ -1534,20 +1561,20 @@ class Scheduler:
         chosen = {pre.pod.key: pre for pre in found}
         evicting = False
         evicted = 0  # victims of the preemptions carried out
+        missed: list[tuple[Pod, Explanation | _Verdict]] = []  # pods the search found nothing for
         for p, e in pods:
             pre = chosen.get(p.key)
             if self.cache.holds(p.key, p.uid):  # bound by someone else during the search
                 self.queue.done(p.key)
                 continue
-            if pre is None and reclaim is not None and self.queue.current(p.key, p.uid):
-                assert isinstance(e, Explanation)
-                reclaim.append((p, e))  # the preemption search looks next
+            if pre is None and self.queue.current(p.key, p.uid):
+                missed.append((p, e))
                 continue
             if pre is None or not self.queue.current(p.key, p.uid):
                 self.tell_unschedulable(p, self._notes(p, e.message, batch), e.reason)
                 continue
             why = self._reclaim_note(pre) if reclaim is not None else ""
-            node = self._carry_out(pre, snap.cluster, why)
+            node = self._carry_out(pre, snap.cluster, why, reclaimed=reclaim is not None)
             evicting = evicting or bool(pre.victims)
             evicted += len(pre.victims)
             log.info(
@@ -1592,7 +1619,12 @@ class Scheduler:
                 continue
             chosen_group = [pre for pre in group if pre is not None]
             nodes = {
-                pre.pod.key: self._carry_out(pre, snap.cluster, self._reclaim_note(pre) if reclaim is not None else "")
+                pre.pod.key: self._carry_out(
+                    pre,
+                    snap.cluster,
+                    self._reclaim_note(pre) if reclaim is not None else "",
+                    reclaimed=reclaim is not None,
+                )
                 for pre in chosen_group
             }
             victims = [v for pre in chosen_group for v in pre.victims]
@@ -1625,6 +1657,16 @@ class Scheduler:
                 )
             for k, (p, message) in told.items():
                 self.tell_unschedulable(p, f"{message} {doing}", "Gang", nominated=nodes[k])
+        if missed and not at_limit:  # what rooms held for pods they outrank add (carried out above: no two share)
+            missed, more = self._through_rooms(missed, freeing, batch_id, reclaim is not None)
+            evicting = evicting or bool(more)
+            evicted += more
+        for p, e in missed:
+            if reclaim is not None:
+                assert isinstance(e, Explanation)
+                reclaim.append((p, e))  # the preemption search looks next
+            else:
+                self.tell_unschedulable(p, self._notes(p, e.message, batch), e.reason)
         if reclaim is not None:  # counted: the pods (and gang members) within their tenant's quota that looked
             self.metrics.reclaim(len(looked), evicted)
         elif at_limit:
@@ -1633,17 +1675,194 @@ class Scheduler:
             self.metrics.preemption(len(pods) + sum(map(len, gangs)), evicted)
         return evicting
 
-    def _carry_out(self, pre: Preemption, cluster: Cluster, why: str = "") -> str:
+    def _carry_out(
+        self,
+        pre: Preemption,
+        cluster: Cluster,
+        why: str = "",
+        *,
+        reclaimed: bool = False,
+        waits_for: Sequence[Pod] = (),
+    ) -> str:
         """Hold the room ``pre`` makes for its pod and start evicting its victims; its node.
-        ``why``: what the victims are told, when not priority (a reclaim)."""
+        ``why``: what the victims are told, when not priority; ``reclaimed``: the room is
+        reclaimed (``Room.reclaimed``); ``waits_for``: pods leaving already that the room waits
+        for too (those of a room it takes over)."""
         node = cluster.nodes[pre.node].name
         self.placed_here.add(pre.pod.key)
-        self.cache.nominate(pre.pod, node, pre.placement.gpus, [v.pod for v in pre.victims], reclaimed=bool(why))
+        victims = [v.pod for v in pre.victims]
+        self.cache.nominate(pre.pod, node, pre.placement.gpus, [*victims, *waits_for], reclaimed=reclaimed)
         covered = [v.pod for v in pre.victims if any(b.covers(v.pod) for b in self.budgets.values())]
         self.evicted_uncounted.update((v.key, v) for v in covered)
         for v in pre.victims:
             self.spawn(self._evict(v.pod, pre.pod, node, why), f"preempt:{v.pod.key}")
         return node
+
+    def _budgets(self, running: Sequence[Assignment]) -> list[Budget]:
+        """The disruption budgets as preemption counts them, beside ``running`` (the pods it may
+        evict): less what was evicted here since their status was written, and a budget per
+        running gang (``gang_budgets``)."""
+        for k, v in list(self.evicted_uncounted.items()):
+            if not self.cache.holds(k, v.uid):
+                del self.evicted_uncounted[k]
+        budgets = [  # what was evicted here since their status was written is not in it yet
+            replace(b, allowed=b.allowed - sum(1 for v in self.evicted_uncounted.values() if b.covers(v)))
+            for b in self.budgets.values()
+        ]
+        return budgets + gang_budgets(running)  # running gangs keep their minimum
+
+    def _through_rooms(
+        self, pods: list[tuple[Pod, _Why]], searched: Collection[str], batch_id: int, reclaim: bool
+    ) -> tuple[list[tuple[Pod, _Why]], int]:
+        """Of ``pods`` (pods alone a search found nothing for), those that find no room either by
+        taking over the room held for another pod, evicting pods beside it on its node where
+        that is needed, and how many pods the others evicted.  By priority, the room of a pod of
+        lower priority of its tenant (kube-scheduler counts a nominated pod only against pods of
+        no higher priority, and clears the nominations a preemption outranks); by ``reclaim``,
+        that of a pod of a tenant past its quota, as much of it as that tenant borrowed.  The
+        pod waits for the victims of the room and its own; the pod that held the room gives it
+        up, is told, and looks again.  Not the rooms of the pods of the search (``searched``)."""
+        took: set[str] = set()
+        evicted = 0
+        order = pods if reclaim else sorted(pods, key=lambda pe: -pe[0].priority)  # as each search takes them
+        for p, e in order:
+            live = self.is_leader and self.queue.current(p.key, p.uid) and not self.cache.holds(p.key, p.uid)
+            found = self._room_through(p, searched, reclaim) if live and p.preempts and p.gang is None else None
+            if found is None:
+                continue
+            took.add(p.key)
+            room, pre, cluster = found
+            lower, node = room.pod, room.node
+            self.cache.unnominate(lower.key)
+            why = self._reclaim_note(pre) if reclaim else ""
+            self._carry_out(
+                pre,
+                cluster,
+                why,
+                reclaimed=reclaim or self._reclaimed(room),
+                waits_for=[v.pod for v in room.victims],
+            )
+            evicted += len(pre.victims)
+            log.info(
+                "reclaim" if reclaim else "preempt",
+                batch_id=batch_id,
+                pod=p.key,
+                priority=p.priority,
+                node=node,
+                victims=[f"{v.pod.key}@{v.pod.priority}" for v in pre.victims],
+                violations=pre.violations,
+                room_of=lower.key,
+                **({"tenant": self.tenants.of(p)} if reclaim else {}),
+            )
+            if reclaim:
+                mine, lender = self.tenants.of(p), self.tenants.of(lower)
+                owners = ", ".join(sorted({self.tenants.of(v.pod) for v in pre.victims}))
+                beside = f", and the GPUs of {len(pre.victims)} pod(s) there from tenant(s) {owners}" if owners else ""
+                message = (
+                    f"{e.message} Reclaiming the room held on node {node} for pod {lower.key} of tenant {lender}"
+                    f"{beside}, past {'their' if owners else 'its'} quota: tenant {mine} is within its own."
+                )
+                said = (
+                    f"The room held for it on node {node} was reclaimed for pod {p.key} of tenant {mine}, within its "
+                    f"quota: tenant {lender} is past its own; it looks again."
+                )
+            else:
+                leaving = f", whose {len(room.victims)} preempted pod(s) are leaving" if room.victims else ""
+                taking = f"the room held there for pod {lower.key} of lower priority{leaving}."
+                doing = (
+                    f"Preempting {len(pre.victims)} pod(s) of lower priority on node {node}, and taking"
+                    if pre.victims
+                    else f"Taking, on node {node},"
+                )
+                message = f"{e.message} {doing} {taking}"
+                said = (
+                    f"The room held for it on node {node} was taken by pod {p.key}, of higher priority "
+                    f"({p.priority} > {lower.priority}); it looks again."
+                )
+            if self.queue.current(lower.key, lower.uid):
+                self._tell_room_lost(lower, said)
+            self.tell_unschedulable(p, message, e.reason, nominated=node)
+            if not pre.victims and not room.victims:  # its room is ready: bound there with the next batch
+                self._wake_one(p.key)
+        return [(p, e) for p, e in pods if p.key not in took], evicted
+
+    def _room_through(
+        self, pod: Pod, searched: Collection[str], reclaim: bool
+    ) -> tuple[Room, Preemption, Cluster] | None:
+        """``_through_rooms`` for ``pod``: the room it takes over, its preemption there (the least
+        harmful of all such rooms'), and the cluster it is placed in; None: no room takes it.
+        Not on a node with GPUs busy by utilisation, nor one being re-partitioned."""
+        tenants = self.tenants
+        mine = tenants.of(pod) if tenants.active else None
+        busy = self.busy_gpus() or {}
+        sealed = self.mig.sealed()
+        rooms = [
+            r
+            for r in self.cache.rooms()
+            if r.pod.gang is None and r.pod.key not in searched and not busy.get(r.node) and r.node not in sealed
+        ]
+        if not rooms:
+            return None
+        lent: dict[str, int] = {}
+        may: Callable[[Room, int], bool] | None = None
+        if reclaim:
+            assert mine is not None
+            usage = self.cache.tenant_usage(tenants, [pod.key])
+            room_left = self._limit_left(pod)
+            if usage.get(mine, 0) + demand_of(pod) > tenants.rule(mine).quota or (
+                room_left is not None and demand_of(pod) > room_left
+            ):
+                return None
+            lent = tenants.borrowed(usage)
+            rooms = [
+                r
+                for r in rooms
+                if (t := tenants.of(r.pod)) != mine
+                and r.pod.priority < tenants.reclaim_below
+                and 0 < demand_of(r.pod) <= lent.get(t, 0)
+            ]
+        else:
+            rooms = [r for r in rooms if r.pod.priority < pod.priority and (mine is None or tenants.of(r.pod) == mine)]
+            may = self._may_take(pod) if rooms and mine is not None else None
+        if not rooms:
+            return None
+        running = self.cache.preemptible()  # as placed in the snapshots below: taken together
+        budgets = self._budgets(running)
+        if mine is not None and reclaim:  # what it may evict, were every room it may take over taken
+            reach = reclaimable(running, tenants, lent, mine)
+        else:
+            reach = [
+                a for a in running if a.pod.priority < pod.priority and (mine is None or tenants.of(a.pod) == mine)
+            ]
+        keep = self._keep([pod])
+        # One look with all of them free, their victims and every pod it may evict gone (more
+        # than any one way leaves), then the rooms whose node passes it one at a time.
+        every = self.cache.snapshot(free=[r.pod.key for r in rooms] + [pod.key], sealed=sealed, **keep)
+        most = every.state.release([v for r in rooms for v in r.victims]).release(reach)
+        possible = most.fit_mask(pod.shape) if pod.affinity or pod.spread else most.pod_mask(pod)
+        best: tuple[tuple[int, int, int, int, float], Room, Preemption, Cluster] | None = None
+        for room in sorted(rooms, key=lambda r: (r.pod.priority, r.pod.key)):
+            i = every.cluster.index.get(room.node)
+            if i is None or not possible[i] or not every.cluster.could_take(pod, room.node):
+                continue
+            snap = self.cache.snapshot(free=[room.pod.key, pod.key], sealed=sealed, **keep)
+            state = snap.state.release(room.victims)
+            there = [a for a in reach if a.node == i]
+            if reclaim:
+                left = dict(lent)
+                left[tenants.of(room.pod)] -= demand_of(room.pod)
+                pre = reclaim_through_room(pod, state, there, i, tenants, left, budgets)
+            else:
+                pre = through_room(pod, state, there, i, budgets)
+                freed = sum(demand_of(v.pod) for v in pre.victims) if pre is not None else 0
+                if pre is not None and may is not None and not may(room, freed):
+                    pre = None
+            if pre is None or not _on_instances([pre], state):
+                continue
+            rank = harm(pre)
+            if best is None or rank < best[0]:
+                best = (rank, room, pre, snap.cluster)
+        return None if best is None else best[1:]
 
     def _reclaim_note(self, pre: Preemption) -> str:
         """What the victims of a reclaim are told."""

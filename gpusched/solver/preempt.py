@@ -56,8 +56,10 @@ __all__ = [
     "find_gang_preemption",
     "find_preemption",
     "gang_budgets",
+    "harm",
     "plan_preemptions",
     "still_standing",
+    "through_room",
 ]
 
 MIN_CANDIDATES = 100
@@ -259,6 +261,34 @@ def find_preemption(
             if best[0][4:] < (-latest[then], then):
                 break
     return None if best is None else best[1]
+
+
+def through_room(
+    pod: Pod,
+    state: ClusterState,
+    running: Sequence[Assignment],
+    node: int,
+    budgets: Sequence[Budget] = (),
+) -> Preemption | None:
+    """How ``pod`` fits on ``node`` taking over the room held there for another pod: ``state``
+    has that room free and the pods it waits for gone.  As things are then, evicting no one, or
+    else as ``find_preemption`` makes room there, evicting pods of ``running`` (``budgets``: as
+    for it); None when neither does."""
+    if state.pod_mask(pod)[node]:
+        return Preemption(Assignment(pod, node, GPU_CHOICE.gpus(pod, state, node)), ())
+    allowed = np.zeros(len(state.cluster), dtype=np.bool_)
+    allowed[node] = True
+    return find_preemption(pod, state, running, 1, budgets=budgets, allowed=allowed)
+
+
+def harm(pre: Preemption) -> tuple[int, int, int, int, float]:
+    """How much ``pre`` harms, as ``find_preemption`` weighs nodes (least first): protected
+    victims, the most important victim's priority, the sum of victim priorities each raised by
+    2^31, their number, then the latest start of its most important victims first.  Evicting
+    no one harms least."""
+    if not pre.victims:
+        return (0, -_SHIFT, 0, 0, -math.inf)
+    return _rank(pre.victims, pre.violations, pre.node)[:5]
 
 
 def _take_room(state: ClusterState, pre: Preemption, *, consume: bool = False) -> ClusterState:

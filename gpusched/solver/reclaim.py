@@ -38,9 +38,18 @@ from gpusched.solver.preempt import (
     find_gang_preemption,
     find_preemption,
     plan_preemptions,
+    through_room,
 )
 
-__all__ = ["at_limit_searched", "gang_reclaimers", "plan_at_limit", "plan_reclaims", "reclaimable", "reclaimers"]
+__all__ = [
+    "at_limit_searched",
+    "gang_reclaimers",
+    "plan_at_limit",
+    "plan_reclaims",
+    "reclaim_through_room",
+    "reclaimable",
+    "reclaimers",
+]
 
 _TOP = 2**31 - 1
 """The priority a pod reclaims at: every pod offered to it counts as below it."""
@@ -206,3 +215,21 @@ def plan_reclaims(
             left = _spend(pre, budgets, spent, left)
             state = _take_room(state, pre)
     return out
+
+
+def reclaim_through_room(
+    pod: Pod,
+    state: ClusterState,
+    running: Sequence[Assignment],
+    node: int,
+    tenants: Tenants,
+    room: Mapping[str, int],
+    budgets: Sequence[Budget] = (),
+) -> Preemption | None:
+    """``through_room`` for a pod within its tenant's quota that takes over the room held on
+    ``node`` for a pod of a tenant past its own: it evicts there, whatever their priority, only
+    the pods ``reclaimable`` offers it (``room``: what each tenant may still lose, the room
+    taken over counted already)."""
+    offered = reclaimable(running, tenants, room, tenants.of(pod))
+    found = through_room(replace(pod, priority=_TOP), state, offered, node, budgets)
+    return None if found is None else replace(found, placement=replace(found.placement, pod=pod))

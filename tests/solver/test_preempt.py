@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod
 from gpusched.model.affinity import PodAffinityTerm, Requirement
-from gpusched.solver.preempt import Budget, find_preemption, plan_preemptions
+from gpusched.solver.preempt import Budget, find_preemption, harm, plan_preemptions, through_room
 from gpusched.solver.validate import validate_plan
 from tests.factories import gpu_node, pod
 
@@ -388,3 +388,19 @@ def test_of_nodes_where_one_pod_of_the_lowest_priority_makes_room_the_one_whose_
     found = find_preemption(urgent(), state_of(c, placed), placed)
     assert found is not None
     assert (found.node, [v.pod.name for v in found.victims]) == (3, ["d-new"])
+
+
+def test_through_a_room_a_pod_fits_as_things_are_or_evicts_only_on_that_node() -> None:
+    """``state`` as the daemon gives it: the room taken over free, its victims gone."""
+    c = Cluster([gpu_node("a", gpus=2), gpu_node("b", gpus=2)])
+    placed = [running("low", 0, (0,), 0), running("lower", 1, (0, 1), -5)]
+    state = state_of(c, placed)
+    fits = through_room(urgent(), state, placed, 0)
+    assert fits is not None
+    assert (fits.node, fits.victims, fits.placement.gpus) == (0, (), (1,))
+    evicts = through_room(urgent(gpus=2), state, placed, 0)  # node b would harm less: not offered
+    assert evicts is not None
+    assert (evicts.node, [v.pod.name for v in evicts.victims]) == (0, ["low"])
+    check_room(state, evicts.victims, evicts.placement)
+    assert harm(fits) < harm(evicts)
+    assert through_room(urgent(gpus=2, priority=0), state, placed, 0) is None  # low is not below it
