@@ -229,6 +229,17 @@ def test_a_gang_preferring_one_rack_uses_the_fewest_racks() -> None:
     assert racks == {"r1", "r2"}
 
 
+def test_a_gang_preferring_one_rack_joins_its_running_members_rack() -> None:
+    """One member runs in r0 and r0 has room beside it: the new members go there, though a node
+    of r1 is fuller (packing alone would pick it)."""
+    cluster = Cluster([gpu8("a", "r0"), gpu8("b", "r0"), gpu8("c", "r1")])
+    state = used(used(cluster.empty_state(), 1, range(7)), 2, range(4))
+    wish = Gang("train", 1, "rack", "preferred", domain="r0", running=1)
+    eight = [Pod("t", 1000, 1024, 8, 1000)]  # typical pods: packing 2-GPU pods onto c looks good
+    plan = cpsat([member(f"m{i}", wish, gpus=2) for i in (1, 2)], state, typical=eight)
+    assert sorted(node for node, _ in where(plan).values()) == [0, 0]  # a, in r0
+
+
 def test_gang_module_places_all_or_none() -> None:
     cluster = Cluster([gpu8("a")])
     team = Gang("team", 2)

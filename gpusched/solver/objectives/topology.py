@@ -14,16 +14,29 @@ from gpusched.solver.vars import Vars
 
 def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_model.LinearExprT:
     """-island_spill * spilled pods - mig_partition * GPUs partitioned
-    - gang_domains * (domains used - 1) per preferring gang."""
+    - gang_domains * (domains used - 1) per preferring gang, or, for one whose members run in
+    a domain already, * the other domains used."""
     terms: list[cp_model.LinearExprT] = [-w.island_spill * s for s in v.spill.values()]
     terms.extend(-w.mig_partition * var for var in v.layout.values())
-    per_gang: dict[str, list[cp_model.IntVar]] = defaultdict(list)
-    for (name, _), d in v.domain.items():
-        per_gang[name].append(d)
+    held = _held(inst)
+    per_gang: dict[str, list[tuple[str, cp_model.IntVar]]] = defaultdict(list)
+    for (name, value), d in v.domain.items():
+        per_gang[name].append((value, d))
     for name, doms in per_gang.items():
-        if len(doms) > 1:
-            terms.append(-w.gang_domains * (sum(doms) - v.gang[name]))
+        if name in held:  # where its running members are is where the rest belong
+            terms.extend(-w.gang_domains * d for value, d in doms if value != held[name])
+        elif len(doms) > 1:
+            terms.append(-w.gang_domains * (sum(d for _, d in doms) - v.gang[name]))
     return sum(terms)
+
+
+def _held(inst: Instance) -> dict[str, str]:
+    """The domain of each gang of the batch that prefers one and has members running there."""
+    return {
+        g.gang.name: g.gang.domain
+        for g in inst.groups
+        if g.gang is not None and g.gang.topology == "preferred" and g.gang.domain
+    }
 
 
 def stake(inst: Instance, w: Weights) -> int:
@@ -36,5 +49,6 @@ def stake(inst: Instance, w: Weights) -> int:
         for p in g.pods:
             if p.gang is not None and p.gang.topology == "preferred":
                 members[p.gang.name] += 1
-    spans = sum(n - 1 for n in members.values())
+    held = _held(inst)
+    spans = sum(n if name in held else n - 1 for name, n in members.items())
     return w.island_spill * spills + w.mig_partition * slices + w.gang_domains * spans
