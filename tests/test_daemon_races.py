@@ -569,3 +569,18 @@ async def test_feature_discovery_stamping_a_node_each_minute_is_no_change_of_it(
     assert s.queue.counts().unschedulable == 1
     NodeHandler(s).apply("MODIFIED", stamped("1765100120"))
     assert s.queue.counts().unschedulable == 1  # not woken for nothing
+
+
+async def test_a_binding_withdrawn_because_its_node_went_away_places_the_pod_again_at_once() -> None:
+    s, answers = _scheduler(gpus=1)
+    NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    answers.results["default/a"] = (BindResult.WITHDRAWN, "node n0 is gone")
+    s._pending.apply("ADDED", member_pod("a"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert s.queue.counts().active == 1  # not backed off: no fault of the pod's
+    assert s.cache.snapshot().state.gpu_used.sum() == 0  # what it was to take is not held
+    answers.results.clear()
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert answers.bound == ["default/a", "default/a"]

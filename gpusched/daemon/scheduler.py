@@ -117,7 +117,12 @@ class Scheduler:
         self.claims = Claims()
         self.metrics = SchedulerMetrics()
         self.binder = Binder(
-            kube, self.identity, events=kube.sibling(), leading=lambda: self.is_leader, lead_left=self._lead_left
+            kube,
+            self.identity,
+            events=kube.sibling(),
+            leading=lambda: self.is_leader,
+            lead_left=self._lead_left,
+            node_known=lambda name: name in self.cache.nodes,
         )
         self._bind_slots = asyncio.Semaphore(bind_concurrency(settings.kube_qps))
         self.warm_connections = bind_concurrency(settings.kube_qps)
@@ -1950,12 +1955,17 @@ class Scheduler:
     async def _verdict_condition(self, pod: Pod, message: str, nominated: str | None) -> None:
         """The condition and nominated node, against what the pod shows when it is sent (not
         when the verdict was reached): not for a pod bound since, gone or replaced."""
-        record = self.queue.record(pod.key)
-        if self.cache.holds(pod.key, pod.uid) or (record is not None and record.uid != pod.uid):
+
+        def stands() -> bool:
+            record = self.queue.record(pod.key)
+            return not self.cache.holds(pod.key, pod.uid) and (record is None or record.uid == pod.uid)
+
+        if not stands():
             return
+        record = self.queue.record(pod.key)
         current = record.unschedulable if record is not None else None
         was = record.nominated if record is not None else None
-        await self.binder.unschedulable(pod, message, current, nominated, was)
+        await self.binder.unschedulable(pod, message, current, nominated, was, still=stands)
 
     async def _bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
         start = time.perf_counter()
@@ -2002,6 +2012,9 @@ class Scheduler:
             # flight, until the pod is read back or the watch shows where it went.
             self.metrics.bind_error("unknown")
             self.spawn(self._resolve(pod, node, gpus, why), f"resolve:{pod.key}")
+        elif result is BindResult.WITHDRAWN:  # its node went away before the Binding was sent
+            self.cache.forget(pod.key)
+            self.queue.requeue(pod.key)
         else:
             freed = self.cache.forget(pod.key)
             if result is BindResult.FAILED and self.queue.current(pod.key, pod.uid) and self._keeps_gang_room(pod):

@@ -62,6 +62,8 @@ class BindResult(enum.Enum):
     """Bound elsewhere by someone else."""
     FAILED = "failed"
     """Refused, or not written after retries; retry later."""
+    WITHDRAWN = "withdrawn"
+    """Not sent: its node went away first.  No fault of the pod's: placed again at once."""
     UNKNOWN = "unknown"
     """No answer, and the pod could not be read back: the Binding may have been written."""
 
@@ -159,8 +161,12 @@ class Binder:
         leading: Callable[[], bool] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         lead_left: Callable[[], float] | None = None,
+        node_known: Callable[[str], bool] | None = None,
     ) -> None:
         self.kube = kube
+        self.node_known = node_known
+        """Whether a node is still there (by the watch): a Binding to a node deleted since the
+        plan is not sent, since the API server would accept it and the pod be lost with the node."""
         self.sleep = sleep
         """How retries wait (tests record the waits instead)."""
         self.leading = leading
@@ -232,13 +238,21 @@ class Binder:
             "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
+        gone = False
+
+        def may() -> bool:  # before every attempt, and again once the rate limiter lets it go
+            nonlocal gone
+            gone = self.node_known is not None and not self.node_known(node)
+            return not gone and (self.leading is None or self.leading())
+
         try:
-            await self._retrying("POST", path, body, leading=self.leading, deadline=self.lead_left)
+            await self._retrying("POST", path, body, leading=may, deadline=self.lead_left)
             return BindResult.BOUND, ""
         except NotLeading as exc:
+            why = f"node {node} is gone" if gone else "no longer the leader"
             if exc.sent:  # an earlier attempt went out and got no answer: it may have been written
-                return await self.settle(pod, node, "no longer the leader after a Binding with no answer")
-            return BindResult.FAILED, "no longer the leader"
+                return await self.settle(pod, node, f"{why} after a Binding with no answer")
+            return (BindResult.WITHDRAWN if gone else BindResult.FAILED), why
         except ApiError as exc:
             if exc.status == 404:
                 return BindResult.GONE, exc.message
@@ -474,9 +488,12 @@ class Binder:
         current: str | None = None,
         nominated: str | None = None,
         current_nominated: str | None = None,
+        still: Callable[[], bool] | None = None,
     ) -> None:
         """``PodScheduled=False`` with reason ``Unschedulable``, as kube-scheduler sets it, and
         ``status.nominatedNodeName``: the node where the pod preempted others, or none.
+        ``still``: whether the verdict still stands, asked before every attempt (a retry waits
+        seconds, and the pod may have been bound meanwhile).
 
         ``current`` is the message of the condition the pod already has, if any, and
         ``current_nominated`` its ``nominatedNodeName``: the same message and node are not
@@ -497,10 +514,14 @@ class Binder:
                 body,
                 STRATEGIC_PATCH,
                 kube=self.events,  # a thousand pods found unschedulable must not make a Binding wait
-                leading=self.leading,  # the next leader's word on the pod is not to be overwritten
+                # The next leader's word on the pod is not to be overwritten, nor a pod bound since.
+                leading=lambda: (self.leading is None or self.leading()) and (still is None or still()),
             )
         except NotLeading:
-            log.info("condition not written: no longer the leader", pod=pod.key)
+            if still is not None and not still():
+                log.info("condition not written: the pod was bound or replaced since", pod=pod.key)
+            else:
+                log.info("condition not written: no longer the leader", pod=pod.key)
         except ApiError as exc:
             if _replaced(exc):
                 log.info("condition not written: pod replaced", pod=pod.key, uid=pod.uid)

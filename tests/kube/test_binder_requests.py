@@ -83,6 +83,51 @@ async def test_a_binding_queued_behind_the_rate_limit_is_not_sent_once_leadershi
     assert seen == []
 
 
+async def test_a_binding_queued_behind_the_rate_limit_is_not_sent_to_a_node_deleted_meanwhile(
+    server: tuple[Path, list[web.Response], list[str]],
+) -> None:
+    """The API server would accept it, and the pod be deleted with the node it never reached."""
+    kubeconfig, script, seen = server
+    script += [web.json_response({"kind": "Status", "status": "Success", "code": 201}, status=201)]
+    kube = await client.connect(kubeconfig, None, 2, 1)
+    nodes = {"n1"}
+    try:
+        binder = Binder(kube, "me", node_known=lambda name: name in nodes)
+        await kube.limiter.acquire()
+        bind = asyncio.create_task(binder.bind(pod("p", gpus=1), "n1", (0,)))
+        await asyncio.sleep(0.1)  # it passed the check and waits in the limiter
+        nodes.clear()  # the node is deleted meanwhile
+        result = await bind
+    finally:
+        await kube.close()
+    assert result == (BindResult.WITHDRAWN, "node n1 is gone")
+    assert seen == []
+
+
+async def test_a_condition_retried_after_the_pod_was_bound_is_not_sent_again(
+    server: tuple[Path, list[web.Response], list[str]],
+) -> None:
+    """The first attempt meets a 503; while the retry waits, the pod is bound: Unschedulable
+    must not land on a bound pod."""
+    kubeconfig, script, seen = server
+    script += [_status(503, "ServiceUnavailable", {"Retry-After": "1"}), web.json_response({"kind": "Status"})]
+    stands = True
+
+    async def bound_meanwhile(seconds: float) -> None:
+        nonlocal stands
+        stands = False
+
+    kube = await client.connect(kubeconfig, None, 1000, 1000)
+    try:
+        binder = Binder(kube, "me", sleep=bound_meanwhile)
+        with capture_logs() as logs:
+            await binder.unschedulable(replace(pod("p", gpus=1), uid="u"), "no GPU free", still=lambda: stands)
+    finally:
+        await kube.close()
+    assert seen == ["PATCH /api/v1/namespaces/default/pods/p/status"]
+    assert [e["event"] for e in logs] == ["condition not written: the pod was bound or replaced since"]
+
+
 async def test_unschedulable_verdicts_do_not_make_a_binding_wait_its_turn(
     server: tuple[Path, list[web.Response], list[str]],
 ) -> None:
