@@ -9,7 +9,7 @@ them, not through the ``ClusterState`` masks the policies prune with.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from gpusched.model import GPU_MILLI, Assignment, ClusterState, Node, Plan, Pod
 from gpusched.model.affinity import PodAffinityTerm, Spread, selects
@@ -311,16 +311,66 @@ def peer_order(assignments: Sequence[Assignment], state: ClusterState) -> tuple[
     """``assignments`` in an order that ``peer_problems`` accepts, as far as a greedy search finds
     one, and those it could not fit in (each pod in turn must pass its checks against the pods
     before it).  Pods without affinity or spread constraints go first (others may follow them or
-    count them) or, should that leave some stuck, last."""
+    count them) or, should that leave some stuck, last.  Should pods with affinity still be stuck,
+    the pods that may start a series (``_series_orders``) are tried first, one after another."""
     ruled = [a for a in assignments if a.pod.spread or a.pod.affinity]
     if not ruled:
         return list(assignments), []
     plain = [a for a in assignments if not (a.pod.spread or a.pod.affinity)]
-    first = _greedy_order(plain, ruled, state)
-    if not first[1]:
-        return first
-    last = _greedy_order([], ruled + plain, state)
-    return last if len(last[1]) < len(first[1]) else first
+    best = _greedy_order(plain, ruled, state)
+    if best[1]:
+        last = _greedy_order([], ruled + plain, state)
+        best = last if len(last[1]) < len(best[1]) else best
+    for order in _series_orders(ruled, assignments, state):
+        if not any(a.pod.affinity for a in best[1]):  # none stuck, or none a series may let in
+            break
+        for got in (_greedy_order(plain, order, state), _greedy_order([], order + plain, state)):
+            if len(got[1]) < len(best[1]):
+                best = got
+    return best
+
+
+_STARTS_TRIED = 8
+"""At most this many pods (of different rules or domains) are tried as the start of a series."""
+
+
+def _series_orders(
+    ruled: list[Assignment], assignments: Sequence[Assignment], state: ClusterState
+) -> Iterator[list[Assignment]]:
+    """``ruled`` with each pod that may start a series ahead of the rest in turn: pods whose
+    required affinity selects themselves while no pod it selects runs, so that the first of them
+    bound goes anywhere and the pods their terms select must then join it.  Those whose affinity
+    no other pod of the plan satisfies where they go come first (they must start), then those in
+    whose domains the most pods of the plan with affinity would find them."""
+    may_start = [a for a in ruled if a.pod.affinity and state.affinity_first(a.pod)]
+    if not may_start:
+        return
+    nodes = state.cluster.nodes
+    followers = [a for a in ruled if a.pod.affinity]
+
+    def lets_in(b: Assignment, a: Assignment, key: str) -> bool:
+        """``b``, bound before ``a``, gives ``a``'s affinity its domain of ``key``."""
+        there = nodes[b.node].labels.get(key)
+        return there is not None and there == nodes[a.node].labels.get(key) and b.pod.matches_all(a.pod.affinity)
+
+    def rank(a: Assignment) -> tuple[bool, int]:
+        keys = {t.topology_key for t in a.pod.affinity}
+        alone = not all(any(b is not a and lets_in(b, a, k) for b in assignments) for k in keys)
+        led = sum(1 for b in followers if b is not a and all(lets_in(a, b, t.topology_key) for t in b.pod.affinity))
+        return not alone, -led
+
+    keys = sorted({t.topology_key for a in may_start for t in a.pod.affinity})
+    ranked = sorted(may_start, key=rank)
+    others = [a for a in ruled if all(a is not b for b in may_start)]
+    seen: set[tuple[object, ...]] = set()
+    for a in ranked:
+        alike = (a.pod.affinity, a.pod.namespace, a.pod.labels, tuple(nodes[a.node].labels.get(k) for k in keys))
+        if alike in seen:
+            continue
+        seen.add(alike)
+        if len(seen) > _STARTS_TRIED:
+            return
+        yield [a] + [b for b in ranked if b is not a] + others
 
 
 def _greedy_order(

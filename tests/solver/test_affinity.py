@@ -9,6 +9,7 @@ import pytest
 
 from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
 from gpusched.model.affinity import PodAffinityTerm, Requirement
+from gpusched.model.pod import Gang
 from gpusched.solver.constraints import affinity, capacity, demand, whole_gpu
 from gpusched.solver.explain import explain
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
@@ -158,3 +159,37 @@ def test_a_series_is_not_stranded_in_a_small_domain_by_candidate_pruning() -> No
     series = [replace(pod(f"t-{i}", gpus=1), labels=(("app", "train"),), affinity=near("train")) for i in range(10)]
     plan = solve("cpsat", c, series, state)
     assert zone_of(c, plan) == {"big": 10}, plan.stats
+
+
+# A series whose terms use two keys: a and b (both app=a) follow app=a pods, a by zone, b by rack,
+# and none runs yet.  Each node has room for one of them.  kube-scheduler lets the first of them go
+# anywhere; the other must then find it in its own domain: a on n1 then b on n3 (rack r1), or b on
+# n2 then a on n3 (zone z0), and so on.  a and b on n1 and n2 is no plan: neither finds the other.
+TWO_KEYS = {"n1": ("z1", "r1"), "n2": ("z0", "r2"), "n3": ("z0", "r1")}
+
+
+def two_keys(order: str) -> tuple[Cluster, list[Pod]]:
+    nodes = [
+        replace(gpu_node(n, gpus=0, cpu=1000), labels={"zone": TWO_KEYS[n][0], "rack": TWO_KEYS[n][1]})
+        for n in order.split()
+    ]
+    g = Gang("g")
+    a, b = (
+        replace(pod(name, cpu=1000), labels=(("app", "a"),), gang=g, affinity=near("a", key))
+        for name, key in (("a", "zone"), ("b", "rack"))
+    )
+    return Cluster(nodes), [a, b]
+
+
+def test_peer_order_binds_first_the_pod_that_starts_a_series() -> None:
+    # a on n3 (z0, r1) and b on n2 (z0, r2): a bound first leaves b no pod in rack r2 to follow;
+    # b first goes anywhere, and a then finds it in zone z0.
+    c, (a, b) = two_keys("n1 n2 n3")
+    given = (Assignment(a, 2), Assignment(b, 1))
+    assert plan_problems(Plan(given, (), SolveStats("t")), c.empty_state()) == [
+        "pod default/b: required pod affinity forbids n2"
+    ]
+    ordered, stuck = peer_order(given, c.empty_state())
+    assert stuck == []
+    assert [x.pod.name for x in ordered] == ["b", "a"]
+    assert plan_problems(Plan(tuple(ordered), (), SolveStats("t")), c.empty_state()) == []
