@@ -114,6 +114,14 @@ def hint_from_plan(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
             any(x[ci] for ci in own) and not any(x[ci] for ci in theirs) for own, theirs in v.first_escapes.get(kv, ())
         )
         hinted.append((chosen, int(alone)))
+    started: dict[int, tuple[str | None, ...]] = {}  # the first pod of each series in the hint starts it
+    for a in inst.hint.assignments:
+        root = v.series.get(inst.group_index(a.pod))
+        if root is not None and root not in started:
+            labels = inst.state.cluster.nodes[a.node].labels
+            started[root] = tuple(labels.get(k) for k in v.starts[root][0])
+    for root, (_, starts) in v.starts.items():
+        hinted += [(s, int(started.get(root) == where)) for where, s in starts.items()]
     for used, cands in v.spread_in.values():
         hinted.append((used, int(any(x[ci] for ci in cands))))
     for low, terms in v.spread_low.values():

@@ -47,6 +47,13 @@ class Vars:
     )
     """(series, key, value) -> per group of the series that may also follow batch pods: its
     candidates there, and the candidates there of the pods it would follow."""
+    starts: dict[int, tuple[tuple[str, ...], dict[tuple[str | None, ...], cp_model.IntVar]]] = field(
+        default_factory=dict
+    )
+    """series whose terms use several keys -> (those keys, per the nodes' values of them where pods
+    of the series may go: the series starts on such a node, and its domains are that node's)."""
+    series: dict[int, int] = field(default_factory=dict)
+    """group -> its series, for the groups of the series in ``starts``."""
     follow: dict[tuple[int, str, str], tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
     """(group, key, value) -> (the group places pods in that domain, where no pod it follows runs
     yet, its candidates there)."""

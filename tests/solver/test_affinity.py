@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
+from ortools.sat.python import cp_model
 
 from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
 from gpusched.model.affinity import PodAffinityTerm, Requirement
@@ -16,6 +17,7 @@ from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import build_instance
 from gpusched.solver.registry import POLICIES
 from gpusched.solver.validate import peer_order, plan_problems
+from gpusched.solver.vars import Vars
 from tests.factories import gpu_node, place_checked, pod
 from tests.solver.test_constraints import Solved
 
@@ -179,6 +181,50 @@ def two_keys(order: str) -> tuple[Cluster, list[Pod]]:
         for name, key in (("a", "zone"), ("b", "rack"))
     )
     return Cluster(nodes), [a, b]
+
+
+@pytest.mark.parametrize("order", ["n1 n2 n3", "n3 n2 n1"])
+def test_a_series_over_two_keys_is_placed_whole_in_an_order_that_binds(order: str) -> None:
+    c, pods = two_keys(order)
+    plan = solve("cpsat", c, pods)  # its own plan, checked valid in the order given
+    assert sorted(a.pod.name for a in plan.assignments) == ["a", "b"], plan.stats
+    assert plan_problems(plan, c.empty_state(), pods) == []
+
+
+def test_affinity_module_starts_a_series_over_two_keys_on_one_node() -> None:
+    # The module allows exactly the placements of both that kube-scheduler binds in some order.
+    c, pods = two_keys("n3 n2 n1")
+    inst = build_instance(pods, c.empty_state(), FragScorer(c, TypicalPods.from_pods(pods)), Plan((), tuple(pods)), 24)
+    model = cp_model.CpModel()
+    v = Vars.create(inst, model)
+    for m in (demand, capacity, affinity):
+        m.build(inst, model, v)
+    model.add(sum(v.x.values()) == 2)
+    placements: list[tuple[Assignment, ...]] = []
+
+    class Each(cp_model.CpSolverSolutionCallback):
+        def on_solution_callback(self) -> None:
+            placements.append(
+                tuple(
+                    Assignment(inst.groups[cand.group].pods[0], cand.node)
+                    for ci, cand in enumerate(inst.candidates)
+                    if self.value(v.x[ci])
+                )
+            )
+
+    solver = cp_model.CpSolver()
+    solver.parameters.enumerate_all_solutions = True
+    solver.parameters.num_workers = 1
+    assert solver.solve(model, Each()) == cp_model.OPTIMAL
+    where = {tuple(sorted((a.pod.name, c.nodes[a.node].name) for a in p)) for p in placements}
+    assert where == {
+        (("a", "n1"), ("b", "n3")),
+        (("a", "n2"), ("b", "n3")),
+        (("a", "n3"), ("b", "n1")),
+        (("a", "n3"), ("b", "n2")),
+    }
+    for p in placements:
+        assert peer_order(p, c.empty_state())[1] == []
 
 
 def test_peer_order_binds_first_the_pod_that_starts_a_series() -> None:

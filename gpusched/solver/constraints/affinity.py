@@ -13,6 +13,9 @@ Two exceptions:
   every term's key).  Once one is placed the rest of the series must join it, so
   the groups of a series (those that select one another) share one such domain per
   key; a series that may also follow batch pods may use that domain without them.
+  When the series' terms use several keys, those domains are the ones of one node
+  where a pod of the series runs: that pod starts the series, and every later pod
+  finds it in its domain of each of its own keys, whichever key that is.
 """
 
 from __future__ import annotations
@@ -62,6 +65,36 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
                 v.first[root, key, value] = (chosen, v.first[root, key, value][1] + tuple(mine))
     for chosen_ones in by_series.values():
         model.add(sum(chosen_ones) <= 1)
+    for root in sorted(set(series.values())):
+        _one_start(inst, model, v, [gi for gi, r in series.items() if r == root], root)
+
+
+def _one_start(inst: Instance, model: cp_model.CpModel, v: Vars, members: list[int], root: int) -> None:
+    """For a series whose terms use several keys: its domain of every key is the one of a single
+    node where one of its pods is placed (that pod is bound first), not one chosen per key, which
+    may pair domains that no one pod reaches."""
+    keys = tuple(sorted({t.topology_key for gi in members for t in inst.groups[gi].shape.affinity}))
+    if len(keys) < 2:
+        return
+    nodes = inst.state.cluster.nodes
+    here: dict[tuple[str | None, ...], list[int]] = defaultdict(list)
+    for gi in members:
+        for ci in v.by_group[gi]:
+            labels = nodes[inst.candidates[ci].node].labels
+            here[tuple(labels.get(k) for k in keys)].append(ci)
+    starts: dict[tuple[str | None, ...], cp_model.IntVar] = {}
+    at: dict[tuple[str, str | None], list[cp_model.IntVar]] = defaultdict(list)
+    for n, (where, mine) in enumerate(here.items()):
+        start = starts[where] = model.new_bool_var(f"start{root}_{n}")
+        model.add(sum(v.x[ci] for ci in mine) >= start)
+        for key, value in zip(keys, where, strict=True):
+            at[key, value].append(start)
+    model.add(sum(starts.values()) <= 1)
+    for (r, key, value), (chosen, _) in v.first.items():
+        if r == root:
+            model.add(chosen <= sum(at.get((key, value), ())))
+    v.starts[root] = (keys, starts)
+    v.series.update(dict.fromkeys(members, root))
 
 
 def _series(inst: Instance, firsts: list[int]) -> dict[int, int]:
