@@ -286,3 +286,34 @@ def test_a_batch_placed_in_passes_shares_one_time_limit() -> None:
     assert policy.deadlines == sorted(policy.deadlines)
     assert policy.deadlines[-1] <= start + 2.0 + 0.5  # the last pass ends with the batch's limit
     assert policy.deadlines[0] - start <= 2.0 / 3 + 0.5  # the first its share: 2 of 6 pods
+
+
+async def test_a_pod_that_sets_off_a_defect_is_handled_alone_and_its_batchmates_are_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Drawn together again and again, every batch would raise: the pods of a batch that raised
+    are handled one at a time the next time, so the others get their verdict (here: no node has
+    their GPU model) and the culprit is told of an internal error, with a backoff of its own."""
+    real = daemon.explain
+
+    def explain(p: Pod, state: Any) -> Any:
+        if p.name == "bad":
+            raise ValueError("a defect")
+        return real(p, state)
+
+    monkeypatch.setattr(daemon, "explain", explain)
+    s, api = _scheduler(gpus=1)
+    s.queue.initial_backoff = s.queue.max_backoff = 0.05
+    s._leadership(True)
+    for name in ("bad", "other"):
+        s._pending.apply("ADDED", member_pod(name, models=("H100",)))
+    for _ in range(3):
+        await s.handle_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+        await settle(s)
+        if api.failed("default/other"):
+            break
+    assert api.failed("default/other")[-1].endswith("GPU model not accepted.")
+    assert api.failed("default/bad")[-1] == (
+        "internal error while placing it (ValueError('a defect')); tried again after a backoff"
+    )
+    assert "default/bad" in s.queue

@@ -132,6 +132,8 @@ class Scheduler:
         batch is bound as the greedy warm start places it, pod by pod, so its size changes no
         placement, only how long the binder waits for its first pod."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._crashed: dict[str, int] = {}
+        """Pods, by key, whose batch's handling raised, and how often: handled alone next time."""
         self.outbox = Outbox(workers=OUTBOX_WORKERS)
         """Verdicts' Events and conditions waiting for the Events client: one per pod and kind."""
         self._policy: Policy | None = None
@@ -523,12 +525,55 @@ class Scheduler:
                     self.queue.requeue(r.key)
                 await asyncio.sleep(0.1)  # the Lease lapsed and the step-down has yet to run
                 continue
+            await self.handle_batch(batch)
+
+    async def handle_batch(self, batch: list[PodRecord]) -> None:
+        """``schedule_batch`` for a batch drawn, in the parts ``_isolated`` makes of it; one
+        whose handling raises backs off (``_batch_failed``) rather than stop scheduling."""
+        for part in self._isolated(batch):
+            if not self.is_leader:  # stepped down between parts: the new leader places them
+                for r in part:
+                    self.queue.requeue(r.key)
+                continue
             try:
-                await self.schedule_batch(batch)
-            except Exception:  # a defect must not stop scheduling, nor lose the batch's pods
-                log.exception("batch failed", pods=[r.key for r in batch][:8], size=len(batch))
-                self.metrics.batch_failed()
-                self.queue.back_off_drawn(r.key for r in batch if not self.cache.holds(r.key, r.uid))
+                await self.schedule_batch(part)
+            except Exception as exc:  # a defect must not stop scheduling, nor lose the batch's pods
+                self._batch_failed(part, exc)
+            else:
+                for r in part:
+                    self._crashed.pop(r.key, None)
+
+    def _isolated(self, batch: list[PodRecord]) -> list[list[PodRecord]]:
+        """``batch`` in the parts it is handled in: each unit (a pod, or a gang's members) that
+        was in a batch whose handling raised alone, first, then the rest together; so a pod that
+        sets off a defect neither holds its batchmates back for ever nor goes untold."""
+        if len(batch) < 2 or not any(r.key in self._crashed for r in batch):
+            return [batch]
+        units: dict[str, list[PodRecord]] = defaultdict(list)
+        for r in batch:
+            units[r.pod.unit].append(r)
+        alone = [rs for rs in units.values() if any(r.key in self._crashed for r in rs)]
+        rest = [r for rs in units.values() if not any(r.key in self._crashed for r in rs) for r in rs]
+        return alone + ([rest] if rest else [])
+
+    def _batch_failed(self, part: list[PodRecord], exc: Exception) -> None:
+        """Handling ``part`` raised: its pods still drawn back off; a unit that raised alone is
+        told (an internal error is the scheduler's, and the log has the trace)."""
+        log.exception("batch failed", pods=[r.key for r in part][:8], size=len(part))
+        self.metrics.batch_failed()
+        drawn = [r for r in part if not self.cache.holds(r.key, r.uid)]
+        alone = len({r.pod.unit for r in part}) == 1
+        if len(self._crashed) > 10_000:  # pods long gone are forgotten
+            self._crashed.clear()
+        for r in part:
+            self._crashed[r.key] = self._crashed.get(r.key, 0) + 1
+        if alone:
+            message = f"internal error while placing it ({exc!r}); tried again after a backoff"
+            for r in drawn:
+                if self.queue.current(r.key, r.uid):
+                    self.metrics.unschedulable("InternalError")
+                    self._write_verdict(r.pod, message, None)
+        self.queue.back_off_drawn(r.key for r in drawn)
 
     async def keep_warm(self, every: float = 10.0) -> None:
         """While leading and no bind is in flight, hold a connection open per bind slot (``Kube.warm``), so
