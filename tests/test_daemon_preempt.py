@@ -45,7 +45,10 @@ class _Api(RecordingApi):
         current: str | None = None,
         nominated: str | None = None,
         current_nominated: str | None = None,
+        still: Callable[[], bool] | None = None,
     ) -> None:
+        if still is not None and not still():  # as the binder asks before it sends
+            return
         self.nominated[pod.key] = nominated
 
 
@@ -538,10 +541,12 @@ class _EchoApi(_Api):
         current: str | None = None,
         nominated: str | None = None,
         current_nominated: str | None = None,
+        still: Callable[[], bool] | None = None,
     ) -> None:
-        await super().unschedulable(pod, message, current, nominated, current_nominated)
+        await super().unschedulable(pod, message, current, nominated, current_nominated, still)
         if (
             not condition_changes(message, nominated, current, current_nominated)
+            or (still is not None and not still())
             or pod.key not in self.objects
             or self.scheduler is None
         ):
