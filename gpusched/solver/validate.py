@@ -321,8 +321,10 @@ def peer_order(assignments: Sequence[Assignment], state: ClusterState) -> tuple[
     if best[1]:
         last = _greedy_order([], ruled + plain, state)
         best = last if len(last[1]) < len(best[1]) else best
+    if not any(a.pod.affinity for a in best[1]):  # none stuck, or none a series may let in
+        return best
     for order in _series_orders(ruled, assignments, state):
-        if not any(a.pod.affinity for a in best[1]):  # none stuck, or none a series may let in
+        if not any(a.pod.affinity for a in best[1]):
             break
         for got in (_greedy_order(plain, order, state), _greedy_order([], order + plain, state)):
             if len(got[1]) < len(best[1]):

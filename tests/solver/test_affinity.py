@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -239,3 +240,20 @@ def test_peer_order_binds_first_the_pod_that_starts_a_series() -> None:
     assert stuck == []
     assert [x.pod.name for x in ordered] == ["b", "a"]
     assert plan_problems(Plan(tuple(ordered), (), SolveStats("t")), c.empty_state()) == []
+
+
+def test_peer_order_looks_for_a_series_start_only_when_a_pod_with_affinity_is_stuck(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ranking the pods that may start a series costs time on every solve with such pods: none
+    is needed when the plain order binds them all."""
+    from gpusched.solver import validate
+
+    def no(*_: object) -> Iterator[list[Assignment]]:
+        raise AssertionError("series starts ranked though nothing was stuck")
+
+    c, (a, b) = two_keys("n1 n2 n3")
+    monkeypatch.setattr(validate, "_series_orders", no)
+    ordered, stuck = peer_order((Assignment(b, 1), Assignment(a, 2)), c.empty_state())
+    assert stuck == []
+    assert [x.pod.name for x in ordered] == ["b", "a"]
