@@ -288,8 +288,9 @@ def test_a_batch_placed_in_passes_shares_one_time_limit() -> None:
     assert policy.deadlines[0] - start <= 2.0 / 3 + 0.5  # the first its share: 2 of 6 pods
 
 
+@pytest.mark.parametrize("others", [1, 9])  # handled alone, or halved until it is
 async def test_a_pod_that_sets_off_a_defect_is_handled_alone_and_its_batchmates_are_told(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, others: int
 ) -> None:
     """Drawn together again and again, every batch would raise: the pods of a batch that raised
     are handled one at a time the next time, so the others get their verdict (here: no node has
@@ -305,14 +306,16 @@ async def test_a_pod_that_sets_off_a_defect_is_handled_alone_and_its_batchmates_
     s, api = _scheduler(gpus=1)
     s.queue.initial_backoff = s.queue.max_backoff = 0.05
     s._leadership(True)
-    for name in ("bad", "other"):
+    names = ["bad", *(f"other{i}" for i in range(others))]
+    for name in names:
         s._pending.apply("ADDED", member_pod(name, models=("H100",)))
-    for _ in range(3):
+    for _ in range(8):
         await s.handle_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
         await settle(s)
-        if api.failed("default/other"):
+        if all(api.failed(f"default/{name}") for name in names):
             break
-    assert api.failed("default/other")[-1].endswith("GPU model not accepted.")
+    for name in names[1:]:
+        assert api.failed(f"default/{name}")[-1].endswith("GPU model not accepted."), name
     assert api.failed("default/bad")[-1] == (
         "internal error while placing it (ValueError('a defect')); tried again after a backoff"
     )

@@ -552,9 +552,14 @@ class Scheduler:
         units: dict[str, list[PodRecord]] = defaultdict(list)
         for r in batch:
             units[r.pod.unit].append(r)
-        alone = [rs for rs in units.values() if any(r.key in self._crashed for r in rs)]
+        suspects = [rs for rs in units.values() if any(r.key in self._crashed for r in rs)]
         rest = [r for rs in units.values() if not any(r.key in self._crashed for r in rs) for r in rs]
-        return alone + ([rest] if rest else [])
+        if len(suspects) > ISOLATED_UNITS:  # halves first, so that a large batch is not solved pod by pod
+            half = len(suspects) // 2
+            parts = [[r for rs in suspects[:half] for r in rs], [r for rs in suspects[half:] for r in rs]]
+        else:
+            parts = suspects
+        return parts + ([rest] if rest else [])
 
     def _batch_failed(self, part: list[PodRecord], exc: Exception) -> None:
         """Handling ``part`` raised: its pods still drawn back off; a unit that raised alone is
@@ -569,10 +574,11 @@ class Scheduler:
             self._crashed[r.key] = self._crashed.get(r.key, 0) + 1
         if alone:
             message = f"internal error while placing it ({exc!r}); tried again after a backoff"
-            for r in drawn:
-                if self.queue.current(r.key, r.uid):
+            for r in drawn:  # not those the batch told already (parked, or backed off)
+                if self.queue.in_flight(r.key) and self.queue.current(r.key, r.uid):
                     self.metrics.unschedulable("InternalError")
-                    self._write_verdict(r.pod, message, None)
+                    held = self.cache.nomination(r.key)  # room held for it stays, and says so
+                    self._write_verdict(r.pod, message, held[0] if held is not None else None)
         self.queue.back_off_drawn(r.key for r in drawn)
 
     async def keep_warm(self, every: float = 10.0) -> None:
@@ -2559,6 +2565,10 @@ def _same_offers(a: Cluster, b: Cluster) -> bool:
         x.name == y.name and x.labels == y.labels and same_offer(x, y) for x, y in zip(a.nodes, b.nodes, strict=True)
     )
 
+
+ISOLATED_UNITS = 4
+"""Units of a batch whose handling raised that the next batch handles one by one; more are
+handled in halves (which raise again, and are halved again, until the culprit is alone)."""
 
 PRIORITY_PASSES = 3
 """The most priority levels of one batch placed each in a pass of its own; the lowest levels

@@ -200,6 +200,10 @@ class SchedulingQueue:
             heapq.heappush(self._backoff_due, (ready, key))
             self._wake.set()
 
+    def in_flight(self, key: str) -> bool:
+        """Whether ``key`` is drawn and not yet bound, parked or backed off."""
+        return key in self._in_flight
+
     def back_off_drawn(self, keys: Iterable[str]) -> None:
         """Of ``keys`` (a batch whose handling failed), each still drawn backs off: none is lost,
         and a pod that sets off the failure is not drawn again in a tight loop."""
