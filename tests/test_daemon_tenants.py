@@ -676,3 +676,32 @@ async def test_room_held_for_a_tenant_past_its_quota_is_reclaimed_by_one_within_
             await batch(s)
     assert api.bound == ["a/a1"]
     assert api.evicted == ["b/blow"]
+
+
+async def test_a_pod_at_its_limit_takes_over_no_room_that_the_pods_admitted_beside_it_fill() -> None:
+    """Limit 4; the tenant holds 2 (r running, L's room while v leaves). A (2 GPUs) is admitted
+    and B (3 GPUs) is held back: B taking over L's room would add 2 more, past the limit once A
+    is bound too."""
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=4)
+    NodeHandler(s).apply("ADDED", kit.node("n1", 3, "A100"))
+    tenants(s, quotas={"a": {"limitGpus": 4}})
+    v = of("v", "a", 0, node="n0", gpu=0)
+    x = of("x", "c", 100, node="n0", gpu=1, gpus=3)
+    y = of("y", "c", 100, node="n1", gpu=1, gpus=2)
+    for o in (v, x, y, of("r", "a", 100, node="n1", gpu=0)):
+        s._bound.apply("ADDED", o)
+    s._pending.apply("ADDED", of("L", "a", 10))
+    await batch(s)
+    assert api.evicted == ["a/v"]
+    v["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
+    s._bound.apply("MODIFIED", v)
+    s._bound.apply("DELETED", x)
+    s._bound.apply("DELETED", y)
+    s._pending.apply("ADDED", of("B", "a", 50, gpus=3))
+    s._pending.apply("ADDED", of("A", "a", 5, gpus=2))
+    for _ in range(2):
+        if s.queue.counts().active:
+            await batch(s)
+    assert s.cache.tenant_usage(s.tenants, terminating=True)["a"] <= 4000
+    assert s.cache.nomination("a/B") is None

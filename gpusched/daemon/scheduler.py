@@ -830,7 +830,14 @@ class Scheduler:
                     alone.append((r.pod, _Verdict(over[r.key], "TenantLimit")))
             # A pod may take over the room held for a lower one of its tenant, within the limit,
             # before it looks for pods to preempt.
-            for p, verdict in self._take_over(alone, None):
+            # Within the limit beside the pods of this batch it admitted, which the solve places.
+            admitted_demand: Counter[str] = Counter()
+            for p in admitted:
+                admitted_demand[self.tenants.of(p)] += demand_of(p)
+            taking = self._take_over(alone, None, admitted_demand)
+            if len(taking) < len(alone):  # rooms taken over count toward the limit from now on
+                limit_usage = self._limit_usage(todo)
+            for p, verdict in taking:
                 if p.priority > lowest.get(self.tenants.of(p), p.priority):
                     at_limit.append((p, verdict))
                 else:  # nothing of its tenant below it to preempt
@@ -1363,17 +1370,20 @@ class Scheduler:
             return evicting
         return await self._preempt_for(pods, gangs, batch_id, batch) or evicting
 
-    def _take_over(self, pods: list[tuple[Pod, _Why]], batch: Snapshot | None) -> list[tuple[Pod, _Why]]:
+    def _take_over(
+        self, pods: list[tuple[Pod, _Why]], batch: Snapshot | None, beside: Mapping[str, int] | None = None
+    ) -> list[tuple[Pod, _Why]]:
         """Of ``pods``, those that do not take over room held for a pod of lower priority (not
         a gang's; of its own tenant, with tenants) while its victims leave: a pod that fits
         there, those victims gone, is nominated there in its place, evicting no one, and the
         pod of lower priority gives it up and looks again (kube-scheduler counts a nominated pod
         only against pods of no higher priority than its own, and clears the nominations it
-        outranks).  So may a pod its tenant's limit holds back, as ``_room_for`` keeps to it."""
+        outranks).  So may a pod its tenant's limit holds back, as ``_room_for`` keeps to it
+        (``beside``: GPU demand by tenant the batch admitted besides, held to the limit too)."""
         left: list[tuple[Pod, _Why]] = []
         for p, e in sorted(pods, key=lambda pe: -pe[0].priority):
             live = self.queue.current(p.key, p.uid) and not self.cache.holds(p.key, p.uid)
-            room = self._room_for(p) if live and p.preempts and p.gang is None and self.is_leader else None
+            room = self._room_for(p, beside) if live and p.preempts and p.gang is None and self.is_leader else None
             if room is None:
                 left.append((p, e))
                 continue
@@ -1419,7 +1429,7 @@ class Scheduler:
         """The pod ``key``, parked, looks again at once."""
         self.queue.move_all(lambda r: r.key == key)
 
-    def _room_for(self, pod: Pod) -> tuple[Room, str, tuple[int, ...]] | None:
+    def _room_for(self, pod: Pod, beside: Mapping[str, int] | None = None) -> tuple[Room, str, tuple[int, ...]] | None:
         """Room held for a pod of lower priority than ``pod`` that ``pod`` fits in once the
         victims it waits for are gone: the room (the lowest priority's first), its node and the
         GPUs ``pod`` would take there.  Not on a node with GPUs busy by utilisation (whose
@@ -1438,7 +1448,7 @@ class Scheduler:
             and (mine is None or self.tenants.of(r.pod) == mine)
         ]
         if rooms and mine is not None:
-            may = self._may_take(pod)
+            may = self._may_take(pod, beside)
             rooms = [r for r in rooms if may(r, 0)]
         if not rooms:
             return None
@@ -1458,13 +1468,15 @@ class Scheduler:
                 return room, room.node, GPU_CHOICE.gpus(pod, state, i)
         return None
 
-    def _may_take(self, pod: Pod) -> Callable[[Room, int], bool]:
+    def _may_take(self, pod: Pod, beside: Mapping[str, int] | None = None) -> Callable[[Room, int], bool]:
         """Whether ``pod`` may take over a room held for a pod of its tenant (first), evicting
         pods of its tenant whose demand adds up to the second: if it takes its tenant further,
         within its limit, and for room reclaimed (``_reclaimed``), within its quota (GPUs
         reclaimed for a tenant's guarantee are not borrowed past it)."""
         mine = self.tenants.of(pod)
         left = self._limit_left(pod)
+        if left is not None and beside:
+            left -= beside.get(mine, 0)
         within: list[int] = []  # what the quota still covers, once asked for
 
         def may(room: Room, freed: int) -> bool:
