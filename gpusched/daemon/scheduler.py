@@ -1793,7 +1793,7 @@ class Scheduler:
         took: set[str] = set()
         evicted = 0
         order = pods if reclaim else sorted(pods, key=lambda pe: -pe[0].priority)  # as each search takes them
-        for p, e in order:
+        for p, e in order[:ROOM_SEEKERS]:  # the rest look with the next batch
             live = self.is_leader and self.queue.current(p.key, p.uid) and not self.cache.holds(p.key, p.uid)
             found = self._room_through(p, searched, reclaim) if live and p.preempts and p.gang is None else None
             if found is None:
@@ -1906,16 +1906,26 @@ class Scheduler:
         # One look with all of them free, their victims and every pod it may evict gone (more
         # than any one way leaves), then the rooms whose node passes it one at a time.
         every = self.cache.snapshot(free=[r.pod.key for r in rooms] + [pod.key], sealed=sealed, **keep)
-        most = every.state.release([v for r in rooms for v in r.victims]).release(reach)
+        index = every.cluster.index
+        near: dict[int, list[Assignment]] = defaultdict(list)
+        for a in reach:
+            near[a.node].append(a)
+        # Only the rooms' nodes are looked at: only their own pods need be gone.
+        on_rooms = {i for r in rooms if (i := index.get(r.node)) is not None}
+        most = every.state.release([v for r in rooms for v in r.victims])
+        most = most.release([a for i in on_rooms for a in near.get(i, ())])
         possible = most.fit_mask(pod.shape) if pod.affinity or pod.spread else most.pod_mask(pod)
         best: tuple[tuple[int, int, int, int, float], Room, Preemption, Cluster] | None = None
-        for room in sorted(rooms, key=lambda r: (r.pod.priority, r.pod.key)):
-            i = every.cluster.index.get(room.node)
-            if i is None or not possible[i] or not every.cluster.could_take(pod, room.node):
-                continue
+        tried = [
+            r
+            for r in sorted(rooms, key=lambda r: (r.pod.priority, r.pod.key))
+            if (i := index.get(r.node)) is not None and possible[i] and every.cluster.could_take(pod, r.node)
+        ][:ROOMS_TRIED]
+        for room in tried:
+            i = index[room.node]
             snap = self.cache.snapshot(free=[room.pod.key, pod.key], sealed=sealed, **keep)
             state = snap.state.release(room.victims)
-            there = [a for a in reach if a.node == i]
+            there = near.get(i, [])
             if reclaim:
                 left = dict(lent)
                 left[tenants.of(room.pod)] -= demand_of(room.pod)
@@ -1930,6 +1940,8 @@ class Scheduler:
             rank = harm(pre)
             if best is None or rank < best[0]:
                 best = (rank, room, pre, snap.cluster)
+            if not pre.victims:  # no way harms less
+                break
         return None if best is None else best[1:]
 
     def _reclaim_note(self, pre: Preemption) -> str:
@@ -2577,6 +2589,13 @@ def _same_offers(a: Cluster, b: Cluster) -> bool:
         x.name == y.name and x.labels == y.labels and same_offer(x, y) for x, y in zip(a.nodes, b.nodes, strict=True)
     )
 
+
+ROOM_SEEKERS = 8
+"""Pods of one search (the most important first) that look at the rooms held for others: each
+look takes a snapshot per room, on the event loop, so a preemption wave is looked at in turns."""
+
+ROOMS_TRIED = 16
+"""Rooms held for others one pod tries (those of the lowest priority first)."""
 
 ISOLATED_UNITS = 4
 """Units of a batch whose handling raised that the next batch handles one by one; more are
