@@ -364,3 +364,10 @@ def test_names_in_the_answer_that_are_no_node_are_warned_about_once_until_they_c
     assert warned[:4] == [[], [(some, ["dcgm-exporter-x1"])], [], [(some, ["dcgm-exporter-x2"])]]
     (last,) = warned[4]
     assert last[0].startswith("no node of the utilisation answer is a node of the cluster")
+    # A node scaled down stays in the answer until its series age out: no exporter is at fault.
+    measured(s, {"n0": {0: 6.0}, "n1": {0: 6.0}})
+    told = s._check_node_names(told)
+    NodeHandler(s).apply("DELETED", kit.node("n1", 1, "A100"))
+    with capture_logs() as logs:
+        told = s._check_node_names(told)
+    assert [e for e in logs if e["log_level"] == "warning"] == []

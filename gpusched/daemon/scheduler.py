@@ -132,6 +132,9 @@ class Scheduler:
         batch is bound as the greedy warm start places it, pod by pod, so its size changes no
         placement, only how long the binder waits for its first pod."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self.nodes_gone: dict[str, float] = {}
+        """Nodes deleted lately, by name, and when (``time.monotonic``): the utilisation answer
+        may name them for minutes after, which is no misconfiguration."""
         self._crashed: dict[str, int] = {}
         """Pods, by key, whose batch's handling raised, and how often: handled alone next time."""
         self.outbox = Outbox(workers=OUTBOX_WORKERS)
@@ -2243,7 +2246,11 @@ class Scheduler:
         assert self.utilisation is not None
         assert self.utilisation.view is not None
         view, nodes = self.utilisation.view, self.cache.nodes
-        strangers = frozenset(view.strangers(nodes)) if nodes else frozenset()
+        clock = time.monotonic()
+        for name, at in list(self.nodes_gone.items()):
+            if clock - at > GONE_NODES_S or name in nodes:
+                del self.nodes_gone[name]
+        strangers = frozenset(n for n in view.strangers(nodes) if n not in self.nodes_gone) if nodes else frozenset()
         now = (strangers, view.names_none_of(nodes))
         if strangers and now != told:
             if now[1]:
@@ -2261,8 +2268,7 @@ class Scheduler:
                     label=self.utilisation.node_label,
                     names=len(strangers),
                     answered=sorted(strangers)[:3],
-                    fix="an exporter without NODE_NAME labels its GPUs with its pod's name: give it the node's "
-                    "(a node deleted in the last minutes is listed too, until its series age out)",
+                    fix="an exporter without NODE_NAME labels its GPUs with its pod's name: give it the node's",
                 )
         return now
 
@@ -2589,6 +2595,10 @@ def _same_offers(a: Cluster, b: Cluster) -> bool:
         x.name == y.name and x.labels == y.labels and same_offer(x, y) for x, y in zip(a.nodes, b.nodes, strict=True)
     )
 
+
+GONE_NODES_S = 600.0
+"""How long a deleted node's name in the utilisation answer is taken for its series ageing out
+(the default query averages two minutes) rather than for an exporter's wrong label."""
 
 ROOM_SEEKERS = 8
 """Pods of one search (the most important first) that look at the rooms held for others: each
