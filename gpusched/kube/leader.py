@@ -77,6 +77,9 @@ class LeaderElector:
         self.holder = ""
         self._observed: tuple[str, str] | None = None
         self._observed_at = 0.0
+        self._lost = False
+        """A renewal found the Lease held by another replica: the lead ends at once, not at the
+        renew deadline (two leaders would bind onto the same GPUs meanwhile)."""
 
     async def run(self) -> None:
         """Forever: acquire, renew while possible, step down when not."""
@@ -97,6 +100,13 @@ class LeaderElector:
                     sent = time.monotonic()
                     if await self._renew(self.renew_deadline - (sent - self.renewed_at)):
                         self.renewed_at = sent
+                    elif self._lost:
+                        log.warning(
+                            "leadership lost: the lease is held by another", lease=self.name, holder=self.holder
+                        )
+                        self._lost = False
+                        self._set(False)
+                        break
                     elif time.monotonic() - self.renewed_at >= self.renew_deadline:
                         log.warning("leadership lost: lease not renewed in time", lease=self.name)
                         self._set(False)
@@ -134,11 +144,25 @@ class LeaderElector:
             spec = lease.get("spec") or {}
             if spec.get("holderIdentity") != self.identity:
                 return
-            spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _micro_now()})
-            await self.kube.request("PUT", f"{self.path}/{self.name}", body=lease)
-            log.info("lease released", lease=self.name)
+            for attempt in range(2):  # a renewal sent just before may have moved it on: once more
+                if spec.get("holderIdentity") != self.identity:
+                    return
+                spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _micro_now()})
+                r = await self.kube.request("PUT", f"{self.path}/{self.name}", body=lease)
+                if r.ok:
+                    log.info("lease released", lease=self.name)
+                    return
+                if r.status != 409 or attempt:
+                    raise r.error()
+                lease = await self.kube.get(f"{self.path}/{self.name}")
+                spec = lease.get("spec") or {}
         except ApiError as exc:
-            log.warning("lease not released", lease=self.name, error=str(exc))
+            log.warning(
+                "lease not released; the other replicas take over once it runs out",
+                lease=self.name,
+                error=str(exc),
+                seconds=self.lease_duration,
+            )
 
     def _set(self, leader: bool) -> None:
         if leader != self.is_leader:
@@ -153,6 +177,16 @@ class LeaderElector:
         try:
             r = await self.kube.request("GET", f"{self.path}/{self.name}")
             if r.status == 404:
+                seen = self._observed
+                if (
+                    not self.is_leader
+                    and seen is not None
+                    and seen[0] not in ("", self.identity)
+                    and time.monotonic() < self._observed_at + self.lease_duration
+                ):
+                    # Deleted while another held it (kubectl delete lease, to force a hand-over):
+                    # that replica may lead until its lease would have run out; so wait as long.
+                    return False
                 body = {
                     "apiVersion": "coordination.k8s.io/v1",
                     "kind": "Lease",
@@ -160,7 +194,9 @@ class LeaderElector:
                     "spec": self._spec(now, now, 0),
                 }
                 c = await self.kube.request("POST", self.path, body=body)
-                return self._won(c.ok, c.status)
+                won = self._won(c.ok, c.status)
+                self._lost = self.is_leader and not won and c.status == 409  # another created it first
+                return won
             if not r.ok:
                 raise r.error()
             if not isinstance(r.body, dict):  # a proxy's page, say: as a failed request
@@ -173,6 +209,9 @@ class LeaderElector:
             if record != self._observed:
                 self._observed, self._observed_at = record, time.monotonic()
             self.holder = holder
+            if self.is_leader and holder and holder != self.identity:  # taken over: no leader any more
+                self._lost = True
+                return False
             duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
             if holder and holder != self.identity and time.monotonic() < self._observed_at + duration:
                 return False

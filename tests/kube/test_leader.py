@@ -411,3 +411,88 @@ def test_an_answer_that_is_not_a_lease_object_is_a_failed_try_not_the_end_of_the
     virtual_time.run(loop, main())
     assert api.gets > 3
     assert changes[:1] == [True]
+
+
+def test_a_leader_that_finds_its_lease_taken_steps_down_at_once(loop: VirtualTimeLoop) -> None:
+    """Another replica holds it now (it found the Lease deleted and made its own, or it was
+    edited): two leaders would bind onto the same GPUs until this one's renew deadline."""
+    store = HeldLease(alive=False)
+    store.lease["spec"].update({"holderIdentity": "", "leaseDurationSeconds": 1})
+    changes: list[tuple[bool, float]] = []
+
+    async def main() -> None:
+        task = asyncio.create_task(_elector(store, lambda leader: changes.append((leader, loop.time()))).run())
+        await asyncio.sleep(0.25)
+        store.lease["spec"]["holderIdentity"] = "other"
+        taken = loop.time()
+        await asyncio.sleep(1.0)
+        await _stop(task)
+        assert changes[-1][0] is False
+        assert changes[-1][1] <= taken + 0.1 + 1e-6  # at the next renewal, not the 0.6 s deadline
+
+    virtual_time.run(loop, main())
+    assert [c[0] for c in changes] == [True, False]
+
+
+class DeletedLease(HeldLease):
+    """Held and renewed by another replica until ``deleted_at`` (loop time), then deleted; the
+    first create after that wins."""
+
+    def __init__(self, deleted_at: float) -> None:
+        super().__init__(alive=True)
+        self.deleted_at = deleted_at
+        self.created: list[float] = []
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Response:
+        now = asyncio.get_running_loop().time()
+        if now >= self.deleted_at and not self.created:
+            if method == "GET":
+                return Response(404, {})
+            assert method == "POST", method
+            self.created.append(now)
+            self.lease = copy.deepcopy(body)
+            return Response(201, body)
+        return await super().request(method, path, body)
+
+
+def test_a_lease_deleted_while_another_held_it_is_created_only_once_that_one_has_stepped_down(
+    loop: VirtualTimeLoop,
+) -> None:
+    """kubectl delete lease forces a hand-over; the replica that held it may not have noticed
+    yet, so the others wait a lease duration from when they last saw it renewed."""
+    store = DeletedLease(deleted_at=1.0)
+
+    async def main() -> None:
+        start = loop.time()
+        store.deleted_at = start + 1.0
+        task = asyncio.create_task(_elector(store, lambda _: None).run())
+        await asyncio.sleep(4.0)
+        await _stop(task)
+        assert store.created, "never took over"
+        assert store.created[0] >= start + 1.0 - 0.1 + 1.5  # its last sighting of a renewal, plus 1.5 s
+
+    virtual_time.run(loop, main())
+
+
+def test_a_release_that_meets_a_renewal_written_just_before_it_is_tried_once_more(loop: VirtualTimeLoop) -> None:
+    store = HeldLease(alive=False)
+    store.lease["spec"]["holderIdentity"] = "me"
+    real = store.request
+    conflicts = 1
+
+    async def request(method: str, path: str, body: Any = None, **kw: Any) -> Response:
+        nonlocal conflicts
+        if method == "PUT" and body["spec"]["holderIdentity"] == "" and conflicts:
+            conflicts -= 1
+            return Response(409, {"kind": "Status", "code": 409, "reason": "Conflict", "message": "conflict"})
+        return await real(method, path, body, **kw)
+
+    store.request = request  # type: ignore[method-assign]
+
+    async def main() -> None:
+        elector = _elector(store, lambda _: None)
+        assert await elector._renew(0.6)
+        await elector.release()
+
+    virtual_time.run(loop, main())
+    assert store.lease["spec"]["holderIdentity"] == ""
