@@ -212,3 +212,26 @@ async def test_a_replica_whose_configmap_was_never_valid_does_not_try_for_the_le
     _edit(s, "{}\n", "2")
     await asyncio.wait_for(task, 5)
     assert tried == [True]
+
+
+def test_a_document_whose_applying_raised_is_applied_when_the_relist_offers_it_again() -> None:
+    """A handler that raises makes the watch relist, which brings the same resourceVersion: it
+    must not be skipped as seen, nor counted as applied the first time."""
+    applied: list[GpuschedConfig] = []
+    fail = True
+
+    def on_config(cfg: GpuschedConfig) -> None:
+        nonlocal fail
+        if fail:
+            fail = False
+            raise RuntimeError("a defect")
+        applied.append(cfg)
+
+    handler = ConfigMapHandler(NAMESPACE, NAME, on_config)
+    cm = _configmap("solver:\n  workers: 3\n", "7")
+    with pytest.raises(RuntimeError):
+        handler.apply("ADDED", cm)
+    assert not handler.accepted
+    handler.replace([cm])
+    assert [c.solver.workers for c in applied] == [3]
+    assert handler.accepted

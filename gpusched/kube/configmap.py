@@ -70,7 +70,6 @@ class ConfigMapHandler:
         rv = str(meta.get("resourceVersion", ""))
         if rv and rv == self.last_rv:
             return
-        self.last_rv = rv
         text = (obj.get("data") or {}).get(CONFIG_KEY)
         source = f"ConfigMap {self.namespace}/{self.name} key {CONFIG_KEY}"
         try:
@@ -78,6 +77,7 @@ class ConfigMapHandler:
                 raise ConfigError(f"{source}: key missing; put the solver document under {CONFIG_KEY}")
             cfg = load_config(text, source)
         except ConfigError as exc:
+            self.last_rv = rv
             self.rejected = str(exc)
             log.error(f"configuration rejected; {self.kept()}", error=str(exc), rv=rv)
             if self.on_result is not None:
@@ -92,9 +92,10 @@ class ConfigMapHandler:
                 }
                 self.spawn(self.on_rejected(involved, str(exc)), "config-event")
             return
+        self.on_config(cfg)  # should it raise, the relist that follows offers the document again
+        self.last_rv = rv
         self.rejected = ""
         self.accepted = True
         log.info("configuration applied", configmap=f"{self.namespace}/{self.name}", rv=rv)
         if self.on_result is not None:
             self.on_result(True)
-        self.on_config(cfg)
