@@ -574,6 +574,14 @@ class Cache:
         self._ensure_cluster()  # the GPUs of the rooms held there are picked as they are counted
         taken = {g for n in self._nominated.values() if n.held.node == node for g in n.held.gpus}
         freed = tuple(sorted({g for h in leaving for g in h.gpus} - taken))  # not another room's
+        record = self._nodes.get(node)
+        if pod.island and record is not None and pod.num_gpu > 1:  # within one island, where one has enough
+            islands = record.node.islands
+            within = [
+                [g for g in freed if g < len(islands) and islands[g] == i]
+                for i in sorted({islands[g] for g in freed if g < len(islands)})
+            ]
+            freed = next((tuple(gs) for gs in within if len(gs) >= pod.num_gpu), freed)
         self.nominate(pod, node, freed[: pod.num_gpu] if len(freed) >= pod.num_gpu else (), [h.pod for h in leaving])
         return True
 

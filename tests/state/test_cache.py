@@ -460,3 +460,16 @@ def test_room_held_for_a_preemptor_whose_victims_left_is_never_busy() -> None:
     snap = c.snapshot(free=["default/high"], busy={"a": {0, 1}})
     assert list(snap.state.gpu_used[0]) == [0, 1000]  # GPU 0 is the room; 1 is busy
     assert snap.busy == 1
+
+
+def test_room_adopted_for_a_pod_that_requires_one_island_is_held_within_one() -> None:
+    """A new leader holds room from nominatedNodeName on the GPUs the preempted pods free: for a
+    pod whose GPUs must share an island, on an island they free enough of."""
+    node = replace(gpu_node("a", gpus=4), gpu_islands=(0, 0, 1, 1))
+    c = cache_with(NodeRecord(node))
+    for i, g in enumerate((1, 2, 3)):
+        leaving = replace(pod(f"v{i}", gpus=1), uid=f"v{i}", terminating=True, preempted=True)
+        c.observe_pod(bound(leaving, "a", (g,)))
+    urgent = replace(pod("urgent", gpus=2), uid="u", priority=100, island="required")
+    assert c.adopt_nomination(urgent, "a")
+    assert c.nomination(urgent.key) == ("a", (2, 3), 3)
