@@ -194,8 +194,18 @@ def render_table(summaries: Sequence[Mapping[str, Any]], title: str | None = Non
         + "alloc: GPU allocation % at 100/130% arrived GPU demand"
         + (" (± std over seeds); " if spread else "; ")
         + ("paper: the FGD paper's published allocation at 130%; " if published else "")
-        + "idle: unallocated GPUs at 130%; frag: fragmented % of idle GPU at 70/90%; "
-        "p50/p99: solve time per batch",
+        + (
+            "the paper's figures are means of 10 seeds at batch 1 (--batch 1 --seeds 42-51 to compare); "
+            if published and summaries and (summaries[0].get("batch") != 1 or len(summaries[0].get("seeds") or ()) < 10)
+            else ""
+        )
+        + "idle: unallocated GPUs at 130%; frag: fragmented % of idle GPU at 70/90%"
+        + (
+            " (taken at the first batch to pass them, so it moves with --batch); "
+            if summaries and (summaries[0].get("batch") or 1) > 1
+            else "; "
+        )
+        + "p50/p99: solve time per batch",
     )
     table.add_column("policy", style="bold", no_wrap=True)
 

@@ -4,8 +4,11 @@
 pods from the trace, replays every (policy, seed) pair with the published
 protocol (``prepare_workload`` then ``replay``), and writes
 ``summary.json`` (one object per policy) and ``allocation.png`` into the
-output directory.  Runs can be spread over processes with ``jobs``; the
-result does not depend on it, since every run is deterministic per seed.
+output directory.  Runs can be spread over processes with ``jobs``.  The
+baselines are deterministic per seed, whatever ``jobs`` is.  CP-SAT is not
+quite: its workers race, and its solves stop at a wall-clock limit, so a busy
+machine (more jobs than cores, say) may end a search elsewhere; runs of one
+seed differ by a few tenths of a point (``solver.workers: 1`` narrows it).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import contextlib
 import json
 import math
 import multiprocessing
+import os
 import queue
 import re
 import time
@@ -290,6 +294,14 @@ def run_simulation(
         raise SimulationError(f"batch must be at least 1, got {batch}")
     if jobs < 1:
         raise SimulationError(f"jobs must be at least 1, got {jobs}")
+    cores = os.cpu_count() or 1
+    if jobs > cores:
+        log.warning(
+            "more jobs than cores: solve times, and CP-SAT's time-limited searches, suffer",
+            jobs=jobs,
+            cores=cores,
+            fix=f"--jobs {cores} or fewer",
+        )
     if not tune > 0:
         raise SimulationError(f"tune must be positive, got {tune}")
     if typical_source not in TYPICAL_SOURCES:

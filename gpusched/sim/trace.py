@@ -93,6 +93,10 @@ def csv_rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[st
         line, raw = got
         if not raw or all(not c.strip() for c in raw):
             continue
+        if any(c.strip() for c in raw[len(header) :]):  # a comma in a cell, unquoted, shifts the rest
+            raise TraceError(
+                path, line, None, f"{len(raw)} cells, but the header has {len(header)} (an unquoted comma in a cell?)"
+            )
         cells = raw + [""] * (len(header) - len(raw))
         yield line, {h: v.strip() for h, v in zip(header, cells, strict=False)}
 

@@ -270,3 +270,11 @@ def test_results_that_cannot_be_written_end_the_run_with_a_simulation_error(tmp_
     (tmp_path / "out" / "allocation.png").mkdir(parents=True)
     with pytest.raises(SimulationError, match=f"cannot write the results to {tmp_path / 'out'}: "):
         run_simulation(nodes, pods, ["bestfit"], 1, [42], 1.0, tmp_path / "out", progress=False)
+
+
+def test_a_row_with_more_cells_than_the_header_is_refused_with_its_line(tmp_path: Path) -> None:
+    """An unquoted comma in a model list would otherwise shorten it without a word."""
+    p = write(tmp_path, "pods.csv", POD_HEADER, "p0,1000,1024,1,1000,A100", "p1,1000,1024,1,1000,A100,V100")
+    expect_error(p, 3, None, "7 cells, but the header has 6 (an unquoted comma in a cell?)")
+    p = write(tmp_path, "pods.csv", POD_HEADER, "p0,1000,1024,1,1000,A100,,")  # empty ones are no harm
+    assert [q.name for q in read_pods(p)] == ["p0"]
