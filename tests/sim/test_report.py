@@ -126,6 +126,20 @@ def test_table_lists_every_policy() -> None:
     assert "95.50 ± 0.71" in text
     assert "paper" in text
     assert "95.39" in text
+    # Beside the paper's 10-seed, batch-1 figures, a 2-seed batch-4 run says it is not alike.
+    assert "the paper's figures are means of 10 seeds at batch 1" in " ".join(text.split())
+    assert "so it moves with --batch" in " ".join(text.split())
+
+
+def test_a_table_made_as_the_paper_made_its_figures_carries_no_warning() -> None:
+    runs = [run("fgd", seed, 95.0) for seed in range(42, 52)]
+    s = summarize(runs, total_gpus=616, trace="demo", published_alloc_130=95.39)
+    s["batch"] = 1
+    console = Console(width=200, record=True)
+    console.print(render_table([s]))
+    text = " ".join(console.export_text().split())
+    assert "the paper's figures are means" not in text
+    assert "moves with --batch" not in text
 
 
 def test_table_fits_a_narrow_terminal() -> None:
