@@ -82,6 +82,7 @@ class _Parser(argparse.ArgumentParser):
 def parse_seeds(text: str) -> list[int]:
     """``42-51``, ``42,43`` or a mix (``42-45,50``) as a list of distinct seeds, in order."""
     seeds: list[int] = []
+    known: set[int] = set()
     for item in text.split(","):
         part = item.strip()
         if not part:
@@ -98,8 +99,9 @@ def parse_seeds(text: str) -> list[int]:
             raise ValueError(f"range {part!r} runs backwards; write {hi}-{lo}")
         if hi - lo + 1 > MAX_SEEDS:
             raise ValueError(f"more than {MAX_SEEDS} seeds")
-        known = set(seeds)
-        seeds.extend(s for s in range(lo, hi + 1) if s not in known)
+        fresh = [s for s in range(lo, hi + 1) if s not in known]
+        seeds.extend(fresh)
+        known.update(fresh)
         if len(seeds) > MAX_SEEDS:
             raise ValueError(f"more than {MAX_SEEDS} seeds")
     return seeds

@@ -3,7 +3,6 @@ scheduler's books (cache, queue, claims, budgets, namespaces, MIG bookkeeping)."
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +58,7 @@ class NodeHandler:
         if kind == "DELETED":
             changed = self.s.cache.delete_node(name)
             self.s.mig.node_gone(name, deleted=True)
-            self.s.nodes_gone[name] = time.monotonic()  # its GPUs' series linger a few minutes
+            self.s.node_gone(name)
         else:
             rec = self._record(obj)
             changed = self.s.cache.delete_node(name) if rec is None else self.s.cache.upsert_node(rec)

@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Coroutine, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from gpusched.daemon.scheduler import Scheduler
+from gpusched.daemon.scheduler import Scheduler, count_running_members
 from gpusched.daemon.settings import BOUND_SELECTOR, SCHEDULER_NAME, DaemonSettings
 from gpusched.kube.client import Kube, connect
 from gpusched.kube.convert import (
@@ -24,10 +23,11 @@ from gpusched.kube.convert import (
     pod_record,
     volume_record,
 )
-from gpusched.metrics.cost import CostReport, Prices, cost_report, slices_of
+from gpusched.metrics.cost import CostReport, Prices, cost_report
 from gpusched.metrics.exporter import HealthServer
 from gpusched.metrics.source import UtilisationSource
 from gpusched.model import ClusterState
+from gpusched.model.node import slices_of
 from gpusched.solver.explain import explain, explain_gang, gang_fits
 from gpusched.state.cache import Cache
 from gpusched.state.records import PodRecord
@@ -173,7 +173,6 @@ async def explain_pod(
                 return "\n".join(lines), 1
         cache = await _read_books(kube, namespaces, lines)
         snap = cache.snapshot()
-        e = explain(rec.pod, snap.state)
         p = rec.pod
         if p.mig_profile:
             want = f"one MIG {p.mig_profile} slice"
@@ -195,6 +194,7 @@ async def explain_pod(
             if said and said[1] != answer:
                 lines.append(f"the scheduler says (unschedulable since {said[0]}): {said[1]}")
             return "\n".join(lines), 0 if fits else 1
+        e = explain(p, snap.state)
         if e.fits:
             mask = snap.state.pod_mask(p)
             fit = [snap.cluster.nodes[i].name for i in range(len(snap.cluster)) if mask[i]]
@@ -240,11 +240,10 @@ async def _gang_answer(
     disagree = gang_disagreements(members)
     if disagree:
         return disagree[gang.name], False
-    running, domain = books.gang_held({gang.name})[gang.name]
-    if running:
-        left = max(1, gang.min_members - running)
-        members = [replace(m, gang=replace(gang, min_members=left, domain=domain, running=running)) for m in members]
-    if len(members) >= (members[0].gang or gang).min_members and gang_fits(members, state):
+    members = count_running_members(members, books)  # as the scheduler counts them
+    counted = members[0].gang or gang
+    running = counted.running
+    if len(members) >= counted.min_members and gang_fits(members, state):
         if running:
             n = len(members)
             return (

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import structlog
 
 from gpusched.config import GpuschedConfig
@@ -135,8 +136,9 @@ class Scheduler:
         self.nodes_gone: dict[str, float] = {}
         """Nodes deleted lately, by name, and when (``time.monotonic``): the utilisation answer
         may name them for minutes after, which is no misconfiguration."""
-        self._crashed: dict[str, int] = {}
-        """Pods, by key, whose batch's handling raised, and how often: handled alone next time."""
+        self._mig_shares_of: tuple[Cluster, npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None
+        self._crashed: set[str] = set()
+        """Pods, by key, whose batch's handling raised: handled alone (or in halves) next time."""
         self.outbox = Outbox(workers=OUTBOX_WORKERS)
         """Verdicts' Events and conditions waiting for the Events client: one per pod and kind."""
         self._policy: Policy | None = None
@@ -544,7 +546,7 @@ class Scheduler:
                 self._batch_failed(part, exc)
             else:
                 for r in part:
-                    self._crashed.pop(r.key, None)
+                    self._crashed.discard(r.key)
 
     def _isolated(self, batch: list[PodRecord]) -> list[list[PodRecord]]:
         """``batch`` in the parts it is handled in: each unit (a pod, or a gang's members) that
@@ -573,8 +575,7 @@ class Scheduler:
         alone = len({r.pod.unit for r in part}) == 1
         if len(self._crashed) > 10_000:  # pods long gone are forgotten
             self._crashed.clear()
-        for r in part:
-            self._crashed[r.key] = self._crashed.get(r.key, 0) + 1
+        self._crashed.update(r.key for r in part)
         if alone:
             message = f"internal error while placing it ({exc!r}); tried again after a backoff"
             for r in drawn:  # not those the batch told already (parked, or backed off)
@@ -1094,23 +1095,7 @@ class Scheduler:
         )
 
     def _count_running_members(self, pods: list[Pod]) -> list[Pod]:
-        """Members of a gang already bound count toward its minimum, and hold it to their
-        topology domain: a member recreated after its gang started is placed on its own, beside
-        the rest."""
-        names = {p.gang.name for p in pods if p.gang is not None}
-        if not names:
-            return pods
-        held = self.cache.gang_held(names)
-        out = []
-        for p in pods:
-            g = p.gang
-            if g is not None and held[g.name][0]:
-                count, domain = held[g.name]
-                left = max(1, g.min_members - count)
-                out.append(replace(p, gang=replace(g, min_members=left, domain=domain, running=count)))
-            else:
-                out.append(p)
-        return out
+        return count_running_members(pods, self.cache)
 
     def _recheck(self, plan: Plan, snap: Snapshot, batch_id: int) -> Plan:
         """Events seen during the solve may have taken capacity: keep only what still fits."""
@@ -2432,8 +2417,7 @@ class Scheduler:
         cl, open_ = state.cluster, ~state.cluster.cordoned  # a cordoned node is no capacity to place on
         # GPUs in MIG mode count as the cost report counts them, a slice held as its part of one
         # (held twice, at most the node's).
-        mig = np.array([mig_gpus(node) for node in cl.nodes], dtype=np.float64)
-        part = np.array([gpu_fraction(p) for p in cl.mig_profiles], dtype=np.float64)
+        mig, part = self._mig_shares(cl)
         mig_held = np.minimum(state.mig @ part, mig) if part.size else np.zeros(len(cl), dtype=np.float64)
         gpus = float(cl.gpu_count[open_].sum() + mig[open_].sum())
         held = float(state.gpu_used[open_].sum()) / GPU_MILLI + float(mig_held[open_].sum())
@@ -2441,6 +2425,23 @@ class Scheduler:
         in_use = (state.gpu_used.sum(axis=1) > 0) | (state.mig.sum(axis=1) > 0)
         active = int((in_use & ((cl.gpu_count > 0) | cl.mig_cap.any(axis=1)) & open_).sum())
         self.metrics.set_cluster(gpus, alloc, frag, active)
+
+    def node_gone(self, name: str) -> None:
+        """``name`` was deleted: its GPUs' series linger in the utilisation answer a while."""
+        now = time.monotonic()
+        for gone, at in list(self.nodes_gone.items()):
+            if now - at > GONE_NODES_S:
+                del self.nodes_gone[gone]
+        self.nodes_gone[name] = now
+
+    def _mig_shares(self, cl: Cluster) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """Per node its GPUs in MIG mode (as the cost report counts them), per MIG profile of
+        ``cl`` its part of a GPU: once per node list, not per batch."""
+        if self._mig_shares_of is None or self._mig_shares_of[0] is not cl:
+            mig = np.array([mig_gpus(node) for node in cl.nodes], dtype=np.float64)
+            part = np.array([gpu_fraction(p) for p in cl.mig_profiles], dtype=np.float64)
+            self._mig_shares_of = (cl, mig, part)
+        return self._mig_shares_of[1], self._mig_shares_of[2]
 
     def _signal_metrics(self, state: ClusterState) -> None:
         """The autoscaling gauges and the GPUs kept free: from the books, at each scrape only
@@ -2569,6 +2570,26 @@ def _on_instances(found: list[Preemption], state: ClusterState) -> list[Preempti
             free[pre.node, col] -= 1
         out.append(pre)
     return [pre for pre in out if pre.pod.unit not in dropped]
+
+
+def count_running_members(pods: list[Pod], books: Cache) -> list[Pod]:
+    """Members of a gang already bound count toward its minimum, and hold it to their
+    topology domain: a member recreated after its gang started is placed on its own, beside
+    the rest."""
+    names = {p.gang.name for p in pods if p.gang is not None}
+    if not names:
+        return pods
+    held = books.gang_held(names)
+    out = []
+    for p in pods:
+        g = p.gang
+        if g is not None and held[g.name][0]:
+            count, domain = held[g.name]
+            left = max(1, g.min_members - count)
+            out.append(replace(p, gang=replace(g, min_members=left, domain=domain, running=count)))
+        else:
+            out.append(p)
+    return out
 
 
 def _renumbered(plan: Plan, old: Cluster, new: Cluster) -> Plan | str:

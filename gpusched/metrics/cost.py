@@ -36,7 +36,6 @@ __all__ = [
     "parse_prices",
     "render_report",
     "report_json",
-    "slices_of",
 ]
 
 
