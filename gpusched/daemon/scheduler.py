@@ -1633,16 +1633,7 @@ class Scheduler:
             node = self._carry_out(pre, snap.cluster, why, reclaimed=reclaim is not None)
             evicting = evicting or bool(pre.victims)
             evicted += len(pre.victims)
-            log.info(
-                "reclaim" if reclaim is not None else "preempt",
-                batch_id=batch_id,
-                pod=p.key,
-                priority=p.priority,
-                node=node,
-                victims=[f"{v.pod.key}@{v.pod.priority}" for v in pre.victims],
-                violations=pre.violations,
-                **({"tenant": self.tenants.of(p)} if reclaim is not None else {}),
-            )
+            self._log_carried_out(pre, node, batch_id, reclaim is not None)
             if reclaim is not None:
                 owners = sorted({self.tenants.of(v.pod) for v in pre.victims})
                 message = (
@@ -1754,6 +1745,20 @@ class Scheduler:
             self.spawn(self._evict(v.pod, pre.pod, node, why), f"preempt:{v.pod.key}")
         return node
 
+    def _log_carried_out(self, pre: Preemption, node: str, batch_id: int, reclaim: bool, **more: str) -> None:
+        """The one log line of a preemption (or reclaim) carried out."""
+        log.info(
+            "reclaim" if reclaim else "preempt",
+            batch_id=batch_id,
+            pod=pre.pod.key,
+            priority=pre.pod.priority,
+            node=node,
+            victims=[f"{v.pod.key}@{v.pod.priority}" for v in pre.victims],
+            violations=pre.violations,
+            **more,
+            **({"tenant": self.tenants.of(pre.pod)} if reclaim else {}),
+        )
+
     def _budgets(self, running: Sequence[Assignment]) -> list[Budget]:
         """The disruption budgets as preemption counts them, beside ``running`` (the pods it may
         evict): less what was evicted here since their status was written, and a budget per
@@ -1799,17 +1804,7 @@ class Scheduler:
                 waits_for=[v.pod for v in room.victims],
             )
             evicted += len(pre.victims)
-            log.info(
-                "reclaim" if reclaim else "preempt",
-                batch_id=batch_id,
-                pod=p.key,
-                priority=p.priority,
-                node=node,
-                victims=[f"{v.pod.key}@{v.pod.priority}" for v in pre.victims],
-                violations=pre.violations,
-                room_of=lower.key,
-                **({"tenant": self.tenants.of(p)} if reclaim else {}),
-            )
+            self._log_carried_out(pre, node, batch_id, reclaim, room_of=lower.key)
             if reclaim:
                 mine, lender = self.tenants.of(p), self.tenants.of(lower)
                 owners = ", ".join(sorted({self.tenants.of(v.pod) for v in pre.victims}))
