@@ -36,6 +36,17 @@ def gauge(s: Scheduler, prefix: str) -> list[str]:
     return [x for x in s.metrics.render()[0].decode().splitlines() if x.startswith(prefix)]
 
 
+async def _preempts(s: Scheduler, api: EvictingApi, preemptor: dict[str, Any], victim: dict[str, Any]) -> None:
+    """``preemptor`` comes and evicts ``victim`` (bound; the first pod evicted), which is then
+    seen leaving: room is held for it on the victim's node while it goes."""
+    s._pending.apply("ADDED", preemptor)
+    await batch(s)
+    meta = victim["metadata"]
+    assert api.evicted == [f"{meta['namespace']}/{meta['name']}"]
+    meta["deletionTimestamp"] = "2026-12-06T12:00:00Z"
+    s._bound.apply("MODIFIED", victim)
+
+
 async def test_a_tenant_at_its_limit_is_held_back_with_the_reason_and_woken_when_it_frees_gpus() -> None:
     api = RecordingApi()
     s = one_node_scheduler(api, gpus=5)
@@ -527,11 +538,7 @@ async def test_a_pod_takes_over_no_room_that_would_take_its_tenant_past_its_limi
     v = of("v", "a", 0, node="n0", gpu=0, gpus=2)
     s._bound.apply("ADDED", v)
     s._bound.apply("ADDED", of("bb", "b", 20, node="n1", gpu=0, gpus=2))
-    s._pending.apply("ADDED", of("low", "a", 10))
-    await batch(s)
-    assert api.evicted == ["a/v"]
-    v["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
-    s._bound.apply("MODIFIED", v)
+    await _preempts(s, api, of("low", "a", 10), v)
     NodeHandler(s).apply("ADDED", kit.node("n2", 2, "A100"))
     s._pending.apply("ADDED", of("p1", "a", 100, gpus=2))
     s._pending.apply("ADDED", of("p2", "a", 50, gpus=2))
@@ -579,11 +586,7 @@ async def test_a_pod_at_its_tenants_limit_takes_over_the_room_of_a_lower_pod_of_
     tenants(s, quotas={"a": {"limitGpus": 1}})
     low = of("low", "a", 0, node="n0", gpu=0)
     s._bound.apply("ADDED", low)
-    s._pending.apply("ADDED", of("mid", "a", 10))
-    await batch(s)
-    assert api.evicted == ["a/low"]
-    low["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
-    s._bound.apply("MODIFIED", low)
+    await _preempts(s, api, of("mid", "a", 10), low)
     s._pending.apply("ADDED", of("high", "a", 100))
     await batch(s)
     assert s.cache.nomination("a/high") == ("n0", (0,), 1)
@@ -609,11 +612,7 @@ async def test_a_pod_at_its_tenants_limit_takes_over_no_room_smaller_than_itself
     low = of("low", "a", 0, node="n0", gpu=0)
     s._bound.apply("ADDED", low)
     s._bound.apply("ADDED", of("other", "a", 200, node="n0", gpu=1))
-    s._pending.apply("ADDED", of("mid", "a", 10))
-    await batch(s)
-    assert api.evicted == ["a/low"]
-    low["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
-    s._bound.apply("MODIFIED", low)
+    await _preempts(s, api, of("mid", "a", 10), low)
     s._pending.apply("ADDED", of("high", "a", 100, gpus=2))  # 2 GPUs for mid's 1: a would hold 4 of 2
     await batch(s)
     assert s.cache.nomination("a/high") is None
@@ -652,11 +651,7 @@ async def test_room_held_for_a_tenant_past_its_quota_is_reclaimed_by_one_within_
     tenants(s, quotas={"a": {"quotaGpus": 1}})
     blow = of("blow", "b", 0, node="n0", gpu=0)
     s._bound.apply("ADDED", blow)
-    s._pending.apply("ADDED", of("bhigh", "b", 100))
-    await batch(s)
-    assert api.evicted == ["b/blow"]
-    blow["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
-    s._bound.apply("MODIFIED", blow)
+    await _preempts(s, api, of("bhigh", "b", 100), blow)
     s._pending.apply("ADDED", of("a1", "a", 0))
     await batch(s)
     assert api.evicted == ["b/blow"]
@@ -691,11 +686,7 @@ async def test_a_pod_at_its_limit_takes_over_no_room_that_the_pods_admitted_besi
     y = of("y", "c", 100, node="n1", gpu=1, gpus=2)
     for o in (v, x, y, of("r", "a", 100, node="n1", gpu=0)):
         s._bound.apply("ADDED", o)
-    s._pending.apply("ADDED", of("L", "a", 10))
-    await batch(s)
-    assert api.evicted == ["a/v"]
-    v["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
-    s._bound.apply("MODIFIED", v)
+    await _preempts(s, api, of("L", "a", 10), v)
     s._bound.apply("DELETED", x)
     s._bound.apply("DELETED", y)
     s._pending.apply("ADDED", of("B", "a", 50, gpus=3))
