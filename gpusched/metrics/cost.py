@@ -26,7 +26,7 @@ from rich.table import Table
 from gpusched.metrics.source import UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, Node, Pod
 from gpusched.model.mig import gpu_fraction, product_key
-from gpusched.model.node import slices_of
+from gpusched.model.node import booked_gpus, slices_of
 
 __all__ = [
     "CostReport",
@@ -206,15 +206,15 @@ def cost_report(
         # On a time-sliced node an advertised GPU is 1/slices of one, and the indices the books
         # number are slices, not the GPUs the view names: idle only when all its GPUs are.
         slices = slices_of(node)
-        physical = node.gpu_count // slices
-        all_idle = physical > 0 and set(range(physical)) <= set(idle.get(node.name, ()))
+        booked = booked_gpus(node, idle.get(node.name, ()))
+        all_idle = node.gpu_count > 0 and set(range(node.gpu_count)) <= booked
         for g in a.gpus:
             if g >= node.gpu_count:  # a GPU the node no longer offers
                 continue
             share = pod.gpu_milli / GPU_MILLI * min(1.0, GPU_MILLI / held[(a.node, g)]) / slices
             ns.gpus += share
             ns.per_hour += share * price
-            if all_idle if pod.key in guessed or slices > 1 else g in idle.get(node.name, ()):
+            if all_idle if pod.key in guessed else g in booked:
                 ns.idle_gpus += share
                 ns.idle_per_hour += share * price
     in_use = {n for n, g in held if g < cluster.nodes[n].gpu_count} | {
