@@ -8,7 +8,7 @@ it. That look runs on the event loop, so it must stay short on a large cluster. 
 books get N nodes of 8 GPUs, each running 4 two-GPU pods of priority 5; R of those pods are being
 preempted, each by a pod of priority 10 that holds room on its node.  Then ``--repeats`` pods of
 priority 100 asking for 8 GPUs (room nowhere, as things are) each look through the rooms
-(``Scheduler._room_through``, as the daemon calls it).  Prints one row per R and the JSON object
+(``Scheduler.rooms.room_through``, as the daemon calls it).  Prints one row per R and the JSON object
 with ``nodes``, ``pods`` and, per R, ``p50_ms``, ``p99_ms`` and ``found_pct``.
 """
 
@@ -71,7 +71,7 @@ def measure(nodes: int, rooms: int, repeats: int) -> dict[str, Any]:
             record = s.queue.record(f"default/big{k}")
             assert record is not None
             start = time.perf_counter()
-            got = s._room_through(record.pod, [record.pod.key], False)
+            got = s.rooms.room_through(record.pod, [record.pod.key], False)
             times.append((time.perf_counter() - start) * 1000)
             found += got is not None
         return {

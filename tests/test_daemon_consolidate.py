@@ -58,7 +58,7 @@ def two_nodes(api: object) -> Scheduler:
 
 
 async def round_of(s: Scheduler) -> int:
-    n = await s.consolidate()
+    n = await s.consolidator.round()
     await settle(s)
     return n
 
@@ -188,7 +188,7 @@ async def test_counters_say_what_was_evicted_not_what_was_planned() -> None:
 
 @pytest.mark.parametrize("meanwhile", ["a pod comes", "consolidation is turned off"])
 async def test_no_pod_is_evicted_when_things_change_during_the_plan(monkeypatch: Any, meanwhile: str) -> None:
-    from gpusched.daemon import scheduler as daemon
+    from gpusched.daemon import consolidation as daemon
 
     api = EvictionApi()
     s = two_nodes(api)
@@ -218,8 +218,8 @@ async def test_a_shorter_interval_counts_at_once_not_after_the_long_one() -> Non
         rounds.append(time.monotonic())
         return 0
 
-    s.consolidate = counted  # type: ignore[method-assign]
-    task = asyncio.create_task(s.consolidate_forever())
+    s.consolidator.round = counted  # type: ignore[method-assign]
+    task = asyncio.create_task(s.consolidator.forever())
     try:
         await asyncio.sleep(0.2)
         assert rounds == []
@@ -233,7 +233,7 @@ async def test_a_shorter_interval_counts_at_once_not_after_the_long_one() -> Non
 async def test_a_plan_the_cluster_outran_is_not_carried_out(monkeypatch: Any) -> None:
     # While the round plans (in a worker thread), a batch binds a pod to the room b0 was to
     # take on n0: the move no longer holds and nobody is evicted for it.
-    from gpusched.daemon import scheduler as daemon
+    from gpusched.daemon import consolidation as daemon
 
     api = EvictionApi()
     s = two_nodes(api)  # n0: a0, a1 on GPUs 0-1
@@ -268,7 +268,7 @@ async def test_a_node_left_half_emptied_is_not_chosen_again_at_once() -> None:
     assert api.evicted == ["default/b0"]
     s._bound.apply("DELETED", batch_pod("b0", "n1", 0))
     s._bound.apply("ADDED", batch_pod("b0-again", "n1", 0))  # its Job's new pod lands back on n1
-    s._awaiting.clear()
+    s.consolidator._awaiting.clear()
     await round_of(s)  # n0 may go to n1 now; n1 is not emptied again, round after round
     assert "default/b0-again" not in api.evicted, api.evicted
 

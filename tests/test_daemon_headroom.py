@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpusched.config import parse_config
-from gpusched.daemon import Scheduler
+from gpusched.daemon import Scheduler, preemption
 from gpusched.daemon import scheduler as daemon
 from gpusched.daemon.handlers import NodeHandler
 from gpusched.metrics.cost import Prices, cost_report
@@ -85,7 +85,7 @@ async def test_kept_gauge_does_not_count_busy_gpus_the_batch_cannot_keep() -> No
     s._pending.apply("ADDED", pod("low", 0))
     await batch(s)
     assert api.failed("default/low")  # no GPU was kept: both were busy
-    s._scrape()
+    s.gauges.refresh()
     assert gauge(s, "gpusched_gpus_kept_free") == 0.0
 
 
@@ -95,7 +95,7 @@ async def test_idle_node_signal_does_not_offer_the_headroom_to_the_autoscaler() 
     NodeHandler(s).apply("ADDED", kit.node("n1", 8, "A100"))
     s.set_config(parse_config({"headroom": {"gpus": 8, "priorityAtLeast": 1000}}))
     s._bound.apply("ADDED", pod("running", 0, node="n0"))
-    s._scrape()
+    s.gauges.refresh()
     # n1's 8 GPUs are the headroom: an autoscaler told 'n1 is idle, remove it' removes the headroom.
     assert gauge(s, "gpusched_gpus_kept_free") == 8.0
     assert gauge(s, "gpusched_gpu_nodes_idle") == 0.0
@@ -117,7 +117,7 @@ async def test_a_node_whose_mig_slices_are_in_use_is_not_reported_idle() -> None
     sliced["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"] = "1"
     s._bound.apply("ADDED", sliced)
     assert s.cache.holds("default/sliced", "uid-sliced")
-    s._scrape()
+    s.gauges.refresh()
     # 'm' runs a pod on a MIG slice: an autoscaler must not be told it can remove it.
     assert gauge(s, "gpusched_gpu_nodes_idle") == 0.0
 
@@ -140,7 +140,7 @@ async def test_a_pod_waiting_for_its_victims_is_no_demand_for_new_nodes() -> Non
     await batch(s)
     assert api.evicted == ["default/low"]
     assert s.cache.nomination("default/urgent") is not None  # room held on n0, its victim leaving
-    s._scrape()
+    s.gauges.refresh()
     assert gauge(s, "gpusched_unschedulable_gpu_demand") == 0.0
 
 
@@ -287,7 +287,7 @@ async def test_a_pod_refused_as_invalid_is_no_demand_for_new_nodes() -> None:
     s._pending.apply("ADDED", bad)
     await batch(s)
     assert api.reasons("default/bad") == ["FailedScheduling"]
-    s._scrape()
+    s.gauges.refresh()
     assert gauge(s, "gpusched_unschedulable_gpu_demand") == 0.0
 
 
@@ -429,13 +429,13 @@ def _high_search(monkeypatch: pytest.MonkeyPatch, meanwhile: Callable[[Scheduler
     s._bound.apply("ADDED", pod("v", 0, node="n0", gpu=0))
     s._pending.apply("ADDED", pod("critical", 1000, gpus=2))
     s._pending.apply("ADDED", pod("mid", 500))
-    real = daemon.plan_preemptions
+    real = preemption.plan_preemptions
 
     def search(*args: Any, **kw: Any) -> Any:
         meanwhile(s)
         return real(*args, **kw)
 
-    monkeypatch.setattr(daemon, "plan_preemptions", search)
+    monkeypatch.setattr(preemption, "plan_preemptions", search)
     return api, s
 
 
@@ -483,7 +483,7 @@ async def test_the_idle_gauge_reads_mig_nodes_by_the_rule_the_busy_one_does() ->
     s._bound.apply("ADDED", pod("train", 0, node="m", gpu=0))
     # nvidia-smi numbers the MIG GPU 0 and the whole one 1: the pod's GPU is saturated.
     measured(s, {"m": {0: 0.0, 1: 100.0}})
-    s._scrape()
+    s.gauges.refresh()
     assert gauge(s, "gpusched_gpus_busy") == 0.0  # MIG node: not read for busy (indices differ)
     assert gauge(s, "gpusched_gpus_allocated_idle") == 0.0  # ... but read for idle
 
@@ -528,10 +528,10 @@ async def test_the_demand_gauge_holds_while_a_change_draws_the_waiting_pods_agai
         "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1"}]
     }
     s._pending.apply("MODIFIED", told)
-    s._scrape()
+    s.gauges.refresh()
     assert gauge(s, "gpusched_unschedulable_gpu_demand") == 4.0
     s.queue.move_all()
-    s._scrape()
+    s.gauges.refresh()
     assert gauge(s, "gpusched_unschedulable_gpu_demand") == 4.0
 
 
@@ -543,12 +543,12 @@ async def test_a_gang_short_of_its_minimum_is_no_demand_for_new_nodes() -> None:
     lone = member_pod("m0", gang="g")  # one of at least 2: no room would place it alone
     s._pending.apply("ADDED", lone)
     await batch(s)
-    s._scrape()
+    s.gauges.refresh()
     assert gauge(s, "gpusched_unschedulable_gpu_demand") == 0.0
     s._pending.apply("ADDED", member_pod("m1", gang="g"))
     s._pending.apply("ADDED", member_pod("m2", gang="g"))
     await batch(s)  # three members, one GPU: they wait for a node with room for all
-    s._scrape()
+    s.gauges.refresh()
     assert gauge(s, "gpusched_unschedulable_gpu_demand") == 3.0
 
 
@@ -562,7 +562,7 @@ async def test_a_pod_waiting_for_its_volume_is_no_demand_for_new_nodes() -> None
     s._pending.apply("ADDED", pod("fits-nowhere", 0, gpus=1))
     await batch(s)
     assert api.reasons("default/waits") == ["FailedScheduling"], "told why it waits"
-    s._scrape()
+    s.gauges.refresh()
     # Only the pod without a claim asks for a GPU: a new node would not start the other before
     # its claim is bound to a volume.
     assert gauge(s, "gpusched_unschedulable_gpu_demand") == 1.0
@@ -575,11 +575,11 @@ async def test_a_low_pod_created_again_during_the_high_search_is_drawn_again(mon
         again["metadata"]["uid"] = "uid-mid-2"
         s._pending.apply("ADDED", again)
 
-    real = daemon.plan_preemptions
+    real = preemption.plan_preemptions
     _, s = _high_search(monkeypatch, created_again)
     await batch(s)
     assert s.queue.counts().in_flight == 0, "the old pod's draw was never settled"
-    monkeypatch.setattr(daemon, "plan_preemptions", real)
+    monkeypatch.setattr(preemption, "plan_preemptions", real)
     drawn = await asyncio.wait_for(s.queue.next_batch(), 10)
     assert [(r.key, r.uid) for r in drawn] == [("default/mid", "uid-mid-2")]
 

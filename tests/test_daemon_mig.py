@@ -660,7 +660,7 @@ async def test_autoscaling_signals_neither_ask_for_nodes_for_pods_waiting_for_a_
     s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
     await batch(s)
     assert "n" in s.mig.jobs
-    s._scrape()
+    s.gauges.refresh()
     text = s.metrics.render()[0].decode()
     assert "gpusched_unschedulable_gpu_demand 0.0" in text, "a pod about to be placed is no demand for a new node"
     assert "gpusched_gpu_nodes_idle 0.0" in text, "a node being re-partitioned is not idle, to be removed"
@@ -806,7 +806,7 @@ async def test_gang_members_waiting_beside_a_layout_are_no_demand() -> None:
     await batch(s)
     assert "n" in s.mig.jobs, s.mig.jobs
     told = api.failed("default/g1")
-    s._scrape()
+    s.gauges.refresh()
     text = s.metrics.render()[0].decode()
     stop(s)
     gauges = ("gpusched_unschedulable_gpu_demand", "gpusched_gpu_nodes_idle")

@@ -208,10 +208,10 @@ async def test_the_idle_gauge_does_not_trust_the_books_guess_of_a_pods_gpu() -> 
     other["metadata"].update({"namespace": "research", "uid": "u1"})
     s._bound.apply("ADDED", other)
     measured(s, {"n0": {0: 0.0, 1: 100.0}})  # the books guess GPU 0; it may well be on GPU 1, saturated
-    s._scrape()
+    s.gauges.refresh()
     assert gauge(s, "gpusched_gpus_allocated_idle") == 0.0
     measured(s, {"n0": {0: 0.0, 1: 1.0}})  # both idle: whichever it has is idle
-    s._scrape()
+    s.gauges.refresh()
     assert gauge(s, "gpusched_gpus_allocated_idle") == 1.0
 
 
@@ -220,15 +220,15 @@ async def test_with_no_answer_young_enough_to_use_the_utilisation_gauges_say_not
     s = one_node_scheduler(RecordingApi(), gpus=2)
     s._bound.apply("ADDED", pod("train", node="n0"))
     s.utilisation = UtilisationSource("http://prometheus.invalid:9090")
-    s._scrape()  # before the first answer
+    s.gauges.refresh()  # before the first answer
     assert math.isnan(gauge(s, "gpusched_gpus_busy"))
     assert math.isnan(gauge(s, "gpusched_gpus_allocated_idle"))
     measured(s, {"n0": {0: 0.0, 1: 99.0}})
-    s._scrape()
+    s.gauges.refresh()
     assert (gauge(s, "gpusched_gpus_busy"), gauge(s, "gpusched_gpus_allocated_idle")) == (1.0, 1.0)
     too_old = s.config.utilisation.max_age_seconds + 60
     s.utilisation.view = UtilisationView(time.monotonic() - too_old, {"n0": {0: 0.0, 1: 99.0}})
-    s._scrape()
+    s.gauges.refresh()
     assert gauge(s, "gpusched_utilisation_age_seconds") >= too_old
     assert math.isnan(gauge(s, "gpusched_gpus_busy"))
     assert math.isnan(gauge(s, "gpusched_gpus_allocated_idle"))
@@ -248,17 +248,17 @@ async def test_on_a_time_sliced_node_a_gpu_is_busy_or_idle_in_all_its_slices() -
     for k in (4, 5, 6, 7):
         s._bound.apply("ADDED", pod(f"w{k}", node="n0", gpu=k))
     measured(s, {"n0": {0: 0.0, 1: 0.0}})
-    s._scrape()
+    s.gauges.refresh()
     assert gauge(s, "gpusched_gpus_allocated_idle") == 4.0  # every slice held is on an idle GPU
     assert gauge(s, "gpusched_gpus_busy") == 0.0
     measured(s, {"n0": {0: 100.0, 1: 100.0}})
-    s._scrape()
+    s.gauges.refresh()
     assert gauge(s, "gpusched_gpus_busy") == 4.0  # the four slices with room: on a saturated GPU
     assert gauge(s, "gpusched_gpus_allocated_idle") == 0.0
     # One busy, one idle: which slice runs on which GPU is the device plugin's choice, so a
     # slice is neither known busy nor known idle.
     measured(s, {"n0": {0: 100.0, 1: 0.0}})
-    s._scrape()
+    s.gauges.refresh()
     assert (gauge(s, "gpusched_gpus_busy"), gauge(s, "gpusched_gpus_allocated_idle")) == (0.0, 0.0)
 
 
@@ -358,7 +358,7 @@ def test_names_in_the_answer_that_are_no_node_are_warned_about_once_until_they_c
     ):
         measured(s, answer)
         with capture_logs() as logs:
-            told = s._check_node_names(told)
+            told = s.gauges.check_node_names(told)
         warned.append([(e["event"], e.get("answered")) for e in logs if e["log_level"] == "warning"])
     some = "names in the utilisation answer are no node of the cluster; their GPUs count as neither busy nor idle"
     assert warned[:4] == [[], [(some, ["dcgm-exporter-x1"])], [], [(some, ["dcgm-exporter-x2"])]]
@@ -366,8 +366,8 @@ def test_names_in_the_answer_that_are_no_node_are_warned_about_once_until_they_c
     assert last[0].startswith("no node of the utilisation answer is a node of the cluster")
     # A node scaled down stays in the answer until its series age out: no exporter is at fault.
     measured(s, {"n0": {0: 6.0}, "n1": {0: 6.0}})
-    told = s._check_node_names(told)
+    told = s.gauges.check_node_names(told)
     NodeHandler(s).apply("DELETED", kit.node("n1", 1, "A100"))
     with capture_logs() as logs:
-        told = s._check_node_names(told)
+        told = s.gauges.check_node_names(told)
     assert [e for e in logs if e["log_level"] == "warning"] == []

@@ -58,7 +58,7 @@ class NodeHandler:
         if kind == "DELETED":
             changed = self.s.cache.delete_node(name)
             self.s.mig.node_gone(name, deleted=True)
-            self.s.node_gone(name)
+            self.s.gauges.node_gone(name)
         else:
             rec = self._record(obj)
             changed = self.s.cache.delete_node(name) if rec is None else self.s.cache.upsert_node(rec)
@@ -201,7 +201,7 @@ class PendingHandler:
             self._drop(rec.key)
         else:
             self.s.queue.add(rec)
-            self.s.follow_nomination(rec.pod, rec.nominated)
+            self.s.rooms.follow_nomination(rec.pod, rec.nominated)
 
     def _drop(self, key: str) -> None:
         self.s.placed_here.discard(key)

@@ -73,7 +73,7 @@ async def run_daemon(settings: DaemonSettings) -> int:
     named = {f"watch-{k}": v for k, v in named.items()}
     named["schedule"] = sched.schedule_forever()
     named["keep-warm"] = sched.keep_warm()
-    named["consolidate"] = sched.consolidate_forever()
+    named["consolidate"] = sched.consolidator.forever()
     named["mig-restore"] = sched.mig.restore_forever()
     if sched.utilisation is not None:
         named["utilisation"] = sched.follow_utilisation()

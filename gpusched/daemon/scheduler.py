@@ -1,5 +1,7 @@
-"""The scheduler: batches drawn from the queue, solved in a worker thread, bound; preemption,
-reclaim, consolidation and the gauges around them.  Only the leader schedules."""
+"""The scheduler: batches drawn from the queue, solved in a worker thread, bound, and every pod
+told where it stands.  Only the leader schedules.  Its collaborators: ``preemption`` (victims,
+reclaim and held rooms), ``consolidation`` (emptying nodes), ``gauges`` (what /metrics reads)
+and ``mig`` (live MIG re-partitioning)."""
 
 from __future__ import annotations
 
@@ -10,15 +12,15 @@ import ctypes.util
 import math
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from collections.abc import Callable, Collection, Coroutine, Iterable
+from dataclasses import replace
+from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 import structlog
 
 from gpusched.config import GpuschedConfig
+from gpusched.daemon.consolidation import Consolidator
+from gpusched.daemon.gauges import Gauges
 from gpusched.daemon.handlers import (
     BoundHandler,
     BudgetHandler,
@@ -34,6 +36,7 @@ from gpusched.daemon.handlers import (
 )
 from gpusched.daemon.mig import Repartitioner
 from gpusched.daemon.outbox import Outbox
+from gpusched.daemon.preemption import Preemptor, Verdict
 from gpusched.daemon.settings import BOUND_SELECTOR, DaemonSettings, default_identity
 from gpusched.kube.binder import Binder, BindResult
 from gpusched.kube.client import Kube, bind_concurrency
@@ -44,40 +47,22 @@ from gpusched.kube.convert import (
 )
 from gpusched.kube.leader import LeaderElector
 from gpusched.kube.watch import Reflector
-from gpusched.metrics.cost import mig_gpus
 from gpusched.metrics.exporter import SchedulerMetrics
 from gpusched.metrics.source import UtilisationSource, UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
-from gpusched.model.mig import gpu_fraction
 from gpusched.model.pod import gang_conflicts
 from gpusched.model.tenants import demand_of
 from gpusched.queue.batcher import SchedulingQueue
-from gpusched.solver.baselines.base import GPU_CHOICE
-from gpusched.solver.consolidate import Move, plan_consolidation
 from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang, gang_fits
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.params import SolverParams
 from gpusched.solver.policy import Policy, TimedPolicy, place_quick
 from gpusched.solver.preempt import (
     Budget,
-    Preemption,
-    elsewhere,
-    gang_budgets,
-    harm,
-    plan_preemptions,
-    still_standing,
-    through_room,
-)
-from gpusched.solver.reclaim import (
-    at_limit_searched,
-    plan_at_limit,
-    plan_reclaims,
-    reclaim_through_room,
-    reclaimable,
 )
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
-from gpusched.state.cache import Cache, Room, Snapshot, same_offer
+from gpusched.state.cache import Cache, Snapshot, same_offer
 from gpusched.state.records import PodRecord
 from gpusched.state.volumes import Claims
 
@@ -133,10 +118,6 @@ class Scheduler:
         batch is bound as the greedy warm start places it, pod by pod, so its size changes no
         placement, only how long the binder waits for its first pod."""
         self._tasks: set[asyncio.Task[None]] = set()
-        self.nodes_gone: dict[str, float] = {}
-        """Nodes deleted lately, by name, and when (``time.monotonic``): the utilisation answer
-        may name them for minutes after, which is no misconfiguration."""
-        self._mig_shares_of: tuple[Cluster, npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None
         self._crashed: set[str] = set()
         """Pods, by key, whose batch's handling raised: handled alone (or in halves) next time."""
         self.outbox = Outbox(workers=OUTBOX_WORKERS)
@@ -150,24 +131,6 @@ class Scheduler:
         is kept does not wander from node to node as pods come and go."""
         self._models_checked: tuple[str, ...] = ()
         """The ``headroom.models`` setting last checked against the cluster's GPU products."""
-        self._consolidating: set[tuple[str, str]] = set()
-        """Pods (key, UID) the last consolidation round evicted, until they leave the books."""
-        self._awaiting: dict[str, int] = {}
-        """Per controller (UID) whose pods the last round evicted: how many of its pods ran before
-        it, until as many run again (their replacements are placed)."""
-        self._round_deadline = 0.0
-        """Monotonic time after which the next round no longer waits for the last one's pods."""
-        self._emptying: dict[str, list[int]] = {}
-        """Per node a round is emptying: [evictions left, evictions refused, evictions in all]."""
-        self._refused_until: dict[str, float] = {}
-        """Nodes not emptied again until then: a round left them in use (an eviction refused), or
-        the pods of the round that emptied them were placed back on them (``_emptied``)."""
-        self._emptied: set[str] = set()
-        """Nodes the last round emptied, until its evictions are settled: then each that holds GPU
-        pods again (the batches placed the replacements on it after all) is held in
-        ``_refused_until``, so that no policy has a round evict the same work from it each time."""
-        self._interval_changed = asyncio.Event()
-        """Set when a new configuration changes ``consolidation.intervalSeconds``."""
         self._refusals: dict[str, int] = {}
         """Gang members whose Bindings were refused in a row since they were last bound: how many."""
         self.evicted_uncounted: dict[str, Pod] = {}
@@ -192,8 +155,11 @@ class Scheduler:
                 poll_s=settings.utilisation_poll_s,
                 on_poll=self.metrics.utilisation_poll,
             )
+        self.gauges = Gauges(self)
+        self.consolidator = Consolidator(self)
+        self.rooms = Preemptor(self)
         self.set_config(self.config)
-        self.metrics.on_scrape(self._scrape)
+        self.metrics.on_scrape(self.gauges.refresh)
         self.namespaces: dict[str, dict[str, str]] = {}
         """Labels per namespace (``namespaceSelector`` picks from them)."""
         self.selecting_bound: Selecting = {}
@@ -277,13 +243,13 @@ class Scheduler:
         ):
             self.queue.move_all()
         if cfg.consolidation.interval_seconds != self.config.consolidation.interval_seconds:
-            self._interval_changed.set()
+            self.consolidator.interval_changed.set()
         age_changed = cfg.utilisation.max_age_seconds != self.config.utilisation.max_age_seconds
         self.config = cfg
         if age_changed:
             self._check_poll_age()
         self.tenants = cfg.tenants.tenants()
-        self.queue.set_tenants(self.tenants, self._tenant_usage, self.cache.has_room)
+        self.queue.set_tenants(self.tenants, self.tenant_usage, self.cache.has_room)
         self.metrics.set_weights({k: float(v) for k, v in cfg.weights.model_dump(by_alias=True).items()})
         self.queue.max_size = cfg.batching.max_size
         self.queue.max_wait = cfg.batching.max_wait_seconds
@@ -319,10 +285,10 @@ class Scheduler:
         deleted count until they are gone, but not those being moved (their replacements count
         instead), and room still held for a pod of ``todo`` counts with its pod."""
         return self.cache.tenant_usage(
-            self.tenants, [r.key for r in todo], terminating=True, moving=self._consolidating
+            self.tenants, [r.key for r in todo], terminating=True, moving=self.consolidator.moving
         )
 
-    def _tenant_usage(self) -> dict[str, int]:
+    def tenant_usage(self) -> dict[str, int]:
         return self.cache.tenant_usage(self.tenants)
 
     def _wait_in_rooms(self, todo: list[PodRecord]) -> list[PodRecord]:
@@ -365,7 +331,7 @@ class Scheduler:
             out[t] = min(out.get(t, a.pod.priority), a.pod.priority)
         return out
 
-    def _scope(self) -> Callable[[Pod], str] | None:
+    def scope(self) -> Callable[[Pod], str] | None:
         """Whose pods a pod may preempt by priority: its own tenant's, when tenants are set
         (between tenants, only quota decides: ``_preempt_for(reclaim=True)``); else anyone's."""
         return self.tenants.of if self.tenants.active else None
@@ -582,7 +548,7 @@ class Scheduler:
                 if self.queue.in_flight(r.key) and self.queue.current(r.key, r.uid):
                     self.metrics.unschedulable("InternalError")
                     held = self.cache.nomination(r.key)  # room held for it stays, and says so
-                    self._write_verdict(r.pod, message, held[0] if held is not None else None)
+                    self.write_verdict(r.pod, message, held[0] if held is not None else None)
         self.queue.back_off_drawn(r.key for r in drawn)
 
     async def keep_warm(self, every: float = 10.0) -> None:
@@ -596,159 +562,6 @@ class Scheduler:
                 except Exception as exc:  # never worth stopping the scheduler for
                     log.warning("keeping connections open failed", error=repr(exc))
             await asyncio.sleep(every)
-
-    async def consolidate_forever(self) -> None:
-        """Every ``consolidation.intervalSeconds``, a round of ``consolidate``; a round that
-        fails is logged, and the next one comes as usual.  A new interval counts at once, from
-        the last round (or the start)."""
-        last = time.monotonic()
-        while True:
-            left = last + self.config.consolidation.interval_seconds - time.monotonic()
-            if left > 0:
-                self._interval_changed.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._interval_changed.wait(), left)
-                continue
-            last = time.monotonic()
-            try:
-                await self.consolidate()
-            except Exception as exc:
-                log.error("consolidation failed", error=repr(exc))
-
-    async def consolidate(self) -> int:
-        """Empty the GPU nodes whose pods all may move and fit on other nodes in use
-        (``plan_consolidation``), evicting those pods; how many nodes.  Only while leading, with
-        consolidation on, and the cluster quiet: no pod waiting for a batch or a retry, none in a
-        batch, no room held for a preempting pod, and none of the pods evicted by the last round
-        still on the books (their replacements are placed first)."""
-        c = self.config.consolidation
-        if not c.enabled or not self.is_leader:
-            return 0
-        if time.monotonic() >= self._round_deadline:  # the last round's pods are waited for no longer
-            self._consolidating.clear()
-            self._awaiting.clear()
-        self._consolidating = {(k, uid) for k, uid in self._consolidating if self.cache.holds(k, uid)}
-        if self._consolidating:
-            return 0  # an evicted pod is still on the books: it still counts among its controller's
-        if self._awaiting:
-            running = self._running_by_owner()
-            if any(running.get(o, 0) < n for o, n in self._awaiting.items()):
-                return 0  # their replacements are not all placed yet: the room they need is theirs
-            self._awaiting.clear()
-        if self._emptied:
-            self._hold_refilled()
-        if not self._quiet():
-            return 0
-        snap = self._books()
-        placed = self.cache.placed()  # as counted in ``snap``: taken together
-        now = time.monotonic()
-        self._refused_until = {n: t for n, t in self._refused_until.items() if t > now}
-        refused = {i for n in self._refused_until if (i := snap.cluster.index.get(n)) is not None}
-        moves = await asyncio.to_thread(
-            plan_consolidation, snap.state, placed, c.max_nodes_per_round, list(self.budgets.values()), refused
-        )
-        if not self.is_leader or not self._quiet() or not self.config.consolidation.enabled:
-            return 0  # pods came (or room was held, or it was turned off) during the plan
-        moves = self._still_good(moves, snap)
-        names = snap.cluster.nodes
-        running = self._running_by_owner() if moves else Counter[str]()
-        for m in moves:
-            node = names[m.node].name
-            log.info(
-                "consolidate",
-                node=node,
-                pods=[a.pod.key for a in m.pods],
-                to=sorted({names[t.node].name for t in m.targets}),
-            )
-            why = (
-                f"consolidating GPU work: every pod on node {node} fits on the free GPUs of other nodes in use, "
-                "and the node is left idle; the pod's controller creates it again"
-            )
-            self._emptying[node] = [len(m.pods), 0, len(m.pods)]
-            self._emptied.add(node)
-            for a in m.pods:
-                self._consolidating.add((a.pod.key, a.pod.uid))
-                self._awaiting[a.pod.owner] = running.get(a.pod.owner, 0)
-                self.spawn(self._evict_to_consolidate(a.pod, node, why), f"consolidate:{a.pod.key}")
-        if moves:
-            self._round_deadline = time.monotonic() + max(600.0, 2 * c.interval_seconds)
-        return len(moves)
-
-    def _hold_refilled(self) -> None:
-        """Hold the nodes the last round emptied that GPU pods took again once its evictions were
-        settled: its pods' replacements went back to them (the batches follow their policy, not
-        the plan), and emptying them again would only evict the same work once more."""
-        until = time.monotonic() + self._hold_s()
-        for node in sorted(self._emptied - self._refused_until.keys()):
-            if not self.cache.gpu_pods_on(node):
-                continue
-            self._refused_until[node] = until
-            log.warning("consolidation emptied a node that was filled again", node=node, retry_in_s=self._hold_s())
-        self._emptied.clear()
-
-    def _hold_s(self) -> float:
-        """How long a node consolidation could not leave idle is left out of rounds."""
-        return max(3600.0, 6 * self.config.consolidation.interval_seconds)
-
-    def _still_good(self, moves: list[Move], snap: Snapshot) -> list[Move]:
-        """The moves of a plan made on ``snap`` that still hold on the books as they are now: a
-        batch may have bound pods (to the node being emptied, or to the room its pods were to
-        take) while the plan was made."""
-        fresh = self._books()
-        if not moves or fresh.cluster is not snap.cluster:
-            return []
-        there: dict[int, set[str]] = defaultdict(set)
-        for a in self.cache.placed():  # as counted in ``fresh``: taken together
-            if not a.pod.daemon:
-                there[a.node].add(a.pod.key)
-        state, out = fresh.state, []
-        for m in moves:
-            trial = state.release(m.pods)
-            if there[m.node] != {a.pod.key for a in m.pods} or plan_problems(Plan(m.targets, ()), trial):
-                log.info(
-                    "consolidation move dropped: the cluster changed while it was planned",
-                    node=snap.cluster.nodes[m.node].name,
-                )
-                continue
-            state = trial.apply(m.targets)
-            out.append(m)
-        return out
-
-    def _books(self) -> Snapshot:
-        """The books as a consolidation round reads them: busy GPUs, nodes being re-partitioned
-        and the GPUs the headroom keeps are no target."""
-        return self.cache.snapshot(busy=self.busy_gpus(), sealed=self.mig.sealed(), **self._keep())
-
-    def _quiet(self) -> bool:
-        """No pod waits for a batch or a retry, none is in a batch, no room is held, and no node
-        is being re-partitioned (pods wait for its layout, with gang members planned elsewhere)."""
-        counts = self.queue.counts()
-        return not (counts.active or counts.backoff or counts.in_flight or self.cache.nominations or self.mig.jobs)
-
-    def _running_by_owner(self) -> Counter[str]:
-        """Pods on the books not being deleted, per controller UID."""
-        return Counter(a.pod.owner for a in self.cache.placed() if a.pod.owner and not a.pod.terminating)
-
-    async def _evict_to_consolidate(self, pod: Pod, node: str, why: str) -> None:
-        """Evict one pod of a node a round is emptying; the node counts as emptied once all of
-        its pods are evicted."""
-        done = await self.binder.evict(pod, node, why)
-        tally = self._emptying.setdefault(node, [1, 0, 1])
-        tally[0] -= 1
-        if done:
-            self.metrics.consolidation(0, 1)
-        else:
-            tally[1] += 1
-            self._consolidating.discard((pod.key, pod.uid))
-        if tally[0] <= 0:
-            if not tally[1]:
-                self.metrics.consolidation(1, 0)
-            else:  # left in use: not chosen again each round, each evicting some or none
-                hold = self._hold_s()
-                self._refused_until[node] = time.monotonic() + hold
-                self._emptied.discard(node)
-                log.warning("consolidation left a node in use", node=node, refused=tally[1], retry_in_s=hold)
-            del self._emptying[node]
 
     def _policy_for(self, cluster: Cluster) -> Policy:
         """The policy for ``cluster`` under the config as it is now: the first one is built in a
@@ -821,24 +634,24 @@ class Scheduler:
             todo = self._wait_in_rooms(todo)
             limit_usage = self._limit_usage(todo)
             admitted, over = self.tenants.admit([r.pod for r in todo], limit_usage)
-            at_limit: list[tuple[Pod, Explanation | _Verdict]] = []
+            at_limit: list[tuple[Pod, Explanation | Verdict]] = []
             gangs_at_limit: dict[str, dict[str, tuple[Pod, str]]] = defaultdict(dict)
             lowest = self._lowest_by_tenant() if over else {}
-            alone: list[tuple[Pod, _Verdict]] = []
+            alone: list[tuple[Pod, Verdict]] = []
             for r in todo:
                 if r.key not in over:
                     continue
                 if r.pod.gang is not None:
                     gangs_at_limit[r.pod.gang.name][r.key] = (r.pod, over[r.key])
                 else:
-                    alone.append((r.pod, _Verdict(over[r.key], "TenantLimit")))
+                    alone.append((r.pod, Verdict(over[r.key], "TenantLimit")))
             # A pod may take over the room held for a lower one of its tenant, within the limit,
             # before it looks for pods to preempt.
             # Within the limit beside the pods of this batch it admitted, which the solve places.
             admitted_demand: Counter[str] = Counter()
             for p in admitted:
                 admitted_demand[self.tenants.of(p)] += demand_of(p)
-            taking = self._take_over(alone, None, admitted_demand)
+            taking = self.rooms.take_over(alone, None, admitted_demand)
             if len(taking) < len(alone):  # rooms taken over count toward the limit from now on
                 limit_usage = self._limit_usage(todo)
             for p, verdict in taking:
@@ -854,7 +667,7 @@ class Scheduler:
                         self.tell_unschedulable(p, message, "TenantLimit")
                     del gangs_at_limit[name]
             if at_limit or gangs_at_limit:  # they may preempt pods of lower priority of their tenant, in their room
-                await self._preempt_for(at_limit, list(gangs_at_limit.values()), batch_id, None, at_limit=True)
+                await self.rooms.preempt_for(at_limit, list(gangs_at_limit.values()), batch_id, None, at_limit=True)
             waiting += len(over)
             todo = [r for r in todo if r.key not in over]
             usage = self.cache.tenant_usage(self.tenants, without=[r.key for r in todo])
@@ -879,7 +692,11 @@ class Scheduler:
         pods = self._count_running_members([r.pod for r in todo])
         joinable = {n: job for n, job in self.mig.jobs.items() if job.layouts}  # offered as instances to come
         snap = self.cache.snapshot(
-            free=freed, busy=self.busy_gpus(), sealed=self.mig.sealed(), coming=self.mig.coming(), **self._keep(pods)
+            free=freed,
+            busy=self.busy_gpus(),
+            sealed=self.mig.sealed(),
+            coming=self.mig.coming(),
+            **self.keep_free(pods),
         )
         if snap.kept:
             self._kept_last = tuple((snap.cluster.nodes[i].name, g) for i, g in snap.kept)
@@ -1027,11 +844,11 @@ class Scheduler:
             if p.gang is not None:
                 rejected[p.gang.name].append(p)
                 continue
-            seen = after_low if self._below_headroom(p) else after
+            seen = after_low if self.below_headroom(p) else after
             e = explain(p, seen)
             if e.fits or not p.preempts:
-                self.tell_unschedulable(p, self._notes(p, e.message, snap, seen), e.reason)
-            elif not self._waits_for_victims(p, e, seen, freed):
+                self.tell_unschedulable(p, self.with_notes(p, e.message, snap, seen), e.reason)
+            elif not self.rooms.waits_for_victims(p, e, seen, freed):
                 preempting.append((p, e))
         gangs: list[dict[str, tuple[Pod, str]]] = []  # gangs that may preempt: key -> member, why it waits
         for name, group in rejected.items():
@@ -1040,13 +857,13 @@ class Scheduler:
             # A member left out is what the gang waits for only if the rest fall short of its
             # minimum (already bound members counted in); otherwise capacity is.
             why = held_back.get(name) if members[name] < gang.min_members else None
-            low_gang = any(self._below_headroom(p) for p in group)  # the kept GPUs are for all its members or none
+            low_gang = any(self.below_headroom(p) for p in group)  # the kept GPUs are for all its members or none
             told = {
                 p.key: (
                     p,
                     f"gang {name}: {why}; no member is placed until all of them can be, together."
                     if why
-                    else self._notes(p, explain_gang(p, members[name], after_low), snap, after_low, low_gang),
+                    else self.with_notes(p, explain_gang(p, members[name], after_low), snap, after_low, low_gang),
                 )
                 for p in group
             }
@@ -1060,10 +877,10 @@ class Scheduler:
             elif members[name] < gang.min_members or not all(p.preempts for p in group):
                 for p, message in told.values():  # preempting would not help: room held is given up
                     self.tell_unschedulable(p, message, "Gang")
-            elif not self._gang_waits_for_victims(told, after_low, freed):
+            elif not self.rooms.gang_waits_for_victims(told, after_low, freed):
                 gangs.append(told)
         if preempting or gangs:
-            await self._preempt(preempting, gangs, batch_id, snap)
+            await self.rooms.preempt(preempting, gangs, batch_id, snap)
         stats = plan.stats
         gap = stats.gap_pct
         solve_s = stats.wall_ms / 1000
@@ -1072,9 +889,9 @@ class Scheduler:
             books = self.cache.snapshot().state
             if len(typical):
                 frag = await asyncio.to_thread(cluster_frag_ratio, books, typical, ~books.cluster.cordoned)
-            self._cluster_metrics(books, frag)
+            self.gauges.cluster(books, frag)
         else:
-            self._cluster_metrics(after, frag)
+            self.gauges.cluster(after, frag)
         log.info(
             "batch",
             batch_id=batch_id,
@@ -1198,779 +1015,6 @@ class Scheduler:
             self._start_bind(p, node, gpus)
         return True
 
-    def _waits_for_victims(self, pod: Pod, e: Explanation, after: ClusterState, freed: Collection[str]) -> bool:
-        """Whether ``pod`` preempted pods that are still leaving: it is told so and waits for
-        them, and preempts no more.  Once they are gone and it still does not fit in the room
-        they left (``freed``: the pods whose room the solve left free), or once its node could
-        not take it anyway (gone, tainted, no longer selected), the room held for it is given
-        up, and it may preempt again.  Should they go during the solve, it is drawn again at
-        once, to its room.  Room is held likewise for a pod that preempted under another leader
-        (``status.nominatedNodeName``), as kube-scheduler's nominator does."""
-        held = self._held_room(pod)
-        if held is None:
-            return False
-        node, _, left = held
-        if not after.cluster.could_take(pod, node) or (not left and pod.key in freed):
-            self.give_up_room(pod.key)
-            return False
-        if not left:  # its victims left during the solve, which counted them: its room was never tried
-            self.queue.requeue(pod.key)
-            return True
-        message = f"{e.message} Waiting for {left} preempted pod(s) to leave node {node}."
-        self.tell_unschedulable(pod, message, e.reason, nominated=node)
-        return True
-
-    def _gang_waits_for_victims(
-        self, told: dict[str, tuple[Pod, str]], after: ClusterState, freed: Collection[str]
-    ) -> bool:
-        """``_waits_for_victims`` for the members of one gang left out (``told``: key -> member,
-        why it is left out): while any member's victims are leaving, every member waits and the
-        gang preempts no more.  Once they are all gone and the gang still does not fit in its
-        room, or once a member's node could not take it anyway, every member's room is given up."""
-        rooms = {k: held for k, (p, _) in told.items() if (held := self._held_room(p)) is not None}
-        left = sum(held[2] for held in rooms.values())
-        tried = all(k in freed for k in rooms)  # the solve left all its room free
-        if (
-            not rooms
-            or (not left and tried)
-            or any(not after.cluster.could_take(told[k][0], held[0]) for k, held in rooms.items())
-        ):
-            for k in rooms:
-                self.give_up_room(k)
-            return False
-        if not left:  # the last victims left during the solve: drawn again at once, to its room
-            for k in told:
-                self.queue.requeue(k)
-            return True
-        nodes = ", ".join(sorted({held[0] for held in rooms.values()}))
-        for k, (p, message) in told.items():
-            node = rooms[k][0] if k in rooms else None
-            self.tell_unschedulable(
-                p, f"{message} Waiting for {left} preempted pod(s) to leave node(s) {nodes}.", "Gang", nominated=node
-            )
-        return True
-
-    def _held_room(self, pod: Pod) -> tuple[str, tuple[int, ...], int] | None:
-        """The room held for ``pod`` (``Cache.nomination``); held now when it preempted under
-        another leader (``status.nominatedNodeName``) and its victims are still leaving."""
-        held = self.cache.nomination(pod.key)
-        record = self.queue.record(pod.key)
-        if held is None and record is not None and record.nominated and self.adopt_room(pod, record.nominated):
-            held = self.cache.nomination(pod.key)
-        return held
-
-    def follow_nomination(self, pod: Pod, node: str) -> None:
-        """A pending pod's ``status.nominatedNodeName`` as the watch shows it: room held from
-        another leader's word follows it (given up when it moves or is cleared, held again where
-        it points); room this instance placed is its own business."""
-        if pod.key in self.placed_here:
-            return
-        held = self.cache.nomination(pod.key)
-        if held is not None and held[0] != node:
-            self.give_up_room(pod.key)
-        if node:
-            self.adopt_room(pod, node)
-
-    def adopt_room(self, pod: Pod, node: str) -> bool:
-        """Hold room for ``pod`` on ``node`` (its ``status.nominatedNodeName``) as the last leader
-        held it: while pods it preempted there are leaving (``Cache.adopt_nomination``); for a
-        gang member, which may have held room without victims, also where it fits as things are.
-        True when room is now held.  Never for a pod whose nominatedNodeName this instance has
-        written: room it gave up is not held again from its own status write, nor from an
-        older one the watch shows late."""
-        if pod.key in self.placed_here:
-            return False
-        if self.cache.adopt_nomination(pod, node):
-            return True
-        if pod.gang is None or self.cache.nomination(pod.key) is not None:
-            return False
-        snap = self.cache.snapshot()
-        i = snap.cluster.index.get(node)
-        if i is None or not snap.state.pod_mask(pod)[i]:
-            return False
-        self.cache.nominate(pod, node, GPU_CHOICE.gpus(pod, snap.state, i), ())
-        return True
-
-    async def _preempt(
-        self,
-        pods: list[tuple[Pod, Explanation]],
-        gangs: list[dict[str, tuple[Pod, str]]],
-        batch_id: int,
-        batch: Snapshot | None = None,
-    ) -> None:
-        """Look for running pods of lower priority whose eviction lets each of ``pods`` fit, and
-        each of ``gangs`` (key -> member, why it is left out) fit whole; evict them, hold their
-        room, and tell every pod where it stands (``batch``: the batch's snapshot, for what it
-        kept from the pods: busy GPUs, GPUs kept free).  With tenants, a pod within its
-        tenant's quota first reclaims GPUs that other tenants borrowed, and preempts pods of
-        lower priority (of its own tenant) only where that finds nothing."""
-        pods = self._take_over(pods, batch)
-        # Pods at the headroom's priority or more may have the kept GPUs; those below may not.
-        # Searched together, the kept GPUs would be out of reach of both: the first look first
-        # (reclaim, then preemption), and the others only if they evict nobody (else they look
-        # again once victims left).
-        if self.config.headroom.gpus:
-            high = [(p, e) for p, e in pods if not self._below_headroom(p)]
-            high_gangs = [g for g in gangs if not any(self._below_headroom(p) for p, _ in g.values())]
-            low = [(p, e) for p, e in pods if self._below_headroom(p)]
-            low_gangs = [g for g in gangs if any(self._below_headroom(p) for p, _ in g.values())]
-            if (high or high_gangs) and (low or low_gangs):
-                if await self._preempt_pass(high, high_gangs, batch_id, batch):
-                    told_now = [(p, self._notes(p, e.message, batch), e.reason) for p, e in low]
-                    told_now += [(p, message, "Gang") for told in low_gangs for p, message in told.values()]
-                    for p, message, reason in told_now:  # as things are after the search
-                        if self.cache.holds(p.key, p.uid):  # bound by someone else meanwhile
-                            self.queue.done(p.key)
-                        elif self.queue.current(p.key, p.uid):
-                            self.tell_unschedulable(p, message, reason)
-                        else:  # deleted, or created again under its name: the queue settles it
-                            self.queue.requeue(p.key)
-                    return
-                pods, gangs = low, low_gangs
-        await self._preempt_pass(pods, gangs, batch_id, batch)
-
-    async def _preempt_pass(
-        self,
-        pods: list[tuple[Pod, Explanation]],
-        gangs: list[dict[str, tuple[Pod, str]]],
-        batch_id: int,
-        batch: Snapshot | None,
-    ) -> bool:
-        """One pass of ``_preempt`` (pods all of one side of the headroom's priority, or the
-        headroom off): with tenants, reclaims first, then preemption for what they left; whether
-        anything is evicted."""
-        evicting = False
-        if (pods or gangs) and self.tenants.active and self.tenants.reclaim:
-            left: list[tuple[Pod, Explanation]] = []
-            left_gangs: list[dict[str, tuple[Pod, str]]] = []
-            evicting = await self._preempt_for(pods, gangs, batch_id, batch, reclaim=left, reclaim_gangs=left_gangs)
-            pods, gangs = left, left_gangs
-        lowest = self.cache.lowest_priority()
-        hopeless = [(p, e) for p, e in pods if lowest is None or p.priority <= lowest]
-        for p, e in hopeless:  # every running pod matters as much: told as usual, at no cost
-            self.tell_unschedulable(p, self._notes(p, e.message, batch), e.reason)
-        pods = [(p, e) for p, e in pods if lowest is not None and p.priority > lowest]
-        for told in [g for g in gangs if lowest is None or min(p.priority for p, _ in g.values()) <= lowest]:
-            for p, message in told.values():
-                self.tell_unschedulable(p, message, "Gang")
-        gangs = [g for g in gangs if lowest is not None and min(p.priority for p, _ in g.values()) > lowest]
-        if not pods and not gangs:
-            return evicting
-        return await self._preempt_for(pods, gangs, batch_id, batch) or evicting
-
-    def _take_over(
-        self, pods: list[tuple[Pod, _Why]], batch: Snapshot | None, beside: Mapping[str, int] | None = None
-    ) -> list[tuple[Pod, _Why]]:
-        """Of ``pods``, those that do not take over room held for a pod of lower priority (not
-        a gang's; of its own tenant, with tenants) while its victims leave: a pod that fits
-        there, those victims gone, is nominated there in its place, evicting no one, and the
-        pod of lower priority gives it up and looks again (kube-scheduler counts a nominated pod
-        only against pods of no higher priority than its own, and clears the nominations it
-        outranks).  So may a pod its tenant's limit holds back, as ``_room_for`` keeps to it
-        (``beside``: GPU demand by tenant the batch admitted besides, held to the limit too)."""
-        left: list[tuple[Pod, _Why]] = []
-        for p, e in sorted(pods, key=lambda pe: -pe[0].priority):
-            live = self.queue.current(p.key, p.uid) and not self.cache.holds(p.key, p.uid)
-            room = self._room_for(p, beside) if live and p.preempts and p.gang is None and self.is_leader else None
-            if room is None:
-                left.append((p, e))
-                continue
-            taken, node, gpus = room
-            lower = taken.pod
-            self.cache.unnominate(lower.key)
-            self.placed_here.add(p.key)
-            self.cache.nominate(p, node, gpus, [v.pod for v in taken.victims], self._reclaimed(taken))
-            log.info(
-                "room taken over",
-                pod=p.key,
-                priority=p.priority,
-                node=node,
-                from_pod=lower.key,
-                from_priority=lower.priority,
-                victims=[v.pod.key for v in taken.victims],
-            )
-            said = (
-                f"The room held for it on node {node} was taken by pod {p.key}, of higher priority "
-                f"({p.priority} > {lower.priority}); it looks again."
-            )
-            if self.queue.current(lower.key, lower.uid):
-                self._tell_room_lost(lower, said)
-            leaving = f", whose {len(taken.victims)} preempted pod(s) are leaving" if taken.victims else ""
-            message = f"{e.message} Taking the room held on node {node} for pod {lower.key} of lower priority{leaving}."
-            self.tell_unschedulable(p, self._notes(p, message, batch), e.reason, nominated=node)
-            if not taken.victims:  # its room is ready: bound there with the next batch
-                self._wake_one(p.key)
-        return left
-
-    def _tell_room_lost(self, pod: Pod, message: str, wake: bool = True) -> None:
-        """``pod`` (queued, wherever it is) no longer holds room: its Event and condition say so,
-        with no nominated node; and, parked, it looks again (with ``wake``).  Its nominatedNodeName
-        is this instance's word from now on: the last leader's, until the cleared one reaches the
-        watch, holds no room again (``adopt_room``)."""
-        if self.is_leader:
-            self.placed_here.add(pod.key)
-        self._write_verdict(pod, message, None)
-        if wake:
-            self._wake_one(pod.key)
-
-    def _wake_one(self, key: str) -> None:
-        """The pod ``key``, parked, looks again at once."""
-        self.queue.move_all(lambda r: r.key == key)
-
-    def _room_for(self, pod: Pod, beside: Mapping[str, int] | None = None) -> tuple[Room, str, tuple[int, ...]] | None:
-        """Room held for a pod of lower priority than ``pod`` that ``pod`` fits in once the
-        victims it waits for are gone: the room (the lowest priority's first), its node and the
-        GPUs ``pod`` would take there.  Not on a node with GPUs busy by utilisation (whose
-        holders are not known to leave), nor across tenants (priority does not decide between
-        them), nor where its tenant would pass its limit or, for room reclaimed, its quota
-        (``_may_take``)."""
-        mine = self.tenants.of(pod) if self.tenants.active else None
-        busy = self.busy_gpus() or {}
-        rooms = [
-            r
-            for r in self.cache.rooms()
-            if r.pod.priority < pod.priority
-            and r.pod.gang is None
-            and r.pod.key != pod.key
-            and not busy.get(r.node)
-            and (mine is None or self.tenants.of(r.pod) == mine)
-        ]
-        if rooms and mine is not None:
-            may = self._may_take(pod, beside)
-            rooms = [r for r in rooms if may(r, 0)]
-        if not rooms:
-            return None
-        # One look with every such room free (a superset of what any one leaves), then the
-        # rooms that pass it one at a time.
-        sealed = self.mig.sealed()
-        every = self.cache.snapshot(free=[r.pod.key for r in rooms] + [pod.key], sealed=sealed, **self._keep([pod]))
-        for room in sorted(rooms, key=lambda r: (r.pod.priority, r.pod.key)):
-            i = every.cluster.index.get(room.node)
-            if i is None or not every.cluster.could_take(pod, room.node):
-                continue
-            if not every.state.release(room.victims).pod_mask(pod)[i]:
-                continue
-            snap = self.cache.snapshot(free=[room.pod.key, pod.key], sealed=sealed, **self._keep([pod]))
-            state = snap.state.release(room.victims)
-            if state.pod_mask(pod)[i]:
-                return room, room.node, GPU_CHOICE.gpus(pod, state, i)
-        return None
-
-    def _may_take(self, pod: Pod, beside: Mapping[str, int] | None = None) -> Callable[[Room, int], bool]:
-        """Whether ``pod`` may take over a room held for a pod of its tenant (first), evicting
-        pods of its tenant whose demand adds up to the second: if it takes its tenant further,
-        within its limit, and for room reclaimed (``_reclaimed``), within its quota (GPUs
-        reclaimed for a tenant's guarantee are not borrowed past it)."""
-        mine = self.tenants.of(pod)
-        left = self._limit_left(pod)
-        if left is not None and beside:
-            left -= beside.get(mine, 0)
-        within: list[int] = []  # what the quota still covers, once asked for
-
-        def may(room: Room, freed: int) -> bool:
-            more = demand_of(pod) - demand_of(room.pod) - freed
-            if more <= 0:
-                return True
-            if left is not None and more > left:
-                return False
-            if not self._reclaimed(room):
-                return True
-            if not within:
-                usage = self.cache.tenant_usage(self.tenants, [pod.key])
-                within.append(self.tenants.rule(mine).quota - usage.get(mine, 0))
-            return more <= within[0]
-
-        return may
-
-    def _reclaimed(self, room: Room) -> bool:
-        """Whether ``room`` holds GPUs reclaimed from other tenants: it was reclaimed (or taken
-        over from a pod it was), or, held again after a fail-over, waits for pods of another tenant."""
-        mine = self.tenants.of(room.pod)
-        return room.reclaimed or any(self.tenants.of(v.pod) != mine for v in room.victims)
-
-    def _limit_left(self, pod: Pod) -> int | None:
-        """What ``pod``'s tenant may still take under its limit (None: it has none), beside what it
-        holds now: the pods this batch bound, its pods being deleted, and the rooms held for its
-        pods (but ``pod``'s own)."""
-        t = self.tenants.of(pod)
-        limit = self.tenants.rule(t).limit
-        if limit is None:
-            return None
-        usage = self.cache.tenant_usage(self.tenants, [pod.key], terminating=True, moving=self._consolidating)
-        return limit - usage.get(t, 0)
-
-    async def _preempt_for(
-        self,
-        pods: Sequence[tuple[Pod, Explanation | _Verdict]],
-        gangs: list[dict[str, tuple[Pod, str]]],
-        batch_id: int,
-        batch: Snapshot | None,
-        reclaim: list[tuple[Pod, Explanation]] | None = None,
-        at_limit: bool = False,
-        reclaim_gangs: list[dict[str, tuple[Pod, str]]] | None = None,
-    ) -> bool:
-        """One search for ``pods`` and ``gangs``, carried out; whether anything is evicted.
-        ``reclaim``: search for reclaims instead (``plan_reclaims``), and leave the pods it finds
-        nothing for there, untold, for the preemption search; the gangs, in ``reclaim_gangs``.
-        ``at_limit``: the pods are held back by their tenant's limit (``plan_at_limit``)."""
-        # A busy GPU that no pod on the books holds stays out of reach: no eviction makes it less
-        # busy.  One that pods hold is seen as the books have it, and room on it is taken only
-        # where every pod holding it is evicted (``_busy_room_ok``).  The GPUs kept free stay
-        # out of reach while any of these pods is below the headroom's priority.
-        freeing = [p.key for p, _ in pods] + [k for g in gangs for k in g]
-        busy = self.busy_gpus() or {}
-        holders = self.cache.holders_of([(n, g) for n, gpus in busy.items() for g in gpus])
-        outside = {n: frozenset(g for g in gpus if not holders.get((n, g))) for n, gpus in busy.items()}
-        keep = self._keep([p for p, _ in pods] + [p for g in gangs for p, _ in g.values()])
-        sealed = self.mig.sealed()
-        snap = self.cache.snapshot(free=freeing, busy=outside, sealed=sealed, **keep)
-        running = self.cache.preemptible()  # as counted in ``snap``: taken together
-        if sealed:  # a node being re-partitioned is offered to no preemption: no victim there
-            names = snap.cluster.nodes
-            running = [a for a in running if names[a.node].name not in sealed]
-        usage = self.cache.tenant_usage(self.tenants, without=freeing) if reclaim is not None else {}
-        # What each tenant with a limit may still take, its pods being deleted counted.
-        allowance = (
-            self.tenants.allowance(
-                self.cache.tenant_usage(self.tenants, without=freeing, terminating=True),
-                [self.tenants.of(p) for p, _ in pods] + [self.tenants.of(p) for g in gangs for p, _ in g.values()],
-            )
-            if self.tenants.active
-            else None
-        )
-        looked: list[Pod] = []  # the pods a reclaim search looked for
-        budgets: list[Budget] = []
-        try:
-            budgets = self._budgets(running)
-            if at_limit:
-                found = await asyncio.to_thread(
-                    plan_at_limit,
-                    [p for p, _ in pods],
-                    snap.state,
-                    running,
-                    self.tenants,
-                    budgets=budgets,
-                    gangs=[[p for p, _ in g.values()] for g in gangs],
-                )
-            elif reclaim is not None:
-                found = await asyncio.to_thread(
-                    plan_reclaims,
-                    [p for p, _ in pods],
-                    snap.state,
-                    running,
-                    self.tenants,
-                    usage,
-                    budgets=budgets,
-                    allowance=allowance,
-                    gangs=[[p for p, _ in g.values()] for g in gangs],
-                    searched=looked,
-                )
-            else:
-                found = await asyncio.to_thread(
-                    plan_preemptions,
-                    [p for p, _ in pods],
-                    snap.state,
-                    running,
-                    budgets=budgets,
-                    gangs=[[p for p, _ in g.values()] for g in gangs],
-                    scope=self._scope(),
-                    allowance=allowance,
-                )
-        except Exception as exc:
-            log.error("preemption search failed", batch_id=batch_id, error=repr(exc))
-            found = []
-        if not self.is_leader:
-            found = []
-        searched = len(found)
-        # Not for pods bound or replaced during the search: the rest found room in theirs.
-        live = [
-            pre
-            for pre in found
-            if self.queue.current(pre.pod.key, pre.pod.uid) and not self.cache.holds(pre.pod.key, pre.pod.uid)
-        ]
-
-        def carried(taken: Sequence[Preemption]) -> list[Preemption]:
-            """Of ``taken``, what can be carried out: room on a busy GPU only where all that hold
-            it leave, and a MIG pod only on an instance there is."""
-            return _on_instances(
-                _busy_room_ok(list(taken), busy, holders, snap.cluster) if busy else list(taken), snap.state
-            )
-
-        found = carried(live)
-        if len(found) < searched:  # some dropped: the others may have counted on their victims
-            found = still_standing(found, snap.state)
-            kept = {pre.pod.key for pre in found}
-            refused = [pre for pre in live if pre.pod.key not in kept]  # ``elsewhere`` takes the single pods
-            if refused and reclaim is None and not at_limit and not self.tenants.active:
-                # The best answer could not be carried out: the next best, on another node.
-                found += await asyncio.to_thread(
-                    elsewhere,
-                    refused,
-                    found,
-                    snap.state,
-                    running,
-                    lambda taken, answer: any(p is answer for p in carried([*taken, answer])),
-                    budgets=budgets,
-                )
-                if not self.is_leader:
-                    found = []
-        chosen = {pre.pod.key: pre for pre in found}
-        evicting = False
-        evicted = 0  # victims of the preemptions carried out
-        missed: list[tuple[Pod, Explanation | _Verdict]] = []  # pods the search found nothing for
-        for p, e in pods:
-            pre = chosen.get(p.key)
-            if self.cache.holds(p.key, p.uid):  # bound by someone else during the search
-                self.queue.done(p.key)
-                continue
-            if pre is None and self.queue.current(p.key, p.uid):
-                missed.append((p, e))
-                continue
-            if pre is None or not self.queue.current(p.key, p.uid):
-                self.tell_unschedulable(p, self._notes(p, e.message, batch), e.reason)
-                continue
-            why = self._reclaim_note(pre) if reclaim is not None else ""
-            node = self._carry_out(pre, snap.cluster, why, reclaimed=reclaim is not None)
-            evicting = evicting or bool(pre.victims)
-            evicted += len(pre.victims)
-            self._log_carried_out(pre, node, batch_id, reclaim is not None)
-            if reclaim is not None:
-                owners = sorted({self.tenants.of(v.pod) for v in pre.victims})
-                message = (
-                    f"{e.message} Reclaiming the GPUs of {len(pre.victims)} pod(s) on node {node} from "
-                    f"tenant(s) {', '.join(owners)}, past their quota: tenant {self.tenants.of(p)} is within its own."
-                )
-            else:
-                message = f"{e.message} Preempting {len(pre.victims)} pod(s) of lower priority on node {node}."
-            self.tell_unschedulable(p, message, e.reason, nominated=node)
-        for told in gangs:
-            group = [chosen.get(k) for k in told]
-            for k, (p, _) in told.items():
-                if self.cache.holds(p.key, p.uid):  # bound by someone else during the search
-                    self.queue.done(k)
-            # Whole or not at all: a member gone or changed during the search leaves the gang
-            # short, and then no pod is evicted for it.
-            whole = all(pre is not None for pre in group) and all(
-                self.queue.current(k, p.uid) and not self.cache.holds(k, p.uid) for k, (p, _) in told.items()
-            )
-            if not whole:
-                current = all(
-                    self.queue.current(k, p.uid) and not self.cache.holds(k, p.uid) for k, (p, _) in told.items()
-                )
-                if reclaim_gangs is not None and current:
-                    reclaim_gangs.append(told)  # the preemption search looks next
-                    continue
-                for k, (p, message) in told.items():
-                    if not self.cache.holds(k, p.uid):
-                        self.tell_unschedulable(p, message, "Gang")
-                continue
-            chosen_group = [pre for pre in group if pre is not None]
-            nodes = {
-                pre.pod.key: self._carry_out(
-                    pre,
-                    snap.cluster,
-                    self._reclaim_note(pre) if reclaim is not None else "",
-                    reclaimed=reclaim is not None,
-                )
-                for pre in chosen_group
-            }
-            victims = [v for pre in chosen_group for v in pre.victims]
-            evicting = evicting or bool(victims)
-            evicted += len(victims)
-            gang = chosen_group[0].pod.gang
-            assert gang is not None
-            log.info(
-                "reclaim" if reclaim is not None else "preempt",
-                batch_id=batch_id,
-                gang=gang.name,
-                pods=sorted(nodes),
-                priority=min(pre.pod.priority for pre in chosen_group),
-                nodes=sorted(set(nodes.values())),
-                victims=[f"{v.pod.key}@{v.pod.priority}" for v in victims],
-                violations=sum(pre.violations for pre in chosen_group),
-            )
-            where = ", ".join(sorted(set(nodes.values())))
-            if reclaim is not None:
-                lenders = ", ".join(sorted({self.tenants.of(v.pod) for v in victims}))
-                doing = (
-                    f"Reclaiming the GPUs of {len(victims)} pod(s) on node(s) {where} from tenant(s) {lenders}, past "
-                    f"their quota, to make room for the whole gang: tenant {self.tenants.of(chosen_group[0].pod)} "
-                    "is within its own."
-                )
-            else:
-                doing = (
-                    f"Preempting {len(victims)} pod(s) of lower priority on node(s) {where} "
-                    "to make room for the whole gang."
-                )
-            for k, (p, message) in told.items():
-                self.tell_unschedulable(p, f"{message} {doing}", "Gang", nominated=nodes[k])
-        if missed and not at_limit:  # what rooms held for pods they outrank add (carried out above: no two share)
-            missed, more = self._through_rooms(missed, freeing, batch_id, reclaim is not None)
-            evicting = evicting or bool(more)
-            evicted += more
-        for p, e in missed:
-            if reclaim is not None:
-                assert isinstance(e, Explanation)
-                reclaim.append((p, e))  # the preemption search looks next
-            else:
-                self.tell_unschedulable(p, self._notes(p, e.message, batch), e.reason)
-        if reclaim is not None:  # counted: the pods (and gang members) within their tenant's quota that looked
-            self.metrics.reclaim(len(looked), evicted)
-        elif at_limit:
-            self.metrics.preemption(len(at_limit_searched(p for p, _ in pods)) + sum(map(len, gangs)), evicted)
-        else:
-            self.metrics.preemption(len(pods) + sum(map(len, gangs)), evicted)
-        return evicting
-
-    def _carry_out(
-        self,
-        pre: Preemption,
-        cluster: Cluster,
-        why: str = "",
-        *,
-        reclaimed: bool = False,
-        waits_for: Sequence[Pod] = (),
-    ) -> str:
-        """Hold the room ``pre`` makes for its pod and start evicting its victims; its node.
-        ``why``: what the victims are told, when not priority; ``reclaimed``: the room is
-        reclaimed (``Room.reclaimed``); ``waits_for``: pods leaving already that the room waits
-        for too (those of a room it takes over)."""
-        node = cluster.nodes[pre.node].name
-        self.placed_here.add(pre.pod.key)
-        victims = [v.pod for v in pre.victims]
-        self.cache.nominate(pre.pod, node, pre.placement.gpus, [*victims, *waits_for], reclaimed=reclaimed)
-        covered = [v.pod for v in pre.victims if any(b.covers(v.pod) for b in self.budgets.values())]
-        self.evicted_uncounted.update((v.key, v) for v in covered)
-        for v in pre.victims:
-            self.spawn(self._evict(v.pod, pre.pod, node, why), f"preempt:{v.pod.key}")
-        return node
-
-    def _log_carried_out(self, pre: Preemption, node: str, batch_id: int, reclaim: bool, **more: str) -> None:
-        """The one log line of a preemption (or reclaim) carried out."""
-        log.info(
-            "reclaim" if reclaim else "preempt",
-            batch_id=batch_id,
-            pod=pre.pod.key,
-            priority=pre.pod.priority,
-            node=node,
-            victims=[f"{v.pod.key}@{v.pod.priority}" for v in pre.victims],
-            violations=pre.violations,
-            **more,
-            **({"tenant": self.tenants.of(pre.pod)} if reclaim else {}),
-        )
-
-    def _budgets(self, running: Sequence[Assignment]) -> list[Budget]:
-        """The disruption budgets as preemption counts them, beside ``running`` (the pods it may
-        evict): less what was evicted here since their status was written, and a budget per
-        running gang (``gang_budgets``)."""
-        for k, v in list(self.evicted_uncounted.items()):
-            if not self.cache.holds(k, v.uid):
-                del self.evicted_uncounted[k]
-        budgets = [  # what was evicted here since their status was written is not in it yet
-            replace(b, allowed=b.allowed - sum(1 for v in self.evicted_uncounted.values() if b.covers(v)))
-            for b in self.budgets.values()
-        ]
-        return budgets + gang_budgets(running)  # running gangs keep their minimum
-
-    def _through_rooms(
-        self, pods: list[tuple[Pod, _Why]], searched: Collection[str], batch_id: int, reclaim: bool
-    ) -> tuple[list[tuple[Pod, _Why]], int]:
-        """Of ``pods`` (pods alone a search found nothing for), those that find no room either by
-        taking over the room held for another pod, evicting pods beside it on its node where
-        that is needed, and how many pods the others evicted.  By priority, the room of a pod of
-        lower priority of its tenant (kube-scheduler counts a nominated pod only against pods of
-        no higher priority, and clears the nominations a preemption outranks); by ``reclaim``,
-        that of a pod of a tenant past its quota, as much of it as that tenant borrowed.  The
-        pod waits for the victims of the room and its own; the pod that held the room gives it
-        up, is told, and looks again.  Not the rooms of the pods of the search (``searched``)."""
-        took: set[str] = set()
-        evicted = 0
-        order = pods if reclaim else sorted(pods, key=lambda pe: -pe[0].priority)  # as each search takes them
-        for p, e in order[:ROOM_SEEKERS]:  # the rest look with the next batch
-            live = self.is_leader and self.queue.current(p.key, p.uid) and not self.cache.holds(p.key, p.uid)
-            found = self._room_through(p, searched, reclaim) if live and p.preempts and p.gang is None else None
-            if found is None:
-                continue
-            took.add(p.key)
-            room, pre, cluster = found
-            lower, node = room.pod, room.node
-            self.cache.unnominate(lower.key)
-            why = self._reclaim_note(pre) if reclaim else ""
-            self._carry_out(
-                pre,
-                cluster,
-                why,
-                reclaimed=reclaim or self._reclaimed(room),
-                waits_for=[v.pod for v in room.victims],
-            )
-            evicted += len(pre.victims)
-            self._log_carried_out(pre, node, batch_id, reclaim, room_of=lower.key)
-            if reclaim:
-                mine, lender = self.tenants.of(p), self.tenants.of(lower)
-                owners = ", ".join(sorted({self.tenants.of(v.pod) for v in pre.victims}))
-                beside = f", and the GPUs of {len(pre.victims)} pod(s) there from tenant(s) {owners}" if owners else ""
-                message = (
-                    f"{e.message} Reclaiming the room held on node {node} for pod {lower.key} of tenant {lender}"
-                    f"{beside}, past {'their' if owners else 'its'} quota: tenant {mine} is within its own."
-                )
-                said = (
-                    f"The room held for it on node {node} was reclaimed for pod {p.key} of tenant {mine}, within its "
-                    f"quota: tenant {lender} is past its own; it looks again."
-                )
-            else:
-                leaving = f", whose {len(room.victims)} preempted pod(s) are leaving" if room.victims else ""
-                taking = f"the room held there for pod {lower.key} of lower priority{leaving}."
-                doing = (
-                    f"Preempting {len(pre.victims)} pod(s) of lower priority on node {node}, and taking"
-                    if pre.victims
-                    else f"Taking, on node {node},"
-                )
-                message = f"{e.message} {doing} {taking}"
-                said = (
-                    f"The room held for it on node {node} was taken by pod {p.key}, of higher priority "
-                    f"({p.priority} > {lower.priority}); it looks again."
-                )
-            if self.queue.current(lower.key, lower.uid):
-                self._tell_room_lost(lower, said)
-            self.tell_unschedulable(p, message, e.reason, nominated=node)
-            if not pre.victims and not room.victims:  # its room is ready: bound there with the next batch
-                self._wake_one(p.key)
-        return [(p, e) for p, e in pods if p.key not in took], evicted
-
-    def _room_through(
-        self, pod: Pod, searched: Collection[str], reclaim: bool
-    ) -> tuple[Room, Preemption, Cluster] | None:
-        """``_through_rooms`` for ``pod``: the room it takes over, its preemption there (the least
-        harmful of all such rooms'), and the cluster it is placed in; None: no room takes it.
-        Not on a node with GPUs busy by utilisation, nor one being re-partitioned."""
-        tenants = self.tenants
-        mine = tenants.of(pod) if tenants.active else None
-        busy = self.busy_gpus() or {}
-        sealed = self.mig.sealed()
-        rooms = [
-            r
-            for r in self.cache.rooms()
-            if r.pod.gang is None and r.pod.key not in searched and not busy.get(r.node) and r.node not in sealed
-        ]
-        if not rooms:
-            return None
-        lent: dict[str, int] = {}
-        may: Callable[[Room, int], bool] | None = None
-        if reclaim:
-            assert mine is not None
-            usage = self.cache.tenant_usage(tenants, [pod.key])
-            room_left = self._limit_left(pod)
-            if usage.get(mine, 0) + demand_of(pod) > tenants.rule(mine).quota or (
-                room_left is not None and demand_of(pod) > room_left
-            ):
-                return None
-            lent = tenants.borrowed(usage)
-            rooms = [
-                r
-                for r in rooms
-                if (t := tenants.of(r.pod)) != mine
-                and r.pod.priority < tenants.reclaim_below
-                and 0 < demand_of(r.pod) <= lent.get(t, 0)
-            ]
-        else:
-            rooms = [r for r in rooms if r.pod.priority < pod.priority and (mine is None or tenants.of(r.pod) == mine)]
-            may = self._may_take(pod) if rooms and mine is not None else None
-        if not rooms:
-            return None
-        running = self.cache.preemptible()  # as placed in the snapshots below: taken together
-        budgets = self._budgets(running)
-        if mine is not None and reclaim:  # what it may evict, were every room it may take over taken
-            reach = reclaimable(running, tenants, lent, mine)
-        else:
-            reach = [
-                a for a in running if a.pod.priority < pod.priority and (mine is None or tenants.of(a.pod) == mine)
-            ]
-        keep = self._keep([pod])
-        # One look with all of them free, their victims and every pod it may evict gone (more
-        # than any one way leaves), then the rooms whose node passes it one at a time.
-        every = self.cache.snapshot(free=[r.pod.key for r in rooms] + [pod.key], sealed=sealed, **keep)
-        index = every.cluster.index
-        near: dict[int, list[Assignment]] = defaultdict(list)
-        for a in reach:
-            near[a.node].append(a)
-        # Only the rooms' nodes are looked at: only their own pods need be gone.
-        on_rooms = {i for r in rooms if (i := index.get(r.node)) is not None}
-        most = every.state.release([v for r in rooms for v in r.victims])
-        most = most.release([a for i in on_rooms for a in near.get(i, ())])
-        possible = most.fit_mask(pod.shape) if pod.affinity or pod.spread else most.pod_mask(pod)
-        best: tuple[tuple[int, int, int, int, float], Room, Preemption, Cluster] | None = None
-        tried = [
-            r
-            for r in sorted(rooms, key=lambda r: (r.pod.priority, r.pod.key))
-            if (i := index.get(r.node)) is not None and possible[i] and every.cluster.could_take(pod, r.node)
-        ][:ROOMS_TRIED]
-        for room in tried:
-            i = index[room.node]
-            snap = self.cache.snapshot(free=[room.pod.key, pod.key], sealed=sealed, **keep)
-            state = snap.state.release(room.victims)
-            there = near.get(i, [])
-            if reclaim:
-                left = dict(lent)
-                left[tenants.of(room.pod)] -= demand_of(room.pod)
-                pre = reclaim_through_room(pod, state, there, i, tenants, left, budgets)
-            else:
-                pre = through_room(pod, state, there, i, budgets)
-                freed = sum(demand_of(v.pod) for v in pre.victims) if pre is not None else 0
-                if pre is not None and may is not None and not may(room, freed):
-                    pre = None
-            if pre is None or not _on_instances([pre], state):
-                continue
-            rank = harm(pre)
-            if best is None or rank < best[0]:
-                best = (rank, room, pre, snap.cluster)
-            if not pre.victims:  # no way harms less
-                break
-        return None if best is None else best[1:]
-
-    def _reclaim_note(self, pre: Preemption) -> str:
-        """What the victims of a reclaim are told."""
-        mine = self.tenants.of(pre.pod)
-        owners = sorted({self.tenants.of(v.pod) for v in pre.victims})
-        quotas = ", ".join(f"{t} (quota {self.tenants.rule(t).quota / GPU_MILLI:g})" for t in owners)
-        return (
-            f"reclaiming GPUs for tenant {mine}, within its quota of {self.tenants.rule(mine).quota / GPU_MILLI:g} "
-            f"GPUs, from tenants past their own quota: {quotas}"
-        )
-
-    async def _evict(self, victim: Pod, by: Pod, node: str, why: str = "") -> None:
-        """Delete one victim of ``by``; should that fail, ``by`` waits for it no longer: the room
-        held for it is given up, and it looks again when the cluster changes or its wait runs out
-        (not at once: a deletion refused, by RBAC or a webhook, is likely to be refused again).
-        For a gang member, the room of every member goes (a gang has room whole or not at all),
-        and the pods parked outside the gang may take what was held."""
-        deleted = await (self.binder.preempt(victim, by, node, why) if why else self.binder.preempt(victim, by, node))
-        if deleted:
-            return
-        if (held := self.evicted_uncounted.get(victim.key)) is not None and held.uid == victim.uid:
-            del self.evicted_uncounted[victim.key]  # it runs on: no budget spent
-        said = (
-            f"The deletion of pod {victim.key} on node {node}, which it preempted, failed: the room held "
-            "for it there is given up; it looks again when the cluster changes."
-        )
-        # A pod that took the room over preempted no one: it is told what its room waited for.
-        waited = (
-            f"The deletion of pod {victim.key} on node {node}, that the room held for it there waited for, "
-            "failed: the room is given up; it looks again when the cluster changes."
-        )
-        # Every room that waits for it (its room may have been taken over by a pod of higher
-        # priority meanwhile), and a gang's whole: a gang has room whole or not at all.
-        waiting = self.cache.waiting_on(victim)
-        gangs = {g.name for k in waiting if (r := self.queue.record(k)) is not None and (g := r.pod.gang) is not None}
-        waiting += [k for name in sorted(gangs) for k in self.cache.gang_nominations(name) if k not in waiting]
-        for key in waiting:
-            self.cache.unnominate(key)
-            record = self.queue.record(key)
-            if record is not None:  # its nominatedNodeName must not point there
-                took = key != by.key and record.pod.gang is None  # (a gang's room is never taken over)
-                self._tell_room_lost(record.pod, waited if took else said, wake=False)
-        if gangs:  # what the gang held is free for the pods parked outside it
-            self.queue.move_all(lambda r: r.pod.gang is None or r.pod.gang.name not in gangs)
-
     def give_up_room(self, key: str) -> None:
         """Give up the room held for ``key``, if any: what it held is free for the parked pods."""
         if self.cache.unnominate(key):
@@ -1993,10 +1037,10 @@ class Scheduler:
             self.queue.backoff(pod.key)
         else:
             self.queue.park(pod.key)
-        self._write_verdict(pod, message, nominated)
+        self.write_verdict(pod, message, nominated)
         log.info("unschedulable", pod=pod.key, reason=reason, message=message)
 
-    def _write_verdict(self, pod: Pod, message: str, nominated: str | None) -> None:
+    def write_verdict(self, pod: Pod, message: str, nominated: str | None) -> None:
         """The pod's ``FailedScheduling`` Event and its condition (with ``nominated``, or none)."""
         self._write(("event", pod.key), lambda: self._verdict_event(pod, message))
         self._write(("condition", pod.key), lambda: self._verdict_condition(pod, message, nominated))
@@ -2152,26 +1196,6 @@ class Scheduler:
             log.info("bound pod was gone before the relist; books corrected", pod=pod.key)
             self.queue.move_all()
 
-    def _scrape(self) -> None:
-        state = self.cache.snapshot().state
-        self._cluster_metrics(state, None)
-        self._signal_metrics(state)
-        self._tenant_metrics()
-        if self.utilisation is not None:
-            self._utilisation_metrics(state)
-
-    def _tenant_metrics(self) -> None:
-        """GPUs each tenant holds and is guaranteed (none while no tenant rule is set)."""
-        if not self.tenants.active:
-            self.metrics.set_tenants({}, {})
-            return
-        usage = self._tenant_usage()
-        names = set(usage) | set(self.tenants.rules)
-        self.metrics.set_tenants(
-            {t: usage.get(t, 0) / GPU_MILLI for t in sorted(names)},
-            {t: self.tenants.rule(t).quota / GPU_MILLI for t in sorted(names)},
-        )
-
     def utilisation_view(self) -> UtilisationView | None:
         """The last answer about GPU utilisation, if there is one young enough to use."""
         if self.utilisation is None:
@@ -2205,7 +1229,7 @@ class Scheduler:
         told: tuple[frozenset[str], bool] = (frozenset(), False)
         while True:
             if await self.utilisation.poll_once():
-                told = self._check_node_names(told)
+                told = self.gauges.check_node_names(told)
             blocking = self.utilisation_changed(blocking)
             await asyncio.sleep(self.utilisation.poll_s)
 
@@ -2218,41 +1242,7 @@ class Scheduler:
             self.queue.move_all()
         return self.cache.blocking(now)
 
-    def _check_node_names(self, told: tuple[frozenset[str], bool]) -> tuple[frozenset[str], bool]:
-        """Warn (once, until they change) about the names of the answer that are no node of the
-        cluster: when none is, the node label names something else and no GPU would ever count
-        as busy or idle; when some are not, those exporters' GPUs go unmeasured.  What was
-        warned about now: those names, and whether none was a node."""
-        assert self.utilisation is not None
-        assert self.utilisation.view is not None
-        view, nodes = self.utilisation.view, self.cache.nodes
-        clock = time.monotonic()
-        for name, at in list(self.nodes_gone.items()):
-            if clock - at > GONE_NODES_S or name in nodes:
-                del self.nodes_gone[name]
-        strangers = frozenset(n for n in view.strangers(nodes) if n not in self.nodes_gone) if nodes else frozenset()
-        now = (strangers, view.names_none_of(nodes))
-        if strangers and now != told:
-            if now[1]:
-                log.warning(
-                    "no node of the utilisation answer is a node of the cluster; nothing counts as busy or idle",
-                    label=self.utilisation.node_label,
-                    answered=sorted(view.percent)[:3],
-                    cluster=sorted(nodes)[:3],
-                    fix="--utilisation-node-label must name the label that holds the Kubernetes node name",
-                )
-            else:
-                log.warning(
-                    "names in the utilisation answer are no node of the cluster; their GPUs count as neither "
-                    "busy nor idle",
-                    label=self.utilisation.node_label,
-                    names=len(strangers),
-                    answered=sorted(strangers)[:3],
-                    fix="an exporter without NODE_NAME labels its GPUs with its pod's name: give it the node's",
-                )
-        return now
-
-    def _below_headroom(self, pod: Pod) -> bool:
+    def below_headroom(self, pod: Pod) -> bool:
         """Whether ``pod`` may not take the GPUs the headroom keeps free."""
         return pod.priority < self.config.headroom.priority_at_least
 
@@ -2274,11 +1264,11 @@ class Scheduler:
         elif len(cluster):
             self._models_checked = models
 
-    def _keep(self, pods: Iterable[Pod] | None = None) -> dict[str, Any]:
+    def keep_free(self, pods: Iterable[Pod] | None = None) -> dict[str, Any]:
         """What ``Cache.snapshot`` is to keep free from ``pods`` (None: from pods of low priority):
         the headroom's GPUs when any of them is below its priority; else none."""
         h = self.config.headroom
-        if not h.gpus or (pods is not None and not any(self._below_headroom(p) for p in pods)):
+        if not h.gpus or (pods is not None and not any(self.below_headroom(p) for p in pods)):
             return {}
         return {
             "keep": h.gpus,
@@ -2300,10 +1290,8 @@ class Scheduler:
     ) -> tuple[Plan, ClusterState, float]:
         """Place the pods of high priority that ``plan`` left out with the GPUs kept free for
         them given back: the batch's plan with theirs added.  A gang goes there only whole."""
-        below = {p.gang.name for p in plan.unplaced if p.gang is not None and self._below_headroom(p)}
-        high = [
-            p for p in plan.unplaced if not self._below_headroom(p) and (p.gang is None or p.gang.name not in below)
-        ]
+        below = {p.gang.name for p in plan.unplaced if p.gang is not None and self.below_headroom(p)}
+        high = [p for p in plan.unplaced if not self.below_headroom(p) and (p.gang is None or p.gang.name not in below)]
         if not high:
             return plan, after, frag
         state = after.with_gpus_at(snap.kept, 0)
@@ -2328,7 +1316,7 @@ class Scheduler:
         )
         return merged, after2, frag2
 
-    def _notes(
+    def with_notes(
         self,
         pod: Pod,
         message: str,
@@ -2362,7 +1350,7 @@ class Scheduler:
                 f"{busy} GPU{'s' if busy != 1 else ''} with room for it {'were' if busy != 1 else 'was'} "
                 f"not offered: busy, at {pct:g} % utilisation or more (DCGM)"
             )
-        below = self._below_headroom(pod) if below is None else below
+        below = self.below_headroom(pod) if below is None else below
         kept = sum(1 for i, _ in snap.kept if host[i]) if below else 0
         if kept:
             notes.append(
@@ -2370,92 +1358,6 @@ class Scheduler:
                 f"priority {self.config.headroom.priority_at_least} or more (headroom)"
             )
         return "; ".join([message.rstrip("."), *notes]) + "." if notes else message
-
-    def _utilisation_metrics(self, state: ClusterState) -> None:
-        """The age of the utilisation answer, the GPUs it finds busy and those pods hold idle
-        (NaN without an answer young enough to use: nothing is measured, which 0 would hide)."""
-        assert self.utilisation is not None
-        u = self.config.utilisation
-        view = self.utilisation.view
-        if view is None:
-            self.metrics.set_utilisation(math.nan, math.nan, math.nan)
-            return
-        age = self.utilisation.age()
-        if age > u.max_age_seconds:  # not used: no GPU is known busy or idle by it
-            self.metrics.set_utilisation(age, math.nan, math.nan)
-            return
-        cl, used = state.cluster, state.gpu_used
-        busy = len(self.cache.blocking(self.busy_gpus() or {}))
-        low = self.cache.as_booked(view.below(u.idle_percent))  # on a time-sliced node, slices
-        held = [
-            (n, g)
-            for n, gpus in low.items()
-            if (i := cl.index.get(n)) is not None and not cl.mig_cap[i].any()  # as ``_busy_cells``
-            for g in gpus
-            if 0 <= g < cl.gpu_count[i] and used[i, g] > 0
-        ]
-        # A pod whose GPUs the books only guess makes its node's GPUs idle only all together.
-        guessed = self.cache.guessed_gpus() if held else set()
-        holders = self.cache.holders_of(held) if guessed else {}
-        idle = sum(
-            1
-            for n, g in held
-            if not (holders.get((n, g), set()) & guessed) or set(range(int(cl.gpu_count[cl.index[n]]))) <= low[n]
-        )
-        self.metrics.set_utilisation(age, busy, idle)
-
-    def _cluster_metrics(self, state: ClusterState, frag: float | None) -> None:
-        """Queue depths and cluster gauges (``frag`` None: as the last batch left it); after each
-        batch, and from the books as they are at each scrape."""
-        c = self.queue.counts()
-        self.metrics.set_pending(c.active + c.in_flight, c.backoff, c.unschedulable)
-        cl, open_ = state.cluster, ~state.cluster.cordoned  # a cordoned node is no capacity to place on
-        # GPUs in MIG mode count as the cost report counts them, a slice held as its part of one
-        # (held twice, at most the node's).
-        mig, part = self._mig_shares(cl)
-        mig_held = np.minimum(state.mig @ part, mig) if part.size else np.zeros(len(cl), dtype=np.float64)
-        gpus = float(cl.gpu_count[open_].sum() + mig[open_].sum())
-        held = float(state.gpu_used[open_].sum()) / GPU_MILLI + float(mig_held[open_].sum())
-        alloc = held / gpus if gpus else 0.0
-        in_use = (state.gpu_used.sum(axis=1) > 0) | (state.mig.sum(axis=1) > 0)
-        active = int((in_use & ((cl.gpu_count > 0) | cl.mig_cap.any(axis=1)) & open_).sum())
-        self.metrics.set_cluster(gpus, alloc, frag, active)
-
-    def node_gone(self, name: str) -> None:
-        """``name`` was deleted: its GPUs' series linger in the utilisation answer a while."""
-        now = time.monotonic()
-        for gone, at in list(self.nodes_gone.items()):
-            if now - at > GONE_NODES_S:
-                del self.nodes_gone[gone]
-        self.nodes_gone[name] = now
-
-    def _mig_shares(self, cl: Cluster) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        """Per node its GPUs in MIG mode (as the cost report counts them), per MIG profile of
-        ``cl`` its part of a GPU: once per node list, not per batch."""
-        if self._mig_shares_of is None or self._mig_shares_of[0] is not cl:
-            mig = np.array([mig_gpus(node) for node in cl.nodes], dtype=np.float64)
-            part = np.array([gpu_fraction(p) for p in cl.mig_profiles], dtype=np.float64)
-            self._mig_shares_of = (cl, mig, part)
-        return self._mig_shares_of[1], self._mig_shares_of[2]
-
-    def _signal_metrics(self, state: ClusterState) -> None:
-        """The autoscaling gauges and the GPUs kept free: from the books, at each scrape only
-        (nothing a batch learns changes them sooner)."""
-        cl, open_ = state.cluster, ~state.cluster.cordoned
-        in_use = (state.gpu_used.sum(axis=1) > 0) | (state.mig.sum(axis=1) > 0)
-        gpu_nodes = (cl.gpu_count > 0) | cl.mig_cap.any(axis=1)
-        kept = self._kept_now()
-        keeping = np.zeros(len(cl), dtype=np.bool_)  # nodes holding GPUs kept free: not to be removed
-        keeping[[i for n, _ in kept if (i := cl.index.get(n)) is not None]] = True
-        # A node being re-partitioned holds no pod yet, but is about to: not to be removed; nor
-        # one gang members waiting beside a layout are planned on.
-        soon = self.mig.sealed() | {node for job in self.mig.jobs.values() for _, node in job.beside.values()}
-        keeping[[i for n in soon if (i := cl.index.get(n)) is not None]] = True
-        idle = int((~in_use & gpu_nodes & open_ & ~keeping).sum())
-        # What more nodes would have to offer.
-        parked = self.waiting(self.unschedulable_records())
-        wanted = sum(p.gpu_demand_milli for p in parked) / GPU_MILLI
-        self.metrics.set_signals(idle, wanted, len(kept))
 
     def unschedulable_records(self) -> list[PodRecord]:
         """The pending pods waiting as unschedulable: parked, or told so and drawn again since
@@ -2503,10 +1405,10 @@ class Scheduler:
             pods = [p for p in admitted if p.key not in over]
         return pods
 
-    def _kept_now(self) -> tuple[tuple[str, int], ...]:
+    def kept_now(self) -> tuple[tuple[str, int], ...]:
         """The GPUs (node name, index) the headroom would keep free from a batch now (busy ones
         left out)."""
-        keep = self._keep()
+        keep = self.keep_free()
         if not keep:
             return ()
         snap = self.cache.snapshot(busy=self.busy_gpus(), **keep)
@@ -2521,50 +1423,6 @@ def _load_malloc_trim() -> Callable[[int], int] | None:
 
 
 _MALLOC_TRIM = _load_malloc_trim()
-
-
-def _busy_room_ok(
-    found: list[Preemption],
-    busy: Mapping[str, frozenset[int]],
-    holders: Mapping[tuple[str, int], set[str]],
-    cluster: Cluster,
-) -> list[Preemption]:
-    """The preemptions of ``found`` that take room on a busy GPU only where every pod holding it
-    is evicted (by the pod, or for a gang by its members together); a gang keeps all its
-    members' or none."""
-    victims: dict[str, set[str]] = defaultdict(set)  # pod, or gang, -> the keys of its victims
-    for pre in found:
-        victims[pre.pod.unit].update(v.pod.key for v in pre.victims)
-    refused = set()
-    for pre in found:
-        name = cluster.nodes[pre.placement.node].name
-        for g in pre.placement.gpus:
-            if g in busy.get(name, ()) and not holders.get((name, g), set()) <= victims[pre.pod.unit]:
-                refused.add(pre.pod.unit)
-    return [pre for pre in found if pre.pod.unit not in refused]
-
-
-def _on_instances(found: list[Preemption], state: ClusterState) -> list[Preemption]:
-    """``found`` but the MIG pods that would need a GPU re-partitioned: room held for a pod is
-    bound as it is once the victims leave, and a node takes a MIG pod only on an instance it
-    advertises (a gang's members all go when one does)."""
-    free = state.mig_free.copy()
-    out: list[Preemption] = []
-    dropped: set[str] = set()
-    for pre in found:
-        for v in pre.victims:
-            for held, count in v.pod.mig_slices:  # all it holds: one another scheduler bound may hold several
-                if (col := state.cluster.mig_id(held)) >= 0:
-                    free[v.node, col] += count
-        profile = pre.pod.mig_profile
-        if profile:
-            col = state.cluster.mig_index[profile]
-            if free[pre.node, col] <= 0:
-                dropped.add(pre.pod.unit)
-                continue
-            free[pre.node, col] -= 1
-        out.append(pre)
-    return [pre for pre in out if pre.pod.unit not in dropped]
 
 
 def count_running_members(pods: list[Pod], books: Cache) -> list[Pod]:
@@ -2611,17 +1469,6 @@ def _same_offers(a: Cluster, b: Cluster) -> bool:
         x.name == y.name and x.labels == y.labels and same_offer(x, y) for x, y in zip(a.nodes, b.nodes, strict=True)
     )
 
-
-GONE_NODES_S = 600.0
-"""How long a deleted node's name in the utilisation answer is taken for its series ageing out
-(the default query averages two minutes) rather than for an exporter's wrong label."""
-
-ROOM_SEEKERS = 8
-"""Pods of one search (the most important first) that look at the rooms held for others: each
-look takes a snapshot per room, on the event loop, so a preemption wave is looked at in turns."""
-
-ROOMS_TRIED = 16
-"""Rooms held for others one pod tries (those of the lowest priority first)."""
 
 ISOLATED_UNITS = 4
 """Units of a batch whose handling raised that the next batch handles one by one; more are
@@ -2724,15 +1571,3 @@ def _place(policy: Policy, pods: list[Pod], state: ClusterState, quick: bool, de
     if isinstance(policy, TimedPolicy) and deadline is not None:
         return policy.place_until(pods, state, deadline, quick)
     return place_quick(policy, pods, state) if quick else policy.place(pods, state)
-
-
-_Why = TypeVar("_Why", bound="Explanation | _Verdict")
-"""Why a pod waits: a placement search's explanation, or a verdict reached without one."""
-
-
-@dataclass(frozen=True)
-class _Verdict:
-    """Why a pod waits, when no placement search said it (``Explanation`` is that search's)."""
-
-    message: str
-    reason: str

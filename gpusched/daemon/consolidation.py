@@ -1,0 +1,202 @@
+"""Consolidation: GPU nodes whose pods all may move and fit on the other nodes in use are
+emptied, round by round, through the Eviction API; their controllers create the pods again and
+the batches place them.  A round comes only while the cluster is quiet, and waits for the last
+round's pods to be placed again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter, defaultdict
+from typing import TYPE_CHECKING
+
+import structlog
+
+from gpusched.model import Plan, Pod
+from gpusched.solver.consolidate import Move, plan_consolidation
+from gpusched.solver.validate import plan_problems
+from gpusched.state.cache import Snapshot
+
+if TYPE_CHECKING:
+    from gpusched.daemon.scheduler import Scheduler
+
+log = structlog.get_logger("gpusched.daemon")
+
+
+class Consolidator:
+    """The consolidation rounds of one scheduler instance (they run while it leads)."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+        self.moving: set[tuple[str, str]] = set()
+        """Pods (key, UID) the last consolidation round evicted, until they leave the books."""
+        self._awaiting: dict[str, int] = {}
+        """Per controller (UID) whose pods the last round evicted: how many of its pods ran before
+        it, until as many run again (their replacements are placed)."""
+        self._round_deadline = 0.0
+        """Monotonic time after which the next round no longer waits for the last one's pods."""
+        self._emptying: dict[str, list[int]] = {}
+        """Per node a round is emptying: [evictions left, evictions refused, evictions in all]."""
+        self._refused_until: dict[str, float] = {}
+        """Nodes not emptied again until then: a round left them in use (an eviction refused), or
+        the pods of the round that emptied them were placed back on them (``_emptied``)."""
+        self._emptied: set[str] = set()
+        """Nodes the last round emptied, until its evictions are settled: then each that holds GPU
+        pods again (the batches placed the replacements on it after all) is held in
+        ``_refused_until``, so that no policy has a round evict the same work from it each time."""
+        self.interval_changed = asyncio.Event()
+        """Set when a new configuration changes ``consolidation.intervalSeconds``."""
+
+    async def forever(self) -> None:
+        """Every ``consolidation.intervalSeconds``, a round of ``consolidate``; a round that
+        fails is logged, and the next one comes as usual.  A new interval counts at once, from
+        the last round (or the start)."""
+        last = time.monotonic()
+        while True:
+            left = last + self.s.config.consolidation.interval_seconds - time.monotonic()
+            if left > 0:
+                self.interval_changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.interval_changed.wait(), left)
+                continue
+            last = time.monotonic()
+            try:
+                await self.round()
+            except Exception as exc:
+                log.error("consolidation failed", error=repr(exc))
+
+    async def round(self) -> int:
+        """Empty the GPU nodes whose pods all may move and fit on other nodes in use
+        (``plan_consolidation``), evicting those pods; how many nodes.  Only while leading, with
+        consolidation on, and the cluster quiet: no pod waiting for a batch or a retry, none in a
+        batch, no room held for a preempting pod, and none of the pods evicted by the last round
+        still on the books (their replacements are placed first)."""
+        c = self.s.config.consolidation
+        if not c.enabled or not self.s.is_leader:
+            return 0
+        if time.monotonic() >= self._round_deadline:  # the last round's pods are waited for no longer
+            self.moving.clear()
+            self._awaiting.clear()
+        self.moving = {(k, uid) for k, uid in self.moving if self.s.cache.holds(k, uid)}
+        if self.moving:
+            return 0  # an evicted pod is still on the books: it still counts among its controller's
+        if self._awaiting:
+            running = self._running_by_owner()
+            if any(running.get(o, 0) < n for o, n in self._awaiting.items()):
+                return 0  # their replacements are not all placed yet: the room they need is theirs
+            self._awaiting.clear()
+        if self._emptied:
+            self._hold_refilled()
+        if not self._quiet():
+            return 0
+        snap = self._books()
+        placed = self.s.cache.placed()  # as counted in ``snap``: taken together
+        now = time.monotonic()
+        self._refused_until = {n: t for n, t in self._refused_until.items() if t > now}
+        refused = {i for n in self._refused_until if (i := snap.cluster.index.get(n)) is not None}
+        moves = await asyncio.to_thread(
+            plan_consolidation, snap.state, placed, c.max_nodes_per_round, list(self.s.budgets.values()), refused
+        )
+        if not self.s.is_leader or not self._quiet() or not self.s.config.consolidation.enabled:
+            return 0  # pods came (or room was held, or it was turned off) during the plan
+        moves = self._still_good(moves, snap)
+        names = snap.cluster.nodes
+        running = self._running_by_owner() if moves else Counter[str]()
+        for m in moves:
+            node = names[m.node].name
+            log.info(
+                "consolidate",
+                node=node,
+                pods=[a.pod.key for a in m.pods],
+                to=sorted({names[t.node].name for t in m.targets}),
+            )
+            why = (
+                f"consolidating GPU work: every pod on node {node} fits on the free GPUs of other nodes in use, "
+                "and the node is left idle; the pod's controller creates it again"
+            )
+            self._emptying[node] = [len(m.pods), 0, len(m.pods)]
+            self._emptied.add(node)
+            for a in m.pods:
+                self.moving.add((a.pod.key, a.pod.uid))
+                self._awaiting[a.pod.owner] = running.get(a.pod.owner, 0)
+                self.s.spawn(self._evict_to_consolidate(a.pod, node, why), f"consolidate:{a.pod.key}")
+        if moves:
+            self._round_deadline = time.monotonic() + max(600.0, 2 * c.interval_seconds)
+        return len(moves)
+
+    def _hold_refilled(self) -> None:
+        """Hold the nodes the last round emptied that GPU pods took again once its evictions were
+        settled: its pods' replacements went back to them (the batches follow their policy, not
+        the plan), and emptying them again would only evict the same work once more."""
+        until = time.monotonic() + self._hold_s()
+        for node in sorted(self._emptied - self._refused_until.keys()):
+            if not self.s.cache.gpu_pods_on(node):
+                continue
+            self._refused_until[node] = until
+            log.warning("consolidation emptied a node that was filled again", node=node, retry_in_s=self._hold_s())
+        self._emptied.clear()
+
+    def _hold_s(self) -> float:
+        """How long a node consolidation could not leave idle is left out of rounds."""
+        return max(3600.0, 6 * self.s.config.consolidation.interval_seconds)
+
+    def _still_good(self, moves: list[Move], snap: Snapshot) -> list[Move]:
+        """The moves of a plan made on ``snap`` that still hold on the books as they are now: a
+        batch may have bound pods (to the node being emptied, or to the room its pods were to
+        take) while the plan was made."""
+        fresh = self._books()
+        if not moves or fresh.cluster is not snap.cluster:
+            return []
+        there: dict[int, set[str]] = defaultdict(set)
+        for a in self.s.cache.placed():  # as counted in ``fresh``: taken together
+            if not a.pod.daemon:
+                there[a.node].add(a.pod.key)
+        state, out = fresh.state, []
+        for m in moves:
+            trial = state.release(m.pods)
+            if there[m.node] != {a.pod.key for a in m.pods} or plan_problems(Plan(m.targets, ()), trial):
+                log.info(
+                    "consolidation move dropped: the cluster changed while it was planned",
+                    node=snap.cluster.nodes[m.node].name,
+                )
+                continue
+            state = trial.apply(m.targets)
+            out.append(m)
+        return out
+
+    def _books(self) -> Snapshot:
+        """The books as a consolidation round reads them: busy GPUs, nodes being re-partitioned
+        and the GPUs the headroom keeps are no target."""
+        return self.s.cache.snapshot(busy=self.s.busy_gpus(), sealed=self.s.mig.sealed(), **self.s.keep_free())
+
+    def _quiet(self) -> bool:
+        """No pod waits for a batch or a retry, none is in a batch, no room is held, and no node
+        is being re-partitioned (pods wait for its layout, with gang members planned elsewhere)."""
+        counts = self.s.queue.counts()
+        return not (counts.active or counts.backoff or counts.in_flight or self.s.cache.nominations or self.s.mig.jobs)
+
+    def _running_by_owner(self) -> Counter[str]:
+        """Pods on the books not being deleted, per controller UID."""
+        return Counter(a.pod.owner for a in self.s.cache.placed() if a.pod.owner and not a.pod.terminating)
+
+    async def _evict_to_consolidate(self, pod: Pod, node: str, why: str) -> None:
+        """Evict one pod of a node a round is emptying; the node counts as emptied once all of
+        its pods are evicted."""
+        done = await self.s.binder.evict(pod, node, why)
+        tally = self._emptying.setdefault(node, [1, 0, 1])
+        tally[0] -= 1
+        if done:
+            self.s.metrics.consolidation(0, 1)
+        else:
+            tally[1] += 1
+            self.moving.discard((pod.key, pod.uid))
+        if tally[0] <= 0:
+            if not tally[1]:
+                self.s.metrics.consolidation(1, 0)
+            else:  # left in use: not chosen again each round, each evicting some or none
+                hold = self._hold_s()
+                self._refused_until[node] = time.monotonic() + hold
+                self._emptied.discard(node)
+                log.warning("consolidation left a node in use", node=node, refused=tally[1], retry_in_s=hold)
+            del self._emptying[node]
