@@ -143,7 +143,7 @@ class ConsolidationConfig(_Strict):
     """Moving batch pods off GPU nodes whose pods fit on the other nodes in use (off by default)."""
 
     enabled: bool = False
-    """Every ``intervalSeconds``, while no pod waits to be placed, empty the nodes whose pods
+    """Every ``intervalSeconds``, while no pod waits for a batch or a retry, empty the nodes whose pods
     all ask to be moved (``gpusched.io/consolidate: "true"`` and a controller) and fit on the
     free GPUs of other nodes in use."""
     interval_seconds: _Number = Field(strict=False, default=300, ge=1, le=86_400, alias="intervalSeconds")

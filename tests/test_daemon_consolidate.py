@@ -332,3 +332,122 @@ async def test_a_node_whose_moved_pods_came_back_to_it_is_not_emptied_again_roun
     assert "default/r1" not in api.evicted, api.evicted
     assert s.cache.placement("default/r1") == ("n1", (0,))  # where the policy put it back
     assert len(emptied) == len(set(emptied)), emptied  # no node emptied twice
+
+
+def _scheduler(api: EvictionApi, nodes: dict[str, int], policy: str = "cpsat") -> Scheduler:
+    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy=policy), cast(Kube, IdleClient()))
+    s.binder = cast(Binder, api)
+    for name, gpus in nodes.items():
+        NodeHandler(s).apply("ADDED", kit.node(name, gpus, "A100"))
+    s.set_config(parse_config({"consolidation": {"enabled": True}}))
+    return s
+
+
+async def _replace_evicted(s: Scheduler, api: EvictionApi, done: int, made: int) -> int:
+    """Each pod evicted since ``done`` leaves and its Job makes a new one (``r<n>``), which the
+    batches place and the watch then sees bound; how many new pods in all."""
+    for key in api.evicted[done:]:
+        node, gpus = s.cache.placement(key) or ("", (0,))
+        s._bound.apply("DELETED", batch_pod(key.split("/")[1], node, gpus[0]))
+        made += 1
+        s._pending.apply("ADDED", batch_pod(f"r{made}", "", 0))
+    while s.queue.counts().active:
+        await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 10))
+        await settle(s)
+        for i in range(1, made + 1):
+            if (where := s.cache.placement(f"default/r{i}")) is not None:
+                s._bound.apply("MODIFIED", batch_pod(f"r{i}", where[0], where[1][0]))
+    return made
+
+
+async def test_a_daemonset_pod_marked_movable_stays_and_does_not_keep_its_node_in_use() -> None:
+    # A namespace-wide policy marked every pod movable, the node agent too.
+    api = EvictionApi()
+    s = two_nodes(api)
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    agent = batch_pod("agent", "n1", 0)
+    agent["metadata"]["ownerReferences"][0]["kind"] = "DaemonSet"
+    del agent["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+    agent["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]
+            }
+        }
+    }
+    s._bound.apply("ADDED", agent)
+    assert await round_of(s) == 1
+    assert api.evicted == ["default/b0"]  # n1 emptied of GPU work; the agent was never a pod to move
+
+
+@pytest.mark.parametrize("policy", ["bestfit", "cpsat"])
+async def test_pods_are_sent_to_a_node_no_round_empties_rather_than_to_one_the_next_round_would(policy: str) -> None:
+    # n0 keeps a pod that may not move: 7 GPUs free there for good.  n2 (3 movable pods) has
+    # the best fit for b, but the round after would empty n2 and move b's new pod again.
+    api = EvictionApi()
+    s = _scheduler(api, {"n0": 8, "n1": 8, "n2": 8}, policy)
+    s._bound.apply("ADDED", batch_pod("pinned", "n0", 0, movable=False))
+    s._bound.apply("ADDED", batch_pod("b", "n1", 0))
+    for i in range(3):
+        s._bound.apply("ADDED", batch_pod(f"t{i}", "n2", i))
+    assert await round_of(s) == 1
+    made = await _replace_evicted(s, api, 0, 0)
+    await round_of(s)
+    await _replace_evicted(s, api, 1, made)
+    assert "default/r1" not in api.evicted, api.evicted  # b's job is not killed twice
+
+
+@pytest.mark.parametrize("policy", ["fgd", "random", "cpsat"])
+async def test_a_replacement_placed_on_another_idle_node_is_not_moved_again(policy: str) -> None:
+    # The plan sends b0 to n0's free GPUs; FGD (or chance) puts its new pod on an idle node,
+    # which is then the emptiest in use.  The new pod stays put: one move per pod, no churn.
+    api = EvictionApi()
+    s = _scheduler(api, {"n0": 4, "n1": 4, "m0": 4, "m1": 4, "m2": 4, "m3": 4}, policy)
+    s._bound.apply("ADDED", batch_pod("a0", "n0", 0))
+    s._bound.apply("ADDED", batch_pod("a1", "n0", 1))
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    made = 0
+    for _ in range(6):
+        done = len(api.evicted)
+        await round_of(s)
+        made = await _replace_evicted(s, api, done, made)
+    assert not [k for k in api.evicted if k.startswith("default/r")], api.evicted
+    assert len(api.evicted) == len(set(api.evicted)) <= 3, api.evicted
+
+
+async def test_no_round_while_a_pod_of_the_tenant_waits_at_its_limit() -> None:
+    # A pod evicted counts toward its tenant's limit no more; a pod of the tenant parked at the
+    # limit would take its place, and the evicted pod's replacement would wait for good.
+    api = EvictionApi()
+    s = two_nodes(api)  # n0: a0, a1
+    s.set_config(parse_config({"consolidation": {"enabled": True}, "tenants": {"default": {"limitGpus": 3}}}))
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    s._pending.apply("ADDED", pod("waiter"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 10))
+    await settle(s)
+    assert s.queue.counts().unschedulable == 1  # held at the limit
+    assert await round_of(s) == 0
+    assert api.evicted == []
+    s._pending.apply("DELETED", pod("waiter"))  # nobody waits at the limit any more
+    assert await round_of(s) == 1
+    assert api.evicted == ["default/b0"]
+
+
+async def test_a_new_leader_waits_for_the_pods_the_last_leader_evicted() -> None:
+    # The last leader evicted b0 (2 GPUs) from n1 for n0's two free GPUs; its Job has not made
+    # the new pod yet.  This instance has just taken the lead and has no record of that round.
+    api = EvictionApi()
+    s = _scheduler(api, {"n0": 4, "n1": 4, "n2": 4})
+    s._bound.apply("ADDED", batch_pod("a0", "n0", 0, movable=False))
+    s._bound.apply("ADDED", batch_pod("a1", "n0", 1, movable=False))
+    b0 = batch_pod("b0", "n1", 0)
+    b0["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    b0["metadata"]["annotations"]["gpusched.io/gpu-indices"] = "0,1"
+    b0["metadata"]["deletionTimestamp"] = "2026-12-07T00:00:00Z"
+    s._bound.apply("ADDED", b0)
+    s._bound.apply("ADDED", batch_pod("c0", "n2", 0))
+    assert await round_of(s) == 0
+    assert api.evicted == []  # c0 would take the room b0's new pod is to have
+    s._bound.apply("DELETED", b0)
+    assert await round_of(s) == 1
+    assert api.evicted == ["default/c0"]

@@ -9,12 +9,13 @@ import asyncio
 import contextlib
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import structlog
 
-from gpusched.model import Plan, Pod
-from gpusched.solver.consolidate import Move, plan_consolidation
+from gpusched.model import Assignment, Plan, Pod
+from gpusched.solver.consolidate import NODE_DOWN_TAINTS, Move, plan_consolidation
 from gpusched.solver.validate import plan_problems
 from gpusched.state.cache import Snapshot
 
@@ -47,6 +48,10 @@ class Consolidator:
         ``_refused_until``, so that no policy has a round evict the same work from it each time."""
         self.interval_changed = asyncio.Event()
         """Set when a new configuration changes ``consolidation.intervalSeconds``."""
+        self._moved_owners: dict[str, tuple[float, frozenset[str]]] = {}
+        """Controllers (UID) whose pods a round evicted: until when, and the UIDs of their pods on
+        the books then.  Their pods made since (the replacements) stay put until then, wherever
+        the batches placed them: a pod is not moved twice for one move."""
 
     async def forever(self) -> None:
         """Every ``consolidation.intervalSeconds``, a round of ``consolidate``; a round that
@@ -92,17 +97,37 @@ class Consolidator:
             return 0
         snap = self._books()
         placed = self.s.cache.placed()  # as counted in ``snap``: taken together
+        leaving = self._leaving(placed, snap)
+        if leaving:
+            log.info("consolidation waits: GPU pods are leaving, their replacements come first", pods=leaving[:3])
+            return 0
         now = time.monotonic()
         self._refused_until = {n: t for n, t in self._refused_until.items() if t > now}
+        self._moved_owners = {o: m for o, m in self._moved_owners.items() if m[0] > now}
         refused = {i for n in self._refused_until if (i := snap.cluster.index.get(n)) is not None}
+        held = self._held_tenants()
+        stay = {
+            a.pod.key
+            for a in placed
+            if ((moved := self._moved_owners.get(a.pod.owner)) and a.pod.uid not in moved[1])
+            or (held and self.s.tenants.of(a.pod) in held)
+        }
         moves = await asyncio.to_thread(
-            plan_consolidation, snap.state, placed, c.max_nodes_per_round, list(self.s.budgets.values()), refused
+            plan_consolidation, snap.state, placed, c.max_nodes_per_round, list(self.s.budgets.values()), refused, stay
         )
         if not self.s.is_leader or not self._quiet() or not self.s.config.consolidation.enabled:
             return 0  # pods came (or room was held, or it was turned off) during the plan
         moves = self._still_good(moves, snap)
         names = snap.cluster.nodes
         running = self._running_by_owner() if moves else Counter[str]()
+        before: dict[str, frozenset[str]] = {}  # per controller moved: the UIDs of its pods now
+        if moves:
+            owners = {a.pod.owner for m in moves for a in m.pods}
+            uids: dict[str, set[str]] = defaultdict(set)
+            for a in self.s.cache.placed():
+                if a.pod.owner in owners:
+                    uids[a.pod.owner].add(a.pod.uid)
+            before = {o: frozenset(uids[o]) for o in owners}
         for m in moves:
             node = names[m.node].name
             log.info(
@@ -120,6 +145,7 @@ class Consolidator:
             for a in m.pods:
                 self.moving.add((a.pod.key, a.pod.uid))
                 self._awaiting[a.pod.owner] = running.get(a.pod.owner, 0)
+                self._moved_owners[a.pod.owner] = (time.monotonic() + self._hold_s(), before[a.pod.owner])
                 self.s.spawn(self._evict_to_consolidate(a.pod, node, why), f"consolidate:{a.pod.key}")
         if moves:
             self._round_deadline = time.monotonic() + max(600.0, 2 * c.interval_seconds)
@@ -175,6 +201,33 @@ class Consolidator:
         is being re-partitioned (pods wait for its layout, with gang members planned elsewhere)."""
         counts = self.s.queue.counts()
         return not (counts.active or counts.backoff or counts.in_flight or self.s.cache.nominations or self.s.mig.jobs)
+
+    def _leaving(self, placed: Sequence[Assignment], snap: Snapshot) -> list[str]:
+        """GPU pods of a controller being deleted on nodes that are up: their replacements come
+        (an eviction by a leader before this one, say, that this one has no record of) and the
+        room they left is theirs.  On a node that is down a pod may stay deleting for good."""
+        names = snap.cluster.nodes
+        return [
+            a.pod.key
+            for a in placed
+            if a.pod.terminating
+            and a.pod.owner
+            and a.pod.gpu_demand_milli
+            and not any(t.key in NODE_DOWN_TAINTS for t in names[a.node].taints)
+        ]
+
+    def _held_tenants(self) -> set[str]:
+        """Tenants a pod of which waits at the tenant's GPU limit: a pod of theirs evicted counts
+        toward the limit no more, and the waiting pod would take its place before its
+        replacement comes."""
+        tenants = self.s.tenants
+        if not tenants.active:
+            return set()
+        parked = [r.pod for r in self.s.unschedulable_records() if not r.error]
+        if not parked:
+            return set()
+        _, over = tenants.admit(parked, self.s.cache.tenant_usage(tenants, terminating=True))
+        return {tenants.of(p) for p in parked if p.key in over}
 
     def _running_by_owner(self) -> Counter[str]:
         """Pods on the books not being deleted, per controller UID."""

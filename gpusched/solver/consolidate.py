@@ -9,8 +9,9 @@ A node is a candidate when all of the following hold:
 
 * it is not cordoned, not unreachable nor not ready, and a pod on it holds a GPU (or MIG slice);
 * no pod on it is being deleted;
-* every pod on it is movable (``Pod.movable``) and not a gang member, or else a pod that runs
-  on every node (``Pod.daemon``: a DaemonSet's, or a static pod), which stays;
+* every pod on it is movable (``Pod.movable``), not a gang member and not asked to stay
+  (``stay``: the caller's word, e.g. a job moved lately), or else a pod that runs on every node
+  (``Pod.daemon``: a DaemonSet's, or a static pod), which stays even when marked movable;
 * evicting its pods breaks no disruption budget, read as the Eviction API reads it
   (``Budget.evicts``; budgets are hard here: nothing forces this);
 * no pod to evict is selected by two budgets or more: the Eviction API refuses such a pod
@@ -18,7 +19,9 @@ A node is a candidate when all of the following hold:
   for nothing.
 
 Candidates are tried emptiest first (least GPU in use, then by name).  For each, its pods are
-placed largest first, best fit, only on other nodes that stay in use (a pod holds a GPU there):
+placed largest first, best fit, on nodes that are no candidate themselves where one has room (a
+pod sent to a node a later round empties would be evicted twice), and only on other nodes that
+stay in use (a pod holds a GPU there):
 not idle nodes (that would wake one to empty another), not nodes emptied before it in the
 plan, not nodes where a pod is being deleted, and not nodes with more PreferNoSchedule taints
 the pod does not tolerate than its own node has (its replacement would be steered back).  A MIG
@@ -40,10 +43,10 @@ from gpusched.solver.baselines.base import GPU_CHOICE
 from gpusched.solver.baselines.best_fit import BestFitPolicy
 from gpusched.solver.preempt import Budget
 
-__all__ = ["Move", "plan_consolidation"]
+__all__ = ["NODE_DOWN_TAINTS", "Move", "plan_consolidation"]
 
 
-_DOWN = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
+NODE_DOWN_TAINTS = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
 """Taints of a node that is not ready: its pods would not leave, nor new ones start."""
 
 
@@ -62,10 +65,12 @@ def plan_consolidation(
     max_nodes: int = 1,
     budgets: Sequence[Budget] = (),
     skip: Collection[int] = (),
+    stay: Collection[str] = (),
 ) -> list[Move]:
     """The nodes to empty (at most ``max_nodes``), with where their pods would go.  ``placed``:
     every pod on the books (bound or being bound, of any scheduler), as counted in ``state``.
-    ``skip``: nodes not to be emptied now (they may still take pods)."""
+    ``skip``: nodes not to be emptied now (they may still take pods); ``stay``: keys of pods
+    not to be moved now (their nodes are no candidates)."""
     cl = state.cluster
     by_node: dict[int, list[Assignment]] = defaultdict(list)
     in_use = np.zeros(len(cl), dtype=np.bool_)  # by the pods on it: a GPU blocked in ``state`` is not use
@@ -76,19 +81,21 @@ def plan_consolidation(
             in_use[a.node] = True
         if a.pod.terminating:
             leaving[a.node] = True
-    down = np.array([any(t.key in _DOWN for t in node.taints) for node in cl.nodes], dtype=np.bool_)
+    down = np.array([any(t.key in NODE_DOWN_TAINTS for t in node.taints) for node in cl.nodes], dtype=np.bool_)
     targets = in_use & ~cl.cordoned & ~leaving & ~down
     allowed_left = [b.allowed for b in budgets]
 
     def evictable(pod: Pod) -> bool:  # the Eviction API evicts no pod that two budgets select
-        return pod.movable and pod.gang is None and sum(b.evicts(pod) for b in budgets) < 2
+        return pod.movable and pod.gang is None and pod.key not in stay and sum(b.evicts(pod) for b in budgets) < 2
 
     def movable(pods: list[Assignment]) -> bool:
         ok = all(a.pod.daemon or evictable(a.pod) for a in pods)
-        return ok and any(a.pod.movable for a in pods)
+        return ok and any(a.pod.movable and not a.pod.daemon for a in pods)
 
     candidates = [int(n) for n in np.flatnonzero(targets) if int(n) not in skip and movable(by_node[int(n)])]
     candidates.sort(key=lambda n: (sum(a.pod.gpu_demand_milli for a in by_node[n]), cl.nodes[n].name))
+    settled = targets.copy()  # nodes in use that no round empties as they are: the first choice
+    settled[candidates] = False
     fit = BestFitPolicy()
     moves: list[Move] = []
     receivers: set[int] = set()  # nodes that take pods in the plan: not emptied later in it
@@ -97,7 +104,7 @@ def plan_consolidation(
             break
         if n in receivers:
             continue
-        pods = [a for a in by_node[n] if a.pod.movable]  # a DaemonSet's or static pod stays
+        pods = [a for a in by_node[n] if a.pod.movable and not a.pod.daemon]  # a DaemonSet's or static pod stays
         spend = [sum(1 for a in pods if b.evicts(a.pod)) for b in budgets]
         if any(s > left for s, left in zip(spend, allowed_left, strict=True)):
             continue
@@ -112,7 +119,9 @@ def plan_consolidation(
             avoided = cl.avoided(a.pod.tolerations)  # a PreferNoSchedule taint would send it back
             if avoided is not None:
                 ok &= avoided <= avoided[n]
-            nodes = np.flatnonzero(ok)
+            nodes = np.flatnonzero(ok & settled)
+            if not nodes.size:
+                nodes = np.flatnonzero(ok)
             if not nodes.size:
                 break
             to = fit.choose(a.pod, work, nodes)
