@@ -10,6 +10,7 @@ import asyncio
 from typing import Any, cast
 
 import pytest
+from structlog.testing import capture_logs
 
 from gpusched.config import GpuschedConfig, load_config
 from gpusched.daemon import DaemonSettings, Scheduler
@@ -212,6 +213,55 @@ async def test_a_replica_whose_configmap_was_never_valid_does_not_try_for_the_le
     _edit(s, "{}\n", "2")
     await asyncio.wait_for(task, 5)
     assert tried == [True]
+
+
+def _electing() -> tuple[Scheduler, list[bool]]:
+    settings = DaemonSettings(scheduler_name="s", leader_elect=True, namespace=NAMESPACE, config_map=NAME)
+    s = Scheduler(settings, cast(Kube, IdleClient()))
+    tried: list[bool] = []
+
+    async def run() -> None:
+        tried.append(True)
+
+    assert s.elector is not None
+    s.elector.run = run  # type: ignore[method-assign]
+    return s, tried
+
+
+def _config_watch(s: Scheduler) -> ConfigMapHandler:
+    return cast(ConfigMapHandler, next(r.handler for r in s.reflectors if r.name == "config"))
+
+
+async def test_a_start_whose_configmap_list_is_on_its_way_logs_no_error() -> None:
+    s, tried = _electing()
+    with capture_logs() as logs:
+        task = asyncio.create_task(s.lead())
+        await asyncio.sleep(0.05)  # the first list of the ConfigMap comes back a moment later
+        _config_watch(s).replace([_configmap("{}\n", "2")])
+        await asyncio.wait_for(task, 5)
+    assert tried == [True]
+    assert [e for e in logs if e["log_level"] == "error"] == []
+
+
+@pytest.mark.parametrize("listed", [True, False])
+async def test_a_replica_not_trying_for_the_lead_says_why(monkeypatch: pytest.MonkeyPatch, listed: bool) -> None:
+    from gpusched.daemon import scheduler as daemon
+
+    monkeypatch.setattr(daemon, "CONFIG_READ_WAIT_S", 0.1)
+    s, tried = _electing()
+    if listed:
+        _config_watch(s).replace([])  # no such ConfigMap
+    with capture_logs() as logs:
+        task = asyncio.create_task(s.lead())
+        await asyncio.sleep(0.3)
+    task.cancel()
+    assert tried == []
+    (error,) = [e for e in logs if e["event"] == "not trying for the lead"]
+    if listed:
+        assert "the ConfigMap was not found" in error["why"]
+    else:  # never read (no permission, no API server): "not found" would be a guess
+        assert "could not be read yet" in error["why"]
+        assert "not found" not in error["why"]
 
 
 def test_a_document_whose_applying_raised_is_applied_when_the_relist_offers_it_again() -> None:

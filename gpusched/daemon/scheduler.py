@@ -76,6 +76,8 @@ READ_BACK_RETRY_MAX_S = 60.0
 """How often a pod a relist missed is asked for again while the API server cannot answer."""
 _READ_BACKS = ("resolve:", "read-back:")
 """Names of the tasks that read a pod back until it is settled (``drain`` does not wait for them)."""
+CONFIG_READ_WAIT_S = 30.0
+"""How long the lead waits for the ConfigMap's first list before it says why it does not try."""
 OUTBOX_WORKERS = 16
 """Verdicts' Events and conditions sent at once at most: the connections they may hold (the
 pool has more: Bindings and watches keep theirs)."""
@@ -265,7 +267,11 @@ class Scheduler:
         """Why the ConfigMap's configuration is not in force yet, and the fix."""
         h = self.config_handler
         assert h is not None
-        why = h.rejected or "the ConfigMap was not found"
+        why = h.rejected or (
+            "the ConfigMap was not found"
+            if h.read.is_set()
+            else "it could not be read yet: see the warnings of the 'config' watch for the cause"
+        )
         return (
             f"no valid configuration from ConfigMap {h.namespace}/{h.name} yet ({why}); "
             "fix it, and pods are placed once a valid document is in it"
@@ -275,6 +281,10 @@ class Scheduler:
         """Try for the Lease (``elector.run``) once configured: a replica whose ConfigMap was
         never valid does not take the lead from one that runs on the last good document."""
         assert self.elector is not None
+        if self.config_handler is not None and not self.configured.is_set():
+            # The ConfigMap's first list may be on its way: what is wrong is known only after it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.config_handler.read.wait(), CONFIG_READ_WAIT_S)
         if not self.configured.is_set():
             log.error("not trying for the lead", why=self._not_configured())
             await self.configured.wait()

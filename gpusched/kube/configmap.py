@@ -9,6 +9,7 @@ the first document is accepted there is none: the scheduler waits for one.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -46,6 +47,9 @@ class ConfigMapHandler:
         """The latest rejection message ("" once a document has been accepted since)."""
         self.accepted = False
         """Whether a document was accepted since the start."""
+        self.read = asyncio.Event()
+        """Set once the ConfigMap has been read (listed, found or not, or watched): until then,
+        nothing is known of it."""
 
     def kept(self) -> str:
         """What stays in force when a document is rejected (or the ConfigMap is gone)."""
@@ -53,6 +57,7 @@ class ConfigMapHandler:
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         """After a list: the ConfigMap or nothing."""
+        self.read.set()
         if not objects:
             (log.warning if self.accepted else log.error)(
                 f"configuration ConfigMap not found; {self.kept()}",
@@ -63,6 +68,7 @@ class ConfigMapHandler:
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         """Validate and take a new version of the document."""
+        self.read.set()
         meta = obj.get("metadata") or {}
         if kind == "DELETED":
             log.warning(f"configuration ConfigMap deleted; {self.kept()}", configmap=f"{self.namespace}/{self.name}")
