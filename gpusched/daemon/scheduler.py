@@ -46,7 +46,7 @@ from gpusched.kube.convert import (
     pod_record,
 )
 from gpusched.kube.leader import LeaderElector
-from gpusched.kube.watch import Reflector
+from gpusched.kube.watch import FAILING_UNREADY_S, Reflector
 from gpusched.metrics.exporter import SchedulerMetrics
 from gpusched.metrics.source import UtilisationSource, UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
@@ -374,11 +374,15 @@ class Scheduler:
         return math.inf if self.elector is None else self.elector.time_left()
 
     def ready(self) -> tuple[bool, str]:
-        """For ``/readyz``: every watch has listed and the solver is loaded, so a pod that
-        arrives now is placed at once."""
+        """For ``/readyz``: every watch has listed and none has failed for a minute, and the
+        solver is loaded, so a pod that arrives now is placed at once."""
         waiting = [r.name for r in self.reflectors if not r.synced.is_set()]
         if waiting:
             return False, f"waiting for the first list of {', '.join(waiting)}"
+        failing = [r for r in self.reflectors if r.failing_for() > FAILING_UNREADY_S]
+        if failing:  # the books fall behind the cluster: pods may be placed on what is gone
+            r = failing[0]
+            return False, f"the {r.name} watch has failed for {r.failing_for():.0f} s: {r.last_error}"
         if not self.configured.is_set():
             return False, self._not_configured()
         if not self._solver_loaded:

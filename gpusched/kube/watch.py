@@ -42,6 +42,22 @@ def _too_large(exc: ApiError) -> bool:
     return exc.status == 504 and "too large resource version" in str(exc).lower()
 
 
+FAILING_UNREADY_S = 60.0
+"""A watch failing this long (no list nor watch has worked since) makes the scheduler not ready:
+its books fall behind the cluster."""
+
+
+def fix_for(exc: ApiError) -> str:
+    """What to check when a list or watch keeps failing so."""
+    if exc.status == 401:
+        return "the API server refused the credentials: check the kubeconfig's token or client certificate"
+    if exc.status == 403:
+        return "the RBAC does not grant this: apply manifests/ (docs/deploy.md, 'What the RBAC grants, and why')"
+    if exc.reason == "Unreachable":
+        return "check the API server address in the kubeconfig and that the API server is up"
+    return "see the error; the watch retries with backoff"
+
+
 SHORT_WATCH_S = 1.0
 """A watch that ends sooner than this without an event is retried with backoff, not at once."""
 
@@ -116,6 +132,13 @@ class Reflector:
         self.watch_timeout_s = watch_timeout_s
         self.resource_version = ""
         self.synced = asyncio.Event()
+        self.failing_since: float | None = None
+        """``time.monotonic`` of the first failure since a list or watch last worked; None while they work."""
+        self.last_error = ""
+
+    def failing_for(self) -> float:
+        """Seconds the lists and watches have failed in a row (0 while they work)."""
+        return 0.0 if self.failing_since is None else time.monotonic() - self.failing_since
 
     async def run(self) -> None:
         """List, then watch, forever; reconnects with backoff, relists only when the version expired."""
@@ -141,6 +164,9 @@ class Reflector:
                     continue
                 if time.monotonic() - started > 30:  # it had been running: not a failure streak
                     delay = 0.2
+                if self.failing_since is None:
+                    self.failing_since = time.monotonic()
+                self.last_error = str(exc)
                 log.warning(
                     "watch failed, retrying",
                     then="watch from rv" if listed else "list",
@@ -148,6 +174,8 @@ class Reflector:
                     error=str(exc),
                     rv=self.resource_version,
                     retry_in_s=round(max(delay, exc.retry_after or 0.0), 2),
+                    failing_s=round(self.failing_for(), 1),
+                    fix=fix_for(exc),
                 )
                 delay = await _back_off(delay, exc.retry_after or 0.0)
             except Exception as exc:  # the handler failed (a bug): list again to rebuild what it holds
@@ -162,6 +190,7 @@ class Reflector:
         items, self.resource_version = await self.kube.list(self.path, self.selectors, self.page_size, trim)
         self.handler.replace(items)
         self.synced.set()
+        self.failing_since = None
         log.debug("listed", watch=self.name, count=len(items), rv=self.resource_version)
 
     async def _watch(self) -> None:
@@ -178,6 +207,7 @@ class Reflector:
             events = 0
             async for event in self.kube.stream(self.path, query, timeout=lasts + 30):
                 events += 1
+                self.failing_since = None
                 kind = event.get("type")
                 obj = event.get("object") or {}
                 if kind == "ERROR":
@@ -196,3 +226,4 @@ class Reflector:
                         raise _ApplyFailed(kind, name) from exc
             if not events and time.monotonic() - opened < SHORT_WATCH_S:
                 raise ApiError(0, f"very short watch: the server ended it within {SHORT_WATCH_S:g} s without an event")
+            self.failing_since = None  # it lasted, and ended as asked

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from structlog.testing import capture_logs
 
 from gpusched.kube import watch
 from gpusched.kube.client import ApiError, Kube
@@ -318,3 +319,44 @@ def test_a_line_cut_off_mid_stream_resumes_the_watch_without_a_relist(monkeypatc
 
     asyncio.run(main())
     assert len(seen) == 1
+
+
+class RefusingApi(ExpiringApi):
+    """Lists fine once; from then on every watch and list is refused (the RBAC was changed)."""
+
+    async def list(
+        self, path: str, query: Mapping[str, Any] | None = None, page: int = 500, each: Any = None
+    ) -> tuple[list[Any], str]:
+        if self.lists:
+            raise ApiError(403, 'pods is forbidden: User "system:serviceaccount:x:y" cannot list', "Forbidden")
+        return await super().list(path, query, page, each)
+
+    async def stream(self, path: str, query: Mapping[str, Any], timeout: float) -> AsyncIterator[dict[str, Any]]:
+        raise ApiError(403, 'pods is forbidden: User "system:serviceaccount:x:y" cannot watch', "Forbidden")
+        yield {}  # pragma: no cover - makes this an async generator
+
+
+def test_a_watch_refused_for_a_minute_says_so_and_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    loop = VirtualTimeLoop()
+    monkeypatch.setattr(watch, "time", virtual_time.clock_of(loop))
+    reflector = Reflector(cast(Kube, RefusingApi()), "pods", "/api/v1/pods", Nothing())
+    seen: list[float] = []
+
+    async def main() -> None:
+        task = asyncio.create_task(reflector.run())
+        for _ in range(7):
+            await asyncio.sleep(10.0)
+            seen.append(reflector.failing_for())
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    with capture_logs() as logs:
+        virtual_time.run(loop, main())
+    assert reflector.synced.is_set()  # the first list worked: only the failures since count
+    assert seen[0] == pytest.approx(10.0, abs=0.5)
+    assert seen[-1] > watch.FAILING_UNREADY_S
+    assert "403" in reflector.last_error
+    warned = [e for e in logs if e["event"] == "watch failed, retrying"]
+    assert warned
+    assert all("RBAC" in e["fix"] for e in warned)
