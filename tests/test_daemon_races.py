@@ -389,6 +389,32 @@ async def test_a_gpu_taken_by_another_scheduler_during_the_solve_is_not_bound_tw
     assert s.queue.counts().unschedulable == 1  # told, and parked until the cluster changes
 
 
+async def test_a_node_joining_leaves_a_node_full_of_guessed_and_known_pods_full() -> None:
+    """kube-scheduler's pods name no GPUs: the books guess them.  A node joining rebuilds the books;
+    a guess must not land on the GPU our pod names, or the next pod is bound to a full node."""
+    s, answers = _scheduler(gpus=2)
+    s.cache.snapshot()
+    s._bound.apply("ADDED", member_pod("c", node="n0"))  # guessed on GPU 0
+    s._bound.apply("ADDED", member_pod("b", node="n0"))  # guessed on GPU 1
+    s._bound.apply("DELETED", member_pod("c", node="n0"))
+    s._pending.apply("ADDED", member_pod("a"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert answers.bound == ["default/a"]
+    held = s.cache.placement("default/a")
+    assert held == ("n0", (0,))
+    ours = member_pod("a", node="n0")
+    ours["metadata"]["annotations"]["gpusched.io/gpu-indices"] = "0"
+    s._pending.apply("DELETED", member_pod("a"))
+    s._bound.apply("ADDED", ours)
+    NodeHandler(s).apply("ADDED", kit.node("cpu-0", 0, ""))
+    s._pending.apply("ADDED", member_pod("d"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert answers.bound == ["default/a"]
+    assert s.queue.counts().unschedulable == 1
+
+
 def _during_the_solve(monkeypatch: pytest.MonkeyPatch, s: Scheduler, kind: str, node: dict[str, Any]) -> None:
     """The watch shows ``node`` (``kind``) while the next solve runs."""
     loop = asyncio.get_running_loop()

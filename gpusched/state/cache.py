@@ -146,9 +146,17 @@ class _Held:
     pod: Pod
     node: str
     gpus: tuple[int, ...]
+    """The GPU indices it is counted on; until it is counted again (the books rebuilt), those it
+    was counted on last: a pod whose GPUs are a guess is guessed there again while they have room."""
     assumed: bool
     wanted: tuple[int, ...] | None
-    """GPU indices the pod's annotation names, if any."""
+    """GPU indices the pod's annotation names, if any (our plan's, for an assumed pod or a room)."""
+
+    @property
+    def named(self) -> bool:
+        """Whether it holds no GPU, or ``wanted`` names as many as it holds: its GPUs are known,
+        not guessed (but for indices the node does not have, ``Cache._pick_gpus``)."""
+        return not self.pod.num_gpu or (self.wanted is not None and len(self.wanted) == self.pod.num_gpu)
 
 
 @dataclass(slots=True)
@@ -324,10 +332,10 @@ class Cache:
                     return False
                 # Same pod, new request (an in-place resize), or other GPUs than we assumed (an
                 # earlier instance bound it first): count what it asks for now, on the GPUs its
-                # annotation names, else the ones it holds.
-                wanted = annotated or held.gpus or held.wanted
+                # annotation names, else the ones it holds (guessed ones stay a guess).
+                gpus = held.gpus
                 self._drop(key)
-                self._add(key, _Held(record.pod, record.node_name, (), False, wanted))
+                self._add(key, _Held(record.pod, record.node_name, gpus, False, annotated or held.wanted))
                 return True
             self._drop(key)
         self._add(key, _Held(record.pod, record.node_name, (), False, record.gpu_indices))
@@ -350,7 +358,8 @@ class Cache:
         assumed; so do pods bound by us that the watch has not shown yet (the list may predate
         their Binding): the keys of those the list does not show are returned, to be read back
         (bound and deleted before the list, no watch event would free their room)."""
-        kept = {k: h for k, h in self._held.items() if h.assumed or self._unseen.get(k) == h.pod.uid}
+        before = self._held
+        kept = {k: h for k, h in before.items() if h.assumed or self._unseen.get(k) == h.pod.uid}
         self._held = {}
         self._shadowed = {}
         self._cluster = None
@@ -369,7 +378,11 @@ class Cache:
             self._unlisted.discard(r.key)
             unseen.discard(r.key)
             self._unseen.pop(r.key, None)
-            self._held[r.key] = _Held(r.pod, r.node_name, (), False, r.gpu_indices)
+            # The same pod on the same node keeps the GPUs it was counted on, as the guess to
+            # make again (a pod that names none): the list's order must not move it.
+            was = before.get(r.key)
+            gpus = was.gpus if was is not None and was.node == r.node_name and not _another(was, r.uid) else ()
+            self._held[r.key] = _Held(r.pod, r.node_name, gpus, False, r.gpu_indices)
         for k, h in kept.items():
             self._held.setdefault(k, h)
         return sorted(unseen)
@@ -783,7 +796,17 @@ class Cache:
             self._kinds = np.zeros((n, cluster.max_gpus + 1), dtype=np.int64)
             self._mig = np.zeros((n, len(cluster.mig_profiles)), dtype=np.int64)
             self._cluster = cluster
+            # Pods whose GPUs are known first, then those whose GPUs are a guess, each where it
+            # was guessed before while that has room: a guess never takes a GPU a known pod holds
+            # (whatever the order of the pods), nor moves without cause.  Rooms last: they take
+            # the GPUs of the pods they wait for, which hold them until they are gone.
+            guessed = []
             for held in self._held.values():
+                if held.named:
+                    self._account(held, 1)
+                else:
+                    guessed.append(held)
+            for held in guessed:
                 self._account(held, 1)
             for nomination in self._nominated.values():
                 self._account(nomination.held, 1)
@@ -811,7 +834,7 @@ class Cache:
             return
         pod = held.pod
         if sign > 0:
-            held.gpus = self._pick_gpus(i, pod, held.wanted)
+            held.gpus = self._pick_gpus(i, pod, held.wanted, held.gpus)
         self._cpu[i] += sign * pod.cpu_milli
         self._mem[i] += sign * pod.memory_mib
         self._storage[i] += sign * pod.storage_mib
@@ -839,8 +862,11 @@ class Cache:
             if (m := self._cluster.mig_id(profile)) >= 0:
                 self._mig[i, m] += sign * count
 
-    def _pick_gpus(self, i: int, pod: Pod, wanted: tuple[int, ...] | None) -> tuple[int, ...]:
-        """GPU indices to count ``pod`` on: the annotated ones when valid, else the emptiest."""
+    def _pick_gpus(
+        self, i: int, pod: Pod, wanted: tuple[int, ...] | None, before: tuple[int, ...] = ()
+    ) -> tuple[int, ...]:
+        """GPU indices to count ``pod`` on: the annotated ones when valid; else a guess: those it
+        was counted on ``before`` while they have room for it, else the emptiest."""
         assert self._cluster is not None
         count = int(self._cluster.gpu_count[i])
         if not pod.num_gpu or not count:
@@ -848,6 +874,8 @@ class Cache:
         if wanted is not None and len(wanted) == pod.num_gpu and all(0 <= g < count for g in wanted):
             return tuple(wanted)
         used = self._gpu[i, :count]
+        if len(before) == pod.num_gpu and all(0 <= g < count and used[g] + pod.gpu_milli <= GPU_MILLI for g in before):
+            return before
         if pod.is_fractional:
             fits = [g for g in range(count) if used[g] + pod.gpu_milli <= GPU_MILLI]
             if fits:  # the fullest GPU that still fits, as a device plugin packing shares would

@@ -115,6 +115,61 @@ def test_node_change_rebuilds_and_keeps_pod_accounting() -> None:
     assert c.upsert_node(NodeRecord(gpu_node("b", gpus=2))) is False  # nothing changed
 
 
+def _full_after_a_guess_was_freed() -> tuple[Cache, Pod, Pod]:
+    """Two pods of another scheduler (no GPU indices named) guessed on GPUs 0 and 1 of ``a``; the
+    first ends, and ours is bound to GPU 0: the node is full.  The books were built (snapshot)
+    before, as the daemon's are."""
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    c.snapshot()
+    c.observe_pod(bound(pod("c", gpus=1), "a"))
+    theirs = pod("b", gpus=1)
+    c.observe_pod(bound(theirs, "a"))
+    c.delete_pod("default/c")
+    ours = pod("z", gpus=1)
+    c.assume(ours, "a", (0,))
+    c.observe_pod(bound(ours, "a", (0,)))
+    assert c.snapshot().state.gpu_used[0].tolist() == [1000, 1000]
+    return c, theirs, ours
+
+
+def test_a_guess_keeps_off_a_known_pods_gpu_when_the_books_are_rebuilt() -> None:
+    # A node joining (or any node change) rebuilds the books, pod by pod: the guessed pod, counted
+    # first, must not take the GPU our pod names, or the next pod is bound to a full node.
+    c, theirs, _ = _full_after_a_guess_was_freed()
+    c.upsert_node(NodeRecord(gpu_node("cpu", gpus=0)))
+    s = c.snapshot()
+    assert s.state.gpu_used[s.cluster.index["a"]].tolist() == [1000, 1000]
+    assert c.placement(theirs.key) == ("a", (1,))
+
+
+def test_a_relist_in_name_order_keeps_the_guess_where_it_was() -> None:
+    # The API server lists by namespace/name: the guessed b before our z.
+    c, theirs, ours = _full_after_a_guess_was_freed()
+    c.replace_pods([bound(theirs, "a"), bound(ours, "a", (0,))])
+    assert c.snapshot().state.gpu_used[0].tolist() == [1000, 1000]
+    assert c.placement(theirs.key) == ("a", (1,))
+
+
+def test_a_guessed_pod_stays_on_its_gpus_through_a_rebuild() -> None:
+    # GPU 0 freed under a pod guessed on GPU 1: the books rebuilt do not move it there (what is
+    # measured busy, and preemption, name its GPUs), but a pod of another UID is guessed afresh.
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    c.snapshot()
+    theirs = replace(pod("b", gpus=1), uid="b1")
+    c.observe_pod(bound(pod("c", gpus=1), "a"))
+    c.observe_pod(bound(theirs, "a"))
+    c.delete_pod("default/c")
+    c.upsert_node(NodeRecord(gpu_node("b", gpus=2)))
+    c.snapshot()
+    assert c.placement(theirs.key) == ("a", (1,))
+    c.replace_pods([bound(theirs, "a")])
+    c.snapshot()
+    assert c.placement(theirs.key) == ("a", (1,))
+    c.replace_pods([bound(replace(theirs, uid="b2"), "a")])
+    c.snapshot()
+    assert c.placement(theirs.key) == ("a", (0,))
+
+
 def test_a_prefer_no_schedule_taint_is_seen_but_wakes_no_pod() -> None:
     # The cluster autoscaler adds and removes its PreferNoSchedule taint as nodes fall idle:
     # later solves must weigh it, but it makes no parked pod fit (no retry of them all).
