@@ -234,6 +234,8 @@ class Cache:
         """Pods that preempted others, by key: what each will take is counted on its node, so
         that no other pod takes the room its victims leave."""
         self._gpu: IntArray = np.zeros((0, 1), dtype=np.int64)
+        self._guessed: dict[str, dict[str, _Held]] = {}
+        """Pods on the books counted on guessed GPUs (``_pick_gpus``), by node name and key."""
         self._kinds: IntArray = np.zeros((0, 2), dtype=np.int64)
         self._mig: IntArray = np.zeros((0, 0), dtype=np.int64)
         self.generation = 0
@@ -795,6 +797,7 @@ class Cache:
             self._gpu = np.zeros((n, cluster.max_gpus), dtype=np.int64)
             self._kinds = np.zeros((n, cluster.max_gpus + 1), dtype=np.int64)
             self._mig = np.zeros((n, len(cluster.mig_profiles)), dtype=np.int64)
+            self._guessed = {}
             self._cluster = cluster
             # Pods whose GPUs are known first, then those whose GPUs are a guess, each where it
             # was guessed before while that has room: a guess never takes a GPU a known pod holds
@@ -855,12 +858,42 @@ class Cache:
                 self._resident_view.pop(i, None)
         for g in held.gpus:
             self._gpu[i, g] += sign * pod.gpu_milli
+        if held.gpus:
+            if held.wanted != held.gpus:
+                self._note_guess(held, sign)
+            elif sign > 0 and self._guessed.get(held.node):  # (none yet as the books are rebuilt)
+                self._make_way(i, held)
         if pod.num_gpu:
             col = 0 if pod.is_fractional else min(pod.num_gpu, self._cluster.max_gpus)
             self._kinds[i, col] += sign
         for profile, count in pod.mig_slices:  # all it holds: a pod another scheduler bound may hold several
             if (m := self._cluster.mig_id(profile)) >= 0:
                 self._mig[i, m] += sign * count
+
+    def _note_guess(self, held: _Held, sign: int) -> None:
+        """Keep ``_guessed`` for ``held``, counted on guessed GPUs, just counted (``sign`` 1) or
+        taken off (rooms held for pods are not kept: they take their victims' GPUs)."""
+        key = held.pod.key
+        if sign > 0:
+            if self._held.get(key) is held:
+                self._guessed.setdefault(held.node, {})[key] = held
+        elif (here := self._guessed.get(held.node)) is not None and here.get(key) is held:
+            del here[key]
+
+    def _make_way(self, i: int, held: _Held) -> None:
+        """``held``, on the books, was just counted on GPUs it names (node index ``i``): the pods
+        guessed on those of them it filled past their capacity are elsewhere (it is there), and
+        are guessed again, where they were while that has room, else on the emptiest."""
+        assert self._cluster is not None
+        if self._held.get(held.pod.key) is not held:  # room held for a pod: it takes its victims' GPUs
+            return
+        cap = self._cluster.gpu_cap[i]
+        if not any(self._gpu[i, g] > cap[g] for g in held.gpus):
+            return
+        for other in list(self._guessed[held.node].values()):
+            if any(self._gpu[i, g] > cap[g] for g in other.gpus):
+                self._account(other, -1)
+                self._account(other, 1)
 
     def _pick_gpus(
         self, i: int, pod: Pod, wanted: tuple[int, ...] | None, before: tuple[int, ...] = ()

@@ -170,6 +170,23 @@ def test_a_guessed_pod_stays_on_its_gpus_through_a_rebuild() -> None:
     assert c.placement(theirs.key) == ("a", (0,))
 
 
+def test_a_pod_that_names_the_gpu_a_guess_holds_moves_the_guess() -> None:
+    # kube-scheduler's b names no GPU: guessed on GPU 0.  A pod another instance of gpusched bound
+    # (a former leader, another scheduler name) names GPU 0: b is on the other one.
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    c.snapshot()
+    c.observe_pod(bound(pod("b", gpus=1), "a"))
+    c.observe_pod(bound(pod("x", gpus=1), "a", (0,)))
+    assert c.snapshot().state.gpu_used[0].tolist() == [1000, 1000]
+    assert c.placement("default/b") == ("a", (1,))
+    # Ours, assumed onto the GPU a share was guessed on, moves it too.
+    c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
+    c.snapshot()
+    c.observe_pod(bound(pod("s", gpus=1, milli=500), "a"))
+    c.assume(pod("y", gpus=1), "a", (0,))
+    assert c.snapshot().state.gpu_used[0].tolist() == [1000, 500]
+
+
 def test_a_prefer_no_schedule_taint_is_seen_but_wakes_no_pod() -> None:
     # The cluster autoscaler adds and removes its PreferNoSchedule taint as nodes fall idle:
     # later solves must weigh it, but it makes no parked pod fit (no retry of them all).
