@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import numpy as np
+import structlog
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Pod
 from gpusched.model.cluster import IntArray, Repartition
@@ -32,6 +33,8 @@ from gpusched.model.tenants import Tenants
 from gpusched.state.records import NodeRecord, PodRecord
 
 __all__ = ["Cache", "Snapshot"]
+
+log = structlog.get_logger("gpusched.state")
 
 Coming = tuple[tuple[tuple[int, MigLayout], ...], Mapping[str, int]]
 """MIG layouts asked for on a node (by GPU index) and the instances already promised, by profile."""
@@ -61,6 +64,12 @@ class Snapshot:
     sealed: tuple[int, ...] = ()
     """Nodes (indices) whose GPUs and MIG instances all counted as taken (``sealed`` of
     ``Cache.snapshot``: being re-partitioned)."""
+    overbooked: tuple[tuple[int, int, int], ...] = ()
+    """GPUs the pods on the books fill past their capacity (two pods that name one GPU, pods
+    left on a node that lost GPUs; room held for a pod aside, which takes the GPUs its victims
+    leave): node index, GPU index, thousandths of a GPU too many.  The excess is counted on the
+    node's other GPUs, the emptiest first, as far as they have room: the node holds those pods
+    all the same."""
 
     @property
     def busy(self) -> int:
@@ -151,6 +160,8 @@ class _Held:
     assumed: bool
     wanted: tuple[int, ...] | None
     """GPU indices the pod's annotation names, if any (our plan's, for an assumed pod or a room)."""
+    room: bool = False
+    """Room held for a pending pod (``Cache.nominate``), not a pod on the books."""
 
     @property
     def named(self) -> bool:
@@ -234,6 +245,9 @@ class Cache:
         """Pods that preempted others, by key: what each will take is counted on its node, so
         that no other pod takes the room its victims leave."""
         self._gpu: IntArray = np.zeros((0, 1), dtype=np.int64)
+        self._room_gpu: IntArray = np.zeros((0, 1), dtype=np.int64)
+        """The part of ``_gpu`` that room held for pods takes."""
+        self._told_overbooked: frozenset[tuple[str, int]] = frozenset()
         self._guessed: dict[str, dict[str, _Held]] = {}
         """Pods on the books counted on guessed GPUs (``_pick_gpus``), by node name and key."""
         self._kinds: IntArray = np.zeros((0, 2), dtype=np.int64)
@@ -607,7 +621,7 @@ class Cache:
         (``victims``) terminate: other pods are placed as if it were there.  ``reclaimed``: the
         room is reclaimed for its tenant (``Room.reclaimed``)."""
         self.unnominate(pod.key)
-        held = _Held(pod, node, (), True, gpus)
+        held = _Held(pod, node, (), True, gpus, room=True)
         self._nominated[pod.key] = _Nomination(held, frozenset((v.key, v.uid) for v in victims), reclaimed)
         self.generation += 1
         if self._cluster is not None:
@@ -742,6 +756,7 @@ class Cache:
         coming: Mapping[int, Coming] | None = None,
     ) -> Snapshot:
         gpu = np.minimum(self._gpu, cluster.gpu_cap)
+        overbooked = self._overbooked(cluster, gpu) if (self._gpu > cluster.gpu_cap).any() else ()
         blocked = []
         for i, g in busy:
             room = int(cluster.gpu_cap[i, g] - gpu[i, g])
@@ -780,7 +795,33 @@ class Cache:
             dict(self._resident_view),
             pods_used=self._pods.copy() if cluster.pods_metered else None,
         )
-        return Snapshot(self.generation, cluster, state, tuple(blocked), kept, tuple(sealed))
+        return Snapshot(self.generation, cluster, state, tuple(blocked), kept, tuple(sealed), overbooked)
+
+    def _overbooked(self, cluster: Cluster, gpu: IntArray) -> tuple[tuple[int, int, int], ...]:
+        """``Snapshot.overbooked``, its excess counted in ``gpu`` (the books capped at each GPU's
+        capacity); told in the log when they change."""
+        over = self._gpu - self._room_gpu - cluster.gpu_cap
+        cells = tuple((int(i), int(g), int(over[i, g])) for i, g in np.argwhere(over > 0))
+        excess: Counter[int] = Counter()
+        for i, _, extra in cells:
+            excess[i] += extra
+        for i, extra in excess.items():
+            left = extra
+            for g in sorted(range(int(cluster.gpu_count[i])), key=lambda g: (int(gpu[i, g]), g)):
+                take = min(left, int(cluster.gpu_cap[i, g] - gpu[i, g]))
+                if take > 0:
+                    gpu[i, g] += take
+                    left -= take
+        named = frozenset((cluster.nodes[i].name, g) for i, g, _ in cells)
+        if named != self._told_overbooked:
+            self._told_overbooked = named
+            if named:
+                holders = self.holders_of(named)
+                log.warning(
+                    "GPUs booked past their capacity; the excess is counted on the node's other GPUs",
+                    gpus=[f"{n}/{g}: {', '.join(sorted(holders.get((n, g), ())))}" for n, g in sorted(named)],
+                )
+        return cells
 
     def _ensure_cluster(self) -> Cluster:
         if self._cluster is None:
@@ -795,6 +836,7 @@ class Cache:
             self._residents = {}
             self._resident_view = {}
             self._gpu = np.zeros((n, cluster.max_gpus), dtype=np.int64)
+            self._room_gpu = np.zeros((n, cluster.max_gpus), dtype=np.int64)
             self._kinds = np.zeros((n, cluster.max_gpus + 1), dtype=np.int64)
             self._mig = np.zeros((n, len(cluster.mig_profiles)), dtype=np.int64)
             self._guessed = {}
@@ -858,6 +900,8 @@ class Cache:
                 self._resident_view.pop(i, None)
         for g in held.gpus:
             self._gpu[i, g] += sign * pod.gpu_milli
+            if held.room:
+                self._room_gpu[i, g] += sign * pod.gpu_milli
         if held.gpus:
             if held.wanted != held.gpus:
                 self._note_guess(held, sign)
@@ -873,10 +917,11 @@ class Cache:
     def _note_guess(self, held: _Held, sign: int) -> None:
         """Keep ``_guessed`` for ``held``, counted on guessed GPUs, just counted (``sign`` 1) or
         taken off (rooms held for pods are not kept: they take their victims' GPUs)."""
+        if held.room:
+            return
         key = held.pod.key
         if sign > 0:
-            if self._held.get(key) is held:
-                self._guessed.setdefault(held.node, {})[key] = held
+            self._guessed.setdefault(held.node, {})[key] = held
         elif (here := self._guessed.get(held.node)) is not None and here.get(key) is held:
             del here[key]
 
@@ -885,7 +930,7 @@ class Cache:
         guessed on those of them it filled past their capacity are elsewhere (it is there), and
         are guessed again, where they were while that has room, else on the emptiest."""
         assert self._cluster is not None
-        if self._held.get(held.pod.key) is not held:  # room held for a pod: it takes its victims' GPUs
+        if held.room:  # it takes its victims' GPUs
             return
         cap = self._cluster.gpu_cap[i]
         if not any(self._gpu[i, g] > cap[g] for g in held.gpus):

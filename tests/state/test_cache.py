@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from structlog.testing import capture_logs
+
 from gpusched.model import Pod
 from gpusched.model.affinity import PodAffinityTerm, Requirement, Spread
 from gpusched.model.node import Taint
@@ -185,6 +187,29 @@ def test_a_pod_that_names_the_gpu_a_guess_holds_moves_the_guess() -> None:
     c.observe_pod(bound(pod("s", gpus=1, milli=500), "a"))
     c.assume(pod("y", gpus=1), "a", (0,))
     assert c.snapshot().state.gpu_used[0].tolist() == [1000, 500]
+
+
+def test_two_pods_that_name_one_gpu_fill_two_and_are_told() -> None:
+    # Two instances of gpusched (a leader change, two scheduler names) named GPU 0 for a pod each:
+    # the kubelet gave them a GPU each, so the next pod must not count on the second.
+    c = cache_with(NodeRecord(gpu_node("a", gpus=3)))
+    c.observe_pod(bound(pod("x", gpus=1), "a", (0,)))
+    with capture_logs() as logs:
+        c.observe_pod(bound(pod("y", gpus=1), "a", (0,)))
+        snap = c.snapshot()
+        c.snapshot()  # told once, not at every snapshot
+    assert snap.state.gpu_used[0].tolist() == [1000, 1000, 0]
+    assert snap.overbooked == ((0, 0, 1000),)
+    assert [e["gpus"] for e in logs if e["log_level"] == "warning"] == [["a/0: default/x, default/y"]]
+    c.delete_pod("default/y")
+    assert c.snapshot().state.gpu_used[0].tolist() == [1000, 0, 0]
+    # Room held for a preemptor over its victim's GPU is no excess: it is the victim's to leave.
+    victim = replace(pod("v", gpus=1), uid="v")
+    c.observe_pod(bound(victim, "a", (1,)))
+    c.nominate(replace(pod("urgent", gpus=1), uid="u", priority=10), "a", (1,), [victim])
+    snap = c.snapshot()
+    assert snap.state.gpu_used[0].tolist() == [1000, 1000, 0]
+    assert snap.overbooked == ()
 
 
 def test_a_prefer_no_schedule_taint_is_seen_but_wakes_no_pod() -> None:
