@@ -87,13 +87,32 @@ class BoundHandler:
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         rec = self.s.read_pod(obj, self.s.selecting_bound, kind == "DELETED")
         arrived = kind != "DELETED" and rec.bound and not rec.terminal and not self.s.cache.holds(rec.key, rec.uid)
+        gpuless = self._gpuless(rec.key)
         freed = self.s.cache.delete_pod(rec.key, rec.uid) if kind == "DELETED" else self.s.cache.observe_pod(rec)
         if rec.node_name:  # a node a pod ran on, however briefly, is not idle since then
             self.s.mig.idle_since.pop(rec.node_name, None)
-        if freed:
+        if freed and gpuless is not None:  # the pods it may let in (rooms that waited for it too)
+            rooms = set(self.s.cache.waiting_on(gpuless))
+            self.s.queue.move_all(lambda r: r.key in rooms or frees_for(r.pod, gpuless))
+        elif freed:
             self.s.queue.move_all()
         elif arrived:  # one to follow, one that evens a spread, or a peer its gang waited for
             self.s.queue.move_all(lambda r: waits_for(r.pod, rec.pod))
+
+    def _gpuless(self, key: str) -> Pod | None:
+        """The pod the books hold under ``key``, if it holds no GPU (nor share, nor MIG slice), nor
+        room held for it, on a node that has none: freed, it frees nothing a pod asking for a GPU
+        could use there (``frees_for``).  Otherwise, None: what it frees (a GPU, or its node's
+        CPU, memory and pod slots, which a GPU pod may have lacked there) may let any pod in."""
+        cache = self.s.cache
+        held = cache.held_pod(key)
+        where = cache.placement(key)
+        if held is None or where is None or held.num_gpu or held.mig_slices or cache.has_room(key):
+            return None
+        node = cache.nodes.get(where[0])
+        if node is not None and (node.node.gpu_count or node.node.mig_slices):
+            return None
+        return held
 
 
 def waits_for(waiting: Pod, arrived: Pod) -> bool:
@@ -105,6 +124,23 @@ def waits_for(waiting: Pod, arrived: Pod) -> bool:
     if waiting.affinity and arrived.matches_all(waiting.affinity):
         return True
     return any(arrived.selected_by(c) for c in waiting.spread)
+
+
+def frees_for(waiting: Pod, left: Pod) -> bool:
+    """Whether ``left`` leaving, a pod that held no GPU on a node that has none, may let
+    ``waiting`` in: it asks for no GPU (the CPU, memory, pod slot or host ports freed may be
+    what it lacked); or it asks for one, and what ``left`` frees is not on a node it could use but
+    in a topology domain: ``left`` was kept apart from it by required anti-affinity (its own terms
+    or ``left``'s), counted in one of its spread constraints, selected by one of its pod affinity
+    terms (with no pod left to follow, the first of a series may go anywhere), or a member of its
+    gang (whose members' domain it may have set)."""
+    if not waiting.num_gpu and not waiting.mig_profile:
+        return True
+    if waiting.gang is not None and left.gang is not None and waiting.gang.name == left.gang.name:
+        return True
+    if any(left.selected_by(t) for t in (*waiting.anti_affinity, *waiting.affinity)):
+        return True
+    return any(left.selected_by(c) for c in waiting.spread) or any(waiting.selected_by(t) for t in left.anti_affinity)
 
 
 def _mounts_claims(r: PodRecord) -> bool:
