@@ -296,6 +296,52 @@ async def test_a_later_mig_pod_waits_for_an_instance_to_come_rather_than_split_a
         stop(s)
 
 
+async def test_after_a_restart_a_mig_pod_waits_for_the_layout_asked_for_rather_than_split_another_node() -> None:
+    before = MigApi()
+    s = scheduler(before)
+    add_node(s, "n", 1)
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    ((_, labelled),) = before.labelled
+    asked = {k: str(v) for k, v in labelled.items()}
+    stop(s)
+    # gpusched restarts while the MIG manager works on node n; node m is idle, p still pending.
+    api = MigApi()
+    s = scheduler(api)
+    add_node(s, "n", 1, **asked, **{LABEL_STATE: "pending"})
+    add_node(s, "m", 1)
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    assert not api.labelled, "node m re-partitioned for the pod node n is being re-partitioned for"
+    told = api.failed("default/p")[-1]
+    assert "no node is given a new MIG layout until node n, asked for one before this instance led" in told
+    # The layout comes: the pod takes one of its instances.
+    done = mig_node("n", asked["nvidia.com/mig.config"], **{"1g_10gb": 7})
+    done["metadata"]["labels"]["gpusched.io/mig-requested-at"] = asked["gpusched.io/mig-requested-at"]
+    NodeHandler(s).apply("MODIFIED", done)
+    await batch(s)
+    stop(s)
+    assert api.bound_to == {"default/p": "n"}
+
+
+async def test_a_layout_asked_for_before_a_restart_that_fails_holds_the_mig_pods_back_no_longer() -> None:
+    api = MigApi()
+    s = scheduler(api)
+    asked = {"nvidia.com/mig.config": "gpusched-0123456789ab", "gpusched.io/mig-requested-at": str(int(time.time()))}
+    add_node(s, "n", 1, **asked, **{LABEL_STATE: "pending"})
+    add_node(s, "m", 1)
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    assert not api.labelled
+    add_node(s, "n", 1, **asked, **{LABEL_STATE: "failed"})
+    await batch(s)
+    stop(s)
+    layouts = [(n, labels["nvidia.com/mig.config"]) for n, labels in api.labelled if "nvidia.com/mig.config" in labels]
+    assert layouts[0] == ("n", "all-disabled"), "the failed layout is set back"
+    assert [n for n, config in layouts[1:] if str(config).startswith("gpusched-")] == ["m"], "the pod still waits"
+    assert any("Waiting for node m" in m for m in api.failed("default/p"))
+
+
 def mig_node(name: str, config: str = "gpusched-0123456789ab", **slices: int) -> dict[str, Any]:
     """A node gpusched re-partitioned, as the MIG manager and the device plugin left it."""
     obj = kit.node(name, 0, A100, **{"gpusched.io/mig-repartition": "true", "nvidia.com/mig.config": config})

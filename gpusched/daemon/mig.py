@@ -4,7 +4,8 @@ sealing the node while it works, and giving idle nodes back as whole GPUs.
 A batch decides (``repartition``); this module carries it out over minutes: it writes the
 layout into the MIG manager's ConfigMap, labels the node, follows the node's labels until the
 instances are advertised (or the request failed or timed out), and tells the waiting pods.
-Every leader rebuilds what is sealed from the nodes' labels (``node_seen``).
+Every leader rebuilds what is sealed from the nodes' labels (``node_seen``), and asks for no new
+layout while one asked for before it led is awaited (``inherited``).
 """
 
 from __future__ import annotations
@@ -168,6 +169,27 @@ class Repartitioner:
             out |= {n for n, at in self.asked.items() if now < self._due(n, _monotonic(at))}
             out |= {n for n, back in self.setting_back.items() if now - back.since < cap}
         return out
+
+    def inherited(self) -> list[str]:
+        """Nodes another leader (or this instance before a restart) asked a layout of gpusched's
+        for that is still waited for (``_due``), and that no job of this instance follows.  The
+        MIG pods it was asked for are not known here, and neither are its instances: while any
+        is awaited, no new layout is asked for, and MIG pods wait for its instances rather than
+        have another node re-partitioned for them."""
+        if not self.s.config.mig.repartition:
+            return []
+        now = time.monotonic()
+        out = []
+        for node, at in self.asked.items():
+            rec = self.s.cache.nodes.get(node)
+            if (
+                node not in self.jobs
+                and rec is not None
+                and rec.node.labels.get(LABEL_MIG_CONFIG, "").startswith(MIG_CONFIG_PREFIX)
+                and now < self._due(node, _monotonic(at))
+            ):
+                out.append(node)
+        return sorted(out)
 
     def _due(self, node: str, since: float) -> float:
         """When a request labelled at ``since`` (monotonic) is given up: ``mig.timeoutSeconds``

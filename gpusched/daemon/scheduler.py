@@ -600,8 +600,12 @@ class Scheduler:
         waiting = 0  # pods held back by their volumes
         held_back: dict[str, str] = {}  # gang -> why one of its members cannot be bound yet
         mig = self.config.mig
+        # A layout asked for before this instance led is awaited: the pods it was asked for wait
+        # for its instances, rather than have another node re-partitioned for them.
         self.cache.set_repartition(
-            "idle-nodes" if mig.repartition and time.monotonic() >= self.mig.off_until else "off",
+            "idle-nodes"
+            if mig.repartition and time.monotonic() >= self.mig.off_until and not self.mig.inherited()
+            else "off",
             {p for job in self.mig.jobs.values() for _, layout in job.layouts for p in layout.counts},
         )
         self.mig.expire_asks()
@@ -1351,6 +1355,14 @@ class Scheduler:
             notes.append(
                 f"{sealed} node{'s' if sealed != 1 else ''} being re-partitioned into MIG instances "
                 f"{'were' if sealed != 1 else 'was'} not offered"
+            )
+        if pod.mig_profile and (inherited := self.mig.inherited()):
+            many = len(inherited) != 1
+            names = ", ".join(inherited[:3]) + (", ..." if len(inherited) > 3 else "")
+            notes.append(
+                f"no node is given a new MIG layout until node{'s' if many else ''} {names}, asked for one "
+                f"before this instance led, {'advertise' if many else 'advertises'} it or "
+                f"{'are' if many else 'is'} given up"
             )
         if pod.mig_profile or not (snap.busy_cells or snap.kept):
             return "; ".join([message.rstrip("."), *notes]) + "."
