@@ -167,7 +167,9 @@ class MigConfig(_Strict):
     configurations from (the ClusterPolicy's ``migManager.config.name``)."""
     timeout_seconds: _Number = Field(strict=False, default=600, ge=10, le=86_400, alias="timeoutSeconds")
     """How long a node may take, from its label, to advertise the new instances before the pods
-    waiting for them are told so and the node is set back to ``all-disabled``."""
+    waiting for them are told so and the node is set back to ``all-disabled``: again from when
+    the MIG manager stops reporting it at work, and for a leader that took over, from when it
+    first saw the request; never beyond four times this from the label."""
     restore_idle_seconds: _Number = Field(strict=False, default=1800, ge=0, le=604_800, alias="restoreIdleSeconds")
     """A node gpusched re-partitioned whose MIG instances and GPUs no pod has used for this long
     is set back to whole GPUs (``all-disabled``), for whole-GPU pods or another layout; 0: never."""

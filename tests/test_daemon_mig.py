@@ -156,8 +156,10 @@ async def test_a_node_another_leader_asked_a_layout_for_is_sealed_until_it_times
     assert "default/w" not in api.bound_to, "a GPU pod bound to a node the MIG manager is about to re-partition"
     assert "1 node being re-partitioned into MIG instances was not offered" in api.failed("default/w")[-1]
     assert not api.labelled
-    # Past the timeout: the node is set back, and no longer offered for re-partitioning.
+    # Past the timeout, labelled a minute ago and seen so long by this leader: the node is set
+    # back, and no longer offered for re-partitioning.
     add_node(s, "n", 2, **{**asked, "gpusched.io/mig-requested-at": str(int(time.time()) - 61)})
+    s.mig.asked_seen["n"] = (s.mig.asked["n"], time.monotonic() - 61)
     assert not s.mig.sealed()
     s.queue.move_all()
     await batch(s)
@@ -1461,6 +1463,38 @@ async def test_another_leaders_layout_is_waited_for_while_the_mig_manager_works_
     assert "n" in s.mig.sealed(), "the timeout runs again from when the reboot ended"
     assert not api.labelled
     asked(41, "rebooting")
+    s.mig.expire_asks()
+    await asyncio.sleep(0)
+    stop(s)
+    assert [labels.get("nvidia.com/mig.config") for _, labels in api.labelled] == ["all-disabled"]
+
+
+async def test_a_new_leader_gives_a_layout_the_mig_manager_just_applied_a_timeout_of_its_own() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "timeoutSeconds": 600}})
+    # Labelled 700 s ago by the last leader; the MIG manager rebooted the node for most of that and
+    # has just reported success; the device plugin has not registered the instances yet.
+    asked = {
+        "nvidia.com/mig.config": "gpusched-0123456789ab",
+        LABEL_STATE: "success",
+        "gpusched.io/mig-requested-at": str(int(time.time()) - 700),
+    }
+    add_node(s, "n", 0, **asked)
+    s.mig.expire_asks()
+    await asyncio.sleep(0)
+    assert not api.labelled, "set back to all-disabled and taken out moments after its layout was applied"
+    assert "n" in s.mig.sealed()
+    # A timeout after this leader first saw it, the instances still not there: set back.
+    s.mig.asked_seen["n"] = (s.mig.asked["n"], time.monotonic() - 600)
+    s.mig.expire_asks()
+    await asyncio.sleep(0)
+    assert [labels.get("nvidia.com/mig.config") for _, labels in api.labelled] == ["all-disabled"]
+    stop(s)
+    # Four timeouts after the label, a leader that has just started gives it up at once.
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "timeoutSeconds": 600}})
+    add_node(s, "n", 0, **{**asked, "gpusched.io/mig-requested-at": str(int(time.time()) - 2401)})
+    assert "n" not in s.mig.sealed()
     s.mig.expire_asks()
     await asyncio.sleep(0)
     stop(s)

@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 HARD_CAP_FACTOR = 4
 """While the MIG manager reports it is at work (pending, rebooting), a request is waited for up to
 this many times ``mig.timeoutSeconds`` from its label; ``mig.timeoutSeconds`` runs again from
-when it stops reporting so."""
+when it stops reporting so (for a leader that took over, from when it first saw the request at the
+earliest, since it may have missed the MIG manager at work)."""
 RESTORE_BACKOFF_S = 86_400.0
 """How long a node a restore failed on is not set back to whole GPUs again."""
 MIG_ALL_DISABLED = "all-disabled"
@@ -137,6 +138,9 @@ class Repartitioner:
         """One write of the MIG manager's ConfigMap at a time."""
         self.asked: dict[str, int] = {}
         """Nodes a layout was asked for (by any leader) that advertise no instance yet: when (epoch s)."""
+        self.asked_seen: dict[str, tuple[int, float]] = {}
+        """Nodes of ``asked``: the request (its epoch s) and when this instance first saw it
+        (monotonic).  One that started since may have missed the MIG manager at work on it."""
         self._giving_up: set[str] = set()
         self._clearing: set[str] = set()  # nodes whose request label is being removed
         """Nodes being set back after a layout did not come in time."""
@@ -194,12 +198,19 @@ class Repartitioner:
     def _due(self, node: str, since: float) -> float:
         """When a request labelled at ``since`` (monotonic) is given up: ``mig.timeoutSeconds``
         after it, or after the MIG manager last stopped reporting it was at work on the node;
-        never while it reports so, but at ``HARD_CAP_FACTOR`` times that after it anyway."""
+        never while it reports so, but at ``HARD_CAP_FACTOR`` times that after it anyway.  For a
+        request of another leader's (or from before a restart), not before ``mig.timeoutSeconds``
+        after this instance first saw it either: the MIG manager may have been at work on it
+        until a moment before, rebooting the node for most of the timeout."""
         timeout = float(self.s.config.mig.timeout_seconds)
         cap = since + HARD_CAP_FACTOR * timeout
         if node in self.at_work:
             return cap
-        return min(cap, max(since, self.left_busy.get(node, since)) + timeout)
+        start = max(since, self.left_busy.get(node, since))
+        seen = self.asked_seen.get(node)
+        if seen is not None and node not in self.jobs:
+            start = max(start, seen[1])
+        return min(cap, start + timeout)
 
     async def _wait_for_manager(self, node: str, job: Repartition) -> bool:
         """Wait until ``job`` is over or due (``_due``); whether it is still ours, and due."""
@@ -906,9 +917,13 @@ class Repartitioner:
         # reboot), or none once set back to whole GPUs.
         arrived = bool(node.mig_slices) if ours else state == "success" and not node.mig_slices
         if (ours or config == MIG_ALL_DISABLED) and requested.isdigit() and state != "failed" and not arrived:
-            self.asked[node.name] = int(requested)
+            stamp = self.asked[node.name] = int(requested)
+            seen = self.asked_seen.get(node.name)
+            if seen is None or seen[0] != stamp:  # a new request: timed from now at the earliest
+                self.asked_seen[node.name] = (stamp, time.monotonic())
         else:
             self.asked.pop(node.name, None)
+            self.asked_seen.pop(node.name, None)
             if (
                 ours
                 and requested
@@ -1024,6 +1039,7 @@ class Repartitioner:
         self._stuck.discard(name)
         self.restoring.discard(name)
         self.asked.pop(name, None)
+        self.asked_seen.pop(name, None)
         self.left_busy.pop(name, None)
         self.setting_back.pop(name, None)
         job = self.jobs.get(name)
