@@ -186,10 +186,13 @@ def _repartitionable(
     elif state == "failed" or config.startswith(MIG_CONFIG_PREFIX):
         # A layout of this scheduler's that did not bring MIG instances: not asked for again.
         done = "failed to apply" if state == "failed" else f"has not applied (state {state or 'unset'})"
-        why = (
-            f"the MIG manager {done} {LABEL_MIG_CONFIG}={config}; see its log, then set "
-            f"{LABEL_MIG_CONFIG}=all-disabled to offer the node again"
-        )
+        # The MIG manager acts when the label changes, and on the label it finds as it starts:
+        # the value the node has already, set again, changes nothing.
+        fixes = [f"set {LABEL_MIG_CONFIG}=all-disabled"] if config != "all-disabled" else []
+        if state == "failed":
+            fixes.append("restart the MIG manager's pod on the node (it applies the label again as it starts)")
+        why = f"the MIG manager {done} {LABEL_MIG_CONFIG}={config}; see its log, then {' or '.join(fixes)}"
+        why += " to offer the node again"
     if why:
         warnings.append(f"{where}: label {LABEL_MIG_REPARTITION}=true but it is not re-partitioned: {why}")
         return False

@@ -25,26 +25,50 @@ def test_an_opted_in_node_of_whole_mig_capable_gpus_may_be_repartitioned() -> No
     assert not plain.warning
 
 
+RELABEL = "set nvidia.com/mig.config=all-disabled"
+RESTART = "restart the MIG manager's pod on the node (it applies the label again as it starts)"
+
+
 @pytest.mark.parametrize(
-    ("labels", "gpus", "warning"),
+    ("labels", "gpus", "warning", "fix"),
     [
-        ({"nvidia.com/gpu.product": "Tesla-T4"}, "4", "its GPUs (Tesla-T4) have no MIG mode"),
-        ({"nvidia.com/gpu.count": "8"}, "6", "nvidia.com/gpu.count counts 8 GPUs but 6 are advertised"),
-        ({"nvidia.com/mig.config.state": "failed", "nvidia.com/mig.config": "x"}, "8", "failed to apply"),
-        ({"nvidia.com/mig.config": "gpusched-0123456789ab"}, "8", "has not applied (state unset)"),
+        ({"nvidia.com/gpu.product": "Tesla-T4"}, "4", "its GPUs (Tesla-T4) have no MIG mode", ""),
+        ({"nvidia.com/gpu.count": "8"}, "6", "nvidia.com/gpu.count counts 8 GPUs but 6 are advertised", ""),
+        (
+            {"nvidia.com/mig.config.state": "failed", "nvidia.com/mig.config": "x"},
+            "8",
+            "failed to apply",
+            f"{RELABEL} or {RESTART} to offer the node again",
+        ),
+        (
+            {"nvidia.com/mig.config.state": "failed", "nvidia.com/mig.config": "all-disabled"},
+            "8",
+            "failed to apply nvidia.com/mig.config=all-disabled",
+            f"see its log, then {RESTART} to offer the node again",
+        ),
+        (
+            {"nvidia.com/mig.config": "gpusched-0123456789ab"},
+            "8",
+            "has not applied (state unset)",
+            f"{RELABEL} to offer the node again",
+        ),
         (
             {"nvidia.com/mig.config": "gpusched-0123456789ab", "nvidia.com/mig.config.state": "success"},
             "8",
             "has not applied (state success)",
+            f"{RELABEL} to offer the node again",
         ),
     ],
 )
-def test_a_node_that_cannot_be_repartitioned_says_why(labels: dict[str, str], gpus: str, warning: str) -> None:
+def test_a_node_that_cannot_be_repartitioned_says_why_and_what_would_offer_it_again(
+    labels: dict[str, str], gpus: str, warning: str, fix: str
+) -> None:
     rec = node_record(node_obj(gpus=gpus, labels={**OPT_IN, **labels}))
     assert not rec.node.mig_repartition
     assert warning in rec.mig_warning
-    if "mig.config" in str(labels):
-        assert "set nvidia.com/mig.config=all-disabled to offer the node again" in rec.mig_warning
+    assert fix in rec.mig_warning
+    if labels.get("nvidia.com/mig.config") == "all-disabled":
+        assert RELABEL not in rec.mig_warning, "the label the node has already, set again, changes nothing"
 
 
 @pytest.mark.parametrize("state", ["pending", "rebooting"])
