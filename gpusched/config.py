@@ -185,10 +185,13 @@ class MigConfig(_Strict):
     GPUs no pod has used for this long is set back to whole GPUs when GPU pods wait as
     unschedulable that it could take once whole (whole GPUs, or a new layout for MIG profiles its
     layout lacks); only as many nodes as their GPU demand needs.  0: never."""
-    config_delay_seconds: _Number = Field(strict=False, default=90, ge=0, le=3_600, alias="configDelaySeconds")
-    """How long after a layout is first written to the ConfigMap the node is labelled: the MIG
-    manager reads a mounted copy, which the kubelet refreshes only this often (a layout written
-    before is labelled at once)."""
+    config_delay_seconds: _Number = Field(strict=False, default=120, ge=0, le=3_600, alias="configDelaySeconds")
+    """How long after a layout is first written to the ConfigMap the node is labelled (a layout
+    written that long before is labelled at once).  The MIG manager reads a mounted copy, which
+    the kubelet refreshes on its pod sync: every ``syncFrequency`` (60 s) plus up to half that
+    again, 90 s at worst, and the change takes a moment more to reach the kubelet.  Labelled
+    before its copy has the layout, the MIG manager fails the node, and gpusched takes the node
+    out of re-partitioning: the default leaves 30 s over those 90 s."""
 
 
 class TenantRuleConfig(_Strict):

@@ -272,6 +272,21 @@ async def test_a_new_layout_is_labelled_only_after_the_config_delay() -> None:
     stop(s)
 
 
+async def test_by_default_a_new_layout_waits_out_the_kubelets_slowest_refresh_of_the_config_map() -> None:
+    # The kubelet may project a change into the MIG manager's volume up to 90 s after it (a 60 s
+    # sync period and up to half that again), and the change takes a moment to reach it.
+    for written_ago, labelled in ((95, False), (125, True)):
+        api = MigApi()
+        api.first_written = time.time() - written_ago
+        s = scheduler(api, {"mig": {"repartition": True}})
+        add_node(s, "n", 1)
+        s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+        await batch(s)
+        await asyncio.sleep(0.05)
+        stop(s)
+        assert bool(api.labelled) == labelled, f"written {written_ago} s before: {api.labelled}"
+
+
 async def test_a_later_mig_pod_waits_for_an_instance_to_come_rather_than_split_another_node() -> None:
     for policy in ("bestfit", "cpsat"):
         api = MigApi()
