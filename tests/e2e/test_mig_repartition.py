@@ -185,6 +185,35 @@ async def test_a_layout_the_mig_manager_fails_leaves_the_pods_pending_and_told_w
         assert daemon.stop() == 0, "".join(daemon.raw[-30:])
 
 
+async def test_a_restarted_daemon_lets_the_pods_wait_for_the_layout_asked_for_rather_than_split_another_node(
+    control_plane: ControlPlane, kube: Kube, namespace: str, tmp_path: Path, mig_rbac: None
+) -> None:
+    daemon, name, node, _ = await _start(control_plane, kube, namespace, tmp_path, pods=1)
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    try:
+        await _until(kube, f"/api/v1/nodes/{node}", lambda o: o["metadata"]["labels"].get("nvidia.com/mig.config"))
+    finally:
+        assert daemon.stop() == 0, "".join(daemon.raw[-30:])
+    # While gpusched is down, the MIG manager sets to work and another idle node joins.
+    await _mig_state(kube, node, "pending")
+    other = f"other-{name}"
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node(other, 2, A100, **{"gpusched.io/mig-repartition": "true"})])
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect", "--config", str(tmp_path / "mig.yaml"))
+    try:
+        told = await _until(kube, f"{pods}/s0", lambda o: "no node is given a new MIG layout" in _message(o))
+        assert f"until node {node}, asked for one before this instance led, advertises it" in _message(told)
+        # The layout comes: the pod takes one of its instances.
+        await _advertise(kube, node, {"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "7"})
+        await _mig_state(kube, node, "success")
+        bound = await kit.wait_bound(kube, f"{pods}/s0", timeout=30)
+        assert bound["spec"].get("nodeName") == node
+        assert not daemon.events("mig repartition"), "another node re-partitioned for the pod"
+        labels = (await kube.request("GET", f"/api/v1/nodes/{other}")).body["metadata"]["labels"]
+        assert "nvidia.com/mig.config" not in labels
+    finally:
+        assert daemon.stop() == 0, "".join(daemon.raw[-30:])
+
+
 async def test_layouts_asked_for_together_all_stay_in_the_config_map(
     control_plane: ControlPlane, kube: Kube, namespace: str, tmp_path: Path, mig_rbac: None
 ) -> None:
