@@ -28,7 +28,7 @@ from gpusched.solver.typical import TypicalTracker
 from gpusched.solver.validate import peer_order, plan_problems
 from gpusched.solver.vars import Vars
 
-__all__ = ["CpSatPolicy"]
+__all__ = ["CpSatPolicy", "cp_solver"]
 
 _STATUS = {
     cp_model.OPTIMAL: "OPTIMAL",
@@ -37,6 +37,20 @@ _STATUS = {
     cp_model.MODEL_INVALID: "MODEL_INVALID",
     cp_model.UNKNOWN: "UNKNOWN",
 }
+
+
+def cp_solver() -> cp_model.CpSolver:
+    """A CP-SAT solver that leaves Ctrl-C to Python.
+
+    By default CP-SAT takes SIGINT over for the length of a solve (to end the search early)
+    and leaves it at the system's default action afterwards: from the first solve on, Ctrl-C
+    would kill the process outright (the daemon would not drain its binds or hand back its
+    Lease), and during a solve it would only cut that solve short.  With the setting off,
+    SIGINT stays Python's: ``KeyboardInterrupt``, or the daemon's orderly stop.
+    """
+    solver = cp_model.CpSolver()
+    solver.parameters.catch_sigint_signal = False
+    return solver
 
 
 SHORT_SOLVE_S = 0.25
@@ -109,7 +123,7 @@ class CpSatPolicy:
             return self._stats(hint, "NO_CANDIDATES", 0.0, 0.0, start, 0)  # nothing fits: optimal
         model, v = build_model(inst, self.params.weights)
         hint_from_plan(inst, model, v)
-        solver = cp_model.CpSolver()
+        solver = cp_solver()
         lim = self.params.limits
         remaining = lim.time_limit_s - (time.perf_counter() - start)
         if deadline is not None:

@@ -17,6 +17,7 @@ from gpusched.solver.explain import explain
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import build_instance
 from gpusched.solver.registry import POLICIES
+from gpusched.solver.solve import cp_solver
 from gpusched.solver.validate import peer_order, plan_problems
 from gpusched.solver.vars import Vars
 from tests.factories import gpu_node, place_checked, pod
@@ -213,7 +214,7 @@ def test_affinity_module_starts_a_series_over_two_keys_on_one_node() -> None:
                 )
             )
 
-    solver = cp_model.CpSolver()
+    solver = cp_solver()
     solver.parameters.enumerate_all_solutions = True
     solver.parameters.num_workers = 1
     assert solver.solve(model, Each()) == cp_model.OPTIMAL

@@ -25,7 +25,7 @@ from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import Instance, build_instance
 from gpusched.solver.objectives import placed
 from gpusched.solver.params import Limits, SolverParams, Weights
-from gpusched.solver.solve import CpSatPolicy
+from gpusched.solver.solve import CpSatPolicy, cp_solver
 from gpusched.solver.validate import validate_plan
 from gpusched.solver.vars import Vars
 from tests.factories import gpu_node, pod
@@ -88,7 +88,7 @@ class Solved:
         for m in modules:
             m.build(inst, model, self.v)
         model.maximize(placed.build(inst, model, self.v, ONLY_PLACED))
-        self.solver = cp_model.CpSolver()
+        self.solver = cp_solver()
         self.solver.parameters.num_workers = 1
         self.solver.parameters.max_time_in_seconds = 5.0
         assert self.solver.solve(model) == cp_model.OPTIMAL

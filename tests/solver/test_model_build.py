@@ -11,6 +11,7 @@ from gpusched.model import Assignment, Cluster, Plan
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
 from gpusched.solver.instance import build_instance
 from gpusched.solver.model import maximize
+from gpusched.solver.solve import cp_solver
 from tests.factories import gpu_node, pod
 
 
@@ -42,7 +43,7 @@ def test_the_objective_is_the_one_maximize_writes_and_solves_the_same(terms: obj
         want[v] = want.get(v, 0) + c
     assert got == sorted((v, c) for v, c in want.items() if c)
     assert (pb.offset, pb.scaling_factor) == (pa.offset, pa.scaling_factor)
-    sa, sb = cp_model.CpSolver(), cp_model.CpSolver()
+    sa, sb = cp_solver(), cp_solver()
     assert sa.solve(a) == sb.solve(b) == cp_model.OPTIMAL
     assert sb.objective_value == sa.objective_value
 

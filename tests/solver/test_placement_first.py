@@ -18,6 +18,7 @@ from gpusched.solver.model import build_model, hint_from_plan
 from gpusched.solver.objectives.placed import OBJECTIVE_LIMIT, placement_first
 from gpusched.solver.params import Limits, SolverParams, Weights
 from gpusched.solver.registry import make_policy
+from gpusched.solver.solve import cp_solver
 from gpusched.solver.validate import validate_plan
 from tests.factories import gpu_node, pod
 
@@ -29,7 +30,7 @@ def optimum(pods: Sequence[Pod], state: ClusterState, hint: Plan, w: Weights) ->
     inst = build_instance(pods, state, FragScorer(state.cluster, TypicalPods.from_pods(pods)), hint, 24)
     model, v = build_model(inst, w)
     hint_from_plan(inst, model, v)
-    solver = cp_model.CpSolver()
+    solver = cp_solver()
     solver.parameters.num_workers = 1
     assert solver.solve(model) == cp_model.OPTIMAL
     counts = [0] * len(inst.groups)
@@ -108,7 +109,7 @@ def test_replicas_of_one_shape_pay_for_pairs_only_among_the_pods_their_wish_sele
     )
     assert len(inst.groups) == 2
     model, v = build_model(inst, w)
-    solver = cp_model.CpSolver()
+    solver = cp_solver()
     solver.parameters.num_workers = 1
     assert solver.solve(model) == cp_model.OPTIMAL
     hosts_used = [

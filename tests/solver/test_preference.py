@@ -15,6 +15,7 @@ from gpusched.solver.instance import build_instance
 from gpusched.solver.objectives import packing, placed, preference
 from gpusched.solver.params import Limits, SolverParams, Weights
 from gpusched.solver.registry import POLICIES, make_policy
+from gpusched.solver.solve import cp_solver
 from gpusched.solver.validate import validate_plan
 from gpusched.solver.vars import Vars
 from tests.factories import gpu_node, pod
@@ -54,7 +55,7 @@ def _chosen(w: Weights) -> list[str]:
     model.maximize(
         placed.build(inst, model, v, w) + packing.build(inst, model, v, w) + preference.build(inst, model, v, w)
     )
-    solver = cp_model.CpSolver()
+    solver = cp_solver()
     assert solver.solve(model) == cp_model.OPTIMAL
     return [c.nodes[inst.candidates[ci].node].name for ci in v.x if solver.value(v.x[ci])]
 
@@ -109,7 +110,7 @@ def test_the_objective_charges_replicas_sharing_a_domain_against_packing() -> No
         for m in (demand, capacity, whole_gpu):
             m.build(inst, model, v)
         model.maximize(sum(m.build(inst, model, v, w) for m in (placed, packing, preference)))
-        solver = cp_model.CpSolver()
+        solver = cp_solver()
         assert solver.solve(model) == cp_model.OPTIMAL
         return len({inst.candidates[ci].node for ci in v.x if solver.value(v.x[ci])})
 

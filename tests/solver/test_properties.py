@@ -21,6 +21,7 @@ from gpusched.solver.instance import Group, build_instance
 from gpusched.solver.model import build_model, hint_from_plan
 from gpusched.solver.params import Limits, SolverParams
 from gpusched.solver.registry import POLICIES, make_policy
+from gpusched.solver.solve import cp_solver
 from gpusched.solver.validate import peer_problems, validate_plan
 
 MODELS = ("A100", "V100", "T4")
@@ -282,7 +283,7 @@ def hinted_model_solves(pods: tuple[Pod, ...], state: ClusterState, typical: Typ
         # warm start when that places more (HINT_KEPT).  The test above checks it never places less.
         return None
     assert len(model.proto.solution_hint.vars) == len(model.proto.variables)
-    solver = cp_model.CpSolver()
+    solver = cp_solver()
     solver.parameters.fix_variables_to_their_hinted_value = True
     solver.parameters.num_workers = 1
     code = solver.solve(model)
