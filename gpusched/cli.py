@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 __all__ = ["main", "parse_seeds"]
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+"""Ctrl-C: as a shell reports a command SIGINT ended (128 + 2)."""
 
 DEMO_POLICIES = ("cpsat", "fgd", "bestfit")
 DEMO_SEEDS = "42-43"
@@ -824,6 +826,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         structlog.get_logger(__name__).debug("command.rejected", error=str(exc))
         print(f"gpusched {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C: what was under way is cut short (its workers ended), no traceback
+        print(f"gpusched {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return code
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -528,20 +530,93 @@ def test_logs_are_json_lines_on_stderr_when_not_a_terminal(capsys: pytest.Captur
 
 
 def test_module_entry_point_exit_code() -> None:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
     bad = subprocess.run(
         [sys.executable, "-m", "gpusched", "simulate", "--policy", "nosuch"],
         capture_output=True,
         text=True,
-        env=env,
+        env=_module_env(),
         check=False,
     )
     assert bad.returncode == 2
     assert "unknown policy 'nosuch'" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def _module_env() -> dict[str, str]:
+    """The environment for ``python -m gpusched`` to run this checkout."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+def _children(pid: int) -> set[int]:
+    try:
+        return {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except OSError:
+        return set()
+
+
+def _gone(pid: int) -> bool:
+    """Whether the process has ended (a zombie nobody reaped has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the worker processes in /proc")
+def test_ctrl_c_ends_a_parallel_simulation_with_one_line_and_its_workers(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "gpusched", "--log-level", "info", "simulate", "--jobs", "2", "--policy", "fgd"]
+    argv += ["--seeds", "42-61", "--no-progress", "--out", str(tmp_path)]
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_module_env(),
+        start_new_session=True,  # a process group of its own, as a shell gives a command
+    )
+    try:
+        assert proc.stderr is not None
+        said: list[str] = []
+        for line in proc.stderr:  # ends at the first finished run, or when the process does
+            said.append(line)
+            if '"run.done"' in line:
+                break
+        workers = _children(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
+        _, rest = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = "".join(said) + rest
+    assert any('"run.done"' in line for line in said), err  # the workers were at work
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "gpusched simulate: interrupted"
+    assert not (tmp_path / "summary.json").exists()
+    assert len(workers) >= 2
+    deadline = time.monotonic() + 10
+    while not all(_gone(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(w) for w in workers), "a worker process outlived the interrupted run"
+
+
+def test_ctrl_c_in_any_command_is_one_line_and_exit_130(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def interrupted(*_: Any, **__: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("gpusched.daemon.explain_pod", interrupted)
+    monkeypatch.setattr("gpusched.daemon.report_costs", interrupted)
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG + "current-context: ctx\n")
+    for argv in (["explain", "p"], ["report"]):
+        assert main([*argv, "--kubeconfig", str(path)]) == 130
+        captured = capsys.readouterr()
+        assert captured.err == f"gpusched {argv[0]}: interrupted\n"
+        assert captured.out == ""
 
 
 def test_seeds_count_up_to_the_limit_inclusive() -> None:

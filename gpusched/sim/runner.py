@@ -20,8 +20,10 @@ import multiprocessing
 import os
 import queue
 import re
+import signal
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -174,6 +176,23 @@ _FLUSH_PODS = 64
 def _init_worker(progress_queue: Any) -> None:
     global _progress_queue  # noqa: PLW0603 -- the per-process channel a Pool initializer sets up
     _progress_queue = progress_queue
+    # Ctrl-C reaches the whole process group; the parent alone answers it, by ending the pool.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored while worker processes are started, so that they are born ignoring it
+    (a Ctrl-C while they import would otherwise end each with a traceback of its own); from
+    the main thread only, the one signal handlers can be set in."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
 
 
 def _run_in_worker(task: _Task) -> tuple[int, RunResult, float]:
@@ -242,7 +261,9 @@ def _execute(tasks: Sequence[_Task], total_pods: int, jobs: int, progress: bool)
         else:
             ctx = multiprocessing.get_context("spawn")
             counts = ctx.Queue()
-            with ctx.Pool(min(jobs, len(tasks)), initializer=_init_worker, initargs=(counts,)) as pool:
+            with _sigint_ignored():
+                pool = ctx.Pool(min(jobs, len(tasks)), initializer=_init_worker, initargs=(counts,))
+            with pool:  # on the way out, Ctrl-C's KeyboardInterrupt too, the workers are terminated
                 bar.update(bar_id, description=f"{len(tasks)} runs on {min(jobs, len(tasks))} processes")
                 handles = [pool.apply_async(_run_in_worker, (task,)) for task in tasks]
                 waiting = list(handles)
