@@ -32,7 +32,6 @@ from gpusched.config import (
     ConfigError,
     GpuschedConfig,
     load_config,
-    parse_config,
     read_yaml,
     read_yaml_documents,
 )
@@ -398,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
         "check-config",
         help="validate a solver configuration before it is applied",
         description=(
-            "Read a solver configuration as the scheduler reads its ConfigMap: a YAML document, or a ConfigMap "
+            "Read a solver configuration as the scheduler reads its ConfigMap: one YAML document, or a ConfigMap "
             "manifest (its data key config.yaml; among several objects, or in a List, the one ConfigMap that has "
             "it). Exit 0 and list what differs from the defaults, or exit 2 naming the key and the reason."
         ),
@@ -688,40 +687,45 @@ def _existing_file(path: Path, flag: str, what: str) -> Path:
     return path
 
 
+def _is_object(doc: Any) -> bool:
+    """Whether a document of a manifest stream is a Kubernetes object (a ConfigMap, a List of
+    objects, or anything with an apiVersion and a kind), not a solver configuration."""
+    return isinstance(doc, dict) and (doc.get("kind") in ("ConfigMap", "List") or {"apiVersion", "kind"} <= doc.keys())
+
+
 def _read_config(path: Path, what: str, flag: str = "--config") -> tuple[GpuschedConfig, str]:
-    """The configuration in ``path``: a solver document, or a ConfigMap manifest (as ``kubectl
-    get configmap -o yaml`` prints it) whose ``data.config.yaml`` is one; and what was read."""
+    """The configuration in ``path``, and what was read: the file is the solver document itself,
+    read exactly as the scheduler reads its ConfigMap's ``config.yaml`` (``load_config``); or
+    manifests (``kubectl get configmap -o yaml``, several objects as ``kubectl kustomize`` prints
+    them, a List) among which one ConfigMap has ``data.config.yaml``, which is read so."""
     path = _existing_file(path, flag, what)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{flag} {path}: cannot read: {exc}") from None
     docs = [d for d in read_yaml_documents(text, str(path)) if d is not None]
-    data = docs[0] if docs else None
-    if len(docs) > 1 or (isinstance(data, dict) and data.get("kind") == "List"):
-        # Several objects (kubectl kustomize) or a List (kubectl get ... -o yaml): its ConfigMap.
-        objects = [d for d in docs if isinstance(d, dict)]
-        objects += [i for d in objects if d.get("kind") == "List" for i in d.get("items") or () if isinstance(i, dict)]
-        maps = [
-            d
-            for d in objects
-            if d.get("kind") == "ConfigMap" and isinstance(d.get("data"), dict) and "config.yaml" in d["data"]
-        ]
-        if len(maps) != 1:
-            raise ConfigError(
-                f"{path}: {len(maps)} ConfigMaps with data.config.yaml among its objects; pass a file with one"
-            )
-        data = maps[0]
-    if isinstance(data, dict) and data.get("kind") not in (None, "ConfigMap") and "apiVersion" in data:
-        raise ConfigError(f"{path}: a {data['kind']}, not a solver configuration or a ConfigMap manifest")
-    if isinstance(data, dict) and data.get("kind") == "ConfigMap":
-        entries = data.get("data")
-        inner = entries.get("config.yaml") if isinstance(entries, dict) else None
-        if not isinstance(inner, str):
-            raise ConfigError(f"{path}: a ConfigMap without data.config.yaml, the key the scheduler reads")
-        source = f"{path} (data.config.yaml)"
-        return load_config(inner, source=source), source
-    return parse_config(data, str(path)), str(path)
+    if not any(_is_object(d) for d in docs):
+        return load_config(text, str(path)), str(path)
+    objects = [d for d in docs if isinstance(d, dict)]
+    objects += [i for d in objects if d.get("kind") == "List" for i in d.get("items") or () if isinstance(i, dict)]
+    maps = [
+        d
+        for d in objects
+        if d.get("kind") == "ConfigMap" and isinstance(d.get("data"), dict) and "config.yaml" in d["data"]
+    ]
+    if len(docs) == 1 and not maps and docs[0].get("kind") not in ("ConfigMap", "List"):
+        raise ConfigError(f"{path}: a {docs[0]['kind']}, not a solver configuration or a ConfigMap manifest")
+    if len(docs) == 1 and not maps and docs[0].get("kind") == "ConfigMap":
+        raise ConfigError(f"{path}: a ConfigMap without data.config.yaml, the key the scheduler reads")
+    if len(maps) != 1:
+        raise ConfigError(
+            f"{path}: {len(maps)} ConfigMaps with data.config.yaml among its objects; pass a file with one"
+        )
+    inner = maps[0]["data"]["config.yaml"]
+    if not isinstance(inner, str):
+        raise ConfigError(f"{path}: data.config.yaml is not text; write the solver document under it as a string")
+    source = f"{path} (data.config.yaml)"
+    return load_config(inner, source=source), source
 
 
 def _check_config(args: argparse.Namespace, console: Console) -> int:

@@ -387,9 +387,17 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
 
 
 def read_yaml(text: str, source: str) -> Any:
-    """One YAML document, a key given twice refused; ``ConfigError`` says what is wrong and where."""
+    """One YAML document, a key given twice refused; ``ConfigError`` says what is wrong and where.
+    A second document (a ``---`` line after the first, even with nothing after it) is refused."""
     try:
         return yaml.load(text, Loader=_UniqueKeys)
+    except yaml.composer.ComposerError as exc:
+        if exc.problem == "but found another document" and exc.problem_mark is not None:
+            raise ConfigError(
+                f"{source}: not one YAML document: another starts at line {exc.problem_mark.line + 1}; "
+                "remove that '---' (a '---' may only open the document)"
+            ) from None
+        raise ConfigError(f"{source}: not valid YAML: {yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {yaml_problem(exc)}") from None
 
@@ -404,5 +412,7 @@ def read_yaml_documents(text: str, source: str) -> list[Any]:
 
 
 def load_config(text: str, source: str = "config") -> GpuschedConfig:
-    """Parse and validate a YAML document."""
+    """Parse and validate the text of a solver configuration: one YAML document.  How the
+    scheduler reads its ConfigMap's ``config.yaml``, and how ``check-config``, ``run --config
+    FILE`` and ``simulate --config`` read a solver document, so that all of them agree."""
     return parse_config(read_yaml(text, source), source)

@@ -748,7 +748,7 @@ def test_check_config_finds_the_one_configmap_among_several_objects_or_says_what
     cm = _manifest(tmp_path, workers=3).read_text(encoding="utf-8")
     namespace = "apiVersion: v1\nkind: Namespace\nmetadata: {name: gpusched}\n"
     stream = tmp_path / "all.yaml"  # as kubectl kustomize prints it
-    stream.write_text(f"{namespace}---\n{cm}", encoding="utf-8")
+    stream.write_text(f"---\n{namespace}---\n{cm}---\n", encoding="utf-8")
     assert main(["check-config", str(stream), "--log-level", "debug"]) == 0
     assert "solver.workers: 3" in capsys.readouterr().out
     listed = tmp_path / "list.yaml"  # as kubectl get configmap -o yaml prints several
@@ -786,6 +786,33 @@ def test_check_config_lists_what_differs_from_the_defaults_or_names_the_bad_key(
     shipped = Path(__file__).resolve().parents[1] / "manifests" / "config.yaml"
     assert main(["check-config", str(shipped)]) == 0
     assert "every key at its default" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["---\nweights: {packing: 2}\n---\n", "weights: {packing: 2}\n---\nsolver: {workers: 1}\n"],
+    ids=["trailing-separator", "two-documents"],
+)
+def test_check_config_and_run_refuse_what_the_configmap_refuses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    from gpusched.kube.configmap import ConfigMapHandler
+
+    handler = ConfigMapHandler("gpusched-system", "gpu-scheduler-config", on_config=lambda _: None)
+    handler.apply("ADDED", {"metadata": {"resourceVersion": "1"}, "data": {"config.yaml": text}})
+    assert handler.rejected  # the scheduler keeps what it had
+    reason = handler.rejected.split(": ", 1)[1]
+    assert "remove that '---'" in reason
+    path = tmp_path / "config.yaml"
+    path.write_text(text, encoding="utf-8")
+    assert rejected(capsys, ["check-config", str(path)]) == f"gpusched check-config: error: {path}: {reason}"
+    assert rejected(capsys, ["run", "--config", str(path)]) == f"gpusched run: error: {path}: {reason}"
+    assert rejected(capsys, ["simulate", "--config", str(path)]) == f"gpusched simulate: error: {path}: {reason}"
+    manifest = tmp_path / "cm.yaml"  # inside a manifest, the same text is refused the same way
+    indented = "".join(f"    {line}\n" for line in text.splitlines())
+    manifest.write_text(f"apiVersion: v1\nkind: ConfigMap\ndata:\n  config.yaml: |\n{indented}---\n")
+    said = rejected(capsys, ["check-config", str(manifest)])
+    assert said == f"gpusched check-config: error: {manifest} (data.config.yaml): {reason}"
 
 
 def test_a_configmap_manifest_check_config_accepts_is_read_by_simulate_as_well(
