@@ -802,7 +802,6 @@ def test_check_config_and_run_refuse_what_the_configmap_refuses(
     handler.apply("ADDED", {"metadata": {"resourceVersion": "1"}, "data": {"config.yaml": text}})
     assert handler.rejected  # the scheduler keeps what it had
     reason = handler.rejected.split(": ", 1)[1]
-    assert "remove that '---'" in reason
     path = tmp_path / "config.yaml"
     path.write_text(text, encoding="utf-8")
     assert rejected(capsys, ["check-config", str(path)]) == f"gpusched check-config: error: {path}: {reason}"
@@ -813,6 +812,8 @@ def test_check_config_and_run_refuse_what_the_configmap_refuses(
     manifest.write_text(f"apiVersion: v1\nkind: ConfigMap\ndata:\n  config.yaml: |\n{indented}---\n")
     said = rejected(capsys, ["check-config", str(manifest)])
     assert said == f"gpusched check-config: error: {manifest} (data.config.yaml): {reason}"
+    assert "another starts at line" in reason
+    assert "remove that '---'" in reason  # the fix
 
 
 def test_a_configmap_manifest_check_config_accepts_is_read_by_simulate_as_well(
