@@ -134,9 +134,41 @@ def _positive_int(text: str) -> int:
 
 
 def _name(text: str) -> str:
-    """A name that must not be empty (a namespace, a Lease, a scheduler name)."""
+    """A name that must not be empty (a scheduler name)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+
+
+def _name_problem(name: str, what: str, *, subdomain: bool = True) -> str | None:
+    """Why ``name`` cannot name a Kubernetes ``what``, or None when it can: a DNS-1123 subdomain
+    (a pod, a Lease, a ConfigMap) or, with ``subdomain=False``, a DNS-1123 label (a namespace)."""
+    longest = 253 if subdomain else 63
+    pattern = rf"{_DNS_LABEL}(\.{_DNS_LABEL})*" if subdomain else _DNS_LABEL
+    if len(name) <= longest and re.fullmatch(pattern, name):
+        return None
+    chars = "lower-case letters, digits, '-' and '.'" if subdomain else "lower-case letters, digits and '-'"
+    rule = f"{what} names are {chars}, starting and ending with a letter or digit, at most {longest} characters"
+    lower = name.lower()
+    if lower != name and len(lower) <= longest and re.fullmatch(pattern, lower):
+        rule += f" (did you mean {lower!r}?)"
+    return f"{name!r} is not a {what} name: {rule}"
+
+
+def _namespace(text: str) -> str:
+    problem = _name_problem(_name(text), "namespace", subdomain=False)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def _lease_name(text: str) -> str:
+    problem = _name_problem(_name(text), "Lease")
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 
@@ -290,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-leader-elect", action="store_true", help="schedule without holding the Lease")
     run.add_argument(
         "--lease-name",
-        type=_name,
+        type=_lease_name,
         default="gpu-scheduler",
         help="Lease name in --namespace (default: %(default)s); a second gpusched in the same namespace needs "
         "its own, which its Role must grant by name",
@@ -450,7 +482,7 @@ def _cluster_args(p: argparse.ArgumentParser, daemon: bool = True, scheduler: bo
     if daemon:
         p.add_argument(
             "--namespace",
-            type=_name,
+            type=_namespace,
             default=os.environ.get("POD_NAMESPACE", "").strip() or "gpusched-system",
             help="namespace of the Lease and the ConfigMap (default: $POD_NAMESPACE or gpusched-system)",
         )
@@ -469,6 +501,9 @@ def _daemon_config(value: str | None) -> tuple[str | None, GpuschedConfig]:
         name = value.removeprefix("configmap/")
         if not name:
             raise UsageError("--config configmap/: name the ConfigMap, e.g. configmap/gpu-scheduler-config")
+        problem = _name_problem(name, "ConfigMap")
+        if problem:
+            raise UsageError(f"--config configmap/{name}: {problem}")
         return name, GpuschedConfig()
     return None, _read_config(
         Path(value), "a solver configuration YAML file (or a ConfigMap manifest), or configmap/NAME"
@@ -589,10 +624,18 @@ def _query(text: str) -> str:
 
 
 def _pod_ref(text: str, namespace: str | None) -> tuple[str, str]:
-    """``NAMESPACE/POD`` or ``POD`` (in ``--namespace``, else ``default``) as (namespace, name)."""
+    """``NAMESPACE/POD`` or ``POD`` (in ``--namespace``, else ``default``) as (namespace, name);
+    each must be a name Kubernetes gives (a namespace a DNS-1123 label, a pod a subdomain): a
+    '..' or a '?' would otherwise ask the API server for another object."""
     ns, sep, name = text.partition("/") if "/" in text else ("", "", text)
     if not name or "/" in name or (sep and not ns):
         raise UsageError(f"{text!r} is not a pod; pass POD or NAMESPACE/POD, e.g. default/train-2gpu")
+    if namespace is not None and (problem := _name_problem(namespace, "namespace", subdomain=False)):
+        raise UsageError(f"--namespace {problem}; pass the namespace as `kubectl get namespaces` lists it")
+    if ns and (problem := _name_problem(ns, "namespace", subdomain=False)):
+        raise UsageError(f"{text!r}: {problem}; pass NAMESPACE/POD as `kubectl get pods -A` lists them")
+    if problem := _name_problem(name, "pod"):
+        raise UsageError(f"{text!r}: {problem}; pass POD or NAMESPACE/POD as `kubectl get pods` lists them")
     if ns and namespace is not None and ns != namespace:
         raise UsageError(f"{text} is in namespace {ns!r}, but --namespace says {namespace!r}; give one of them")
     return ns or namespace or "default", name

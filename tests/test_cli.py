@@ -333,6 +333,9 @@ def test_published_results_for_a_trace_without_a_name_are_refused(
         (["explain"], "required: [NAMESPACE/]POD"),
         (["explain", "p"], "pass --kubeconfig PATH"),
         (["run", "--metrics-port", "70000"], "argument --metrics-port: must be 0..65535 (0 picks a free port)"),
+        (["run", "--namespace", "Sched"], "argument --namespace: 'Sched' is not a namespace name"),
+        (["run", "--lease-name", "a/b"], "argument --lease-name: 'a/b' is not a Lease name"),
+        (["run", "--config", "configmap/a?b"], "--config configmap/a?b: 'a?b' is not a ConfigMap name"),
     ],
 )
 def test_run_and_explain_reject_bad_input_with_the_fix(
@@ -442,10 +445,27 @@ def test_explain_an_unreachable_api_server_is_one_line_and_exit_2(
         (["/p"], "'/p' is not a pod; pass POD or NAMESPACE/POD"),
         (["a/b/c"], "'a/b/c' is not a pod; pass POD or NAMESPACE/POD"),
         (["a/p", "--namespace", "b"], "a/p is in namespace 'a', but --namespace says 'b'"),
+        (["default/.."], "'default/..': '..' is not a pod name: pod names are lower-case letters, digits, '-' and '.'"),
+        (["default/a?b"], "'a?b' is not a pod name"),
+        (["Default/p"], "'Default' is not a namespace name: namespace names are lower-case letters, digits and '-'"),
+        (["Default/p"], "(did you mean 'default'?); pass NAMESPACE/POD as `kubectl get pods -A` lists them"),
+        (["p", "--namespace", "a.b"], "--namespace 'a.b' is not a namespace name"),
+        (["My-Pod"], "(did you mean 'my-pod'?); pass POD or NAMESPACE/POD as `kubectl get pods` lists them"),
     ],
 )
-def test_explain_refuses_what_is_not_a_pod(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+def test_explain_refuses_what_is_not_a_pod(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str], message: str
+) -> None:
+    asked: list[tuple[str, str]] = []
+
+    async def explain_pod(kubeconfig: Path | None, context: str | None, ns: str, name: str, *_: Any) -> tuple[str, int]:
+        asked.append((ns, name))
+        return "fits", 0
+
+    monkeypatch.setattr("gpusched.daemon.explain_pod", explain_pod)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")  # a cluster to ask, were the pod one
     assert message in rejected(capsys, ["explain", *argv])
+    assert asked == []
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import structlog
 
 from gpusched.daemon.scheduler import Scheduler, count_running_members
 from gpusched.daemon.settings import BOUND_SELECTOR, SCHEDULER_NAME, DaemonSettings
-from gpusched.kube.client import Kube, connect
+from gpusched.kube.client import Kube, connect, segment
 from gpusched.kube.convert import (
     ConvertError,
     claim_record,
@@ -131,7 +131,7 @@ async def explain_pod(
     """Read the cluster once and explain one pod; the text and an exit code (0 fits, 1 does not, 2 error)."""
     kube = await connect(kubeconfig, context, 50.0, 100)
     try:
-        r = await kube.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        r = await kube.request("GET", f"/api/v1/namespaces/{segment(namespace)}/pods/{segment(name)}")
         if r.status == 404:
             return f"pod {namespace}/{name} not found; name it as NAMESPACE/POD, or pass --namespace", 2
         if not r.ok:  # told with its fix, as any other read of the cluster
@@ -163,7 +163,7 @@ async def explain_pod(
             return "\n".join(lines), 1
         if rec.claims:
             claims = Claims()
-            pvcs, _ = await kube.list(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims")
+            pvcs, _ = await kube.list(f"/api/v1/namespaces/{segment(namespace)}/persistentvolumeclaims")
             claims.replace_claims([claim_record(o) for o in pvcs])
             pvs, _ = await kube.list("/api/v1/persistentvolumes")
             claims.replace_volumes([volume_record(o) for o in pvs])
@@ -227,7 +227,9 @@ async def _gang_answer(
     holding it to their topology domain; and the text that says so."""
     gang = rec.pod.gang
     assert gang is not None
-    pending, _ = await kube.list(f"/api/v1/namespaces/{rec.pod.namespace}/pods", {"fieldSelector": "spec.nodeName="})
+    pending, _ = await kube.list(
+        f"/api/v1/namespaces/{segment(rec.pod.namespace)}/pods", {"fieldSelector": "spec.nodeName="}
+    )
     members = [rec.pod]
     for obj in pending:
         other = pod_record(obj, namespaces)

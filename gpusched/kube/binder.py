@@ -34,7 +34,7 @@ from tenacity import (
     wait_random,
 )
 
-from gpusched.kube.client import MERGE_PATCH, STRATEGIC_PATCH, ApiError, Kube
+from gpusched.kube.client import MERGE_PATCH, STRATEGIC_PATCH, ApiError, Kube, segment
 from gpusched.kube.convert import ANNOTATION_GPU_INDICES, MIG_CONFIG_PREFIX
 from gpusched.model import Pod
 
@@ -126,7 +126,7 @@ def _written(text: str | None) -> dict[str, float]:
 
 
 def _path(pod: Pod) -> str:
-    return f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+    return f"/api/v1/namespaces/{segment(pod.namespace)}/pods/{segment(pod.name)}"
 
 
 def _now() -> str:
@@ -343,7 +343,7 @@ class Binder:
             "count": 1,
         }
         try:
-            await self._retrying("POST", f"/api/v1/namespaces/{ns}/events", body, kube=self.events)
+            await self._retrying("POST", f"/api/v1/namespaces/{segment(ns)}/events", body, kube=self.events)
         except ApiError as exc:
             if exc.status != 409:  # 409: written by an attempt whose answer was lost
                 log.warning("event not written", object=key[0], reason=reason, error=str(exc))
@@ -431,12 +431,12 @@ class Binder:
         manager's copy has had it.  The error ("" once written), and when ``name`` was first
         written (now, if it was not there under this scheduler's hand)."""
         namespace, cm = config_map.split("/", 1)
-        path = f"/api/v1/namespaces/{namespace}/configmaps"
+        path = f"/api/v1/namespaces/{segment(namespace)}/configmaps"
         try:
             for _ in range(self.attempts):  # another writer in between: read it again
                 created = False
                 try:
-                    current = await self._retrying("GET", f"{path}/{cm}", None)
+                    current = await self._retrying("GET", f"{path}/{segment(cm)}", None)
                 except ApiError as exc:
                     if exc.status != 404:
                         raise
@@ -459,7 +459,7 @@ class Binder:
                     if created:
                         await self._retrying("POST", path, body, leading=self.leading)
                     else:
-                        await self._retrying("PUT", f"{path}/{cm}", body, leading=self.leading)
+                        await self._retrying("PUT", f"{path}/{segment(cm)}", body, leading=self.leading)
                     return "", written[name]
                 except ApiError as exc:
                     if exc.status != 409:
@@ -474,7 +474,7 @@ class Binder:
         """Set (a value) or remove (None) ``labels`` on ``node``; the error, or "" once done."""
         patch = {"metadata": {"labels": labels}}
         try:
-            await self._retrying("PATCH", f"/api/v1/nodes/{node}", patch, MERGE_PATCH, leading=self.leading)
+            await self._retrying("PATCH", f"/api/v1/nodes/{segment(node)}", patch, MERGE_PATCH, leading=self.leading)
         except NotLeading:
             return "no longer the leader"
         except ApiError as exc:

@@ -18,17 +18,29 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import structlog
 
 from gpusched.kube._k8s import ApiClient, Configuration, load_incluster_config, load_kube_config, refresh_token
 
-__all__ = ["ApiError", "Kube", "RateLimiter", "Response", "connect"]
+__all__ = ["ApiError", "Kube", "RateLimiter", "Response", "connect", "segment"]
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+
+
+def segment(name: str) -> str:
+    """``name`` as one segment of a request path, percent-encoded: a '?' or '#' in it would
+    otherwise end the path, and the object asked for would be another.  What no encoding keeps
+    one segment is refused (``ValueError``), as client-go refuses it: an empty name (the list
+    instead of the object), '.' and '..' (folded into the path before they are sent), and names
+    with '/' or '%' (the API server decodes them into the path)."""
+    if name in ("", ".", "..") or "/" in name or "%" in name:
+        raise ValueError(f"{name!r} cannot be the name of an object in a request path")
+    return quote(name, safe="")
 
 
 class ApiError(Exception):

@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from gpusched.kube.client import ApiError, Kube
+from gpusched.kube.client import ApiError, Kube, segment
 
 __all__ = ["LeaderElector"]
 
@@ -62,7 +62,8 @@ class LeaderElector:
         if problem:
             raise ValueError(problem)
         self.kube = kube
-        self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        self.path = f"/apis/coordination.k8s.io/v1/namespaces/{segment(namespace)}/leases"
+        self.lease_path = f"{self.path}/{segment(name)}"
         self.namespace = namespace
         self.name = name
         self.identity = identity
@@ -140,7 +141,7 @@ class LeaderElector:
         if self.holder != self.identity:
             return
         try:
-            lease = await self.kube.get(f"{self.path}/{self.name}")
+            lease = await self.kube.get(self.lease_path)
             spec = lease.get("spec") or {}
             if spec.get("holderIdentity") != self.identity:
                 return
@@ -148,13 +149,13 @@ class LeaderElector:
                 if spec.get("holderIdentity") != self.identity:
                     return
                 spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _micro_now()})
-                r = await self.kube.request("PUT", f"{self.path}/{self.name}", body=lease)
+                r = await self.kube.request("PUT", self.lease_path, body=lease)
                 if r.ok:
                     log.info("lease released", lease=self.name)
                     return
                 if r.status != 409 or attempt:
                     raise r.error()
-                lease = await self.kube.get(f"{self.path}/{self.name}")
+                lease = await self.kube.get(self.lease_path)
                 spec = lease.get("spec") or {}
         except ApiError as exc:
             log.warning(
@@ -175,7 +176,7 @@ class LeaderElector:
         """One attempt to acquire or renew; True when we hold the Lease afterwards."""
         now = _micro_now()
         try:
-            r = await self.kube.request("GET", f"{self.path}/{self.name}")
+            r = await self.kube.request("GET", self.lease_path)
             if r.status == 404:
                 seen = self._observed
                 if (
@@ -221,7 +222,7 @@ class LeaderElector:
             else:
                 acquired, transitions = now, transitions + 1
             lease["spec"] = self._spec(acquired, now, transitions)
-            u = await self.kube.request("PUT", f"{self.path}/{self.name}", body=lease)
+            u = await self.kube.request("PUT", self.lease_path, body=lease)
             return self._won(u.ok, u.status)
         except ApiError as exc:
             self._refused(exc.status, str(exc))
