@@ -641,9 +641,28 @@ def _pod_ref(text: str, namespace: str | None) -> tuple[str, str]:
     return ns or namespace or "default", name
 
 
-def _cluster_unreadable(exc: ApiError) -> str:
-    """What ``explain`` says when the API server cannot be reached or refuses to answer."""
-    if exc.status == 0:
+def _cluster_unreadable(exc: ApiError, kubeconfig: Path | None) -> str:
+    """What ``explain`` and ``report`` say when the API server cannot be reached or refuses to answer."""
+    from gpusched.kube.client import CERTIFICATE_NAME_MISMATCH, CERTIFICATE_OUT_OF_DATE, CERTIFICATE_UNTRUSTED
+
+    cluster = f"the cluster of kubeconfig {kubeconfig} (of --context, or its current context)"
+    if exc.reason == CERTIFICATE_UNTRUSTED:
+        fix = (
+            f"{cluster} must name the CA that signed the API server's certificate: certificate-authority "
+            "(a file) or certificate-authority-data (base64 PEM), as `kubectl config view --raw` shows it"
+            if kubeconfig is not None
+            else "the pod's service account ca.crt must be the CA of this cluster's API server"
+        )
+    elif exc.reason == CERTIFICATE_NAME_MISMATCH:
+        fix = (
+            f"the server of {cluster} must be a name or address the certificate is issued for, or its "
+            "tls-server-name must be one"
+            if kubeconfig is not None
+            else "the API server's certificate must be issued for KUBERNETES_SERVICE_HOST"
+        )
+    elif exc.reason == CERTIFICATE_OUT_OF_DATE:
+        fix = "the API server's certificate must be renewed, or this machine's clock set right"
+    elif exc.status == 0:
         fix = "check the server address of --kubeconfig (and --context) and that the API server is up"
     elif exc.status == 401:
         fix = "the API server refused the credentials of --kubeconfig: renew them"
@@ -662,12 +681,13 @@ def _explain(args: argparse.Namespace, console: Console) -> int:
     from gpusched.kube.client import ApiError, CredentialsError
 
     ns, name = _pod_ref(args.pod, args.namespace)
+    kubeconfig = _kubeconfig(args.kubeconfig)
     try:
-        text, code = asyncio.run(explain_pod(_kubeconfig(args.kubeconfig), args.context, ns, name, args.scheduler_name))
+        text, code = asyncio.run(explain_pod(kubeconfig, args.context, ns, name, args.scheduler_name))
     except CredentialsError as exc:
         raise UsageError(str(exc)) from None
     except ApiError as exc:
-        raise UsageError(_cluster_unreadable(exc)) from None
+        raise UsageError(_cluster_unreadable(exc, kubeconfig)) from None
     if code == EXIT_USAGE:  # no such pod: an error, on stderr
         raise UsageError(text)
     print(text)
@@ -703,14 +723,13 @@ def _report(args: argparse.Namespace, console: Console) -> int:
             gpu_label=args.utilisation_gpu_label,
             tell=False,  # its error comes as a note
         )
+    kubeconfig = _kubeconfig(args.kubeconfig)
     try:
-        report, notes = asyncio.run(
-            report_costs(_kubeconfig(args.kubeconfig), args.context, prices, source, args.idle_percent)
-        )
+        report, notes = asyncio.run(report_costs(kubeconfig, args.context, prices, source, args.idle_percent))
     except CredentialsError as exc:
         raise UsageError(str(exc)) from None
     except ApiError as exc:
-        raise UsageError(_cluster_unreadable(exc)) from None
+        raise UsageError(_cluster_unreadable(exc, kubeconfig)) from None
     if source is not None and source.refused:
         raise UsageError(f"--utilisation-query: {source.error}; fix the query (it is sent as given)")
     for note in notes:

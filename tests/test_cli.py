@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
+import threading
 import time
 from importlib import resources
 from pathlib import Path
@@ -19,6 +22,7 @@ import structlog
 
 from gpusched import __version__, cli, logs
 from gpusched.cli import MAX_SEEDS, build_parser, main, parse_seeds
+from tests.controlplane import _make_pki, _Pki
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = Path(str(resources.files("gpusched.sim") / "demo"))
@@ -436,6 +440,66 @@ def test_explain_an_unreachable_api_server_is_one_line_and_exit_2(
         text = rejected(capsys, ["explain", "default/p", "--kubeconfig", str(path)])
     assert "cannot read the cluster: cannot reach the API server" in text
     assert "check the server address of --kubeconfig" in text
+
+
+def _tls_server(pki: _Pki, host: str) -> tuple[socket.socket, int]:
+    """A TLS server on ``host`` with the test CA's serving certificate (issued for 127.0.0.1 and
+    localhost); it answers nothing: the client gives up at the handshake."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(pki.serving_crt, pki.serving_key)
+    listener = socket.create_server((host, 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                raw, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            with contextlib.suppress(OSError), ctx.wrap_socket(raw, server_side=True) as tls:
+                tls.recv(1)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, listener.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("host", "ca", "said", "fix"),
+    [
+        (
+            "127.0.0.1",
+            False,
+            "the API server's certificate is not trusted (unable to get local issuer certificate)",
+            "must name the CA that signed the API server's certificate: certificate-authority (a file) or "
+            "certificate-authority-data",
+        ),
+        (
+            "127.0.0.2",
+            True,
+            "the API server's certificate is not issued for its address (IP address mismatch, certificate is not "
+            "valid for '127.0.0.2')",
+            "must be a name or address the certificate is issued for, or its tls-server-name must be one",
+        ),
+    ],
+    ids=["unknown-ca", "other-address"],
+)
+def test_a_certificate_the_client_refuses_is_told_with_the_kubeconfig_setting_to_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], host: str, ca: bool, said: str, fix: str
+) -> None:
+    pki = _Pki.at(tmp_path / "pki")
+    _make_pki(pki)
+    listener, port = _tls_server(pki, host)
+    with listener:
+        path = tmp_path / "kubeconfig"
+        authority = f", certificate-authority: '{pki.ca_crt}'" if ca else ""
+        path.write_text(
+            KUBECONFIG.replace('server: "https://127.0.0.1:1"', f"server: 'https://{host}:{port}'{authority}")
+            + "current-context: ctx\n"
+        )
+        for argv in (["explain", "default/p"], ["report"]):
+            text = rejected(capsys, [*argv, "--kubeconfig", str(path)])
+            assert f"cannot read the cluster: {said}" in text
+            assert f"the cluster of kubeconfig {path} (of --context, or its current context) {fix}" in text
+            assert "check the server address" not in text
 
 
 @pytest.mark.parametrize(

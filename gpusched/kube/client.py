@@ -76,6 +76,32 @@ class Response:
         return ApiError(self.status, message, str(body.get("reason") or ""), self.retry_after)
 
 
+CERTIFICATE_UNTRUSTED = "CertificateUntrusted"
+"""``ApiError.reason`` when the API server's certificate is signed by no CA the client trusts."""
+CERTIFICATE_NAME_MISMATCH = "CertificateNameMismatch"
+"""``ApiError.reason`` when the API server's certificate is not issued for the server's name."""
+CERTIFICATE_OUT_OF_DATE = "CertificateOutOfDate"
+"""``ApiError.reason`` when the API server's certificate has expired or is not valid yet."""
+
+# OpenSSL's verify results (X509_V_ERR_*) that call for a fix other than the CA.
+_NAME_MISMATCH = (62, 64)  # HOSTNAME_MISMATCH, IP_ADDRESS_MISMATCH
+_OUT_OF_DATE = (9, 10)  # CERT_NOT_YET_VALID, CERT_HAS_EXPIRED
+
+
+def certificate_error(cause: BaseException) -> ApiError:
+    """The API server's certificate was refused (status 0, as the server was not reached): why,
+    with a reason that says which fix applies (``CERTIFICATE_*``)."""
+    code = getattr(cause, "verify_code", None)
+    why = str(getattr(cause, "verify_message", None) or cause).rstrip(".")
+    if code in _NAME_MISMATCH:
+        return ApiError(
+            0, f"the API server's certificate is not issued for its address ({why})", CERTIFICATE_NAME_MISMATCH
+        )
+    if code in _OUT_OF_DATE:
+        return ApiError(0, f"the API server's certificate is out of date ({why})", CERTIFICATE_OUT_OF_DATE)
+    return ApiError(0, f"the API server's certificate is not trusted ({why})", CERTIFICATE_UNTRUSTED)
+
+
 RETRY_AFTER_MAX_S = 30.0
 """Longest ``Retry-After`` honoured; a larger one waits this long (an HTTP date is not read: the
 usual backoff applies)."""
@@ -180,6 +206,8 @@ class Kube:
                 _preload_content=False,
                 _request_timeout=timeout,
             )
+        except aiohttp.ClientConnectorCertificateError as exc:
+            raise certificate_error(exc.certificate_error) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise ApiError(0, f"cannot reach the API server: {exc}", "Unreachable") from exc
         return resp

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,20 @@ def test_binds_in_flight_follow_the_rate_and_fit_the_pool() -> None:
     assert client.bind_concurrency(5000) == 100
     for qps in (50, 200, 500, 5000):
         assert client.bind_concurrency(qps) <= client.connection_limit(qps) - 8  # watches keep theirs
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "reason"),
+    [
+        (20, "unable to get local issuer certificate", client.CERTIFICATE_UNTRUSTED),
+        (19, "self-signed certificate in certificate chain", client.CERTIFICATE_UNTRUSTED),
+        (62, "Hostname mismatch, certificate is not valid for 'api.example'.", client.CERTIFICATE_NAME_MISMATCH),
+        (10, "certificate has expired", client.CERTIFICATE_OUT_OF_DATE),
+    ],
+)
+def test_a_refused_certificate_says_which_fix_applies(code: int, message: str, reason: str) -> None:
+    cause = ssl.SSLCertVerificationError(1, f"[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: {message}")
+    cause.verify_code, cause.verify_message = code, message
+    error = client.certificate_error(cause)
+    assert (error.status, error.reason) == (0, reason)
+    assert f"({message.rstrip('.')})" in error.message
