@@ -732,6 +732,12 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         raise UsageError(_cluster_unreadable(exc, kubeconfig)) from None
     if source is not None and source.refused:
         raise UsageError(f"--utilisation-query: {source.error}; fix the query (it is sent as given)")
+    if source is not None and not source.answered:  # asked for, and not had: no report that looks complete
+        raise UsageError(
+            f"--prometheus-url: {source.error}; check the address (the one Prometheus answers /api/v1/query "
+            "under, e.g. http://prometheus.monitoring:9090) and that Prometheus is up, or leave --prometheus-url "
+            "out to report without idle GPUs"
+        )
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if args.json:

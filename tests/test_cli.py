@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -813,6 +815,57 @@ def test_report_refuses_an_empty_price_list(tmp_path: Path, capsys: pytest.Captu
     prices.write_text("# to be filled in\n")
     said = rejected(capsys, ["report", "--prices", str(prices), "--kubeconfig", str(prices)])
     assert f"--prices {prices}: empty; name what the prices are in, such as currency: USD" in said
+
+
+@contextlib.contextmanager
+def _http(status: int, body: dict[str, Any]) -> Iterator[str]:
+    """An HTTP server on loopback answering every GET with ``status`` and ``body`` (JSON); its URL."""
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            yield f"http://127.0.0.1:{server.server_address[1]}"
+        finally:
+            server.shutdown()
+
+
+@pytest.mark.parametrize("json_out", [False, True], ids=["table", "json"])
+def test_report_with_a_prometheus_url_it_cannot_read_fails_without_a_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], json_out: bool
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    fmt = ["--json"] if json_out else []
+    with (
+        _http(200, {"kind": "List", "items": [], "metadata": {"resourceVersion": "1"}}) as api,
+        _http(404, {"message": "404 page not found"}) as not_prometheus,
+        socket.socket() as closed,
+    ):
+        kubeconfig.write_text(KUBECONFIG.replace("https://127.0.0.1:1", api) + "current-context: ctx\n")
+        argv = ["report", "--kubeconfig", str(kubeconfig), *fmt]
+        assert main(argv) == 0  # no --prometheus-url: the report, idle GPUs not measured
+        assert capsys.readouterr().out
+        closed.bind(("127.0.0.1", 0))  # bound, not listening: refuses connections
+        refused = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        for url, why in ((refused, "Connection refused"), (not_prometheus, "HTTP 404 from Prometheus")):
+            code = main([*argv, "--prometheus-url", url])
+            out, err = capsys.readouterr()
+            assert (code, out) == (2, ""), err  # no report that looks whole
+            assert err.startswith(f"gpusched report: error: --prometheus-url: cannot read GPU utilisation from {url}: ")
+            assert why in err
+            assert "check the address (the one Prometheus answers /api/v1/query under" in err
+            assert len(err.splitlines()) == 1
 
 
 def _manifest(tmp_path: Path, workers: int) -> Path:

@@ -148,6 +148,7 @@ def _labels(metric: Mapping[str, Any]) -> str:
     return "{" + ",".join(f"{k}={v!r}" for k, v in sorted(metric.items())) + "}"
 
 
+_ERRNO = re.compile(r"\[Errno -?\d+\] [^'\"()]+")
 _HTTP_ERROR = re.compile(r"HTTP Status Code (\d+) \((b'.*'|b\".*\")\)$", re.DOTALL)
 
 
@@ -165,6 +166,9 @@ def _query_error(exc: Exception) -> str:
         return f"HTTP {m.group(1)} from Prometheus"
     if isinstance(exc, ValueError) and "Expecting value" in text:  # a 200 answer that is no JSON
         return "the answer is not JSON: is the URL a Prometheus (its /api/v1/query)?"
+    errno = _ERRNO.search(text)
+    if isinstance(exc, OSError) and errno is not None:  # requests' ConnectionError: the cause, not the retry story
+        return f"{type(exc).__name__}: {errno.group(0).strip()}"
     return f"{type(exc).__name__}: {text}"
 
 
@@ -237,6 +241,10 @@ class UtilisationSource:
         self.refused = False
         """Whether Prometheus refused the query itself (bad syntax, an unknown function): no
         retry will do, the query must be fixed."""
+        self.answered = False
+        """Whether the last poll got Prometheus's answer to its query (False: no connection, an
+        HTTP error, an answer that is not Prometheus's, or the query refused); the answer may
+        still hold no usable sample."""
         self._told: str | None = None  # the outcome last logged: each is logged once, until it changes
 
     def age(self) -> float:
@@ -266,10 +274,12 @@ class UtilisationSource:
             raise
         except Exception as exc:
             why = _query_error(exc)
+            self.answered = False
             self._failed(f"cannot read GPU utilisation from {self.shown_url}: {why}")
             self.refused = why.startswith("Prometheus refused the query (bad_data)")
             return False
         self.refused = False
+        self.answered = True
         percent, problems = parse_samples(result, self.node_label, self.gpu_label)
         if not percent and not problems:
             self._failed(
