@@ -648,9 +648,18 @@ def _gone(pid: int) -> bool:
         return True
 
 
+AS_IN_A_TERMINAL = (
+    "import signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"  # a shell without job control starts a
+    "from gpusched.cli import main\n"  # background job (this test run, say) ignoring SIGINT; a terminal does not
+    "raise SystemExit(main(sys.argv[1:]))\n"
+)
+"""``gpusched ARGS`` with SIGINT as Python takes it over in a terminal."""
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the worker processes in /proc")
 def test_ctrl_c_ends_a_parallel_simulation_with_one_line_and_its_workers(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "gpusched", "--log-level", "info", "simulate", "--jobs", "2", "--policy", "fgd"]
+    argv = [sys.executable, "-c", AS_IN_A_TERMINAL, "--log-level", "info", "simulate", "--jobs", "2", "--policy", "fgd"]
     argv += ["--seeds", "42-61", "--no-progress", "--out", str(tmp_path)]
     proc = subprocess.Popen(
         argv,

@@ -13,6 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SOLVE_THEN_CTRL_C = textwrap.dedent(
     """
     import os, signal, time
+    # As a terminal's command has it (a shell without job control starts a background job, this
+    # test run perhaps, with SIGINT ignored): Python's.  The solve below must leave it so.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from gpusched.model import Cluster
     from gpusched.solver.fragmentation import TypicalPods
     from gpusched.solver.params import Limits, SolverParams
@@ -36,7 +39,12 @@ SOLVE_THEN_CTRL_C = textwrap.dedent(
 
 def test_ctrl_c_after_a_solve_raises_keyboard_interrupt() -> None:
     done = subprocess.run(
-        [sys.executable, "-c", SOLVE_THEN_CTRL_C], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", SOLVE_THEN_CTRL_C],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     status = done.stdout.split("\n", 1)[0]
     assert "FALLBACK" not in status, done  # CP-SAT did solve
