@@ -451,3 +451,19 @@ async def test_a_new_leader_waits_for_the_pods_the_last_leader_evicted() -> None
     s._bound.apply("DELETED", b0)
     assert await round_of(s) == 1
     assert api.evicted == ["default/c0"]
+
+
+async def test_a_leader_of_long_standing_is_not_held_back_by_pods_that_leave() -> None:
+    # Pods of controllers come and go all day; only a new leader waits for them (the rounds of
+    # this one are its own record).
+    api = EvictionApi()
+    s = _scheduler(api, {"n0": 4, "n1": 4, "n2": 4})
+    s._bound.apply("ADDED", batch_pod("a0", "n0", 0, movable=False))
+    done = batch_pod("done", "n1", 0, movable=False)
+    done["metadata"]["deletionTimestamp"] = "2026-12-07T00:00:00Z"  # a rollout's old pod, say
+    s._bound.apply("ADDED", done)
+    s._bound.apply("ADDED", batch_pod("c0", "n2", 0))
+    assert await round_of(s) == 0  # newly leading: it may be a pod the last leader evicted
+    s.consolidator._led_at -= 601
+    assert await round_of(s) == 1
+    assert api.evicted == ["default/c0"]

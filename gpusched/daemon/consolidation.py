@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -48,10 +49,17 @@ class Consolidator:
         ``_refused_until``, so that no policy has a round evict the same work from it each time."""
         self.interval_changed = asyncio.Event()
         """Set when a new configuration changes ``consolidation.intervalSeconds``."""
+        self._led_at = -math.inf
+        """When this instance took the lead (``time.monotonic``)."""
         self._moved_owners: dict[str, tuple[float, frozenset[str]]] = {}
         """Controllers (UID) whose pods a round evicted: until when, and the UIDs of their pods on
         the books then.  Their pods made since (the replacements) stay put until then, wherever
         the batches placed them: a pod is not moved twice for one move."""
+
+    def lead(self) -> None:
+        """This instance has taken the lead: for a while it waits for the replacements of pods
+        that leave (``_leaving``), which a round of the last leader may have evicted."""
+        self._led_at = time.monotonic()
 
     async def forever(self) -> None:
         """Every ``consolidation.intervalSeconds``, a round of ``consolidate``; a round that
@@ -97,7 +105,8 @@ class Consolidator:
             return 0
         snap = self._books()
         placed = self.s.cache.placed()  # as counted in ``snap``: taken together
-        leaving = self._leaving(placed, snap)
+        newly = time.monotonic() - self._led_at < max(600.0, 2 * c.interval_seconds)
+        leaving = self._leaving(placed, snap) if newly else []
         if leaving:
             log.info("consolidation waits: GPU pods are leaving, their replacements come first", pods=leaving[:3])
             return 0
@@ -203,9 +212,10 @@ class Consolidator:
         return not (counts.active or counts.backoff or counts.in_flight or self.s.cache.nominations or self.s.mig.jobs)
 
     def _leaving(self, placed: Sequence[Assignment], snap: Snapshot) -> list[str]:
-        """GPU pods of a controller being deleted on nodes that are up: their replacements come
-        (an eviction by a leader before this one, say, that this one has no record of) and the
-        room they left is theirs.  On a node that is down a pod may stay deleting for good."""
+        """GPU pods of a controller being deleted on nodes that are up: asked while this instance
+        is newly leading, their replacements may come (a round of the last leader evicted them,
+        which this one has no record of) and the room they leave is theirs.  On a node that is
+        down a pod may stay deleting for good."""
         names = snap.cluster.nodes
         return [
             a.pod.key

@@ -358,6 +358,7 @@ class Scheduler:
             self.metrics.new_term()
             self._leading.set()
             self.mig.lead()  # what failed under the last leader is set back now
+            self.consolidator.lead()
         else:
             self._leading.clear()
             self.placed_here.clear()
