@@ -25,7 +25,7 @@ import numpy as np
 from gpusched.model import GPU_MILLI, ClusterState, Plan, Pod, PodShape
 from gpusched.model.affinity import PodAffinityTerm, Spread
 from gpusched.model.cluster import BoolArray, IntArray
-from gpusched.model.pod import Gang
+from gpusched.model.pod import Gang, gang_conflicts
 from gpusched.solver.fragmentation import FragScorer
 
 __all__ = ["Candidate", "Group", "Instance", "build_instance", "domain_of", "followed", "node_classes", "pod_terms"]
@@ -286,6 +286,7 @@ def build_instance(
     for g in groups:
         if g.gang is not None:
             gang_sizes[g.gang.name] += len(g.pods)
+    disagree = gang_conflicts(pods) if gang_sizes else {}  # such gangs are not placed (``constraints.gang``)
     member_of = {id(p): gi for gi, g in enumerate(groups) for p in g.pods}  # the hint holds these pods
     by_key: dict[GroupKey, int] = {}
     hinted: dict[int, set[int]] = defaultdict(set)
@@ -312,6 +313,8 @@ def build_instance(
         if away is not None:
             mask = mask & away
         gang = group.gang
+        if gang is not None and gang.name in disagree:
+            continue
         if gang is not None and gang.topology == "required":
             key, held = gang.topology_key, gang.domain
             mask = mask & np.array(

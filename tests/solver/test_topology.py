@@ -248,6 +248,19 @@ def test_gang_module_places_all_or_none() -> None:
     assert Solved(inst, [demand, capacity, whole_gpu]).placed_pods() == 1, "without it half the gang lands"
 
 
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_gang_whose_members_disagree_on_its_minimum_is_placed_by_no_policy(name: str) -> None:
+    # One member says two are needed, the other one: no plan may bind either (the validator
+    # refuses the gang whole), and a pod beside it still lands.
+    cluster = Cluster([gpu8("a")])
+    pods = [member("m0", Gang("g", 2), gpus=1), member("m1", Gang("g", 1), gpus=1), Pod("solo", 1000, 1024, 1, 1000)]
+    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
+    plan = make_policy(name, cluster, TypicalPods.from_pods(pods), 0, params).place(pods, cluster.empty_state())
+    assert plan_problems(plan, cluster.empty_state(), pods) == []
+    assert sorted(unplaced(plan)) == ["m0", "m1"]
+    assert "FALLBACK" not in plan.stats.status  # the solver's own plan is valid too
+
+
 def test_validator_rejects_a_partial_gang() -> None:
     cluster = Cluster([gpu8("a")])
     team = Gang("team", 2)

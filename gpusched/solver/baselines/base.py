@@ -25,6 +25,7 @@ from gpusched.model import GPU_MILLI, Assignment, ClusterState, Plan, Pod, Solve
 from gpusched.model.cluster import BoolArray, IntArray
 from gpusched.model.mig import MigLayout
 from gpusched.model.placement import MigPartition
+from gpusched.model.pod import gang_conflicts
 
 __all__ = [
     "GPU_CHOICE",
@@ -140,7 +141,8 @@ class GreedyPolicy:
 
     def place(self, pods: Sequence[Pod], state: ClusterState) -> Plan:
         """Place ``pods`` one after another in the given order; a gang's members all at once, where
-        its first member comes, and all of them or none."""
+        its first member comes, and all of them or none.  A gang whose members disagree on its
+        rules (minimum, topology) is not placed: which of them holds is not this policy's to pick."""
         start = time.perf_counter()
         placed: list[Assignment] = []
         partitions: list[MigPartition] = []
@@ -149,6 +151,7 @@ class GreedyPolicy:
         for pod in pods:
             if pod.gang is not None:
                 gangs.setdefault(pod.gang.name, []).append(pod)
+        disagree = gang_conflicts(pods) if gangs else {}
         done: set[str] = set()
         given = state  # the caller's: copied once, then the states made here are updated in place
         for pod in pods:
@@ -163,6 +166,9 @@ class GreedyPolicy:
                 continue
             done.add(pod.gang.name)
             members = gangs[pod.gang.name]
+            if pod.gang.name in disagree:
+                failed.extend(members)
+                continue
             steps, new_state = self._place_gang(members, state)
             if steps is None:
                 failed.extend(members)

@@ -5,7 +5,9 @@ pods.  A gang with fewer members in the batch than its ``min_members`` is not
 placed at all (the rest has not arrived).  With a topology key, one boolean
 per (gang, domain) gates the candidates on that domain's nodes; ``required``
 allows one domain, ``preferred`` any number (the ``gang_domains`` objective
-charges each beyond the first).  Solving all gangs of a batch in one model is
+charges each beyond the first).  A gang whose members disagree on its rules
+(minimum, topology) is not placed either: which of them holds is not the
+model's to pick, and the validator refuses such a gang whole.  Solving all gangs of a batch in one model is
 what keeps interleaved gangs from holding each other's capacity half-placed.
 """
 
@@ -15,7 +17,7 @@ from collections import defaultdict
 
 from ortools.sat.python import cp_model
 
-from gpusched.model.pod import Gang
+from gpusched.model.pod import Gang, gang_conflicts
 from gpusched.solver.instance import Instance, domain_of
 from gpusched.solver.vars import Vars
 
@@ -28,10 +30,11 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
         if g.gang is not None:
             gangs[g.gang.name] = g.gang
             members[g.gang.name] += len(g.pods)
+    disagree = gang_conflicts(p for g in inst.groups for p in g.pods) if gangs else {}
     for name, gang in gangs.items():
         z = model.new_bool_var(f"gang_{name}")
         v.gang[name] = z
-        if members[name] < gang.min_members:
+        if members[name] < gang.min_members or name in disagree:
             model.add(z == 0)
     for gi, g in enumerate(inst.groups):
         if g.gang is None:
