@@ -167,22 +167,32 @@ class CpSatPolicy:
     def _fill(self, plan: Plan, state: ClusterState, pods: Sequence[Pod]) -> Plan:
         """``plan`` with the warm start's placements of the pods it left out that fit in what it
         left: the model sees only each pod's best-ranked candidates, and pods of several groups
-        may all have been offered the nodes one of them took.  ``plan`` itself when none fits."""
+        may all have been offered the nodes one of them took.  A gang is offered whole, every
+        member, or not at all (a member fits nowhere): the warm start places a gang only whole,
+        but the members it is given as if they were all.  Should the gangs' placements still
+        fail the checks, the pods without a gang are placed again alone.  ``plan`` itself when
+        none fits."""
         after = (state.partition(plan.partitions) if plan.partitions else state).apply(plan.assignments)
-        left = [p for p in plan.unplaced if after.pod_mask(p).any()]
-        if not left:
-            return plan
-        more = self.greedy.place(left, after)
-        if not more.assignments:
-            return plan
-        placed = {a.pod.key for a in more.assignments}
-        filled = Plan(
-            plan.assignments + more.assignments,
-            tuple(p for p in plan.unplaced if p.key not in placed),
-            plan.stats,
-            plan.partitions + more.partitions,
-        )
-        return plan if plan_problems(filled, state, pods) else filled
+        fits = {p.key for p in plan.unplaced if after.pod_mask(p).any()}
+        short = {p.gang.name for p in plan.unplaced if p.gang is not None and p.key not in fits}
+        left = [p for p in plan.unplaced if p.key in fits and (p.gang is None or p.gang.name not in short)]
+        alone = [p for p in left if p.gang is None]
+        for offered in (left, alone) if len(alone) < len(left) else (left,):
+            if not offered:
+                continue
+            more = self.greedy.place(offered, after)
+            if not more.assignments:
+                continue
+            placed = {a.pod.key for a in more.assignments}
+            filled = Plan(
+                plan.assignments + more.assignments,
+                tuple(p for p in plan.unplaced if p.key not in placed),
+                plan.stats,
+                plan.partitions + more.partitions,
+            )
+            if not plan_problems(filled, state, pods):
+                return filled
+        return plan
 
     def _stats(self, plan: Plan, status: str, obj: float, bound: float, start: float, nvars: int) -> Plan:
         ms = (time.perf_counter() - start) * 1000

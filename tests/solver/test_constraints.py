@@ -18,6 +18,8 @@ from ortools.sat.python import cp_model
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Plan, Pod
 from gpusched.model.affinity import PodAffinityTerm, Requirement, Spread
+from gpusched.model.node import Taint
+from gpusched.model.pod import Gang
 from gpusched.solver.baselines import FgdPolicy
 from gpusched.solver.baselines.fgd import WarmStart
 from gpusched.solver.constraints import anti_affinity, capacity, demand, ports, share, spread, whole_gpu
@@ -539,3 +541,33 @@ def test_pods_the_model_was_offered_only_nodes_others_took_are_placed_where_room
     plan = cpsat(small + large, state)
     assert unplaced(plan) == []
     assert validate_plan(plan, state, small + large) is None
+
+
+LEAVING = (Taint("DeletionCandidateOfClusterAutoscaler", "1", "PreferNoSchedule"),)
+
+
+def test_a_waiting_gang_does_not_keep_pods_the_model_left_out_from_being_filled() -> None:
+    # 25 "pool" nodes with one idle GPU and room for one 1000m pod each (25 classes), then two
+    # nodes the autoscaler means to remove.  The 25 pool pods need every pool node; "big" needs
+    # "spare"; "a" ranks the pool nodes first and is offered no room the model leaves it, so it
+    # is filled onto "spare2".  The gang waits for capacity: "w2" fits nowhere yet, "w0" and "w1"
+    # would on their own.  A gang is filled whole or not at all, and "a" still lands.
+    k = 25
+    nodes = [Node(f"pool{i}", 4000 + i, 8192, gpu_count=2, gpu_model="A100", labels={"pool": "x"}) for i in range(k)]
+    nodes.append(Node("spare", 64000, 65536, gpu_count=8, gpu_model="A100", soft_taints=LEAVING))
+    nodes.append(Node("spare2", 2000, 8192, gpu_count=1, gpu_model="A100", soft_taints=LEAVING))
+    cluster = Cluster(nodes)
+    busy = [Assignment(Pod(f"cpu{i}", 3000, 0), i) for i in range(k)]
+    busy += [Assignment(Pod(f"gpu{i}", 0, 0, num_gpu=1, gpu_milli=GPU_MILLI), i, (0,)) for i in range(k)]
+    state = cluster.empty_state().apply(busy)
+    pool = ((Requirement("pool", "In", ("x",)),),)
+    pods = [Pod("a", 1000, 1024)]
+    pods += [Pod(f"b{i}", 1000, 1024, num_gpu=1, gpu_milli=GPU_MILLI, node_selector=pool) for i in range(k)]
+    pods += [Pod("big", 63500, 1024, num_gpu=8, gpu_milli=GPU_MILLI)]
+    train = Gang("train", min_members=2)
+    pods += [Pod("w0", 500, 512, gang=train), Pod("w1", 500, 512, gang=train)]
+    pods += [Pod("w2", 500, 512, num_gpu=16, gpu_milli=GPU_MILLI, gang=train)]
+    plan = cpsat(pods, state)
+    assert sorted(unplaced(plan)) == ["w0", "w1", "w2"]
+    assert where(plan)["a"][0] == k + 1  # spare2
+    assert plan.stats.status.endswith("+FILLED")  # placed after the model, in what its plan left
