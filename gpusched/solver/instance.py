@@ -8,10 +8,13 @@ Three reductions keep the model small:
   group has pods, so a thousand empty nodes of one type cost what a few do;
 * per group only the ``candidates_per_pod`` best classes, ranked by the
   fragmentation a placement adds and then by fullness, are kept, plus the
-  nodes the greedy warm start used.
+  nodes the greedy warm start used, plus the class with the most room for the
+  group's shape (an escape: the best-ranked nodes are what every group wants,
+  and the emptiest ones, ranked last, may be the only way to place the batch).
 
 The model size therefore grows with distinct shapes times candidates, not with
-nodes times pods.
+nodes times pods.  A model that was offered only part of the nodes some group
+fits on (``Instance.pruned``) proves its optimum over those nodes alone.
 """
 
 from __future__ import annotations
@@ -99,6 +102,9 @@ class Instance:
     """The batch's own preferred pod (anti-)affinity terms (none when preferences are off)."""
     member_of: Mapping[int, int] = field(default_factory=dict)
     """Group index by the identity of each pod the groups hold (they keep the pods alive)."""
+    pruned: bool = False
+    """Some group's candidates leave out nodes it fits on: the model's optimum is the best
+    over the candidates, not proven for the whole cluster."""
 
     def group_of(self) -> dict[GroupKey, int]:
         """Group index by ``Group.key``."""
@@ -241,6 +247,34 @@ def _mig_ub(state: ClusterState, shape: PodShape, sel: IntArray) -> IntArray:
     return ub
 
 
+_ROOMY = 1 << 40
+"""More pods than any node holds: ``_room`` without a cap."""
+
+
+def _room(state: ClusterState, shape: PodShape, nodes: IntArray, most: int) -> IntArray:
+    """Pods of ``shape`` each of ``nodes`` has room for alone, at most ``most``."""
+    ub: IntArray = np.full(nodes.size, most, dtype=np.int64)
+    if shape.cpu_milli:
+        ub = np.minimum(ub, state.cpu_free[nodes] // shape.cpu_milli)
+    if shape.memory_mib:
+        ub = np.minimum(ub, state.mem_free[nodes] // shape.memory_mib)
+    if shape.storage_mib:
+        ub = np.minimum(ub, state.storage_free[nodes] // shape.storage_mib)
+    if state.cluster.pods_metered:
+        ub = np.minimum(ub, state.pods_free[nodes])
+    if shape.host_ports:
+        ub = np.minimum(ub, 1)  # two pods binding one host port never share a node
+    if shape.is_fractional:
+        ub = np.minimum(ub, (state.gpu_free[nodes] // shape.gpu_milli).sum(axis=1))
+    elif shape.mig_profile:
+        ub = np.minimum(ub, _mig_ub(state, shape, nodes))
+    elif shape.island == "required":
+        ub = np.minimum(ub, (state.island_idle[nodes] // shape.num_gpu).sum(axis=1))
+    elif shape.num_gpu:
+        ub = np.minimum(ub, state.full_free_gpus[nodes] // shape.num_gpu)
+    return ub
+
+
 def _pack(state: ClusterState, nodes: np.ndarray) -> np.ndarray:
     cl = state.cluster
     cpu = np.where(cl.cpu_cap[nodes] > 0, 100 - 100 * state.cpu_free[nodes] // np.maximum(cl.cpu_cap[nodes], 1), 0)
@@ -300,12 +334,16 @@ def build_instance(
     classes = node_classes(state, _class_extras(state, groups, peers, penalties))
     order = np.argsort(classes, kind="stable")
     starts = np.searchsorted(classes[order], np.arange(classes.max() + 1 if classes.size else 0))
-    cpu_free, mem_free, gpu_free = state.cpu_free, state.mem_free, state.gpu_free
+    gpu_free = state.gpu_free
 
     # Required pod affinity over shared domains: the pods that follow and those they follow must
     # be able to meet in one domain, which the best-ranked nodes alone may not offer.
     together = {terms.index(t) for g in groups for t in g.shape.affinity if _shared_domains(state, t.topology_key)}
     cands: list[Candidate] = []
+    sizes = np.diff(np.append(starts, classes.size))  # nodes per class
+    pruned = False
+    demand: dict[int, int] = defaultdict(int)  # per class, the pods of the groups that fit there
+    least: dict[int, int] = {}  # per class, the fewest of its nodes a group it was offered to got
     for gi, group in enumerate(groups):
         shape, count = group.shape, len(group.pods)
         mask = state.fit_mask(shape)
@@ -360,9 +398,10 @@ def build_instance(
             terms.index(t) in group.selected_by and _shared_domains(state, t.topology_key) for t in shape.anti_affinity
         )
         columns = [state.cluster.domains(k)[0] for k in apart_keys]
+        taken: dict[int, int] = {}  # nodes taken per class: always its first ones
         for r in rank:
             c = cls[r]
-            size = (starts[c + 1] if c + 1 < starts.size else classes.size) - starts[c]
+            size = sizes[c]
             take = 1 if spread else min(int(size), reach)
             if per_domain is not None:
                 first = int(order[starts[c]])
@@ -372,32 +411,29 @@ def build_instance(
                     continue
                 per_domain[dom] = have + take
             chosen.extend(int(n) for n in order[starts[c] : starts[c] + take])
+            taken[int(c)] = take
             if per_domain is None and len(chosen) >= quota:
                 break
+        if len(taken) < cls.size:
+            # The escape: the class with the most room for the shape (the best-ranked of equals),
+            # as many of its nodes as hold the group.  The classes ranked first are those every
+            # group ranks first; this one is where the group goes when the others took them.
+            room = _room(state, shape, reps, _ROOMY)
+            r = rank[int(np.argmax(room[rank]))]
+            c = int(cls[r])
+            if c not in taken:
+                take = 1 if spread else min(int(sizes[c]), -(-reach // max(int(room[r]), 1)))
+                chosen.extend(int(n) for n in order[starts[c] : starts[c] + take])
+                taken[c] = take
+        pruned = pruned or len(taken) < cls.size  # a class it fits on left out
+        for c in cls.tolist():
+            demand[c] += count
+        for c, take in taken.items():
+            least[c] = min(least.get(c, take), take)
         chosen_set = set(chosen) | hinted.get(gi, set())
         sel = np.array(sorted(chosen_set), dtype=np.int64)
-        ub = np.full(sel.size, count, dtype=np.int64)
-        if shape.cpu_milli:
-            ub = np.minimum(ub, cpu_free[sel] // shape.cpu_milli)
-        if shape.memory_mib:
-            ub = np.minimum(ub, mem_free[sel] // shape.memory_mib)
-        if shape.storage_mib:
-            ub = np.minimum(ub, state.storage_free[sel] // shape.storage_mib)
-        if state.cluster.pods_metered:
-            ub = np.minimum(ub, state.pods_free[sel])
-        if shape.host_ports:
-            ub = np.minimum(ub, 1)  # two pods binding one host port never share a node
-        per_gpu = None
-        if shape.is_fractional:
-            fit = gpu_free[sel] // shape.gpu_milli
-            ub = np.minimum(ub, fit.sum(axis=1))
-            per_gpu = scorer.gpu_delta(state, shape)
-        elif shape.mig_profile:
-            ub = np.minimum(ub, _mig_ub(state, shape, sel))
-        elif shape.island == "required":
-            ub = np.minimum(ub, (state.island_idle[sel] // shape.num_gpu).sum(axis=1))
-        elif shape.num_gpu:
-            ub = np.minimum(ub, state.full_free_gpus[sel] // shape.num_gpu)
+        ub = _room(state, shape, sel, count)
+        per_gpu = scorer.gpu_delta(state, shape) if shape.is_fractional else None
         packs = _pack(state, sel)
         for j, n in enumerate(sel):
             if ub[j] <= 0:
@@ -411,5 +447,8 @@ def build_instance(
                 )
             d = float(delta[n])
             cands.append(Candidate(gi, int(n), int(ub[j]), round(d) if np.isfinite(d) else 0, int(packs[j]), gpus))
+    # The nodes of a class are alike, and every group offered it gets its first nodes: a class
+    # whose every group got as many of them as the batch could use there loses nothing.
+    pruned = pruned or any(take < min(int(sizes[c]), demand[c]) for c, take in least.items())
     nodes = tuple(sorted({c.node for c in cands}))
-    return Instance(state, groups, tuple(cands), nodes, hint, terms, spreads, identities, wishes, member_of)
+    return Instance(state, groups, tuple(cands), nodes, hint, terms, spreads, identities, wishes, member_of, pruned)

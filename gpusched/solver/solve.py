@@ -151,6 +151,8 @@ class CpSatPolicy:
         plan = _extract(inst, v, solver, pods)
         if sum(int(solver.value(x)) for x in v.x.values()) > len(plan.assignments):
             status = "FEASIBLE"  # pods left for the next batch (``_extract``): not the model's optimum
+        if status == "OPTIMAL" and inst.pruned:
+            status = "OPTIMAL_PRUNED"  # the best over the candidates kept, not proven for the whole cluster
         problems = plan_problems(plan, state, pods)
         if problems:  # never bind an unchecked plan; the greedy one is valid by construction
             return self._stats(hint, "INVALID_FALLBACK", math.nan, math.nan, start, nvars)

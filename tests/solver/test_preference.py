@@ -187,14 +187,16 @@ def test_replicas_stay_out_of_a_zone_crowded_with_pods_they_avoid_as_they_avoid_
     assert per_zone == {"a": 0, "b": 3, "c": 3}
 
 
-@pytest.mark.parametrize(("on", "kept"), [(True, "n2"), (False, "n0")])
-def test_preferences_off_do_not_pick_the_candidates_either(on: bool, kept: str) -> None:
+@pytest.mark.parametrize(("on", "kept", "left"), [(True, "n2", "n0"), (False, "n0", "n2")])
+def test_preferences_off_do_not_pick_the_candidates_either(on: bool, kept: str, left: str) -> None:
     c = cluster()
     state = c.empty_state().apply([Assignment(pod("old", gpus=2), 0, (0, 1))])  # n0 half full: packing's pick
     p = replace(pod("p", gpus=1), preferred_nodes=SPOT)  # n2 is the one it prefers
     scorer = FragScorer(c, TypicalPods.from_pods([p]))
     inst = build_instance([p], state, scorer, Plan((), (p,)), 1, preferences=on)
-    assert [c.nodes[cand.node].name for cand in inst.candidates] == [kept]
+    offered = [c.nodes[cand.node].name for cand in inst.candidates]  # one, and an empty node (the escape)
+    assert kept in offered
+    assert left not in offered
 
 
 def test_preferences_off_are_off_in_the_warm_start_too() -> None:
@@ -230,7 +232,7 @@ def test_a_zone_wish_keeps_the_best_candidates_of_each_zone_not_every_node() -> 
         z = c.nodes[cand.node].labels[ZONE]
         per_zone[z] = per_zone.get(z, 0) + 1
     assert sorted(per_zone) == ["a", "b", "c"]
-    assert max(per_zone.values()) <= 24
+    assert max(per_zone.values()) <= 24 + 1  # and the node with the most room
 
 
 @pytest.mark.parametrize("policy", [p for p in POLICIES if p != "random"])
