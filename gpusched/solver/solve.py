@@ -1,7 +1,9 @@
 """The CP-SAT batch policy: greedy warm start, pruned model, time-limited solve, checked plan.
 
 Every solve has a time limit and a worker count and reports status,
-objective, bound and gap.  The FGD greedy answer for the batch is both the
+objective, bound and gap; the limit counts from the call, warm start included,
+and once it is spent, putting the solution in an order that binds
+(``peer_order``) keeps the first order found.  The FGD greedy answer for the batch is both the
 hint and the fallback: CP-SAT's plan replaces it only when the solver found a
 feasible solution, which the hint makes immediate.  The returned plan always
 passes ``validate_plan``.
@@ -148,7 +150,8 @@ class CpSatPolicy:
             status = "FEASIBLE"  # stopped at relativeGap: good enough, not proven the best
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return self._stats(hint, f"{status}_FALLBACK", math.nan, math.nan, start, nvars)
-        plan = _extract(inst, v, solver, pods)
+        end = start + lim.time_limit_s if deadline is None else min(start + lim.time_limit_s, deadline)
+        plan = _extract(inst, v, solver, pods, end)
         if sum(int(solver.value(x)) for x in v.x.values()) > len(plan.assignments):
             status = "FEASIBLE"  # pods left for the next batch (``_extract``): not the model's optimum
         if status == "OPTIMAL" and inst.pruned:
@@ -210,7 +213,9 @@ def _worse(plan: Plan, other: Plan) -> bool:
     return (pods < others and gpu <= other_gpu) or (gpu < other_gpu and pods <= others)
 
 
-def _extract(inst: Instance, v: Vars, solver: cp_model.CpSolver, pods: Sequence[Pod]) -> Plan:
+def _extract(inst: Instance, v: Vars, solver: cp_model.CpSolver, pods: Sequence[Pod], deadline: float) -> Plan:
+    """The solution as a plan, in an order that binds (``peer_order``, which looks for no other
+    order than the first it finds once past ``deadline``)."""
     queue = {gi: list(g.pods) for gi, g in enumerate(inst.groups)}
     assignments: list[Assignment] = []
     partitions: list[MigPartition] = []
@@ -253,7 +258,7 @@ def _extract(inst: Instance, v: Vars, solver: cp_model.CpSolver, pods: Sequence[
         for li, lay in enumerate(v.layouts.get(n, ())):
             for _ in range(int(solver.value(v.layout[n, li]))):
                 partitions.append((n, left.pop(0), lay))
-    ordered, stuck = peer_order(assignments, inst.state)
+    ordered, stuck = peer_order(assignments, inst.state, deadline)
     # The model's end state is within every skew, but with several spread constraints a pod may
     # find no turn in which each check passes: it waits for the next batch.  A gang's member
     # cannot wait alone, so it stays, and the validator refuses the plan.

@@ -8,6 +8,7 @@ them, not through the ``ClusterState`` masks the policies prune with.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -302,34 +303,57 @@ def _has_peer_rules(pod: Pod) -> bool:
     return bool(pod.affinity or pod.anti_affinity or pod.spread)
 
 
-def _peers_fit(state: ClusterState, a: Assignment) -> bool:
-    fine = state.peer_mask(a.pod)
-    return fine is None or bool(fine[a.node])
-
-
-def peer_order(assignments: Sequence[Assignment], state: ClusterState) -> tuple[list[Assignment], list[Assignment]]:
+def peer_order(
+    assignments: Sequence[Assignment], state: ClusterState, deadline: float | None = None
+) -> tuple[list[Assignment], list[Assignment]]:
     """``assignments`` in an order that ``peer_problems`` accepts, as far as a greedy search finds
     one, and those it could not fit in (each pod in turn must pass its checks against the pods
     before it).  Pods without affinity or spread constraints go first (others may follow them or
     count them) or, should that leave some stuck, last.  Should pods with affinity still be stuck,
-    the pods that may start a series (``_series_orders``) are tried first, one after another."""
+    the pods that may start a series (``_series_orders``) are tried first, one after another.
+    ``deadline`` (``time.perf_counter()`` time): once past it, the first order found is the
+    answer, and no other is looked for."""
     ruled = [a for a in assignments if a.pod.spread or a.pod.affinity]
     if not ruled:
         return list(assignments), []
     plain = [a for a in assignments if not (a.pod.spread or a.pod.affinity)]
-    best = _greedy_order(plain, ruled, state)
-    if best[1]:
-        last = _greedy_order([], ruled + plain, state)
-        best = last if len(last[1]) < len(best[1]) else best
+    best = _greedy_order(plain, _in_turns(ruled, state), state)
+    if not best[1] or _past(deadline):
+        return best
+    last = _greedy_order([], ruled, state, plain)
+    best = last if len(last[1]) < len(best[1]) else best
     if not any(a.pod.affinity for a in best[1]):  # none stuck, or none a series may let in
         return best
     for order in _series_orders(ruled, assignments, state):
-        if not any(a.pod.affinity for a in best[1]):
+        if not any(a.pod.affinity for a in best[1]) or _past(deadline):
             break
-        for got in (_greedy_order(plain, order, state), _greedy_order([], order + plain, state)):
+        for got in (_greedy_order(plain, order, state), _greedy_order([], order, state, plain)):
             if len(got[1]) < len(best[1]):
                 best = got
     return best
+
+
+def _in_turns(ruled: list[Assignment], state: ClusterState) -> list[Assignment]:
+    """``ruled`` with the pods of one kind (spread constraints, namespace, labels) taken in turns
+    across the domains they go to: the first of each domain, then the second of each, and so on
+    (pods without spread constraints first, as given).  A plan within every skew binds so,
+    whatever order it lists its pods in, mostly without a pod tried twice."""
+    nodes = state.cluster.nodes
+    seen: dict[tuple[object, ...], int] = defaultdict(int)
+    turn: list[int] = []
+    for a in ruled:
+        p = a.pod
+        if not p.spread:
+            turn.append(0)
+            continue
+        key = (p.spread, p.namespace, p.labels, tuple(nodes[a.node].labels.get(c.topology_key) for c in p.spread))
+        turn.append(seen[key])
+        seen[key] += 1
+    return [a for _, a in sorted(zip(turn, ruled, strict=True), key=lambda ta: ta[0])]
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() >= deadline
 
 
 _STARTS_TRIED = 8
@@ -376,19 +400,35 @@ def _series_orders(
 
 
 def _greedy_order(
-    head: list[Assignment], rest: list[Assignment], state: ClusterState
+    head: list[Assignment], rest: list[Assignment], state: ClusterState, tail: Sequence[Assignment] = ()
 ) -> tuple[list[Assignment], list[Assignment]]:
+    """``head`` as given, then the pods of ``rest`` each in turn that passes its checks against
+    the pods before it: the scan goes on from the pod last placed, round and round, until a whole
+    round places none (any such order will do, and starting over at the first pod each time
+    checked the pods stuck there again for every pod placed).  Then the first pod of ``tail`` that
+    fits, if any, and round again.  Returns the order and the pods left out."""
     ordered = list(head)
     state = state.apply(head)  # the caller's state copied once; the ones made here are updated in place
     left = list(rest)
-    while left:
-        i = next((i for i, a in enumerate(left) if _peers_fit(state, a)), None)
-        if i is None:
-            break
-        a = left.pop(i)
+    later = list(tail)
+    i = misses = 0
+    while left or later:
+        if misses < len(left):
+            i %= len(left)
+            a = left[i]
+            if not state.peer_fits(a.pod, a.node):
+                i, misses = i + 1, misses + 1
+                continue
+            left.pop(i)
+        else:
+            j = next((j for j, b in enumerate(later) if state.peer_fits(b.pod, b.node)), None)
+            if j is None:
+                break
+            a = later.pop(j)
         ordered.append(a)
         state = state.apply((a,), consume=True)
-    return ordered, left
+        misses = 0
+    return ordered, left + later
 
 
 def island_problems(assignments: Iterable[Assignment], state: ClusterState) -> list[str]:

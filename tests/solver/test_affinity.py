@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
@@ -241,6 +242,16 @@ def test_peer_order_binds_first_the_pod_that_starts_a_series() -> None:
     assert stuck == []
     assert [x.pod.name for x in ordered] == ["b", "a"]
     assert plan_problems(Plan(tuple(ordered), (), SolveStats("t")), c.empty_state()) == []
+
+
+def test_peer_order_past_its_deadline_keeps_the_first_order_it_finds() -> None:
+    # As above, b must go first, which only the search for a series start finds; a deadline
+    # already past leaves b for the next batch instead of searching on.
+    c, (a, b) = two_keys("n1 n2 n3")
+    given = (Assignment(a, 2), Assignment(b, 1))
+    ordered, stuck = peer_order(given, c.empty_state(), deadline=time.perf_counter() - 1.0)
+    assert ([x.pod.name for x in ordered], [x.pod.name for x in stuck]) == (["a"], ["b"])
+    assert peer_order(given, c.empty_state(), deadline=time.perf_counter() + 60.0)[1] == []
 
 
 def test_peer_order_looks_for_a_series_start_only_when_a_pod_with_affinity_is_stuck(

@@ -3,6 +3,7 @@ pods beyond the emptiest one the pod could go to."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import replace
 
@@ -129,6 +130,55 @@ def test_peer_order_leaves_the_state_it_is_given_as_it_was() -> None:
     assert [a.pod.name for a in ordered] == ["r0", "r2", "r1"]
     np.testing.assert_array_equal(state.cpu_used, before[0])
     np.testing.assert_array_equal(state.gpu_used, before[1])
+
+
+def test_a_plan_listed_zone_by_zone_is_ordered_with_one_check_per_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 60 replicas, 20 per zone, each alone on its node, listed zone by zone: bound in that order
+    # the second pod of zone a would already break the skew.  Each pod is checked once, not once
+    # for every pod placed before it (what kept a 500-pod batch past its time limit).
+    c = zones(per_zone=20)
+    plan = [Assignment(replica(f"r{n}"), n, (0,)) for n in range(60)]
+    checks = 0
+    real = ClusterState.peer_fits
+
+    def counted(self: ClusterState, p: Pod, node: int) -> bool:
+        nonlocal checks
+        checks += 1
+        return real(self, p, node)
+
+    monkeypatch.setattr(ClusterState, "peer_fits", counted)
+    ordered, stuck = peer_order(plan, c.empty_state())
+    assert stuck == []
+    assert plan_problems(Plan(tuple(ordered), (), SolveStats("test")), c.empty_state()) == []
+    assert checks == len(plan)
+
+
+def test_the_batch_deadline_reaches_the_ordering_of_its_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ordering a plan with spread constraints may look for other orders (series starts); the
+    # batch's time limit, or an earlier deadline it is given, bounds that search too.
+    from gpusched.solver import solve as solve_module
+
+    told: list[float | None] = []
+
+    def recorded(
+        assignments: list[Assignment], state: ClusterState, deadline: float | None = None
+    ) -> tuple[list[Assignment], list[Assignment]]:
+        told.append(deadline)
+        return peer_order(assignments, state, deadline)
+
+    monkeypatch.setattr(solve_module, "peer_order", recorded)
+    c = zones()
+    pods = [replica(f"r{i}") for i in range(6)]
+    policy = solve_module.CpSatPolicy(c, SolverParams(limits=Limits(time_limit_s=30.0, workers=1)))
+    before = time.perf_counter()
+    policy.place(pods, c.empty_state())
+    after = time.perf_counter()
+    soon = time.perf_counter() + 20.0
+    policy.place(pods, c.empty_state(), deadline=soon)
+    assert len(told) == 2
+    assert told[0] is not None
+    assert before + 30.0 <= told[0] <= after + 30.0  # the limit counts from the call
+    assert told[1] == soon
 
 
 def test_only_pods_on_nodes_that_count_for_the_pod_are_counted() -> None:
