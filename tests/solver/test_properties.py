@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from ortools.sat.python import cp_model
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Plan, Pod
-from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Requirement, Spread
-from gpusched.model.pod import Toleration
+from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Requirement, Spread
+from gpusched.model.node import Taint
+from gpusched.model.pod import Gang, Toleration
 from gpusched.solver.baselines import FgdPolicy
 from gpusched.solver.explain import explain
 from gpusched.solver.fragmentation import FragScorer, TypicalPods
@@ -22,7 +23,7 @@ from gpusched.solver.model import build_model, hint_from_plan
 from gpusched.solver.params import Limits, SolverParams
 from gpusched.solver.registry import POLICIES, make_policy
 from gpusched.solver.solve import cp_solver
-from gpusched.solver.validate import peer_problems, validate_plan
+from gpusched.solver.validate import peer_problems, plan_problems, validate_plan
 
 MODELS = ("A100", "V100", "T4")
 FAST = SolverParams(limits=Limits(time_limit_s=0.5, workers=1))
@@ -343,3 +344,139 @@ def test_explain_counts_as_fitting_exactly_the_nodes_the_policies_may_use(case: 
         e = explain(p, case.state)
         assert e.total == len(case.state.cluster)
         assert e.fits == int(case.state.pod_mask(p).sum()), e.message
+
+
+# --- crowded clusters: gangs, MIG, islands, pod limits, soft taints, pruning --------------------
+
+A100 = "A100-SXM4-80GB"
+LEAVING = (Taint("DeletionCandidateOfClusterAutoscaler", "1", "PreferNoSchedule"),)
+RACK_R1: Preference = ((60, (Requirement("rack", "In", ("r1",)),)),)
+PROFILES = ("1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb")
+SPARE = Node("spare", 256_000, 1 << 20, gpu_count=8, gpu_model=A100)
+"""Room for a whole batch of the plain pods below: empty, so it ranks last for packing."""
+
+
+@dataclass(frozen=True)
+class Crowded:
+    state: ClusterState
+    pods: tuple[Pod, ...]
+    candidates: int
+
+    def __repr__(self) -> str:
+        s = self.state
+        nodes = [
+            f"{node.name}(cpu {s.cpu_free[n]}, mem {s.mem_free[n]}, gpu free {s.gpu_free[n, : node.gpu_count].tolist()}"
+            f"{', mig' if node.mig_repartition else ''}{', islands' if node.gpu_islands else ''}"
+            f"{', max ' + str(node.max_pods) if node.max_pods else ''}{', leaving' if node.soft_taints else ''})"
+            for n, node in enumerate(s.cluster.nodes)
+        ]
+        pods = [
+            f"{p.name}(cpu {p.cpu_milli}, mem {p.memory_mib}, {p.num_gpu}x{p.gpu_milli}"
+            f"{' ' + p.mig_profile if p.mig_profile else ''}{' island ' + p.island if p.island else ''}"
+            f"{f' gang {p.gang}' if p.gang else ''})"
+            for p in self.pods
+        ]
+        return f"Crowded(candidates={self.candidates}, nodes=[{', '.join(nodes)}], pods=[{', '.join(pods)}])"
+
+    @property
+    def spare_holds_the_batch(self) -> bool:
+        """The spare alone has room for every pod of the batch that takes whole GPUs or shares
+        (each share counted as a GPU), CPU and memory: nothing competes for what plain pods need."""
+        spare = self.state.cluster.nodes[-1]
+        gpus = sum(p.num_gpu for p in self.pods if not p.mig_profile)
+        cpu = sum(p.cpu_milli for p in self.pods)
+        mem = sum(p.memory_mib for p in self.pods)
+        return spare.name == "spare" and gpus <= spare.gpu_count and cpu <= spare.cpu_milli and mem <= spare.memory_mib
+
+
+@st.composite
+def crowded(draw: st.DrawFn) -> Crowded:
+    """3-12 nodes of every kind (GPU nodes in racks with random use, pod limits and soft taints,
+    MIG nodes that may be re-partitioned, nodes of two GPU islands, CPU nodes), then maybe the
+    spare; a batch of plain pods, shares, MIG slices, island pods and gangs (some whose members
+    disagree on the minimum); a candidatesPerPod of 1-3 (or 24), below the node classes, so
+    that pruning leaves classes out."""
+    nodes: list[Node] = []
+    for i in range(draw(st.integers(3, 12))):
+        kind = draw(st.sampled_from(["gpu", "gpu", "mig", "islands", "cpu"]))
+        cpu, mem = draw(st.integers(2, 32)) * 1000, draw(st.integers(2, 64)) * 1024
+        extra = {
+            "labels": {"rack": draw(st.sampled_from(["r0", "r1", ""]))},
+            "max_pods": draw(st.sampled_from([None, None, 1, 2, 3])),
+            "soft_taints": draw(st.sampled_from([(), (), LEAVING])),
+        }
+        if kind == "gpu":
+            nodes.append(Node(f"n{i}", cpu, mem, gpu_count=draw(st.integers(1, 8)), gpu_model=A100, **extra))
+        elif kind == "mig":
+            nodes.append(
+                Node(f"n{i}", cpu, mem, gpu_count=draw(st.integers(1, 2)), gpu_model=A100, mig_repartition=True)
+            )
+        elif kind == "islands":
+            nodes.append(Node(f"n{i}", cpu, mem, gpu_count=4, gpu_model=A100, gpu_islands=(0, 0, 1, 1), **extra))
+        else:
+            nodes.append(Node(f"n{i}", cpu, mem, **extra))
+    if draw(st.sampled_from([True, True, True, False])):
+        nodes.append(replace(SPARE, soft_taints=draw(st.sampled_from([(), LEAVING]))))
+    cluster = Cluster(nodes)
+    old: list[Assignment] = []
+    for n, node in enumerate(nodes[: len(nodes) - (nodes[-1].name == "spare")]):
+        for g in range(node.gpu_count if not node.mig_repartition else 0):
+            use = draw(st.sampled_from([0, 0, GPU_MILLI, 250, 500]))
+            if use:
+                old.append(Assignment(Pod(f"old-{n}-{g}", 0, 0, num_gpu=1, gpu_milli=use), n, (g,)))
+        if cpu := draw(st.integers(0, node.cpu_milli // 1000)) * 1000:
+            old.append(Assignment(Pod(f"old-{n}", cpu, 0), n))
+    state = cluster.empty_state().apply(old)
+    pods: list[Pod] = []
+    for i in range(draw(st.integers(1, 8))):
+        kind = draw(st.sampled_from(["cpu", "whole", "share", "mig", "island"]))
+        cpu, mem = draw(st.integers(0, 4)) * 500, draw(st.integers(0, 4)) * 512
+        wish = {
+            "preferred_nodes": draw(st.sampled_from([(), RACK_R1])),
+            "tolerations": draw(st.sampled_from([(), (Toleration("DeletionCandidateOfClusterAutoscaler", "Exists"),)])),
+        }
+        if kind == "cpu":
+            pods.append(Pod(f"p{i}", cpu, mem, **wish))
+        elif kind == "whole":
+            pods.append(Pod(f"p{i}", cpu, mem, num_gpu=draw(st.sampled_from([1, 1, 2])), gpu_milli=GPU_MILLI, **wish))
+        elif kind == "share":
+            pods.append(Pod(f"p{i}", cpu, mem, num_gpu=1, gpu_milli=draw(st.sampled_from([250, 500, 700])), **wish))
+        elif kind == "mig":
+            pods.append(Pod(f"p{i}", cpu, mem, mig_profile=draw(st.sampled_from(PROFILES))))
+        else:
+            mode = draw(st.sampled_from(["required", "preferred"]))
+            pods.append(Pod(f"p{i}", cpu, mem, num_gpu=2, gpu_milli=GPU_MILLI, island=mode, **wish))
+    for k in range(draw(st.integers(0, 2))):
+        size = draw(st.integers(1, 3))
+        topology = draw(st.sampled_from(["", "required", "preferred"]))
+        team = Gang(f"g{k}", draw(st.integers(1, size)), "rack" if topology else "", topology)
+        gpus = [draw(st.sampled_from([0, 0, 1, 2])) for _ in range(size)]
+        members = [
+            Pod(f"g{k}-{j}", 500, 512, num_gpu=g, gpu_milli=GPU_MILLI if g else 0, gang=team)
+            for j, g in enumerate(gpus)
+        ]
+        if size > 1 and draw(st.booleans()):  # a member from another template: the gang is refused whole
+            members[-1] = replace(members[-1], gang=replace(team, min_members=team.min_members % size + 1))
+        pods.extend(members)
+    return Crowded(state, tuple(draw(st.permutations(pods))), draw(st.sampled_from([1, 2, 3, 24])))
+
+
+@pytest.mark.parametrize("name", ["cpsat", "fgd"])
+@settings(max_examples=60, deadline=None)
+@given(crowded())
+def test_plans_on_crowded_clusters_are_valid_and_leave_out_no_plain_pod_the_spare_holds(
+    name: str, case: Crowded
+) -> None:
+    params = SolverParams(limits=Limits(time_limit_s=0.5, workers=1, candidates_per_pod=case.candidates))
+    plan = make_policy(name, case.state.cluster, TypicalPods.from_pods(case.pods), 0, params).place(
+        case.pods, case.state
+    )
+    assert plan_problems(plan, case.state, case.pods) == [], plan.stats.status
+    after = case.state.partition(plan.partitions).apply(plan.assignments)
+    fit = [p.name for p in plan.unplaced if p.gang is None and after.pod_mask(p).any()]
+    assert fit == [], f"{plan.stats.status}: left out, though they fit where the plan leaves room"
+    if case.spare_holds_the_batch:
+        # Whatever the rest of the batch asks, the spare has room for it: a pod without a gang or
+        # a MIG slice that waits is one the scheduler could have bound.
+        left = [p.name for p in plan.unplaced if p.gang is None and not p.mig_profile]
+        assert left == [], plan.stats.status
