@@ -3,10 +3,10 @@
 Every solve has a time limit and a worker count and reports status,
 objective, bound and gap; the limit counts from the call, warm start included,
 and once it is spent, putting the solution in an order that binds
-(``peer_order``) keeps the first order found.  The FGD greedy answer for the batch is both the
-hint and the fallback: CP-SAT's plan replaces it only when the solver found a
-feasible solution, which the hint makes immediate.  The returned plan always
-passes ``validate_plan``.
+(``peer_order``) keeps the first order found.  The FGD greedy answer for the
+batch is both the hint and the fallback: CP-SAT's plan replaces it only when
+the solver found a feasible solution, which the hint makes immediate.  The
+returned plan always passes ``validate_plan``.
 """
 
 from __future__ import annotations
