@@ -320,3 +320,34 @@ async def test_a_pod_that_sets_off_a_defect_is_handled_alone_and_its_batchmates_
         "internal error while placing it (ValueError('a defect')); tried again after a backoff"
     )
     assert "default/bad" in s.queue
+
+
+@pytest.mark.parametrize("policy", ["cpsat", "bestfit"])
+async def test_a_recreated_member_of_a_gang_that_requires_one_rack_joins_its_peers_rack(policy: str) -> None:
+    # Two members (2 GPUs each) run on a, rack r0; the third was deleted and comes again.  b, in
+    # rack r1, fits it exactly (the best fit), but the gang is held to r0, where its peers run.
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=0)
+    s.settings = dataclasses.replace(s.settings, policy=policy)
+    NodeHandler(s).apply("ADDED", kit.node("a", 8, "A100", rack="r0"))
+    NodeHandler(s).apply("ADDED", kit.node("b", 2, "A100", rack="r1"))
+
+    def member(name: str, node: str = "") -> dict[str, Any]:
+        obj = member_pod(name, gang="train", node=node)
+        obj["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+        obj["metadata"]["annotations"].update(
+            {"gpusched.io/gang-min-members": "3", "gpusched.io/gang-topology-key": "rack"}
+        )
+        if node:
+            obj["status"] = {"phase": "Running"}
+        return obj
+
+    s._bound.apply("ADDED", member("m0", "a"))
+    s._bound.apply("ADDED", member("m1", "a"))
+    s._pending.apply("ADDED", member("m2"))
+    await s.handle_batch(await asyncio.wait_for(s.queue.next_batch(), 10))
+    await settle(s)
+    assert api.bound == ["default/m2"]
+    where = s.cache.placement("default/m2")
+    assert where is not None
+    assert where[0] == "a"

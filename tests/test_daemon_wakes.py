@@ -106,3 +106,33 @@ async def test_a_cpu_pod_leaving_a_cpu_node_does_not_queue_a_gpu_backlog_ahead_o
     while "default/after" not in api.bound:
         await s.handle_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
         await settle(s)
+
+
+async def test_a_pod_this_scheduler_binds_draws_the_parked_pods_that_follow_it_at_once() -> None:
+    # web must run beside a pod labelled app=db: none runs, so it is parked.  db comes and this
+    # scheduler binds it; the watch will show db as bound by us (no wake there), so the bind
+    # itself draws web again, rather than the minute's flush.
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=2)
+    web = member_pod("web")
+    web["spec"]["affinity"] = {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname"}
+            ]
+        }
+    }
+    s._pending.apply("ADDED", web)
+    await s.handle_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert s.queue.counts().unschedulable == 1
+    db = member_pod("db")
+    db["metadata"]["labels"]["app"] = "db"
+    s._pending.apply("ADDED", db)
+    await s.handle_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert api.bound == ["default/db"]
+    assert s.queue.counts().unschedulable == 0  # drawn again by the bind, not parked till the flush
+    await s.handle_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert api.bound == ["default/db", "default/web"]

@@ -251,6 +251,17 @@ async def test_a_limited_batch_closes_at_its_limit_and_leaves_the_rest_queued() 
     assert len(rest) == 64, "a limit above max_size is max_size"
 
 
+async def test_a_pod_backed_off_while_the_queue_waits_is_drawn_once_its_backoff_ends() -> None:
+    q = SchedulingQueue(max_size=10, max_wait=0, flush_after=600, initial_backoff=0.05)
+    q.add(rec("a"))
+    (r,) = await asyncio.wait_for(q.next_batch(), PROMPT)
+    waiting = asyncio.create_task(q.next_batch())  # the queue is empty: it waits for a pod
+    await asyncio.sleep(0.01)
+    q.backoff(r.key)  # its bind failed: back after 50 ms, not after the ten-minute flush
+    (again,) = await asyncio.wait_for(waiting, PROMPT)
+    assert again.key == "default/a"
+
+
 async def test_an_early_batch_closes_once_that_many_wait_without_the_idle_wait() -> None:
     clock = Clock()
     q = SchedulingQueue(max_size=64, max_wait=60, idle_wait=60, clock=clock)
@@ -267,6 +278,9 @@ async def test_an_early_batch_waits_for_a_gang_still_short_of_its_minimum() -> N
     q = SchedulingQueue(max_size=64, max_wait=60, idle_wait=60, clock=clock)
     q.add(gang_rec("g-0", "g"))
     q.add(gang_rec("g-1", "g"))  # two of three: a batch now could only fail the gang
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(q.next_batch(limit=20, early=2), 0.05)
+    clock.t = 2 * q.gang_wait  # no longer held back as they arrived: still short of the third
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(q.next_batch(limit=20, early=2), 0.05)
     q.add(gang_rec("g-2", "g"))

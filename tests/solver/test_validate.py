@@ -248,6 +248,17 @@ def test_a_gang_on_nodes_whose_domain_label_is_empty_is_in_no_domain() -> None:
     assert plan_problems(plan, _racks("r1", "r2"), [m0, m1]) == ["gang ns/g: members span rack domains ['r1', 'r2']"]
 
 
+def test_a_recreated_member_of_a_gang_held_to_its_peers_rack_may_not_go_to_another() -> None:
+    """Its peers run in rack r1 (``Gang.domain``): the member left to place must join them."""
+    gang = Gang("ns/g", 1, "rack", "required", domain="r1", running=2)
+    m = Pod("m2", 1000, 1024, 8, 1000, gang=gang)
+    state = _racks("r1", "r2")
+    assert plan_problems(Plan((Assignment(m, 0, tuple(range(8))),), ()), state, [m]) == []
+    assert plan_problems(Plan((Assignment(m, 1, tuple(range(8))),), ()), state, [m]) == [
+        "gang ns/g: members span rack domains ['r2']"
+    ]
+
+
 def test_a_gang_placed_with_fewer_members_than_its_minimum_is_rejected() -> None:
     gang = Gang("ns/g", 3)
     m0, m1 = (Pod(f"m{i}", 1000, 1024, 1, 1000, gang=gang) for i in range(2))
