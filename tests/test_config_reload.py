@@ -197,24 +197,6 @@ async def test_a_configmap_never_valid_since_the_start_places_no_pod_on_the_defa
         task.cancel()
 
 
-async def test_a_replica_whose_configmap_was_never_valid_does_not_try_for_the_lead() -> None:
-    settings = DaemonSettings(scheduler_name="s", leader_elect=True, namespace=NAMESPACE, config_map=NAME)
-    s = Scheduler(settings, cast(Kube, IdleClient()))
-    tried: list[bool] = []
-
-    async def run() -> None:
-        tried.append(True)
-
-    assert s.elector is not None
-    s.elector.run = run  # type: ignore[method-assign]
-    task = asyncio.create_task(s.lead())
-    await asyncio.sleep(0.2)
-    assert tried == []  # the leader running on the last good document keeps the lead
-    _edit(s, "{}\n", "2")
-    await asyncio.wait_for(task, 5)
-    assert tried == [True]
-
-
 def _electing() -> tuple[Scheduler, list[bool]]:
     settings = DaemonSettings(scheduler_name="s", leader_elect=True, namespace=NAMESPACE, config_map=NAME)
     s = Scheduler(settings, cast(Kube, IdleClient()))
@@ -226,6 +208,16 @@ def _electing() -> tuple[Scheduler, list[bool]]:
     assert s.elector is not None
     s.elector.run = run  # type: ignore[method-assign]
     return s, tried
+
+
+async def test_a_replica_whose_configmap_was_never_valid_does_not_try_for_the_lead() -> None:
+    s, tried = _electing()
+    task = asyncio.create_task(s.lead())
+    await asyncio.sleep(0.2)
+    assert tried == []  # the leader running on the last good document keeps the lead
+    _edit(s, "{}\n", "2")
+    await asyncio.wait_for(task, 5)
+    assert tried == [True]
 
 
 def _config_watch(s: Scheduler) -> ConfigMapHandler:

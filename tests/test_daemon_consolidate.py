@@ -433,19 +433,26 @@ async def test_no_round_while_a_pod_of_the_tenant_waits_at_its_limit() -> None:
     assert api.evicted == ["default/b0"]
 
 
-async def test_a_new_leader_waits_for_the_pods_the_last_leader_evicted() -> None:
-    # The last leader evicted b0 (2 GPUs) from n1 for n0's two free GPUs; its Job has not made
-    # the new pod yet.  This instance has just taken the lead and has no record of that round.
+def _one_leaving(leaving: dict[str, Any]) -> tuple[EvictionApi, Scheduler]:
+    """n0 runs pods that may not move (two GPUs free), n1 ``leaving`` (being deleted), and n2 a
+    movable pod c0 that fits on n0."""
     api = EvictionApi()
     s = _scheduler(api, {"n0": 4, "n1": 4, "n2": 4})
     s._bound.apply("ADDED", batch_pod("a0", "n0", 0, movable=False))
     s._bound.apply("ADDED", batch_pod("a1", "n0", 1, movable=False))
+    leaving["metadata"]["deletionTimestamp"] = "2026-12-07T00:00:00Z"
+    s._bound.apply("ADDED", leaving)
+    s._bound.apply("ADDED", batch_pod("c0", "n2", 0))
+    return api, s
+
+
+async def test_a_new_leader_waits_for_the_pods_the_last_leader_evicted() -> None:
+    # The last leader evicted b0 (2 GPUs) from n1 for n0's two free GPUs; its Job has not made
+    # the new pod yet.  This instance has just taken the lead and has no record of that round.
     b0 = batch_pod("b0", "n1", 0)
     b0["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
     b0["metadata"]["annotations"]["gpusched.io/gpu-indices"] = "0,1"
-    b0["metadata"]["deletionTimestamp"] = "2026-12-07T00:00:00Z"
-    s._bound.apply("ADDED", b0)
-    s._bound.apply("ADDED", batch_pod("c0", "n2", 0))
+    api, s = _one_leaving(b0)
     assert await round_of(s) == 0
     assert api.evicted == []  # c0 would take the room b0's new pod is to have
     s._bound.apply("DELETED", b0)
@@ -456,13 +463,7 @@ async def test_a_new_leader_waits_for_the_pods_the_last_leader_evicted() -> None
 async def test_a_leader_of_long_standing_is_not_held_back_by_pods_that_leave() -> None:
     # Pods of controllers come and go all day; only a new leader waits for them (the rounds of
     # this one are its own record).
-    api = EvictionApi()
-    s = _scheduler(api, {"n0": 4, "n1": 4, "n2": 4})
-    s._bound.apply("ADDED", batch_pod("a0", "n0", 0, movable=False))
-    done = batch_pod("done", "n1", 0, movable=False)
-    done["metadata"]["deletionTimestamp"] = "2026-12-07T00:00:00Z"  # a rollout's old pod, say
-    s._bound.apply("ADDED", done)
-    s._bound.apply("ADDED", batch_pod("c0", "n2", 0))
+    api, s = _one_leaving(batch_pod("done", "n1", 0, movable=False))  # a rollout's old pod, say
     assert await round_of(s) == 0  # newly leading: it may be a pod the last leader evicted
     s.consolidator._led_at -= 601
     assert await round_of(s) == 1
