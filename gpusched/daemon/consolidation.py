@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from gpusched.model import Assignment, Plan, Pod
-from gpusched.solver.consolidate import NODE_DOWN_TAINTS, Move, plan_consolidation
+from gpusched.solver.consolidate import Move, node_down, plan_consolidation
 from gpusched.solver.validate import plan_problems
 from gpusched.state.cache import Snapshot
 
@@ -105,7 +105,7 @@ class Consolidator:
             return 0
         snap = self._books()
         placed = self.s.cache.placed()  # as counted in ``snap``: taken together
-        newly = time.monotonic() - self._led_at < max(600.0, 2 * c.interval_seconds)
+        newly = time.monotonic() - self._led_at < self._wait_s()
         leaving = self._leaving(placed, snap) if newly else []
         if leaving:
             log.info("consolidation waits: GPU pods are leaving, their replacements come first", pods=leaving[:3])
@@ -128,15 +128,15 @@ class Consolidator:
             return 0  # pods came (or room was held, or it was turned off) during the plan
         moves = self._still_good(moves, snap)
         names = snap.cluster.nodes
-        running = self._running_by_owner() if moves else Counter[str]()
-        before: dict[str, frozenset[str]] = {}  # per controller moved: the UIDs of its pods now
-        if moves:
-            owners = {a.pod.owner for m in moves for a in m.pods}
-            uids: dict[str, set[str]] = defaultdict(set)
-            for a in self.s.cache.placed():
-                if a.pod.owner in owners:
-                    uids[a.pod.owner].add(a.pod.uid)
-            before = {o: frozenset(uids[o]) for o in owners}
+        # Per controller moved: how many of its pods run now (to see its replacements placed),
+        # and the UIDs of all it has now (its pods made later are the replacements).
+        owners = {a.pod.owner for m in moves for a in m.pods}
+        runs: Counter[str] = Counter()
+        uids: dict[str, set[str]] = defaultdict(set)
+        for a in self.s.cache.placed() if owners else ():
+            if a.pod.owner in owners:
+                uids[a.pod.owner].add(a.pod.uid)
+                runs[a.pod.owner] += not a.pod.terminating
         for m in moves:
             node = names[m.node].name
             log.info(
@@ -153,11 +153,11 @@ class Consolidator:
             self._emptied.add(node)
             for a in m.pods:
                 self.moving.add((a.pod.key, a.pod.uid))
-                self._awaiting[a.pod.owner] = running.get(a.pod.owner, 0)
-                self._moved_owners[a.pod.owner] = (time.monotonic() + self._hold_s(), before[a.pod.owner])
+                self._awaiting[a.pod.owner] = runs[a.pod.owner]
+                self._moved_owners[a.pod.owner] = (time.monotonic() + self._hold_s(), frozenset(uids[a.pod.owner]))
                 self.s.spawn(self._evict_to_consolidate(a.pod, node, why), f"consolidate:{a.pod.key}")
         if moves:
-            self._round_deadline = time.monotonic() + max(600.0, 2 * c.interval_seconds)
+            self._round_deadline = time.monotonic() + self._wait_s()
         return len(moves)
 
     def _hold_refilled(self) -> None:
@@ -171,6 +171,11 @@ class Consolidator:
             self._refused_until[node] = until
             log.warning("consolidation emptied a node that was filled again", node=node, retry_in_s=self._hold_s())
         self._emptied.clear()
+
+    def _wait_s(self) -> float:
+        """How long a round waits for the last round's pods to be replaced (and a new leader for
+        the pods that leave, which a round before it may have evicted)."""
+        return max(600.0, 2 * self.s.config.consolidation.interval_seconds)
 
     def _hold_s(self) -> float:
         """How long a node consolidation could not leave idle is left out of rounds."""
@@ -220,10 +225,7 @@ class Consolidator:
         return [
             a.pod.key
             for a in placed
-            if a.pod.terminating
-            and a.pod.owner
-            and a.pod.gpu_demand_milli
-            and not any(t.key in NODE_DOWN_TAINTS for t in names[a.node].taints)
+            if a.pod.terminating and a.pod.owner and a.pod.gpu_demand_milli and not node_down(names[a.node])
         ]
 
     def _held_tenants(self) -> set[str]:

@@ -212,6 +212,11 @@ class Repartitioner:
             start = max(start, seen[1])
         return min(cap, start + timeout)
 
+    def _forget_ask(self, node: str) -> None:
+        """``node`` awaits no layout any more (``asked`` and ``asked_seen`` go together)."""
+        self.asked.pop(node, None)
+        self.asked_seen.pop(node, None)
+
     async def _wait_for_manager(self, node: str, job: Repartition) -> bool:
         """Wait until ``job`` is over or due (``_due``); whether it is still ours, and due."""
         while self.jobs.get(node) is job:
@@ -500,7 +505,7 @@ class Repartitioner:
         ):
             # No restore of gpusched's (each names the layout it replaces) and no instance left:
             # a request left over from a layout someone else's label replaced.
-            self.asked.pop(node, None)
+            self._forget_ask(node)
             self._clear(node)
             return False
         if config == MIG_ALL_DISABLED:  # a restore another leader asked for: not a layout to give up
@@ -519,7 +524,7 @@ class Repartitioner:
                 pods=running[:3],
                 why="the node advertises no instance for now (a device plugin or kubelet restart?)",
             )
-            self.asked.pop(node, None)
+            self._forget_ask(node)
             return False
         # A failed layout is never left on the node: the MIG manager applies its label again
         # whenever its pod restarts, to GPUs that pods may use by then.
@@ -810,7 +815,7 @@ class Repartitioner:
                 self._end(node, job, "", "")
             return
         self._restore_after[node] = time.monotonic() + RESTORE_BACKOFF_S
-        self.asked.pop(node, None)
+        self._forget_ask(node)
         self.restoring.discard(node)
         if job is not None:
             self._end(node, job, result, why)
@@ -922,8 +927,7 @@ class Repartitioner:
             if seen is None or seen[0] != stamp:  # a new request: timed from now at the earliest
                 self.asked_seen[node.name] = (stamp, time.monotonic())
         else:
-            self.asked.pop(node.name, None)
-            self.asked_seen.pop(node.name, None)
+            self._forget_ask(node.name)
             if (
                 ours
                 and requested
@@ -1038,8 +1042,7 @@ class Repartitioner:
         self.busy_since.pop(name, None)
         self._stuck.discard(name)
         self.restoring.discard(name)
-        self.asked.pop(name, None)
-        self.asked_seen.pop(name, None)
+        self._forget_ask(name)
         self.left_busy.pop(name, None)
         self.setting_back.pop(name, None)
         job = self.jobs.get(name)

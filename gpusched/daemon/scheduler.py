@@ -39,7 +39,7 @@ from gpusched.daemon.outbox import Outbox
 from gpusched.daemon.preemption import Preemptor, Verdict
 from gpusched.daemon.settings import BOUND_SELECTOR, DaemonSettings, default_identity
 from gpusched.kube.binder import Binder, BindResult
-from gpusched.kube.client import Kube, bind_concurrency
+from gpusched.kube.client import Kube, bind_concurrency, segment
 from gpusched.kube.configmap import ConfigMapHandler
 from gpusched.kube.convert import (
     gang_disagreements,
@@ -213,7 +213,7 @@ class Scheduler:
                 Reflector(
                     kube,
                     "config",
-                    f"/api/v1/namespaces/{settings.namespace}/configmaps",
+                    f"/api/v1/namespaces/{segment(settings.namespace)}/configmaps",
                     self.config_handler,
                     field_selector=f"metadata.name={settings.config_map}",
                 )

@@ -38,16 +38,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpusched.model import Assignment, ClusterState, Pod
+from gpusched.model import Assignment, ClusterState, Node, Pod
 from gpusched.solver.baselines.base import GPU_CHOICE
 from gpusched.solver.baselines.best_fit import BestFitPolicy
 from gpusched.solver.preempt import Budget
 
-__all__ = ["NODE_DOWN_TAINTS", "Move", "plan_consolidation"]
+__all__ = ["Move", "node_down", "plan_consolidation"]
 
 
 NODE_DOWN_TAINTS = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
 """Taints of a node that is not ready: its pods would not leave, nor new ones start."""
+
+
+def node_down(node: Node) -> bool:
+    """Whether ``node`` is not ready or unreachable (by its taints)."""
+    return any(t.key in NODE_DOWN_TAINTS for t in node.taints)
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,7 @@ def plan_consolidation(
             in_use[a.node] = True
         if a.pod.terminating:
             leaving[a.node] = True
-    down = np.array([any(t.key in NODE_DOWN_TAINTS for t in node.taints) for node in cl.nodes], dtype=np.bool_)
+    down = np.array([node_down(node) for node in cl.nodes], dtype=np.bool_)
     targets = in_use & ~cl.cordoned & ~leaving & ~down
     allowed_left = [b.allowed for b in budgets]
 

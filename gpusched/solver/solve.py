@@ -127,10 +127,8 @@ class CpSatPolicy:
         hint_from_plan(inst, model, v)
         solver = cp_solver()
         lim = self.params.limits
-        remaining = lim.time_limit_s - (time.perf_counter() - start)
-        if deadline is not None:
-            remaining = min(remaining, deadline - time.perf_counter())
-        remaining = max(remaining, 0.01)
+        end = start + lim.time_limit_s if deadline is None else min(start + lim.time_limit_s, deadline)
+        remaining = max(end - time.perf_counter(), 0.01)
         solver.parameters.max_time_in_seconds = remaining
         solver.parameters.num_workers = lim.workers
         solver.parameters.relative_gap_limit = lim.relative_gap
@@ -150,7 +148,6 @@ class CpSatPolicy:
             status = "FEASIBLE"  # stopped at relativeGap: good enough, not proven the best
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return self._stats(hint, f"{status}_FALLBACK", math.nan, math.nan, start, nvars)
-        end = start + lim.time_limit_s if deadline is None else min(start + lim.time_limit_s, deadline)
         plan = _extract(inst, v, solver, pods, end)
         if sum(int(solver.value(x)) for x in v.x.values()) > len(plan.assignments):
             status = "FEASIBLE"  # pods left for the next batch (``_extract``): not the model's optimum

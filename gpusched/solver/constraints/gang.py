@@ -17,7 +17,7 @@ from collections import defaultdict
 
 from ortools.sat.python import cp_model
 
-from gpusched.model.pod import Gang, gang_conflicts
+from gpusched.model.pod import Gang
 from gpusched.solver.instance import Instance, domain_of
 from gpusched.solver.vars import Vars
 
@@ -30,11 +30,10 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
         if g.gang is not None:
             gangs[g.gang.name] = g.gang
             members[g.gang.name] += len(g.pods)
-    disagree = gang_conflicts(p for g in inst.groups for p in g.pods) if gangs else {}
     for name, gang in gangs.items():
         z = model.new_bool_var(f"gang_{name}")
         v.gang[name] = z
-        if members[name] < gang.min_members or name in disagree:
+        if members[name] < gang.min_members:  # (a gang whose members disagree has no candidates: off too)
             model.add(z == 0)
     for gi, g in enumerate(inst.groups):
         if g.gang is None:
