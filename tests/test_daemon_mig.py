@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -14,6 +15,7 @@ import yaml
 
 from gpusched.config import parse_config
 from gpusched.daemon import DaemonSettings, Scheduler
+from gpusched.daemon import mig as mig_module
 from gpusched.daemon.handlers import NodeHandler
 from gpusched.kube.binder import Binder
 from gpusched.kube.client import Kube, Response
@@ -52,6 +54,20 @@ class MigApi(RecordingApi):
 
     async def object_event(self, *_: Any, **__: Any) -> None:
         return None
+
+
+class EventApi(MigApi):
+    """Also records the Events written: (object name, reason, message)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, str, str]] = []
+        self.node_events: list[tuple[str, str, str, str]] = []
+        """(object name, reason, message, type) of the Events written."""
+
+    async def object_event(self, involved: dict[str, str], reason: str, message: str, kind: str = "Normal") -> None:
+        self.events.append((involved["name"], reason, message))
+        self.node_events.append((involved["name"], reason, message, kind))
 
 
 def scheduler(api: object, cfg: dict[str, Any] | None = None, policy: str = "bestfit") -> Scheduler:
@@ -684,8 +700,11 @@ async def _restoring(s: Scheduler, api: MigApi) -> Any:
     return api.labelled[-1][1]
 
 
-async def test_after_a_restore_times_out_the_instances_still_there_are_not_offered_to_pods() -> None:
+async def test_after_a_restore_times_out_the_instances_still_there_are_not_offered_to_pods(
+    monkeypatch: Any,
+) -> None:
     api = MigApi()
+    skip_waits(monkeypatch)
     s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "timeoutSeconds": 10}})
     asked = await _restoring(s, api)
     asked_before = "gpusched-0123456789ab"
@@ -694,7 +713,7 @@ async def test_after_a_restore_times_out_the_instances_still_there_are_not_offer
     NodeHandler(s).apply("MODIFIED", labelled)
     # The MIG manager does not get to it in time (node draining, a slow reboot, the operator
     # being upgraded): the node still advertises its instances, and keeps them.
-    await asyncio.sleep(10.5)
+    await until(lambda: "m" not in s.mig.jobs, "the restore given up")
     (node, back) = api.labelled[-1]
     failed_at = back.pop("gpusched.io/mig-restore-failed-at")  # not set back again for a day, by anyone
     assert failed_at is not None
@@ -753,36 +772,103 @@ async def test_the_configuration_of_a_node_that_cannot_be_read_stays_in_the_conf
     stop(s)
 
 
-async def _timed_out_restore(api: MigApi) -> Any:
+class SkippingClock:
+    """The MIG manager's clock for these tests: a wait for it to apply a layout takes no real
+    time, the clock jumping on by as long as the wait is."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+    def time(self) -> float:
+        return time.time() + self.offset
+
+    async def sleep(self, seconds: float) -> None:
+        self.offset += max(0.0, seconds)
+        await asyncio.sleep(0)
+
+
+def skip_waits(monkeypatch: Any) -> None:
+    """Point ``gpusched.daemon.mig``'s ``time`` and ``asyncio.sleep`` at a ``SkippingClock``."""
+    clock = SkippingClock()
+    monkeypatch.setattr(mig_module, "time", clock)
+    monkeypatch.setattr(mig_module, "asyncio", SimpleNamespace(sleep=clock.sleep, Lock=asyncio.Lock))
+
+
+async def until(cond: Any, what: str) -> None:
+    """Let the loop run until ``cond()``; fail after 10 s."""
+    for _ in range(1000):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not seen within 10 s: {what}")
+
+
+def relabels(api: MigApi, since: int) -> list[dict[str, str | None]]:
+    """The labels written on node "m" after the first ``since`` writes, setting it back to a
+    layout after a restore failed (the time it failed at dropped)."""
+    out = []
+    for node, labels in api.labelled[since:]:
+        if node == "m" and "gpusched.io/mig-restore-failed-at" in labels:
+            out.append({k: v for k, v in labels.items() if k != "gpusched.io/mig-restore-failed-at"})
+    return out
+
+
+SET_BACK = {
+    "gpusched.io/mig-requested-at": None,
+    "gpusched.io/mig-previous": None,
+    "nvidia.com/mig.config": "gpusched-0123456789ab",  # the layout it had before the restore
+}
+"""The labels written on node "m" when a restore of it failed, but for when it failed."""
+
+
+def restore_failed_warnings(api: EventApi) -> list[str]:
+    """The messages of the Warning Events MigRestoreFailed written on node "m"."""
+    return [
+        m
+        for node, reason, m, kind in api.node_events
+        if node == "m" and (reason, kind) == ("MigRestoreFailed", "Warning")
+    ]
+
+
+async def _timed_out_restore(api: MigApi, monkeypatch: Any) -> tuple[Scheduler, int]:
+    """Node "m" set back to whole GPUs, which the MIG manager did not do within
+    ``timeoutSeconds``; and how many label writes there were before it timed out."""
+    skip_waits(monkeypatch)
     s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "timeoutSeconds": 10}})
     asked = await _restoring(s, api)
+    n = len(api.labelled)
     labelled = mig_node("m", config="all-disabled", **{"1g_10gb": 7})  # as the watch shows it
     labelled["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(asked["gpusched.io/mig-requested-at"])
     NodeHandler(s).apply("MODIFIED", labelled)
-    await asyncio.sleep(10.5)
-    return s
+    await until(lambda: "m" not in s.mig.jobs, "the restore given up")
+    return s, n
 
 
-async def test_restore_timeout_relabel_is_not_undone_by_expire_asks() -> None:
+async def test_restore_timeout_relabel_is_not_undone_by_expire_asks(monkeypatch: Any) -> None:
     """The relabel back to the layout is in flight (its watch event not seen yet) when the next
     batch runs: _expire_asks sees an all-disabled request older than timeoutSeconds and gives
     the node up: all-disabled, opted out, while its instances are handed to pods."""
-    api = MigApi()
-    s = await _timed_out_restore(api)
-    n = len(api.labelled)
+    api = EventApi()
+    s, n = await _timed_out_restore(api, monkeypatch)
     s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
     await batch(s)
-    later = api.labelled[n:]
-    bound = api.bound_to.get("default/p")
+    later = [labels for node, labels in api.labelled[n:] if node == "m"]
     stop(s)
-    assert not any(labels.get("gpusched.io/mig-repartition") == "false" for _, labels in later), (later, bound)
+    assert relabels(api, n) == [SET_BACK], f"not labelled with its layout again once the restore timed out: {later}"
+    assert len(restore_failed_warnings(api)) == 1, api.node_events
+    assert "did not apply it within 10.0 s" in restore_failed_warnings(api)[0]
+    assert not any(labels.get("gpusched.io/mig-repartition") == "false" for labels in later), later
+    assert later[-1].get("nvidia.com/mig.config") == "gpusched-0123456789ab", f"set to all-disabled again: {later}"
 
 
-async def test_restore_timeout_relabel_failure_leaves_node_all_disabled_with_pods_on_instances() -> None:
+async def test_restore_timeout_relabel_failure_leaves_node_all_disabled_with_pods_on_instances(
+    monkeypatch: Any,
+) -> None:
     api = MigApi()
     orig = api.label_node
-    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60, "timeoutSeconds": 10}})
-
     calls = {"n": 0}
 
     async def label(node: str, labels: dict[str, str | None]) -> str:
@@ -793,21 +879,22 @@ async def test_restore_timeout_relabel_failure_leaves_node_all_disabled_with_pod
         return await orig(node, labels)
 
     api.label_node = label  # type: ignore[method-assign]
-    asked = await _restoring(s, api)
-    labelled = mig_node("m", config="all-disabled", **{"1g_10gb": 7})
-    labelled["metadata"]["labels"]["gpusched.io/mig-requested-at"] = str(asked["gpusched.io/mig-requested-at"])
-    NodeHandler(s).apply("MODIFIED", labelled)
-    await asyncio.sleep(10.5)
+    s, n = await _timed_out_restore(api, monkeypatch)
+    assert relabels(api, n) == [SET_BACK], (
+        f"not labelled with its layout again once the restore timed out: {api.labelled}"
+    )
     s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
     await batch(s)
     bound = api.bound_to.get("default/p")
+    sealed = "m" in s.mig.sealed()
     stop(s)
     assert bound != "m", f"bound to an instance of a node labelled all-disabled: {api.labelled}"
+    assert sealed, "offered while labelled all-disabled, its relabel refused"
 
 
-async def test_a_restore_that_timed_out_is_not_asked_again_and_again() -> None:
+async def test_a_restore_that_timed_out_is_not_asked_again_and_again(monkeypatch: Any) -> None:
     api = MigApi()
-    s = await _timed_out_restore(api)
+    s, _ = await _timed_out_restore(api, monkeypatch)
     back = mig_node("m", **{"1g_10gb": 7})  # relabelled with its layout; the MIG manager still away
     NodeHandler(s).apply("MODIFIED", back)
     s.mig.restore_idle(2000.0)
@@ -817,7 +904,7 @@ async def test_a_restore_that_timed_out_is_not_asked_again_and_again() -> None:
 
 
 async def test_a_failed_restore_is_relabelled_with_its_layout_before_instances_are_offered() -> None:
-    api = MigApi()
+    api = EventApi()
     s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})
     asked = await _restoring(s, api)
     failed = mig_node("m", config="all-disabled", **{"1g_10gb": 7})  # mig-parted failed; instances left
@@ -827,11 +914,16 @@ async def test_a_failed_restore_is_relabelled_with_its_layout_before_instances_a
     n = len(api.labelled)
     s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
     await batch(s)
+    await until(lambda: relabels(api, n), "the node labelled with its layout again")
     bound = api.bound_to.get("default/p")
     stop(s)
     assert not (bound == "m" and not api.labelled[n:]), (
         "bound to an instance of a node still labelled all-disabled after a failed restore"
     )
+    assert relabels(api, n) == [SET_BACK], api.labelled[n:]
+    (warning,) = restore_failed_warnings(api)
+    assert "failed to apply nvidia.com/mig.config=all-disabled" in warning
+    assert "Labelled nvidia.com/mig.config=gpusched-0123456789ab again" in warning
 
 
 async def test_gang_not_split_when_a_restore_seals_a_members_node_during_the_solve(monkeypatch: Any) -> None:
@@ -1603,17 +1695,6 @@ async def test_no_request_or_previous_layout_is_left_on_a_node_once_its_layout_o
     await asyncio.sleep(0)
     stop(s)
     assert api.labelled[-1] == ("n", {"gpusched.io/mig-requested-at": None})
-
-
-class EventApi(MigApi):
-    """Also records the Events written: (object name, reason, message)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.events: list[tuple[str, str, str]] = []
-
-    async def object_event(self, involved: dict[str, str], reason: str, message: str, *_: Any) -> None:
-        self.events.append((involved["name"], reason, message))
 
 
 async def test_a_node_a_dead_mig_manager_left_pending_is_offered_again_after_four_timeouts_with_one_warning() -> None:
