@@ -197,6 +197,12 @@ async def delete_all_nodes(kube: Kube) -> None:
     assert r.ok, r.body
 
 
+RETRIED_WITHIN = 30.0
+"""How long a pod parked as unschedulable has, from the change it waits for, to be retried and
+bound: well under the queue's 60 s flush of parked pods (``Batcher.flush_after``), so that a
+change that does not wake the pod fails the test instead of the flush binding it later."""
+
+
 async def wait_bound(kube: Kube, path: str, timeout: float = 60.0) -> dict[str, Any]:
     """The pod at ``path`` once it has a node, or as it is after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

@@ -199,8 +199,8 @@ async def test_unschedulable_pod_is_retried_when_the_cluster_changes(
         tries = daemon.wait_count("unschedulable", 1)  # the line is written beside the condition
         assert [t["pod"] for t in tries] == [f"{namespace}/big"], tries
         await kit.create_all(kube, "/api/v1/nodes", [kit.node("big-0", 8, "H800")])
-        p = await kit.wait_bound(kube, f"/api/v1/namespaces/{namespace}/pods/big")
-        assert p["spec"].get("nodeName") == "big-0"
+        p = await kit.wait_bound(kube, f"/api/v1/namespaces/{namespace}/pods/big", timeout=kit.RETRIED_WITHIN)
+        assert p["spec"].get("nodeName") == "big-0", "not retried when a node it fits on was added"
         assert p["metadata"]["annotations"]["gpusched.io/gpu-indices"] == "0,1,2,3,4,5,6,7"
     finally:
         daemon.stop()
@@ -970,7 +970,9 @@ async def test_pods_are_bound_only_when_their_claims_are_bound_to_usable_volumes
         # The missing claim is created and bound: the parked pod is retried and bound.
         await kit.create_all(kube, "/api/v1/persistentvolumes", [_volume(later, namespace, "later")])
         await _claim(kube, namespace, "later", later)
-        bound = daemon.wait_log("bind", where=lambda x: x["pod"] == f"{namespace}/claim-comes-later")
+        bound = daemon.wait_log(
+            "bind", timeout=kit.RETRIED_WITHIN, where=lambda x: x["pod"] == f"{namespace}/claim-comes-later"
+        )
         assert bound["result"] == "bound"
     finally:
         daemon.stop()
@@ -1175,10 +1177,10 @@ async def test_required_pod_affinity_follows_running_pods_and_waits_for_a_missin
         await kit.create_all(
             kube, pods_path, [labelled(kit.pod("queue", "other", cpu="1", node_name="af-gpu-z0-1"), "queue")]
         )
-        got = await kit.wait_bound(kube, f"{pods_path}/job")
+        got = await kit.wait_bound(kube, f"{pods_path}/job", timeout=kit.RETRIED_WITHIN)
     finally:
         daemon.stop()
-    assert got["spec"].get("nodeName") in {"af-gpu-z0-0", "af-gpu-z0-1"}
+    assert got["spec"].get("nodeName") in {"af-gpu-z0-0", "af-gpu-z0-1"}, "not retried when the pod it follows ran"
 
 
 async def test_preferred_node_affinity_picks_the_preferred_node_when_it_has_room(
