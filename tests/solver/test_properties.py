@@ -173,7 +173,7 @@ def pod_shapes(draw: st.DrawFn, models: Sequence[str] = MODELS) -> Pod:
         labels=identity[0],
         anti_affinity=identity[1],
         spread=rarely(draw, SPREADS[2:], ()),
-        affinity=rarely(draw, AFFINITIES[3:], ()),
+        affinity=rarely(draw, AFFINITIES[3:], (), one_in=10),  # only the peers drawn can meet it
         preferred_apart=draw(st.sampled_from(((), (), ((50, _away("a", "host")[0]),), ((30, _away("a", "zone")[0]),)))),
         preferred_together=draw(st.sampled_from(((), (), ((40, _away("a", "zone")[0]),)))),
         tolerations=draw(st.sampled_from(((), (), (Toleration("node.kubernetes.io/unschedulable", "Exists"),)))),
