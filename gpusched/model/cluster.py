@@ -740,36 +740,6 @@ class ClusterState:
             ok = ok & m
         return ok
 
-    def peer_fits(self, pod: Pod, node: int) -> bool:
-        """Whether ``peer_mask(pod)`` lets ``pod`` join ``node`` (True where it is None), found for
-        that node alone: what stepping through a plan pod by pod asks of each pod, without a mask
-        over every node."""
-        labels = self.cluster.nodes[node].labels
-        if pod.affinity:
-            if not all(t.topology_key in labels for t in pod.affinity):
-                return False
-            if not self.affinity_first(pod):
-                pairs = self.affinity_pairs(pod.affinity)
-                if not all((t.topology_key, labels[t.topology_key]) in pairs for t in pod.affinity):
-                    return False
-        for term in pod.anti_affinity:
-            value = labels.get(term.topology_key)
-            if value is not None and value in self.selected_domains(term):
-                return False
-        if self.holders:
-            forbidden = self._forbidding_domains(pod.namespace, pod.labels)
-            if forbidden and any(pair in forbidden for pair in labels.items()):
-                return False
-        if pod.spread:
-            if not all(c.topology_key in labels for c in pod.spread):
-                return False
-            for c in pod.spread:
-                view = self.spread_view(pod, c)
-                here = int(self.cluster.domains(c.topology_key)[0][node])
-                if view.counts[here] + int(pod.selected_by(c)) - view.low > c.max_skew:
-                    return False
-        return True
-
     def pod_mask(self, pod: Pod) -> BoolArray:
         """Nodes that can host ``pod`` now: ``fit_mask`` of its shape and ``peer_mask``."""
         ok = self.fit_mask(pod.shape)

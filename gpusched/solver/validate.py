@@ -408,7 +408,14 @@ def _greedy_order(
     checked the pods stuck there again for every pod placed).  Then the first pod of ``tail`` that
     fits, if any, and round again.  Returns the order and the pods left out."""
     ordered = list(head)
-    state = state.apply(head)  # the caller's state copied once; the ones made here are updated in place
+    # The checks ``peer_problems`` makes of the order, kept up pod by pod as it grows.
+    peers = _Peers(state.cluster.nodes, [(n, p) for n, pods in state.residents.items() for p in pods])
+    for a in head:
+        peers.place(a.pod, a.node)
+
+    def fits(a: Assignment) -> bool:
+        return peers.affinity_ok(a.pod, a.node) and peers.anti_ok(a.pod, a.node) and peers.spread_ok(a.pod, a.node)
+
     left = list(rest)
     later = list(tail)
     i = misses = 0
@@ -416,17 +423,17 @@ def _greedy_order(
         if misses < len(left):
             i %= len(left)
             a = left[i]
-            if not state.peer_fits(a.pod, a.node):
+            if not fits(a):
                 i, misses = i + 1, misses + 1
                 continue
             left.pop(i)
         else:
-            j = next((j for j, b in enumerate(later) if state.peer_fits(b.pod, b.node)), None)
+            j = next((j for j, b in enumerate(later) if fits(b)), None)
             if j is None:
                 break
             a = later.pop(j)
         ordered.append(a)
-        state = state.apply((a,), consume=True)
+        peers.place(a.pod, a.node)
         misses = 0
     return ordered, left + later
 

@@ -345,8 +345,6 @@ def test_the_validators_peer_rules_agree_with_the_masks_the_policies_prune_by(ca
         fine = state.peer_mask(a.pod)
         if fine is not None and not fine[a.node]:
             by_masks.append(a.pod.key)
-        for node in range(n):  # the check of one node reads as the mask does
-            assert state.peer_fits(a.pod, node) == (fine is None or bool(fine[node])), (a.pod.key, node)
         state = state.apply((a,))
     by_rules = [p.split(":")[0].removeprefix("pod ") for p in peer_problems(plan, case.state)]
     assert sorted(set(by_rules)) == sorted(by_masks)

@@ -13,6 +13,7 @@ import pytest
 from gpusched.model import Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
 from gpusched.model.affinity import Requirement, Spread
 from gpusched.model.pod import Toleration
+from gpusched.solver import validate
 from gpusched.solver.explain import explain
 from gpusched.solver.fragmentation import TypicalPods
 from gpusched.solver.params import Limits, SolverParams
@@ -139,18 +140,18 @@ def test_a_plan_listed_zone_by_zone_is_ordered_with_one_check_per_pod(monkeypatc
     c = zones(per_zone=20)
     plan = [Assignment(replica(f"r{n}"), n, (0,)) for n in range(60)]
     checks = 0
-    real = ClusterState.peer_fits
+    real = validate._Peers.affinity_ok  # the first of the checks of a pod on its node
 
-    def counted(self: ClusterState, p: Pod, node: int) -> bool:
+    def counted(self: validate._Peers, p: Pod, node: int) -> bool:
         nonlocal checks
         checks += 1
         return real(self, p, node)
 
-    monkeypatch.setattr(ClusterState, "peer_fits", counted)
+    monkeypatch.setattr(validate._Peers, "affinity_ok", counted)
     ordered, stuck = peer_order(plan, c.empty_state())
     assert stuck == []
-    assert plan_problems(Plan(tuple(ordered), (), SolveStats("test")), c.empty_state()) == []
     assert checks == len(plan)
+    assert plan_problems(Plan(tuple(ordered), (), SolveStats("test")), c.empty_state()) == []
 
 
 def test_the_batch_deadline_reaches_the_ordering_of_its_plan(monkeypatch: pytest.MonkeyPatch) -> None:
