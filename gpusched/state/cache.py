@@ -548,11 +548,7 @@ class Cache:
         """Keys of the pods on the books whose GPU indices are the books' guess: pods of other
         schedulers that do not name them (``gpusched.io/gpu-indices``)."""
         self._ensure_cluster()  # the books place pods on GPUs only once they know the nodes
-        return {
-            h.pod.key
-            for h in self._held.values()
-            if h.gpus and not h.pod.mig_profile and (h.wanted is None or tuple(h.wanted) != h.gpus)
-        }
+        return {key for on_node in self._guessed.values() for key in on_node}
 
     def tenant_usage(
         self,
