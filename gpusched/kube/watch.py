@@ -26,7 +26,13 @@ from typing import Any, Protocol
 
 import structlog
 
-from gpusched.kube.client import ApiError, Kube
+from gpusched.kube.client import (
+    CERTIFICATE_NAME_MISMATCH,
+    CERTIFICATE_OUT_OF_DATE,
+    CERTIFICATE_UNTRUSTED,
+    ApiError,
+    Kube,
+)
 
 __all__ = ["Handler", "Reflector"]
 
@@ -53,6 +59,12 @@ def fix_for(exc: ApiError) -> str:
         return "the API server refused the credentials: check the kubeconfig's token or client certificate"
     if exc.status == 403:
         return "the RBAC does not grant this: apply manifests/ (docs/deploy.md, 'What the RBAC grants, and why')"
+    if exc.reason == CERTIFICATE_UNTRUSTED:
+        return "the kubeconfig's certificate-authority (in a pod, the service account's ca.crt) must be the CA"
+    if exc.reason == CERTIFICATE_NAME_MISMATCH:
+        return "the kubeconfig's server (or tls-server-name) must be a name the API server's certificate is issued for"
+    if exc.reason == CERTIFICATE_OUT_OF_DATE:
+        return "the API server's certificate must be renewed, or this machine's clock set right"
     if exc.reason == "Unreachable":
         return "check the API server address in the kubeconfig and that the API server is up"
     return "see the error; the watch retries with backoff"

@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 from structlog.testing import capture_logs
 
-from gpusched.kube import watch
+from gpusched.kube import client, watch
 from gpusched.kube.client import ApiError, Kube
 from gpusched.kube.watch import Reflector
 from tests.kube import virtual_time
@@ -360,3 +360,15 @@ def test_a_watch_refused_for_a_minute_says_so_and_names_the_fix(monkeypatch: pyt
     warned = [e for e in logs if e["event"] == "watch failed, retrying"]
     assert warned
     assert all("RBAC" in e["fix"] for e in warned)
+
+
+@pytest.mark.parametrize(
+    ("reason", "names"),
+    [
+        (client.CERTIFICATE_UNTRUSTED, "certificate-authority"),
+        (client.CERTIFICATE_NAME_MISMATCH, "tls-server-name"),
+        (client.CERTIFICATE_OUT_OF_DATE, "renewed"),
+    ],
+)
+def test_a_watch_refused_by_a_certificate_names_the_setting_to_fix(reason: str, names: str) -> None:
+    assert names in watch.fix_for(ApiError(0, "the API server's certificate ...", reason))
