@@ -64,12 +64,6 @@ class Snapshot:
     sealed: tuple[int, ...] = ()
     """Nodes (indices) whose GPUs and MIG instances all counted as taken (``sealed`` of
     ``Cache.snapshot``: being re-partitioned)."""
-    overbooked: tuple[tuple[int, int, int], ...] = ()
-    """GPUs the pods on the books fill past their capacity (two pods that name one GPU, pods
-    left on a node that lost GPUs; room held for a pod aside, which takes the GPUs its victims
-    leave): node index, GPU index, thousandths of a GPU too many.  The excess is counted on the
-    node's other GPUs, the emptiest first, as far as they have room: the node holds those pods
-    all the same."""
 
     @property
     def busy(self) -> int:
@@ -245,8 +239,6 @@ class Cache:
         """Pods that preempted others, by key: what each will take is counted on its node, so
         that no other pod takes the room its victims leave."""
         self._gpu: IntArray = np.zeros((0, 1), dtype=np.int64)
-        self._room_gpu: IntArray = np.zeros((0, 1), dtype=np.int64)
-        """The part of ``_gpu`` that room held for pods takes."""
         self._told_overbooked: frozenset[tuple[str, int]] = frozenset()
         self._guessed: dict[str, dict[str, _Held]] = {}
         """Pods on the books counted on guessed GPUs (``_pick_gpus``), by node name and key."""
@@ -752,7 +744,8 @@ class Cache:
         coming: Mapping[int, Coming] | None = None,
     ) -> Snapshot:
         gpu = np.minimum(self._gpu, cluster.gpu_cap)
-        overbooked = self._overbooked(cluster, gpu) if (self._gpu > cluster.gpu_cap).any() else ()
+        if (self._gpu > cluster.gpu_cap).any():
+            self._spill(cluster, gpu)
         blocked = []
         for i, g in busy:
             room = int(cluster.gpu_cap[i, g] - gpu[i, g])
@@ -791,12 +784,20 @@ class Cache:
             dict(self._resident_view),
             pods_used=self._pods.copy() if cluster.pods_metered else None,
         )
-        return Snapshot(self.generation, cluster, state, tuple(blocked), kept, tuple(sealed), overbooked)
+        return Snapshot(self.generation, cluster, state, tuple(blocked), kept, tuple(sealed))
 
-    def _overbooked(self, cluster: Cluster, gpu: IntArray) -> tuple[tuple[int, int, int], ...]:
-        """``Snapshot.overbooked``, its excess counted in ``gpu`` (the books capped at each GPU's
-        capacity); told in the log when they change."""
-        over = self._gpu - self._room_gpu - cluster.gpu_cap
+    def _spill(self, cluster: Cluster, gpu: IntArray) -> None:
+        """Count in ``gpu`` (the books capped at each GPU's capacity) what the pods on the books
+        fill GPUs past their capacity by (two pods that name one GPU, pods left on a node that
+        lost GPUs) on the node's other GPUs, the emptiest first, as far as they have room: the
+        node holds those pods all the same.  Told in the log when the GPUs change.  Room held for
+        a pod is no excess: it takes the GPUs its victims leave."""
+        over = self._gpu - cluster.gpu_cap
+        for nomination in self._nominated.values():
+            held = nomination.held
+            if (i := cluster.index.get(held.node)) is not None:
+                for g in held.gpus:
+                    over[i, g] -= held.pod.gpu_milli
         cells = tuple((int(i), int(g), int(over[i, g])) for i, g in np.argwhere(over > 0))
         excess: Counter[int] = Counter()
         for i, _, extra in cells:
@@ -817,7 +818,6 @@ class Cache:
                     "GPUs booked past their capacity; the excess is counted on the node's other GPUs",
                     gpus=[f"{n}/{g}: {', '.join(sorted(holders.get((n, g), ())))}" for n, g in sorted(named)],
                 )
-        return cells
 
     def _ensure_cluster(self) -> Cluster:
         if self._cluster is None:
@@ -832,7 +832,6 @@ class Cache:
             self._residents = {}
             self._resident_view = {}
             self._gpu = np.zeros((n, cluster.max_gpus), dtype=np.int64)
-            self._room_gpu = np.zeros((n, cluster.max_gpus), dtype=np.int64)
             self._kinds = np.zeros((n, cluster.max_gpus + 1), dtype=np.int64)
             self._mig = np.zeros((n, len(cluster.mig_profiles)), dtype=np.int64)
             self._guessed = {}
@@ -896,8 +895,6 @@ class Cache:
                 self._resident_view.pop(i, None)
         for g in held.gpus:
             self._gpu[i, g] += sign * pod.gpu_milli
-            if held.room:
-                self._room_gpu[i, g] += sign * pod.gpu_milli
         if held.gpus:
             if held.wanted != held.gpus:
                 self._note_guess(held, sign)
