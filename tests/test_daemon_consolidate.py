@@ -298,42 +298,6 @@ async def test_a_moved_pods_replacement_is_not_held_to_its_tenants_limit_by_the_
     assert api.evicted == ["default/b0"]  # a0 and a1 are left alone
 
 
-async def test_a_node_whose_moved_pods_came_back_to_it_is_not_emptied_again_round_after_round() -> None:
-    # FGD places b0's replacement back on n1, the node the round emptied, not in the room the
-    # plan found on n0: evicting it again each round would kill the same batch job each interval.
-    api = EvictionApi()
-    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy="fgd"), cast(Kube, IdleClient()))
-    s.binder = cast(Binder, api)
-    for n in ("n0", "n1", "n2"):
-        NodeHandler(s).apply("ADDED", kit.node(n, 4, "A100"))
-    s.set_config(parse_config({"consolidation": {"enabled": True}}))
-    s._bound.apply("ADDED", batch_pod("a0", "n0", 0))
-    s._bound.apply("ADDED", batch_pod("a1", "n0", 1))
-    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
-    emptied: list[str] = []
-    made = 0
-    for _ in range(5):
-        before = len(api.evicted)
-        await round_of(s)
-        for key in api.evicted[before:]:  # each evicted pod leaves, and its Job makes a new one
-            node, gpus = s.cache.placement(key) or ("", ())
-            if node not in emptied[-1:]:
-                emptied.append(node)
-            s._bound.apply("DELETED", batch_pod(key.split("/")[1], node, gpus[0]))
-            made += 1
-            s._pending.apply("ADDED", batch_pod(f"r{made}", "", 0))
-        while s.queue.counts().active:
-            await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 10))
-            await settle(s)
-            for i in range(1, made + 1):  # the watch sees where the new pods were bound
-                if (where := s.cache.placement(f"default/r{i}")) is not None:
-                    s._bound.apply("MODIFIED", batch_pod(f"r{i}", where[0], where[1][0]))
-    assert emptied[0] == "n1"
-    assert "default/r1" not in api.evicted, api.evicted
-    assert s.cache.placement("default/r1") == ("n1", (0,))  # where the policy put it back
-    assert len(emptied) == len(set(emptied)), emptied  # no node emptied twice
-
-
 def _scheduler(api: EvictionApi, nodes: dict[str, int], policy: str = "cpsat") -> Scheduler:
     s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy=policy), cast(Kube, IdleClient()))
     s.binder = cast(Binder, api)
@@ -358,6 +322,30 @@ async def _replace_evicted(s: Scheduler, api: EvictionApi, done: int, made: int)
             if (where := s.cache.placement(f"default/r{i}")) is not None:
                 s._bound.apply("MODIFIED", batch_pod(f"r{i}", where[0], where[1][0]))
     return made
+
+
+async def test_a_node_whose_moved_pods_came_back_to_it_is_not_emptied_again_round_after_round() -> None:
+    # FGD places b0's replacement back on n1, the node the round emptied, not in the room the
+    # plan found on n0: evicting it again each round would kill the same batch job each interval.
+    api = EvictionApi()
+    s = _scheduler(api, {"n0": 4, "n1": 4, "n2": 4}, "fgd")
+    s._bound.apply("ADDED", batch_pod("a0", "n0", 0))
+    s._bound.apply("ADDED", batch_pod("a1", "n0", 1))
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    emptied: list[str] = []
+    made = 0
+    for _ in range(5):
+        before = len(api.evicted)
+        await round_of(s)
+        for key in api.evicted[before:]:
+            node, _gpus = s.cache.placement(key) or ("", ())
+            if node not in emptied[-1:]:
+                emptied.append(node)
+        made = await _replace_evicted(s, api, before, made)
+    assert emptied[0] == "n1"
+    assert "default/r1" not in api.evicted, api.evicted
+    assert s.cache.placement("default/r1") == ("n1", (0,))  # where the policy put it back
+    assert len(emptied) == len(set(emptied)), emptied  # no node emptied twice
 
 
 async def test_a_daemonset_pod_marked_movable_stays_and_does_not_keep_its_node_in_use() -> None:
