@@ -1,5 +1,5 @@
 """``python -m gpusched``."""
 
-from gpusched.cli import main
+from gpusched.entry import main
 
 raise SystemExit(main())

@@ -35,6 +35,7 @@ from gpusched.config import (
     read_yaml,
     read_yaml_documents,
 )
+from gpusched.entry import EXIT_INTERRUPTED
 from gpusched.metrics.cost import render_report, report_json
 from gpusched.metrics.source import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, default_query
 from gpusched.sim.report import render_extended_table, render_table
@@ -56,8 +57,6 @@ if TYPE_CHECKING:
 __all__ = ["main", "parse_seeds"]
 
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
-"""Ctrl-C: as a shell reports a command SIGINT ended (128 + 2)."""
 
 DEMO_POLICIES = ("cpsat", "fgd", "bestfit")
 DEMO_SEEDS = "42-43"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import importlib.metadata
 import json
 import os
 import shutil
@@ -715,6 +716,40 @@ def test_ctrl_c_in_any_command_is_one_line_and_exit_130(
         captured = capsys.readouterr()
         assert captured.err == f"gpusched {argv[0]}: interrupted\n"
         assert captured.out == ""
+
+
+CTRL_C_WHILE_LOADING = (
+    "import importlib.abc, os, signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    "class CtrlC(importlib.abc.MetaPathFinder):\n"  # the terminal's Ctrl-C, as the config's library loads
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name == 'pydantic':\n"
+    "            os.kill(os.getpid(), signal.SIGINT)\n"
+    "        return None\n"
+    "sys.meta_path.insert(0, CtrlC())\n"
+    "sys.argv[0] = 'gpusched'\n"
+    "import runpy\n"
+    "runpy.run_module('gpusched', run_name='__main__')\n"
+)
+
+
+def test_ctrl_c_while_the_cli_loads_is_one_line_and_exit_130() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_WHILE_LOADING, "simulate"],
+        capture_output=True,
+        text=True,
+        env=_module_env(),
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 130, done
+    assert done.stderr == "gpusched: interrupted\n"
+    assert done.stdout == ""
+
+
+def test_the_gpusched_command_is_the_entry_that_survives_ctrl_c_while_loading() -> None:
+    scripts = importlib.metadata.entry_points(group="console_scripts", name="gpusched")
+    assert [s.value for s in scripts] == ["gpusched.entry:main"]
 
 
 def test_seeds_count_up_to_the_limit_inclusive() -> None:
