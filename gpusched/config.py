@@ -400,6 +400,12 @@ def read_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source}: not valid YAML: {yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {yaml_problem(exc)}") from None
+    except RecursionError:
+        raise ConfigError(_too_deep(source)) from None
+
+
+def _too_deep(source: str) -> str:
+    return f"{source}: nested too deeply to read; a configuration is a few levels of keys"
 
 
 def read_yaml_documents(text: str, source: str) -> list[Any]:
@@ -409,6 +415,8 @@ def read_yaml_documents(text: str, source: str) -> list[Any]:
         return list(yaml.load_all(text, Loader=_UniqueKeys))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {yaml_problem(exc)}") from None
+    except RecursionError:
+        raise ConfigError(_too_deep(source)) from None
 
 
 def load_config(text: str, source: str = "config") -> GpuschedConfig:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from gpusched.config import ConfigError, GpuschedConfig, load_config, parse_config
+from gpusched.config import ConfigError, GpuschedConfig, load_config, parse_config, read_yaml_documents
+from gpusched.kube.configmap import ConfigMapHandler
 from gpusched.solver.params import Limits, SolverParams, Weights
 
 
@@ -204,3 +205,21 @@ def test_a_tolerated_taint_written_as_kubectl_takes_it_is_read_as_its_key() -> N
     # nothing.  A document from then must still load (a new replica would not start otherwise).
     cfg = parse_config({"headroom": {"toleratedTaints": ["nvidia.com/gpu=present:NoSchedule", "dedicated:NoSchedule"]}})
     assert cfg.headroom.tolerated_taints == ["nvidia.com/gpu", "dedicated"]
+
+
+DEEP = "solver: " + "[" * 1000 + "]" * 1000
+
+
+def test_a_document_nested_too_deeply_is_refused_with_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="nested too deeply to read"):
+        load_config(DEEP, "cm")
+    with pytest.raises(ConfigError, match="nested too deeply to read"):
+        read_yaml_documents(DEEP, "file")
+
+
+def test_the_configmap_handler_refuses_a_deeply_nested_document_and_keeps_the_last_config() -> None:
+    got: list[object] = []
+    handler = ConfigMapHandler("ns", "cfg", got.append)
+    handler.apply("MODIFIED", {"metadata": {"name": "cfg", "resourceVersion": "7"}, "data": {"config.yaml": DEEP}})
+    assert not got
+    assert "nested too deeply to read" in handler.rejected
