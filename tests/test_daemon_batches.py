@@ -351,3 +351,28 @@ async def test_a_recreated_member_of_a_gang_that_requires_one_rack_joins_its_pee
     where = s.cache.placement("default/m2")
     assert where is not None
     assert where[0] == "a"
+
+
+async def test_a_node_time_sliced_past_64_gpus_still_takes_pods_that_ask_for_no_gpu() -> None:
+    # 8 GPUs time-sliced 10 ways advertise 80 nvidia.com/gpu, more than a node holds: the node's
+    # GPUs are not offered, but its CPU and memory are, and it still counts among the nodes.
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=8)
+    with capture_logs() as logs:
+        NodeHandler(s).apply("ADDED", kit.node("ts", 80, "NVIDIA-A100-SXM4-80GB", **{"nvidia.com/gpu.replicas": "10"}))
+    assert any("more GPUs than a node holds" in str(e.get("warning")) for e in logs), logs
+    cpu = kit.pod("cpu", "s")
+    cpu["metadata"].update({"namespace": "default", "uid": "uid-cpu"})
+    cpu["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "ts"}
+    gpu = kit.pod("gpu", "s", gpus=1)
+    gpu["metadata"].update({"namespace": "default", "uid": "uid-gpu"})
+    gpu["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "ts"}
+    s._pending.apply("ADDED", cpu)
+    s._pending.apply("ADDED", gpu)
+    await s.handle_batch(await asyncio.wait_for(s.queue.next_batch(), 10))
+    await settle(s)
+    assert api.bound == ["default/cpu"]
+    assert s.cache.placement("default/cpu") is not None
+    told = api.failed("default/gpu")
+    assert told, api.events
+    assert told[0].startswith("0/2 nodes are available"), told

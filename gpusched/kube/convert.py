@@ -226,7 +226,8 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     # Only what the device plugin advertises counts: the kubelet admits pods against allocatable,
     # and in MIG mode the GPU feature discovery count also covers the partitioned GPUs.
     gpus = _int_quantity(alloc[GPU_RESOURCE], f"{where}: allocatable {GPU_RESOURCE}") if GPU_RESOURCE in alloc else 0
-    if gpus > MAX_GPUS:  # before anything is built per GPU
+    warnings: list[str] = []
+    if gpus > MAX_GPUS:  # before anything is built per GPU; the node's CPU and memory still serve
         replicas = str(labels.get("nvidia.com/gpu.replicas", ""))
         shared = (
             f" (nvidia.com/gpu.replicas={replicas}: the device plugin time-slices each GPU; gpusched shares GPUs "
@@ -234,9 +235,11 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
             if replicas.isdigit() and int(replicas) > 1
             else ""
         )
-        raise ConvertError(
-            f"{where}: allocatable {GPU_RESOURCE} {gpus} is more GPUs than a node holds ({MAX_GPUS}){shared}"
+        warnings.append(
+            f"{where}: allocatable {GPU_RESOURCE} {gpus} is more GPUs than a node holds ({MAX_GPUS}){shared}; "
+            "its GPUs are not offered, pods that ask for no GPU still are"
         )
+        gpus = 0
     model = str(labels.get(LABEL_GPU_PRODUCT, "")) or (UNKNOWN_MODEL if gpus else "")
     mig = tuple(
         sorted((k, _int_quantity(v, f"{where}: allocatable {k}")) for k, v in alloc.items() if k.startswith(MIG_PREFIX))
@@ -247,7 +250,6 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     # longer matches the GPU count (a GPU went unhealthy, or into MIG mode) falls back to the
     # default, and a MIG resource this scheduler does not know is left out; all are reported
     # in ``warning``.
-    warnings: list[str] = []
     gpu_mem = 0
     if LABEL_GPU_MEMORY in labels:
         try:
@@ -495,7 +497,7 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
         if owner is not None:
             kind, owner_uid = owner
             pod = replace(pod, owner=owner_uid, daemon=kind == "DaemonSet")
-            if annotations.get(ANNOTATION_CONSOLIDATE) == "true" and not pod.has_preferences:
+            if annotations.get(ANNOTATION_CONSOLIDATE, "").strip().lower() == "true" and not pod.has_preferences:
                 pod = replace(pod, movable=True)
         if annotations.get("kubernetes.io/config.mirror"):  # a static pod, run by the kubelet itself
             pod = replace(pod, daemon=True)
@@ -730,6 +732,11 @@ def _pod(
     text = annotations.get(ANNOTATION_GPU_MODELS, "")
     if text.strip():
         models = {m.strip() for m in text.split(",") if m.strip()}
+        if not models:  # only commas: read as no restriction, it would place the pod on any model
+            error = error or (
+                f"{where}: annotation {ANNOTATION_GPU_MODELS}={text!r} names no GPU model; write "
+                "comma-separated nvidia.com/gpu.product values (NVIDIA-A100-SXM4-80GB,...) or remove it"
+            )
     selector: Mapping[str, str] = spec.get("nodeSelector") or {}
     if LABEL_GPU_PRODUCT in selector:
         product = str(selector[LABEL_GPU_PRODUCT])

@@ -182,9 +182,10 @@ def test_mig_island_and_gang_requests() -> None:
     assert (rec.pod.gang.topology_key, rec.pod.gang.topology) == ("rack", "required")
 
 
-def test_a_node_advertising_more_gpus_than_a_node_holds_is_refused_naming_it() -> None:
-    with pytest.raises(ConvertError, match=r"node n1: allocatable nvidia\.com/gpu 9000000000000000000 is more GPUs"):
-        node_record(node_obj(gpus="9e18"))
+def test_a_node_advertising_more_gpus_than_a_node_holds_offers_none_naming_it() -> None:
+    rec = node_record(node_obj(gpus="9e18"))
+    assert rec.node.gpu_count == 0
+    assert "node n1: allocatable nvidia.com/gpu 9000000000000000000 is more GPUs" in rec.warning
 
 
 def test_a_bound_pod_with_a_bad_share_is_still_counted_with_the_rest_of_its_request() -> None:
@@ -246,6 +247,20 @@ def test_fractional_share_by_annotation_and_models_by_annotation_and_selector() 
         )
     )
     assert (rec.pod.gpu_models, rec.error) == (frozenset({"NVIDIA-A100-SXM4-80GB"}), "")
+
+
+@pytest.mark.parametrize("text", [",", ", ,", " ,\t, "])
+def test_a_gpu_models_annotation_naming_no_model_is_refused_not_read_as_any_model(text: str) -> None:
+    rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, annotations={"gpusched.io/gpu-models": text}))
+    assert "annotation gpusched.io/gpu-models" in rec.error
+    assert "names no GPU model" in rec.error
+
+
+@pytest.mark.parametrize("value", ["true", "True", "TRUE", " true "])
+def test_the_consolidate_annotation_is_read_as_kubernetes_booleans_are_written(value: str) -> None:
+    obj = pod_obj(requests={"cpu": "1"}, annotations={"gpusched.io/consolidate": value})
+    obj["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": "rs", "uid": "rs-1", "controller": True}]
+    assert pod_record(obj).pod.movable
 
 
 def test_fractional_share_by_extended_resource() -> None:
@@ -910,8 +925,10 @@ def test_a_node_reporting_only_capacity_is_read_from_it() -> None:
 
 def test_a_node_may_hold_up_to_the_most_gpus_a_node_holds() -> None:
     assert node_record(node_obj(gpus="64")).node.gpu_count == 64
-    with pytest.raises(ConvertError, match="65 is more GPUs than a node holds"):
-        node_record(node_obj(gpus="65"))
+    over = node_record(node_obj(gpus="65"))  # kept for its CPU and memory, its GPUs not offered
+    assert (over.node.gpu_count, over.node.cpu_milli) == (0, 64000)
+    assert "65 is more GPUs than a node holds (64)" in over.warning
+    assert "its GPUs are not offered, pods that ask for no GPU still are" in over.warning
 
 
 def test_mig_profiles_with_no_slices_left_are_not_offered() -> None:
@@ -1052,8 +1069,10 @@ def test_a_time_sliced_node_is_warned_about_and_too_many_slices_name_the_cause()
     rec = node_record(node(32, 4))
     assert rec.node.gpu_count == 32
     assert "nvidia.com/gpu.replicas=4" in rec.warning
-    with pytest.raises(ConvertError, match=r"nvidia.com/gpu.replicas=10: the device plugin time-slices"):
-        node_record(node(80, 10))
+    over = node_record(node(80, 10))
+    assert over.node.gpu_count == 0
+    assert "nvidia.com/gpu.replicas=10: the device plugin time-slices" in over.warning
+    assert over.warning.count("replicas=10") == 1  # one warning, not the 64-or-fewer one as well
 
 
 def test_a_mig_slice_with_a_share_annotation_is_refused_as_such_and_the_slice_counted() -> None:
