@@ -67,6 +67,7 @@ from gpusched.model.affinity import (
     Requirement,
     Spread,
     check_label_selector,
+    is_int64,
     label_selector_selects,
 )
 from gpusched.model.mig import MIG_CONFIG_PREFIX, geometry_for, profile_of
@@ -876,15 +877,37 @@ def _node_selector(labels: Mapping[str, Any], node_affinity: Mapping[str, Any]) 
         return (common,) if common else ()
     terms: list[tuple[Requirement, ...]] = []
     terms_in = _list(_obj(required, "required node affinity").get("nodeSelectorTerms"), "nodeSelectorTerms")
+    uncomparable = False
     for term in terms_in:
         if not isinstance(term, Mapping):
             raise ValueError("required node affinity: a nodeSelectorTerm must be an object")
+        if _compares_no_number(term):  # the API server admits it; kube-scheduler skips the term
+            uncomparable = True
+            continue
         reqs = _requirements(term)
         if reqs:  # an empty term matches no node
             terms.append(common + reqs)
+    if not terms and uncomparable:
+        raise ValueError(
+            "required node affinity matches no node: every nodeSelectorTerm with a requirement has a Gt or Lt "
+            "whose value is not an integer, and such a term matches no node"
+        )
     if not terms:
         raise ValueError("required node affinity has no nodeSelectorTerm with a requirement, so it matches no node")
     return tuple(terms)
+
+
+def _compares_no_number(term: Mapping[str, Any]) -> bool:
+    """Whether a node selector term has a ``Gt`` or ``Lt`` requirement whose one value is not a
+    64-bit integer.  The API server admits such a term (it checks only that there is one value);
+    kube-scheduler cannot parse it, so the term matches no node while the pod's other terms
+    still do."""
+    for e in _list(term.get("matchExpressions"), "matchExpressions"):
+        if isinstance(e, Mapping) and e.get("operator") in ("Gt", "Lt"):
+            values = e.get("values")
+            if isinstance(values, list) and len(values) == 1 and isinstance(values[0], str) and not is_int64(values[0]):
+                return True
+    return False
 
 
 def _pod_terms(

@@ -515,6 +515,28 @@ def test_node_selector_and_required_node_affinity_become_one_selector() -> None:
     assert pod_record(pod_obj()).pod.node_selector == ()
 
 
+@pytest.mark.parametrize("value", ["x1", "99999999999999999999", "1.5"])
+def test_a_node_term_comparing_with_no_integer_matches_no_node_and_the_others_still_do(value: str) -> None:
+    """The API server admits ``Gt``/``Lt`` with any one value; kube-scheduler cannot parse one that
+    is not a 64-bit integer, so that term matches no node, and a node another term matches takes
+    the pod (it is not refused as a whole)."""
+    odd = {"matchExpressions": [{"key": "rank", "operator": "Gt", "values": [value]}]}
+    zone_a = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    rec = pod_record(pod_obj(affinity=_node_term_list(odd, zone_a)))
+    assert rec.error == ""
+    cluster = Cluster(
+        [node_record(node_obj(f"n-{z}", labels={"zone": z, "rank": "7"}, gpus=None)).node for z in ("a", "b")]
+    )
+    assert cluster.selector_mask(rec.pod.node_selector).tolist() == [True, False]
+    alone = pod_record(pod_obj(affinity=_node_term_list(odd)))
+    assert "matches no node" in alone.error
+    assert "not an integer" in alone.error
+
+
+def _node_term_list(*terms: Any) -> dict[str, Any]:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}}}
+
+
 def test_ephemeral_storage_of_pods_and_nodes_in_mib() -> None:
     obj = pod_obj(requests={"ephemeral-storage": "10Gi"})
     obj["spec"]["initContainers"] = [{"name": "i", "resources": {"requests": {"ephemeral-storage": "20Gi"}}}]
