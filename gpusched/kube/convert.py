@@ -6,7 +6,7 @@ rest of the watch path together on large clusters.
 
 GPU inventory of a node
     ``status.allocatable["nvidia.com/gpu"]`` (the label ``nvidia.com/gpu.count`` alone only
-    draws a warning); pod limit from ``status.allocatable["pods"]``; model from
+    draws a warning); pod limit from ``status.allocatable["pods"]`` (none without it); model from
     ``nvidia.com/gpu.product``, memory per GPU (MiB) from ``nvidia.com/gpu.memory``; MIG slices
     from ``nvidia.com/mig-<profile>``.
 
@@ -257,12 +257,15 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
             gpu_mem = _int_quantity(labels[LABEL_GPU_MEMORY], f"{where}: label {LABEL_GPU_MEMORY}")
         except ConvertError as exc:
             warnings.append(f"{exc}; GPU memory counted as unknown (MiB expected, as GPU feature discovery writes it)")
-    max_pods: int | None = None
+    max_pods: int | None = 0  # not reported: none, as kube-scheduler reads it (no pod fits)
     if "pods" in alloc:
         try:
             max_pods = _int_quantity(alloc["pods"], f"{where}: allocatable pods")
         except ConvertError as exc:
+            max_pods = None
             warnings.append(f"{exc}; its pod limit is not checked")
+    else:
+        warnings.append(f"{where}: no allocatable pods, so it takes no pod, as for kube-scheduler")
     storage = 0  # not reported: none, as kube-scheduler reads it (a pod asking for some does not fit)
     if STORAGE_RESOURCE in alloc:
         try:

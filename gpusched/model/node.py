@@ -79,7 +79,8 @@ class Node:
     """Allocatable ephemeral storage, MiB; None: not metered (a simulated node), never short of it.  A
     Kubernetes node that does not report any has 0, as kube-scheduler reads it (``kube.convert``)."""
     max_pods: int | None = None
-    """Allocatable pods (the kubelet's ``maxPods``); None when the node does not say."""
+    """Allocatable pods (the kubelet's ``maxPods``); None: not metered (a simulated node).  A
+    Kubernetes node that does not report any has 0, as kube-scheduler reads it (``kube.convert``)."""
     soft_taints: tuple[Taint, ...] = ()
     """PreferNoSchedule taints: pods that do not tolerate them go elsewhere when they can (the
     cluster autoscaler marks nodes it means to remove so)."""

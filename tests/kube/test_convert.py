@@ -12,12 +12,13 @@ from gpusched.model import Assignment, Cluster, Pod
 from gpusched.model.affinity import PodAffinityTerm, Requirement, Spread
 from gpusched.model.node import Taint
 from gpusched.model.pod import Toleration
+from gpusched.solver.explain import explain
 from gpusched.solver.preempt import Budget
 from gpusched.state.volumes import ClaimRecord, VolumeRecord
 
 
 def node_obj(name: str = "n1", gpus: str | None = "8", labels: dict[str, str] | None = None, **spec: Any) -> Any:
-    alloc = {"cpu": "64", "memory": "512Gi"}
+    alloc = {"cpu": "64", "memory": "512Gi", "pods": "110"}
     if gpus is not None:
         alloc["nvidia.com/gpu"] = gpus
     return {"metadata": {"name": name, "labels": labels or {}}, "spec": spec, "status": {"allocatable": alloc}}
@@ -199,13 +200,27 @@ def test_a_bound_pod_with_a_bad_share_is_still_counted_with_the_rest_of_its_requ
 
 def test_the_pod_limit_of_a_node_is_read_and_a_bad_one_left_unchecked_with_a_warning() -> None:
     obj = node_obj()
-    obj["status"]["allocatable"]["pods"] = "110"
-    assert node_record(obj).node.max_pods == 110
+    obj["status"]["allocatable"]["pods"] = "12"
+    assert node_record(obj).node.max_pods == 12
+    assert not node_record(obj).warning
     obj["status"]["allocatable"]["pods"] = "lots"
     rec = node_record(obj)
     assert rec.node.max_pods is None
     assert "allocatable pods" in rec.warning
-    assert node_record(node_obj()).node.max_pods is None
+
+
+def test_a_node_that_reports_no_allocatable_pods_takes_no_pod() -> None:
+    """kube-scheduler reads a missing ``pods`` as none (``Too many pods`` for every pod); the
+    kubelet always reports it, so a node without it is not one to place pods on."""
+    obj = node_obj("bare", gpus=None)
+    del obj["status"]["allocatable"]["pods"]
+    rec = node_record(obj)
+    assert rec.node.max_pods == 0
+    assert "no allocatable pods" in rec.warning
+    cluster = Cluster([rec.node, node_record(node_obj("kubelet", gpus=None)).node])
+    idle = pod_record(pod_obj()).pod  # asks for nothing at all
+    assert cluster.empty_state().pod_mask(idle).tolist() == [False, True]
+    assert explain(idle, cluster.empty_state()).reasons == {"Too many pods": 1}
 
 
 @pytest.mark.parametrize("memory", ["80GB", "1e1000000"])
