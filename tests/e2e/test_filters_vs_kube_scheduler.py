@@ -1,0 +1,770 @@
+"""gpusched's node filters against the real kube-scheduler, pod by node.
+
+kube-scheduler (the binary of the control plane's assets, its own profile) is the reference.
+For every case, a pod, and every node, a copy of the pod pinned to that node (a
+``matchFields metadata.name In [node]`` requirement added to each of its node selector terms,
+or one term of it alone) is created; kube-scheduler binds it (the node is feasible) or marks
+it ``PodScheduled=False`` (it is not).  gpusched's verdict for the same copy comes from the
+books the daemon keeps (the nodes and the bound pods as ``kube.convert`` reads them, frozen
+into a snapshot) and ``ClusterState.pod_mask``, the nodes its batches may use; its words are
+``explain``'s, which the pod's ``FailedScheduling`` Event carries.  A pod the converter refuses
+(``PodRecord.error``) fits nowhere.
+
+The cases are drawn from a fixed seed over the node-level filters: node selector, required node
+affinity, taints and tolerations, cordoned nodes, resource fit (cpu, memory, pods, ephemeral
+storage, ``nvidia.com/gpu``, init containers, sidecars, pod-level requests, overhead) and host
+ports against pods already bound (some of them terminating); hand-picked cases at the edges of
+each filter follow.  The one difference docs/deploy.md names, memory counted in MiB, is asserted
+as such.  The copies of one case are created together (each is pinned to its own node, so they
+do not compete) and force-deleted before the next case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import json
+import random
+import re
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpusched.daemon.settings import BOUND_SELECTOR
+from gpusched.kube.client import Kube
+from gpusched.kube.convert import ConvertError, node_record, pod_record
+from gpusched.solver.explain import explain
+from gpusched.state.cache import Cache
+from tests.controlplane import ControlPlane
+
+REFERENCE = "kube-reference"
+"""The schedulerName of kube-scheduler's only profile here."""
+SEED = 20261207
+CASES = 50
+PAUSE = "registry.k8s.io/pause:3.10"
+RUNTIME_CLASS = "overhead-small"
+"""A RuntimeClass with a pod overhead: the admission plugin copies it into ``spec.overhead``
+(a pod may not set an overhead of its own)."""
+OVERHEAD = {"cpu": "250m", "memory": "128Mi"}
+
+
+# --------------------------------------------------------------------------- kube-scheduler
+
+
+@dataclass
+class KubeScheduler:
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ready(url: str) -> bool:
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=insecure) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@pytest.fixture
+def kube_scheduler(control_plane: ControlPlane, tmp_path: Path) -> Iterator[KubeScheduler]:
+    """kube-scheduler with one profile, ``REFERENCE``, the control plane's admin identity, no
+    leader election; ready once its /readyz says so, stopped after the test."""
+    cfg = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(control_plane.admin_kubeconfig), "qps": 200, "burst": 400},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": REFERENCE}],
+    }
+    path = tmp_path / "kube-scheduler.yaml"
+    path.write_text(json.dumps(cfg))
+    port = _free_port()
+    log = tmp_path / "kube-scheduler.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                str(control_plane.assets / "kube-scheduler"),
+                f"--config={path}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    sched = KubeScheduler(proc, log)
+    try:
+        deadline = time.monotonic() + 60
+        while not _ready(f"https://127.0.0.1:{port}/readyz"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"kube-scheduler not ready (exit {proc.poll()}); its log:\n{sched.tail()}")
+            time.sleep(0.1)
+        yield sched
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+# --------------------------------------------------------------------------- objects
+
+
+def make_node(
+    name: str,
+    *,
+    cpu: str = "8",
+    memory: str = "16Gi",
+    pods: str | None = "110",
+    storage: str | None = "20Gi",
+    gpus: int = 0,
+    product: str = "NVIDIA-A100-SXM4-80GB",
+    labels: dict[str, str] | None = None,
+    taints: Sequence[tuple[str, str, str]] = (),
+    unschedulable: bool = False,
+) -> dict[str, Any]:
+    alloc = {"cpu": cpu, "memory": memory}
+    if pods is not None:
+        alloc["pods"] = pods
+    if storage is not None:
+        alloc["ephemeral-storage"] = storage
+    lab = {"kubernetes.io/hostname": name, **(labels or {})}
+    if gpus:
+        alloc["nvidia.com/gpu"] = str(gpus)
+        lab |= {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(gpus)}
+    spec: dict[str, Any] = {}
+    if taints:
+        spec["taints"] = [{"key": k, "value": v, "effect": e} if v else {"key": k, "effect": e} for k, v, e in taints]
+    if unschedulable:
+        spec["unschedulable"] = True
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": lab},
+        "spec": spec,
+        "status": {"capacity": dict(alloc), "allocatable": dict(alloc)},
+    }
+
+
+def container(
+    name: str,
+    requests: dict[str, str] | None = None,
+    ports: Sequence[dict[str, Any]] = (),
+    sidecar: bool = False,
+) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": name, "image": PAUSE}
+    reqs = dict(requests or {})
+    gpus = reqs.pop("nvidia.com/gpu", None)
+    res: dict[str, Any] = {}
+    if reqs:
+        res["requests"] = reqs
+    if gpus is not None:  # extended resources are given as limits (requests follow them)
+        res["limits"] = {"nvidia.com/gpu": gpus}
+    if res:
+        c["resources"] = res
+    if ports:
+        c["ports"] = [dict(p) for p in ports]
+    if sidecar:
+        c["restartPolicy"] = "Always"
+    return c
+
+
+def make_pod(name: str, spec: dict[str, Any], labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": dict(labels or {})},
+        "spec": {"terminationGracePeriodSeconds": 0, **spec},
+    }
+
+
+def pinned(pod: dict[str, Any], node: str, name: str) -> dict[str, Any]:
+    """A copy of ``pod`` that only ``node`` can take: ``metadata.name In [node]`` added to every
+    node selector term that has a requirement (terms are ORed, a term's requirements ANDed; an
+    empty term matches no node, and stays so), or, without terms, a term of it alone."""
+    out = copy.deepcopy(pod)
+    out["metadata"]["name"] = name
+    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+    node_affinity = out["spec"].setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required and required.get("nodeSelectorTerms"):
+        for term in required["nodeSelectorTerms"]:
+            if term.get("matchExpressions") or term.get("matchFields"):
+                term.setdefault("matchFields", []).append(pin)
+    else:
+        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
+            "nodeSelectorTerms": [{"matchFields": [pin]}]
+        }
+    return out
+
+
+# --------------------------------------------------------------------------- the seeded world
+
+ZONES = ("a", "b", "c")
+TAINT_POOL = (
+    ("dedicated", "gpu", "NoSchedule"),
+    ("dedicated", "infer", "NoExecute"),
+    ("spot", "", "PreferNoSchedule"),
+    ("maint", "true", "NoSchedule"),
+    ("nvidia.com/gpu", "present", "NoSchedule"),
+    ("node.kubernetes.io/unschedulable", "", "NoSchedule"),
+)
+TOLERATION_POOL: tuple[dict[str, Any], ...] = (
+    {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},
+    {"key": "dedicated", "operator": "Equal", "value": "infer"},
+    {"key": "dedicated", "operator": "Exists"},
+    {"key": "dedicated", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30},
+    {"key": "dedicated", "operator": "Equal", "value": "infer", "effect": "NoExecute", "tolerationSeconds": 0},
+    {"operator": "Exists"},
+    {"operator": "Exists", "effect": "NoSchedule"},
+    {"key": "maint", "operator": "Equal", "value": "true"},
+    {"key": "maint", "operator": "Equal", "value": "false"},
+    {"key": "maint", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "spot", "operator": "Exists", "effect": "PreferNoSchedule"},
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/unschedulable", "operator": "Exists"},
+    {"key": "spot", "operator": "Equal", "value": ""},
+    {"key": "dedicated", "operator": "Equal", "effect": "NoSchedule"},
+)
+PORT_POOL: tuple[dict[str, Any], ...] = (
+    {"containerPort": 8080, "hostPort": 8080},
+    {"containerPort": 8080, "hostPort": 8080, "protocol": "UDP"},
+    {"containerPort": 8080, "hostPort": 8080, "hostIP": "127.0.0.1"},
+    {"containerPort": 8080, "hostPort": 8080, "hostIP": "10.0.0.1"},
+    {"containerPort": 8080, "hostPort": 8080, "hostIP": "0.0.0.0"},
+    {"containerPort": 53, "hostPort": 53, "protocol": "UDP", "hostIP": "10.0.0.1"},
+    {"containerPort": 53, "hostPort": 53, "protocol": "UDP"},
+    {"containerPort": 9090, "hostPort": 9090},
+    {"containerPort": 9100, "hostPort": 9100, "protocol": "SCTP"},
+)
+
+
+def world(
+    rng: random.Random, prefix: str, count: int = 12
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    """``count`` nodes of various labels, taints, capacities and cordons, the pods already bound
+    to them (another scheduler's: they hold resources, pod slots and host ports), and those of
+    them to delete (with a grace period no kubelet ends: they stay, terminating, and still hold
+    their room, as for kube-scheduler)."""
+    nodes: list[dict[str, Any]] = []
+    residents: list[dict[str, Any]] = []
+    leaving: list[str] = []
+    for i in range(count):
+        name = f"{prefix}-n{i}"
+        labels: dict[str, str] = {}
+        if rng.random() < 0.8:
+            labels["zone"] = rng.choice(ZONES)
+        if rng.random() < 0.6:
+            labels["tier"] = rng.choice(("gold", "silver"))
+        if rng.random() < 0.7:
+            labels["rank"] = rng.choice(("3", "12", "0", "07", "x9", "100"))
+        gpus = rng.choice((0, 0, 1, 2, 4, 8))
+        if i % 2:  # roomy and open, so that half the nodes refuse only what a pod asks of them
+            node = make_node(
+                name,
+                cpu=rng.choice(("8", "16")),
+                memory=rng.choice(("16Gi", "32Gi")),
+                storage=rng.choice(("20Gi", "40Gi")),
+                gpus=gpus,
+                product=rng.choice(("NVIDIA-A100-SXM4-80GB", "NVIDIA-L4")),
+                labels=labels,
+                taints=[t for t in TAINT_POOL if t[2] == "PreferNoSchedule" and rng.random() < 0.3],
+            )
+        else:
+            node = make_node(
+                name,
+                cpu=rng.choice(("2", "4", "8", "16", "3500m")),
+                memory=rng.choice(("4Gi", "8Gi", "16Gi", "32Gi", "6000Mi")),
+                pods=rng.choice(("2", "3", "5", "110", "110", "110", None)),
+                storage=rng.choice(("10Gi", "20Gi", "20Gi", "40Gi", None)),
+                gpus=gpus,
+                product=rng.choice(("NVIDIA-A100-SXM4-80GB", "NVIDIA-L4")),
+                labels=labels,
+                taints=rng.sample(TAINT_POOL, k=rng.choice((0, 0, 0, 1, 1, 2))),
+                unschedulable=rng.random() < 0.15,
+            )
+        if gpus and rng.random() < 0.2:  # GPUs advertised, no GPU feature discovery labels
+            node["metadata"]["labels"].pop("nvidia.com/gpu.product")
+        nodes.append(node)
+        for j in range(rng.choice((0, 1, 1, 2))):
+            reqs = {"cpu": rng.choice(("500m", "1", "2")), "memory": rng.choice(("512Mi", "2Gi", "4Gi"))}
+            if gpus and rng.random() < 0.5:
+                reqs["nvidia.com/gpu"] = str(rng.randint(1, gpus))
+            if rng.random() < 0.3:
+                reqs["ephemeral-storage"] = rng.choice(("2Gi", "8Gi"))
+            ports = rng.sample(PORT_POOL, k=rng.choice((0, 1, 1, 2)))
+            containers = [container("main", reqs, ports[:1])]
+            init = [container("side", {"cpu": "100m"}, ports[1:], sidecar=True)] if len(ports) > 1 else []
+            spec: dict[str, Any] = {"nodeName": name, "schedulerName": "elsewhere", "containers": containers}
+            if init:
+                spec["initContainers"] = init
+            residents.append(make_pod(f"{name}-r{j}", spec))
+            if rng.random() < 0.15:
+                spec["terminationGracePeriodSeconds"] = 3600
+                leaving.append(f"{name}-r{j}")
+    return nodes, residents, leaving
+
+
+def _expression(rng: random.Random) -> dict[str, Any]:
+    key = rng.choice(("zone", "tier", "rank", "nvidia.com/gpu.product", "missing"))
+    op = rng.choice(("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"))
+    if op in ("Exists", "DoesNotExist"):
+        return {"key": key, "operator": op}
+    if op in ("Gt", "Lt"):
+        return {"key": rng.choice(("rank", "rank", "zone")), "operator": op, "values": [rng.choice(("0", "5", "10"))]}
+    values = {
+        "zone": ZONES,
+        "tier": ("gold", "silver", "bronze"),
+        "rank": ("3", "7", "12", "x9"),
+        "nvidia.com/gpu.product": ("NVIDIA-A100-SXM4-80GB", "NVIDIA-L4"),
+        "missing": ("yes",),
+    }[key]
+    return {"key": key, "operator": op, "values": rng.sample(values, k=rng.randint(1, min(2, len(values))))}
+
+
+def case(rng: random.Random, node_names: Sequence[str]) -> dict[str, Any]:
+    """One pod spec over the node filters (without a name or schedulerName)."""
+    spec: dict[str, Any] = {}
+    main: dict[str, str] = {}
+    if rng.random() < 0.8:
+        main["cpu"] = rng.choice(("100m", "500m", "500m", "1", "1", "2", "3"))
+    if rng.random() < 0.8:
+        main["memory"] = rng.choice(("128Mi", "1Gi", "1Gi", "3Gi", "6Gi", "10Gi"))
+    if rng.random() < 0.2:
+        main["ephemeral-storage"] = rng.choice(("1Gi", "5Gi", "15Gi"))
+    if rng.random() < 0.35:
+        main["nvidia.com/gpu"] = rng.choice(("1", "1", "2", "4"))
+    ports = rng.sample(PORT_POOL, k=1) if rng.random() < 0.2 else []
+    if rng.random() < 0.06:  # every container port is a host port (the API server sets hostPort)
+        spec["hostNetwork"] = True
+        ports = [{"containerPort": 8080}]
+    containers = [container("main", main, ports)]
+    if rng.random() < 0.25:
+        containers.append(container("helper", {"cpu": rng.choice(("200m", "1")), "memory": "256Mi"}))
+    spec["containers"] = containers
+    init: list[dict[str, Any]] = []
+    if rng.random() < 0.3:
+        side_ports = rng.sample(PORT_POOL, k=1) if rng.random() < 0.3 else []
+        init.append(container("side", {"cpu": rng.choice(("250m", "1")), "memory": "512Mi"}, side_ports, sidecar=True))
+    if rng.random() < 0.3:
+        big = {"cpu": rng.choice(("2", "4")), "memory": rng.choice(("2Gi", "8Gi"))}
+        if rng.random() < 0.3:
+            big["ephemeral-storage"] = "12Gi"
+        init.insert(rng.randint(0, len(init)), container("setup", big))
+    if rng.random() < 0.1:  # an init container's ports are free again once it is done
+        init.append(container("fetch", {"cpu": "100m"}, rng.sample(PORT_POOL, k=1)))
+    if init:
+        spec["initContainers"] = init
+    if rng.random() < 0.2:
+        spec["runtimeClassName"] = RUNTIME_CLASS
+    if rng.random() < 0.1:  # a pod-level request stands for its containers' (at least their sum)
+        spec["resources"] = {"requests": {"cpu": rng.choice(("7", "12")), "memory": rng.choice(("12Gi", "24Gi"))}}
+    if rng.random() < 0.2:
+        spec["nodeSelector"] = rng.choice(
+            ({"zone": rng.choice(ZONES)}, {"tier": "gold"}, {"zone": "a", "tier": "silver"})
+        )
+    if rng.random() < 0.35:
+        terms = []
+        for _ in range(rng.choice((1, 1, 2, 3))):
+            term: dict[str, Any] = {}
+            exprs = [_expression(rng) for _ in range(rng.choice((0, 1, 1, 2)))]
+            if exprs:
+                term["matchExpressions"] = exprs
+            if rng.random() < 0.2 or not exprs:
+                term["matchFields"] = [
+                    {
+                        "key": "metadata.name",
+                        "operator": rng.choice(("In", "NotIn")),
+                        "values": [rng.choice(node_names)],
+                    }
+                ]
+            terms.append(term)
+        spec["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+        }
+    if rng.random() < 0.7:
+        spec["tolerations"] = [dict(t) for t in rng.sample(TOLERATION_POOL, k=rng.choice((1, 1, 2, 3)))]
+    return spec
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+@dataclass(frozen=True)
+class Verdict:
+    fits: bool
+    message: str
+
+
+@dataclass
+class Outcome:
+    pairs: int = 0
+    disagreements: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(case, node) -> what each said."""
+    verdicts: dict[tuple[str, str], tuple[Verdict, Verdict]] = field(default_factory=dict)
+    """(case, node) -> (kube-scheduler's, gpusched's)."""
+    specs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The pod of each case, as written (before its copies were pinned)."""
+
+
+def _condition(p: dict[str, Any]) -> dict[str, Any] | None:
+    for c in (p.get("status") or {}).get("conditions") or ():
+        if c.get("type") == "PodScheduled":
+            return dict(c)
+    return None
+
+
+async def _create(kube: Kube, path: str, objs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def one(o: dict[str, Any]) -> dict[str, Any]:
+        r = await kube.request("POST", path, body=o)
+        assert r.status == 201, (o["metadata"]["name"], r.status, r.body.get("message"))
+        body: dict[str, Any] = r.body
+        return body
+
+    return list(await asyncio.gather(*(one(o) for o in objs)))
+
+
+async def _books(kube: Kube) -> Cache:
+    """The nodes and bound pods, read into the daemon's books as ``gpusched explain`` reads them."""
+    cache = Cache()
+    nodes, _ = await kube.list("/api/v1/nodes")
+    records = []
+    for obj in nodes:
+        try:
+            records.append(node_record(obj))
+        except ConvertError as exc:
+            raise AssertionError(f"gpusched refuses a test node: {exc}") from exc
+    cache.replace_nodes(records)
+    bound, _ = await kube.list("/api/v1/pods", {"fieldSelector": BOUND_SELECTOR})
+    cache.replace_pods(pod_record(o) for o in bound)
+    return cache
+
+
+async def compare(
+    kube: Kube,
+    ns: str,
+    sched: KubeScheduler,
+    nodes: Sequence[dict[str, Any]],
+    residents: Sequence[dict[str, Any]],
+    cases: Sequence[tuple[str, dict[str, Any]]],
+    leaving: Sequence[str] = (),
+) -> Outcome:
+    """Create ``nodes`` and ``residents`` (and delete ``leaving`` of them, which has a grace
+    period and no kubelet to end it: it stays, terminating), then each case's pinned copies;
+    each pair's verdicts."""
+    await _create(kube, "/api/v1/nodes", nodes)
+    await _create(kube, f"/api/v1/namespaces/{ns}/pods", residents)
+    for name in leaving:
+        r = await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+        assert r.ok, r.body
+    state = (await _books(kube)).snapshot().state
+    index = state.cluster.index
+    await _sees_nodes(kube, ns, len(index), sched)
+    out = Outcome()
+    names = [n["metadata"]["name"] for n in nodes]
+    for label, spec in cases:
+        out.specs[label] = spec
+        copies = [
+            pinned(make_pod("", {**spec, "schedulerName": REFERENCE}, {"case": label}), node, f"{label}-{i}")
+            for i, node in enumerate(names)
+        ]
+        created = await _create(kube, f"/api/v1/namespaces/{ns}/pods", copies)
+        ours: dict[str, Verdict] = {}
+        for node, obj in zip(names, created, strict=True):
+            rec = pod_record(obj)
+            if rec.error:
+                ours[node] = Verdict(False, f"refused: {rec.error}")
+                continue
+            fits = bool(state.pod_mask(rec.pod)[index[node]])
+            e = explain(rec.pod, state)
+            if bool(e.fits) != fits:
+                out.disagreements[label, node] = (
+                    f"{label} on {node}: gpusched's pod_mask says {fits}, explain {e.message}"
+                )
+            ours[node] = Verdict(fits, "fits" if fits else e.message)
+        theirs = await _kube_verdicts(kube, ns, label, names, sched)
+        for node in names:
+            k, g = theirs[node], ours[node]
+            out.pairs += 1
+            out.verdicts[label, node] = (k, g)
+            if k.fits != g.fits:
+                out.disagreements[label, node] = (
+                    f"{label} on {node}: kube-scheduler {'binds' if k.fits else 'refuses'} ({k.message}); "
+                    f"gpusched {'fits' if g.fits else 'refuses'} ({g.message})"
+                )
+        r = await kube.request(
+            "DELETE", f"/api/v1/namespaces/{ns}/pods", query={"labelSelector": f"case={label}", "gracePeriodSeconds": 0}
+        )
+        assert r.ok, r.body
+    return out
+
+
+async def _sees_nodes(kube: Kube, ns: str, count: int, sched: KubeScheduler, timeout: float = 30.0) -> None:
+    """Until kube-scheduler weighs all ``count`` nodes (it watches nodes and pods apart, so a pod
+    may reach it before the nodes just created): a pod no node takes is told "0/N nodes"."""
+    deadline = time.monotonic() + timeout
+    for attempt in itertools.count():
+        probe = make_pod(f"probe-{attempt}", {"schedulerName": REFERENCE, "containers": [container("m")]})
+        probe["spec"]["nodeSelector"] = {"no-such-label": "x"}
+        await _create(kube, f"/api/v1/namespaces/{ns}/pods", [probe])
+        said = ""
+        while not said and time.monotonic() < deadline:
+            got = await kube.get(f"/api/v1/namespaces/{ns}/pods/probe-{attempt}")
+            said = str((_condition(got) or {}).get("message") or "")
+            await asyncio.sleep(0.05)
+        r = await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/probe-{attempt}", {"gracePeriodSeconds": 0})
+        assert r.ok, r.body
+        if re.match(rf"0/{count} nodes are available", said):
+            return
+        if time.monotonic() > deadline:
+            break
+    raise AssertionError(f"kube-scheduler does not weigh the {count} nodes in {timeout:.0f}s; its log:\n{sched.tail()}")
+
+
+async def _kube_verdicts(
+    kube: Kube, ns: str, label: str, names: Sequence[str], sched: KubeScheduler, timeout: float = 30.0
+) -> dict[str, Verdict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        pods, _ = await kube.list(f"/api/v1/namespaces/{ns}/pods", {"labelSelector": f"case={label}"})
+        got: dict[str, Verdict] = {}
+        for p in pods:
+            node = names[int(p["metadata"]["name"].rsplit("-", 1)[1])]
+            bound = p["spec"].get("nodeName")
+            if bound:
+                assert bound == node, f"{p['metadata']['name']} pinned to {node} bound to {bound}"
+                got[node] = Verdict(True, f"bound to {bound}")
+            elif (c := _condition(p)) is not None and c.get("status") == "False":
+                got[node] = Verdict(False, str(c.get("message") or c.get("reason")))
+        if len(got) == len(names):
+            return got
+        if time.monotonic() > deadline or sched.proc.poll() is not None:
+            raise AssertionError(
+                f"kube-scheduler settled {len(got)}/{len(names)} copies of {label} in {timeout:.0f}s; "
+                f"its log:\n{sched.tail()}"
+            )
+        await asyncio.sleep(0.05)
+
+
+async def _runtime_class(kube: Kube) -> None:
+    body = {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": RUNTIME_CLASS},
+        "handler": "runc",
+        "overhead": {"podFixed": OVERHEAD},
+    }
+    r = await kube.request("POST", "/apis/node.k8s.io/v1/runtimeclasses", body=body)
+    assert r.status in (201, 409), r.body
+
+
+def _report(outcome: Outcome, sched: KubeScheduler) -> str:
+    head = f"{len(outcome.disagreements)} disagreement(s) over {outcome.pairs} (pod, node) pairs:\n"
+    cases = sorted({c for c, _ in outcome.disagreements})
+    pods = "\n".join(f"{c}: {json.dumps(outcome.specs.get(c))}" for c in cases)
+    said = "\n".join(outcome.disagreements.values())
+    return f"{head}{said}\nthe pods:\n{pods}\nkube-scheduler's log:\n{sched.tail(20)}"
+
+
+# --------------------------------------------------------------------------- tests
+
+
+async def test_seeded_cases_get_kube_schedulers_verdict_on_every_node(
+    kube: Kube, namespace: str, kube_scheduler: KubeScheduler
+) -> None:
+    rng = random.Random(SEED)
+    prefix = f"fd{uuid.uuid4().hex[:6]}"
+    nodes, residents, leaving = world(rng, prefix)
+    names = [n["metadata"]["name"] for n in nodes]
+    cases = [(f"c{i:02d}", case(rng, names)) for i in range(CASES)]
+    await _runtime_class(kube)
+    outcome = await compare(kube, namespace, kube_scheduler, nodes, residents, cases, leaving)
+    assert outcome.pairs == CASES * len(nodes)
+    feasible = sum(k.fits for k, _ in outcome.verdicts.values())
+    # Both answers occur often enough for the comparison to mean something.
+    assert 0.15 * outcome.pairs < feasible < 0.85 * outcome.pairs, feasible
+    assert not outcome.disagreements, _report(outcome, kube_scheduler)
+
+
+def edge_world(prefix: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Nodes at the edges of each filter, and the pods already bound to them."""
+    e = f"{prefix}-e"
+    nodes = [
+        make_node(f"{e}-plain", cpu="4", memory="8Gi", labels={"zone": "a", "rank": "07"}),
+        make_node(f"{e}-nopods", pods=None, labels={"zone": "a"}),
+        make_node(f"{e}-ki", cpu="4", memory="4000001Ki", labels={"zone": "b", "rank": "99999999999999999999"}),
+        make_node(f"{e}-full", cpu="2", memory="4Gi", pods="2", labels={"zone": "b"}),
+        make_node(f"{e}-ports", cpu="4", memory="8Gi"),
+        make_node(f"{e}-gpu", gpus=2, product="NVIDIA-L4", labels={"zone": "c"}),
+        make_node(f"{e}-gpu0", gpus=0, labels={"nvidia.com/gpu.product": "NVIDIA-L4"}),
+        make_node(f"{e}-cordon", unschedulable=True, taints=[("dedicated", "infer", "NoExecute")]),
+        make_node(
+            f"{e}-taint",
+            taints=[
+                ("maint", "true", "NoSchedule"),
+                ("spot", "", "PreferNoSchedule"),
+                ("dedicated", "gpu", "NoExecute"),
+            ],
+        ),
+        make_node(f"{e}-nostorage", storage=None),
+    ]
+    capacity_only = make_node(f"{e}-capacity-only", cpu="2", labels={"zone": "a"})
+    del capacity_only["status"]["allocatable"]  # the API server copies the capacity in
+    nodes.append(capacity_only)
+    at = {"schedulerName": "elsewhere"}
+    residents = [
+        make_pod(
+            f"{e}-full-r",
+            {**at, "nodeName": f"{e}-full", "containers": [container("m", {"cpu": "3", "memory": "6Gi"})]},
+        ),
+        make_pod(
+            f"{e}-ports-r",
+            {
+                **at,
+                "nodeName": f"{e}-ports",
+                "containers": [container("m", {"cpu": "100m"}, [PORT_POOL[2]])],
+                "initContainers": [
+                    container("init", {"cpu": "100m"}, [PORT_POOL[7]]),
+                    container("side", {"cpu": "100m"}, [PORT_POOL[5]], sidecar=True),
+                ],
+            },
+        ),
+        make_pod(
+            f"{e}-ports-leaving",
+            {
+                **at,
+                "nodeName": f"{e}-ports",
+                "terminationGracePeriodSeconds": 3600,
+                "containers": [container("m", {"cpu": "3"}, [{"containerPort": 7000, "hostPort": 7000}])],
+            },
+        ),
+        make_pod(f"{e}-gpu-r", {**at, "nodeName": f"{e}-gpu", "containers": [container("m", {"nvidia.com/gpu": "1"})]}),
+    ]
+    return nodes, residents
+
+
+def _terms(*terms: dict[str, Any]) -> dict[str, Any]:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}}}
+
+
+def edge_cases(prefix: str) -> list[tuple[str, dict[str, Any]]]:
+    zone_a = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    small = [container("m", {"cpu": "100m", "memory": "64Mi"})]
+    cases: dict[str, dict[str, Any]] = {
+        "zero": {"containers": [container("m")]},
+        "gpu-only": {"containers": [container("m", {"nvidia.com/gpu": "1"})]},
+        "gpu-zero": {"containers": [container("m", {"nvidia.com/gpu": "0", "cpu": "100m"})]},
+        "storage": {"containers": [container("m", {"ephemeral-storage": "1Gi"})]},
+        "gt-leading-zero": {
+            "containers": small,
+            "affinity": _terms({"matchExpressions": [{"key": "rank", "operator": "Gt", "values": ["5"]}]}),
+        },
+        "gt-too-big": {
+            "containers": small,
+            "affinity": _terms({"matchExpressions": [{"key": "rank", "operator": "Gt", "values": ["5"]}]}, zone_a),
+        },
+        "gt-not-a-number": {
+            "containers": small,
+            "affinity": _terms({"matchExpressions": [{"key": "rank", "operator": "Gt", "values": ["x1"]}]}, zone_a),
+        },
+        "empty-term": {"containers": small, "affinity": _terms({}, zone_a)},
+        "fields-not-in": {
+            "containers": small,
+            "affinity": _terms(
+                {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [f"{prefix}-e-plain"]}]}
+            ),
+        },
+        "port-any": {"containers": [container("m", {}, [PORT_POOL[0]])]},
+        "port-other-ip": {"containers": [container("m", {}, [PORT_POOL[3]])]},
+        "port-init-only": {"containers": [container("m", {}, [PORT_POOL[7]])]},
+        "port-sidecar-held": {"containers": [container("m", {}, [PORT_POOL[6]])]},
+        "port-as-sidecar": {"containers": small, "initContainers": [container("s", {}, [PORT_POOL[4]], sidecar=True)]},
+        "port-leaving": {"containers": [container("m", {}, [{"containerPort": 7000, "hostPort": 7000}])]},
+        "host-network": {
+            "hostNetwork": True,
+            "containers": [container("m", {}, [{"containerPort": 53, "protocol": "UDP"}])],
+        },
+        "init-max": {"containers": small, "initContainers": [container("i", {"cpu": "5"})]},
+        "sidecar-then-init": {
+            "containers": [container("m", {"cpu": "1"})],
+            "initContainers": [container("s", {"cpu": "2"}, sidecar=True), container("i", {"cpu": "3"})],
+        },
+        "init-then-sidecar": {
+            "containers": [container("m", {"cpu": "1"})],
+            "initContainers": [container("i", {"cpu": "3"}), container("s", {"cpu": "2"}, sidecar=True)],
+        },
+        "pod-level": {"containers": small, "resources": {"requests": {"cpu": "5"}, "limits": {"cpu": "5"}}},
+        "overhead": {"containers": [container("m", {"cpu": "3800m"})], "runtimeClassName": RUNTIME_CLASS},
+        "ki": {"containers": [container("m", {"memory": "4000001Ki"})]},
+        "tolerate-all": {"containers": small, "tolerations": [{"operator": "Exists"}]},
+        "tolerate-noschedule-only": {
+            "containers": small,
+            "tolerations": [
+                {"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": "maint", "operator": "Exists"},
+                {"key": "node.kubernetes.io/unschedulable", "operator": "Exists"},
+            ],
+        },
+        "tolerate-any-effect": {
+            "containers": small,
+            "tolerations": [
+                {"key": "dedicated", "operator": "Equal", "value": "infer"},
+                {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+            ],
+        },
+        "tolerate-for-a-while": {
+            "containers": small,
+            "tolerations": [
+                {"key": "dedicated", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 0},
+                {"key": "maint", "operator": "Equal", "value": "true", "effect": "NoSchedule"},
+            ],
+        },
+    }
+    return list(cases.items())
+
+
+async def test_edge_cases_get_kube_schedulers_verdict_or_a_documented_difference(
+    kube: Kube, namespace: str, kube_scheduler: KubeScheduler
+) -> None:
+    prefix = f"fd{uuid.uuid4().hex[:6]}"
+    nodes, residents = edge_world(prefix)
+    await _runtime_class(kube)
+    leaving = residents[2]["metadata"]["name"]
+    outcome = await compare(kube, namespace, kube_scheduler, nodes, residents, edge_cases(prefix), [leaving])
+    ki = f"{prefix}-e-ki"
+    # Documented in docs/deploy.md: memory is counted in MiB (a node's allocatable rounded down, a
+    # request up), so a pod asking for exactly a Ki-sized allocatable does not fit where
+    # kube-scheduler binds it.
+    k, g = outcome.verdicts["ki", ki]
+    assert (k.fits, g.fits) == (True, False), (k, g)
+    rest = {key: said for key, said in outcome.disagreements.items() if key != ("ki", ki)}
+    assert outcome.pairs == len(outcome.specs) * len(nodes)
+    assert not rest, _report(Outcome(outcome.pairs, rest, specs=outcome.specs), kube_scheduler)
