@@ -46,6 +46,7 @@ class _Api(RecordingApi):
         nominated: str | None = None,
         current_nominated: str | None = None,
         still: Callable[[], bool] | None = None,
+        **_: str | None,
     ) -> None:
         if still is not None and not still():  # as the binder asks before it sends
             return
@@ -542,17 +543,22 @@ class _EchoApi(_Api):
         nominated: str | None = None,
         current_nominated: str | None = None,
         still: Callable[[], bool] | None = None,
+        *,
+        reason: str = "Unschedulable",
+        current_reason: str | None = None,
     ) -> None:
-        await super().unschedulable(pod, message, current, nominated, current_nominated, still)
+        await super().unschedulable(
+            pod, message, current, nominated, current_nominated, still, reason=reason, current_reason=current_reason
+        )
         if (
-            not condition_changes(message, nominated, current, current_nominated)
+            not condition_changes(message, nominated, current, current_nominated, reason, current_reason)
             or (still is not None and not still())
             or pod.key not in self.objects
             or self.scheduler is None
         ):
             return
         obj = dict(self.objects[pod.key])
-        told = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+        told = {"type": "PodScheduled", "status": "False", "reason": reason, "message": message}
         obj["status"] = {"phase": "Pending", "nominatedNodeName": nominated, "conditions": [told]}
         if self.refusal_first:
             await asyncio.sleep(0.05)

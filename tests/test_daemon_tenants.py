@@ -9,6 +9,7 @@ from typing import Any
 from gpusched.config import parse_config
 from gpusched.daemon import Scheduler
 from gpusched.daemon.handlers import NodeHandler
+from gpusched.model import Pod
 from tests.doubles import RecordingApi, one_node_scheduler, settle, web_budget
 from tests.e2e import kit
 from tests.test_daemon_utilisation import EvictingApi, batch, pod
@@ -67,6 +68,43 @@ async def test_a_tenant_at_its_limit_is_held_back_with_the_reason_and_woken_when
     assert s.queue.counts().active == 1
     await batch(s)
     assert api.bound[-1] == "a/p2"
+
+
+class ConditionApi(RecordingApi):
+    """Records the reason of each pod's ``PodScheduled=False`` condition, as written last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conditions: dict[str, str] = {}
+
+    async def unschedulable(self, pod: Pod, message: str, *_: Any, reason: str = "Unschedulable", **__: Any) -> None:
+        self.conditions[pod.key] = reason
+
+
+async def test_a_pod_held_back_by_its_tenants_limit_is_no_call_for_a_new_node() -> None:
+    """The cluster autoscaler adds a node for a pod whose condition says ``Unschedulable``: a
+    pod only its tenant's limit holds back says ``TenantLimit``, one that fits nowhere still
+    ``Unschedulable``; the held one still waits for its tenant to free GPUs."""
+    api = ConditionApi()
+    s = one_node_scheduler(api, gpus=2)
+    tenants(s, quotas={"a": {"limitGpus": 1}})
+    s._bound.apply("ADDED", of("run", "a", node="n0", gpu=0))
+    s._pending.apply("ADDED", of("next", "a"))
+    s._pending.apply("ADDED", of("big", "b", gpus=4))  # no node has 4 GPUs
+    await batch(s)
+    await settle(s)
+    assert api.conditions == {"a/next": "TenantLimit", "b/big": "Unschedulable"}
+    for name, ns, gpus in (("next", "a", 1), ("big", "b", 4)):  # as the watch shows them once told
+        told = of(name, ns, gpus=gpus)
+        reason = api.conditions[f"{ns}/{name}"]
+        told["status"] = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": reason}]}
+        s._pending.apply("MODIFIED", told)
+    s.queue.move_all()  # drawn again, not told yet: they wait all the same
+    s.gauges.refresh()
+    assert gauge(s, "gpusched_unschedulable_gpu_demand ") == ["gpusched_unschedulable_gpu_demand 4.0"]
+    s._bound.apply("DELETED", of("run", "a", node="n0", gpu=0))  # a frees its GPU: next is placed
+    await batch(s)
+    assert "a/next" in api.bound
 
 
 async def test_a_pod_no_node_takes_does_not_use_up_its_tenants_limit() -> None:

@@ -99,6 +99,27 @@ async def test_the_time_printed_is_not_when_the_pod_first_became_unschedulable(m
     assert "Waiting for node n0 to be re-partitioned into MIG instances" in text
 
 
+async def test_a_pod_its_tenants_limit_holds_back_is_told_what_the_scheduler_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = kit.pod("p", daemon.SCHEDULER_NAME, gpus=1)
+    p["metadata"].update({"namespace": "default", "uid": "u"})
+    said = "tenant default is at its GPU limit: it holds 2 of 2 GPUs and this pod asks for 1 more."
+    p["status"] = {
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "TenantLimit",
+                "message": said,
+                "lastTransitionTime": "2026-12-06T10:00:00Z",
+            }
+        ]
+    }
+    text, _ = await explain(monkeypatch, p)
+    assert f"the scheduler says (unschedulable since 2026-12-06T10:00:00Z): {said}" in text, text
+
+
 def _member(name: str, minimum: int, node: str = "") -> dict[str, Any]:
     obj = kit.pod(name, daemon.SCHEDULER_NAME, gpus=1, node_name=node)
     obj["metadata"].update({"namespace": "default", "uid": f"u-{name}"})

@@ -30,7 +30,7 @@ from gpusched.model import ClusterState
 from gpusched.model.node import slices_of
 from gpusched.solver.explain import explain, explain_gang, gang_fits
 from gpusched.state.cache import Cache
-from gpusched.state.records import PodRecord
+from gpusched.state.records import HELD_REASONS, PodRecord
 from gpusched.state.volumes import Claims
 
 log = structlog.get_logger("gpusched.daemon")
@@ -258,13 +258,13 @@ async def _gang_answer(
 
 def _last_word(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     """Since when the pod is unschedulable and what its ``PodScheduled=False`` condition (reason
-    ``Unschedulable``, as a scheduler writes it) says now, if it has one."""
+    ``Unschedulable``, as a scheduler writes it, or ``TenantLimit``) says now, if it has one."""
     for c in (pod.get("status") or {}).get("conditions") or ():
         if (
             isinstance(c, Mapping)
             and c.get("type") == "PodScheduled"
             and c.get("status") == "False"
-            and c.get("reason") == "Unschedulable"
+            and c.get("reason") in HELD_REASONS
         ):
             return str(c.get("lastTransitionTime") or "an unknown time"), str(c.get("message") or "")
     return None

@@ -63,7 +63,7 @@ from gpusched.solver.preempt import (
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
 from gpusched.state.cache import Cache, Snapshot, same_offer
-from gpusched.state.records import PodRecord
+from gpusched.state.records import REASON_TENANT_LIMIT, REASON_UNSCHEDULABLE, PodRecord
 from gpusched.state.volumes import Claims
 
 log = structlog.get_logger("gpusched.daemon")
@@ -1056,13 +1056,18 @@ class Scheduler:
             self.queue.backoff(pod.key)
         else:
             self.queue.park(pod.key)
-        self.write_verdict(pod, message, nominated)
+        # Held back by its tenant's limit alone, the pod is no call for a new node (the cluster
+        # autoscaler adds one for reason Unschedulable); a pod waiting for its victims to leave
+        # is Unschedulable and nominated, as kube-scheduler writes it.
+        condition = REASON_TENANT_LIMIT if reason == "TenantLimit" and nominated is None else REASON_UNSCHEDULABLE
+        self.write_verdict(pod, message, nominated, condition)
         log.info("unschedulable", pod=pod.key, reason=reason, message=message)
 
-    def write_verdict(self, pod: Pod, message: str, nominated: str | None) -> None:
-        """The pod's ``FailedScheduling`` Event and its condition (with ``nominated``, or none)."""
+    def write_verdict(self, pod: Pod, message: str, nominated: str | None, reason: str = REASON_UNSCHEDULABLE) -> None:
+        """The pod's ``FailedScheduling`` Event and its condition (with ``nominated``, or none,
+        and the condition's ``reason``)."""
         self._write(("event", pod.key), lambda: self._verdict_event(pod, message))
-        self._write(("condition", pod.key), lambda: self._verdict_condition(pod, message, nominated))
+        self._write(("condition", pod.key), lambda: self._verdict_condition(pod, message, nominated, reason))
 
     def _write(self, key: tuple[str, str], write: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """A verdict's write, through the outbox: only the latest per pod waits to be sent."""
@@ -1073,7 +1078,9 @@ class Scheduler:
         if not self.cache.holds(pod.key, pod.uid):  # else bound since: the verdict is out of date
             await self.binder.event(pod, "FailedScheduling", message, "Warning")
 
-    async def _verdict_condition(self, pod: Pod, message: str, nominated: str | None) -> None:
+    async def _verdict_condition(
+        self, pod: Pod, message: str, nominated: str | None, reason: str = REASON_UNSCHEDULABLE
+    ) -> None:
         """The condition and nominated node, against what the pod shows when it is sent (not
         when the verdict was reached): not for a pod bound since, gone or replaced."""
 
@@ -1086,7 +1093,10 @@ class Scheduler:
         record = self.queue.record(pod.key)
         current = record.unschedulable if record is not None else None
         was = record.nominated if record is not None else None
-        await self.binder.unschedulable(pod, message, current, nominated, was, still=stands)
+        current_reason = record.unschedulable_reason if record is not None and current is not None else None
+        await self.binder.unschedulable(
+            pod, message, current, nominated, was, still=stands, reason=reason, current_reason=current_reason
+        )
 
     async def _bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
         start = time.perf_counter()

@@ -37,6 +37,7 @@ from tenacity import (
 from gpusched.kube.client import MERGE_PATCH, STRATEGIC_PATCH, ApiError, Kube, segment
 from gpusched.kube.convert import ANNOTATION_GPU_INDICES, MIG_CONFIG_PREFIX
 from gpusched.model import Pod
+from gpusched.state.records import REASON_UNSCHEDULABLE
 
 __all__ = ["MIG_CONFIG_KEY", "BindResult", "Binder", "condition_changes", "merge_mig_configs"]
 
@@ -142,9 +143,19 @@ class NotLeading(Exception):
         self.sent = sent
 
 
-def condition_changes(message: str, nominated: str | None, current: str | None, current_nominated: str | None) -> bool:
-    """Whether telling a pod ``message`` (and ``nominated``) changes what it already carries (the
-    condition's ``current`` message and ``current_nominated``): only then is anything written."""
+def condition_changes(
+    message: str,
+    nominated: str | None,
+    current: str | None,
+    current_nominated: str | None,
+    reason: str = REASON_UNSCHEDULABLE,
+    current_reason: str | None = None,
+) -> bool:
+    """Whether telling a pod ``message`` (and ``nominated``, with the condition's ``reason``)
+    changes what it already carries (the condition's ``current`` message, ``current_nominated``
+    and ``current_reason``, None: not known, taken for ``reason``): only then is anything written."""
+    if current_reason is not None and current is not None and current_reason != reason:
+        return True
     return (current, current_nominated or None) != (message, nominated or None)
 
 
@@ -489,19 +500,24 @@ class Binder:
         nominated: str | None = None,
         current_nominated: str | None = None,
         still: Callable[[], bool] | None = None,
+        *,
+        reason: str = REASON_UNSCHEDULABLE,
+        current_reason: str | None = None,
     ) -> None:
-        """``PodScheduled=False`` with reason ``Unschedulable``, as kube-scheduler sets it, and
-        ``status.nominatedNodeName``: the node where the pod preempted others, or none.
+        """``PodScheduled=False`` with ``reason`` (``Unschedulable``, as kube-scheduler sets it;
+        ``TenantLimit`` for a pod only its tenant's limit holds back, which the cluster
+        autoscaler must not add a node for), and ``status.nominatedNodeName``: the node where
+        the pod preempted others, or none.
         ``still``: whether the verdict still stands, asked before every attempt (a retry waits
         seconds, and the pod may have been bound meanwhile).
 
-        ``current`` is the message of the condition the pod already has, if any, and
-        ``current_nominated`` its ``nominatedNodeName``: the same message and node are not
-        written again, and a new one keeps the condition's transition time.
+        ``current`` is the message of the condition the pod already has, if any, ``current_reason``
+        its reason and ``current_nominated`` its ``nominatedNodeName``: the same message, reason
+        and node are not written again, and a new one keeps the condition's transition time.
         """
-        if not condition_changes(message, nominated, current, current_nominated):
+        if not condition_changes(message, nominated, current, current_nominated, reason, current_reason):
             return
-        condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+        condition = {"type": "PodScheduled", "status": "False", "reason": reason, "message": message}
         if current is None:
             condition["lastTransitionTime"] = _now()
         body: dict[str, Any] = {"status": {"conditions": [condition], "nominatedNodeName": nominated or None}}

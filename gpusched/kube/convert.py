@@ -76,7 +76,7 @@ from gpusched.model.pod import TOLERATION_OPERATORS, Gang, Toleration, gang_conf
 from gpusched.model.ports import host_port
 from gpusched.model.topology import ISLANDS_ANNOTATION, default_islands, parse_islands
 from gpusched.solver.preempt import Budget
-from gpusched.state.records import NodeRecord, PodRecord
+from gpusched.state.records import HELD_REASONS, NodeRecord, PodRecord
 from gpusched.state.volumes import ClaimRecord, VolumeRecord
 
 __all__ = [
@@ -537,7 +537,8 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
         terminal=status.get("phase") in ("Succeeded", "Failed"),
         deleting=bool(meta.get("deletionTimestamp")),
         error=error,
-        unschedulable=_unschedulable(status),
+        unschedulable=(told := _unschedulable(status))[0],
+        unschedulable_reason=told[1],
         nominated=str(status.get("nominatedNodeName") or ""),
         gated=bool(spec.get("schedulingGates")),
         claims=claims,
@@ -681,13 +682,15 @@ def _preempted(status: Mapping[str, Any]) -> bool:
     )
 
 
-def _unschedulable(status: Mapping[str, Any]) -> str | None:
+def _unschedulable(status: Mapping[str, Any]) -> tuple[str | None, str]:
+    """The message and reason of the pod's ``PodScheduled=False`` condition, as gpusched (or
+    kube-scheduler) writes it on a pod it cannot place: ``(None, "")`` without one."""
     for c in status.get("conditions") or ():
         if isinstance(c, Mapping) and c.get("type") == "PodScheduled":
-            if c.get("status") == "False" and c.get("reason") == "Unschedulable":
-                return str(c.get("message") or "")
-            return None
-    return None
+            if c.get("status") == "False" and (reason := c.get("reason")) in HELD_REASONS:
+                return str(c.get("message") or ""), str(reason)
+            return None, ""
+    return None, ""
 
 
 def _pod(

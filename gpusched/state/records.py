@@ -11,7 +11,16 @@ from dataclasses import dataclass
 from gpusched.model import Node, Pod
 from gpusched.model.affinity import Requirement
 
-__all__ = ["NodeRecord", "PodRecord"]
+__all__ = ["HELD_REASONS", "REASON_TENANT_LIMIT", "REASON_UNSCHEDULABLE", "NodeRecord", "PodRecord"]
+
+REASON_UNSCHEDULABLE = "Unschedulable"
+"""The ``PodScheduled=False`` reason of a pod that fits nowhere now, as kube-scheduler writes
+it (and the cluster autoscaler reads it: it adds a node for such a pod)."""
+REASON_TENANT_LIMIT = "TenantLimit"
+"""The ``PodScheduled=False`` reason of a pod held back only by its tenant's GPU limit: a new
+node would not place it, so the cluster autoscaler must not add one for it."""
+HELD_REASONS = frozenset({REASON_UNSCHEDULABLE, REASON_TENANT_LIMIT})
+"""The reasons of the conditions gpusched writes on the pods it cannot place."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +66,10 @@ class PodRecord:
     deleting: bool = False
     error: str = ""
     unschedulable: str | None = None
-    """The message of the pod's ``PodScheduled=False`` (reason ``Unschedulable``) condition, if it has one."""
+    """The message of the pod's ``PodScheduled=False`` condition (reason ``Unschedulable`` or
+    ``TenantLimit``, as gpusched writes them), if it has one."""
+    unschedulable_reason: str = ""
+    """That condition's reason ("" without one)."""
     nominated: str = ""
     """``status.nominatedNodeName``: where it preempted pods (this instance, or one that led before)."""
     gated: bool = False

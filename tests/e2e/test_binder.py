@@ -123,6 +123,31 @@ async def test_nominated_node_name_is_set_with_a_preemption_and_cleared_when_it_
         await kube.close()
 
 
+async def test_a_pod_held_by_its_tenants_limit_reads_back_as_such_and_not_as_unschedulable(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """What the cluster autoscaler reads: the reason changes from Unschedulable to TenantLimit
+    (and the watch reads it back as the pod's verdict) though the message stays."""
+    from gpusched.kube.convert import pod_record
+
+    kube = await kit.admin(control_plane)
+    path = f"/api/v1/namespaces/{namespace}/pods/p"
+    binder = Binder(kube, "test")
+    said = "tenant a is at its GPU limit: it holds 1 of 1 GPUs and this pod asks for 1 more."
+    try:
+        p = await _create(kube, namespace, "p")
+        await binder.unschedulable(p, said)
+        await binder.unschedulable(p, said, said, reason="TenantLimit", current_reason="Unschedulable")
+        obj = await kube.get(path)
+        assert [(c["type"], c["status"], c["reason"]) for c in obj["status"]["conditions"]] == [
+            ("PodScheduled", "False", "TenantLimit")
+        ]
+        rec = pod_record(obj)
+        assert (rec.unschedulable, rec.unschedulable_reason) == (said, "TenantLimit")
+    finally:
+        await kube.close()
+
+
 async def test_a_pod_is_read_back_by_its_uid(control_plane: ControlPlane, namespace: str) -> None:
     """After a relist missed a bound pod, only the API server can say whether that pod is still
     there: a later pod of its name is not it."""

@@ -367,6 +367,24 @@ async def test_the_same_message_is_written_again_only_when_the_nominated_node_ch
     assert seen == ["PATCH /api/v1/namespaces/default/pods/v/status"] * 2
 
 
+async def test_the_same_message_is_written_again_when_its_reason_changed(
+    server: tuple[Path, list[web.Response], list[str]],
+) -> None:
+    """A pod told ``Unschedulable`` (by an older version, or before its tenant's limit was what
+    held it back) is told ``TenantLimit`` even when the message reads the same."""
+    kubeconfig, script, seen = server
+    script += [_status(200, "OK")]
+    kube = await client.connect(kubeconfig, None, 1000, 1000)
+    v = replace(pod("v", gpus=1), uid="u9")
+    try:
+        b = Binder(kube, "me")
+        await b.unschedulable(v, "at its limit", "at its limit", reason="TenantLimit", current_reason="TenantLimit")
+        await b.unschedulable(v, "at its limit", "at its limit", reason="TenantLimit", current_reason="Unschedulable")
+    finally:
+        await kube.close()
+    assert seen == ["PATCH /api/v1/namespaces/default/pods/v/status"]
+
+
 async def test_an_event_posted_again_after_a_lost_answer_is_not_written_twice(tmp_path: Path) -> None:
     names: list[str] = []
     written: set[str] = set()

@@ -419,6 +419,7 @@ def test_a_request_this_scheduler_refuses_still_counts_what_it_holds() -> None:
     ("condition", "expected"),
     [
         ({"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}, "0/3 nodes"),
+        ({"type": "PodScheduled", "status": "False", "reason": "TenantLimit", "message": "tenant a"}, "tenant a"),
         ({"type": "PodScheduled", "status": "False", "reason": "SchedulerError", "message": "x"}, None),
         ({"type": "PodScheduled", "status": "True"}, None),
         ({"type": "Ready", "status": "False", "reason": "Unschedulable", "message": "x"}, None),
