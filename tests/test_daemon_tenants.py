@@ -107,6 +107,22 @@ async def test_a_pod_held_back_by_its_tenants_limit_is_no_call_for_a_new_node() 
     assert "a/next" in api.bound
 
 
+async def test_a_pod_larger_than_its_tenants_limit_is_told_it_asks_for_more_than_the_limit() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=8)
+    tenants(s, quotas={"a": {"limitGpus": 2}})
+    s._pending.apply("ADDED", of("big", "a", gpus=4))
+    await batch(s)
+    assert api.bound == []
+    assert api.failed("a/big") == [
+        "this pod asks for 4 GPUs, more than tenant a's GPU limit of 2: it cannot be placed while that limit stands."
+    ]
+    assert s.queue.counts().unschedulable == 1  # it waits: a higher limit would let it in
+    tenants(s, quotas={"a": {"limitGpus": 4}})
+    await batch(s)
+    assert api.bound == ["a/big"]
+
+
 async def test_a_pod_no_node_takes_does_not_use_up_its_tenants_limit() -> None:
     api = EvictingApi()
     s = one_node_scheduler(api, gpus=4)

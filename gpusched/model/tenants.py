@@ -111,10 +111,17 @@ class Tenants:
                 admitted.extend(members)
                 continue
             t, d, limit = over
-            why = (
-                f"tenant {t} is at its GPU limit: it holds {_gpus(usage.get(t, 0))} of {_gpus(limit)} GPUs"
-                f" and this {'gang' if members[0].gang is not None else 'pod'} asks for {_gpus(d)} more."
-            )
+            unit = "gang" if members[0].gang is not None else "pod"
+            if d > limit:  # no GPU its tenant frees would let it in: only a higher limit would
+                why = (
+                    f"this {unit} asks for {_gpus(d)} GPUs, more than tenant {t}'s GPU limit of {_gpus(limit)}:"
+                    " it cannot be placed while that limit stands."
+                )
+            else:
+                why = (
+                    f"tenant {t} is at its GPU limit: it holds {_gpus(usage.get(t, 0))} of {_gpus(limit)} GPUs"
+                    f" and this {unit} asks for {_gpus(d)} more."
+                )
             for m in members:
                 held[m.key] = why
         return admitted, held

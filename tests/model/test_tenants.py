@@ -53,6 +53,18 @@ def test_a_limit_holds_back_a_pod_past_it_as_things_are_and_says_how_far() -> No
     assert held == {pods[1].key: "tenant a is at its GPU limit: it holds 3 of 4 GPUs and this pod asks for 2 more."}
 
 
+def test_a_pod_or_gang_larger_than_its_tenants_whole_limit_is_told_so_not_that_the_tenant_is_at_it() -> None:
+    big, gang = of("big", "a", 5), [member("m0", "a", "g", 3), member("m1", "a", "g", 2)]
+    for unit in ([big], gang):
+        admitted, held = T.admit(unit, {})  # a holds nothing: no GPU it frees would let them in
+        assert admitted == []
+        kind = "gang" if unit is gang else "pod"
+        assert set(held.values()) == {
+            f"this {kind} asks for 5 GPUs, more than tenant a's GPU limit of 4: it cannot be placed while that "
+            "limit stands."
+        }
+
+
 def test_trim_drops_the_placed_pods_that_together_pass_a_limit_in_queue_order() -> None:
     pods = [of("p1", "a", 1), of("p2", "a", 2), of("p3", "a", 1), of("q", "b", 8)]
     assert T.trim(pods, {"a": 1000}) == {pods[2].key}  # 1 held + 1 + 2 = 4; p3 would make 5
