@@ -376,3 +376,17 @@ async def test_a_node_time_sliced_past_64_gpus_still_takes_pods_that_ask_for_no_
     told = api.failed("default/gpu")
     assert told, api.events
     assert told[0].startswith("0/2 nodes are available"), told
+
+
+def test_a_replica_that_lost_the_lead_does_not_keep_exporting_its_last_solve() -> None:
+    """Dashboards read the leader's gauges, and a scrape may well still reach the old leader:
+    the solve gap and fragmentation its last batch measured are no longer the cluster's."""
+    s = one_node_scheduler(RecordingApi(), gpus=1)
+    s._leadership(True)
+    s.metrics.observe_batch(3, 0.2, 0.25)
+    s.metrics.set_cluster(1, 0.0, 0.4, 0)
+    s._leadership(False)
+    text = s.metrics.render()[0].decode().splitlines()
+    assert "gpusched_is_leader 0.0" in text
+    assert "gpusched_solve_gap_ratio NaN" in text
+    assert "gpusched_gpu_fragmentation_ratio NaN" in text

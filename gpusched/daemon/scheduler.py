@@ -354,8 +354,10 @@ class Scheduler:
 
     def _leadership(self, leader: bool) -> None:
         self.metrics.set_leader(leader)
+        # What the last term's batches measured is no longer this instance's to export: a
+        # replica that lost the lead shows NaN, not a gap or fragmentation that no longer holds.
+        self.metrics.new_term()
         if leader:
-            self.metrics.new_term()
             self._leading.set()
             self.mig.lead()  # what failed under the last leader is set back now
             self.consolidator.lead()

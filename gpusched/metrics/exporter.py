@@ -328,7 +328,9 @@ class SchedulerMetrics:
         self._pods_unschedulable.labels(reason=reason_label(reason)).inc(n)
 
     def new_term(self) -> None:
-        """This instance leads again: what its last term's batches measured is not this term's."""
+        """This instance leads again, or no longer leads: what its last term's batches measured
+        (the solve gap, the fragmentation) is not to be exported as this term's (NaN until a
+        batch measures them again)."""
         self._solve_gap_ratio.set(math.nan)
         self._gpu_fragmentation_ratio.set(math.nan)
 
