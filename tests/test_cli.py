@@ -915,6 +915,35 @@ def test_report_with_a_prometheus_url_it_cannot_read_fails_without_a_report(
             assert len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("status", "kind", "error"),
+    [
+        (400, "bad_data", "1:37: parse error: unclosed left parenthesis"),
+        (422, "execution", 'found duplicate series for the match group {Hostname="n0"} on the right hand-side'),
+    ],
+    ids=["parse", "execution"],
+)
+def test_report_whose_query_prometheus_refuses_blames_the_query_not_the_address(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], status: int, kind: str, error: str
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    refusal = {"status": "error", "errorType": kind, "error": error}
+    with (
+        _http(200, {"kind": "List", "items": [], "metadata": {"resourceVersion": "1"}}) as api,
+        _http(status, refusal) as prometheus,
+    ):
+        kubeconfig.write_text(KUBECONFIG.replace("https://127.0.0.1:1", api) + "current-context: ctx\n")
+        argv = ["report", "--kubeconfig", str(kubeconfig), "--prometheus-url", prometheus]
+        code = main([*argv, "--utilisation-query", "avg by (Hostname, gpu) (x * on(Hostname) y)"])
+        out, err = capsys.readouterr()
+    assert (code, out) == (2, ""), err
+    said = f"gpusched report: error: --utilisation-query: cannot read GPU utilisation from {prometheus}: "
+    assert err.startswith(said), err
+    assert f"Prometheus refused the query ({kind}): {error}" in err
+    assert "fix the query" in err
+    assert "--prometheus-url" not in err
+
+
 def _manifest(tmp_path: Path, workers: int) -> Path:
     """A ConfigMap manifest, as ``kubectl get configmap -o yaml`` prints it, with ``solver.workers``."""
     manifest = tmp_path / "cm.yaml"

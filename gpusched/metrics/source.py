@@ -239,8 +239,9 @@ class UtilisationSource:
         self.error = ""
         """Why the last poll failed ("" after a good one)."""
         self.refused = False
-        """Whether Prometheus refused the query itself (bad syntax, an unknown function): no
-        retry will do, the query must be fixed."""
+        """Whether Prometheus refused the query itself (bad syntax, an unknown function, or an
+        error running it, such as many-to-many matching): no retry will do, the query must be
+        fixed."""
         self.answered = False
         """Whether the last poll got Prometheus's answer to its query (False: no connection, an
         HTTP error, an answer that is not Prometheus's, or the query refused); the answer may
@@ -276,7 +277,9 @@ class UtilisationSource:
             why = _query_error(exc)
             self.answered = False
             self._failed(f"cannot read GPU utilisation from {self.shown_url}: {why}")
-            self.refused = why.startswith("Prometheus refused the query (bad_data)")
+            # Prometheus's own error on the query (HTTP 400 bad_data: it does not parse; 422
+            # execution: it fails when run, such as many-to-many matching): the query's to fix.
+            self.refused = why.startswith("Prometheus refused the query (")
             return False
         self.refused = False
         self.answered = True
