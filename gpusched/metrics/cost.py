@@ -262,17 +262,16 @@ def cost_report(
 def report_json(report: CostReport) -> dict[str, Any]:
     """The report as one JSON object (amounts per hour, rounded to cents; GPUs to thousandths)."""
     out = asdict(report)
-    out["namespaces"] = [
-        {
-            k: round(v, 3) if k in ("gpus", "idle_gpus") else round(v, 2) if isinstance(v, float) else v
-            for k, v in n.items()
-        }
-        for n in out["namespaces"]
-    ]
-    for k, v in out.items():
-        if isinstance(v, float):
-            out[k] = round(v, 3) if k.startswith(("gpus_", "free_gpus")) else round(v, 2)
-    return out
+    out["namespaces"] = [{k: _rounded(k, v) for k, v in n.items()} for n in out["namespaces"]]
+    return {k: _rounded(k, v) for k, v in out.items()}
+
+
+def _rounded(key: str, value: Any) -> Any:
+    """``value`` of ``key`` in the JSON report: GPUs (every key that names them) to thousandths,
+    as shares are given, other amounts to cents."""
+    if not isinstance(value, float):
+        return value
+    return round(value, 3) if "gpus" in key else round(value, 2)
 
 
 def _count(gpus: float) -> str:

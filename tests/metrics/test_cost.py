@@ -91,6 +91,22 @@ def test_the_report_as_json_and_as_a_table() -> None:
     assert "nodes with no GPU held: 1 (8 GPUs), 24.00 EUR/h" in text
 
 
+def test_every_gpu_count_of_the_json_report_is_given_to_thousandths() -> None:
+    # One A100 node with a 3g slice held and two 1g slices nobody holds; one with a 1g slice alone.
+    used = Node("m", 64000, 65536, gpu_count=0, gpu_model="A100", mig_slices=(("3g.40gb", 1), ("1g.10gb", 2)))
+    unused = Node("u", 64000, 65536, gpu_count=0, gpu_model="A100", mig_slices=(("1g.10gb", 1),))
+    slice_ = Pod("slice", 100, 100, mig_profile="3g.40gb", namespace="infer")
+    out = report_json(cost_report(Cluster([used, unused]), [Assignment(slice_, 0, ())], PRICES))
+    gpus = {k: v for k, v in out.items() if "gpus" in k}
+    assert gpus == {
+        "gpus_total": 0.857,  # 6/7
+        "gpus_held": 0.429,  # 3/7
+        "free_gpus_in_use_nodes": 0.286,  # 2/7
+        "idle_node_gpus": 0.143,  # 1/7
+    }
+    assert (out["namespaces"][0]["gpus"], out["namespaces"][0]["per_hour"]) == (0.429, 1.29)  # money to cents
+
+
 def test_a_large_cluster_s_gpus_are_counted_in_plain_numbers() -> None:
     from dataclasses import replace
 
