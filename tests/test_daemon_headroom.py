@@ -535,6 +535,26 @@ async def test_the_demand_gauge_holds_while_a_change_draws_the_waiting_pods_agai
     assert gauge(s, "gpusched_unschedulable_gpu_demand") == 4.0
 
 
+async def test_a_waiting_a30_slice_is_as_much_gpu_demand_as_its_tenant_counts_it() -> None:
+    """An A30 has 4 compute slices, not 7: its 2g.12gb instance is half a GPU, to the autoscaling
+    gauge as to the tenant gauge and the cost report."""
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=1)  # whole A100s: no node offers the slice
+    s.set_config(parse_config({"tenants": {"label": "team"}}))
+    obj = pod("slice", 0, gpus=0)
+    obj["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-2g.12gb"] = "1"
+    s._pending.apply("ADDED", obj)
+    await batch(s)
+    s.gauges.refresh()
+    assert gauge(s, "gpusched_unschedulable_gpu_demand") == 0.5
+    bound = pod("theirs", 0, gpus=0, node="n0")  # the same slice, bound by another scheduler
+    bound["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-2g.12gb"] = "1"
+    s._bound.apply("ADDED", bound)
+    s.gauges.refresh()
+    text = s.metrics.render()[0].decode()
+    assert 'gpusched_tenant_gpus{tenant="default"} 0.5' in text, text
+
+
 async def test_a_gang_short_of_its_minimum_is_no_demand_for_new_nodes() -> None:
     from tests.doubles import member_pod
 

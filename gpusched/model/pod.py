@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Spread, is_int64
+from gpusched.model.mig import gpu_fraction
 from gpusched.model.node import GPU_MILLI, Taint
 
 __all__ = [
@@ -23,8 +24,6 @@ __all__ = [
 ISLAND_MODES = ("", "required", "preferred")
 """How a multi-GPU pod asks for its GPUs within one island: not at all, as a must, as a wish."""
 
-_MIG_COMPUTE_SLICES = 7
-
 
 def model_key(name: str) -> str:
     """A GPU model name as accepted models are compared: upper case, without the maker's prefix
@@ -35,11 +34,13 @@ def model_key(name: str) -> str:
 
 
 def mig_milli(profile: str) -> int:
-    """GPU demand of one MIG instance in thousandths of a GPU: its share of the 7 compute slices."""
+    """GPU demand of one MIG instance in thousandths of a GPU: its part of its GPU's compute
+    slices (``gpu_fraction``: sevenths, fourths on the A30), rounded down, so that the slices
+    of one GPU never count more than that GPU; as tenants and the cost report count it."""
     head = profile.split("g.", 1)[0]
     if not head.isdecimal() or "g." not in profile:
         raise ValueError(f"MIG profile {profile!r} is not of the form <compute>g.<memory>gb, e.g. 1g.10gb")
-    return round(GPU_MILLI * int(head) / _MIG_COMPUTE_SLICES)
+    return int(GPU_MILLI * gpu_fraction(profile))
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,6 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpusched.model.mig import gpu_fraction
 from gpusched.model.node import GPU_MILLI
 from gpusched.model.pod import Pod
 
@@ -33,12 +32,10 @@ __all__ = ["TenantRule", "Tenants", "demand_of"]
 
 
 def demand_of(pod: Pod) -> int:
-    """What ``pod`` counts against its tenant, in thousandths of a GPU (a MIG instance, by its
-    compute slices, rounded down, so that the seven sevenths of one GPU count no more than that
-    GPU)."""
-    if pod.mig_slices:  # each slice it holds, beside any GPUs (a pod another scheduler bound)
-        slices = sum(int(GPU_MILLI * gpu_fraction(p)) * n for p, n in pod.mig_slices)
-        return pod.num_gpu * pod.gpu_milli + slices
+    """What ``pod`` counts against its tenant, in thousandths of a GPU: its GPU demand as the
+    autoscaling gauge counts it (``Pod.gpu_demand_milli``: a MIG instance by its compute
+    slices, rounded down, so that the seven sevenths of one GPU count no more than that GPU;
+    every slice a pod another scheduler bound holds, beside any GPUs)."""
     return pod.gpu_demand_milli
 
 

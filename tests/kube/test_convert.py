@@ -168,7 +168,7 @@ def test_gpu_islands_from_the_annotation_or_the_product_default() -> None:
 
 def test_mig_island_and_gang_requests() -> None:
     mig = pod_record(pod_obj(limits={"nvidia.com/mig-3g.40gb": "1", "cpu": "2"})).pod
-    assert (mig.mig_profile, mig.num_gpu, mig.gpu_demand_milli) == ("3g.40gb", 0, 429)
+    assert (mig.mig_profile, mig.num_gpu, mig.gpu_demand_milli) == ("3g.40gb", 0, 428)
     island = pod_record(pod_obj(limits={"nvidia.com/gpu": "4"}, annotations={"gpusched.io/gpu-island": "required"}))
     assert (island.pod.island, island.error) == ("required", "")
     rec = pod_record(

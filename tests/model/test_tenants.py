@@ -10,7 +10,7 @@ import pytest
 from gpusched.config import ConfigError, load_config
 from gpusched.model import Pod
 from gpusched.model.pod import Gang
-from gpusched.model.tenants import TenantRule, Tenants
+from gpusched.model.tenants import TenantRule, Tenants, demand_of
 from tests.factories import pod
 
 
@@ -77,6 +77,16 @@ def test_seven_mig_sevenths_count_no_more_than_one_gpu() -> None:
     limited = Tenants(rules={"a": TenantRule(quota=1000, limit=1000)})
     assert limited.trim(sevenths, {}) == set()
     assert sum(limited.usage(sevenths).values()) <= 1000
+
+
+@pytest.mark.parametrize(
+    ("profile", "milli"),
+    [("1g.10gb", 142), ("3g.40gb", 428), ("7g.80gb", 1000), ("1g.6gb", 250), ("2g.12gb", 500), ("4g.24gb", 1000)],
+)
+def test_a_slice_is_the_same_gpu_demand_to_its_tenant_and_to_the_autoscaling_gauge(profile: str, milli: int) -> None:
+    """Sevenths of a GPU, but fourths on the A30 (1g.6gb, 2g.12gb, 4g.24gb)."""
+    p = Pod(name="m", namespace="a", cpu_milli=100, memory_mib=100, mig_profile=profile)
+    assert (p.gpu_demand_milli, demand_of(p)) == (milli, milli)
 
 
 def test_a_pod_holding_several_slices_and_a_gpu_counts_them_all_against_its_tenant() -> None:

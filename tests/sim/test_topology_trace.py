@@ -102,7 +102,7 @@ class TestPodColumns:
         pods = {x.name: x for x in read_pods(p)}
         assert pods["mig"].mig_profile == "1g.10gb"
         assert pods["mig"].num_gpu == 0
-        assert pods["mig"].gpu_demand_milli == round(GPU_MILLI / 7)
+        assert pods["mig"].gpu_demand_milli == GPU_MILLI // 7  # a seventh, rounded down
         assert pods["isl"].island == "required"
         assert pods["pref"].island == "preferred"
         # gang_min defaults to the members in the file; topology given on one member holds for all.
@@ -440,7 +440,7 @@ def test_a_mig_only_trace_tunes_to_its_target() -> None:
     pods = [Pod(f"m{i}", 1000, 1024, mig_profile="1g.10gb") for i in range(7)]
     with time_limit(5):
         out = prepare_workload(pods, 2, seed=0, tune=1.3)
-    share = round(GPU_MILLI / 7)
+    share = GPU_MILLI // 7
     assert 1.3 * 2 * GPU_MILLI - share < sum(p.gpu_demand_milli for p in out) <= 1.3 * 2 * GPU_MILLI
 
 
