@@ -15,6 +15,7 @@ import structlog
 from gpusched.metrics.cost import mig_gpus
 from gpusched.model import GPU_MILLI, Cluster, ClusterState
 from gpusched.model.mig import gpu_fraction
+from gpusched.model.node import single_mig_profile
 
 if TYPE_CHECKING:
     from gpusched.daemon.scheduler import Scheduler
@@ -34,7 +35,9 @@ class Gauges:
         self.nodes_gone: dict[str, float] = {}
         """Nodes deleted lately, by name, and when (``time.monotonic``): the utilisation answer
         may name them for minutes after, which is no misconfiguration."""
-        self._mig_shares_of: tuple[Cluster, npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None
+        self._mig_shares_of: (
+            tuple[Cluster, npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]] | None
+        ) = None
 
     def refresh(self) -> None:
         """Every gauge from the books as they are now (at each scrape)."""
@@ -131,11 +134,13 @@ class Gauges:
         self.s.metrics.set_pending(c.active + c.in_flight, c.backoff, c.unschedulable)
         cl, open_ = state.cluster, ~state.cluster.cordoned  # a cordoned node is no capacity to place on
         # GPUs in MIG mode count as the cost report counts them, a slice held as its part of one
-        # (held twice, at most the node's).
-        mig, part = self._mig_shares(cl)
+        # (held twice, at most the node's), and so do the instances a single-strategy MIG node
+        # advertises as nvidia.com/gpu.
+        mig, part, whole = self._mig_shares(cl)
         mig_held = np.minimum(state.mig @ part, mig) if part.size else np.zeros(len(cl), dtype=np.float64)
-        gpus = float(cl.gpu_count[open_].sum() + mig[open_].sum())
-        held = float(state.gpu_used[open_].sum()) / GPU_MILLI + float(mig_held[open_].sum())
+        gpus = float((cl.gpu_count * whole)[open_].sum() + mig[open_].sum())
+        used = state.gpu_used.sum(axis=1) * whole
+        held = float(used[open_].sum()) / GPU_MILLI + float(mig_held[open_].sum())
         alloc = held / gpus if gpus else 0.0
         in_use = (state.gpu_used.sum(axis=1) > 0) | (state.mig.sum(axis=1) > 0)
         active = int((in_use & ((cl.gpu_count > 0) | cl.mig_cap.any(axis=1)) & open_).sum())
@@ -149,14 +154,21 @@ class Gauges:
                 del self.nodes_gone[gone]
         self.nodes_gone[name] = now
 
-    def _mig_shares(self, cl: Cluster) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    def _mig_shares(
+        self, cl: Cluster
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         """Per node its GPUs in MIG mode (as the cost report counts them), per MIG profile of
-        ``cl`` its part of a GPU: once per node list, not per batch."""
+        ``cl`` its part of a GPU, and per node the part of a GPU each nvidia.com/gpu it
+        advertises is (an instance's on a single-strategy MIG node, else 1: time-sliced GPUs
+        count as slices here): once per node list, not per batch."""
         if self._mig_shares_of is None or self._mig_shares_of[0] is not cl:
             mig = np.array([mig_gpus(node) for node in cl.nodes], dtype=np.float64)
             part = np.array([gpu_fraction(p) for p in cl.mig_profiles], dtype=np.float64)
-            self._mig_shares_of = (cl, mig, part)
-        return self._mig_shares_of[1], self._mig_shares_of[2]
+            whole = np.array(
+                [gpu_fraction(p) if (p := single_mig_profile(node)) else 1.0 for node in cl.nodes], dtype=np.float64
+            )
+            self._mig_shares_of = (cl, mig, part, whole)
+        return self._mig_shares_of[1], self._mig_shares_of[2], self._mig_shares_of[3]
 
     def _signals(self, state: ClusterState) -> None:
         """The autoscaling gauges and the GPUs kept free: from the books, at each scrape only

@@ -27,7 +27,7 @@ from gpusched.metrics.cost import CostReport, Prices, cost_report
 from gpusched.metrics.exporter import HealthServer
 from gpusched.metrics.source import UtilisationSource
 from gpusched.model import ClusterState
-from gpusched.model.node import slices_of
+from gpusched.model.node import single_mig_profile, slices_of
 from gpusched.solver.explain import explain, explain_gang, gang_fits
 from gpusched.state.cache import Cache
 from gpusched.state.records import HELD_REASONS, PodRecord
@@ -310,6 +310,13 @@ async def report_costs(
             f"{len(sliced)} node(s) time-slice their GPUs ({', '.join(sliced[:3])}): each GPU is counted once, "
             "its nvidia.com/gpu.replicas slices as parts of it, and a pod there is idle only when all the "
             "node's GPUs are"
+        )
+    single = sorted(n for n, rec in cache.nodes.items() if single_mig_profile(rec.node))
+    if single:
+        notes.append(
+            f"{len(single)} node(s) advertise MIG instances as nvidia.com/gpu (single strategy: "
+            f"{', '.join(single[:3])}): each is counted as its compute slices' part of a GPU, and none is "
+            "counted idle"
         )
     products = {rec.node.gpu_model for rec in cache.nodes.values()}
     for name in prices.unmatched(products):

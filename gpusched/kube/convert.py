@@ -70,8 +70,8 @@ from gpusched.model.affinity import (
     is_int64,
     label_selector_selects,
 )
-from gpusched.model.mig import MIG_CONFIG_PREFIX, geometry_for, profile_of
-from gpusched.model.node import LABEL_GPU_COUNT, MAX_GPUS, Taint
+from gpusched.model.mig import MIG_CONFIG_PREFIX, geometry_for, gpu_fraction, profile_of
+from gpusched.model.node import LABEL_GPU_COUNT, MAX_GPUS, Taint, single_mig_profile
 from gpusched.model.pod import TOLERATION_OPERATORS, Gang, Toleration, gang_conflicts, model_key
 from gpusched.model.ports import host_port
 from gpusched.model.topology import ISLANDS_ANNOTATION, default_islands, parse_islands
@@ -335,6 +335,13 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
         )
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
+    if profile := single_mig_profile(node):
+        warnings.append(
+            f"{where}: its {gpus} {GPU_RESOURCE} are MIG {profile} instances ({LABEL_GPU_PRODUCT}={model}, "
+            f"single strategy), each {gpu_fraction(profile):.3g} of a GPU as GPU counts and the cost report count "
+            "them; tenants' quotas and limits count each as a whole GPU, as a pod's request does not say which "
+            "node it gets"
+        )
     return NodeRecord(node, tuple((k, v) for k, v in mig if v), "; ".join(warnings), "; ".join(mig_warnings))
 
 

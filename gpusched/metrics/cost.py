@@ -5,10 +5,12 @@ view go in; a ``CostReport`` comes out (``gpusched report`` prints it).  A pod's
 costs that share of the GPU's hourly price; a GPU is idle when the view has it under the idle
 percentage (a share on an idle GPU is idle in proportion); a MIG slice costs its compute
 slices' part of its GPU (``3g.40gb``: three sevenths; ``2g.12gb`` of an A30: two fourths)
-and is never counted idle.  A pod is charged every slice it holds (``Pod.mig_slices``: a pod
-another scheduler bound may hold several, or slices beside whole GPUs), as its tenant counts
-them.  GPUs on a node where no pod holds a GPU are the autoscaler's to take away; they are
-reported apart from the free GPUs of nodes in use, which packing can still fill.
+and is never counted idle; so does each ``nvidia.com/gpu`` of a node in single-strategy MIG
+mode, where every one advertised is an instance (``model.node.whole_part``).  A pod is
+charged every slice it holds (``Pod.mig_slices``: a pod another scheduler bound may hold
+several, or slices beside whole GPUs), as its tenant counts them.  GPUs on a node where no
+pod holds a GPU are the autoscaler's to take away; they are reported apart from the free GPUs
+of nodes in use, which packing can still fill.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from rich.table import Table
 from gpusched.metrics.source import UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, Node, Pod
 from gpusched.model.mig import gpu_fraction, product_key
-from gpusched.model.node import booked_gpus, slices_of
+from gpusched.model.node import booked_gpus, single_mig_profile, whole_part
 
 __all__ = [
     "CostReport",
@@ -176,8 +178,13 @@ def cost_report(
     its capacity (two pods on one GPU where the books could not tell them apart, or a GPU the
     node no longer has) is shared among its holders, never charged twice."""
     idle = view.below(idle_percent) if view is not None else {}
-    # GPU indices of nodes with MIG slices are not those the books number: nothing idle there.
-    idle = {n: g for n, g in idle.items() if (i := cluster.index.get(n)) is None or not cluster.mig_cap[i].any()}
+    # GPU indices of nodes with MIG slices (or whose GPUs are MIG instances) are not those the
+    # books number: nothing idle there.
+    idle = {
+        n: g
+        for n, g in idle.items()
+        if (i := cluster.index.get(n)) is None or not (cluster.mig_cap[i].any() or single_mig_profile(cluster.nodes[i]))
+    }
     placed = list(placed)
     held: dict[tuple[int, int], int] = defaultdict(int)  # (node, GPU) -> thousandths held
     mig_held: dict[int, float] = defaultdict(float)  # node -> GPUs held in MIG slices
@@ -204,14 +211,15 @@ def cost_report(
         if not pod.num_gpu:
             continue
         # On a time-sliced node an advertised GPU is 1/slices of one, and the indices the books
-        # number are slices, not the GPUs the view names: idle only when all its GPUs are.
-        slices = slices_of(node)
+        # number are slices, not the GPUs the view names: idle only when all its GPUs are.  On a
+        # single-strategy MIG node it is one instance, its compute slices' part of a GPU.
+        part = whole_part(node)
         booked = booked_gpus(node, idle.get(node.name, ()))
         all_idle = node.gpu_count > 0 and set(range(node.gpu_count)) <= booked
         for g in a.gpus:
             if g >= node.gpu_count:  # a GPU the node no longer offers
                 continue
-            share = pod.gpu_milli / GPU_MILLI * min(1.0, GPU_MILLI / held[(a.node, g)]) / slices
+            share = pod.gpu_milli / GPU_MILLI * min(1.0, GPU_MILLI / held[(a.node, g)]) * part
             ns.gpus += share
             ns.per_hour += share * price
             if all_idle if pod.key in guessed else g in booked:
@@ -225,15 +233,15 @@ def cost_report(
     idle_node_gpus = per_hour_total = per_hour_idle_nodes = free_in_use = per_hour_free = 0.0
     for i, node in enumerate(cluster.nodes):
         mig = mig_gpus(node)
-        slices = slices_of(node)
-        gpus = node.gpu_count / slices + mig
+        part = whole_part(node)
+        gpus = node.gpu_count * part + mig
         if not gpus:
             continue
         price = prices.of(node.gpu_model)
         total += gpus
         per_hour_total += gpus * price
         if i in in_use:
-            free = sum(max(0, GPU_MILLI - held.get((i, g), 0)) for g in range(node.gpu_count)) / GPU_MILLI / slices
+            free = sum(max(0, GPU_MILLI - held.get((i, g), 0)) for g in range(node.gpu_count)) / GPU_MILLI * part
             free += max(0.0, mig - mig_held.get(i, 0.0))
             free_in_use += free
             per_hour_free += free * price

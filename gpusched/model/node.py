@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
+from gpusched.model.mig import gpu_fraction
 
 __all__ = [
     "GPU_MILLI",
@@ -14,7 +17,9 @@ __all__ = [
     "Node",
     "Taint",
     "booked_gpus",
+    "single_mig_profile",
     "slices_of",
+    "whole_part",
 ]
 
 GPU_MILLI = 1000
@@ -133,6 +138,26 @@ class Node:
     def islands(self) -> tuple[int, ...]:
         """Island id per GPU, all 0 when the node describes none."""
         return self.gpu_islands or (0,) * self.gpu_count
+
+
+_SINGLE_MIG = re.compile(r"-MIG-([1-9][0-9]*g\.[1-9][0-9]*gb)$", re.IGNORECASE)
+
+
+def single_mig_profile(node: Node) -> str:
+    """The MIG profile of the instances ``node`` advertises as ``nvidia.com/gpu`` when its GPUs
+    are in MIG mode under NVIDIA's single strategy (GPU feature discovery then appends
+    ``-MIG-<profile>`` to ``nvidia.com/gpu.product``, and each advertised GPU is one instance);
+    "" otherwise."""
+    match = _SINGLE_MIG.search(node.gpu_model) if node.gpu_count else None
+    return match.group(1).lower() if match is not None else ""
+
+
+def whole_part(node: Node) -> float:
+    """The part of a physical GPU one of ``node``'s advertised ``nvidia.com/gpu`` is: an
+    instance's compute slices' part of its GPU on a single-strategy MIG node (``1g.5gb``: a
+    seventh), a slice's on a node that time-slices its GPUs, else 1."""
+    profile = single_mig_profile(node)
+    return gpu_fraction(profile) if profile else 1.0 / slices_of(node)
 
 
 def slices_of(node: Node) -> int:

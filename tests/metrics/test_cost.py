@@ -107,6 +107,32 @@ def test_every_gpu_count_of_the_json_report_is_given_to_thousandths() -> None:
     assert (out["namespaces"][0]["gpus"], out["namespaces"][0]["per_hour"]) == (0.429, 1.29)  # money to cents
 
 
+def test_a_single_strategy_mig_node_is_priced_as_its_gpu_not_as_seven() -> None:
+    # One A100 in MIG mode, single strategy: GPU feature discovery labels the instances as the
+    # node's GPUs, and the device plugin advertises its seven 1g.5gb instances as nvidia.com/gpu.
+    labels = {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb",
+        "nvidia.com/gpu.count": "7",
+        "nvidia.com/mig.strategy": "single",
+    }
+    alloc = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "7"}
+    rec = node_record({"metadata": {"name": "m", "labels": labels}, "spec": {}, "status": {"allocatable": alloc}})
+    assert rec.node.gpu_count == 7  # placement still sees seven devices to give out
+    prices = Prices({"NVIDIA-A100-SXM4-40GB": 3.0}, currency="EUR")
+    cl = Cluster([rec.node])
+    r = cost_report(cl, [], prices)
+    assert (r.gpus_total, r.per_hour_total) == (pytest.approx(1.0), pytest.approx(3.0))  # one A100-hour
+    assert (r.idle_nodes, r.idle_node_gpus) == (1, pytest.approx(1.0))
+    view = UtilisationView(0.0, {"m": {0: 0.0, 1: 0.0}})  # the view's indices are no instance's
+    r = cost_report(cl, [Assignment(on("infer", pod("i", gpus=1)), 0, (0,))], prices, view)
+    (infer,) = r.namespaces
+    assert (infer.gpus, infer.per_hour, infer.idle_gpus) == (pytest.approx(1 / 7), pytest.approx(3 / 7), 0.0)
+    assert r.free_gpus_in_use_nodes == pytest.approx(6 / 7)
+    # Tenants still count each instance whole (a pending pod does not say where it goes): told.
+    assert "MIG 1g.5gb instances" in rec.warning
+    assert "tenants' quotas and limits count each as a whole GPU" in rec.warning
+
+
 def test_a_large_cluster_s_gpus_are_counted_in_plain_numbers() -> None:
     from dataclasses import replace
 

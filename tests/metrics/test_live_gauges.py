@@ -107,6 +107,21 @@ def test_the_cluster_gauges_are_read_before_any_pod_arrives() -> None:
     assert m["gpusched_gpu_nodes_active"] == 0
 
 
+def test_a_single_strategy_mig_node_counts_as_its_gpus_not_as_its_instances() -> None:
+    """GPU feature discovery labels the instances as the node's GPUs and the device plugin
+    advertises its seven 1g.5gb instances as nvidia.com/gpu: one A100, not seven."""
+    s = _scheduler(("n0", 8))
+    mig = _node("m", 7)
+    mig["metadata"]["labels"].update(
+        {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", "nvidia.com/mig.strategy": "single"}
+    )
+    _watch(s, "nodes").apply("ADDED", mig)
+    _watch(s, "bound-pods").apply("ADDED", _pod("x", node="m"))  # holds one instance: a seventh of it
+    m = _scrape(s.metrics)
+    assert m["gpusched_gpus"] == pytest.approx(9)
+    assert m["gpusched_gpu_allocation_ratio"] == pytest.approx(1 / 7 / 9)
+
+
 async def test_pending_pods_count_what_waits_and_fall_to_zero_once_bound() -> None:
     s = _scheduler(("n0", 2))
     for name in ("a", "b", "c"):
