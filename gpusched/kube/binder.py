@@ -184,8 +184,9 @@ class Binder:
         """Whether this instance may still bind: checked before every Binding attempt, so that
         retries never reach the API server after another instance may have taken over."""
         self.lead_left = lead_left
-        """Seconds the lead still holds: a Binding sent must be over by then (its timeout, and
-        the API server's), since another instance may be binding after that."""
+        """Seconds the lead still holds: every write made for the leader (a Binding, a victim's
+        deletion, a MIG layout, a condition) must be over by then (its timeout, and the API
+        server's), since another instance may be writing after that."""
         self.events = events or kube
         """Client for Events and Unschedulable conditions (a sibling with its own rate limit, as
         kube-scheduler's event client): a burst of verdicts never makes a Binding wait."""
@@ -205,8 +206,12 @@ class Binder:
         deadline: Callable[[], float] | None = None,
     ) -> Any:
         """The request, retried while it fails in passing; with ``leading``, each attempt is made
-        only while it holds (else ``NotLeading``)."""
+        only while it holds (else ``NotLeading``) and must be over by the end of the lead
+        (``lead_left``, unless ``deadline`` says otherwise): another instance may be writing
+        after that."""
         client = kube or self.kube
+        if leading is not None and deadline is None:
+            deadline = self.lead_left
         sent = False
 
         def check() -> None:

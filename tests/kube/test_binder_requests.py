@@ -5,9 +5,11 @@ Binding answered with a server error is taken to mean."""
 from __future__ import annotations
 
 import asyncio
+import math
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from aiohttp import web
@@ -409,3 +411,58 @@ async def test_an_event_posted_again_after_a_lost_answer_is_not_written_twice(tm
     assert names[0] == names[1]
     assert names[0].startswith("p.")
     assert [e for e in logs if e["event"] == "event not written"] == []
+
+
+class TimedApi:
+    """Answers every request at once, recording the time limit each one was sent with, as
+    ``Kube.request`` sets it (the client's 30 s, or what the ``deadline`` leaves, when less)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, float]] = []
+        """(method, path, timeout) of every request."""
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        query: Any = None,
+        body: Any = None,
+        content_type: str = client.JSON,
+        timeout: float | None = 30.0,
+        before_send: Callable[[], None] | None = None,
+        deadline: Callable[[], float] | None = None,
+    ) -> client.Response:
+        if before_send is not None:
+            before_send()
+        limit = min(timeout or math.inf, deadline() if deadline is not None else math.inf)
+        self.sent.append((method, path, limit))
+        if method == "GET":
+            return client.Response(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
+        return client.Response(201 if method == "POST" else 200, {})
+
+
+async def test_every_write_made_for_the_leader_is_over_by_the_end_of_the_lead() -> None:
+    """Not only Bindings: a victim's deletion, an eviction, a node's labels, a MIG layout or a
+    pod's condition sent just before the lead ends must not land after another instance took
+    over, so each carries what is left of the lead as its time limit."""
+    api = TimedApi()
+    binder = Binder(
+        cast(client.Kube, api), "me", leading=lambda: True, lead_left=lambda: 0.5, events=cast(client.Kube, api)
+    )
+    victim, by = replace(pod("v", gpus=1), uid="uv"), replace(pod("p", gpus=1), uid="up")
+    assert await binder.bind(by, "n1", (0,)) == (BindResult.BOUND, "")
+    assert await binder.preempt(victim, by, "n1")
+    assert await binder.evict(victim, "n1", "emptying the node")
+    assert await binder.label_node("n1", {"nvidia.com/mig.config": "gpusched-x"}) == ""
+    assert (await binder.write_mig_config("gpusched-x", [], "gpu-operator/mig"))[0] == ""
+    await binder.unschedulable(by, "0/1 nodes are available", nominated="n1")
+    writes = [(m, p, t) for m, p, t in api.sent if m != "GET" and not p.endswith("/events")]
+    assert {(m, p.rsplit("/", 1)[-1]) for m, p, _ in writes} == {
+        ("POST", "binding"),
+        ("PATCH", "status"),
+        ("DELETE", "v"),
+        ("POST", "eviction"),
+        ("PATCH", "n1"),
+        ("POST", "configmaps"),
+    }
+    assert [(m, p) for m, p, t in writes if t > 0.5] == []
