@@ -546,6 +546,7 @@ class _EchoApi(_Api):
         *,
         reason: str = "Unschedulable",
         current_reason: str | None = None,
+        urgent: bool = False,
     ) -> None:
         await super().unschedulable(
             pod, message, current, nominated, current_nominated, still, reason=reason, current_reason=current_reason
@@ -957,3 +958,60 @@ async def test_a_pod_of_higher_priority_evicts_beside_the_room_held_for_one_of_l
     await _cycle(s)
     assert api.bound == ["default/critical"]
     assert len(api.evicted) == 2
+
+
+class _Backlogged(_Api):
+    """Events wait until ``let_go`` (a backlog at the Events client's rate); a condition is
+    written only while the scheduler still leads, as the binder fences it; the order of the
+    preemptor's status write and its victims' deletions is recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.let_go = asyncio.Event()
+        self.leading: Callable[[], bool] = lambda: True
+        self.order: list[str] = []
+
+    async def event(self, pod: Pod, reason: str, message: str, kind: str = "Normal") -> None:
+        await self.let_go.wait()
+        await super().event(pod, reason, message, kind)
+
+    async def preempt(self, victim: Pod, by: Pod, node: str) -> bool:
+        self.order.append(f"delete {victim.key}")
+        return await super().preempt(victim, by, node)
+
+    async def unschedulable(
+        self,
+        pod: Pod,
+        message: str,
+        current: str | None = None,
+        nominated: str | None = None,
+        current_nominated: str | None = None,
+        still: Callable[[], bool] | None = None,
+        **more: Any,
+    ) -> None:
+        if not self.leading():
+            return
+        if nominated:
+            self.order.append(f"nominate {pod.key} {nominated}")
+        await super().unschedulable(pod, message, current, nominated, current_nominated, still, **more)
+
+
+async def test_a_preemptors_nomination_is_written_before_its_victims_go_whatever_events_wait() -> None:
+    """The room a preemption makes is held by the preemptor's nominatedNodeName, which the next
+    leader adopts: it must not wait behind a backlog of verdicts while the victims are deleted
+    at once, or a lead lost meanwhile leaves the victims gone and the preemptor to preempt again."""
+    api = _Backlogged()
+    s = one_node_scheduler(api, gpus=1)
+    api.leading = lambda: s.is_leader
+    for i in range(200):  # verdicts on other pods wait for the Events client
+        s.write_verdict(Pod(f"other{i}", 0, 0), "0/1 nodes are available", None)
+    s._bound.apply("ADDED", _pod("low", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("urgent", 50))
+    batch = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
+    await s.schedule_batch(batch)
+    await asyncio.sleep(0.1)
+    s._leadership(False)  # the lead is lost shortly after the preemption
+    api.let_go.set()
+    await settle(s)
+    assert api.nominated.get("default/urgent") == "n0"
+    assert api.order == ["nominate default/urgent n0", "delete default/low"]

@@ -65,6 +65,10 @@ class Outbox:
         self._running += start  # counted now: a worker started is not running before the next put
         return start
 
+    def discard(self, key: Hashable) -> None:
+        """Drop the write waiting for ``key``, if any (one sent another way supersedes it)."""
+        self._waiting.pop(key, None)
+
     async def work(self) -> None:
         """Send waiting writes, oldest first, until none wait.  A write that fails is logged; it
         never stops the others.  Run as a task that calls ``worker_done`` when it ends."""

@@ -816,7 +816,9 @@ class Preemptor:
         held for it is given up, and it looks again when the cluster changes or its wait runs out
         (not at once: a deletion refused, by RBAC or a webhook, is likely to be refused again).
         For a gang member, the room of every member goes (a gang has room whole or not at all),
-        and the pods parked outside the gang may take what was held."""
+        and the pods parked outside the gang may take what was held.  Not before the status
+        write naming the node where ``by`` preempts is over: the next leader holds the room by it."""
+        await self.s.nomination_sent(by.key)
         deleted = await (
             self.s.binder.preempt(victim, by, node, why) if why else self.s.binder.preempt(victim, by, node)
         )

@@ -124,6 +124,9 @@ class Scheduler:
         """Pods, by key, whose batch's handling raised: handled alone (or in halves) next time."""
         self.outbox = Outbox(workers=OUTBOX_WORKERS)
         """Verdicts' Events and conditions waiting for the Events client: one per pod and kind."""
+        self._nominating: dict[str, asyncio.Task[None]] = {}
+        """A preemptor's status write naming a node it did not name before, by pod: sent at once,
+        not through the outbox, and its victims are deleted only after it (``nomination_sent``)."""
         self._policy: Policy | None = None
         self._policy_cluster: Cluster | None = None
         self._policy_params: SolverParams | None = None
@@ -1067,9 +1070,38 @@ class Scheduler:
 
     def write_verdict(self, pod: Pod, message: str, nominated: str | None, reason: str = REASON_UNSCHEDULABLE) -> None:
         """The pod's ``FailedScheduling`` Event and its condition (with ``nominated``, or none,
-        and the condition's ``reason``)."""
+        and the condition's ``reason``).
+
+        A node nominated anew is written at once, on the Bindings' client, not behind the Events
+        waiting in the outbox: the pod's victims are deleted only after it (``nomination_sent``),
+        so that a lead lost meanwhile never leaves victims deleted and no ``nominatedNodeName``
+        for the next leader to hold their room by (the pod would preempt again)."""
         self._write(("event", pod.key), lambda: self._verdict_event(pod, message))
-        self._write(("condition", pod.key), lambda: self._verdict_condition(pod, message, nominated, reason))
+        record = self.queue.record(pod.key)
+        if nominated is None or (record is not None and record.nominated == nominated):
+
+            async def condition() -> None:
+                await self.nomination_sent(pod.key)  # a later word must land after it, not before
+                await self._verdict_condition(pod, message, nominated, reason)
+
+            self._write(("condition", pod.key), condition)
+            return
+        self.outbox.discard(("condition", pod.key))  # an older word waiting there must not come after
+        task = self.spawn(self._verdict_condition(pod, message, nominated, reason, urgent=True), f"nominate:{pod.key}")
+        self._nominating[pod.key] = task
+
+        def sent(t: asyncio.Task[None]) -> None:
+            if self._nominating.get(pod.key) is t:  # (not a later one's)
+                del self._nominating[pod.key]
+
+        task.add_done_callback(sent)
+
+    async def nomination_sent(self, key: str) -> None:
+        """Until the status write naming the node where ``key`` preempts, if one is on its way,
+        is over (written or not)."""
+        task = self._nominating.get(key)
+        if task is not None:
+            await asyncio.wait({task})  # not cancelled with the caller
 
     def _write(self, key: tuple[str, str], write: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """A verdict's write, through the outbox: only the latest per pod waits to be sent."""
@@ -1081,10 +1113,11 @@ class Scheduler:
             await self.binder.event(pod, "FailedScheduling", message, "Warning")
 
     async def _verdict_condition(
-        self, pod: Pod, message: str, nominated: str | None, reason: str = REASON_UNSCHEDULABLE
+        self, pod: Pod, message: str, nominated: str | None, reason: str = REASON_UNSCHEDULABLE, urgent: bool = False
     ) -> None:
         """The condition and nominated node, against what the pod shows when it is sent (not
-        when the verdict was reached): not for a pod bound since, gone or replaced."""
+        when the verdict was reached): not for a pod bound since, gone or replaced.  ``urgent``:
+        on the Bindings' client (``Binder.unschedulable``)."""
 
         def stands() -> bool:
             record = self.queue.record(pod.key)
@@ -1096,8 +1129,9 @@ class Scheduler:
         current = record.unschedulable if record is not None else None
         was = record.nominated if record is not None else None
         current_reason = record.unschedulable_reason if record is not None and current is not None else None
+        more: dict[str, Any] = {"urgent": True} if urgent else {}
         await self.binder.unschedulable(
-            pod, message, current, nominated, was, still=stands, reason=reason, current_reason=current_reason
+            pod, message, current, nominated, was, still=stands, reason=reason, current_reason=current_reason, **more
         )
 
     async def _bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:

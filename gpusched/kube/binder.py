@@ -508,13 +508,16 @@ class Binder:
         *,
         reason: str = REASON_UNSCHEDULABLE,
         current_reason: str | None = None,
+        urgent: bool = False,
     ) -> None:
         """``PodScheduled=False`` with ``reason`` (``Unschedulable``, as kube-scheduler sets it;
         ``TenantLimit`` for a pod only its tenant's limit holds back, which the cluster
         autoscaler must not add a node for), and ``status.nominatedNodeName``: the node where
         the pod preempted others, or none.
         ``still``: whether the verdict still stands, asked before every attempt (a retry waits
-        seconds, and the pod may have been bound meanwhile).
+        seconds, and the pod may have been bound meanwhile).  ``urgent``: sent on the Bindings'
+        client rather than the Events' (a preemptor's new nomination, which its victims'
+        deletions wait for, must not wait behind a backlog of verdicts).
 
         ``current`` is the message of the condition the pod already has, if any, ``current_reason``
         its reason and ``current_nominated`` its ``nominatedNodeName``: the same message, reason
@@ -534,7 +537,8 @@ class Binder:
                 f"{_path(pod)}/status",
                 body,
                 STRATEGIC_PATCH,
-                kube=self.events,  # a thousand pods found unschedulable must not make a Binding wait
+                # A thousand pods found unschedulable must not make a Binding wait.
+                kube=self.kube if urgent else self.events,
                 # The next leader's word on the pod is not to be overwritten, nor a pod bound since.
                 leading=lambda: (self.leading is None or self.leading()) and (still is None or still()),
             )
