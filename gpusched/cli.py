@@ -316,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--identity",
         default="",
-        help="leader-election identity (default: $POD_NAME, else the host name and a random suffix)",
+        help="leader-election identity (default: $POD_NAME, else the host name, and a random suffix)",
     )
     run.add_argument("--no-leader-elect", action="store_true", help="schedule without holding the Lease")
     run.add_argument(

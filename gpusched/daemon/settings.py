@@ -52,5 +52,9 @@ class DaemonSettings:
 
 
 def default_identity() -> str:
-    """The pod name when running in a pod, else host name plus a random suffix."""
-    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+    """The pod name when running in a pod (else the host name), and a random suffix, as
+    kube-scheduler names itself (host name, '_', a UUID): a container restarted in the same pod
+    (killed for memory, or by its liveness probe) is another instance, so it waits for the Lease
+    its predecessor held to run out rather than renew it at once while that one's Bindings may
+    still land."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"

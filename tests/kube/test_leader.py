@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import pytest
 
+from gpusched.daemon.settings import default_identity
 from gpusched.kube import leader
 from gpusched.kube.client import Kube, Response
 from gpusched.kube.leader import LeaderElector
@@ -496,3 +497,38 @@ def test_a_release_that_meets_a_renewal_written_just_before_it_is_tried_once_mor
 
     virtual_time.run(loop, main())
     assert store.lease["spec"]["holderIdentity"] == ""
+
+
+def test_a_container_restarted_in_its_pod_waits_for_the_lease_its_last_run_held_to_run_out(
+    loop: VirtualTimeLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed for memory (or by its liveness probe) while leading, the container comes back in
+    the same pod at once: it must not take its last run's Lease as its own and bind at once,
+    while Bindings that run sent may still land; it waits for the Lease to run out as another
+    replica would."""
+    monkeypatch.setenv("POD_NAME", "gpu-scheduler-7d9f-abcde")
+    before, after = default_identity(), default_identity()
+    store = HeldLease(alive=False)  # its last run held it, and renews it no more
+    store.lease["spec"]["holderIdentity"] = before
+    changes: list[tuple[bool, float]] = []
+
+    async def main() -> None:
+        elector = LeaderElector(
+            cast(Kube, store),
+            "ns",
+            "lease",
+            after,
+            lease_duration=1.5,
+            renew_deadline=0.6,
+            retry_period=0.1,
+            on_change=lambda leader: changes.append((leader, loop.time())),
+        )
+        task = asyncio.create_task(elector.run())
+        await asyncio.sleep(3.0)
+        await _stop(task)
+
+    start = loop.time()
+    virtual_time.run(loop, main())
+    assert changes[0][0] is True
+    assert changes[0][1] >= start + 2.0  # the Lease's 2 s, not at once
+    assert after.startswith("gpu-scheduler-7d9f-abcde_")  # what kubectl shows still names the pod
