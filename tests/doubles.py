@@ -40,7 +40,7 @@ class RecordingApi:
         self.bound.append(pod.key)
         return BindResult.BOUND, ""
 
-    async def event(self, pod: Pod, reason: str, message: str, kind: str = "Normal") -> None:
+    async def event(self, pod: Pod, reason: str, message: str, kind: str = "Normal", fenced: bool = False) -> None:
         self.events.append((pod.key, reason, message))
 
     async def unschedulable(self, *_: Any, **__: Any) -> None:

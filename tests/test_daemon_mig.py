@@ -65,7 +65,9 @@ class EventApi(MigApi):
         self.node_events: list[tuple[str, str, str, str]] = []
         """(object name, reason, message, type) of the Events written."""
 
-    async def object_event(self, involved: dict[str, str], reason: str, message: str, kind: str = "Normal") -> None:
+    async def object_event(
+        self, involved: dict[str, str], reason: str, message: str, kind: str = "Normal", fenced: bool = False
+    ) -> None:
         self.events.append((involved["name"], reason, message))
         self.node_events.append((involved["name"], reason, message, kind))
 

@@ -4,9 +4,12 @@ and in how many run at once; never sent for a pod bound since the verdict."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 from gpusched.daemon.outbox import Outbox
+from gpusched.kube.binder import Binder
+from gpusched.kube.client import Kube, RateLimiter, Response
 from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle
 
 
@@ -139,3 +142,40 @@ async def test_a_write_put_as_the_last_worker_leaves_starts_a_worker_of_its_own(
     await asyncio.sleep(0)
     assert sent == ["a", "b"]
     assert box.put("c", write("c")) == 1  # counted out once each: a worker starts again
+
+
+class _EventsApi:
+    """An API server that accepts every request and records the reasons of the Events posted."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+        self.limiter = RateLimiter(50, 100)
+
+    async def request(
+        self, method: str, path: str, body: Any = None, before_send: Callable[[], None] | None = None, **_: Any
+    ) -> Response:
+        if before_send is not None:
+            before_send()
+        if path.endswith("/events"):
+            self.reasons.append(body["reason"])
+        return Response(201, {})
+
+
+async def test_a_verdict_waiting_when_the_lead_is_lost_is_not_posted_but_a_bind_done_is_still_reported() -> None:
+    """After the lead passed, the next leader speaks for the pods: this instance's FailedScheduling
+    (or MIG Events) would contradict it.  A Scheduled Event reports a Binding that was made, and
+    is sent all the same."""
+    api = _EventsApi()
+    s = one_node_scheduler(RecordingApi(), gpus=1)
+    kube = cast(Kube, api)
+    s.binder = Binder(kube, s.identity, events=kube, leading=lambda: s.is_leader)
+    s._pending.apply("ADDED", member_pod("waiting"))
+    waiting = s.queue.record("default/waiting")
+    assert waiting is not None
+    s.tell_unschedulable(waiting.pod, "0/1 nodes are available", "Insufficient nvidia.com/gpu")
+    s._leadership(False)  # before the outbox sent it
+    await settle(s)
+    assert api.reasons == []
+    await s.binder.object_event({"kind": "Node", "name": "n0"}, "MigRestore", "asked", fenced=True)
+    await s.binder.event(waiting.pod, "Scheduled", "Successfully assigned default/waiting to n0")
+    assert api.reasons == ["Scheduled"]

@@ -971,9 +971,9 @@ class _Backlogged(_Api):
         self.leading: Callable[[], bool] = lambda: True
         self.order: list[str] = []
 
-    async def event(self, pod: Pod, reason: str, message: str, kind: str = "Normal") -> None:
+    async def event(self, pod: Pod, reason: str, message: str, kind: str = "Normal", fenced: bool = False) -> None:
         await self.let_go.wait()
-        await super().event(pod, reason, message, kind)
+        await super().event(pod, reason, message, kind, fenced)
 
     async def preempt(self, victim: Pod, by: Pod, node: str) -> bool:
         self.order.append(f"delete {victim.key}")

@@ -153,7 +153,7 @@ async def test_a_binding_the_api_server_refuses_is_told_on_the_pod_and_retried()
     s, answers = _scheduler(gpus=1)
     events: list[tuple[str, str, str]] = []
 
-    async def event(pod: Pod, reason: str, message: str, kind: str = "Normal") -> None:
+    async def event(pod: Pod, reason: str, message: str, kind: str = "Normal", fenced: bool = False) -> None:
         events.append((reason, kind, message))
 
     answers.event = event  # type: ignore[method-assign]
@@ -269,7 +269,7 @@ async def test_a_binding_of_unknown_outcome_settled_by_the_watch_elsewhere_or_go
     s, answers = unknown
     events: list[str] = []
 
-    async def event(pod: Pod, reason: str, message: str, kind: str = "Normal") -> None:
+    async def event(pod: Pod, reason: str, message: str, kind: str = "Normal", fenced: bool = False) -> None:
         events.append(f"{reason}: {message}")
 
     answers.event = event  # type: ignore[method-assign]

@@ -415,6 +415,7 @@ class Repartitioner:
             "MigRepartition",
             f"Asked the MIG manager for {LABEL_MIG_CONFIG}={job.config} (in ConfigMap {mig.config_map}) "
             f"for {len(job.pods)} pod(s).",
+            fenced=True,
         )
         rec = self.s.cache.nodes.get(node)
         if rec is not None:  # the MIG manager may have answered before the write returned
@@ -557,6 +558,7 @@ class Repartitioner:
                     f"{LABEL_MIG_CONFIG}={target} applied. Set {LABEL_MIG_REPARTITION}=true to offer it for "
                     "re-partitioning again.",
                     "Warning",
+                    fenced=True,
                 )
             finally:
                 self._giving_up.discard(node)
@@ -762,6 +764,7 @@ class Repartitioner:
             {"kind": "Node", "name": node, "apiVersion": "v1"},
             "MigRestore",
             f"{job.message}: asked the MIG manager for {LABEL_MIG_CONFIG}={MIG_ALL_DISABLED}, its GPUs whole again.",
+            fenced=True,
         )
         job.asked = time.monotonic()
         rec = self.s.cache.nodes.get(node)
@@ -831,6 +834,7 @@ class Repartitioner:
             )
             + " Not tried again for a day.",
             "Warning",
+            fenced=True,
         )
 
     def expire_asks(self) -> None:
@@ -886,6 +890,7 @@ class Repartitioner:
                 f"The node has shown {LABEL_MIG_STATE}={state} for {cap:g} s: offered to pods again as it is. "
                 "Is the MIG manager running there? See its log.",
                 "Warning",
+                fenced=True,
             ),
             f"mig-stuck:{node}",
         )

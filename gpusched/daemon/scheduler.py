@@ -1110,7 +1110,7 @@ class Scheduler:
 
     async def _verdict_event(self, pod: Pod, message: str) -> None:
         if not self.cache.holds(pod.key, pod.uid):  # else bound since: the verdict is out of date
-            await self.binder.event(pod, "FailedScheduling", message, "Warning")
+            await self.binder.event(pod, "FailedScheduling", message, "Warning", fenced=True)
 
     async def _verdict_condition(
         self, pod: Pod, message: str, nominated: str | None, reason: str = REASON_UNSCHEDULABLE, urgent: bool = False
@@ -1197,7 +1197,7 @@ class Scheduler:
                 self.queue.backoff(pod.key)
                 if self.is_leader:  # a lead lost is not the pod's trouble: the new leader places it
                     self.spawn(
-                        self.binder.event(pod, "FailedScheduling", f"Binding rejected: {why}", "Warning"),
+                        self.binder.event(pod, "FailedScheduling", f"Binding rejected: {why}", "Warning", fenced=True),
                         f"event:{pod.key}",
                     )
             else:

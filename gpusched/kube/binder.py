@@ -318,17 +318,23 @@ class Binder:
             return BindResult.TAKEN, f"already bound to {bound_to}"
         return BindResult.FAILED, cause
 
-    async def event(self, pod: Pod, reason: str, message: str, kind: str = "Normal") -> None:
+    async def event(self, pod: Pod, reason: str, message: str, kind: str = "Normal", fenced: bool = False) -> None:
         """An Event on the pod (repeats of one reason and message are sent at most every ``event_repeat_s``)."""
         await self.object_event(
             {"kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid, "apiVersion": "v1"},
             reason,
             message,
             kind,
+            fenced,
         )
 
-    async def object_event(self, involved: dict[str, str], reason: str, message: str, kind: str = "Normal") -> None:
-        """An Event on any object; failures are logged, never raised (Events are best effort)."""
+    async def object_event(
+        self, involved: dict[str, str], reason: str, message: str, kind: str = "Normal", fenced: bool = False
+    ) -> None:
+        """An Event on any object; failures are logged, never raised (Events are best effort).
+        ``fenced``: the leader's word (a verdict, a MIG layout asked for), sent only while this
+        instance leads, as its other writes are (the next leader may be saying otherwise); an
+        Event that reports what was done (``Scheduled``, ``Preempted``) is sent in any case."""
         ns = involved.get("namespace") or "default"
         # By UID too: a pod created again under the name (a StatefulSet's) gets its own Events.
         key = (f"{involved.get('kind')}/{ns}/{involved.get('name')}/{involved.get('uid') or ''}", reason)
@@ -359,7 +365,16 @@ class Binder:
             "count": 1,
         }
         try:
-            await self._retrying("POST", f"/api/v1/namespaces/{segment(ns)}/events", body, kube=self.events)
+            await self._retrying(
+                "POST",
+                f"/api/v1/namespaces/{segment(ns)}/events",
+                body,
+                kube=self.events,
+                leading=self.leading if fenced else None,
+            )
+        except NotLeading:
+            self._last_event.pop(key, None)  # not said: said again when this instance leads again
+            log.info("event not written: no longer the leader", object=key[0], reason=reason)
         except ApiError as exc:
             if exc.status != 409:  # 409: written by an attempt whose answer was lost
                 log.warning("event not written", object=key[0], reason=reason, error=str(exc))
