@@ -796,7 +796,9 @@ def skip_waits(monkeypatch: Any) -> None:
     """Point ``gpusched.daemon.mig``'s ``time`` and ``asyncio.sleep`` at a ``SkippingClock``."""
     clock = SkippingClock()
     monkeypatch.setattr(mig_module, "time", clock)
-    monkeypatch.setattr(mig_module, "asyncio", SimpleNamespace(sleep=clock.sleep, Lock=asyncio.Lock))
+    monkeypatch.setattr(
+        mig_module, "asyncio", SimpleNamespace(sleep=clock.sleep, Lock=asyncio.Lock, current_task=asyncio.current_task)
+    )
 
 
 async def until(cond: Any, what: str) -> None:

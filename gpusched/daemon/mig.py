@@ -136,6 +136,9 @@ class Repartitioner:
         """Monotonic time before which no GPU is re-partitioned (a layout could not be written)."""
         self._writes = asyncio.Lock()
         """One write of the MIG manager's ConfigMap at a time."""
+        self.idle: set[asyncio.Task[Any]] = set()
+        """Tasks that are only waiting (for the kubelet's copy of the ConfigMap, or for the MIG
+        manager, minutes at most): the shutdown drain does not wait for them."""
         self.asked: dict[str, int] = {}
         """Nodes a layout was asked for (by any leader) that advertise no instance yet: when (epoch s)."""
         self.asked_seen: dict[str, tuple[int, float]] = {}
@@ -223,8 +226,19 @@ class Repartitioner:
             wait = self._due(node, job.asked) - time.monotonic()
             if wait <= 0:
                 return True
-            await asyncio.sleep(wait)  # the due time only moves later: looked at again then
+            await self._idle(wait)  # the due time only moves later: looked at again then
         return False
+
+    async def _idle(self, seconds: float) -> None:
+        """Sleep, counted among the waits the shutdown drain does not wait for (``idle``)."""
+        task = asyncio.current_task()
+        if task is not None:
+            self.idle.add(task)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            if task is not None:
+                self.idle.discard(task)
 
     # -- MIG re-partitioning ------------------------------------------------------------------
     def set_aside(self) -> dict[tuple[str, str], str]:
@@ -379,7 +393,7 @@ class Repartitioner:
                     node=node,
                     seconds=round(wait, 1),
                 )
-                await asyncio.sleep(wait)
+                await self._idle(wait)
             if self.jobs.get(node) is not job:  # over meanwhile (the node went away)
                 return
             withdrawn = self._withdrawn(node)

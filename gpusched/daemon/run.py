@@ -36,6 +36,11 @@ from gpusched.state.volumes import Claims
 log = structlog.get_logger("gpusched.daemon")
 
 
+ACTING = ("schedule", "consolidate", "mig-restore", "keep-warm")
+"""The daemon's loops that start work (batches, consolidation's evictions, MIG restores, the
+warm connections): stopped first at shutdown, before the drain, so that none starts during it."""
+
+
 class StartupError(Exception):
     """The daemon cannot start as configured; the message says what to change."""
 
@@ -89,10 +94,11 @@ async def run_daemon(settings: DaemonSettings) -> int:
                 log.error("task ended; stopping", task=t.get_name(), error=repr(t.exception()))
                 code = 1
     finally:
-        schedule = [t for t in tasks if t.get_name() == "schedule"]
-        for t in schedule:  # no new batches
+        # No new batches, nor evictions or relabelled nodes from the loops that act on their own.
+        acting = [t for t in tasks if t.get_name() in ACTING]
+        for t in acting:
             t.cancel()
-        await asyncio.gather(*schedule, return_exceptions=True)
+        await asyncio.gather(*acting, return_exceptions=True)
         await sched.drain(timeout=10.0)
         cut_off = sched.unfinished_binds()
         for t in [*sched.pending_tasks(), *tasks]:  # binds still waiting after the drain are dropped

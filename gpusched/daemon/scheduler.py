@@ -469,7 +469,9 @@ class Scheduler:
     async def drain(self, timeout: float) -> None:
         """Wait (bounded) for in-flight binds and Events, and for the Events of binds that land
         meanwhile (a Binding's answer starts its Scheduled Event as a new task).  Read-backs that
-        wait between tries are not waited for: the next leader reads the pods afresh."""
+        wait between tries are not waited for: the next leader reads the pods afresh; nor are
+        MIG layouts waiting for the kubelet or the MIG manager (``Repartitioner.idle``): the next
+        leader waits for them as it finds them."""
         deadline = time.monotonic() + timeout
         while (busy := self._draining()) and (left := deadline - time.monotonic()) > 0:
             await asyncio.wait(busy, timeout=left)
@@ -492,7 +494,7 @@ class Scheduler:
         await self.elector.release()
 
     def _draining(self) -> set[asyncio.Task[None]]:
-        return {t for t in self._tasks if not t.get_name().startswith(_READ_BACKS)}
+        return {t for t in self._tasks if not t.get_name().startswith(_READ_BACKS) and t not in self.mig.idle}
 
     # -- scheduling --------------------------------------------------------------------------
     async def schedule_forever(self) -> None:
