@@ -8,6 +8,7 @@ it (the API-server tests in tests/e2e cover the Bindings themselves).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
@@ -17,7 +18,7 @@ from gpusched.daemon import DaemonSettings, Scheduler
 from gpusched.daemon import scheduler as daemon
 from gpusched.daemon.handlers import NodeHandler
 from gpusched.kube.binder import Binder, BindResult
-from gpusched.kube.client import Kube
+from gpusched.kube.client import Kube, RateLimiter, Response
 from gpusched.model import Pod
 from tests.doubles import IdleClient, member_pod, one_node_scheduler, settle
 from tests.e2e import kit
@@ -41,12 +42,18 @@ class _Answers:
         """Read-backs the API server cannot answer before it does."""
         self.settles: list[tuple[BindResult, str]] = []
         """What the read-backs after a Binding of unknown outcome find, in turn; then nothing."""
+        self.sending: set[str] = set()
+        """Bindings sent and not answered yet (as ``Binder.sending``)."""
 
     async def bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> tuple[BindResult, str]:
         self.bound.append(pod.key)
-        if pod.key in self.held:
-            await self.held[pod.key].wait()
-        return self.results.get(pod.key, (BindResult.BOUND, ""))
+        self.sending.add(pod.key)
+        try:
+            if pod.key in self.held:
+                await self.held[pod.key].wait()
+            return self.results.get(pod.key, (BindResult.BOUND, ""))
+        finally:
+            self.sending.discard(pod.key)
 
     async def event(self, *_: Any, **__: Any) -> None:
         pass
@@ -613,3 +620,51 @@ async def test_a_binding_withdrawn_because_its_node_went_away_places_the_pod_aga
     await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
     await settle(s)
     assert answers.bound == ["default/a", "default/a"]
+
+
+class _Throttled:
+    """A client whose rate limiter lets no request go until ``go`` is set; a request sent is
+    never answered (an API server that holds it)."""
+
+    def __init__(self) -> None:
+        self.limiter = RateLimiter(50, 100)
+        self.go = asyncio.Event()
+
+    async def request(self, *_: Any, before_send: Callable[[], None] | None = None, **__: Any) -> Response:
+        await self.go.wait()
+        if before_send is not None:
+            before_send()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("sent", [False, True])
+async def test_at_shutdown_a_binding_still_waiting_for_a_token_keeps_no_lease(sent: bool) -> None:
+    """A Binding never sent cannot land: a rollout during a burst, with binds waiting for the
+    client's rate, releases the Lease so that the other replica takes over at once, rather
+    than after the Lease ran out.  One sent and unanswered keeps it."""
+    api = _Throttled()
+    if sent:
+        api.go.set()
+    s = Scheduler(DaemonSettings(scheduler_name="s", policy="bestfit"), cast(Kube, IdleClient()))
+    kube = cast(Kube, api)
+    s.binder = Binder(kube, s.identity, events=kube, leading=lambda: s.is_leader, lead_left=lambda: 5.0)
+    NodeHandler(s).apply("ADDED", kit.node("n0", 1, "A100"))
+    assert s.elector is not None
+    released: list[bool] = []
+
+    async def release() -> None:
+        released.append(True)
+
+    s.elector.release = release  # type: ignore[method-assign]
+    s.elector.holds = lambda: True  # type: ignore[method-assign]
+    s._leadership(True)
+    s._pending.apply("ADDED", member_pod("a"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await s.drain(0.3)
+    cut = s.unfinished_binds()
+    for t in s.pending_tasks():
+        t.cancel()
+    await asyncio.gather(*s.pending_tasks(), return_exceptions=True)
+    await s.give_up_lead(cut)
+    assert (cut, released) == ((1, []) if sent else (0, [True]))

@@ -477,9 +477,11 @@ class Scheduler:
             await asyncio.wait(busy, timeout=left)
 
     def unfinished_binds(self) -> int:
-        """Bindings still in flight (or of unknown outcome, being read back): cut off now, each
-        may still land on the API server."""
-        return sum(1 for t in self._tasks if t.get_name().startswith(("bind:", "resolve:")) and not t.done())
+        """Bindings sent and not answered (or of unknown outcome, being read back): cut off now,
+        each may still land on the API server.  Not those still waiting for a slot or a token:
+        never sent, they cannot land, and need not keep the Lease from the next leader."""
+        resolving = sum(1 for t in self._tasks if t.get_name().startswith("resolve:") and not t.done())
+        return len(self.binder.sending) + resolving
 
     async def give_up_lead(self, cut_off: int) -> None:
         """At shutdown, after the drain: release the Lease so that another replica takes over at

@@ -194,6 +194,9 @@ class Binder:
         self.attempts = attempts
         self.event_repeat_s = event_repeat_s
         self._last_event: dict[tuple[str, str], tuple[str, float]] = {}
+        self.sending: set[str] = set()
+        """Pods, by key, whose Binding has gone out (one attempt at least) and whose outcome is
+        not known yet: cut off now, it may still land.  Not those still waiting for a token."""
 
     async def _retrying(
         self,
@@ -204,6 +207,7 @@ class Binder:
         kube: Kube | None = None,
         leading: Callable[[], bool] | None = None,
         deadline: Callable[[], float] | None = None,
+        on_send: Callable[[], None] | None = None,
     ) -> Any:
         """The request, retried while it fails in passing; with ``leading``, each attempt is made
         only while it holds (else ``NotLeading``) and must be over by the end of the lead
@@ -222,6 +226,8 @@ class Binder:
             nonlocal sent
             check()  # again once the rate limiter lets it go, which can take seconds
             sent = True
+            if on_send is not None:
+                on_send()
 
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
@@ -262,7 +268,9 @@ class Binder:
             return not gone and (self.leading is None or self.leading())
 
         try:
-            await self._retrying("POST", path, body, leading=may, deadline=self.lead_left)
+            await self._retrying(
+                "POST", path, body, leading=may, deadline=self.lead_left, on_send=lambda: self.sending.add(pod.key)
+            )
             return BindResult.BOUND, ""
         except NotLeading as exc:
             why = f"node {node} is gone" if gone else "no longer the leader"
@@ -275,6 +283,8 @@ class Binder:
             if exc.status in (0, 409) or exc.status >= 500:  # it may have been written
                 return await self.settle(pod, node, str(exc))
             return BindResult.FAILED, str(exc)
+        finally:
+            self.sending.discard(pod.key)
 
     async def exists(self, pod: Pod) -> bool | None:
         """Whether ``pod`` (this UID, not a later pod of its name) is still there and not
