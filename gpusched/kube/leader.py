@@ -137,9 +137,22 @@ class LeaderElector:
             return False
 
     async def release(self) -> None:
-        """Give the Lease up at shutdown so another replica takes over at once."""
+        """Give the Lease up at shutdown so another replica takes over at once; given up itself
+        after a renew deadline (an API server that does not answer must not keep the process
+        past its grace period: the Lease then runs out)."""
         if self.holder != self.identity:
             return
+        try:
+            await asyncio.wait_for(self._release(), self.renew_deadline)
+        except TimeoutError:
+            log.warning(
+                "lease not released: no answer in time; the other replicas take over once it runs out",
+                lease=self.name,
+                waited=self.renew_deadline,
+                seconds=self.lease_duration,
+            )
+
+    async def _release(self) -> None:
         try:
             lease = await self.kube.get(self.lease_path)
             spec = lease.get("spec") or {}

@@ -47,6 +47,9 @@ class HangingApi:
         await asyncio.Event().wait()  # forever
         raise AssertionError("unreachable")
 
+    async def get(self, path: str) -> Any:
+        return (await self.request("GET", path)).body
+
 
 def _elector(api: object, on_change: Callable[[bool], None]) -> LeaderElector:
     """An elector with short timings: lease 1.5 s, renew deadline 0.6 s, retry every 0.1 s."""
@@ -532,3 +535,21 @@ def test_a_container_restarted_in_its_pod_waits_for_the_lease_its_last_run_held_
     assert changes[0][0] is True
     assert changes[0][1] >= start + 2.0  # the Lease's 2 s, not at once
     assert after.startswith("gpu-scheduler-7d9f-abcde_")  # what kubectl shows still names the pod
+
+
+def test_a_release_the_api_server_does_not_answer_is_given_up_by_the_renew_deadline(loop: VirtualTimeLoop) -> None:
+    """At shutdown the pod has its grace period (30 s) and no more: an API server that holds the
+    release's requests must not keep it past, so the release gives up and the Lease runs out."""
+    api = HangingApi()
+    ended: list[float] = []
+
+    async def main() -> None:
+        elector = _elector(api, lambda _: None)
+        assert await elector._renew(0.6)  # created: held
+        start = loop.time()
+        await asyncio.wait_for(elector.release(), 60.0)
+        ended.append(loop.time() - start)
+
+    virtual_time.run(loop, main())
+    assert ended
+    assert ended[0] <= 0.6 + 1e-6  # the renew deadline
