@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
+from structlog.testing import capture_logs
 
 from gpusched.config import parse_config
 from gpusched.daemon import DaemonSettings, Scheduler
 from gpusched.daemon.handlers import NodeHandler
 from gpusched.kube.binder import Binder
-from gpusched.kube.client import Kube
+from gpusched.kube.client import Kube, Response
 from gpusched.kube.convert import pod_record
 from gpusched.model import Pod
 from tests.doubles import IdleClient, RecordingApi, one_node_scheduler, settle
@@ -35,6 +37,22 @@ class EvictionApi(RecordingApi):
         self.evicted.append(victim.key)
         await self.event(victim, "Consolidating", f"Evicted from node {node}: {why}")
         return True
+
+
+class EvictingServer:
+    """An API server that accepts every request, recording the pods evicted."""
+
+    def __init__(self) -> None:
+        self.evicted: list[str] = []
+
+    async def request(
+        self, method: str, path: str, body: Any = None, before_send: Callable[[], None] | None = None, **_: Any
+    ) -> Response:
+        if before_send is not None:
+            before_send()
+        if path.endswith("/eviction"):
+            self.evicted.append(f"{body['metadata']['namespace']}/{body['metadata']['name']}")
+        return Response(201, {})
 
 
 def batch_pod(name: str, node: str, gpu: int, *, movable: bool = True, owned: bool = True) -> dict[str, Any]:
@@ -456,3 +474,21 @@ async def test_a_leader_of_long_standing_is_not_held_back_by_pods_that_leave() -
     s.consolidator._led_at -= 601
     assert await round_of(s) == 1
     assert api.evicted == ["default/c0"]
+
+
+async def test_a_node_whose_evictions_met_the_end_of_the_lead_is_not_left_out_as_refused() -> None:
+    """Nothing refused those evictions: the node is not taken for one that will not empty (left
+    out of rounds for an hour, with a warning), and is emptied when this instance leads again."""
+    server = EvictingServer()
+    leading = False  # the lead ends as the round's evictions are to go out
+    kube = cast(Kube, server)
+    s = two_nodes(RecordingApi())  # n0: a0, a1 on GPUs 0-1
+    s.binder = Binder(kube, "me", events=kube, leading=lambda: leading)
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    with capture_logs() as logs:
+        assert await round_of(s) == 1  # n1's b0 was to go
+    assert server.evicted == []
+    assert not [e for e in logs if e["event"] == "consolidation left a node in use"]
+    leading = True
+    assert await round_of(s) == 1
+    assert server.evicted == ["default/b0"]  # n1 again, the emptiest

@@ -668,3 +668,18 @@ async def test_at_shutdown_a_binding_still_waiting_for_a_token_keeps_no_lease(se
     await asyncio.gather(*s.pending_tasks(), return_exceptions=True)
     await s.give_up_lead(cut)
     assert (cut, released) == ((1, []) if sent else (0, [True]))
+
+
+async def test_binds_dropped_when_the_lead_is_lost_count_as_a_lost_lead_not_as_failures() -> None:
+    """A bind still waiting when the lead passes is dropped for the next leader to place: an alert
+    on failed Bindings must not fire at every hand-over."""
+    s, answers = _scheduler(gpus=2)
+    for name in ("a", "b"):
+        s._pending.apply("ADDED", member_pod(name))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    s._leadership(False)  # before the binds got their slots
+    await settle(s)
+    assert answers.bound == []
+    scraped = s.metrics.render()[0].decode()
+    assert 'gpusched_bind_errors_total{reason="failed"} 0.0' in scraped
+    assert 'gpusched_bind_errors_total{reason="lead_lost"} 2.0' in scraped

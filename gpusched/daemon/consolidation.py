@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from gpusched.kube.binder import NotLeading
 from gpusched.model import Assignment, Plan, Pod
 from gpusched.solver.consolidate import Move, node_down, plan_consolidation
 from gpusched.solver.validate import plan_problems
@@ -39,7 +40,8 @@ class Consolidator:
         self._round_deadline = 0.0
         """Monotonic time after which the next round no longer waits for the last one's pods."""
         self._emptying: dict[str, list[int]] = {}
-        """Per node a round is emptying: [evictions left, evictions refused, evictions in all]."""
+        """Per node a round is emptying: [evictions left, evictions refused, evictions not sent
+        because the lead ended]."""
         self._refused_until: dict[str, float] = {}
         """Nodes not emptied again until then: a round left them in use (an eviction refused), or
         the pods of the round that emptied them were placed back on them (``_emptied``)."""
@@ -149,7 +151,7 @@ class Consolidator:
                 f"consolidating GPU work: every pod on node {node} fits on the free GPUs of other nodes in use, "
                 "and the node is left idle; the pod's controller creates it again"
             )
-            self._emptying[node] = [len(m.pods), 0, len(m.pods)]
+            self._emptying[node] = [len(m.pods), 0, 0]
             self._emptied.add(node)
             for a in m.pods:
                 self.moving.add((a.pod.key, a.pod.uid))
@@ -248,20 +250,27 @@ class Consolidator:
     async def _evict_to_consolidate(self, pod: Pod, node: str, why: str) -> None:
         """Evict one pod of a node a round is emptying; the node counts as emptied once all of
         its pods are evicted."""
-        done = await self.s.binder.evict(pod, node, why)
-        tally = self._emptying.setdefault(node, [1, 0, 1])
+        lost = False
+        try:
+            done = await self.s.binder.evict(pod, node, why)
+        except NotLeading:  # nothing refused it: the node is no worse a choice than before
+            done, lost = False, True
+        tally = self._emptying.setdefault(node, [1, 0, 0])
         tally[0] -= 1
         if done:
             self.s.metrics.consolidation(0, 1)
         else:
-            tally[1] += 1
+            tally[2 if lost else 1] += 1
             self.moving.discard((pod.key, pod.uid))
         if tally[0] <= 0:
-            if not tally[1]:
-                self.s.metrics.consolidation(1, 0)
-            else:  # left in use: not chosen again each round, each evicting some or none
+            if tally[1]:  # left in use: not chosen again each round, each evicting some or none
                 hold = self._hold_s()
                 self._refused_until[node] = time.monotonic() + hold
                 self._emptied.discard(node)
                 log.warning("consolidation left a node in use", node=node, refused=tally[1], retry_in_s=hold)
+            elif tally[2]:  # the next leader's rounds choose afresh
+                self._emptied.discard(node)
+                log.info("consolidation of a node stopped: no longer the leader", node=node, not_evicted=tally[2])
+            else:
+                self.s.metrics.consolidation(1, 0)
             del self._emptying[node]

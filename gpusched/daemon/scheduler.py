@@ -38,7 +38,7 @@ from gpusched.daemon.mig import Repartitioner
 from gpusched.daemon.outbox import Outbox
 from gpusched.daemon.preemption import Preemptor, Verdict
 from gpusched.daemon.settings import BOUND_SELECTOR, DaemonSettings, default_identity
-from gpusched.kube.binder import Binder, BindResult
+from gpusched.kube.binder import LEAD_LOST, Binder, BindResult
 from gpusched.kube.client import Kube, bind_concurrency, segment
 from gpusched.kube.configmap import ConfigMapHandler
 from gpusched.kube.convert import (
@@ -81,6 +81,11 @@ CONFIG_READ_WAIT_S = 30.0
 OUTBOX_WORKERS = 16
 """Verdicts' Events and conditions sent at once at most: the connections they may hold (the
 pool has more: Bindings and watches keep theirs)."""
+
+
+def _lead_lost(result: BindResult, why: str) -> bool:
+    """Whether a bind ended so because the lead did (not sent, or sent and not written)."""
+    return result is BindResult.FAILED and why.startswith(LEAD_LOST)
 
 
 class Scheduler:
@@ -1149,7 +1154,7 @@ class Scheduler:
                     if self.is_leader:
                         result, why = await self.binder.bind(pod, node, gpus)
                     else:  # stepped down while this bind waited: the new leader places the pod
-                        result, why = BindResult.FAILED, "no longer the leader"
+                        result, why = BindResult.FAILED, LEAD_LOST
                 except Exception as exc:  # not the API's answer (the binder turns those into results)
                     result, why = BindResult.FAILED, f"bind raised {exc!r}"
         finally:
@@ -1162,7 +1167,8 @@ class Scheduler:
                 self.queue.nudge()
         ms = round((time.perf_counter() - start) * 1000, 1)
         self._bind_outcome(pod, node, gpus, result, why)
-        log.info("bind", pod=pod.key, node=node, gpus=list(gpus), result=result.value, why=why or None, ms=ms)
+        told = "lead_lost" if _lead_lost(result, why) else result.value
+        log.info("bind", pod=pod.key, node=node, gpus=list(gpus), result=told, why=why or None, ms=ms)
 
     def _bind_outcome(self, pod: Pod, node: str, gpus: tuple[int, ...], result: BindResult, why: str) -> None:
         """Act on how a Binding ended: the books, the queue, the Events and the counters."""
@@ -1196,8 +1202,8 @@ class Scheduler:
                 self.placed_here.add(pod.key)
             elif freed:  # its capacity is free again: the parked may fit
                 self.queue.move_all()
-            if result is BindResult.FAILED:
-                self.metrics.bind_error("failed")
+            if result is BindResult.FAILED:  # a lead lost is told apart: nothing failed
+                self.metrics.bind_error("lead_lost" if _lead_lost(result, why) else "failed")
                 self.queue.backoff(pod.key)
                 if self.is_leader:  # a lead lost is not the pod's trouble: the new leader places it
                     self.spawn(

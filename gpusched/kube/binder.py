@@ -39,7 +39,15 @@ from gpusched.kube.convert import ANNOTATION_GPU_INDICES, MIG_CONFIG_PREFIX
 from gpusched.model import Pod
 from gpusched.state.records import REASON_UNSCHEDULABLE
 
-__all__ = ["MIG_CONFIG_KEY", "BindResult", "Binder", "condition_changes", "merge_mig_configs"]
+__all__ = [
+    "LEAD_LOST",
+    "MIG_CONFIG_KEY",
+    "BindResult",
+    "Binder",
+    "NotLeading",
+    "condition_changes",
+    "merge_mig_configs",
+]
 
 MIG_CONFIG_KEY = "config.yaml"
 """The key of the MIG manager's ConfigMap that holds the mig-parted document."""
@@ -134,12 +142,17 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+LEAD_LOST = "no longer the leader"
+"""What a bind, a write or an eviction not made because the lead ended says (at the start of
+its reason): no fault of the pod's, nor of the API server's."""
+
+
 class NotLeading(Exception):
     """This instance stopped leading before the request (or its next attempt) went out;
     ``sent`` says whether an earlier attempt had gone out, whose outcome is then unknown."""
 
     def __init__(self, sent: bool = False) -> None:
-        super().__init__("no longer the leader")
+        super().__init__(LEAD_LOST)
         self.sent = sent
 
 
@@ -273,7 +286,7 @@ class Binder:
             )
             return BindResult.BOUND, ""
         except NotLeading as exc:
-            why = f"node {node} is gone" if gone else "no longer the leader"
+            why = f"node {node} is gone" if gone else LEAD_LOST
             if exc.sent:  # an earlier attempt went out and got no answer: it may have been written
                 return await self.settle(pod, node, f"{why} after a Binding with no answer")
             return (BindResult.WITHDRAWN if gone else BindResult.FAILED), why
@@ -437,7 +450,8 @@ class Binder:
         """Evict ``victim`` (this UID) from ``node`` through the Eviction API, which checks its
         disruption budgets and sets its ``DisruptionTarget`` condition, then write a
         ``Consolidating`` Event saying ``why``.  False, logged, when it was not evicted (a budget
-        refused it, say); True when it was gone already."""
+        refused it, say); True when it was gone already.  ``NotLeading`` when the lead ended
+        before it went out: nothing refused it."""
         body: dict[str, Any] = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
@@ -447,9 +461,6 @@ class Binder:
             body["deleteOptions"] = {"preconditions": {"uid": victim.uid}}
         try:
             await self._retrying("POST", f"{_path(victim)}/eviction", body, leading=self.leading)
-        except NotLeading:
-            log.info("pod not evicted: no longer the leader", pod=victim.key)
-            return False
         except ApiError as exc:
             if exc.status == 404 or _replaced(exc):
                 log.info("pod to evict gone already", pod=victim.key, uid=victim.uid)
@@ -507,7 +518,7 @@ class Binder:
                         raise
             return f"ConfigMap {config_map}: changed by another writer {self.attempts} times in a row", 0.0
         except NotLeading:
-            return "no longer the leader", 0.0
+            return LEAD_LOST, 0.0
         except ApiError as exc:
             return str(exc), 0.0
 
@@ -517,7 +528,7 @@ class Binder:
         try:
             await self._retrying("PATCH", f"/api/v1/nodes/{segment(node)}", patch, MERGE_PATCH, leading=self.leading)
         except NotLeading:
-            return "no longer the leader"
+            return LEAD_LOST
         except ApiError as exc:
             return str(exc)
         return ""

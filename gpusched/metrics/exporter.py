@@ -49,7 +49,7 @@ RELOAD_RESULTS: tuple[str, ...] = ("ok", "rejected")
 POLL_RESULTS: tuple[str, ...] = ("ok", "error")
 """Values of the ``result`` label of ``gpusched_utilisation_polls_total``."""
 
-BIND_ERROR_REASONS: tuple[str, ...] = ("failed", "unknown", "taken")
+BIND_ERROR_REASONS: tuple[str, ...] = ("failed", "unknown", "taken", "lead_lost")
 """Values of the ``reason`` label of ``gpusched_bind_errors_total``."""
 
 MIG_REPARTITION_RESULTS: tuple[str, ...] = ("requested", "success", "failed", "timeout", "error")
