@@ -713,6 +713,41 @@ async def test_a_pod_of_higher_priority_takes_over_room_held_for_one_of_lower_pr
     assert [e for e in api.evicted if e[1] == "default/mid"] == [("default/low", "default/mid", "n0")]
 
 
+async def test_a_pod_of_higher_priority_drawn_with_the_room_holder_gets_the_room() -> None:
+    """mid's victim is gone and high comes in the same batch: as kube-scheduler counts a
+    nominated pod only against pods of no higher priority, high takes the GPU; mid is not bound
+    first only to be preempted by high at once, and looks again."""
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", _pod("low", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("mid", 50))
+    assert await _cycle(s) == ["default/mid"]
+    s._bound.apply("MODIFIED", _leaving("low", 0, "n0"))
+    await _cycle(s)
+    s._bound.apply("DELETED", _leaving("low", 0, "n0"))
+    s._pending.apply("ADDED", _pod("high", 100))
+    assert sorted(await _cycle(s)) == ["default/high", "default/mid"]
+    assert api.bound == ["default/high"]
+    assert api.evicted == [("default/low", "default/mid", "n0")], "no one else evicted"
+    assert s.cache.nomination("default/mid") is None
+    assert api.nominated["default/mid"] is None
+
+
+async def test_a_room_holder_is_bound_first_beside_a_pod_of_higher_priority_that_its_room_would_not_take() -> None:
+    """high asks for two GPUs: mid's room of one is no use to it, so mid is bound there first."""
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", _pod("low", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("mid", 50))
+    assert await _cycle(s) == ["default/mid"]
+    s._bound.apply("DELETED", _leaving("low", 0, "n0"))
+    high = _pod("high", 100, never=True)
+    high["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    s._pending.apply("ADDED", high)
+    assert sorted(await _cycle(s)) == ["default/high", "default/mid"]
+    assert api.bound == ["default/mid"]
+
+
 async def _mid_holds_room_while_low_leaves() -> tuple[Scheduler, _Api]:
     """One GPU: "mid" (50) preempted "low" (0), which is terminating; room is held for mid."""
     api = _Api()

@@ -1008,18 +1008,31 @@ class Scheduler:
 
     def _bind_nominated(self, todo: list[PodRecord]) -> list[PodRecord]:
         """Bind each pod whose victims are gone to the room held for it, as kube-scheduler tries
-        a pod's nominated node first: no other pod of the batch may take that room.  A gang's
-        members are bound so only all together.  The rest of ``todo`` (and such pods when their
-        room no longer fits them) is solved as usual."""
+        a pod's nominated node first: no pod of the batch of its priority or lower may take that
+        room.  A gang's members are bound so only all together, at the least important member's
+        priority.  Not while the rest of the batch holds a pod of higher priority (of its tenant,
+        with tenants) that the room would take: kube-scheduler counts a nominated pod only
+        against pods of no higher priority, so the room is left to the solve, freed, which
+        places by priority (and the pod, left out, gives the room up and looks again).  The rest
+        of ``todo`` (and such pods when their room no longer fits them) is solved as usual."""
         units: dict[str, list[PodRecord]] = defaultdict(list)  # a pod, or a gang's members
         for r in todo:
             units[r.pod.unit].append(r)
-        bound = {r.key for group in units.values() if self._bind_rooms(group) for r in group}
+        bound: set[str] = set()
+        # Highest first: a pod bound to its own room takes no other's.
+        for group in sorted(units.values(), key=lambda g: -min(r.pod.priority for r in g)):
+            if not any(self.cache.nomination(r.key) for r in group):
+                continue
+            rivals = [r.pod for r in todo if r.key not in bound and r.pod.unit != group[0].pod.unit]
+            if self._bind_rooms(group, rivals):
+                bound.update(r.key for r in group)
         return [r for r in todo if r.key not in bound]  # in their order: it matters to greedy policies
 
-    def _bind_rooms(self, records: list[PodRecord]) -> bool:
+    def _bind_rooms(self, records: list[PodRecord], rivals: Collection[Pod] = ()) -> bool:
         """Bind ``records`` (one pod, or the members of one gang in the batch) to the rooms held
-        for them, if each holds one whose victims are gone and they all fit there together."""
+        for them, if each holds one whose victims are gone, they all fit there together, and
+        none of ``rivals`` (the other pods of the batch still to place) outranks them and fits
+        in one of those rooms."""
         rooms = [self.cache.nomination(r.key) for r in records]
         held = [h for h in rooms if h is not None and not h[2]]
         if len(held) < len(records):
@@ -1042,6 +1055,24 @@ class Scheduler:
                 pods=[r.key for r in records],
                 nodes=sorted({h[0] for h in held}),
                 problems=problems[:3],
+            )
+            return False
+        floor = min(r.pod.priority for r in records)
+        tenant = self.tenants.of(records[0].pod) if self.tenants.active else None
+        nodes = {a.node for a in placed}
+        outranked = [
+            q.key
+            for q in rivals
+            if q.priority > floor
+            and (tenant is None or self.tenants.of(q) == tenant)
+            and any(snap.state.pod_mask(q)[i] for i in nodes)
+        ]
+        if outranked:
+            log.info(
+                "held room left to the batch's solve: pods of higher priority may take it",
+                pods=[r.key for r in records],
+                nodes=sorted({h[0] for h in held}),
+                higher=outranked[:3],
             )
             return False
         for p, (node, gpus, _) in zip(pods, held, strict=True):
