@@ -733,6 +733,49 @@ async def test_a_pod_of_higher_priority_drawn_with_the_room_holder_gets_the_room
     assert api.nominated["default/mid"] is None
 
 
+async def test_a_never_pod_of_higher_priority_takes_over_a_lower_pods_room() -> None:
+    """Taking over a nominated pod's room evicts no one, so a pod of higher priority that may not
+    preempt may take it, as kube-scheduler lets it; and it keeps it while the victims leave."""
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", _pod("low", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("mid", 50))
+    assert await _cycle(s) == ["default/mid"]
+    s._bound.apply("MODIFIED", _leaving("low", 0, "n0"))
+    s._pending.apply("ADDED", _pod("high", 100, never=True))
+    assert "default/high" in await _cycle(s)
+    assert s.cache.nomination("default/high") == ("n0", (0,), 1)
+    assert api.nominated == {"default/mid": None, "default/high": "n0"}
+    assert "taken by pod default/high, of higher priority (100 > 50)" in api.failed("default/mid")[-1]
+    NodeHandler(s).apply("ADDED", kit.node("cpu-only", 0, ""))  # every parked pod looks again
+    assert sorted(await _cycle(s)) == ["default/high", "default/mid"]
+    assert api.nominated["default/high"] == "n0", "the room kept while its victim leaves"
+    s._bound.apply("DELETED", _leaving("low", 0, "n0"))
+    await _cycle(s)
+    assert api.bound == ["default/high"]
+    assert api.evicted == [("default/low", "default/mid", "n0")]
+
+
+async def test_a_never_pod_does_not_evict_beside_a_room_it_cannot_take_alone() -> None:
+    """Two GPUs: mid holds one (its victim leaving), low-b runs on the other.  high asks for
+    both and may not preempt: it would have to evict low-b beside mid's room, which it may not."""
+    api = _Api()
+    s = one_node_scheduler(api, gpus=2)
+    s._bound.apply("ADDED", _pod("low", 0, node="n0"))
+    s._bound.apply("ADDED", _pod("low-b", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("mid", 50))
+    assert await _cycle(s) == ["default/mid"]
+    evicted = list(api.evicted)
+    s._bound.apply("MODIFIED", _leaving(evicted[0][0].removeprefix("default/"), 0, "n0"))
+    high = _pod("high", 100, never=True)
+    high["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    s._pending.apply("ADDED", high)
+    assert "default/high" in await _cycle(s)
+    assert api.evicted == evicted
+    assert s.cache.nomination("default/high") is None
+    assert s.cache.nomination("default/mid") is not None
+
+
 async def test_a_room_holder_is_bound_first_beside_a_pod_of_higher_priority_that_its_room_would_not_take() -> None:
     """high asks for two GPUs: mid's room of one is no use to it, so mid is bound there first."""
     api = _Api()

@@ -167,14 +167,18 @@ class Preemptor:
         gangs: list[dict[str, tuple[Pod, str]]],
         batch_id: int,
         batch: Snapshot | None = None,
+        taken_over: bool = False,
     ) -> None:
         """Look for running pods of lower priority whose eviction lets each of ``pods`` fit, and
         each of ``gangs`` (key -> member, why it is left out) fit whole; evict them, hold their
         room, and tell every pod where it stands (``batch``: the batch's snapshot, for what it
         kept from the pods: busy GPUs, GPUs kept free).  With tenants, a pod within its
         tenant's quota first reclaims GPUs that other tenants borrowed, and preempts pods of
-        lower priority (of its own tenant) only where that finds nothing."""
-        pods = self.take_over(pods, batch)
+        lower priority (of its own tenant) only where that finds nothing.  First, each pod may
+        take over a room held for one of lower priority (``take_over``), unless ``pods`` are
+        those that did not already (``taken_over``)."""
+        if not taken_over:
+            pods = self.take_over(pods, batch)
         # Pods at the headroom's priority or more may have the kept GPUs; those below may not.
         # Searched together, the kept GPUs would be out of reach of both: the first look first
         # (reclaim, then preemption), and the others only if they evict nobody (else they look
@@ -236,12 +240,13 @@ class Preemptor:
         there, those victims gone, is nominated there in its place, evicting no one, and the
         pod of lower priority gives it up and looks again (kube-scheduler counts a nominated pod
         only against pods of no higher priority than its own, and clears the nominations it
-        outranks).  So may a pod its tenant's limit holds back, as ``_room_for`` keeps to it
+        outranks).  So may a pod that may not preempt (``preemptionPolicy: Never``): taking the
+        room evicts no one.  So may a pod its tenant's limit holds back, as ``_room_for`` keeps to it
         (``beside``: GPU demand by tenant the batch admitted besides, held to the limit too)."""
         left: list[tuple[Pod, _Why]] = []
         for p, e in sorted(pods, key=lambda pe: -pe[0].priority):
             live = self.s.queue.current(p.key, p.uid) and not self.s.cache.holds(p.key, p.uid)
-            room = self._room_for(p, beside) if live and p.preempts and p.gang is None and self.s.is_leader else None
+            room = self._room_for(p, beside) if live and p.gang is None and self.s.is_leader else None
             if room is None:
                 left.append((p, e))
                 continue

@@ -862,6 +862,7 @@ class Scheduler:
                 self.queue.backoff(p.key)
         members = Counter(p.gang.name for p in pods if p.gang is not None)
         preempting: list[tuple[Pod, Explanation]] = []
+        never: list[tuple[Pod, Explanation, ClusterState]] = []  # pods left out that may not preempt
         rejected: dict[str, list[Pod]] = defaultdict(list)  # gang -> its members left out
         if untaken and plan.unplaced:
             # The pods the plan left out were weighed against capacity it gave to pods that are
@@ -879,10 +880,24 @@ class Scheduler:
                 continue
             seen = after_low if self.below_headroom(p) else after
             e = explain(p, seen)
-            if e.fits or not p.preempts:
+            if e.fits:
                 self.tell_unschedulable(p, self.with_notes(p, e.message, snap, seen), e.reason)
             elif not self.rooms.waits_for_victims(p, e, seen, freed):
-                preempting.append((p, e))
+                if p.preempts:
+                    preempting.append((p, e))
+                else:
+                    never.append((p, e, seen))
+        if never:
+            # A pod that may not preempt may still take over the room held for a pod of lower
+            # priority (doing so evicts no one), as may those that preempt: one look for all of
+            # them, highest priority first.
+            seen_by = {p.key: seen for p, _, seen in never}
+            left = self.rooms.take_over([(p, e) for p, e, _ in never] + preempting, snap)
+            kept = {p.key for p, _ in left}
+            preempting = [(p, e) for p, e in preempting if p.key in kept]
+            for p, e in left:
+                if p.key in seen_by:
+                    self.tell_unschedulable(p, self.with_notes(p, e.message, snap, seen_by[p.key]), e.reason)
         gangs: list[dict[str, tuple[Pod, str]]] = []  # gangs that may preempt: key -> member, why it waits
         for name, group in rejected.items():
             gang = group[0].gang
@@ -913,7 +928,7 @@ class Scheduler:
             elif not self.rooms.gang_waits_for_victims(told, after_low, freed):
                 gangs.append(told)
         if preempting or gangs:
-            await self.rooms.preempt(preempting, gangs, batch_id, snap)
+            await self.rooms.preempt(preempting, gangs, batch_id, snap, taken_over=bool(never))
         stats = plan.stats
         gap = stats.gap_pct
         solve_s = stats.wall_ms / 1000
