@@ -12,6 +12,7 @@ from gpusched.daemon.handlers import NodeHandler
 from gpusched.model import Pod
 from tests.doubles import RecordingApi, one_node_scheduler, settle, web_budget
 from tests.e2e import kit
+from tests.test_daemon_preempt import _Api, _cycle, _leaving, _member, _pod, _two_nodes
 from tests.test_daemon_utilisation import EvictingApi, batch, pod
 
 
@@ -750,3 +751,42 @@ async def test_a_pod_at_its_limit_takes_over_no_room_that_the_pods_admitted_besi
             await batch(s)
     assert s.cache.tenant_usage(s.tenants, terminating=True)["a"] <= 4000
     assert s.cache.nomination("a/B") is None
+
+
+def _unreachable(name: str) -> dict[str, Any]:
+    node = kit.node(name, 1, "A100")
+    node["spec"] = {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]}
+    return node
+
+
+async def test_a_limited_tenants_preemptor_whose_victim_is_stuck_on_an_unreachable_node_preempts_elsewhere() -> None:
+    # Its victim's node becomes unreachable: the victim may never leave, and the node takes
+    # nothing new anyway.  The room there is given up and the pod preempts elsewhere.
+    api = _Api()
+    s = _two_nodes(api, (0, 1))
+    s.set_config(parse_config({"tenants": {"quotas": {"default": {"limitGpus": 2}}}}))
+    s._pending.apply("ADDED", _pod("urgent", 50))
+    assert await _cycle(s) == ["default/urgent"]
+    assert api.evicted == [("default/low-0", "default/urgent", "n0")]
+    s._bound.apply("MODIFIED", _leaving("low-0", 0, "n0"))
+    NodeHandler(s).apply("MODIFIED", _unreachable("n0"))
+    assert await _cycle(s) == ["default/urgent"]
+    assert api.evicted[-1] == ("default/low-1", "default/urgent", "n1")
+    assert s.cache.nomination("default/urgent") == ("n1", (0,), 1)
+
+
+async def test_a_limited_tenants_gang_whose_victim_is_stuck_on_an_unreachable_node_gives_its_room_up() -> None:
+    api = _Api()
+    s = _two_nodes(api)
+    s.set_config(parse_config({"tenants": {"quotas": {"default": {"limitGpus": 4}}}}))
+    for name in ("m1", "m2"):
+        s._pending.apply("ADDED", _member(name, 50))
+    assert sorted(await _cycle(s)) == ["default/m1", "default/m2"]
+    assert sorted(v for v, _, _ in api.evicted) == ["default/low-0", "default/low-1"]
+    for i in (0, 1):
+        s._bound.apply("MODIFIED", _leaving(f"low-{i}", 0, f"n{i}"))
+    NodeHandler(s).apply("MODIFIED", _unreachable("n0"))
+    assert sorted(await _cycle(s)) == ["default/m1", "default/m2"]
+    assert s.cache.nomination("default/m1") is None
+    assert s.cache.nomination("default/m2") is None
+    assert api.nominated == {"default/m1": None, "default/m2": None}

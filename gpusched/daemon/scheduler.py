@@ -315,14 +315,35 @@ class Scheduler:
         wait for it (told so, the room kept), since taking free room elsewhere while their
         victims leave would take their tenant past its limit (its victims count until they are
         gone).  Once the victims are gone, a pod whose room ``_bind_nominated`` could not bind
-        it to goes on to the solve, which gives the room up where it no longer fits."""
+        it to goes on to the solve, which gives the room up where it no longer fits.  So does
+        one whose room's node (a member's, for a gang) could not take it anyway (gone, tainted
+        against it, no longer selected by it: a victim there may never leave), its room (every
+        member's) given up."""
         leaving: dict[str, tuple[str, int]] = {}  # pod, or gang -> a node its victims leave, how many
+        held: dict[str, list[tuple[Pod, str]]] = defaultdict(list)  # pod, or gang -> its pods with room, where
         for r in todo:
             room = self.cache.nomination(r.key)
-            if room is None or not room[2] or self.tenants.rule(self.tenants.of(r.pod)).limit is None:
+            if room is None or self.tenants.rule(self.tenants.of(r.pod)).limit is None:
+                continue
+            held[r.pod.unit].append((r.pod, room[0]))
+            if not room[2]:
                 continue
             node, count = leaving.get(r.pod.unit, (room[0], 0))
             leaving[r.pod.unit] = (node, count + room[2])
+        if not leaving:
+            return todo
+        cluster = self.cache.snapshot().cluster
+        for unit in list(leaving):
+            if all(cluster.could_take(p, node) for p, node in held[unit]):
+                continue
+            log.info(
+                "held room on a node that could not take its pod; given up",
+                pods=[p.key for p, _ in held[unit]],
+                nodes=sorted({node for _, node in held[unit]}),
+            )
+            for p, _ in held[unit]:
+                self.give_up_room(p.key)
+            del leaving[unit]
         if not leaving:
             return todo
         out = []
