@@ -162,11 +162,14 @@ def _protected(lower: Sequence[Assignment], budgets: Sequence[Budget], spent: Se
     before them, would take a budget below zero (``spent``: what earlier preemptions of this
     round took from each)."""
     left = [b.allowed - s for b, s in zip(budgets, spent, strict=True)]
+    # A pod with no labels and no gang is covered only by a budget whose selector takes pods
+    # without labels (DoesNotExist, NotIn): often none, and then it is not looked at.
+    bare = [j for j, b in enumerate(budgets) if not b.gang and b.selector and label_selector_selects(b.selector, {})]
     out = set()
     for i, a in enumerate(lower):
-        if not a.pod.labels and a.pod.gang is None:  # no budget covers it
-            continue
-        for j, b in enumerate(budgets):
+        look = bare if not a.pod.labels and a.pod.gang is None else range(len(budgets))
+        for j in look:
+            b = budgets[j]
             if b.covers(a.pod):
                 left[j] -= 1
                 if left[j] < 0:

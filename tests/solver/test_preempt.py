@@ -123,6 +123,17 @@ def test_a_disruption_budget_steers_preemption_to_pods_it_does_not_protect() -> 
     assert ([v.pod.name for v in found.victims], found.violations) == (["web-0"], 1)
 
 
+def test_a_budget_selecting_label_less_pods_protects_them() -> None:
+    # The budget selects the pods without a "tier" label: the bare pod, not the tagged one.
+    c = Cluster([gpu_node("a", gpus=1), gpu_node("b", gpus=1)])
+    placed = [running("bare", 0, (0,), 0), running("tagged", 1, (0,), 0, labels=(("tier", "x"),))]
+    for selector in ((Requirement("tier", "DoesNotExist"),), (Requirement("tier", "NotIn", ("x",)),)):
+        budget = Budget("default", selector, 0)
+        found = find_preemption(urgent(), state_of(c, placed), placed, budgets=[budget])
+        assert found is not None
+        assert ([v.pod.name for v in found.victims], found.violations) == (["tagged"], 0)
+
+
 def test_budgets_spent_by_one_preemption_count_for_the_next() -> None:
     # One disruption allowed among three web pods on three nodes: the first preemptor takes it,
     # the second breaks the budget only because nothing else is left.
