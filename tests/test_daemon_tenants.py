@@ -3,6 +3,7 @@ reclaim takes borrowed GPUs back (and only those), and preemption stays within a
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -233,6 +234,26 @@ async def test_a_pod_within_its_quota_reclaims_borrowed_gpus_whatever_their_prio
     held = gauge(s, "gpusched_tenant_gpus{")
     assert 'gpusched_tenant_gpus{tenant="b"} 1.0' in held  # the room held for b1 counts for b
     assert 'gpusched_tenant_gpus{tenant="a"} 1.0' in held  # a-lo, being evicted, no longer does
+
+
+async def test_reclaim_follows_the_queue_order_between_tenants_not_priority() -> None:
+    # One GPU is borrowed (c holds it past its quota of 0).  a holds none of its quota of 1 and b
+    # holds 1 of its 2: the queue draws a first, and a reclaims that GPU, though b's pod outranks.
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    tenants(s, quotas={"a": {"quotaGpus": 1}, "b": {"quotaGpus": 2}})
+    s._bound.apply("ADDED", of("b-run", "b", 10, node="n1", gpu=0))  # b1 may not preempt it
+    s._bound.apply("ADDED", of("c-run", "c", 0, node="n0", gpu=0))
+    s._pending.apply("ADDED", of("a1", "a", 0))
+    s._pending.apply("ADDED", of("b1", "b", 10))
+    drawn = await asyncio.wait_for(s.queue.next_batch(), 10)
+    assert [r.key for r in drawn] == ["a/a1", "b/b1"]
+    await s.schedule_batch(drawn)
+    await settle(s)
+    assert api.evicted == ["c/c-run"]
+    assert s.cache.nomination("a/a1") == ("n0", (0,), 1)
+    assert s.cache.nomination("b/b1") is None
 
 
 async def test_no_reclaim_past_the_quota_below_the_victims_quota_or_of_protected_priority() -> None:

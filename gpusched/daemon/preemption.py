@@ -241,15 +241,17 @@ class Preemptor:
         pod of lower priority gives it up and looks again (kube-scheduler counts a nominated pod
         only against pods of no higher priority than its own, and clears the nominations it
         outranks).  So may a pod that may not preempt (``preemptionPolicy: Never``): taking the
-        room evicts no one.  So may a pod its tenant's limit holds back, as ``_room_for`` keeps to it
-        (``beside``: GPU demand by tenant the batch admitted besides, held to the limit too)."""
-        left: list[tuple[Pod, _Why]] = []
+        room evicts no one.  So may a pod its tenant's limit holds back, as ``_room_for`` keeps
+        to it (``beside``: GPU demand by tenant the batch admitted besides, held to the limit
+        too).  Pods look highest priority first; those left are in the order given (the
+        batch's: reclaim follows it)."""
+        took: set[str] = set()
         for p, e in sorted(pods, key=lambda pe: -pe[0].priority):
             live = self.s.queue.current(p.key, p.uid) and not self.s.cache.holds(p.key, p.uid)
             room = self._room_for(p, beside) if live and p.gang is None and self.s.is_leader else None
             if room is None:
-                left.append((p, e))
                 continue
+            took.add(p.key)
             taken, node, gpus = room
             lower = taken.pod
             self.s.cache.unnominate(lower.key)
@@ -275,7 +277,7 @@ class Preemptor:
             self.s.tell_unschedulable(p, self.s.with_notes(p, message, batch), e.reason, nominated=node)
             if not taken.victims:  # its room is ready: bound there with the next batch
                 self._wake_one(p.key)
-        return left
+        return [(p, e) for p, e in pods if p.key not in took]
 
     def _tell_room_lost(self, pod: Pod, message: str, wake: bool = True) -> None:
         """``pod`` (queued, wherever it is) no longer holds room: its Event and condition say so,

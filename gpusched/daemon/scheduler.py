@@ -949,6 +949,11 @@ class Scheduler:
             elif not self.rooms.gang_waits_for_victims(told, after_low, freed):
                 gangs.append(told)
         if preempting or gangs:
+            # In the batch's (the queue's) order, not the solve's (by priority): reclaim follows
+            # it, as between tenants quota decides, not priority; preemption orders by priority
+            # itself.
+            preempting.sort(key=lambda pe: order[pe[0].key])
+            gangs.sort(key=lambda told: min(order[k] for k in told))
             await self.rooms.preempt(preempting, gangs, batch_id, snap, taken_over=bool(never))
         stats = plan.stats
         gap = stats.gap_pct
