@@ -1768,3 +1768,45 @@ async def test_a_restore_that_partly_happened_is_sealed_until_its_layout_is_appl
     NodeHandler(s).apply("MODIFIED", seen("success", 7, 0))  # its layout back
     stop(s)
     assert "m" not in s.mig.sealed()
+
+
+class EvictingMigApi(MigApi):
+    """Records the pods evicted too: (victim, preemptor, node)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.evicted: list[tuple[str, str, str]] = []
+
+    async def preempt(self, victim: Pod, by: Pod, node: str, why: str = "") -> bool:
+        self.evicted.append((victim.key, by.key, node))
+        return True
+
+    async def unschedulable(self, *_: Any, **__: Any) -> None:
+        pass
+
+
+async def test_a_mig_pod_takes_over_no_room_without_an_instance_of_its_profile() -> None:
+    # mid preempted low for n0's one whole GPU.  high, a MIG pod of higher priority, would fit
+    # there only once the GPU is re-partitioned, which room held for a pod is not: it is bound
+    # as it is.  So mid keeps its room, and high waits.
+    api = EvictingMigApi()
+    s = scheduler(api)
+    add_node(s, "n0", 1)
+    low = kit.pod("low", "s", gpus=1, node_name="n0")
+    low["metadata"].update({"namespace": "default", "uid": "uid-low", "labels": {}})
+    low["spec"]["priority"] = 0
+    s._bound.apply("ADDED", low)
+    s._pending.apply("ADDED", pod("mid", gpus=1, priority=50))
+    await batch(s)
+    assert api.evicted == [("default/low", "default/mid", "n0")]
+    low["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
+    s._bound.apply("MODIFIED", low)
+    s._pending.apply("ADDED", pod("high", mig="1g.10gb", priority=100))
+    await batch(s)
+    assert s.cache.nomination("default/high") is None
+    assert s.cache.nomination("default/mid") == ("n0", (0,), 1)
+    s._bound.apply("DELETED", low)
+    await batch(s)
+    assert api.bound_to == {"default/mid": "n0"}
+    assert api.evicted == [("default/low", "default/mid", "n0")]
+    stop(s)

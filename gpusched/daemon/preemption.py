@@ -300,7 +300,7 @@ class Preemptor:
         GPUs ``pod`` would take there.  Not on a node with GPUs busy by utilisation (whose
         holders are not known to leave), nor across tenants (priority does not decide between
         them), nor where its tenant would pass its limit or, for room reclaimed, its quota
-        (``_may_take``)."""
+        (``_may_take``), nor, for a MIG pod, where no instance of its profile would be free."""
         mine = self.s.tenants.of(pod) if self.s.tenants.active else None
         busy = self.s.busy_gpus() or {}
         rooms = [
@@ -331,8 +331,13 @@ class Preemptor:
                 continue
             snap = self.s.cache.snapshot(free=[room.pod.key, pod.key], sealed=sealed, **self.s.keep_free([pod]))
             state = snap.state.release(room.victims)
-            if state.pod_mask(pod)[i]:
-                return room, room.node, GPU_CHOICE.gpus(pod, state, i)
+            if not state.pod_mask(pod)[i]:
+                continue
+            gpus = GPU_CHOICE.gpus(pod, state, i)
+            # Room held is bound as it is: a MIG pod only on an instance there, not on a GPU
+            # that would have to be re-partitioned for it.
+            if _on_instances([Preemption(Assignment(pod, i, gpus), ())], state):
+                return room, room.node, gpus
         return None
 
     def _may_take(self, pod: Pod, beside: Mapping[str, int] | None = None) -> Callable[[Room, int], bool]:

@@ -1054,7 +1054,8 @@ class Scheduler:
         priority.  Not while the rest of the batch holds a pod of higher priority (of its tenant,
         with tenants) that the room would take: kube-scheduler counts a nominated pod only
         against pods of no higher priority, so the room is left to the solve, freed, which
-        places by priority (and the pod, left out, gives the room up and looks again).  The rest
+        places by priority (and the pod, left out, gives the room up and looks again).  A MIG
+        pod fits the room only on an instance there (``_fits_as_it_is``).  The rest
         of ``todo`` (and such pods when their room no longer fits them) is solved as usual."""
         units: dict[str, list[PodRecord]] = defaultdict(list)  # a pod, or a gang's members
         for r in todo:
@@ -1106,7 +1107,7 @@ class Scheduler:
             for q in rivals
             if q.priority > floor
             and (tenant is None or self.tenants.of(q) == tenant)
-            and any(snap.state.pod_mask(q)[i] for i in nodes)
+            and any(_fits_as_it_is(q, snap.state, i) for i in nodes)
         ]
         if outranked:
             log.info(
@@ -1632,6 +1633,17 @@ handled in halves (which raise again, and are halved again, until the culprit is
 PRIORITY_PASSES = 3
 """The most priority levels of one batch placed each in a pass of its own; the lowest levels
 beyond share the last pass."""
+
+
+def _fits_as_it_is(pod: Pod, state: ClusterState, node: int) -> bool:
+    """Whether ``pod`` fits on ``node`` of ``state`` as it is: a MIG pod on a free instance of its
+    profile there, not on a GPU that would have to be re-partitioned for it."""
+    if not state.pod_mask(pod)[node]:
+        return False
+    if not pod.mig_profile:
+        return True
+    col = state.cluster.mig_id(pod.mig_profile)
+    return col >= 0 and bool(state.mig_free[node, col] > 0)
 
 
 def _passes(pods: list[Pod], first: Collection[str] = ()) -> list[list[Pod]]:
