@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpusched.daemon import Scheduler
+from gpusched.daemon import Scheduler, preemption
 from gpusched.daemon import scheduler as daemon
 from gpusched.daemon.handlers import NodeHandler
 from gpusched.kube.binder import condition_changes
@@ -362,7 +362,9 @@ async def test_a_gang_whose_eviction_is_refused_gives_all_its_room_up_and_looks_
     assert len(api.evicted) == 4
 
 
-async def test_a_gang_left_short_of_members_gives_up_the_room_its_members_hold() -> None:
+async def test_a_gang_left_short_of_members_gives_up_the_room_its_members_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The room kept for a member created again under its name is kept no longer than the grace.
+    monkeypatch.setattr(preemption, "GANG_MEMBER_GRACE_S", 0.0)
     api = _Api()
     s = _two_nodes(api)
     for name in ("m1", "m2"):
@@ -376,6 +378,48 @@ async def test_a_gang_left_short_of_members_gives_up_the_room_its_members_hold()
     assert api.nominated["default/m1"] is None
     assert api.failed("default/m1")[-1].startswith("gang default/g: 1 of at least 2 members are pending")
     assert len(api.evicted) == 2
+
+
+async def test_a_gang_member_created_again_while_its_victims_leave_takes_its_namesakes_room() -> None:
+    """m1 is deleted and created again (a controller replacing it) while the gang's victims
+    leave: the gang keeps its room meanwhile, a pod of lower priority does not take it, and the
+    gang is bound there once whole, with no one else evicted."""
+    api = _Api()
+    s = _two_nodes(api)
+    for name in ("m1", "m2"):
+        s._pending.apply("ADDED", _member(name, 50))
+    assert sorted(await _cycle(s)) == ["default/m1", "default/m2"]
+    s._pending.apply("DELETED", _member("m1", 50))
+    for i in (0, 1):
+        s._bound.apply("MODIFIED", _leaving(f"low-{i}", 0, f"n{i}"))
+    s._bound.apply("DELETED", _leaving("low-0", 0, "n0"))
+    s._pending.apply("ADDED", _pod("q", 10, never=True))
+    assert sorted(await _cycle(s)) == ["default/m2", "default/q"]
+    assert api.bound == [], "q takes no room of the gang"
+    assert s.cache.nomination("default/m1") is not None
+    assert api.nominated["default/m2"] == "n1"
+    assert "deleted while the gang waited for its victims" in api.failed("default/m2")[-1]
+    again = _member("m1", 50)
+    again["metadata"]["uid"] = "uid-m1-again"
+    s._pending.apply("ADDED", again)
+    s._bound.apply("DELETED", _leaving("low-1", 0, "n1"))
+    assert "default/m1" in await _cycle(s)
+    assert sorted(api.bound) == ["default/m1", "default/m2"]
+    assert s.cache.placement("default/m1") == ("n0", (0,)), "in its namesake's room"
+    assert len(api.evicted) == 2
+
+
+async def test_the_room_kept_for_a_deleted_gang_member_goes_with_the_rest_of_its_gang() -> None:
+    api = _Api()
+    s = _two_nodes(api)
+    for name in ("m1", "m2"):
+        s._pending.apply("ADDED", _member(name, 50))
+    await _cycle(s)
+    s._pending.apply("DELETED", _member("m1", 50))
+    assert s.cache.nomination("default/m1") is not None
+    s._pending.apply("DELETED", _member("m2", 50))  # the whole job is gone
+    assert s.cache.nomination("default/m1") is None
+    assert s.cache.nomination("default/m2") is None
 
 
 async def test_a_running_gang_is_not_left_short_when_other_pods_can_make_room() -> None:

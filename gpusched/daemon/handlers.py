@@ -223,26 +223,32 @@ class PendingHandler:
         for r in records:
             self._take(r)
         for key in [k for k in self.s.queue.pending_keys() if k not in live]:
-            self._drop(key)
+            self._drop(key, gone=True)
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         rec = self.s.read_pod(obj, self.s.selecting_pending, kind == "DELETED")
         if kind == "DELETED":
-            self._drop(rec.key)
+            self._drop(rec.key, gone=True)
         else:
             self._take(rec)
 
     def _take(self, rec: PodRecord) -> None:
         if rec.bound or rec.terminal or rec.deleting or rec.gated:  # gated: queued once the gates are gone
-            self._drop(rec.key)
+            self._drop(rec.key, gone=rec.deleting and not rec.bound)
         else:
             self.s.queue.add(rec)
             self.s.rooms.follow_nomination(rec.pod, rec.nominated)
 
-    def _drop(self, key: str) -> None:
+    def _drop(self, key: str, gone: bool = False) -> None:
+        """No longer pending.  ``gone``: deleted; a gang member's room may then be kept for a pod
+        created again under its name (``Preemptor.keep_for_namesake``)."""
         self.s.placed_here.discard(key)
+        kept = gone and self.s.rooms.keep_for_namesake(key)
         self.s.queue.delete(key)
-        self.s.give_up_room(key)
+        if not kept:
+            self.s.give_up_room(key)
+            if self.s.rooms.kept:  # the rest of its gang may hold room no longer
+                self.s.rooms.expire_kept()
 
 
 Labels = dict[str, str]

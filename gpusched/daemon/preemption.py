@@ -6,6 +6,7 @@ leave.  A pod may take over the room held for a pod below it, or evict beside su
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -49,6 +50,12 @@ look takes a snapshot per room, on the event loop, so a preemption wave is looke
 ROOMS_TRIED = 16
 """Rooms held for others one pod tries (those of the lowest priority first)."""
 
+GANG_MEMBER_GRACE_S = 60.0
+"""How long the room held for a gang member deleted while its gang holds room (its victims
+leaving) is kept for a pod created again under its name, as a job's controller replaces a
+member: given up at once, it would go to other pods, and the gang, whole again, would preempt
+again."""
+
 
 _Why = TypeVar("_Why", bound="Explanation | Verdict")
 """Why a pod waits: a placement search's explanation, or a verdict reached without one."""
@@ -67,6 +74,9 @@ class Preemptor:
 
     def __init__(self, s: Scheduler) -> None:
         self.s = s
+        self.kept: dict[str, tuple[str, float]] = {}
+        """Deleted gang members whose room is kept for a namesake: key -> gang, until when
+        (``time.monotonic``)."""
 
     def waits_for_victims(self, pod: Pod, e: Explanation, after: ClusterState, freed: Collection[str]) -> bool:
         """Whether ``pod`` preempted pods that are still leaving: it is told so and waits for
@@ -129,11 +139,58 @@ class Preemptor:
             held = self.s.cache.nomination(pod.key)
         return held
 
+    def keep_for_namesake(self, key: str) -> bool:
+        """For the pending pod ``key``, deleted: keep the room held for it when it is a gang
+        member and another member of its gang still holds room, for a pod created again under
+        its name (``GANG_MEMBER_GRACE_S``); whether it is kept.  Only while leading."""
+        if key in self.kept:  # its deletion seen again (deletionTimestamp, then DELETED)
+            return True
+        record = self.s.queue.record(key)
+        gang = record.pod.gang if record is not None else None
+        if gang is None or not self.s.is_leader or self.s.cache.nomination(key) is None:
+            return False
+        if not any(k != key and k not in self.kept for k in self.s.cache.gang_nominations(gang.name)):
+            return False
+        self.kept[key] = (gang.name, time.monotonic() + GANG_MEMBER_GRACE_S)
+        log.info("room kept for a gang member created again", pod=key, gang=gang.name, seconds=GANG_MEMBER_GRACE_S)
+        return True
+
+    def kept_for(self, gang: str) -> list[str]:
+        """Keys of the deleted members of ``gang`` whose room is kept for a namesake."""
+        return [k for k, (g, _) in self.kept.items() if g == gang]
+
+    def expire_kept(self) -> None:
+        """Give up the rooms kept for deleted gang members past their grace, or whose gang's
+        other members hold room no longer; the parked pods look again."""
+        now = time.monotonic()
+        for key, (gang, until) in list(self.kept.items()):
+            held = [k for k in self.s.cache.gang_nominations(gang) if k not in self.kept]
+            if until > now and held and self.s.cache.nomination(key) is not None:
+                continue
+            del self.kept[key]
+            log.info("room kept for a gang member given up", pod=key, gang=gang)
+            self.s.give_up_room(key)
+
+    def _take_namesakes_room(self, pod: Pod) -> bool:
+        """Whether ``pod``, pending, takes the room kept for its deleted namesake (a member of
+        the same gang): then this instance's word, as the room was.  The room kept for a pod of
+        another gang is given up."""
+        kept = self.kept.pop(pod.key, None)
+        if kept is None:
+            return False
+        if pod.gang is not None and pod.gang.name == kept[0] and self.s.cache.nomination(pod.key) is not None:
+            self.s.placed_here.add(pod.key)
+            log.info("room kept for a gang member taken by its namesake", pod=pod.key, gang=kept[0])
+            return True
+        self.s.give_up_room(pod.key)
+        return False
+
     def follow_nomination(self, pod: Pod, node: str) -> None:
         """A pending pod's ``status.nominatedNodeName`` as the watch shows it: room held from
         another leader's word follows it (given up when it moves or is cleared, held again where
-        it points); room this instance placed is its own business."""
-        if pod.key in self.s.placed_here:
+        it points); room this instance placed is its own business, and so is room kept for a
+        deleted gang member of its name (``keep_for_namesake``), which it takes."""
+        if self._take_namesakes_room(pod) or pod.key in self.s.placed_here:
             return
         held = self.s.cache.nomination(pod.key)
         if held is not None and held[0] != node:

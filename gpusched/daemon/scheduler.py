@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from gpusched.config import GpuschedConfig
+from gpusched.daemon import preemption
 from gpusched.daemon.consolidation import Consolidator
 from gpusched.daemon.gauges import Gauges
 from gpusched.daemon.handlers import (
@@ -393,6 +394,7 @@ class Scheduler:
         else:
             self._leading.clear()
             self.placed_here.clear()
+            self.rooms.kept.clear()
             if self.cache.clear_nominations():  # the next leader holds room for whom it preempts
                 self.queue.move_all()
 
@@ -645,6 +647,8 @@ class Scheduler:
             {p for job in self.mig.jobs.values() for _, layout in job.layouts for p in layout.counts},
         )
         self.mig.expire_asks()
+        if self.rooms.kept:
+            self.rooms.expire_kept()
         aside = self.mig.set_aside()
         for r in batch:
             if not r.error and (r.key, r.uid) in aside:  # told already; back once the layout is done
@@ -936,7 +940,19 @@ class Scheduler:
                 )
                 for p in group
             }
-            if why is None and members[name] >= gang.min_members and gang_fits(group, after_low):
+            recreated = self.rooms.kept_for(name) if why is None and members[name] < gang.min_members else []
+            held_at = {p.key: held[0] for p in group if (held := self.cache.nomination(p.key)) is not None}
+            if recreated and members[name] + len(recreated) >= gang.min_members and len(held_at) == len(group):
+                # Members deleted while it waited for its victims: room is kept for pods created
+                # again under their names, and the rest keep theirs meanwhile.
+                said = (
+                    f"gang {name}: member(s) {', '.join(sorted(recreated))} were deleted while the gang waited for "
+                    "its victims; the room held for the gang is kept for pods created again under their names, "
+                    f"for up to {preemption.GANG_MEMBER_GRACE_S:g} s."
+                )
+                for p in group:
+                    self.tell_unschedulable(p, said, "Gang", nominated=held_at[p.key])
+            elif why is None and members[name] >= gang.min_members and gang_fits(group, after_low):
                 deferred = (
                     f"gang {name}: its {len(group)} members fit together now, but the batch solve left them out "
                     "to keep capacity for the rest of the batch; they are retried with the next batch."
@@ -1015,7 +1031,8 @@ class Scheduler:
         """Keys of those of ``pods`` that hold room whose victims are all gone: the room is theirs
         in a solve (the others' victims still hold it; and room left free for a pod is free for
         every pod of its batch, so none is freed before it is needed).  A gang's members are
-        freed only together, once every one's victims are gone: until then the gang cannot be
+        freed only together, once every one's victims are gone and no room is kept for a member
+        to be created again (``Preemptor.keep_for_namesake``): until then the gang cannot be
         placed, and the room freed for one member would go to other pods."""
         ready: list[str] = []
         waiting: set[str] = set()  # gangs a member of which still waits for its victims
@@ -1026,7 +1043,7 @@ class Scheduler:
                 continue
             if p.gang is not None:
                 gang_of[p.key] = p.gang.name
-                if held[2]:
+                if held[2] or self.rooms.kept_for(p.gang.name):  # (or for a member to be created again)
                     waiting.add(p.gang.name)
             if not held[2]:
                 ready.append(p.key)
