@@ -777,6 +777,24 @@ async def test_a_pod_of_higher_priority_drawn_with_the_room_holder_gets_the_room
     assert api.nominated["default/mid"] is None
 
 
+async def test_a_pod_of_higher_priority_waiting_for_its_own_room_leaves_a_ready_room_to_its_holder() -> None:
+    """high waits for its victim on n0, mid's victim on n1 is gone: mid is bound to its room.
+    Were high to take it, the room high leaves would be of no use to mid, which would have to
+    preempt again."""
+    api = _Api()
+    s = _two_nodes(api, (0, 1))
+    s._pending.apply("ADDED", _pod("high", 100))
+    assert await _cycle(s) == ["default/high"]
+    s._pending.apply("ADDED", _pod("mid", 50))
+    assert await _cycle(s) == ["default/mid"]
+    assert api.evicted == [("default/low-0", "default/high", "n0"), ("default/low-1", "default/mid", "n1")]
+    s._bound.apply("MODIFIED", _leaving("low-0", 0, "n0"))
+    s._bound.apply("DELETED", _leaving("low-1", 1, "n1"))
+    assert sorted(await _cycle(s)) == ["default/high", "default/mid"]
+    assert api.bound == ["default/mid"]
+    assert s.cache.nomination("default/high") == ("n0", (0,), 1)
+
+
 async def test_a_never_pod_of_higher_priority_takes_over_a_lower_pods_room() -> None:
     """Taking over a nominated pod's room evicts no one, so a pod of higher priority that may not
     preempt may take it, as kube-scheduler lets it; and it keeps it while the victims leave."""

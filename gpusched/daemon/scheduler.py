@@ -1069,29 +1069,31 @@ class Scheduler:
         a pod's nominated node first: no pod of the batch of its priority or lower may take that
         room.  A gang's members are bound so only all together, at the least important member's
         priority.  Not while the rest of the batch holds a pod of higher priority (of its tenant,
-        with tenants) that the room would take: kube-scheduler counts a nominated pod only
-        against pods of no higher priority, so the room is left to the solve, freed, which
-        places by priority (and the pod, left out, gives the room up and looks again).  A MIG
-        pod fits the room only on an instance there (``_fits_as_it_is``).  The rest
-        of ``todo`` (and such pods when their room no longer fits them) is solved as usual."""
+        with tenants) that the room would take and that holds no room of its own:
+        kube-scheduler counts a nominated pod only against pods of no higher priority, so the
+        room is left to the solve, freed, which places by priority (and the pod, left out, gives
+        the room up and looks again).  A pod that holds room of its own waits for it: were it to
+        take another's, the room it leaves would cost that pod another preemption.  A MIG pod
+        fits the room only on an instance there (``_fits_as_it_is``).  The rest of ``todo``
+        (and such pods when their room no longer fits them) is solved as usual."""
         units: dict[str, list[PodRecord]] = defaultdict(list)  # a pod, or a gang's members
         for r in todo:
             units[r.pod.unit].append(r)
-        bound: set[str] = set()
-        # Highest first: a pod bound to its own room takes no other's.
-        for group in sorted(units.values(), key=lambda g: -min(r.pod.priority for r in g)):
-            if not any(self.cache.nomination(r.key) for r in group):
-                continue
-            rivals = [r.pod for r in todo if r.key not in bound and r.pod.unit != group[0].pod.unit]
-            if self._bind_rooms(group, rivals):
-                bound.update(r.key for r in group)
+        held = {r.key for r in todo if self.cache.nomination(r.key) is not None}
+        rivals = [r.pod for r in todo if r.key not in held]
+        bound = {
+            r.key
+            for group in units.values()
+            if any(r.key in held for r in group) and self._bind_rooms(group, rivals)
+            for r in group
+        }
         return [r for r in todo if r.key not in bound]  # in their order: it matters to greedy policies
 
     def _bind_rooms(self, records: list[PodRecord], rivals: Collection[Pod] = ()) -> bool:
         """Bind ``records`` (one pod, or the members of one gang in the batch) to the rooms held
         for them, if each holds one whose victims are gone, they all fit there together, and
-        none of ``rivals`` (the other pods of the batch still to place) outranks them and fits
-        in one of those rooms."""
+        none of ``rivals`` (the pods of the batch that hold no room) outranks them and fits in
+        one of those rooms."""
         rooms = [self.cache.nomination(r.key) for r in records]
         held = [h for h in rooms if h is not None and not h[2]]
         if len(held) < len(records):
