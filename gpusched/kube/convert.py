@@ -36,7 +36,9 @@ GPU islands of a node
 Gangs
     the coscheduling label ``scheduling.x-k8s.io/pod-group`` names the group (within
     the pod's namespace); ``gpusched.io/gang-min-members`` says how many members
-    must be pending before any is placed (default 1: the members pending together),
+    must be pending before any is placed; without it, the ``spec.minMember`` of the
+    group's PodGroup (``scheduling.x-k8s.io/v1alpha1``, ``pod_group_record``), when
+    given (the annotation wins over it); else 1 (the members pending together),
     ``gpusched.io/gang-topology-key`` (a node label such as ``rack`` or
     ``nvidia.com/gpu.clique``) with ``gpusched.io/gang-topology: required|preferred``
     keeps the gang within one domain of it.
@@ -99,11 +101,15 @@ __all__ = [
     "LABEL_POD_GROUP",
     "MIG_BUSY_STATES",
     "MIG_CONFIG_PREFIX",
+    "PODGROUP_GROUP_VERSION",
+    "PODGROUP_RESOURCE",
     "ConvertError",
+    "PodGroups",
     "budget_record",
     "claim_record",
     "gang_disagreements",
     "node_record",
+    "pod_group_record",
     "pod_record",
     "volume_record",
 ]
@@ -122,6 +128,10 @@ ANNOTATION_GPU_MODELS = "gpusched.io/gpu-models"
 ANNOTATION_GPU_INDICES = "gpusched.io/gpu-indices"
 ANNOTATION_GPU_ISLAND = "gpusched.io/gpu-island"
 LABEL_POD_GROUP = "scheduling.x-k8s.io/pod-group"
+PODGROUP_GROUP_VERSION = "scheduling.x-k8s.io/v1alpha1"
+PODGROUP_RESOURCE = "podgroups.scheduling.x-k8s.io"
+"""The coscheduling PodGroup (kubernetes-sigs/scheduler-plugins): its ``spec.minMember`` is a
+gang's minimum when its pods carry no ``gpusched.io/gang-min-members``."""
 ANNOTATION_CONSOLIDATE = "gpusched.io/consolidate"
 """``"true"``: the pod may be evicted to consolidate GPU work onto fewer nodes (with a controller)."""
 ANNOTATION_GANG_MIN = "gpusched.io/gang-min-members"
@@ -474,16 +484,23 @@ def _indices(text: Any) -> tuple[int, ...] | None:
 
 Namespaces = Mapping[str, Mapping[str, str]]
 """Labels per namespace: what a pod (anti-)affinity term's ``namespaceSelector`` picks from."""
+PodGroups = Mapping[str, int]
+"""The PodGroups' ``spec.minMember`` by ``namespace/name``: a gang's minimum when its pods carry
+no ``gpusched.io/gang-min-members``."""
 
 
-def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> PodRecord:
+def pod_record(
+    obj: Mapping[str, Any], namespaces: Namespaces | None = None, pod_groups: PodGroups | None = None
+) -> PodRecord:
     """The pod's request and state.
 
     A pod whose request this scheduler cannot honour is still returned, with
     ``error`` saying why, so that it can be told (Event, condition) instead of
     silently ignored; a member of a gang keeps its gang, so that its peers wait for it
     and are told why.  Raises ``ConvertError`` only without a name.  ``namespaces``
-    resolves the terms' ``namespaceSelector`` (None: unknown, such a term is refused).
+    resolves the terms' ``namespaceSelector`` (None: unknown, such a term is refused);
+    ``pod_groups`` gives a gang member without ``gpusched.io/gang-min-members`` its minimum
+    (None, or its PodGroup not in it: 1).
     """
     meta = _meta(obj)
     name, namespace = str(meta["name"]), str(meta.get("namespace") or "default")
@@ -498,7 +515,7 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
     affinity = _affinity(spec)  # read once: the request, its fallback and the namespace selectors
     try:
         pod, error = _pod(
-            name, namespace, uid, priority, spec, affinity, annotations, labels, where, namespaces, status
+            name, namespace, uid, priority, spec, affinity, annotations, labels, where, namespaces, status, pod_groups
         )
         if meta.get("deletionTimestamp"):
             pod = replace(pod, terminating=True)
@@ -519,7 +536,7 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
             {} if isinstance(affinity, str) else affinity.get("podAntiAffinity") or {},
             namespaces=namespaces,
         )
-        gang, _ = _gang(namespace, labels, annotations, where)  # its peers wait for it, told why
+        gang, _ = _gang(namespace, labels, annotations, where, pod_groups)  # its peers wait for it, told why
         pod = Pod(
             name,
             0,
@@ -551,6 +568,7 @@ def pod_record(obj: Mapping[str, Any], namespaces: Namespaces | None = None) -> 
         claims=claims,
         ephemeral_claims=ephemeral,
         namespace_selectors=_namespace_selectors(affinity),
+        pod_group=f"{namespace}/{_group(labels)}" if _group(labels) and ANNOTATION_GANG_MIN not in annotations else "",
     )
 
 
@@ -662,6 +680,20 @@ def budget_record(obj: Mapping[str, Any]) -> tuple[str, Budget]:
     )
 
 
+def pod_group_record(obj: Mapping[str, Any]) -> tuple[str, int]:
+    """A coscheduling PodGroup, by ``namespace/name``, with its ``spec.minMember`` (missing or
+    below 1: 1, as the coscheduling plugin, which then waits for no other member).  Raises
+    ``ConvertError`` for a minimum that is not a whole number."""
+    meta = _meta(obj)
+    namespace, name = str(meta.get("namespace") or "default"), str(meta["name"])
+    value = (obj.get("spec") or {}).get("minMember")
+    if value is None:
+        return f"{namespace}/{name}", 1
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise ConvertError(f"PodGroup {namespace}/{name}: spec.minMember must be a whole number, got {value!r}")
+    return f"{namespace}/{name}", max(1, int(value))
+
+
 def volume_record(obj: Mapping[str, Any]) -> VolumeRecord:
     """A PersistentVolume: whether only some nodes can use it."""
     meta = _meta(obj)
@@ -712,6 +744,7 @@ def _pod(
     where: str,
     namespaces: Namespaces | None = None,
     status: Mapping[str, Any] | None = None,
+    pod_groups: PodGroups | None = None,
 ) -> tuple[Pod, str]:
     """The request, and what about it cannot be honoured ("" when all can).
 
@@ -740,7 +773,7 @@ def _pod(
     if island not in ("", "required", "preferred"):
         error = error or f"{where}: annotation {ANNOTATION_GPU_ISLAND} must be required or preferred, got {island!r}"
         island = ""
-    gang, gang_error = _gang(namespace, labels, annotations, where)
+    gang, gang_error = _gang(namespace, labels, annotations, where, pod_groups)
     error = error or gang_error
     models: set[str] = set()
     text = annotations.get(ANNOTATION_GPU_MODELS, "")
@@ -1247,10 +1280,19 @@ def gang_disagreements(pods: Iterable[Pod]) -> dict[str, str]:
     }
 
 
+def _group(labels: Mapping[str, str]) -> str:
+    """The pod group the pod's label names ("" for none)."""
+    return str(labels.get(LABEL_POD_GROUP, "")).strip()
+
+
 def _gang(
-    namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str], where: str
+    namespace: str,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    where: str,
+    pod_groups: PodGroups | None = None,
 ) -> tuple[Gang | None, str]:
-    group = str(labels.get(LABEL_POD_GROUP, "")).strip()
+    group = _group(labels)
     keys = (ANNOTATION_GANG_MIN, ANNOTATION_GANG_KEY, ANNOTATION_GANG_TOPOLOGY)
     names = f"(annotations {', '.join(keys)})"
     if not group:
@@ -1264,7 +1306,7 @@ def _gang(
     # A member whose gang annotations cannot be read still belongs to the gang, so that its
     # peers wait for it and are told what is wrong with it.
     name = f"{namespace}/{group}"
-    text = annotations.get(ANNOTATION_GANG_MIN, "1")
+    text = annotations.get(ANNOTATION_GANG_MIN, str((pod_groups or {}).get(name, 1)))  # the annotation wins
     try:
         minimum = int(text)
     except ValueError:

@@ -82,6 +82,11 @@ class PodRecord:
     """The selectors by which the pod's (anti-)affinity terms pick namespaces by label: ``pod``
     holds the namespaces they picked when it was read, and it must be read again when a
     namespace's labels change what one of them picks."""
+    pod_group: str = ""
+    """The gang (``namespace/name``) whose PodGroup gives the pod its minimum: it is labelled with a
+    pod group and carries no ``gpusched.io/gang-min-members``.  Empty otherwise.  ``pod`` holds
+    the minimum the PodGroup had when it was read (1 without one); it must be read again when
+    the PodGroup changes."""
 
     @property
     def namespace_selected(self) -> bool:

@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from gpusched.kube.convert import ConvertError, budget_record, claim_record, node_record, pod_record, volume_record
+from gpusched.kube.convert import (
+    ConvertError,
+    budget_record,
+    claim_record,
+    node_record,
+    pod_group_record,
+    pod_record,
+    volume_record,
+)
 from gpusched.model import Assignment, Cluster, Pod
 from gpusched.model.affinity import PodAffinityTerm, Requirement, Spread
 from gpusched.model.node import Taint
@@ -181,6 +189,52 @@ def test_mig_island_and_gang_requests() -> None:
     assert rec.pod.gang is not None
     assert (rec.pod.gang.name, rec.pod.gang.min_members) == ("ns/train", 4)
     assert (rec.pod.gang.topology_key, rec.pod.gang.topology) == ("rack", "required")
+
+
+def test_a_gang_without_the_annotation_takes_its_minimum_from_its_podgroup_and_the_annotation_wins() -> None:
+    group = {"scheduling.x-k8s.io/pod-group": "train"}
+    groups = {"ns/train": 3, "ns/other": 5}
+    labelled = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, labels=group), pod_groups=groups)
+    assert labelled.pod.gang is not None
+    assert (labelled.pod.gang.min_members, labelled.pod_group, labelled.error) == (3, "ns/train", "")
+    # The annotation wins over the PodGroup; the pod is then not read again when it changes.
+    annotated = pod_record(
+        pod_obj(limits={"nvidia.com/gpu": "1"}, labels=group, annotations={"gpusched.io/gang-min-members": "2"}),
+        pod_groups=groups,
+    )
+    assert annotated.pod.gang is not None
+    assert (annotated.pod.gang.min_members, annotated.pod_group) == (2, "")
+    # No PodGroup of that name, or PodGroups not read: 1, and the record says where it would come from.
+    for table in ({"ns/other": 5}, None):
+        alone = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, labels=group), pod_groups=table)
+        assert alone.pod.gang is not None
+        assert (alone.pod.gang.min_members, alone.pod_group) == (1, "ns/train")
+    # A PodGroup in another namespace is not the pod's.
+    elsewhere = pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}, labels=group), pod_groups={"other/train": 3})
+    assert elsewhere.pod.gang is not None
+    assert elsewhere.pod.gang.min_members == 1
+    # Not a gang member: no PodGroup to follow.
+    assert pod_record(pod_obj(limits={"nvidia.com/gpu": "1"}), pod_groups=groups).pod_group == ""
+    # A member whose request cannot be honoured keeps its gang's minimum, so its peers wait for it.
+    bad = pod_record(pod_obj(limits={"cpu": "lots"}, labels=group), pod_groups=groups)
+    assert bad.error
+    assert bad.pod.gang is not None
+    assert bad.pod.gang.min_members == 3
+
+
+@pytest.mark.parametrize(
+    ("spec", "minimum"),
+    [({"minMember": 4, "scheduleTimeoutSeconds": 10}, 4), ({}, 1), ({"minMember": 0}, 1), ({"minMember": 2.0}, 2)],
+)
+def test_a_podgroups_minimum_is_read_from_its_spec(spec: dict[str, Any], minimum: int) -> None:
+    obj = {"metadata": {"name": "train", "namespace": "ns"}, "spec": spec}
+    assert pod_group_record(obj) == ("ns/train", minimum)
+
+
+@pytest.mark.parametrize("value", ["3", 2.5, True])
+def test_a_podgroup_whose_minimum_is_no_whole_number_is_refused(value: object) -> None:
+    with pytest.raises(ConvertError, match=r"PodGroup ns/train: spec.minMember must be a whole number"):
+        pod_group_record({"metadata": {"name": "train", "namespace": "ns"}, "spec": {"minMember": value}})
 
 
 def test_a_node_advertising_more_gpus_than_a_node_holds_offers_none_naming_it() -> None:
