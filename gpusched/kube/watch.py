@@ -15,6 +15,10 @@ after 5 to 10 minutes, at random, so that the watches do not all reopen at once.
 ``synced`` is set after the first full list: until every reflector is synced
 the scheduler does not place anything, because it cannot know what is already
 in use.
+
+``OptionalReflector`` follows a custom resource the API server may not serve (its
+CustomResourceDefinition not installed): it is read when discovery finds it, and otherwise
+counts as synced with nothing in it, told once, and looked for again now and then.
 """
 
 from __future__ import annotations
@@ -34,11 +38,13 @@ from gpusched.kube.client import (
     Kube,
 )
 
-__all__ = ["Handler", "Reflector"]
+__all__ = ["Handler", "OptionalHandler", "OptionalReflector", "Reflector"]
 
 log = structlog.get_logger("gpusched.watch")
 
 GONE = 410
+FORBIDDEN = 403
+NOT_FOUND = 404
 
 
 def _too_large(exc: ApiError) -> bool:
@@ -119,8 +125,19 @@ class _ApplyFailed(Exception):
         self.object = obj
 
 
+class OptionalHandler(Handler, Protocol):
+    """Receives a kind that may not be read at all."""
+
+    def unread(self, why: str) -> None:
+        """The kind is not read now (``why``: not served, or not granted): none of it is known."""
+
+
 class Reflector:
     """Keeps ``handler`` in step with the objects at ``path`` matching the selectors."""
+
+    optional = False
+    """A 403 or 404 ends ``run`` (the kind is not served, or not granted: ``OptionalReflector``)
+    rather than being retried."""
 
     def __init__(
         self,
@@ -147,6 +164,8 @@ class Reflector:
         self.failing_since: float | None = None
         """``time.monotonic`` of the first failure since a list or watch last worked; None while they work."""
         self.last_error = ""
+        self.unread_by: ApiError | None = None
+        """What ended ``run`` of an optional kind (a 403 or 404)."""
 
     def failing_for(self) -> float:
         """Seconds the lists and watches have failed in a row (0 while they work)."""
@@ -168,6 +187,9 @@ class Reflector:
                 watched = time.monotonic() - watching
                 if watched > 30:  # the watch had been running: not a streak of relists
                     relist_delay = 0.2
+                if self.optional and exc.status in (FORBIDDEN, NOT_FOUND):
+                    self.unread_by, self.failing_since = exc, None
+                    return
                 if exc.status == GONE or _too_large(exc):
                     log.info("watch expired, relisting", watch=self.name, rv=self.resource_version)
                     listed = False
@@ -239,3 +261,117 @@ class Reflector:
             if not events and time.monotonic() - opened < SHORT_WATCH_S:
                 raise ApiError(0, f"very short watch: the server ended it within {SHORT_WATCH_S:g} s without an event")
             self.failing_since = None  # it lasted, and ended as asked
+
+
+REDISCOVER_S = 60.0
+"""How often a custom resource that is not read is looked for again."""
+
+
+class OptionalReflector(Reflector):
+    """A ``Reflector`` of a custom resource the API server may not serve (its
+    CustomResourceDefinition not installed).
+
+    Discovery (``GET /apis/GROUP/VERSION``) says whether ``resource`` is served: if so, it is
+    listed and watched as any other kind.  If not, or if the RBAC does not grant reading it, the
+    handler is told (``OptionalHandler.unread``) and the reflector counts as synced (the scheduler
+    does not wait for what it cannot read); the resource is looked for again every
+    ``rediscover_s``, so a definition installed later is read from then on, and one deleted (its
+    list or watch answered 404) goes back to being looked for.  That it is not read is logged once
+    per cause, not on every look: at info when it is not served, as a warning with the fix when
+    it is not granted.  Discovery failing otherwise (the API server unreachable) is retried with
+    backoff and logged, as a failing watch is.
+    """
+
+    optional = True
+
+    def __init__(
+        self,
+        kube: Kube,
+        name: str,
+        group_version: str,
+        resource: str,
+        handler: OptionalHandler,
+        *,
+        rediscover_s: float = REDISCOVER_S,
+        watch_timeout_s: int = 300,
+    ) -> None:
+        super().__init__(kube, name, f"/apis/{group_version}/{resource}", handler, watch_timeout_s=watch_timeout_s)
+        self.group_version = group_version
+        self.resource = resource
+        self.optional_handler = handler
+        self.rediscover_s = rediscover_s
+        self.served = False
+        """Whether the resource is listed and watched now."""
+        self._told = ""
+        """Why it is not read, as last logged ("" once it is read)."""
+
+    @property
+    def full_name(self) -> str:
+        """``podgroups.scheduling.x-k8s.io/v1alpha1``."""
+        group, _, version = self.group_version.rpartition("/")
+        return f"{self.resource}.{group}/{version}"
+
+    async def _discover(self) -> str:
+        """Why the resource cannot be read ("" when it is served); raises ``ApiError`` when
+        discovery itself fails."""
+        r = await self.kube.request("GET", f"/apis/{self.group_version}")
+        if r.status == NOT_FOUND:
+            return f"the API server does not serve {self.full_name}"
+        if not r.ok:
+            raise r.error()
+        found = (r.body or {}).get("resources") if isinstance(r.body, dict) else None
+        if not any(isinstance(x, dict) and x.get("name") == self.resource for x in found or ()):
+            return f"the API server does not serve {self.full_name}"
+        return ""
+
+    async def _list(self) -> None:
+        await super()._list()
+        if not self.served:
+            self.served, self._told = True, ""
+            log.info("reading a custom resource", watch=self.name, resource=self.full_name)
+
+    async def run(self) -> None:
+        """Look for the resource, read it while it is served, and look again when it is not."""
+        delay = 0.2
+        while True:
+            try:
+                why = await self._discover()
+            except ApiError as exc:
+                if self.failing_since is None:
+                    self.failing_since = time.monotonic()
+                self.last_error = str(exc)
+                log.warning(
+                    "discovery failed, retrying",
+                    watch=self.name,
+                    resource=self.full_name,
+                    error=str(exc),
+                    retry_in_s=round(max(delay, exc.retry_after or 0.0), 2),
+                    failing_s=round(self.failing_for(), 1),
+                    fix=fix_for(exc),
+                )
+                delay = await _back_off(delay, exc.retry_after or 0.0)
+                continue
+            delay, self.failing_since = 0.2, None
+            fix = ""
+            if not why:
+                self.unread_by = None
+                try:
+                    await super().run()  # returns on a 403 or 404
+                finally:
+                    self.served = False
+                ended = self.unread_by
+                assert ended is not None
+                if ended.status == FORBIDDEN:
+                    why = f"the RBAC does not grant reading {self.full_name}"
+                    fix = fix_for(ended)
+                else:  # its definition deleted since
+                    why = f"the API server does not serve {self.full_name}"
+            self.optional_handler.unread(why)
+            self.synced.set()
+            if why != self._told:
+                self._told = why
+                if fix:
+                    log.warning("custom resource not read", watch=self.name, why=why, fix=fix)
+                else:
+                    log.info("custom resource not read", watch=self.name, why=why, looked_for_every_s=self.rediscover_s)
+            await asyncio.sleep(self.rediscover_s)
