@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from gpusched.kube.convert import (
+    ANNOTATION_GANG_MIN,
     ConvertError,
     budget_record,
     claim_record,
     namespace_labels,
     node_record,
+    pod_group_record,
     volume_record,
 )
 from gpusched.model import Pod
@@ -218,10 +220,11 @@ class PendingHandler:
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         self.s.selecting_pending.clear()
+        self.s.grouped_pending.clear()
         records = [self.s.read_pod(o, self.s.selecting_pending) for o in objects]
         live = {r.key for r in records}
-        for r in records:
-            self._take(r)
+        for r, o in zip(records, objects, strict=True):
+            self._take(r, o)
         for key in [k for k in self.s.queue.pending_keys() if k not in live]:
             self._drop(key, gone=True)
 
@@ -230,14 +233,18 @@ class PendingHandler:
         if kind == "DELETED":
             self._drop(rec.key, gone=True)
         else:
-            self._take(rec)
+            self._take(rec, obj)
 
-    def _take(self, rec: PodRecord) -> None:
+    def _take(self, rec: PodRecord, obj: dict[str, Any]) -> None:
         if rec.bound or rec.terminal or rec.deleting or rec.gated:  # gated: queued once the gates are gone
             self._drop(rec.key, gone=rec.deleting and not rec.bound)
         else:
             self.s.queue.add(rec)
             self.s.rooms.follow_nomination(rec.pod, rec.nominated)
+            if rec.pod_group:  # read again when its PodGroup changes
+                self.s.grouped_pending[rec.key] = obj
+            else:
+                self.s.grouped_pending.pop(rec.key, None)
 
     def _drop(self, key: str, gone: bool = False) -> None:
         """No longer pending.  ``gone``: deleted; a gang member's room may then be kept for a pod
@@ -249,6 +256,45 @@ class PendingHandler:
             self.s.give_up_room(key)
             if self.s.rooms.kept:  # the rest of its gang may hold room no longer
                 self.s.rooms.expire_kept()
+        self.s.grouped_pending.pop(key, None)
+        self.s.forget_ungrouped(key)
+
+
+class PodGroupHandler:
+    """Coscheduling PodGroups: a gang's minimum when its members carry no
+    ``gpusched.io/gang-min-members``.  When one changes (created, its ``minMember`` changed,
+    deleted), its pending members are read again, and woken if their minimum changed."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def _read(self, obj: dict[str, Any]) -> tuple[str, int] | None:
+        try:
+            return pod_group_record(obj)
+        except ConvertError as exc:
+            log.warning("pod group ignored", error=str(exc))
+            return None
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.s.set_pod_groups(dict(r for r in map(self._read, objects) if r is not None))
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
+        read = None if kind == "DELETED" else self._read(obj)
+        self.s.set_pod_group(key, None if read is None else read[1])
+
+    def unread(self, why: str) -> None:
+        self.s.set_pod_groups(None, why)
+
+
+def no_pod_group(gang: str, why: str = "") -> str:
+    """What a member of ``gang`` is told when nothing gives the gang a minimum (``why``: why
+    PodGroups are not read, if they are not)."""
+    return (
+        f"pod group {gang} has no PodGroup object{f' ({why})' if why else ''} and no {ANNOTATION_GANG_MIN} "
+        "annotation: members are placed one by one"
+    )
 
 
 Labels = dict[str, str]

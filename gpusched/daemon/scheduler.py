@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import math
 import time
 from collections import Counter, defaultdict
@@ -30,9 +31,11 @@ from gpusched.daemon.handlers import (
     NamespaceHandler,
     NodeHandler,
     PendingHandler,
+    PodGroupHandler,
     Selecting,
     VolumeHandler,
     moved_selectors,
+    no_pod_group,
     waits_for,
 )
 from gpusched.daemon.mig import Repartitioner
@@ -43,11 +46,12 @@ from gpusched.kube.binder import LEAD_LOST, Binder, BindResult
 from gpusched.kube.client import Kube, bind_concurrency, segment
 from gpusched.kube.configmap import ConfigMapHandler
 from gpusched.kube.convert import (
+    PODGROUP_GROUP_VERSION,
     gang_disagreements,
     pod_record,
 )
 from gpusched.kube.leader import LeaderElector
-from gpusched.kube.watch import FAILING_UNREADY_S, Reflector
+from gpusched.kube.watch import FAILING_UNREADY_S, OptionalReflector, Reflector
 from gpusched.metrics.exporter import SchedulerMetrics
 from gpusched.metrics.source import UtilisationSource, UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
@@ -79,6 +83,10 @@ _READ_BACKS = ("resolve:", "read-back:")
 """Names of the tasks that read a pod back until it is settled (``drain`` does not wait for them)."""
 CONFIG_READ_WAIT_S = 30.0
 """How long the lead waits for the ConfigMap's first list before it says why it does not try."""
+NO_POD_GROUP = "PodGroupMissing"
+"""The reason of the Warning Event on a gang member that nothing gives a minimum."""
+LOGGED_GANGS = 10_000
+"""Gangs without a minimum remembered as logged: beyond, the oldest may be logged again."""
 OUTBOX_WORKERS = 16
 """Verdicts' Events and conditions sent at once at most: the connections they may hold (the
 pool has more: Bindings and watches keep theirs)."""
@@ -179,6 +187,18 @@ class Scheduler:
         latest objects, read again when namespaces' labels change."""
         self.budgets: dict[str, Budget] = {}
         """PodDisruptionBudgets by ``namespace/name``."""
+        self.pod_groups: dict[str, int] | None = None
+        """The coscheduling PodGroups' ``minMember`` by ``namespace/name``; None while they are
+        not read (not served, or not granted: ``pod_groups_unread`` says why)."""
+        self.pod_groups_unread = ""
+        self.grouped_pending: dict[str, dict[str, Any]] = {}
+        """The pending pods whose gang's minimum is their PodGroup's: their latest objects, read
+        again when it changes."""
+        self._told_ungrouped: dict[str, str] = {}
+        """Pending pods told that nothing gives their gang a minimum: their UIDs by key."""
+        self._logged_ungrouped: dict[str, None] = {}
+        """Their gangs, which the log has named (once each; the oldest forgotten past
+        ``LOGGED_GANGS``)."""
         self._bound = BoundHandler(self)
         self._pending = PendingHandler(self)
         self.reflectors = [
@@ -201,6 +221,7 @@ class Scheduler:
             Reflector(kube, "claims", "/api/v1/persistentvolumeclaims", ClaimHandler(self)),
             Reflector(kube, "volumes", "/api/v1/persistentvolumes", VolumeHandler(self)),
             Reflector(kube, "disruption-budgets", "/apis/policy/v1/poddisruptionbudgets", BudgetHandler(self)),
+            OptionalReflector(kube, "podgroups", PODGROUP_GROUP_VERSION, "podgroups", PodGroupHandler(self)),
         ]
         self.config_handler: ConfigMapHandler | None = None
         self.configured = asyncio.Event()
@@ -427,7 +448,7 @@ class Scheduler:
         """``pod_record`` against the namespaces' labels, remembering in ``selecting`` the pods
         whose terms pick namespaces by label, with their selectors (and forgetting them once
         ``gone``)."""
-        rec = pod_record(obj, self.namespaces)
+        rec = pod_record(obj, self.namespaces, self.pod_groups)
         if rec.pod.movable and rec.scheduler != self.settings.scheduler_name:  # its replacement is not ours to place
             rec = replace(rec, pod=replace(rec.pod, movable=False))
         if rec.namespace_selected and not gone and not rec.terminal:
@@ -454,6 +475,62 @@ class Scheduler:
                 pending += 1
         if bound or pending:
             log.info("namespace labels changed; pods read again", bound=len(bound), pending=pending)
+
+    def set_pod_groups(self, table: dict[str, int] | None, why: str = "") -> None:
+        """The PodGroups as listed (None: not read, ``why``); the pending members of those that
+        changed are read again."""
+        old, new = self.pod_groups or {}, table or {}
+        self.pod_groups, self.pod_groups_unread = table, why
+        self.reread_groups({k for k in old.keys() | new.keys() if old.get(k) != new.get(k)})
+
+    def set_pod_group(self, key: str, minimum: int | None) -> None:
+        """One PodGroup's minimum changed (None: deleted, or unreadable)."""
+        if self.pod_groups is None:
+            self.pod_groups = {}
+        if self.pod_groups.get(key) == minimum:
+            return
+        if minimum is None:
+            del self.pod_groups[key]
+        else:
+            self.pod_groups[key] = minimum
+        self.reread_groups({key})
+
+    def reread_groups(self, gangs: set[str]) -> None:
+        """The PodGroups of ``gangs`` changed: their pending members that take their minimum from
+        them are read again, which wakes those whose minimum changed."""
+        if not gangs:
+            return
+        again = 0
+        for key, obj in list(self.grouped_pending.items()):
+            record = self.queue.record(key)
+            if record is not None and record.pod_group in gangs:
+                self._pending.apply("MODIFIED", obj)
+                again += 1
+        if again:
+            log.info("pod groups changed; members read again", pod_groups=sorted(gangs)[:10], pending=again)
+
+    def _tell_ungrouped(self, batch: list[PodRecord]) -> None:
+        """Warn, once per pod, the members of a gang that nothing gives a minimum (no annotation,
+        no PodGroup): they are placed one by one, which their author likely did not mean."""
+        groups = self.pod_groups
+        for r in batch:
+            if not r.pod_group or (groups is not None and r.pod_group in groups):
+                continue
+            if self._told_ungrouped.get(r.key) == r.uid:
+                continue
+            self._told_ungrouped[r.key] = r.uid
+            message = no_pod_group(r.pod_group, self.pod_groups_unread)
+            if r.pod_group not in self._logged_ungrouped:
+                log.warning("gang without a minimum", pod_group=r.pod_group, message=message)
+                self._logged_ungrouped[r.pod_group] = None
+                if len(self._logged_ungrouped) > LOGGED_GANGS:
+                    del self._logged_ungrouped[next(iter(self._logged_ungrouped))]
+            event = functools.partial(self.binder.event, r.pod, NO_POD_GROUP, message, "Warning")
+            self._write(("pod-group", r.key), event)
+
+    def forget_ungrouped(self, key: str) -> None:
+        """The pod is no longer pending: told again should it (or a pod of its name) be again."""
+        self._told_ungrouped.pop(key, None)
 
     def _client_idle(self) -> bool:
         """More than half the bind client's burst is unspent: it has requests to spare.
@@ -634,6 +711,7 @@ class Scheduler:
         invalid = [r for r in batch if r.error]
         for r in invalid:
             self.tell_unschedulable(r.pod, r.error, "InvalidRequest")
+        self._tell_ungrouped(batch)
         todo: list[PodRecord] = []
         waiting = 0  # pods held back by their volumes
         held_back: dict[str, str] = {}  # gang -> why one of its members cannot be bound yet

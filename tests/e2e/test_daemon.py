@@ -668,7 +668,7 @@ async def test_ready_only_once_the_watches_listed_and_the_solver_is_loaded(
     sched = Scheduler(DaemonSettings(scheduler_name=sched_name(), leader_elect=False), kube)
     ok, why = sched.ready()
     assert not ok
-    listed = "namespaces, nodes, bound-pods, pending-pods, claims, volumes, disruption-budgets"
+    listed = "namespaces, nodes, bound-pods, pending-pods, claims, volumes, disruption-budgets, podgroups"
     assert why == f"waiting for the first list of {listed}"
     watches = [asyncio.create_task(r.run()) for r in sched.reflectors]
     tasks = list(watches)
