@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpusched.daemon import run as daemon
-from gpusched.kube.client import Response
+from gpusched.kube.client import ApiError, Response
 from tests.e2e import kit
 
 
@@ -19,8 +19,11 @@ class FakeKube:
         nodes: list[dict[str, Any]],
         pending: Sequence[dict[str, Any]] = (),
         bound: Sequence[dict[str, Any]] = (),
+        groups: Sequence[dict[str, Any]] | None = (),
     ) -> None:
         self.pod, self.nodes, self.pending, self.bound = pod, nodes, list(pending), list(bound)
+        self.groups = groups
+        """The PodGroups of ``default`` (None: the API server serves none)."""
 
     async def request(self, method: str, path: str, *a: Any, **k: Any) -> Response:
         return Response(200, self.pod)
@@ -33,6 +36,10 @@ class FakeKube:
         if path == "/api/v1/namespaces/default/pods":
             assert query == {"fieldSelector": "spec.nodeName="}
             return [self.pod, *self.pending], "1"
+        if path == "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/default/podgroups":
+            if self.groups is None:
+                raise ApiError(404, "the server could not find the requested resource", "NotFound")
+            return list(self.groups), "1"
         return [], "1"
 
     async def close(self) -> None:
@@ -45,8 +52,9 @@ async def explain(
     gpus: int = 1,
     pending: Sequence[dict[str, Any]] = (),
     bound: Sequence[dict[str, Any]] = (),
+    groups: Sequence[dict[str, Any]] | None = (),
 ) -> tuple[str, int]:
-    fake = FakeKube(pod, [kit.node("n0", gpus, "NVIDIA-A100-SXM4-80GB")], pending, bound)
+    fake = FakeKube(pod, [kit.node("n0", gpus, "NVIDIA-A100-SXM4-80GB")], pending, bound, groups)
 
     async def connect(*_: Any) -> FakeKube:
         return fake
@@ -120,12 +128,31 @@ async def test_a_pod_its_tenants_limit_holds_back_is_told_what_the_scheduler_say
     assert f"the scheduler says (unschedulable since 2026-12-06T10:00:00Z): {said}" in text, text
 
 
-def _member(name: str, minimum: int, node: str = "") -> dict[str, Any]:
+def _member(name: str, minimum: int | None, node: str = "") -> dict[str, Any]:
+    """A member of the gang ``train``; ``minimum`` None: without the annotation."""
     obj = kit.pod(name, daemon.SCHEDULER_NAME, gpus=1, node_name=node)
     obj["metadata"].update({"namespace": "default", "uid": f"u-{name}"})
     obj["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": "train"}
-    obj["metadata"]["annotations"]["gpusched.io/gang-min-members"] = str(minimum)
+    if minimum is not None:
+        obj["metadata"]["annotations"]["gpusched.io/gang-min-members"] = str(minimum)
     return obj
+
+
+async def test_a_gang_member_is_weighed_with_its_podgroups_minimum(monkeypatch: pytest.MonkeyPatch) -> None:
+    group = {"metadata": {"name": "train", "namespace": "default"}, "spec": {"minMember": 3}}
+    text, code = await explain(monkeypatch, _member("m0", None), gpus=2, pending=[_member("m1", None)], groups=[group])
+    assert code == 1, text
+    assert "member of gang default/train (at least 3 members" in text
+    assert "gang default/train: 2 of at least 3 members are pending" in text
+    assert "no PodGroup object" not in text
+    # No PodGroup: one by one, and said so.
+    text, code = await explain(monkeypatch, _member("m0", None), gpus=2, groups=None)
+    assert code == 0, text
+    assert (
+        "note: pod group default/train has no PodGroup object (the API server does not serve "
+        "podgroups.scheduling.x-k8s.io/v1alpha1) and no gpusched.io/gang-min-members annotation: "
+        "members are placed one by one"
+    ) in text
 
 
 async def test_a_gang_member_is_not_said_to_fit_while_its_gang_cannot(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,6 +4,7 @@ the one-shot readers behind ``gpusched explain`` and ``gpusched costs``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import Coroutine, Mapping
 from pathlib import Path
@@ -11,15 +12,19 @@ from typing import Any
 
 import structlog
 
+from gpusched.daemon.handlers import no_pod_group
 from gpusched.daemon.scheduler import Scheduler, count_running_members
 from gpusched.daemon.settings import BOUND_SELECTOR, SCHEDULER_NAME, DaemonSettings
-from gpusched.kube.client import Kube, connect, segment
+from gpusched.kube.client import ApiError, Kube, connect, segment
 from gpusched.kube.convert import (
+    PODGROUP_GROUP_VERSION,
+    PODGROUP_RESOURCE,
     ConvertError,
     claim_record,
     gang_disagreements,
     namespace_labels,
     node_record,
+    pod_group_record,
     pod_record,
     volume_record,
 )
@@ -151,6 +156,11 @@ async def explain_pod(
             lines.append(f"note: namespaces not read ({exc}); a namespaceSelector cannot be resolved")
             namespaces = None
         rec = pod_record(r.body, namespaces)
+        pod_groups: dict[str, int] | None = {}
+        unread = ""
+        if rec.pod.gang is not None:  # its minimum, and its peers', may be their PodGroup's
+            pod_groups, unread = await _pod_groups(kube, namespace)
+            rec = pod_record(r.body, namespaces, pod_groups)
         if rec.bound:
             node_gpus = f" on GPUs {','.join(map(str, rec.gpu_indices))}" if rec.gpu_indices else ""
             return f"pod {rec.key} is bound to {rec.node_name}{node_gpus}", 0
@@ -193,9 +203,11 @@ async def explain_pod(
             lines.append(
                 f"member of gang {p.gang.name} (at least {p.gang.min_members} members, placed together or not at all)"
             )
+            if rec.pod_group and (pod_groups is None or rec.pod_group not in pod_groups):
+                lines.append(f"note: {no_pod_group(rec.pod_group, unread)}")
         said = _last_word(r.body)
         if p.gang is not None:  # the gang is placed whole or not at all: its members are the answer
-            answer, fits = await _gang_answer(kube, rec, namespaces, cache, snap.state, scheduler_name)
+            answer, fits = await _gang_answer(kube, rec, namespaces, pod_groups, cache, snap.state, scheduler_name)
             lines.append(answer)
             if said and said[1] != answer:
                 lines.append(f"the scheduler says (unschedulable since {said[0]}): {said[1]}")
@@ -220,10 +232,32 @@ async def explain_pod(
         await kube.close()
 
 
+async def _pod_groups(kube: Kube, namespace: str) -> tuple[dict[str, int] | None, str]:
+    """The PodGroups of ``namespace``, by ``namespace/name``, with their minimum; None, and why,
+    when they cannot be read (not served, or not granted), as the daemon would tell it."""
+    path = f"/apis/{PODGROUP_GROUP_VERSION}/namespaces/{segment(namespace)}/podgroups"
+    full = f"{PODGROUP_RESOURCE}/{PODGROUP_GROUP_VERSION.rpartition('/')[2]}"
+    try:
+        objects, _ = await kube.list(path)
+    except ApiError as exc:
+        if exc.status == 404:
+            return None, f"the API server does not serve {full}"
+        if exc.status == 403:
+            return None, f"the RBAC does not grant reading {full}"
+        raise
+    table: dict[str, int] = {}
+    for obj in objects:
+        with contextlib.suppress(ConvertError):
+            key, minimum = pod_group_record(obj)
+            table[key] = minimum
+    return table, ""
+
+
 async def _gang_answer(
     kube: Kube,
     rec: PodRecord,
     namespaces: dict[str, dict[str, str]] | None,
+    pod_groups: dict[str, int] | None,
     books: Cache,
     state: ClusterState,
     scheduler_name: str,
@@ -238,7 +272,7 @@ async def _gang_answer(
     )
     members = [rec.pod]
     for obj in pending:
-        other = pod_record(obj, namespaces)
+        other = pod_record(obj, namespaces, pod_groups)
         g = other.pod.gang
         if other.key == rec.key or g is None or g.name != gang.name or other.scheduler != scheduler_name:
             continue
