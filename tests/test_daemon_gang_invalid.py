@@ -242,3 +242,17 @@ async def test_a_gang_with_a_member_running_is_told_its_minimum_as_its_owner_wro
     assert api.bound == []
     [told] = api.failed("default/m2")
     assert told.startswith("gang default/g: 2 pending and 1 running of at least 4 members;"), told
+
+
+async def test_deleting_the_member_that_disagrees_lets_its_peers_be_placed_at_once() -> None:
+    """The member asking for another minimum is deleted: the rest are placed now, not after the
+    next flush of parked pods."""
+    api = RecordingApi()
+    s = one_node_scheduler(api, 8)
+    for name, minimum in (("a", "2"), ("b", "3"), ("c", "2")):
+        s._pending.apply("ADDED", _member(name, minimum))
+    await _one_batch(s)
+    assert api.bound == []
+    s._pending.apply("DELETED", _member("b", "3"))
+    await _one_batch(s)  # TimeoutError: nobody drawn
+    assert sorted(api.bound) == ["default/a", "default/c"]

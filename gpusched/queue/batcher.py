@@ -30,8 +30,9 @@ reported and not deleted.
 
 Members of a gang travel together: a batch that draws one draws every member
 of its gang that is not in flight, parked and backed-off ones too (it may then
-exceed ``max_size``), and a member that arrives wakes its parked or backed-off
-peers, so the solver always sees a gang whole.
+exceed ``max_size``), and a member that arrives or leaves (deleted, or moved to
+another gang) wakes its parked or backed-off peers, so the solver always sees a
+gang whole, as it is now.
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ class SchedulingQueue:
     def done(self, key: str) -> None:
         """The pod was bound (or needs nothing more): it leaves the queue."""
         if self._settle(key):
-            self._remove(key)
+            self._remove(key, wake=False)  # a member bound takes room: no peer it left out fits now
 
     def park(self, key: str) -> None:
         """The pod fits nowhere now; it waits for a change in the cluster (or, if one came while
@@ -400,12 +401,21 @@ class SchedulingQueue:
         self._in_flight[key] = record.uid
         batch.append(record)
 
-    def _leave_gang(self, key: str, gang: str) -> None:
+    def _leave_gang(self, key: str, gang: str, wake: bool = True) -> None:
+        """``key`` is no longer a member of ``gang``.  With ``wake`` (it was deleted or moved to
+        another gang, not bound), its parked and backed-off peers are drawn again, as for a new
+        member, and those in flight back off rather than park: the one that left may have been
+        what held them back, as a member that disagreed on the gang's rules."""
         members = self._gangs.get(gang)
         if members is not None:
             members.discard(key)
             if not members:
                 del self._gangs[gang]
+            for peer in members if wake else ():
+                if peer in self._in_flight:  # its batch saw the gang with ``key``: backed off, not parked
+                    self._moved_in_flight.add(peer)
+                elif self._parked.pop(peer, None) is not None or self._backoff.pop(peer, None) is not None:
+                    self._activate(peer)
 
     def _first_backoff(self) -> float | None:
         """When the first backed-off pod is due (None: none backs off)."""
@@ -475,10 +485,10 @@ class SchedulingQueue:
             return False
         return True
 
-    def _remove(self, key: str) -> None:
+    def _remove(self, key: str, wake: bool = True) -> None:
         record = self._records.get(key)
         if record is not None and record.pod.gang is not None:
-            self._leave_gang(key, record.pod.gang.name)
+            self._leave_gang(key, record.pod.gang.name, wake)
         self._records.pop(key, None)
         self._forget(key)
 

@@ -401,3 +401,42 @@ async def test_a_pod_moved_to_another_tenant_keeps_its_waiting_time() -> None:
     clock.t = 0.6  # past max_wait since it came, not since the relabel
     (drawn,) = await asyncio.wait_for(q.next_batch(), PROMPT)
     assert drawn.pod.name == "p"
+
+
+async def test_a_member_deleted_brings_its_parked_peers_back() -> None:
+    # The member that disagreed on the gang's rules is deleted: the rest need not wait for the flush.
+    q = SchedulingQueue(max_size=10, max_wait=0.01, flush_after=60.0)
+    for i in range(3):
+        q.add(gang_rec(f"g-{i}", "g"))
+    for r in await asyncio.wait_for(q.next_batch(), PROMPT):
+        q.park(r.key)
+    assert q.counts().unschedulable == 3
+    q.delete("default/g-2")
+    batch = await asyncio.wait_for(q.next_batch(), PROMPT)
+    assert sorted(r.pod.name for r in batch) == ["g-0", "g-1"]
+
+
+async def test_a_member_bound_leaves_its_parked_peers_parked() -> None:
+    # Bound, it takes room: the peers its batch left out fit no better.
+    q = SchedulingQueue(max_size=10, max_wait=0.01, flush_after=60.0)
+    for i in range(3):
+        q.add(gang_rec(f"g-{i}", "g"))
+    batch = await asyncio.wait_for(q.next_batch(), PROMPT)
+    q.park(batch[2].key)
+    q.done(batch[0].key)
+    q.done(batch[1].key)
+    assert q.counts() == QueueCounts(active=0, backoff=0, unschedulable=1, in_flight=0)
+
+
+async def test_a_member_deleted_while_its_peers_are_in_flight_backs_them_off_rather_than_parks_them() -> None:
+    clock = Clock()
+    q = SchedulingQueue(max_size=10, max_wait=0, initial_backoff=1.0, flush_after=60.0, clock=clock)
+    for i in range(3):
+        q.add(gang_rec(f"g-{i}", "g"))
+    batch = await asyncio.wait_for(q.next_batch(), PROMPT)
+    q.delete("default/g-2")
+    for r in batch:  # the batch, solved with g-2, left them all out
+        q.park(r.key)
+    counts = q.counts()
+    assert counts.unschedulable == 0  # not left parked until the flush
+    assert counts.active + counts.backoff == 2
