@@ -225,17 +225,17 @@ async def test_a_pod_of_higher_priority_in_the_batch_is_placed_before_a_lower_on
     assert api.bound == ["default/high"]
 
 
-def test_a_batch_is_placed_by_priority_quota_first_and_a_gang_at_its_highest_members() -> None:
+def test_a_batch_is_placed_by_priority_quota_first_and_a_gang_at_its_lowest_members() -> None:
     from gpusched.model.pod import Gang
     from tests.factories import pod
 
     def p(name: str, prio: int, gang: str = "") -> Pod:
         return dataclasses.replace(pod(name), priority=prio, gang=Gang(gang, 2) if gang else None)
 
-    pods = [p("a", 0), p("b", 5), p("g1", 0, "g"), p("g2", 9, "g"), p("q", 1), p("c", 7), p("d", 3), p("e", 2)]
+    pods = [p("a", 0), p("b", 5), p("g1", 6, "g"), p("g2", 9, "g"), p("q", 1), p("c", 7), p("d", 3), p("e", 2)]
     passes = daemon._passes(pods, first={"default/q"})
-    # Quota first; then 9 (the gang, both members), 7, and the rest (5, 3, 2, 0) in one pass.
-    assert [[x.name for x in part] for part in passes] == [["q"], ["g1", "g2"], ["c"], ["a", "b", "d", "e"]]
+    # Quota first; then 7, 6 (the gang, both members, at its lower one's), and the rest in one pass.
+    assert [[x.name for x in part] for part in passes] == [["q"], ["c"], ["g1", "g2"], ["a", "b", "d", "e"]]
 
 
 async def test_pods_deleted_during_their_solve_are_told_nothing() -> None:

@@ -344,6 +344,20 @@ async def test_a_gang_preempts_only_pods_of_lower_priority_than_every_member() -
     assert api.failed("default/p1")[-1].startswith("gang default/h: its 2 members do not all fit at once")
 
 
+async def test_a_pod_a_gang_of_mixed_priorities_went_ahead_of_does_not_evict_its_member() -> None:
+    """Members of priority 100 and 0, and a pod of priority 50, in one batch on 2 GPUs: the gang
+    goes at its lowest member's priority, as it preempts, so the pod takes the room first and
+    the gang is not placed only to be broken by that pod right after."""
+    api = _Api()
+    s = one_node_scheduler(api, gpus=2)
+    for obj in (_member("hi", 100), _member("lo", 0), _pod("mid", 50)):
+        s._pending.apply("ADDED", obj)
+    await _cycle(s)
+    assert api.bound == ["default/mid"]
+    assert api.evicted == []
+    assert api.failed("default/lo")[-1].startswith("gang default/g: its 2 members do not all fit at once")
+
+
 async def test_a_gang_whose_eviction_is_refused_gives_all_its_room_up_and_looks_again_later() -> None:
     api = _Api()
     api.refuse = True

@@ -1746,17 +1746,18 @@ def _fits_as_it_is(pod: Pod, state: ClusterState, node: int) -> bool:
 def _passes(pods: list[Pod], first: Collection[str] = ()) -> list[list[Pod]]:
     """The batch in the parts placed one after the other, each in what the earlier left: the
     pods within their tenant's quota (``first``), then the others; and within each, by
-    priority, highest first (a gang at its highest member's, so that it is never split), as
-    kube-scheduler's queue takes pods: a pod of low priority never takes the room a pod of
-    higher priority in the same batch needs.  A part with a pod whose required pod affinity a
-    pod of a lower level answers is placed in one pass."""
-    top: dict[str, int] = {}
+    priority, highest first (a gang, placed in one pass, at its lowest member's: the priority it
+    preempts at and the headroom weighs it at, so that no pod it went ahead of may preempt one
+    of its members right after), as kube-scheduler's queue takes pods: a pod of low priority
+    never takes the room a pod of higher priority in the same batch needs.  A part with a pod
+    whose required pod affinity a pod of a lower level answers is placed in one pass."""
+    least: dict[str, int] = {}
     for p in pods:
         if p.gang is not None:
-            top[p.gang.name] = max(top.get(p.gang.name, p.priority), p.priority)
+            least[p.gang.name] = min(least.get(p.gang.name, p.priority), p.priority)
 
     def level(p: Pod) -> int:
-        return top[p.gang.name] if p.gang is not None else p.priority
+        return least[p.gang.name] if p.gang is not None else p.priority
 
     out: list[list[Pod]] = []
     for part in ([p for p in pods if p.key in first], [p for p in pods if p.key not in first]):
