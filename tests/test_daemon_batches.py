@@ -390,3 +390,50 @@ def test_a_replica_that_lost_the_lead_does_not_keep_exporting_its_last_solve() -
     assert "gpusched_is_leader 0.0" in text
     assert "gpusched_solve_gap_ratio NaN" in text
     assert "gpusched_gpu_fragmentation_ratio NaN" in text
+
+
+def _gang_scheduler(policy: str, gpus: int) -> tuple[Scheduler, RecordingApi]:
+    from gpusched.daemon import DaemonSettings
+    from gpusched.kube.binder import Binder
+    from gpusched.kube.client import Kube
+    from tests.doubles import IdleClient
+
+    api = RecordingApi()
+    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy=policy), cast(Kube, IdleClient()))
+    s.binder = cast(Binder, api)
+    NodeHandler(s).apply("ADDED", kit.node("n0", gpus, "A100"))
+    return s, api
+
+
+@pytest.mark.parametrize("policy", ["bestfit", "cpsat"])
+async def test_a_gang_whose_minimum_fits_runs_and_its_last_member_follows_when_room_comes(policy: str) -> None:
+    """At least 2 of 3 members, room for 2: two are bound (as Coscheduling's minMember starts a
+    gang), the third is told it waits for room beside them, and is bound on its own once a node
+    with room comes."""
+    s, api = _gang_scheduler(policy, gpus=2)
+    for name in ("m1", "m2", "m3"):
+        s._pending.apply("ADDED", member_pod(name, gang="g"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert len(api.bound) == 2, api.events
+    [left] = {"default/m1", "default/m2", "default/m3"} - set(api.bound)
+    [told] = api.failed(left)
+    assert told.startswith(
+        "gang default/g: 2 of its members placed, at least its minimum; this member is placed beside them once "
+        "it fits: 0/1 nodes are available"
+    ), told
+    for key in api.bound:  # the watch shows them bound
+        name = key.removeprefix("default/")
+        s._pending.apply("DELETED", member_pod(name, gang="g"))
+        s._bound.apply("ADDED", member_pod(name, gang="g", node="n0"))
+    if s.queue.counts().active:  # woken by its peers' binds: weighed beside them, it still fits nowhere
+        await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+        await settle(s)
+        assert api.failed(left)[-1].startswith("gang default/g: its 1 pending members (beside 2 running)")
+    assert s.queue.counts().unschedulable == 1
+    NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
+    drawn = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
+    assert [r.key for r in drawn] == [left]
+    await s.schedule_batch(drawn)
+    await settle(s)
+    assert api.bound[-1] == left

@@ -175,6 +175,14 @@ async def test_a_gang_whose_pending_members_fit_together_is_said_to_fit(monkeypa
     assert "do not all fit at once" in text
 
 
+async def test_a_gang_whose_minimum_fits_but_not_every_member_is_said_to_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At least 2 of 3 pending, room for 2: the scheduler places two now."""
+    pending = [_member("m1", 2), _member("m2", 2)]
+    text, code = await explain(monkeypatch, _member("m0", 2), gpus=2, pending=pending)
+    assert code == 0, text
+    assert "gang default/train: 2 of its 3 pending members fit together now (at least 2 must)" in text
+
+
 async def test_a_gang_member_running_counts_toward_the_minimum(monkeypatch: pytest.MonkeyPatch) -> None:
     """One member runs on n0 (its replacement is pending): the gang of 2 needs only it."""
     text, code = await explain(monkeypatch, _member("m1", 2), gpus=2, bound=[_member("m0", 2, node="n0")])

@@ -201,7 +201,7 @@ async def explain_pod(
         lines.append(f"pod {rec.key}: cpu {p.cpu_milli}m, memory {p.memory_mib}Mi, {want}")
         if p.gang is not None:
             lines.append(
-                f"member of gang {p.gang.name} (at least {p.gang.min_members} members, placed together or not at all)"
+                f"member of gang {p.gang.name} (at least {p.gang.min_members} members placed together, or none)"
             )
             if rec.pod_group and (pod_groups is None or rec.pod_group not in pod_groups):
                 lines.append(f"note: {no_pod_group(rec.pod_group, unread)}")
@@ -262,8 +262,8 @@ async def _gang_answer(
     state: ClusterState,
     scheduler_name: str,
 ) -> tuple[str, bool]:
-    """Whether ``rec``'s gang fits now, as the scheduler weighs a gang: its pending members
-    (read here) all at once, its members already running counted toward its minimum and
+    """Whether ``rec``'s gang fits now, as the scheduler weighs a gang: at least its minimum of
+    its pending members (read here) at once, its members already running counted toward its minimum and
     holding it to their topology domain; and the text that says so."""
     gang = rec.pod.gang
     assert gang is not None
@@ -285,14 +285,17 @@ async def _gang_answer(
     members = count_running_members(members, books)  # as the scheduler counts them
     counted = members[0].gang or gang
     running = counted.running
-    if len(members) >= counted.min_members and gang_fits(members, state):
+    fit = gang_fits(members, state) if len(members) >= counted.min_members else 0
+    if fit:
+        n = len(members)
+        which = f"its {n} pending member{'' if n == 1 else 's'}" if fit == n else f"{fit} of its {n} pending members"
         if running:
-            n = len(members)
             return (
-                f"gang {gang.name}: its {n} pending member{' fits' if n == 1 else 's fit'} now beside the "
+                f"gang {gang.name}: {which} {'fits' if fit == 1 else 'fit'} now beside the "
                 f"{running} running (at least {gang.min_members} in all)"
             ), True
-        return f"gang {gang.name}: its {len(members)} pending members fit together now", True
+        least = "" if fit == n else f" (at least {gang.min_members} must)"
+        return f"gang {gang.name}: {which} fit together now{least}", True
     return explain_gang(members[0], len(members), state), False
 
 

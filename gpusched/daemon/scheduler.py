@@ -60,6 +60,7 @@ from gpusched.model.tenants import demand_of
 from gpusched.queue.batcher import SchedulingQueue
 from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang, gang_fits
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
+from gpusched.solver.instance import beside_placed
 from gpusched.solver.params import SolverParams
 from gpusched.solver.policy import Policy, TimedPolicy, place_quick
 from gpusched.solver.preempt import (
@@ -1002,9 +1003,27 @@ class Scheduler:
                 if p.key in seen_by:
                     self.tell_unschedulable(p, self.with_notes(p, e.message, snap, seen_by[p.key]), e.reason)
         gangs: list[dict[str, tuple[Pod, str]]] = []  # gangs that may preempt: key -> member, why it waits
+        started = Counter(
+            a.pod.gang.name for a in plan.assignments if a.pod.gang is not None and a.pod.gang.name not in broken
+        )
         for name, group in rejected.items():
             gang = group[0].gang
             assert gang is not None
+            if started[name]:  # at least its minimum placed: the members beyond it wait on their own
+                beside = f" beside the {gang.running} running" if gang.running else ""
+                runs = f"gang {name}: {started[name]} of its members placed{beside}, at least its minimum"
+                for p in group:
+                    seen = after_low if self.below_headroom(p) else after
+                    e = explain(p, seen)
+                    if e.fits:
+                        retry = (
+                            "this member fits now, but the batch solve left it out; it is retried with the next batch"
+                        )
+                        self.tell_unschedulable(p, f"{runs}; {retry}.", DEFERRED)
+                    else:
+                        waits = f"{runs}; this member is placed beside them once it fits: {e.message}"
+                        self.tell_unschedulable(p, self.with_notes(p, waits, snap, seen), e.reason)
+                continue
             # A member left out is what the gang waits for only if the rest fall short of its
             # minimum (already bound members counted in); otherwise capacity is.
             why = held_back.get(name) if members[name] < gang.min_members else None
@@ -1020,6 +1039,7 @@ class Scheduler:
             }
             recreated = self.rooms.kept_for(name) if why is None and members[name] < gang.min_members else []
             held_at = {p.key: held[0] for p in group if (held := self.cache.nomination(p.key)) is not None}
+            fit = gang_fits(group, after_low) if why is None and members[name] >= gang.min_members else 0
             if recreated and members[name] + len(recreated) >= gang.min_members and len(held_at) == len(group):
                 # Members deleted while it waited for its victims: room is kept for pods created
                 # again under their names, and the rest keep theirs meanwhile.
@@ -1030,9 +1050,10 @@ class Scheduler:
                 )
                 for p in group:
                     self.tell_unschedulable(p, said, "Gang", nominated=held_at[p.key])
-            elif why is None and members[name] >= gang.min_members and gang_fits(group, after_low):
+            elif fit:
+                which = f"its {fit}" if fit == len(group) else f"{fit} of its {len(group)}"
                 deferred = (
-                    f"gang {name}: its {len(group)} members fit together now, but the batch solve left them out "
+                    f"gang {name}: {which} members fit together now, but the batch solve left them out "
                     "to keep capacity for the rest of the batch; they are retried with the next batch."
                 )
                 for p in group:  # as a pod that fits: backed off, not parked
@@ -1534,11 +1555,14 @@ class Scheduler:
         batch_id: int,
     ) -> tuple[Plan, ClusterState, float]:
         """Place the pods of high priority that ``plan`` left out with the GPUs kept free for
-        them given back: the batch's plan with theirs added.  A gang goes there only whole."""
+        them given back: the batch's plan with theirs added.  A gang goes there only as a whole
+        of high priority; the members of one the plan placed its minimum of, each as it fits."""
         below = {p.gang.name for p in plan.unplaced if p.gang is not None and self.below_headroom(p)}
         high = [p for p in plan.unplaced if not self.below_headroom(p) and (p.gang is None or p.gang.name not in below)]
         if not high:
             return plan, after, frag
+        original = {p.key: p for p in high}
+        high = beside_placed(high, plan.assignments, after)
         state = after.with_gpus_at(snap.kept, 0)
         try:
             extra, after2, frag2 = await asyncio.to_thread(_solve, policy, high, state, typical, quick)
@@ -1555,7 +1579,7 @@ class Scheduler:
         log.info("kept GPUs used", batch_id=batch_id, pods=len(placed), kept=len(snap.kept))
         merged = replace(
             plan,
-            assignments=plan.assignments + extra.assignments,
+            assignments=plan.assignments + tuple(replace(a, pod=original[a.pod.key]) for a in extra.assignments),
             unplaced=tuple(p for p in plan.unplaced if p.key not in placed),
             partitions=plan.partitions + extra.partitions,
         )
@@ -1690,9 +1714,7 @@ def count_running_members(pods: list[Pod], books: Cache) -> list[Pod]:
     for p in pods:
         g = p.gang
         if g is not None and held[g.name][0]:
-            count, domain = held[g.name]
-            left = max(1, g.min_members - count)
-            out.append(replace(p, gang=replace(g, min_members=left, domain=domain, running=count)))
+            out.append(replace(p, gang=g.beside(*held[g.name])))
         else:
             out.append(p)
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Spread, is_int64
 from gpusched.model.mig import gpu_fraction
@@ -45,9 +45,11 @@ def mig_milli(profile: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Gang:
-    """A pod group placed all together or not at all.
+    """A pod group placed at least ``min_members`` together, or not at all.
 
-    ``min_members`` is how many members must be present before any is placed;
+    ``min_members`` is how many members must be present, and placed together, before any is
+    placed; members beyond it are placed with them as they fit, and those left over later,
+    one by one, beside the members running;
     ``topology_key`` names a node label (rack, zone, ``nvidia.com/gpu.clique``)
     whose values are domains, and ``topology`` says whether all members must
     share one domain (``required``) or should use as few as possible
@@ -72,6 +74,19 @@ class Gang:
             raise ValueError(f"gang {self.name}: topology must be 'required' or 'preferred', got {self.topology!r}")
         if bool(self.topology) != bool(self.topology_key):
             raise ValueError(f"gang {self.name}: give both a topology key and a topology mode, or neither")
+
+    def beside(self, count: int, domain: str = "") -> Gang:
+        """The gang as left to place once ``count`` more of its members run: its minimum less
+        those (at least 1: a member is placed on its own beside them), held to ``domain`` (the
+        value of its topology label where one of them runs) unless held to one already."""
+        if count <= 0:
+            return self
+        return replace(
+            self,
+            min_members=max(1, self.min_members - count),
+            domain=self.domain or domain,
+            running=self.running + count,
+        )
 
     @property
     def rules(self) -> tuple[int, str, str]:

@@ -13,8 +13,9 @@ arrival order, and always go into one solve: a batch is closed once it holds
 at least ``batch`` pods, so a batch that takes a gang may hold more.  A
 plan's MIG partitions are applied before its assignments.  Besides the
 allocation the replay counts MIG instances in use and offered at the end,
-assignments that break a required GPU island, and gangs placed whole,
-rejected whole or placed in part (the last two checks must stay at 0).
+assignments that break a required GPU island, and gangs placed (at least
+their minimum), rejected whole, or placed below their minimum (that check
+must stay at 0).
 """
 
 from __future__ import annotations
@@ -60,11 +61,11 @@ class RunResult:
     island_violations: int = 0
     """Placed pods that require one GPU island but got GPUs of several (must be 0)."""
     gangs_placed: int = 0
-    """Gangs with every member placed."""
+    """Gangs with at least their minimum of members placed."""
     gangs_rejected: int = 0
     """Gangs with no member placed."""
     gangs_partial: int = 0
-    """Gangs with some but not all members placed (must be 0)."""
+    """Gangs with some members placed, but fewer than their minimum (must be 0)."""
     declined: int = 0
     """Of ``failed``, pods the policy left out although they fit the cluster after its batch
     (as many of them as best fit places there together)."""
@@ -146,18 +147,19 @@ def island_violations(assignments: Iterable[Assignment], state: ClusterState) ->
 
 
 def gang_outcomes(pods: Iterable[Pod], placed: Iterable[Assignment]) -> tuple[int, int, int]:
-    """Gangs of ``pods`` with every member placed, with none placed, and with some but not all."""
-    size: dict[str, int] = defaultdict(int)
+    """Gangs of ``pods`` with at least their minimum placed, with none placed, and with some but
+    fewer than their minimum."""
+    least: dict[str, int] = {}
     done: dict[str, int] = defaultdict(int)
     for pod in pods:
         if pod.gang is not None:
-            size[pod.gang.name] += 1
+            least[pod.gang.name] = pod.gang.min_members
     for a in placed:
         if a.pod.gang is not None:
             done[a.pod.gang.name] += 1
-    whole = sum(1 for name, n in size.items() if done[name] == n)
-    rejected = sum(1 for name in size if not done[name])
-    return whole, rejected, len(size) - whole - rejected
+    enough = sum(1 for name, n in least.items() if done[name] >= n)
+    rejected = sum(1 for name in least if not done[name])
+    return enough, rejected, len(least) - enough - rejected
 
 
 def _extended(cluster: Cluster, workload: Sequence[Pod]) -> bool:

@@ -192,7 +192,7 @@ def explain(pod: Pod, state: ClusterState) -> Explanation:
 
 def explain_gang(pod: Pod, members: int, state: ClusterState) -> str:
     """Why ``pod``'s gang (``members`` of it in the batch) was not placed: too few members, or
-    not all of them fit at once (within one topology domain when the gang requires one)."""
+    not its minimum of them fit at once (within one topology domain when the gang requires one)."""
     gang = pod.gang
     assert gang is not None
     if members < gang.min_members:
@@ -217,11 +217,13 @@ def explain_gang(pod: Pod, members: int, state: ClusterState) -> str:
     e = explain(pod, state)
     detail = e.message if not e.fits else f"{e.fits}/{e.total} nodes could take this member alone."
     which = f"{members} pending members (beside {gang.running} running)" if gang.running else f"{members} members"
+    if members > gang.min_members:
+        return f"gang {gang.name}: no {gang.min_members} of its {which} fit at once{where}; {detail}"
     return f"gang {gang.name}: its {which} do not all fit at once{where}; {detail}"
 
 
-def gang_fits(members: Sequence[Pod], state: ClusterState) -> bool:
-    """Whether ``members`` (a gang's pending members) all fit at once in ``state`` as a greedy
-    pass places a gang (best fit, within one domain where it must): then what left them out
-    of a batch was the solve, not capacity."""
-    return len(BestFitPolicy().place(list(members), state).assignments) == len(members)
+def gang_fits(members: Sequence[Pod], state: ClusterState) -> int:
+    """How many of ``members`` (a gang's pending members) fit at once in ``state`` as a greedy
+    pass places a gang (best fit, at least its minimum, within one domain where it must); 0 when
+    not its minimum: else what left them out of a batch was the solve, not capacity."""
+    return len(BestFitPolicy().place(list(members), state).assignments)

@@ -20,18 +20,28 @@ fits on (``Instance.pruned``) proves its optimum over those nodes alone.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from gpusched.model import GPU_MILLI, ClusterState, Plan, Pod, PodShape
+from gpusched.model import GPU_MILLI, Assignment, ClusterState, Plan, Pod, PodShape
 from gpusched.model.affinity import PodAffinityTerm, Spread
 from gpusched.model.cluster import BoolArray, IntArray
 from gpusched.model.pod import Gang, gang_conflicts
 from gpusched.solver.fragmentation import FragScorer
 
-__all__ = ["Candidate", "Group", "Instance", "build_instance", "domain_of", "followed", "node_classes", "pod_terms"]
+__all__ = [
+    "Candidate",
+    "Group",
+    "Instance",
+    "beside_placed",
+    "build_instance",
+    "domain_of",
+    "followed",
+    "node_classes",
+    "pod_terms",
+]
 
 Identity = tuple[()] | tuple[tuple[PodAffinityTerm, ...], tuple[int, ...]]
 """Which preferred pod terms select a group's pods: placed pods' and the batch's (see ``Group.identity``)."""
@@ -230,6 +240,28 @@ def domain_of(state: ClusterState, node: int, gang: Gang) -> str:
     (``node/<name>``) when the label is missing."""
     node_obj = state.cluster.nodes[node]
     return node_obj.labels.get(gang.topology_key) or f"node/{node_obj.name}"
+
+
+def beside_placed(pods: Sequence[Pod], placed: Iterable[Assignment], state: ClusterState) -> list[Pod]:
+    """``pods`` with the members of each gang that ``placed`` places members of counted beside
+    those, as beside members already running (``Gang.beside``): the rest of the gang is
+    placed member by member, in the topology domain of one of those when it has a key."""
+    count: dict[str, int] = defaultdict(int)
+    where: dict[str, str] = {}
+    for a in placed:
+        g = a.pod.gang
+        if g is not None:
+            count[g.name] += 1
+            if g.topology_key and g.name not in where and 0 <= a.node < len(state.cluster):
+                where[g.name] = state.cluster.nodes[a.node].labels.get(g.topology_key, "")
+    if not count:
+        return list(pods)
+    return [
+        replace(p, gang=g.beside(count[g.name], where.get(g.name, "")))
+        if (g := p.gang) is not None and count.get(g.name)
+        else p
+        for p in pods
+    ]
 
 
 def _mig_ub(state: ClusterState, shape: PodShape, sel: IntArray) -> IntArray:

@@ -15,6 +15,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -23,7 +24,7 @@ from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, P
 from gpusched.model.placement import MigPartition
 from gpusched.solver.baselines.fgd import WarmStart
 from gpusched.solver.fragmentation import TypicalPods
-from gpusched.solver.instance import Instance, build_instance
+from gpusched.solver.instance import Instance, beside_placed, build_instance
 from gpusched.solver.model import build_model, hint_from_plan
 from gpusched.solver.params import SolverParams
 from gpusched.solver.typical import TypicalTracker
@@ -169,25 +170,25 @@ class CpSatPolicy:
     def _fill(self, plan: Plan, state: ClusterState, pods: Sequence[Pod]) -> Plan:
         """``plan`` with the warm start's placements of the pods it left out that fit in what it
         left: the model sees only each pod's best-ranked candidates, and pods of several groups
-        may all have been offered the nodes one of them took.  A gang is offered whole, every
-        member, or not at all (a member fits nowhere): the warm start places a gang only whole,
-        but the members it is given as if they were all.  Should the gangs' placements still
-        fail the checks, the pods without a gang are placed again alone.  ``plan`` itself when
-        none fits."""
+        may all have been offered the nodes one of them took.  A gang's members left out are
+        offered those that fit: beside its members the plan placed, member by member
+        (``beside_placed``); of a gang it left out, as many as its minimum together or none.
+        Should the gangs' placements still fail the checks, the pods without a gang are placed
+        again alone.  ``plan`` itself when none fits."""
         after = (state.partition(plan.partitions) if plan.partitions else state).apply(plan.assignments)
-        fits = {p.key for p in plan.unplaced if after.pod_mask(p).any()}
-        short = {p.gang.name for p in plan.unplaced if p.gang is not None and p.key not in fits}
-        left = [p for p in plan.unplaced if p.key in fits and (p.gang is None or p.gang.name not in short)]
+        left = [p for p in plan.unplaced if after.pod_mask(p).any()]
         alone = [p for p in left if p.gang is None]
+        original = {p.key: p for p in plan.unplaced}
         for offered in (left, alone) if len(alone) < len(left) else (left,):
             if not offered:
                 continue
-            more = self.greedy.place(offered, after)
+            more = self.greedy.place(beside_placed(offered, plan.assignments, state), after)
             if not more.assignments:
                 continue
-            placed = {a.pod.key for a in more.assignments}
+            added = tuple(replace(a, pod=original[a.pod.key]) for a in more.assignments)  # as the batch gave them
+            placed = {a.pod.key for a in added}
             filled = Plan(
-                plan.assignments + more.assignments,
+                plan.assignments + added,
                 tuple(p for p in plan.unplaced if p.key not in placed),
                 plan.stats,
                 plan.partitions + more.partitions,

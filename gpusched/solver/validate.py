@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from gpusched.model import GPU_MILLI, Assignment, ClusterState, Node, Plan, Pod
 from gpusched.model.affinity import PodAffinityTerm, Spread, selects
-from gpusched.model.pod import gang_conflicts, tolerated
+from gpusched.model.pod import Gang, gang_conflicts, tolerated
 from gpusched.model.ports import ports_clash
 
 __all__ = ["PlanError", "island_problems", "plan_problems", "validate_plan"]
@@ -451,27 +451,30 @@ def island_problems(assignments: Iterable[Assignment], state: ClusterState) -> l
 
 
 def _gang_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None) -> list[str]:
-    """Gangs placed whole or not at all (and with enough members); one domain when required."""
+    """Gangs placed at least their minimum (beside their members running) or not at all, and
+    only while their members agree on its rules; one domain when required."""
     problems: list[str] = []
     members: dict[str, list[Pod]] = defaultdict(list)
     for p in pods if pods is not None else [a.pod for a in plan.assignments] + list(plan.unplaced):
         if p.gang is not None:
             members[p.gang.name].append(p)
     where: dict[str, list[int]] = defaultdict(list)
+    rules: dict[str, Gang] = {}
     for a in plan.assignments:
         if a.pod.gang is not None:
             where[a.pod.gang.name].append(a.node)
+            rules.setdefault(a.pod.gang.name, a.pod.gang)
     disagree = gang_conflicts(p for ps in members.values() for p in ps)
     for name, nodes in where.items():
-        total = len(members.get(name, []))
-        gang = members[name][0].gang if members.get(name) else None
+        gang = members[name][0].gang if members.get(name) else rules[name]
+        assert gang is not None
         if name in disagree:
             problems.append(f"gang {name}: placed although its members disagree on its minimum or topology")
-        if len(nodes) != total:
-            problems.append(f"gang {name}: {len(nodes)} of {total} members placed (all or none)")
-        if gang is not None and total < gang.min_members:
-            problems.append(f"gang {name}: placed with {total} members, fewer than its minimum {gang.min_members}")
-        if gang is not None and gang.topology == "required":
+        if len(nodes) < gang.min_members:  # (the minimum as left beside the members running)
+            beside = f" beside {gang.running} running" if gang.running else ""
+            placed = f"{len(nodes)} member{'s' if len(nodes) != 1 else ''} placed{beside}"
+            problems.append(f"gang {name}: {placed}, fewer than its minimum {gang.min_members + gang.running}")
+        if gang.topology == "required":
             doms = {state.cluster.nodes[n].labels.get(gang.topology_key) for n in nodes if 0 <= n < len(state.cluster)}
             if len(doms) > 1 or not all(doms) or (gang.domain and doms != {gang.domain}):
                 problems.append(f"gang {name}: members span {gang.topology_key} domains {sorted(map(str, doms))}")

@@ -126,3 +126,13 @@ class TestPod:
         p = Pod("p", 1, 1)
         with pytest.raises(dataclasses.FrozenInstanceError):
             p.cpu_milli = 2  # type: ignore[misc]
+
+
+def test_a_gang_beside_members_running_needs_only_the_rest_of_its_minimum() -> None:
+    from gpusched.model.pod import Gang
+
+    left = Gang("ns/g", 4, "rack", "required").beside(1, "r1")
+    assert (left.min_members, left.running, left.domain) == (3, 1, "r1")
+    more = left.beside(5, "r2")  # past the minimum: each member left is placed on its own, in r1 still
+    assert (more.min_members, more.running, more.domain) == (1, 6, "r1")
+    assert Gang("ns/g", 2).beside(0) == Gang("ns/g", 2)

@@ -268,13 +268,20 @@ def test_island_violations_counts_required_pods_across_islands() -> None:
     assert island_violations([Assignment(preferred, 0, (1, 2))], state) == 0
 
 
-def test_gang_outcomes_tell_whole_rejected_and_partial_gangs() -> None:
+def test_gang_outcomes_tell_placed_rejected_and_partial_gangs() -> None:
     pods = _gang_workload() + [Pod(f"h{i}", 1000, 1024, gang=Gang("h", 2)) for i in range(2)]
     by_name = {p.name: p for p in pods}
     assert gang_outcomes(pods, []) == (0, 2, 0)
     placed = [Assignment(by_name[n], 0) for n in ("a", "g1", "g2", "g3", "h0")]
     assert gang_outcomes(pods, placed) == (1, 0, 1)
     assert gang_outcomes(pods, [*placed, Assignment(by_name["h1"], 0)]) == (2, 0, 0)
+
+
+def test_a_gang_placed_at_its_minimum_is_placed_not_partial() -> None:
+    """At least 2 of 3: two placed is the gang running, one is below its minimum."""
+    pods = [Pod(f"m{i}", 1000, 1024, gang=Gang("m", 2)) for i in range(3)]
+    assert gang_outcomes(pods, [Assignment(pods[0], 0), Assignment(pods[1], 0)]) == (1, 0, 0)
+    assert gang_outcomes(pods, [Assignment(pods[0], 0)]) == (0, 0, 1)
 
 
 TINY_NODES = (
@@ -365,7 +372,7 @@ def test_the_counters_table_shows_every_column(width: int) -> None:
     console = Console(width=width, record=True)
     console.print(table)
     text = console.export_text()
-    headers = ["mig_util_pct", "island_violations", "gangs_whole", "gangs_rejected", "gangs_partial"]
+    headers = ["mig_util_pct", "island_violations", "gangs_placed", "gangs_rejected", "gangs_partial"]
     if width >= 120:
         assert all(h in text for h in headers)
     row = next(line for line in text.splitlines() if line.startswith("gpuclustering"))

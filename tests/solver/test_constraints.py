@@ -596,8 +596,8 @@ def test_a_waiting_gang_does_not_keep_pods_the_model_left_out_from_being_filled(
     # 25 "pool" nodes with one idle GPU and room for one 1000m pod each (25 classes), then two
     # nodes the autoscaler means to remove.  The 25 pool pods need every pool node; "big" needs
     # "spare"; "a" ranks the pool nodes first and is offered no room the model leaves it, so it
-    # is filled onto "spare2".  The gang waits for capacity: "w2" fits nowhere yet, "w0" and "w1"
-    # would on their own.  A gang is filled whole or not at all, and "a" still lands.
+    # is filled onto "spare2".  The gang of at least 2: "w2" fits nowhere yet, "w0" and "w1" do,
+    # and are its minimum: they are placed, "w2" waits, and "a" still lands.
     k = 25
     spare = Node("spare", 64000, 65536, gpu_count=8, gpu_model="A100", soft_taints=LEAVING)
     state = _pool(k, [spare, Node("spare2", 2000, 8192, gpu_count=1, gpu_model="A100", soft_taints=LEAVING)])
@@ -608,6 +608,6 @@ def test_a_waiting_gang_does_not_keep_pods_the_model_left_out_from_being_filled(
     pods += [Pod("w0", 500, 512, gang=train), Pod("w1", 500, 512, gang=train)]
     pods += [Pod("w2", 500, 512, num_gpu=16, gpu_milli=GPU_MILLI, gang=train)]
     plan = cpsat(pods, state)
-    assert sorted(unplaced(plan)) == ["w0", "w1", "w2"]
+    assert sorted(unplaced(plan)) == ["w2"]
     assert where(plan)["a"][0] == k + 1  # spare2
     assert plan.stats.status.endswith("+FILLED")  # placed after the model, in what its plan left

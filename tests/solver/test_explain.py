@@ -65,6 +65,14 @@ def test_a_gang_that_does_not_fit_whole_says_how_many_nodes_could_take_one_membe
     assert explain_gang(member, 1, state).startswith("gang ns/g: 1 of at least 2 members are pending;")
 
 
+def test_a_gang_with_more_members_than_its_minimum_is_told_its_minimum_does_not_fit() -> None:
+    state = Cluster([gpu_node("a", gpus=1)]).empty_state()
+    member = replace(pod("m1", gpus=1), gang=Gang("ns/g", min_members=2))
+    assert explain_gang(member, 3, state) == (
+        "gang ns/g: no 2 of its 3 members fit at once; 1/1 nodes could take this member alone."
+    )
+
+
 def test_a_gang_with_members_running_is_told_its_minimum_as_written() -> None:
     """A gang of at least 4 with one member running and two pending is short by one: said in the
     numbers its owner wrote, not in the three the batch has left to place."""

@@ -250,6 +250,42 @@ def test_gang_module_places_all_or_none() -> None:
     assert Solved(inst, [demand, capacity, whole_gpu]).placed_pods() == 1, "without it half the gang lands"
 
 
+def test_gang_module_places_at_least_the_minimum_and_the_members_beyond_it_that_fit() -> None:
+    team = Gang("team", 2)
+    inst = instance([member(f"t{i}", team, gpus=4) for i in range(3)], Cluster([gpu8("a")]).empty_state())
+    assert Solved(inst, [demand, capacity, whole_gpu, gang]).placed_pods() == 2
+    inst = instance([member(f"t{i}", team, gpus=4) for i in range(3)], Cluster([gpu8("a"), gpu8("b")]).empty_state())
+    assert Solved(inst, [demand, capacity, whole_gpu, gang]).placed_pods() == 3
+    inst = instance([member(f"t{i}", team, gpus=8) for i in range(3)], Cluster([gpu8("a")]).empty_state())
+    assert Solved(inst, [demand, capacity, whole_gpu, gang]).placed_pods() == 0
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_gang_whose_minimum_fits_is_placed_though_not_every_member_does(name: str) -> None:
+    """At least 2 of 3 members of 4 GPUs, one node of 8: two are placed, one waits (as
+    Coscheduling's minMember and Volcano's minAvailable start a gang)."""
+    cluster = Cluster([gpu8("a")])
+    pods = [member(f"t{i}", Gang("team", 2), gpus=4) for i in range(3)]
+    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
+    plan = make_policy(name, cluster, TypicalPods.from_pods(pods), 0, params).place(pods, cluster.empty_state())
+    assert plan_problems(plan, cluster.empty_state(), pods) == []
+    assert len(plan.assignments) == 2
+    assert "FALLBACK" not in plan.stats.status  # the solver's own plan
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_gang_with_members_running_places_what_is_left_of_its_minimum(name: str) -> None:
+    """At least 3, 2 running: one more is enough, in the rack they run in."""
+    cluster = Cluster([gpu8("a", "r1"), gpu8("b", "r2")])
+    state = used(cluster.empty_state(), 0, range(4))
+    team = Gang("team", 1, "rack", "required", domain="r1", running=2)  # as ``Gang.beside`` leaves it
+    pods = [member(f"t{i}", team, gpus=4) for i in range(2)]
+    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
+    plan = make_policy(name, cluster, TypicalPods.from_pods(pods), 0, params).place(pods, state)
+    assert plan_problems(plan, state, pods) == []
+    assert [a.node for a in plan.assignments] == [0]  # r1, beside its members
+
+
 @pytest.mark.parametrize("name", POLICIES)
 def test_a_gang_whose_members_disagree_on_its_minimum_is_placed_by_no_policy(name: str) -> None:
     # One member says two are needed, the other one: no plan may bind either (the validator
@@ -263,12 +299,12 @@ def test_a_gang_whose_members_disagree_on_its_minimum_is_placed_by_no_policy(nam
     assert "FALLBACK" not in plan.stats.status  # the solver's own plan is valid too
 
 
-def test_validator_rejects_a_partial_gang() -> None:
+def test_validator_rejects_a_gang_placed_below_its_minimum() -> None:
     cluster = Cluster([gpu8("a")])
     team = Gang("team", 2)
     t0, t1 = member("t0", team), member("t1", team)
     problems = plan_problems(Plan((Assignment(t0, 0, tuple(range(8))),), (t1,)), cluster.empty_state(), [t0, t1])
-    assert any("1 of 2 members" in x for x in problems)
+    assert "gang team: 1 member placed, fewer than its minimum 2" in problems
 
 
 # --- properties ---------------------------------------------------------------------------------
@@ -320,13 +356,13 @@ def topology_cases(draw: st.DrawFn) -> tuple[ClusterState, tuple[Pod, ...]]:
 @pytest.mark.parametrize("name", POLICIES)
 @settings(max_examples=40, deadline=None)
 @given(topology_cases())
-def test_no_plan_splits_a_gang_overcommits_a_slice_or_breaks_a_required_island(
+def test_no_plan_places_a_gang_below_its_minimum_overcommits_a_slice_or_breaks_a_required_island(
     name: str, case: tuple[ClusterState, tuple[Pod, ...]]
 ) -> None:
     state, pods = case
     params = SolverParams(limits=Limits(time_limit_s=0.5, workers=1))
     plan = make_policy(name, state.cluster, TypicalPods.from_pods(pods), 0, params).place(pods, state)
-    validate_plan(plan, state, pods)  # gangs whole, slices within instances, islands kept
+    validate_plan(plan, state, pods)  # gangs at their minimum or none, slices within instances, islands kept
     assert len(plan.assignments) + len(plan.unplaced) == len(pods)
     after = state.partition(plan.partitions).apply(plan.assignments)
     assert (after.mig_free >= 0).all()
@@ -373,3 +409,17 @@ def test_validator_checks_the_gpu_model_of_a_mig_pod() -> None:
     p = Pod("slice", 100, 100, mig_profile="1g.10gb", gpu_models=frozenset({"H100"}))
     problems = plan_problems(Plan((Assignment(p, 0),), ()), cluster.empty_state())
     assert any("is not accepted" in x for x in problems)
+
+
+def test_members_left_beside_a_gang_placed_in_part_are_placed_one_by_one_in_its_rack() -> None:
+    """Two of a gang of at least 2 placed in r2: the third is offered alone, held to r2; a pod of
+    another gang, none of whose members is placed, is left as it was."""
+    from gpusched.solver.instance import beside_placed
+
+    cluster = Cluster([gpu8("a", "r1"), gpu8("b", "r2")])
+    team, other = Gang("team", 2, "rack", "required"), Gang("other", 2)
+    pods = [member(f"t{i}", team, gpus=4) for i in range(3)] + [member("o0", other)]
+    placed = [Assignment(pods[0], 1, (0, 1, 2, 3)), Assignment(pods[1], 1, (4, 5, 6, 7))]
+    left, alone = beside_placed(pods[2:], placed, cluster.empty_state())
+    assert left.gang == Gang("team", 1, "rack", "required", domain="r2", running=2)
+    assert alone is pods[3]

@@ -263,7 +263,28 @@ def test_a_gang_placed_with_fewer_members_than_its_minimum_is_rejected() -> None
     gang = Gang("ns/g", 3)
     m0, m1 = (Pod(f"m{i}", 1000, 1024, 1, 1000, gang=gang) for i in range(2))
     plan = Plan((Assignment(m0, 0, (0,)), Assignment(m1, 0, (1,))), ())
-    assert plan_problems(plan, _racks("r1"), [m0, m1]) == ["gang ns/g: placed with 2 members, fewer than its minimum 3"]
+    assert plan_problems(plan, _racks("r1"), [m0, m1]) == ["gang ns/g: 2 members placed, fewer than its minimum 3"]
+
+
+def test_a_gang_placed_at_its_minimum_but_not_every_member_is_valid() -> None:
+    gang = Gang("ns/g", 2)
+    m0, m1, m2 = (Pod(f"m{i}", 1000, 1024, 1, 1000, gang=gang) for i in range(3))
+    plan = Plan((Assignment(m0, 0, (0,)), Assignment(m1, 0, (1,))), (m2,))
+    assert plan_problems(plan, _racks("r1"), [m0, m1, m2]) == []
+    alone = Plan((Assignment(m0, 0, (0,)),), (m1, m2))
+    assert plan_problems(alone, _racks("r1"), [m0, m1, m2]) == ["gang ns/g: 1 member placed, fewer than its minimum 2"]
+
+
+def test_a_gang_with_members_running_needs_only_the_rest_of_its_minimum() -> None:
+    """At least 4, 1 running (``min_members`` 3 left): 3 more are enough, 2 are not."""
+    gang = Gang("ns/g", 3, running=1)  # as the scheduler gives it (``Gang.beside``)
+    pods = [Pod(f"m{i}", 1000, 1024, 1, 1000, gang=gang) for i in range(4)]
+    three = Plan(tuple(Assignment(p, 0, (i,)) for i, p in enumerate(pods[:3])), (pods[3],))
+    assert plan_problems(three, _racks("r1"), pods) == []
+    two = Plan(tuple(Assignment(p, 0, (i,)) for i, p in enumerate(pods[:2])), tuple(pods[2:]))
+    assert plan_problems(two, _racks("r1"), pods) == [
+        "gang ns/g: 2 members placed beside 1 running, fewer than its minimum 4"
+    ]
 
 
 def test_a_gang_placed_although_its_members_disagree_on_its_rules_is_rejected() -> None:

@@ -141,8 +141,9 @@ class GreedyPolicy:
 
     def place(self, pods: Sequence[Pod], state: ClusterState) -> Plan:
         """Place ``pods`` one after another in the given order; a gang's members all at once, where
-        its first member comes, and all of them or none.  A gang whose members disagree on its
-        rules (minimum, topology) is not placed: which of them holds is not this policy's to pick."""
+        its first member comes: at least its minimum, and then those beyond it that fit, or none.
+        A gang whose members disagree on its rules (minimum, topology) is not placed: which of
+        them holds is not this policy's to pick."""
         start = time.perf_counter()
         placed: list[Assignment] = []
         partitions: list[MigPartition] = []
@@ -176,6 +177,8 @@ class GreedyPolicy:
             for st in steps:
                 placed.append(st[0])
                 partitions.extend(st[1])
+            taken = {st[0].pod.key for st in steps}
+            failed.extend(p for p in members if p.key not in taken)
             state = new_state
         # A pod whose affinity follows, or whose spread counts, pods that came after it may fit now.
         progress = True
@@ -232,7 +235,9 @@ class GreedyPolicy:
     def _place_gang(
         self, members: Sequence[Pod], state: ClusterState
     ) -> tuple[list[tuple[Assignment, tuple[MigPartition, ...]]] | None, ClusterState]:
-        """Every member or none; within one domain of the gang's topology key when it asks."""
+        """Every member, or failing that at least the gang's minimum and those beyond it that fit
+        beside it, or none; within one domain of the gang's topology key when it asks (each
+        domain tried for every member before any is tried for the minimum)."""
         gang = members[0].gang
         assert gang is not None
         if len(members) < gang.min_members:
@@ -246,20 +251,25 @@ class GreedyPolicy:
             tries.extend(doms[d] for d in sorted(doms, key=lambda d: (free[d], d)))  # tightest first
         if gang.topology != "required":
             tries.append(None)
-        for allowed in tries:
-            trial = state
-            steps: list[tuple[Assignment, tuple[MigPartition, ...]]] = []
-            for pod in members:
-                step = self._step(pod, trial, allowed)
-                if step is None:
-                    break
-                steps.append(step)
-                fresh = trial is not state  # made by this trial alone: updated in place
-                if step[1]:
-                    trial, fresh = trial.partition(step[1]), True
-                trial = trial.apply((step[0],), consume=fresh)
-            else:
-                return steps, trial
+        # Every member where all of them fit together; failing that, the minimum and those beyond
+        # it that fit beside it.
+        for need in sorted({len(members), gang.min_members}, reverse=True):
+            for allowed in tries:
+                trial = state
+                steps: list[tuple[Assignment, tuple[MigPartition, ...]]] = []
+                for i, pod in enumerate(members):
+                    if len(steps) + len(members) - i < need:
+                        break  # out of reach here
+                    step = self._step(pod, trial, allowed)
+                    if step is None:
+                        continue
+                    steps.append(step)
+                    fresh = trial is not state  # made by this trial alone: updated in place
+                    if step[1]:
+                        trial, fresh = trial.partition(step[1]), True
+                    trial = trial.apply((step[0],), consume=fresh)
+                if len(steps) >= need:
+                    return steps, trial
         return None, state
 
 

@@ -1,8 +1,12 @@
-"""Gangs: every member of a pod group in the batch is placed, or none is.
+"""Gangs: at least a gang's minimum of its members in the batch is placed, or none is.
 
-One boolean per gang; each of its groups places exactly ``len(group) * gang``
-pods.  A gang with fewer members in the batch than its ``min_members`` is not
-placed at all (the rest has not arrived).  With a topology key, one boolean
+One boolean per gang; its groups together place between ``min_members * gang`` and
+``size * gang`` pods, ``size`` being its members in the batch: once the minimum fits,
+the members beyond it are placed as they fit (the placed-demand terms reward each), as
+Coscheduling's Permit at ``minMember`` and Volcano's ``minAvailable`` start a gang.
+``min_members`` is what is left of the minimum beside members already running
+(``Gang.beside``).  A gang with fewer members in the batch than that is not placed at
+all (the rest has not arrived).  With a topology key, one boolean
 per (gang, domain) gates the candidates on that domain's nodes; ``required``
 allows one domain, ``preferred`` any number (the ``gang_domains`` objective
 charges each beyond the first).  A gang whose members disagree on its rules
@@ -23,7 +27,8 @@ from gpusched.solver.vars import Vars
 
 
 def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
-    """sum of x over a gang group == its size * gang[name]; x <= ub * domain[name, value]."""
+    """minimum * gang[name] <= sum of x over a gang's groups <= its size * gang[name];
+    x <= ub * domain[name, value]."""
     gangs: dict[str, Gang] = {}
     members: dict[str, int] = defaultdict(int)
     for g in inst.groups:
@@ -35,13 +40,18 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
         v.gang[name] = z
         if members[name] < gang.min_members:  # (a gang whose members disagree has no candidates: off too)
             model.add(z == 0)
+    placed: dict[str, list[cp_model.IntVar]] = defaultdict(list)
     for gi, g in enumerate(inst.groups):
-        if g.gang is None:
+        if g.gang is not None:
+            placed[g.gang.name].extend(v.x[ci] for ci in v.by_group.get(gi, []))
+    for name, gang in gangs.items():
+        z, xs = v.gang[name], placed[name]
+        model.add(sum(xs) >= gang.min_members * z)
+        model.add(sum(xs) <= members[name] * z)
+    for gi, g in enumerate(inst.groups):
+        if g.gang is None or not g.gang.topology_key:
             continue
         z = v.gang[g.gang.name]
-        model.add(sum(v.x[ci] for ci in v.by_group.get(gi, [])) == len(g.pods) * z)
-        if not g.gang.topology_key:
-            continue
         for ci in v.by_group.get(gi, []):
             c = inst.candidates[ci]
             dom = domain_of(inst.state, c.node, g.gang)
