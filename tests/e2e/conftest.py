@@ -7,6 +7,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import config
@@ -21,6 +22,7 @@ from tests.controlplane import (
     start_control_plane,
 )
 from tests.e2e import kit
+from tests.e2e.reference import KubeScheduler, kube_scheduler_running
 
 MANIFESTS = REPO_ROOT / "manifests"
 
@@ -101,3 +103,11 @@ async def kube(control_plane: ControlPlane) -> AsyncIterator[Kube]:
     finally:
         await kit.delete_all_nodes(k)
         await k.close()
+
+
+@pytest.fixture
+def kube_scheduler(control_plane: ControlPlane, tmp_path: Path) -> Iterator[KubeScheduler]:
+    """The real kube-scheduler, with one profile (``reference.REFERENCE``): the reference the
+    filter tests compare gpusched with; stopped after the test."""
+    with kube_scheduler_running(control_plane, tmp_path) as sched:
+        yield sched

@@ -1,14 +1,8 @@
 """gpusched's node filters against the real kube-scheduler, pod by node.
 
-kube-scheduler (the binary of the control plane's assets, its own profile) is the reference.
-For every case, a pod, and every node, a copy of the pod pinned to that node (a
-``matchFields metadata.name In [node]`` requirement added to each of its node selector terms,
-or one term of it alone) is created; kube-scheduler binds it (the node is feasible) or marks
-it ``PodScheduled=False`` (it is not).  gpusched's verdict for the same copy comes from the
-books the daemon keeps (the nodes and the bound pods as ``kube.convert`` reads them, frozen
-into a snapshot) and ``ClusterState.pod_mask``, the nodes its batches may use; its words are
-``explain``'s, which the pod's ``FailedScheduling`` Event carries.  A pod the converter refuses
-(``PodRecord.error``) fits nowhere.
+kube-scheduler is the reference, asked as ``tests/e2e/reference.py`` asks it: for every case, a
+pod, and every node, a copy of the pod pinned to that node; kube-scheduler binds it or marks it
+unschedulable, and gpusched's books and ``pod_mask`` (its words ``explain``'s) judge the same copy.
 
 The cases are drawn from a fixed seed over the node-level filters: node selector, required node
 affinity, taints and tolerations, cordoned nodes, resource fit (cpu, memory, pods, ephemeral
@@ -16,214 +10,34 @@ storage, ``nvidia.com/gpu``, init containers, sidecars, pod-level requests, over
 ports against pods already bound (some of them terminating); hand-picked cases at the edges of
 each filter follow.  The one difference docs/deploy.md names, memory counted in MiB, is asserted
 as such.  The copies of one case are created together (each is pinned to its own node, so they
-do not compete) and force-deleted before the next case.
+do not compete, and no filter here looks at other pods' labels) and force-deleted before the next
+case.  The filters that depend on other pods are compared in test_pod_filters_vs_kube_scheduler.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-import copy
-import itertools
-import json
 import random
-import re
-import socket
-import ssl
-import subprocess
-import time
-import urllib.error
-import urllib.request
 import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-import pytest
-
-from gpusched.daemon.settings import BOUND_SELECTOR
 from gpusched.kube.client import Kube
-from gpusched.kube.convert import ConvertError, node_record, pod_record
-from gpusched.solver.explain import explain
-from gpusched.state.cache import Cache
-from tests.controlplane import ControlPlane
+from tests.e2e.reference import (
+    KubeScheduler,
+    Outcome,
+    compare,
+    container,
+    make_node,
+    make_pod,
+    report,
+)
 
-REFERENCE = "kube-reference"
-"""The schedulerName of kube-scheduler's only profile here."""
 SEED = 20261207
 CASES = 50
-PAUSE = "registry.k8s.io/pause:3.10"
 RUNTIME_CLASS = "overhead-small"
 """A RuntimeClass with a pod overhead: the admission plugin copies it into ``spec.overhead``
 (a pod may not set an overhead of its own)."""
 OVERHEAD = {"cpu": "250m", "memory": "128Mi"}
-
-
-# --------------------------------------------------------------------------- kube-scheduler
-
-
-@dataclass
-class KubeScheduler:
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def tail(self, lines: int = 40) -> str:
-        text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _ready(url: str) -> bool:
-    insecure = ssl.create_default_context()
-    insecure.check_hostname = False
-    insecure.verify_mode = ssl.CERT_NONE
-    try:
-        with urllib.request.urlopen(url, timeout=2, context=insecure) as r:
-            return bool(r.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-@pytest.fixture
-def kube_scheduler(control_plane: ControlPlane, tmp_path: Path) -> Iterator[KubeScheduler]:
-    """kube-scheduler with one profile, ``REFERENCE``, the control plane's admin identity, no
-    leader election; ready once its /readyz says so, stopped after the test."""
-    cfg = {
-        "apiVersion": "kubescheduler.config.k8s.io/v1",
-        "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": str(control_plane.admin_kubeconfig), "qps": 200, "burst": 400},
-        "leaderElection": {"leaderElect": False},
-        "profiles": [{"schedulerName": REFERENCE}],
-    }
-    path = tmp_path / "kube-scheduler.yaml"
-    path.write_text(json.dumps(cfg))
-    port = _free_port()
-    log = tmp_path / "kube-scheduler.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                str(control_plane.assets / "kube-scheduler"),
-                f"--config={path}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={port}",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    sched = KubeScheduler(proc, log)
-    try:
-        deadline = time.monotonic() + 60
-        while not _ready(f"https://127.0.0.1:{port}/readyz"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"kube-scheduler not ready (exit {proc.poll()}); its log:\n{sched.tail()}")
-            time.sleep(0.1)
-        yield sched
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
-# --------------------------------------------------------------------------- objects
-
-
-def make_node(
-    name: str,
-    *,
-    cpu: str = "8",
-    memory: str = "16Gi",
-    pods: str | None = "110",
-    storage: str | None = "20Gi",
-    gpus: int = 0,
-    product: str = "NVIDIA-A100-SXM4-80GB",
-    labels: dict[str, str] | None = None,
-    taints: Sequence[tuple[str, str, str]] = (),
-    unschedulable: bool = False,
-) -> dict[str, Any]:
-    alloc = {"cpu": cpu, "memory": memory}
-    if pods is not None:
-        alloc["pods"] = pods
-    if storage is not None:
-        alloc["ephemeral-storage"] = storage
-    lab = {"kubernetes.io/hostname": name, **(labels or {})}
-    if gpus:
-        alloc["nvidia.com/gpu"] = str(gpus)
-        lab |= {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(gpus)}
-    spec: dict[str, Any] = {}
-    if taints:
-        spec["taints"] = [{"key": k, "value": v, "effect": e} if v else {"key": k, "effect": e} for k, v, e in taints]
-    if unschedulable:
-        spec["unschedulable"] = True
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": lab},
-        "spec": spec,
-        "status": {"capacity": dict(alloc), "allocatable": dict(alloc)},
-    }
-
-
-def container(
-    name: str,
-    requests: dict[str, str] | None = None,
-    ports: Sequence[dict[str, Any]] = (),
-    sidecar: bool = False,
-) -> dict[str, Any]:
-    c: dict[str, Any] = {"name": name, "image": PAUSE}
-    reqs = dict(requests or {})
-    gpus = reqs.pop("nvidia.com/gpu", None)
-    res: dict[str, Any] = {}
-    if reqs:
-        res["requests"] = reqs
-    if gpus is not None:  # extended resources are given as limits (requests follow them)
-        res["limits"] = {"nvidia.com/gpu": gpus}
-    if res:
-        c["resources"] = res
-    if ports:
-        c["ports"] = [dict(p) for p in ports]
-    if sidecar:
-        c["restartPolicy"] = "Always"
-    return c
-
-
-def make_pod(name: str, spec: dict[str, Any], labels: dict[str, str] | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": dict(labels or {})},
-        "spec": {"terminationGracePeriodSeconds": 0, **spec},
-    }
-
-
-def pinned(pod: dict[str, Any], node: str, name: str) -> dict[str, Any]:
-    """A copy of ``pod`` that only ``node`` can take: ``metadata.name In [node]`` added to every
-    node selector term that has a requirement (terms are ORed, a term's requirements ANDed; an
-    empty term matches no node, and stays so), or, without terms, a term of it alone."""
-    out = copy.deepcopy(pod)
-    out["metadata"]["name"] = name
-    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
-    node_affinity = out["spec"].setdefault("affinity", {}).setdefault("nodeAffinity", {})
-    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
-    if required and required.get("nodeSelectorTerms"):
-        for term in required["nodeSelectorTerms"]:
-            if term.get("matchExpressions") or term.get("matchFields"):
-                term.setdefault("matchFields", []).append(pin)
-    else:
-        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
-            "nodeSelectorTerms": [{"matchFields": [pin]}]
-        }
-    return out
-
 
 # --------------------------------------------------------------------------- the seeded world
 
@@ -418,162 +232,6 @@ def case(rng: random.Random, node_names: Sequence[str]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- verdicts
 
 
-@dataclass(frozen=True)
-class Verdict:
-    fits: bool
-    message: str
-
-
-@dataclass
-class Outcome:
-    pairs: int = 0
-    disagreements: dict[tuple[str, str], str] = field(default_factory=dict)
-    """(case, node) -> what each said."""
-    verdicts: dict[tuple[str, str], tuple[Verdict, Verdict]] = field(default_factory=dict)
-    """(case, node) -> (kube-scheduler's, gpusched's)."""
-    specs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """The pod of each case, as written (before its copies were pinned)."""
-
-
-def _condition(p: dict[str, Any]) -> dict[str, Any] | None:
-    for c in (p.get("status") or {}).get("conditions") or ():
-        if c.get("type") == "PodScheduled":
-            return dict(c)
-    return None
-
-
-async def _create(kube: Kube, path: str, objs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    async def one(o: dict[str, Any]) -> dict[str, Any]:
-        r = await kube.request("POST", path, body=o)
-        assert r.status == 201, (o["metadata"]["name"], r.status, r.body.get("message"))
-        body: dict[str, Any] = r.body
-        return body
-
-    return list(await asyncio.gather(*(one(o) for o in objs)))
-
-
-async def _books(kube: Kube) -> Cache:
-    """The nodes and bound pods, read into the daemon's books as ``gpusched explain`` reads them."""
-    cache = Cache()
-    nodes, _ = await kube.list("/api/v1/nodes")
-    records = []
-    for obj in nodes:
-        try:
-            records.append(node_record(obj))
-        except ConvertError as exc:
-            raise AssertionError(f"gpusched refuses a test node: {exc}") from exc
-    cache.replace_nodes(records)
-    bound, _ = await kube.list("/api/v1/pods", {"fieldSelector": BOUND_SELECTOR})
-    cache.replace_pods(pod_record(o) for o in bound)
-    return cache
-
-
-async def compare(
-    kube: Kube,
-    ns: str,
-    sched: KubeScheduler,
-    nodes: Sequence[dict[str, Any]],
-    residents: Sequence[dict[str, Any]],
-    cases: Sequence[tuple[str, dict[str, Any]]],
-    leaving: Sequence[str] = (),
-) -> Outcome:
-    """Create ``nodes`` and ``residents`` (and delete ``leaving`` of them, which has a grace
-    period and no kubelet to end it: it stays, terminating), then each case's pinned copies;
-    each pair's verdicts."""
-    await _create(kube, "/api/v1/nodes", nodes)
-    await _create(kube, f"/api/v1/namespaces/{ns}/pods", residents)
-    for name in leaving:
-        r = await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
-        assert r.ok, r.body
-    state = (await _books(kube)).snapshot().state
-    index = state.cluster.index
-    await _sees_nodes(kube, ns, len(index), sched)
-    out = Outcome()
-    names = [n["metadata"]["name"] for n in nodes]
-    for label, spec in cases:
-        out.specs[label] = spec
-        copies = [
-            pinned(make_pod("", {**spec, "schedulerName": REFERENCE}, {"case": label}), node, f"{label}-{i}")
-            for i, node in enumerate(names)
-        ]
-        created = await _create(kube, f"/api/v1/namespaces/{ns}/pods", copies)
-        ours: dict[str, Verdict] = {}
-        for node, obj in zip(names, created, strict=True):
-            rec = pod_record(obj)
-            if rec.error:
-                ours[node] = Verdict(False, f"refused: {rec.error}")
-                continue
-            fits = bool(state.pod_mask(rec.pod)[index[node]])
-            e = explain(rec.pod, state)
-            if bool(e.fits) != fits:
-                out.disagreements[label, node] = (
-                    f"{label} on {node}: gpusched's pod_mask says {fits}, explain {e.message}"
-                )
-            ours[node] = Verdict(fits, "fits" if fits else e.message)
-        theirs = await _kube_verdicts(kube, ns, label, names, sched)
-        for node in names:
-            k, g = theirs[node], ours[node]
-            out.pairs += 1
-            out.verdicts[label, node] = (k, g)
-            if k.fits != g.fits:
-                out.disagreements[label, node] = (
-                    f"{label} on {node}: kube-scheduler {'binds' if k.fits else 'refuses'} ({k.message}); "
-                    f"gpusched {'fits' if g.fits else 'refuses'} ({g.message})"
-                )
-        r = await kube.request(
-            "DELETE", f"/api/v1/namespaces/{ns}/pods", query={"labelSelector": f"case={label}", "gracePeriodSeconds": 0}
-        )
-        assert r.ok, r.body
-    return out
-
-
-async def _sees_nodes(kube: Kube, ns: str, count: int, sched: KubeScheduler, timeout: float = 30.0) -> None:
-    """Until kube-scheduler weighs all ``count`` nodes (it watches nodes and pods apart, so a pod
-    may reach it before the nodes just created): a pod no node takes is told "0/N nodes"."""
-    deadline = time.monotonic() + timeout
-    for attempt in itertools.count():
-        probe = make_pod(f"probe-{attempt}", {"schedulerName": REFERENCE, "containers": [container("m")]})
-        probe["spec"]["nodeSelector"] = {"no-such-label": "x"}
-        await _create(kube, f"/api/v1/namespaces/{ns}/pods", [probe])
-        said = ""
-        while not said and time.monotonic() < deadline:
-            got = await kube.get(f"/api/v1/namespaces/{ns}/pods/probe-{attempt}")
-            said = str((_condition(got) or {}).get("message") or "")
-            await asyncio.sleep(0.05)
-        r = await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/probe-{attempt}", {"gracePeriodSeconds": 0})
-        assert r.ok, r.body
-        if re.match(rf"0/{count} nodes are available", said):
-            return
-        if time.monotonic() > deadline:
-            break
-    raise AssertionError(f"kube-scheduler does not weigh the {count} nodes in {timeout:.0f}s; its log:\n{sched.tail()}")
-
-
-async def _kube_verdicts(
-    kube: Kube, ns: str, label: str, names: Sequence[str], sched: KubeScheduler, timeout: float = 30.0
-) -> dict[str, Verdict]:
-    deadline = time.monotonic() + timeout
-    while True:
-        pods, _ = await kube.list(f"/api/v1/namespaces/{ns}/pods", {"labelSelector": f"case={label}"})
-        got: dict[str, Verdict] = {}
-        for p in pods:
-            node = names[int(p["metadata"]["name"].rsplit("-", 1)[1])]
-            bound = p["spec"].get("nodeName")
-            if bound:
-                assert bound == node, f"{p['metadata']['name']} pinned to {node} bound to {bound}"
-                got[node] = Verdict(True, f"bound to {bound}")
-            elif (c := _condition(p)) is not None and c.get("status") == "False":
-                got[node] = Verdict(False, str(c.get("message") or c.get("reason")))
-        if len(got) == len(names):
-            return got
-        if time.monotonic() > deadline or sched.proc.poll() is not None:
-            raise AssertionError(
-                f"kube-scheduler settled {len(got)}/{len(names)} copies of {label} in {timeout:.0f}s; "
-                f"its log:\n{sched.tail()}"
-            )
-        await asyncio.sleep(0.05)
-
-
 async def _runtime_class(kube: Kube) -> None:
     body = {
         "apiVersion": "node.k8s.io/v1",
@@ -584,14 +242,6 @@ async def _runtime_class(kube: Kube) -> None:
     }
     r = await kube.request("POST", "/apis/node.k8s.io/v1/runtimeclasses", body=body)
     assert r.status in (201, 409), r.body
-
-
-def _report(outcome: Outcome, sched: KubeScheduler) -> str:
-    head = f"{len(outcome.disagreements)} disagreement(s) over {outcome.pairs} (pod, node) pairs:\n"
-    cases = sorted({c for c, _ in outcome.disagreements})
-    pods = "\n".join(f"{c}: {json.dumps(outcome.specs.get(c))}" for c in cases)
-    said = "\n".join(outcome.disagreements.values())
-    return f"{head}{said}\nthe pods:\n{pods}\nkube-scheduler's log:\n{sched.tail(20)}"
 
 
 # --------------------------------------------------------------------------- tests
@@ -611,7 +261,7 @@ async def test_seeded_cases_get_kube_schedulers_verdict_on_every_node(
     feasible = sum(k.fits for k, _ in outcome.verdicts.values())
     # Both answers occur often enough for the comparison to mean something.
     assert 0.15 * outcome.pairs < feasible < 0.85 * outcome.pairs, feasible
-    assert not outcome.disagreements, _report(outcome, kube_scheduler)
+    assert not outcome.disagreements, report(outcome, kube_scheduler)
 
 
 def edge_world(prefix: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -767,4 +417,4 @@ async def test_edge_cases_get_kube_schedulers_verdict_or_a_documented_difference
     assert (k.fits, g.fits) == (True, False), (k, g)
     rest = {key: said for key, said in outcome.disagreements.items() if key != ("ki", ki)}
     assert outcome.pairs == len(outcome.specs) * len(nodes)
-    assert not rest, _report(Outcome(outcome.pairs, rest, specs=outcome.specs), kube_scheduler)
+    assert not rest, report(Outcome(outcome.pairs, rest, specs=outcome.specs), kube_scheduler)
