@@ -1114,8 +1114,9 @@ def _spread(
     ``ScheduleAnyway`` ones as wishes to be apart from the pods they count: a preferred pod
     anti-affinity term of weight ``SPREAD_WISH_WEIGHT`` over the constraint's key, selector and
     the pod's namespace (so each pod counted in a domain weighs against it, as kube-scheduler's
-    spread score counts them; ``maxSkew`` and the node policies are not weighed).  Raises
-    ``ValueError`` for a malformed one."""
+    spread score counts them; ``maxSkew`` and the node policies are not weighed).  A selector
+    that is absent or empty (``{}``, with no ``matchLabelKeys`` the pod has) counts no pod, as
+    kube-scheduler counts none.  Raises ``ValueError`` for a malformed one."""
     out: dict[Spread, None] = {}
     wishes: dict[tuple[int, PodAffinityTerm], None] = {}
     for c in constraints:
@@ -1126,7 +1127,7 @@ def _spread(
             if not key:
                 raise ValueError("a constraint needs a topologyKey, the node label whose values are the domains")
             reqs = _label_selector(c, labels)
-            if reqs is not None:  # no selector counts no pod: nothing to weigh
+            if reqs:  # no selector, or an empty one, counts no pod: nothing to weigh
                 wishes[SPREAD_WISH_WEIGHT, PodAffinityTerm(reqs, frozenset({namespace}), key)] = None
             continue
         if c.get("whenUnsatisfiable", "DoNotSchedule") != "DoNotSchedule":
@@ -1144,7 +1145,9 @@ def _spread(
         spread = Spread(
             skew,
             str(c.get("topologyKey") or ""),
-            _label_selector(c, labels),
+            # kube-scheduler counts no pod for an empty selector ({}), unlike a pod (anti-)affinity
+            # term's, which picks every pod: such a constraint asks only for the key.
+            _label_selector(c, labels) or None,
             namespace,
             least,
             policies["nodeAffinityPolicy"] == "Honor",

@@ -666,6 +666,25 @@ def test_spread_counts_only_the_nodes_a_gpu_product_selector_picks() -> None:
     assert list(state.pod_mask(replica("new"))) == [False, False]
 
 
+def test_a_spread_constraint_with_an_empty_selector_counts_no_pod_and_asks_only_for_the_key() -> None:
+    """kube-scheduler counts no pod for ``labelSelector: {}`` (unlike a pod affinity term's, which
+    picks every pod): three pods of the namespace in zone a do not keep a fourth out of it, and
+    a ScheduleAnyway one weighs nothing; a node without the key still takes no such pod."""
+    hard = {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {}}
+    soft = {**hard, "whenUnsatisfiable": "ScheduleAnyway"}
+
+    def replica(name: str, constraint: dict[str, Any]) -> Pod:
+        obj = pod_obj(requests={"cpu": "1"}, labels={"app": "x"}, topologySpreadConstraints=[constraint])
+        obj["metadata"]["name"] = name
+        return pod_record(obj).pod
+
+    nodes = [node_record(node_obj(f"n-{z}", gpus=None, labels={"zone": z})).node for z in ("a", "b")]
+    nodes.append(node_record(node_obj("n-nozone", gpus=None)).node)
+    state = Cluster(nodes).empty_state().apply(Assignment(replica(f"r{i}", hard), 0, ()) for i in range(3))
+    assert list(state.pod_mask(replica("new", hard))) == [True, True, False]
+    assert replica("new", soft).preferred_apart == ()
+
+
 def test_host_ports_of_containers_and_sidecars() -> None:
     obj = pod_obj()
     obj["spec"]["containers"][0]["ports"] = [
