@@ -1,0 +1,641 @@
+"""gpusched's filters that depend on other pods against the real kube-scheduler, pod by node.
+
+kube-scheduler is the reference, asked as ``tests/e2e/reference.py`` asks it: for every case, a
+pod, and every node, a copy of the pod pinned to that node; kube-scheduler binds it or marks it
+unschedulable, and gpusched's books and ``pod_mask`` (its words ``explain``'s) judge the very same
+copy, as created.
+
+The filters: required pod affinity and anti-affinity (``labelSelector``, ``matchLabelKeys``,
+``mismatchLabelKeys``, ``namespaces``, ``namespaceSelector``, topology keys hostname, zone and a
+custom ``rack``, the first pod of a series, the anti-affinity of the pods already bound against
+the new one) and ``DoNotSchedule`` topology spread (``maxSkew``, ``minDomains``, the node
+inclusion policies, ``matchLabelKeys``, nodes without the key).  Cases are drawn from a fixed
+seed; hand-picked ones at the edges of each rule follow.  The one difference docs/deploy.md
+names, kube-scheduler 1.34 reading a new pod's ``namespaceSelector`` that an unlabelled namespace
+meets as picking every namespace, is asserted as such (and left out of the seeded pods).
+
+Each case brings its own pods already bound (``spec.nodeName``, another scheduler's, some of them
+terminating), created before its copies and force-deleted after them, so that cases do not see
+each other's pods.  The copies of a case all carry the pod's labels, so a copy bound on one node
+would count for its siblings: they are created one at a time, each deleted before the next.  A
+pinned copy's node affinity is part of what spread counts under ``nodeAffinityPolicy: Honor``
+(only the pinned node): both sides judge that same object.  Cordoned nodes carry the taint the
+node controller gives them (this control plane runs no controller manager).
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpusched.kube.client import Kube
+from tests.e2e.reference import (
+    REFERENCE,
+    KubeScheduler,
+    Outcome,
+    books,
+    container,
+    create,
+    kube_verdict_alone,
+    make_node,
+    make_pod,
+    our_verdict,
+    pinned,
+    read_namespaces,
+    report,
+    sees_nodes,
+)
+
+SEED = 20261208
+CASES = 72
+HOST = "kubernetes.io/hostname"
+KEYS = (HOST, "zone", "rack")
+UNSCHEDULABLE = ("node.kubernetes.io/unschedulable", "", "NoSchedule")
+NODES: tuple[tuple[dict[str, str], tuple[tuple[str, str, str], ...], bool], ...] = (
+    ({"zone": "a", "rack": "r1"}, (), False),
+    ({"zone": "a", "rack": "r1"}, (), False),
+    ({"zone": "a", "rack": "r2"}, (), False),
+    ({"zone": "b", "rack": "r2"}, (), False),
+    ({"zone": "b"}, (), False),
+    ({"zone": "c", "rack": "r3"}, (("dedicated", "gpu", "NoSchedule"),), False),
+    ({"rack": "r3"}, (), False),
+    ({"zone": "c"}, (UNSCHEDULABLE,), True),
+)
+"""Labels (besides the hostname), taints and cordon of each node: three zones, one node without a
+zone, racks across zones and a node without one, a tainted and a cordoned node in zone c."""
+NAMESPACES = {"a": {"team": "red", "env": "prod"}, "b": {"team": "blue", "env": "prod"}, "c": {"team": "red"}}
+"""The test's namespaces (by suffix) and their labels, which ``namespaceSelector`` picks by."""
+POD_LABELS = {"app": ("web", "db"), "tier": ("front", "back"), "ver": ("v1", "v2")}
+
+
+@dataclass
+class Resident:
+    """A pod already bound to node ``node`` (an index), in namespace ``ns`` (a suffix)."""
+
+    node: int
+    labels: dict[str, str]
+    ns: str = "a"
+    affinity: dict[str, Any] | None = None
+    leaving: bool = False
+    """Deleted with a grace period no kubelet ends: it stays, terminating."""
+
+
+@dataclass
+class Case:
+    """A pod (spec without schedulerName, its labels, its namespace suffix) and the pods already
+    bound when it comes."""
+
+    spec: dict[str, Any]
+    labels: dict[str, str]
+    ns: str = "a"
+    residents: list[Resident] = field(default_factory=list)
+
+    def shown(self) -> dict[str, Any]:
+        """The case as a report shows it."""
+        return {
+            "namespace": self.ns,
+            "labels": self.labels,
+            "spec": self.spec,
+            "residents": [vars(r) for r in self.residents],
+        }
+
+
+# --------------------------------------------------------------------------- the world
+
+
+def world_nodes(prefix: str) -> list[dict[str, Any]]:
+    return [
+        make_node(f"{prefix}-n{i}", labels=labels, taints=taints, unschedulable=cordoned)
+        for i, (labels, taints, cordoned) in enumerate(NODES)
+    ]
+
+
+async def make_namespaces(kube: Kube, prefix: str) -> dict[str, str]:
+    """The test's namespaces, created one after the other (the last one created last): suffix ->
+    name."""
+    names = {}
+    for suffix, labels in NAMESPACES.items():
+        name = f"{prefix}-{suffix}"
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+        r = await kube.request("POST", "/api/v1/namespaces", body=body)
+        assert r.status == 201, r.body
+        names[suffix] = name
+    return names
+
+
+async def sees_namespaces(
+    kube: Kube, namespaces: Mapping[str, str], node: str, sched: KubeScheduler, attempts: int = 100
+) -> None:
+    """Until kube-scheduler reads the labels of the namespace created last (it watches
+    namespaces apart from pods): a pod whose affinity picks a pod there by the namespace's
+    labels is bound."""
+    last = list(namespaces.values())[-1]
+    peer = make_pod("ns-peer", {"nodeName": node, "schedulerName": "elsewhere", "containers": [container("m")]})
+    peer["metadata"]["labels"] = {"ns-probe": "peer"}
+    await create(kube, f"/api/v1/namespaces/{last}/pods", [peer])
+    term = {
+        "labelSelector": {"matchLabels": {"ns-probe": "peer"}},
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": last}},
+        "topologyKey": HOST,
+    }
+    first = next(iter(namespaces.values()))
+    for attempt in range(attempts):
+        probe = make_pod(
+            f"ns-probe-{attempt}",
+            {
+                "schedulerName": REFERENCE,
+                "containers": [container("m")],
+                "affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}},
+            },
+            namespace=first,
+        )
+        _, said = await kube_verdict_alone(kube, pinned(probe, node, f"ns-probe-{attempt}"), node, sched)
+        if said.fits:
+            break
+    else:
+        raise AssertionError(f"kube-scheduler does not read the labels of namespace {last}; its log:\n{sched.tail()}")
+    r = await kube.request("DELETE", f"/api/v1/namespaces/{last}/pods/ns-peer", {"gracePeriodSeconds": 0})
+    assert r.ok, r.body
+
+
+async def compare_cases(
+    kube: Kube,
+    sched: KubeScheduler,
+    prefix: str,
+    cases: Sequence[tuple[str, Case]],
+) -> Outcome:
+    """Create the world's nodes and namespaces, then, case by case, its pods already bound and
+    each pinned copy of its pod alone; each pair's verdicts."""
+    nodes = world_nodes(prefix)
+    names = [n["metadata"]["name"] for n in nodes]
+    namespaces = await make_namespaces(kube, prefix)
+    await create(kube, "/api/v1/nodes", nodes)
+    await sees_nodes(kube, namespaces["a"], len(nodes), sched)
+    await sees_namespaces(kube, namespaces, names[0], sched)
+    labels = await read_namespaces(kube)
+    out = Outcome()
+    for label, c in cases:
+        out.specs[label] = c.shown()
+        residents = [
+            make_pod(
+                f"{label}-r{j}",
+                {
+                    "nodeName": names[r.node],
+                    "schedulerName": "elsewhere",
+                    "containers": [container("m")],
+                    **({"affinity": r.affinity} if r.affinity else {}),
+                    **({"terminationGracePeriodSeconds": 3600} if r.leaving else {}),
+                },
+                {**r.labels, "case": label},
+                namespaces[r.ns],
+            )
+            for j, r in enumerate(c.residents)
+        ]
+        for pod in residents:
+            await create(kube, f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods", [pod])
+        for pod, r in zip(residents, c.residents, strict=True):
+            if r.leaving:
+                meta = pod["metadata"]
+                got = await kube.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
+                assert got.ok, got.body
+        state = (await books(kube, labels)).snapshot().state
+        pod = make_pod("", {**c.spec, "schedulerName": REFERENCE}, c.labels, namespaces[c.ns])
+        for i, node in enumerate(names):
+            created, theirs = await kube_verdict_alone(kube, pinned(pod, node, f"{label}-{i}"), node, sched)
+            ours, torn = our_verdict(state, created, node, labels)
+            if torn:
+                out.disagreements[label, node] = f"{label} on {node}: {torn}"
+            out.record(label, node, theirs, ours)
+        for ns in {namespaces[r.ns] for r in c.residents}:
+            got = await kube.request(
+                "DELETE",
+                f"/api/v1/namespaces/{ns}/pods",
+                query={"labelSelector": f"case={label}", "gracePeriodSeconds": 0},
+            )
+            assert got.ok, got.body
+    return out
+
+
+# --------------------------------------------------------------------------- seeded cases
+
+
+def _pod_labels(rng: random.Random) -> dict[str, str]:
+    return {k: rng.choice(vs) for k, vs in POD_LABELS.items() if k == "app" or rng.random() < 0.6}
+
+
+def _label_selector(rng: random.Random, own: Mapping[str, str]) -> dict[str, Any]:
+    """A pod label selector; often the app of the pod that carries it (``own`` labels), as a
+    Deployment's terms pick its own replicas."""
+    if rng.random() < 0.4:
+        return {"matchLabels": {"app": own["app"]}}
+    if rng.random() < 0.1:
+        return {}
+    out: dict[str, Any] = {}
+    if rng.random() < 0.7:
+        key = rng.choice(list(POD_LABELS))
+        out["matchLabels"] = {key: rng.choice(POD_LABELS[key])}
+    if rng.random() < 0.4 or not out:
+        key = rng.choice((*POD_LABELS, "missing"))
+        op = rng.choice(("In", "NotIn", "Exists", "DoesNotExist"))
+        expr: dict[str, Any] = {"key": key, "operator": op}
+        if op in ("In", "NotIn"):
+            values = POD_LABELS.get(key, ("x",))
+            expr["values"] = rng.sample(values, k=rng.randint(1, len(values)))
+        out["matchExpressions"] = [expr]
+    return out
+
+
+def _pod_term(
+    rng: random.Random, own: Mapping[str, str], namespaces: Mapping[str, str], incoming: bool = True
+) -> dict[str, Any]:
+    """A required pod (anti-)affinity term; ``incoming``: of the pod being placed, whose
+    ``namespaceSelector`` is never one that an unlabelled namespace meets (``NotIn``,
+    ``DoesNotExist``): kube-scheduler 1.34 reads those as picking every namespace (a difference
+    docs/deploy.md names, asserted among the hand-picked cases).  A pod already bound may have one."""
+    term: dict[str, Any] = {"topologyKey": rng.choice(KEYS)}
+    if rng.random() < 0.93:  # without one, a term selects no pod
+        term["labelSelector"] = selector = _label_selector(rng, own)
+        used = set(selector.get("matchLabels", {})) | {e["key"] for e in selector.get("matchExpressions", ())}
+        if rng.random() < 0.2 and "ver" not in used:
+            term["matchLabelKeys"] = ["ver"]
+        elif rng.random() < 0.15 and "tier" not in used:
+            term["mismatchLabelKeys"] = ["tier"]
+    roll = rng.random()
+    if roll < 0.15:
+        term["namespaces"] = rng.sample(sorted(namespaces.values()), k=rng.randint(1, 2))
+    elif roll < 0.25:
+        term["namespaceSelector"] = {}
+    elif roll < 0.4:
+        chosen = [
+            {"matchLabels": {"team": "red"}},
+            {"matchExpressions": [{"key": "env", "operator": "In", "values": ["prod"]}]},
+            {
+                "matchExpressions": [
+                    {"key": "team", "operator": "Exists"},
+                    {"key": "env", "operator": "NotIn", "values": ["prod"]},
+                ]
+            },
+        ]
+        if not incoming:
+            chosen += [
+                {"matchExpressions": [{"key": "env", "operator": "DoesNotExist"}]},
+                {"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["blue"]}]},
+            ]
+        term["namespaceSelector"] = rng.choice(chosen)
+        if rng.random() < 0.3:
+            term["namespaces"] = [namespaces["b"]]
+    return term
+
+
+def _spread(rng: random.Random, own: Mapping[str, str], key: str) -> dict[str, Any]:
+    c: dict[str, Any] = {
+        "maxSkew": rng.choice((1, 1, 1, 2)),
+        "topologyKey": key,
+        "whenUnsatisfiable": "DoNotSchedule",
+    }
+    if rng.random() < 0.95:
+        c["labelSelector"] = selector = _label_selector(rng, own)
+        used = set(selector.get("matchLabels", {})) | {e["key"] for e in selector.get("matchExpressions", ())}
+        if rng.random() < 0.2 and "ver" not in used:
+            c["matchLabelKeys"] = ["ver"]
+    if rng.random() < 0.25:
+        c["minDomains"] = rng.choice((2, 3, 4))
+    # Under Honor (the default) only the copy's one pinned node counts: Ignore is what compares
+    # domains, so it comes more often.
+    c["nodeAffinityPolicy"] = rng.choice(("Ignore", "Ignore", "Honor", None))
+    c["nodeTaintsPolicy"] = rng.choice(("Ignore", "Honor", "Honor", None))
+    return {k: v for k, v in c.items() if v is not None}
+
+
+def seeded_case(rng: random.Random, namespaces: Mapping[str, str]) -> Case:
+    labels = _pod_labels(rng)
+    kinds = [k for k, p in (("affinity", 0.4), ("anti", 0.5), ("spread", 0.6)) if rng.random() < p]
+    kinds = kinds or [rng.choice(("anti", "spread"))]
+    spec: dict[str, Any] = {"containers": [container("m", {"cpu": "100m"})]}
+    affinity: dict[str, Any] = {}
+    if "affinity" in kinds:
+        terms = [_pod_term(rng, labels, namespaces) for _ in range(rng.choice((1, 1, 2)))]
+        affinity["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": terms}
+    if "anti" in kinds:
+        terms = [_pod_term(rng, labels, namespaces) for _ in range(rng.choice((1, 1, 2)))]
+        affinity["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": terms}
+    if affinity:
+        spec["affinity"] = affinity
+    if "spread" in kinds:
+        keys = rng.sample(KEYS, k=rng.choice((1, 1, 2)))  # one constraint per key (the API's rule)
+        spec["topologySpreadConstraints"] = [_spread(rng, labels, key) for key in keys]
+    if rng.random() < 0.2:
+        spec["nodeSelector"] = rng.choice(({"zone": "a"}, {"rack": "r2"}, {"zone": "c"}))
+    tolerations = []  # often: the taints hide the other filters from kube-scheduler's message
+    if rng.random() < 0.6:
+        tolerations.append({"key": "dedicated", "operator": "Exists"})
+    if rng.random() < 0.5:
+        tolerations.append({"key": UNSCHEDULABLE[0], "operator": "Exists", "effect": "NoSchedule"})
+    if tolerations:
+        spec["tolerations"] = tolerations
+    residents = []
+    for _ in range(rng.choice((0, 1, 2, 3, 4, 5, 6, 7, 8))):
+        r = Resident(rng.randrange(len(NODES)), _pod_labels(rng), rng.choice("aaaabc"), leaving=rng.random() < 0.1)
+        if rng.random() < 0.25:
+            terms = [_pod_term(rng, r.labels, namespaces, incoming=False)]
+            r.affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": terms}}
+        residents.append(r)
+    return Case(spec, labels, rng.choice("aaab"), residents)
+
+
+async def test_seeded_pod_filter_cases_get_kube_schedulers_verdict_on_every_node(
+    kube: Kube, kube_scheduler: KubeScheduler
+) -> None:
+    rng = random.Random(SEED)
+    prefix = f"pf{uuid.uuid4().hex[:6]}"
+    namespaces = {s: f"{prefix}-{s}" for s in NAMESPACES}
+    cases = [(f"c{i:02d}", seeded_case(rng, namespaces)) for i in range(CASES)]
+    outcome = await compare_cases(kube, kube_scheduler, prefix, cases)
+    assert outcome.pairs == CASES * len(NODES)
+    feasible = sum(k.fits for k, _ in outcome.verdicts.values())
+    # Both answers occur often enough for the comparison to mean something, and each filter
+    # compared is, for some pairs, what refuses the node (kube-scheduler names the first filter
+    # that does, in its order: spread before pod affinity).
+    assert 0.15 * outcome.pairs < feasible < 0.85 * outcome.pairs, feasible
+    said = Counter(k.message for k, _ in outcome.verdicts.values() if not k.fits)
+    for reason in (
+        "didn't match pod affinity rules",
+        "didn't match pod anti-affinity rules",
+        "didn't satisfy existing pods anti-affinity rules",
+        "didn't match pod topology spread constraints,",
+        "didn't match pod topology spread constraints (missing required label)",
+    ):
+        assert sum(n for message, n in said.items() if f"1 node(s) {reason}" in message) >= 8, (reason, said)
+    assert not outcome.disagreements, report(outcome, kube_scheduler)
+
+
+# --------------------------------------------------------------------------- hand-picked cases
+
+ALL = ({"operator": "Exists"},)
+"""Tolerates every taint: the tainted and the cordoned node are left to the filters compared."""
+WEB = {"matchLabels": {"app": "web"}}
+
+
+def _term(key: str, selector: dict[str, Any] | None = WEB, **extra: Any) -> dict[str, Any]:
+    term: dict[str, Any] = {"topologyKey": key, **extra}
+    if selector is not None:
+        term["labelSelector"] = selector
+    return term
+
+
+def _pod(
+    *,
+    together: Sequence[dict[str, Any]] = (),
+    apart: Sequence[dict[str, Any]] = (),
+    spread: Sequence[dict[str, Any]] = (),
+    tolerations: Sequence[dict[str, Any]] = ALL,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [container("m", {"cpu": "100m"})]}
+    affinity: dict[str, Any] = {}
+    if together:
+        affinity["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": list(together)}
+    if apart:
+        affinity["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": list(apart)}
+    if affinity:
+        spec["affinity"] = affinity
+    if spread:
+        spec["topologySpreadConstraints"] = list(spread)
+    if tolerations:
+        spec["tolerations"] = [dict(t) for t in tolerations]
+    return spec
+
+
+def _constraint(key: str, selector: dict[str, Any] | None = WEB, skew: int = 1, **extra: Any) -> dict[str, Any]:
+    c: dict[str, Any] = {"maxSkew": skew, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule", **extra}
+    if selector is not None:
+        c["labelSelector"] = selector
+    return c
+
+
+def _keeps_apart(*terms: dict[str, Any]) -> dict[str, Any]:
+    return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": list(terms)}}
+
+
+def edge_cases(namespaces: Mapping[str, str]) -> dict[str, Case]:
+    web, db = {"app": "web"}, {"app": "db"}
+    ignore: dict[str, Any] = {"nodeAffinityPolicy": "Ignore"}
+    zone_web = _term("zone")
+    return {
+        # Required pod affinity: the first of a series, and what counts as a pod to follow.
+        "series-first": Case(_pod(together=[zone_web]), web),
+        "series-first-not-itself": Case(_pod(together=[zone_web]), db),
+        "series-other-namespace": Case(_pod(together=[zone_web]), web, residents=[Resident(3, web, "b")]),
+        "series-namespaces-listed": Case(
+            _pod(together=[_term("zone", namespaces=[namespaces["a"], namespaces["b"]])]),
+            web,
+            residents=[Resident(3, web, "b")],
+        ),
+        "series-peer-without-key": Case(_pod(together=[zone_web]), web, residents=[Resident(6, web)]),
+        "series-no-peer-meets-all-terms": Case(
+            _pod(together=[zone_web, _term("rack", {"matchLabels": {"tier": "front"}})]),
+            {"app": "web", "tier": "front"},
+            residents=[Resident(3, web), Resident(0, {"tier": "front"})],
+        ),
+        "series-namespace-selector-elsewhere": Case(
+            _pod(together=[_term("zone", namespaceSelector={"matchLabels": {"team": "blue"}})]), web
+        ),
+        "series-namespace-selector-own": Case(
+            _pod(together=[_term("zone", namespaceSelector={"matchLabels": {"team": "red"}})]), web
+        ),
+        "together-and-apart": Case(_pod(together=[zone_web], apart=[_term(HOST)]), web, residents=[Resident(0, web)]),
+        "together-terms-pooled": Case(
+            _pod(together=[zone_web, _term("rack")]), web, residents=[Resident(3, web), Resident(6, web)]
+        ),
+        "together-terminating-peer": Case(_pod(together=[zone_web]), db, residents=[Resident(3, web, leaving=True)]),
+        "together-empty-selector": Case(
+            _pod(together=[_term(HOST, {})]), db, residents=[Resident(2, {"tier": "back"}), Resident(5, web, "b")]
+        ),
+        "together-no-selector": Case(_pod(together=[_term("zone", None)]), web, residents=[Resident(3, web)]),
+        "together-match-label-keys": Case(
+            _pod(together=[_term("zone", matchLabelKeys=["ver"])]),
+            {"app": "web", "ver": "v2"},
+            residents=[Resident(0, {"app": "web", "ver": "v1"}), Resident(3, {"app": "web", "ver": "v2"})],
+        ),
+        # Required pod anti-affinity, the pod's own.
+        "apart-hostname": Case(_pod(apart=[_term(HOST)]), web, residents=[Resident(0, web), Resident(5, web)]),
+        "apart-zone": Case(_pod(apart=[zone_web]), web, residents=[Resident(2, web)]),
+        "apart-peer-without-key": Case(_pod(apart=[zone_web]), web, residents=[Resident(6, web)]),
+        "apart-mismatch-label-keys": Case(
+            _pod(apart=[_term("zone", mismatchLabelKeys=["tier"])]),
+            {"app": "web", "tier": "front"},
+            residents=[Resident(3, {"app": "web", "tier": "back"}), Resident(0, {"app": "web", "tier": "front"})],
+        ),
+        "apart-namespace-selector": Case(
+            _pod(apart=[_term("rack", namespaceSelector={"matchLabels": {"team": "red"}})]),
+            web,
+            residents=[Resident(5, web, "c"), Resident(0, web, "b")],
+        ),
+        "apart-every-namespace": Case(
+            _pod(apart=[_term("rack", namespaceSelector={})]),
+            web,
+            residents=[Resident(5, web, "c"), Resident(0, web, "b")],
+        ),
+        "apart-from-a-cordoned-node": Case(_pod(apart=[zone_web]), db, residents=[Resident(7, web)]),
+        "apart-no-selector": Case(_pod(apart=[_term("zone", None)]), web, residents=[Resident(0, web)]),
+        "apart-terminating": Case(_pod(apart=[zone_web]), db, residents=[Resident(3, web, leaving=True)]),
+        # The anti-affinity of the pods already bound (symmetry).
+        "theirs": Case(_pod(), web, residents=[Resident(3, db, affinity=_keeps_apart(zone_web))]),
+        "theirs-other-namespace": Case(_pod(), web, residents=[Resident(3, db, "b", affinity=_keeps_apart(zone_web))]),
+        "theirs-namespace-selector": Case(
+            _pod(),
+            web,
+            residents=[
+                Resident(
+                    3, db, "b", affinity=_keeps_apart(_term("zone", namespaceSelector={"matchLabels": {"team": "red"}}))
+                )
+            ],
+        ),
+        "theirs-negative-namespace-selector": Case(
+            _pod(),
+            web,
+            "c",
+            residents=[
+                Resident(
+                    3,
+                    db,
+                    "b",
+                    affinity=_keeps_apart(
+                        _term(
+                            "rack", namespaceSelector={"matchExpressions": [{"key": "env", "operator": "DoesNotExist"}]}
+                        )
+                    ),
+                )
+            ],
+        ),
+        "theirs-without-key": Case(_pod(), web, residents=[Resident(6, db, affinity=_keeps_apart(zone_web))]),
+        "theirs-match-label-keys": Case(
+            _pod(),
+            {"app": "web", "ver": "v1"},
+            residents=[
+                Resident(0, {"app": "db", "ver": "v1"}, affinity=_keeps_apart(_term("zone", matchLabelKeys=["ver"]))),
+                Resident(3, {"app": "db", "ver": "v2"}, affinity=_keeps_apart(_term("zone", matchLabelKeys=["ver"]))),
+            ],
+        ),
+        "theirs-terminating": Case(
+            _pod(), web, residents=[Resident(3, db, affinity=_keeps_apart(zone_web), leaving=True)]
+        ),
+        # DoNotSchedule topology spread.
+        "spread-zone": Case(
+            _pod(spread=[_constraint("zone", **ignore)]),
+            web,
+            residents=[Resident(0, web), Resident(1, web), Resident(3, web)],
+        ),
+        "spread-taints-honoured": Case(
+            _pod(spread=[_constraint("zone", nodeTaintsPolicy="Honor", **ignore)], tolerations=()),
+            web,
+            residents=[Resident(0, web), Resident(1, web), Resident(3, web)],
+        ),
+        "spread-cordon-not-tolerated": Case(
+            _pod(
+                spread=[_constraint("zone", nodeTaintsPolicy="Honor", **ignore)],
+                tolerations=[{"key": "dedicated", "operator": "Exists"}],
+            ),
+            web,
+            residents=[Resident(0, web), Resident(1, web), Resident(3, web)],
+        ),
+        "spread-even": Case(
+            _pod(spread=[_constraint("zone", **ignore)]),
+            web,
+            residents=[Resident(0, web), Resident(3, web), Resident(5, web)],
+        ),
+        "spread-min-domains": Case(
+            _pod(spread=[_constraint("zone", minDomains=4, **ignore)]),
+            web,
+            residents=[Resident(0, web), Resident(3, web), Resident(5, web)],
+        ),
+        "spread-honour-pinned": Case(
+            _pod(spread=[_constraint(HOST, minDomains=2)]), web, residents=[Resident(0, web), Resident(3, web, "b")]
+        ),
+        "spread-not-itself": Case(
+            _pod(spread=[_constraint("zone", **ignore)]), db, residents=[Resident(0, web), Resident(1, web)]
+        ),
+        "spread-terminating": Case(
+            _pod(spread=[_constraint(HOST, **ignore)]),
+            web,
+            residents=[Resident(0, web, leaving=True), Resident(1, web)],
+        ),
+        "spread-other-namespace": Case(
+            _pod(spread=[_constraint(HOST, **ignore)]), web, residents=[Resident(0, web, "b"), Resident(1, web)]
+        ),
+        "spread-match-label-keys": Case(
+            _pod(spread=[_constraint(HOST, matchLabelKeys=["ver"], **ignore)]),
+            {"app": "web", "ver": "v2"},
+            residents=[Resident(0, {"app": "web", "ver": "v1"}), Resident(1, {"app": "web", "ver": "v2"})],
+        ),
+        "spread-two-constraints": Case(
+            _pod(spread=[_constraint("zone", skew=2, **ignore), _constraint("rack", **ignore)]),
+            web,
+            residents=[Resident(0, web), Resident(1, web), Resident(2, web), Resident(5, web)],
+        ),
+        "spread-empty-selector": Case(
+            _pod(spread=[_constraint(HOST, {}, **ignore)]), web, residents=[Resident(0, web), Resident(1, db)]
+        ),
+        "spread-no-selector": Case(
+            _pod(spread=[_constraint("rack", None, **ignore)]), web, residents=[Resident(0, web)]
+        ),
+        # kube-scheduler 1.34's reading of a new pod's namespaceSelector that an unlabelled
+        # namespace meets (docs/deploy.md): asserted as a difference below.
+        "negative-namespace-selector-apart": Case(
+            _pod(
+                apart=[
+                    _term("rack", namespaceSelector={"matchExpressions": [{"key": "env", "operator": "DoesNotExist"}]})
+                ]
+            ),
+            web,
+            residents=[Resident(5, web, "b")],
+        ),
+        "negative-namespace-selector-together": Case(
+            _pod(
+                together=[
+                    _term(
+                        "zone",
+                        namespaceSelector={
+                            "matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["blue"]}]
+                        },
+                    )
+                ]
+            ),
+            db,
+            residents=[Resident(3, web, "b")],
+        ),
+    }
+
+
+async def test_edge_cases_get_kube_schedulers_verdict_or_a_documented_difference(
+    kube: Kube, kube_scheduler: KubeScheduler
+) -> None:
+    prefix = f"pf{uuid.uuid4().hex[:6]}"
+    namespaces = {s: f"{prefix}-{s}" for s in NAMESPACES}
+    cases = edge_cases(namespaces)
+    outcome = await compare_cases(kube, kube_scheduler, prefix, list(cases.items()))
+    assert outcome.pairs == len(cases) * len(NODES)
+    # Documented in docs/deploy.md: kube-scheduler 1.34 reads a new pod's namespaceSelector that a
+    # namespace without labels meets (NotIn, DoesNotExist) as picking every namespace
+    # (kubernetes/kubernetes#141526); gpusched picks the namespaces it selects.  The pod in
+    # namespace b (env: prod) keeps the pod out of rack r3 for kube-scheduler only, and gives the
+    # other one a peer in zone b for kube-scheduler only.
+    names = [f"{prefix}-n{i}" for i in range(len(NODES))]
+    differences = {
+        ("negative-namespace-selector-apart", names[5]): (False, True),
+        ("negative-namespace-selector-apart", names[6]): (False, True),
+        ("negative-namespace-selector-together", names[3]): (True, False),
+        ("negative-namespace-selector-together", names[4]): (True, False),
+    }
+    for pair, (theirs, ours) in differences.items():
+        k, g = outcome.verdicts[pair]
+        assert (k.fits, g.fits) == (theirs, ours), (
+            f"{pair}: kube-scheduler and gpusched no longer differ as docs/deploy.md says",
+            k,
+            g,
+        )
+    rest = {pair: said for pair, said in outcome.disagreements.items() if pair not in differences}
+    assert not rest, report(Outcome(outcome.pairs, rest, specs=outcome.specs), kube_scheduler)
