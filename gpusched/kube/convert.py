@@ -529,6 +529,8 @@ def pod_record(
                 pod = replace(pod, movable=True)
         if annotations.get("kubernetes.io/config.mirror"):  # a static pod, run by the kubelet itself
             pod = replace(pod, daemon=True)
+        if claims:
+            pod = replace(pod, claims=claims)
     except ConvertError as exc:  # kept with what others' anti-affinity and spread need of it
         anti, _ = _pod_terms(
             namespace,
@@ -548,6 +550,7 @@ def pod_record(
             labels=_labels(labels),
             anti_affinity=anti,
             terminating=bool(meta.get("deletionTimestamp")),
+            claims=claims,
         )
         error = str(exc)
     return PodRecord(
@@ -631,7 +634,8 @@ def _claims(pod_name: str, spec: Mapping[str, Any]) -> tuple[tuple[str, ...], tu
 
 
 def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:
-    """A PersistentVolumeClaim: the volume it is bound to, if any."""
+    """A PersistentVolumeClaim: the volume it is bound to, if any, and whether it is one pod's
+    at a time (access mode ``ReadWriteOncePod``)."""
     meta = _meta(obj)
     spec: Mapping[str, Any] = obj.get("spec") or {}
     status: Mapping[str, Any] = obj.get("status") or {}
@@ -650,6 +654,7 @@ def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:
         bound=status.get("phase") == "Bound",
         deleting=bool(meta.get("deletionTimestamp")),
         owner=owner,
+        one_pod=isinstance(modes := spec.get("accessModes"), (list, tuple)) and "ReadWriteOncePod" in modes,
     )
 
 

@@ -283,6 +283,9 @@ class Pod(_Wishes):
     """Every MIG slice it holds, (profile, count) by profile, when that is more than the one
     ``mig_profile`` names: several slices, or slices beside GPUs.  This scheduler places no such
     pod, but one another scheduler bound holds them all.  Empty: ``mig_profile``'s slice, if any."""
+    claims: tuple[str, ...] = ()
+    """Names of the PersistentVolumeClaims it mounts, in its namespace: one whose access mode is
+    ``ReadWriteOncePod`` no other pod may use while this one is on the books (``state.volumes``)."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"

@@ -249,6 +249,9 @@ class Cache:
         self.repartition: Repartition = "off"
         """Which idle GPUs a plan may re-partition into MIG instances (``Cluster``)."""
         self._profiles: frozenset[str] = frozenset()
+        self._claim_users: dict[str, tuple[str, str]] = {}
+        self._claims_at = -1
+        """The generation ``_claim_users`` was read at."""
 
     # -- inventory -------------------------------------------------------------------------
     def set_repartition(self, mode: Repartition, profiles: Iterable[str] = ()) -> None:
@@ -463,6 +466,16 @@ class Cache:
         """Whether ``key`` is assumed and not yet confirmed."""
         held = self._held.get(key)
         return held is not None and held.assumed
+
+    def claim_users(self) -> Mapping[str, tuple[str, str]]:
+        """The PersistentVolumeClaims the pods on the books (bound, or being bound) mount: by
+        claim (``namespace/name``), the key and UID of one of the pods that mount it."""
+        if self._claims_at != self.generation:
+            self._claims_at = self.generation
+            self._claim_users = {
+                f"{h.pod.namespace}/{c}": (key, h.pod.uid) for key, h in self._held.items() for c in h.pod.claims
+            }
+        return MappingProxyType(self._claim_users)
 
     def placement(self, key: str) -> tuple[str, tuple[int, ...]] | None:
         """Node and GPU indices the books hold for ``key``."""

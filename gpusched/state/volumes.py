@@ -8,13 +8,23 @@ kube-scheduler's volume binding) would leave the pod bound to a node and
 stuck there.  Nor does it evaluate a volume's node affinity (local volumes,
 zonal disks).  Such pods are refused with the reason instead, and retried when
 a claim or volume changes.
+
+A claim with access mode ``ReadWriteOncePod`` is one pod's at a time, as kube-scheduler's
+VolumeRestrictions plugin keeps it: a pod mounting it while another live pod uses it, on any
+node, is refused with the claim and that pod named, and retried when that pod is gone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["ClaimRecord", "Claims", "VolumeRecord"]
+__all__ = ["RWOP_CONFLICT", "ClaimRecord", "Claims", "VolumeRecord"]
+
+RWOP_CONFLICT = (
+    "node(s) unavailable due to PersistentVolumeClaim with ReadWriteOncePod access mode already in-use by another pod"
+)
+"""What kube-scheduler (1.34) says of a node for a pod whose ``ReadWriteOncePod`` claim another pod uses."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +40,8 @@ class ClaimRecord:
     deleting: bool = False
     owner: str = ""
     """UID of its controlling owner (the pod, for a generic ephemeral volume's claim)."""
+    one_pod: bool = False
+    """``spec.accessModes`` holds ``ReadWriteOncePod``: only one pod at a time may use it."""
 
     @property
     def key(self) -> str:
@@ -81,11 +93,22 @@ class Claims:
         """A volume is gone; True when it was known."""
         return self._volumes.pop(name, None) is not None
 
-    def problem(self, pod: str, pod_uid: str, claims: tuple[str, ...], ephemeral: tuple[str, ...] = ()) -> str:
+    def problem(
+        self,
+        pod: str,
+        pod_uid: str,
+        claims: tuple[str, ...],
+        ephemeral: tuple[str, ...] = (),
+        users: Mapping[str, tuple[str, str]] | None = None,
+    ) -> str:
         """Why pod ``pod`` (``namespace/name``) mounting ``claims`` cannot be bound now; "" when it can.
 
         The claims named in ``ephemeral`` belong to its generic ephemeral volumes and must be
-        the pod's own (a claim of that name left from another pod is not).
+        the pod's own (a claim of that name left from another pod is not).  ``users`` names, by
+        claim (``namespace/name``), a live pod that uses it (key and UID: an earlier pod of
+        the same name, still terminating, is another pod): a ``ReadWriteOncePod`` claim that
+        another pod uses is refused, once every claim is bound (as kube-scheduler, whose
+        volume binding refuses first).
         """
         namespace = pod.split("/", 1)[0]
         for name in claims:
@@ -110,6 +133,16 @@ class Claims:
                     f'persistentvolume "{claim.volume}" of claim "{name}" can be used only on some nodes '
                     "(spec.nodeAffinity), which this scheduler does not evaluate; schedule the pod with "
                     "kube-scheduler"
+                )
+        for name in claims:
+            key = f"{namespace}/{name}"
+            holder, holder_uid = (users or {}).get(key, (pod, pod_uid))
+            another = holder_uid != pod_uid if holder_uid and pod_uid else holder != pod
+            if another and self._claims[key].one_pod:
+                who = f"pod {holder}" if holder != pod else f"an earlier pod {holder} (UID {holder_uid})"
+                return (
+                    f'persistentvolumeclaim "{name}" has access mode ReadWriteOncePod and {who} uses it '
+                    f"({RWOP_CONFLICT}); the pod is retried when that pod is gone"
                 )
         return ""
 

@@ -536,6 +536,14 @@ def test_claims_of_a_pod_name_its_claim_volumes_and_ephemeral_volume_claims() ->
     assert rec.ephemeral_claims == ("p-scratch",)
     assert pod_record(pod_obj(volumes=volumes[1::-1])).claims == ("p-scratch", "dataset")  # the volumes' order
     assert pod_record(pod_obj()).claims == ()
+    # The pod on the books carries them too: a ReadWriteOncePod claim is one pod's at a time.
+    assert rec.pod.claims == ("dataset", "p-scratch")
+    for refused in (
+        pod_record(pod_obj(volumes=volumes, resourceClaims=[{"name": "gpu"}])),
+        pod_record(pod_obj(limits={"cpu": "lots"}, volumes=volumes)),
+    ):
+        assert refused.error
+        assert refused.pod.claims == ("dataset", "p-scratch")  # bound by another scheduler, it holds them
 
 
 def test_claim_and_volume_records_say_what_placement_needs() -> None:
@@ -555,6 +563,18 @@ def test_claim_and_volume_records_say_what_placement_needs() -> None:
     local = {"metadata": {"name": "pv-2"}, "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [{}]}}}}
     assert volume_record(local) == VolumeRecord("pv-2", pinned=True)
     assert volume_record({"metadata": {"name": "pv-3"}, "spec": {"nfs": {}}}) == VolumeRecord("pv-3")
+
+
+def test_a_claim_with_access_mode_read_write_once_pod_is_one_pods_at_a_time() -> None:
+    def pvc(*modes: str) -> dict[str, Any]:
+        return {"metadata": {"name": "d", "namespace": "ns"}, "spec": {"accessModes": list(modes)}}
+
+    assert claim_record(pvc("ReadWriteOncePod")).one_pod
+    assert claim_record(pvc("ReadWriteOnce", "ReadWriteOncePod")).one_pod
+    assert not claim_record(pvc("ReadWriteOnce")).one_pod
+    assert not claim_record(pvc("ReadOnlyMany", "ReadWriteMany")).one_pod
+    assert not claim_record(pvc()).one_pod
+    assert not claim_record({"metadata": {"name": "d"}, "spec": {"accessModes": "ReadWriteOncePod"}}).one_pod
 
 
 def test_node_selector_and_required_node_affinity_become_one_selector() -> None:

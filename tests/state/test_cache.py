@@ -570,3 +570,23 @@ def test_room_adopted_for_a_pod_that_requires_one_island_is_held_within_one() ->
     urgent = replace(pod("urgent", gpus=2), uid="u", priority=100, island="required")
     assert c.adopt_nomination(urgent, "a")
     assert c.nomination(urgent.key) == ("a", (2, 3), 3)
+
+
+def test_the_claims_of_pods_on_the_books_name_the_pod_that_mounts_them() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=4)))
+    db = replace(pod("db"), uid="u-db", claims=("data", "logs"))
+    c.observe_pod(bound(db, "a"))
+    c.assume(replace(pod("train", gpus=1), uid="u-t", claims=("ckpt",)), "a", (0,))
+    assert dict(c.claim_users()) == {
+        "default/data": ("default/db", "u-db"),
+        "default/logs": ("default/db", "u-db"),
+        "default/ckpt": ("default/train", "u-t"),
+    }
+    c.forget("default/train")  # its Binding failed: it mounts nothing
+    assert "default/ckpt" not in c.claim_users()
+    c.observe_pod(bound(db, "a", terminal=True))  # finished: it holds nothing
+    assert dict(c.claim_users()) == {}
+    c.replace_pods([bound(db, "a")])
+    assert set(c.claim_users()) == {"default/data", "default/logs"}
+    c.delete_pod("default/db", "u-db")
+    assert dict(c.claim_users()) == {}

@@ -64,3 +64,43 @@ def test_an_ephemeral_volumes_claim_must_be_the_pods_own() -> None:
         'persistentvolumeclaim "q-scratch" was not created for pod ns/q (the pod is not its owner)'
     )
     assert c.problem("ns/q", "uid-q", ("q-scratch",)) == ""  # mounted by name, any owner will do
+
+
+RWOP = (
+    "node(s) unavailable due to PersistentVolumeClaim with ReadWriteOncePod access mode already in-use by another pod"
+)
+
+
+def test_a_read_write_once_pod_claim_another_pod_uses_is_refused_naming_that_pod() -> None:
+    c = claims(
+        ClaimRecord("ns", "solo", "pv-1", bound=True, one_pod=True),
+        ClaimRecord("ns", "shared", "pv-2", bound=True),
+        volumes=(VolumeRecord("pv-1"), VolumeRecord("pv-2")),
+    )
+    users = {"ns/solo": ("ns/holder", "uid-h"), "ns/shared": ("ns/holder", "uid-h")}
+    refused = c.problem("ns/p", "uid-p", ("shared", "solo"), users=users)
+    assert refused == (
+        'persistentvolumeclaim "solo" has access mode ReadWriteOncePod and pod ns/holder uses it '
+        f"({RWOP}); the pod is retried when that pod is gone"
+    )
+    assert c.problem("ns/p", "uid-p", ("shared",), users=users) == ""  # other access modes are shared
+    assert c.problem("ns/p", "uid-p", ("solo",), users={}) == ""  # nobody uses it
+    assert c.problem("ns/p", "uid-p", ("solo",)) == ""
+    assert c.problem("ns/holder", "uid-h", ("solo",), users=users) == ""  # its own claim
+    # An earlier pod of the same name (a StatefulSet's, still terminating) is another pod.
+    assert c.problem("ns/holder", "uid-new", ("solo",), users=users) == (
+        'persistentvolumeclaim "solo" has access mode ReadWriteOncePod and an earlier pod ns/holder (UID uid-h) '
+        f"uses it ({RWOP}); the pod is retried when that pod is gone"
+    )
+
+
+def test_a_claim_that_cannot_be_bound_is_told_before_another_pod_using_a_read_write_once_pod_one() -> None:
+    c = claims(
+        ClaimRecord("ns", "solo", "pv-1", bound=True, one_pod=True),
+        ClaimRecord("ns", "waiting", one_pod=True),
+        volumes=(VolumeRecord("pv-1"),),
+    )
+    users = {"ns/solo": ("ns/holder", "uid-h")}
+    assert c.problem("ns/p", "uid-p", ("solo", "waiting"), users=users).startswith(
+        'persistentvolumeclaim "waiting" is not bound'
+    )
