@@ -135,8 +135,11 @@ def frees_for(waiting: Pod, left: Pod) -> bool:
     in a topology domain: ``left`` was kept apart from it by required anti-affinity (its own terms
     or ``left``'s), counted in one of its spread constraints, selected by one of its pod affinity
     terms (with no pod left to follow, the first of a series may go anywhere), or a member of its
-    gang (whose members' domain it may have set)."""
+    gang (whose members' domain it may have set).  Or, wherever it was, ``left`` mounted a claim
+    ``waiting`` mounts: a ``ReadWriteOncePod`` claim is free for it now."""
     if not waiting.num_gpu and not waiting.mig_profile:
+        return True
+    if waiting.namespace == left.namespace and not set(waiting.claims).isdisjoint(left.claims):
         return True
     if waiting.gang is not None and left.gang is not None and waiting.gang.name == left.gang.name:
         return True

@@ -716,6 +716,7 @@ class Scheduler:
         todo: list[PodRecord] = []
         waiting = 0  # pods held back by their volumes
         held_back: dict[str, str] = {}  # gang -> why one of its members cannot be bound yet
+        mounted: dict[str, tuple[str, str]] = {}  # claim -> the first pod of this batch (key, UID) to mount it
         mig = self.config.mig
         # A layout asked for before this instance led is awaited: the pods it was asked for wait
         # for its instances, rather than have another node re-partitioned for them.
@@ -747,13 +748,23 @@ class Scheduler:
             if self.cache.holds(r.key, r.uid):  # a bind of it is already in flight or done: never twice
                 self.queue.done(r.key)
                 continue
-            volumes = self.claims.problem(r.key, r.uid, r.claims, r.ephemeral_claims) if r.claims else ""
+            volumes = (
+                self.claims.problem(r.key, r.uid, r.claims, r.ephemeral_claims, self.cache.claim_users())
+                if r.claims
+                else ""
+            )
+            soon = False  # refused for a claim an earlier pod of this batch mounts: retried soon (it may not be bound)
+            if not volumes and r.claims and mounted:
+                volumes = self.claims.problem(r.key, r.uid, r.claims, r.ephemeral_claims, mounted)
+                soon = bool(volumes)
             if volumes:
-                self.tell_unschedulable(r.pod, volumes, "Volumes")
+                self.tell_unschedulable(r.pod, volumes, "Volumes", retry=soon)
                 waiting += 1
                 if r.pod.gang is not None:
                     held_back.setdefault(r.pod.gang.name, f"member {r.key}: {volumes}")
                 continue
+            for c in r.claims:  # one pod at a time, for a ReadWriteOncePod claim: the first in queue order
+                mounted.setdefault(f"{r.pod.namespace}/{c}", (r.key, r.uid))
             todo.append(r)
         todo = self._bind_nominated(todo)
         disagree = gang_disagreements(r.pod for r in todo)
@@ -1244,9 +1255,12 @@ class Scheduler:
         if self.cache.unnominate(key):
             self.queue.move_all()
 
-    def tell_unschedulable(self, pod: Pod, message: str, reason: str, nominated: str | None = None) -> None:
+    def tell_unschedulable(
+        self, pod: Pod, message: str, reason: str, nominated: str | None = None, retry: bool = False
+    ) -> None:
         """Tell ``pod`` why it waits (``nominated``: the node where it preempted pods and room is
-        held for it; without, any room held for it is given up)."""
+        held for it; without, any room held for it is given up).  ``retry``: it is backed off,
+        to be drawn again soon, rather than parked until the cluster changes."""
         if nominated is None:
             self.give_up_room(pod.key)
         if not self.queue.current(pod.key, pod.uid):  # deleted, or created again, since it was drawn:
@@ -1257,7 +1271,7 @@ class Scheduler:
         if self.is_leader:  # its nominatedNodeName is written below: this instance's word now
             self.placed_here.add(pod.key)
         self.metrics.unschedulable(reason)
-        if reason == DEFERRED:  # it fits now: the solve kept it back, so try again soon
+        if reason == DEFERRED or retry:  # it fits now (the solve kept it back), or may soon: try again soon
             self.queue.backoff(pod.key)
         else:
             self.queue.park(pod.key)
@@ -1669,7 +1683,9 @@ class Scheduler:
             and not self.cache.holds(r.key, r.uid)
             and self.cache.nomination(r.key) is None
             and (r.key, r.uid) not in aside
-            and not (r.claims and self.claims.problem(r.key, r.uid, r.claims, r.ephemeral_claims))
+            and not (
+                r.claims and self.claims.problem(r.key, r.uid, r.claims, r.ephemeral_claims, self.cache.claim_users())
+            )
             and (
                 (g := r.pod.gang) is None
                 or (g.name not in blocked and self.queue.gang_pending(g.name) + held[g.name][0] >= g.min_members)
