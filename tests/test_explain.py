@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -20,10 +20,13 @@ class FakeKube:
         pending: Sequence[dict[str, Any]] = (),
         bound: Sequence[dict[str, Any]] = (),
         groups: Sequence[dict[str, Any]] | None = (),
+        more: Mapping[str, list[dict[str, Any]]] | None = None,
     ) -> None:
         self.pod, self.nodes, self.pending, self.bound = pod, nodes, list(pending), list(bound)
         self.groups = groups
         """The PodGroups of ``default`` (None: the API server serves none)."""
+        self.more = dict(more or {})
+        """Any other list, by path."""
 
     async def request(self, method: str, path: str, *a: Any, **k: Any) -> Response:
         return Response(200, self.pod)
@@ -40,7 +43,7 @@ class FakeKube:
             if self.groups is None:
                 raise ApiError(404, "the server could not find the requested resource", "NotFound")
             return list(self.groups), "1"
-        return [], "1"
+        return self.more.get(path, []), "1"
 
     async def close(self) -> None:
         return None
@@ -53,8 +56,9 @@ async def explain(
     pending: Sequence[dict[str, Any]] = (),
     bound: Sequence[dict[str, Any]] = (),
     groups: Sequence[dict[str, Any]] | None = (),
+    more: Mapping[str, list[dict[str, Any]]] | None = None,
 ) -> tuple[str, int]:
-    fake = FakeKube(pod, [kit.node("n0", gpus, "NVIDIA-A100-SXM4-80GB")], pending, bound, groups)
+    fake = FakeKube(pod, [kit.node("n0", gpus, "NVIDIA-A100-SXM4-80GB")], pending, bound, groups, more)
 
     async def connect(*_: Any) -> FakeKube:
         return fake
@@ -197,3 +201,32 @@ async def test_gang_members_that_disagree_on_the_rules_are_named(monkeypatch: py
     text, code = await explain(monkeypatch, _member("m0", 2), gpus=2, pending=[_member("m1", 3)])
     assert code == 1, text
     assert "gang default/train: its members disagree" in text
+
+
+async def test_a_pod_whose_read_write_once_pod_claim_another_pod_uses_is_told_which(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def mounting(obj: dict[str, Any]) -> dict[str, Any]:
+        obj["metadata"]["namespace"] = "default"
+        obj["spec"]["volumes"] = [{"name": "d", "persistentVolumeClaim": {"claimName": "solo"}}]
+        return obj
+
+    pvc = {
+        "metadata": {"name": "solo", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOncePod"], "volumeName": "pv-solo"},
+        "status": {"phase": "Bound"},
+    }
+    more = {
+        "/api/v1/namespaces/default/persistentvolumeclaims": [pvc],
+        "/api/v1/persistentvolumes": [{"metadata": {"name": "pv-solo"}, "spec": {"nfs": {}}}],
+    }
+    holder = mounting(kit.pod("holder", "default-scheduler", cpu="1", node_name="n0"))
+    text, code = await explain(monkeypatch, mounting(kit.pod("p", "gpu-scheduler", gpus=1)), bound=[holder], more=more)
+    assert code == 1
+    assert text == (
+        'pod default/p cannot be bound: persistentvolumeclaim "solo" has access mode ReadWriteOncePod and pod '
+        "default/holder uses it (node(s) unavailable due to PersistentVolumeClaim with ReadWriteOncePod access mode "
+        "already in-use by another pod); the pod is retried when that pod is gone"
+    )
+    text, code = await explain(monkeypatch, mounting(kit.pod("p", "gpu-scheduler", gpus=1)), more=more)
+    assert code == 0, text  # nobody else uses it: it fits

@@ -177,17 +177,17 @@ async def explain_pod(
                 f"pod {rec.key} is gated ({gates}): no scheduler places it until its scheduling gates are removed"
             )
             return "\n".join(lines), 1
+        cache = await _read_books(kube, namespaces, lines)
         if rec.claims:
             claims = Claims()
             pvcs, _ = await kube.list(f"/api/v1/namespaces/{segment(namespace)}/persistentvolumeclaims")
             claims.replace_claims([claim_record(o) for o in pvcs])
             pvs, _ = await kube.list("/api/v1/persistentvolumes")
             claims.replace_volumes([volume_record(o) for o in pvs])
-            volumes = claims.problem(rec.key, rec.uid, rec.claims, rec.ephemeral_claims)
+            volumes = claims.problem(rec.key, rec.uid, rec.claims, rec.ephemeral_claims, cache.claim_users())
             if volumes:
                 lines.append(f"pod {rec.key} cannot be bound: {volumes}")
                 return "\n".join(lines), 1
-        cache = await _read_books(kube, namespaces, lines)
         snap = cache.snapshot()
         p = rec.pod
         if p.mig_profile:
