@@ -897,10 +897,12 @@ async def test_gangs_mig_slices_and_gpu_islands(control_plane: ControlPlane, kub
         assert expected in out.stdout, out.stdout + out.stderr
 
 
-def _volume(name: str, claim_ns: str, claim: str, *, pinned_to: str = "") -> dict[str, Any]:
+def _volume(
+    name: str, claim_ns: str, claim: str, *, pinned_to: str = "", mode: str = "ReadWriteOnce"
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "capacity": {"storage": "1Gi"},
-        "accessModes": ["ReadWriteOnce"],
+        "accessModes": [mode],
         "hostPath": {"path": f"/data/{name}"},
         "claimRef": {"namespace": claim_ns, "name": claim},
     }
@@ -910,9 +912,9 @@ def _volume(name: str, claim_ns: str, claim: str, *, pinned_to: str = "") -> dic
     return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name}, "spec": spec}
 
 
-async def _claim(kube: Kube, ns: str, name: str, volume: str = "") -> None:
+async def _claim(kube: Kube, ns: str, name: str, volume: str = "", mode: str = "ReadWriteOnce") -> None:
     """A claim; with ``volume``, bound to it (no volume controller runs here, so the test binds it)."""
-    spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    spec: dict[str, Any] = {"accessModes": [mode], "resources": {"requests": {"storage": "1Gi"}}}
     if volume:
         spec["volumeName"] = volume
     await kit.create_all(
@@ -978,6 +980,58 @@ async def test_pods_are_bound_only_when_their_claims_are_bound_to_usable_volumes
         daemon.stop()
         for pv in (shared, local, later):
             await kube.request("DELETE", f"/api/v1/persistentvolumes/{pv}")
+
+
+async def test_a_read_write_once_pod_claim_is_one_pods_at_a_time(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    name = sched_name()
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node("rwop-gpu-0", 4, "T4")])
+    solo = f"pv-solo-{uuid.uuid4().hex[:6]}"
+    await kit.create_all(kube, "/api/v1/persistentvolumes", [_volume(solo, namespace, "solo", mode="ReadWriteOncePod")])
+    await _claim(kube, namespace, "solo", solo, mode="ReadWriteOncePod")
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    # Another scheduler's pod uses the claim already.
+    await kit.create_all(kube, pods, [_with_claim(kit.pod("holder", "other", gpus=1, node_name="rwop-gpu-0"), "solo")])
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        await kit.create_all(kube, pods, [_with_claim(kit.pod(n, name, gpus=1), "solo") for n in ("first", "second")])
+        final = {p["metadata"]["name"]: p for p in await kit.wait_settled(kube, namespace, 3, timeout=90)}
+        held = (
+            'persistentvolumeclaim "solo" has access mode ReadWriteOncePod and pod {} uses it (node(s) unavailable '
+            "due to PersistentVolumeClaim with ReadWriteOncePod access mode already in-use by another pod); the pod "
+            "is retried when that pod is gone"
+        )
+        for n in ("first", "second"):
+            assert not final[n]["spec"].get("nodeName")
+            assert (kit.condition(final[n]) or {}).get("message") == held.format(f"{namespace}/holder")
+        events = await kit.wait_events(kube, namespace, ["FailedScheduling/first"])
+        assert [e["message"] for e in events["FailedScheduling/first"]] == [held.format(f"{namespace}/holder")]
+        told = await kit.explain(control_plane, f"{namespace}/first")
+        assert told.returncode == 1, told.stderr
+        assert f"pod {namespace}/first cannot be bound: {held.format(f'{namespace}/holder')}" in told.stdout
+        # The holder goes: one of the two waiting pods takes the claim, the other waits for it.
+        gone = await kube.request("DELETE", f"{pods}/holder", query={"gracePeriodSeconds": 0})
+        assert gone.ok, gone.body
+        bound = daemon.wait_log(
+            "bind", timeout=kit.RETRIED_WITHIN, where=lambda x: x["pod"].endswith(("/first", "/second"))
+        )
+        assert bound["result"] == "bound"
+        winner = bound["pod"].split("/")[1]
+        loser = "second" if winner == "first" else "first"
+        deadline = time.monotonic() + 30
+        while True:
+            now = {p["metadata"]["name"]: p for p in await kit.list_all(kube, pods)}
+            message = (kit.condition(now[loser]) or {}).get("message")
+            if message == held.format(f"{namespace}/{winner}") or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+        assert message == held.format(f"{namespace}/{winner}")
+        assert now[winner]["spec"].get("nodeName") == "rwop-gpu-0"
+        assert not now[loser]["spec"].get("nodeName")
+    finally:
+        daemon.stop()
+        await kube.request("DELETE", f"/api/v1/persistentvolumes/{solo}")
 
 
 async def test_node_selectors_and_required_node_affinity_choose_the_nodes(

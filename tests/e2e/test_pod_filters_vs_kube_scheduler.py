@@ -32,11 +32,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpusched.kube.client import Kube
+from gpusched.kube.client import MERGE_PATCH, Kube
+from gpusched.kube.convert import claim_record, pod_record, volume_record
+from gpusched.state.volumes import RWOP_CONFLICT, Claims
 from tests.e2e.reference import (
     REFERENCE,
     KubeScheduler,
     Outcome,
+    Verdict,
     books,
     container,
     create,
@@ -639,3 +642,119 @@ async def test_edge_cases_get_kube_schedulers_verdict_or_a_documented_difference
         )
     rest = {pair: said for pair, said in outcome.disagreements.items() if pair not in differences}
     assert not rest, report(Outcome(outcome.pairs, rest, specs=outcome.specs), kube_scheduler)
+
+
+# --------------------------------------------------------------------------- ReadWriteOncePod claims
+
+
+async def _bound_claim(kube: Kube, ns: str, name: str, volume: str, mode: str) -> None:
+    """A claim bound to ``volume`` as the volume controller leaves one (none runs here): phase
+    Bound and the bind-completed annotation, without which kube-scheduler's volume binding takes
+    it for unbound."""
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
+        "spec": {"accessModes": [mode], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": volume},
+    }
+    await create(kube, f"/api/v1/namespaces/{ns}/persistentvolumeclaims", [pvc])
+    r = await kube.request(
+        "PATCH",
+        f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{name}/status",
+        body={"status": {"phase": "Bound", "accessModes": [mode], "capacity": {"storage": "1Gi"}}},
+        content_type=MERGE_PATCH,
+    )
+    assert r.ok, r.body
+
+
+async def test_a_read_write_once_pod_claim_another_pod_uses_is_refused_as_kube_scheduler_refuses_it(
+    kube: Kube, kube_scheduler: KubeScheduler, namespace: str
+) -> None:
+    """kube-scheduler's VolumeRestrictions: a pod mounting a ReadWriteOncePod claim that another
+    pod uses (running, or terminating) fits no node; one that nobody uses, or a claim of another
+    access mode that another pod uses, does not stop it.  gpusched says the same of each pinned
+    copy, with its claims judged as the daemon judges them (``Claims.problem`` over the books)."""
+    prefix = f"rw{uuid.uuid4().hex[:6]}"
+    nodes = [make_node(f"{prefix}-n{i}") for i in range(2)]
+    names = [n["metadata"]["name"] for n in nodes]
+    await create(kube, "/api/v1/nodes", nodes)
+    await sees_nodes(kube, namespace, len(nodes), kube_scheduler)
+    modes = {"solo": "ReadWriteOncePod", "going": "ReadWriteOncePod", "shared": "ReadWriteOnce"}
+    modes["free"] = "ReadWriteOncePod"  # created last: once kube-scheduler sees it, it sees them all
+    volumes = [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": f"{prefix}-{claim}"},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": [mode],
+                "hostPath": {"path": f"/data/{claim}"},
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        }
+        for claim, mode in modes.items()
+    ]
+    try:
+        for pv in volumes:
+            await create(kube, "/api/v1/persistentvolumes", [pv])
+        for claim, mode in modes.items():
+            await _bound_claim(kube, namespace, claim, f"{prefix}-{claim}", mode)
+
+        def mounting(name: str, *claims: str, **spec: Any) -> dict[str, Any]:
+            spec = {
+                "containers": [container("m")],
+                "volumes": [{"name": c, "persistentVolumeClaim": {"claimName": c}} for c in claims],
+                **spec,
+            }
+            return make_pod(name, spec, namespace=namespace)
+
+        residents = [
+            mounting("holder", "solo", "shared", nodeName=names[0], schedulerName="elsewhere"),
+            mounting(
+                "leaving", "going", nodeName=names[1], schedulerName="elsewhere", terminationGracePeriodSeconds=3600
+            ),
+        ]
+        await create(kube, f"/api/v1/namespaces/{namespace}/pods", residents)
+        r = await kube.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/leaving")  # stays, terminating
+        assert r.ok, r.body
+        for attempt in range(100):  # until kube-scheduler reads the claims
+            probe = pinned(mounting("", "free", schedulerName=REFERENCE), names[1], f"claims-probe-{attempt}")
+            _, said = await kube_verdict_alone(kube, probe, names[1], kube_scheduler)
+            if said.fits:
+                break
+        else:
+            raise AssertionError(f"kube-scheduler does not read the claims; its log:\n{kube_scheduler.tail()}")
+        claims = Claims()
+        claims.replace_claims(
+            [claim_record(o) for o in (await kube.list(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims"))[0]]
+        )
+        claims.replace_volumes([volume_record(o) for o in (await kube.list("/api/v1/persistentvolumes"))[0]])
+        cache = await books(kube)
+        state = cache.snapshot().state
+        cases = {"in-use": ("solo",), "terminating-user": ("going",), "unused": ("free",), "shared": ("shared", "free")}
+        out = Outcome()
+        for label, mounts in cases.items():
+            pod = mounting("", *mounts, schedulerName=REFERENCE)
+            out.specs[label] = pod["spec"]
+            for i, node in enumerate(names):
+                created, theirs = await kube_verdict_alone(
+                    kube, pinned(pod, node, f"{label}-{i}"), node, kube_scheduler
+                )
+                rec = pod_record(created)
+                refused = claims.problem(rec.key, rec.uid, rec.claims, rec.ephemeral_claims, cache.claim_users())
+                ours, torn = (Verdict(False, refused), "") if refused else our_verdict(state, created, node)
+                if torn:
+                    out.disagreements[label, node] = f"{label} on {node}: {torn}"
+                out.record(label, node, theirs, ours)
+        assert not out.disagreements, report(out, kube_scheduler)
+        for label, holder in (("in-use", "holder"), ("terminating-user", "leaving")):
+            for node in names:
+                theirs, ours = out.verdicts[label, node]
+                assert RWOP_CONFLICT in theirs.message, theirs  # its words, which gpusched's quote
+                assert f"pod {namespace}/{holder} uses it ({RWOP_CONFLICT})" in ours.message, ours
+        assert all(out.verdicts[label, node][0].fits for label in ("unused", "shared") for node in names)
+    finally:
+        await kube.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", query={"gracePeriodSeconds": 0})
+        for pv in volumes:
+            await kube.request("DELETE", f"/api/v1/persistentvolumes/{pv['metadata']['name']}")
