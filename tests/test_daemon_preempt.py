@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -17,6 +17,7 @@ from gpusched.daemon import Scheduler, preemption
 from gpusched.daemon import scheduler as daemon
 from gpusched.daemon.handlers import NodeHandler
 from gpusched.kube.binder import condition_changes
+from gpusched.kube.watch import OptionalHandler
 from gpusched.model import Pod
 from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle, web_budget
 from tests.e2e import kit
@@ -1169,3 +1170,67 @@ async def test_a_preemptors_nomination_is_written_before_its_victims_go_whatever
     await settle(s)
     assert api.nominated.get("default/urgent") == "n0"
     assert api.order == ["nominate default/urgent n0", "delete default/low"]
+
+
+def _pod_group(name: str, minimum: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"minMember": minimum},
+    }
+
+
+def _running_member(name: str, node: str) -> dict[str, Any]:
+    """A running one-GPU member of PodGroup ``train`` (no gang annotation), priority 0."""
+    obj = _pod(name, 0, node=node)
+    obj["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": "train"}
+    return obj
+
+
+def _job_beside_other(api: _Api) -> tuple[Scheduler, OptionalHandler, list[dict[str, Any]]]:
+    """Four one-GPU nodes: w0..w2 (priority 0) of PodGroup train on n0..n2, other (priority 10)
+    on n3; the running pods, not yet applied, and the PodGroups' handler."""
+    s = one_node_scheduler(api, gpus=1)
+    for n in ("n1", "n2", "n3"):
+        NodeHandler(s).apply("ADDED", kit.node(n, 1, "A100"))
+    groups = cast(OptionalHandler, next(r.handler for r in s.reflectors if r.name == "podgroups"))
+    running = [_running_member(f"w{i}", f"n{i}") for i in range(3)] + [_pod("other", 10, node="n3")]
+    return s, groups, running
+
+
+@pytest.mark.parametrize("read", ["podgroup first", "podgroup after the pods' events", "podgroup after the pods' list"])
+async def test_a_running_podgroup_gang_keeps_its_minimum_whenever_its_podgroup_is_read(read: str) -> None:
+    """A pod of priority 50 preempts: it evicts other, not a member of the job, which would leave
+    it short of its minMember of 3.  The watches list concurrently when the scheduler starts or
+    takes the lead (and the PodGroups' after a look for their CRD): the PodGroup may come after
+    its running members, as it may be created after them."""
+    api = _Api()
+    s, groups, running = _job_beside_other(api)
+    if read == "podgroup first":
+        groups.replace([_pod_group("train", 3)])
+    if read == "podgroup after the pods' list":
+        s._bound.replace(running)
+    else:
+        for obj in running:
+            s._bound.apply("ADDED", obj)
+    if read != "podgroup first":
+        groups.replace([_pod_group("train", 3)])
+    s._pending.apply("ADDED", _pod("urgent", 50))
+    await _cycle(s)
+    assert [v for v, _, _ in api.evicted] == ["default/other"]
+
+
+async def test_a_running_gang_whose_podgroup_is_deleted_is_kept_no_more() -> None:
+    """Its PodGroup deleted, the job has no minimum: a pod of priority 50 evicts one of its
+    members (priority 0) rather than other (priority 10), as it would any pods."""
+    api = _Api()
+    s, groups, running = _job_beside_other(api)
+    groups.replace([_pod_group("train", 3)])
+    for obj in running:
+        s._bound.apply("ADDED", obj)
+    groups.apply("DELETED", _pod_group("train", 3))
+    s._pending.apply("ADDED", _pod("urgent", 50))
+    await _cycle(s)
+    assert len(api.evicted) == 1
+    assert api.evicted[0][0] in ("default/w0", "default/w1", "default/w2")

@@ -80,7 +80,11 @@ class BoundHandler:
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         self.s.selecting_bound.clear()
-        unseen = self.s.cache.replace_pods(self.s.read_pod(o, self.s.selecting_bound) for o in objects)
+        self.s.grouped_bound.clear()
+        records = [self.s.read_pod(o, self.s.selecting_bound) for o in objects]
+        for r, o in zip(records, objects, strict=True):
+            self._group(r, o)
+        unseen = self.s.cache.replace_pods(records)
         for key in unseen:  # bound by us, not in the list: it may predate the Binding, or the pod is gone
             if (pod := self.s.cache.held_pod(key)) is not None:
                 self.s.spawn(self.s.read_back(pod), f"read-back:{key}")
@@ -88,6 +92,7 @@ class BoundHandler:
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         rec = self.s.read_pod(obj, self.s.selecting_bound, kind == "DELETED")
+        self._group(rec, obj, kind == "DELETED")
         arrived = kind != "DELETED" and rec.bound and not rec.terminal and not self.s.cache.holds(rec.key, rec.uid)
         gpuless = self._gpuless(rec.key)
         freed = self.s.cache.delete_pod(rec.key, rec.uid) if kind == "DELETED" else self.s.cache.observe_pod(rec)
@@ -100,6 +105,14 @@ class BoundHandler:
             self.s.queue.move_all()
         elif arrived:  # one to follow, one that evens a spread, or a peer its gang waited for
             self.s.queue.move_all(lambda r: waits_for(r.pod, rec.pod))
+
+    def _group(self, rec: PodRecord, obj: dict[str, Any], gone: bool = False) -> None:
+        """Remember a running member whose gang's minimum is its PodGroup's (read again when the
+        PodGroup changes: ``Scheduler.reread_groups``); forget it once it is gone or done."""
+        if rec.pod_group and rec.bound and not rec.terminal and not gone:
+            self.s.grouped_bound[rec.key] = (obj, rec.pod_group)
+        else:
+            self.s.grouped_bound.pop(rec.key, None)
 
     def _gpuless(self, key: str) -> Pod | None:
         """The pod the books hold under ``key``, if it holds no GPU (nor share, nor MIG slice), nor

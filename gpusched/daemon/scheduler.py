@@ -195,6 +195,10 @@ class Scheduler:
         self.grouped_pending: dict[str, dict[str, Any]] = {}
         """The pending pods whose gang's minimum is their PodGroup's: their latest objects, read
         again when it changes."""
+        self.grouped_bound: dict[str, tuple[dict[str, Any], str]] = {}
+        """The bound pods whose gang's minimum is their PodGroup's: their latest objects and
+        PodGroups, read again when it changes (what preemption leaves a running gang is its
+        minimum: ``gang_budgets``)."""
         self._told_ungrouped: dict[str, str] = {}
         """Pending pods told that nothing gives their gang a minimum: their UIDs by key."""
         self._logged_ungrouped: dict[str, None] = {}
@@ -497,8 +501,11 @@ class Scheduler:
         self.reread_groups({key})
 
     def reread_groups(self, gangs: set[str]) -> None:
-        """The PodGroups of ``gangs`` changed: their pending members that take their minimum from
-        them are read again, which wakes those whose minimum changed."""
+        """The PodGroups of ``gangs`` changed: their members that take their minimum from them are
+        read again.  Pending ones are woken if their minimum changed; bound ones are held on the
+        books with it, so that preemption leaves a running gang its minimum however late its
+        PodGroup was read (the watches list concurrently), and the parked pods look again when
+        it changed (members beyond a lower minimum may be evicted)."""
         if not gangs:
             return
         again = 0
@@ -507,8 +514,21 @@ class Scheduler:
             if record is not None and record.pod_group in gangs:
                 self._pending.apply("MODIFIED", obj)
                 again += 1
-        if again:
-            log.info("pod groups changed; members read again", pod_groups=sorted(gangs)[:10], pending=again)
+        bound = 0
+        changed = False
+        for obj, group in list(self.grouped_bound.values()):
+            if group not in gangs:
+                continue
+            rec = self.read_pod(obj, self.selecting_bound)
+            if self.cache.holds(rec.key, rec.uid):  # (as the watch last showed it)
+                changed = self.cache.observe_pod(rec) or changed
+                bound += 1
+        if changed:
+            self.queue.move_all()
+        if again or bound:
+            log.info(
+                "pod groups changed; members read again", pod_groups=sorted(gangs)[:10], pending=again, bound=bound
+            )
 
     def _tell_ungrouped(self, batch: list[PodRecord]) -> None:
         """Warn, once per pod, the members of a gang that nothing gives a minimum (no annotation,

@@ -194,9 +194,11 @@ def _another(held: _Held, uid: str) -> bool:
 
 
 def _request(p: Pod) -> tuple[object, ...]:
-    """What a pod holds on its node, what (anti-)affinity and spread constraints see of it, and its
-    own terms that weigh others (which change when the namespaces they pick by label change)."""
+    """What a pod holds on its node, what (anti-)affinity and spread constraints see of it, its
+    own terms that weigh others (which change when the namespaces they pick by label change), and
+    its gang (whose minimum, read from its PodGroup, may change: what preemption leaves it)."""
     return (
+        p.gang,
         p.cpu_milli,
         p.memory_mib,
         p.num_gpu,

@@ -1,7 +1,8 @@
 """Coscheduling PodGroups on the real API server: with the CRD installed, members wait for the
-PodGroup's ``minMember``; without it, nothing breaks, members are placed one by one, and each is
-warned.  The CRD is installed for one test and deleted after it (and its deletion awaited), so
-the other tests of the session see an API server that does not serve PodGroups."""
+PodGroup's ``minMember``, and a running job keeps it against preemption, however late its
+PodGroup comes; without it, nothing breaks, members are placed one by one, and each is warned.
+The CRD is installed for each test that needs it and deleted after it (and its deletion
+awaited), so the other tests of the session see an API server that does not serve PodGroups."""
 
 from __future__ import annotations
 
@@ -190,3 +191,75 @@ async def test_without_the_podgroup_crd_members_are_placed_one_by_one_and_each_i
     noisy = [x for x in daemon.lines if x.get("watch") == "podgroups" and x.get("level") != "info"]
     assert noisy == []
     assert len(daemon.events("gang without a minimum")) == 1  # once per gang
+
+
+async def _priority_classes(kube: Kube, prefix: str, **values: int) -> list[str]:
+    """PriorityClasses ``prefix-NAME`` of the values given, in their order."""
+    names = []
+    for suffix, value in values.items():
+        body = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": f"{prefix}-{suffix}"},
+        }
+        r = await kube.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body={**body, "value": value})
+        assert r.status == 201, r.body
+        names.append(f"{prefix}-{suffix}")
+    return names
+
+
+def _running(name: str, node: str, cls: str, group: str = "") -> dict[str, Any]:
+    """A one-GPU pod of another scheduler bound to ``node``, of PriorityClass ``cls``; with
+    ``group``, a member of that pod group (labelled only)."""
+    p = kit.pod(name, "default-scheduler", gpus=1, node_name=node)
+    p["spec"]["priorityClassName"] = cls
+    p["spec"]["terminationGracePeriodSeconds"] = 30  # with no kubelet here, a victim lingers
+    if group:
+        p["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": group}
+    return p
+
+
+async def _leaving(kube: Kube, pods: str) -> list[str]:
+    """The pods being deleted (preempted: no kubelet here ends them)."""
+    return sorted(
+        p["metadata"]["name"] for p in await kit.list_all(kube, pods) if p["metadata"].get("deletionTimestamp")
+    )
+
+
+async def test_a_podgroup_created_after_its_members_run_keeps_them_from_preemption(
+    control_plane: ControlPlane, kube: Kube, namespace: str, podgroup_crd: None
+) -> None:
+    """A job of three runs (priority 10) before its PodGroup (minMember 3) is created; another pod
+    of priority 20 runs beside it.  A pod of priority 1000 preempts: it evicts the other pod, not
+    a member of the job, which would leave it short of its minimum."""
+    name = sched_name()
+    low, mid, high = await _priority_classes(kube, name, low=10, mid=20, high=1000)
+    nodes = [f"pgr-{i}" for i in range(4)]
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node(n, 1, "H800") for n in nodes])
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    running = [_running(f"w-{i}", nodes[i], low, group="train") for i in range(3)]
+    await kit.create_all(kube, pods, [*running, _running("other", nodes[3], mid)])
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        daemon.wait_log("caches synced")
+        group = {"apiVersion": GROUP_VERSION, "kind": "PodGroup", "metadata": {"name": "train"}}
+        group["spec"] = {"minMember": 3}
+        await kit.create_all(kube, f"/apis/{GROUP_VERSION}/namespaces/{namespace}/podgroups", [group])
+        daemon.wait_log(
+            "pod groups changed; members read again", timeout=SETTLED_S, where=lambda x: x.get("bound") == 3
+        )
+        urgent = kit.pod("urgent", name, gpus=1)
+        urgent["spec"]["priorityClassName"] = high
+        await kit.create_all(kube, pods, [urgent])
+        deadline = time.monotonic() + SETTLED_S
+        while not (leaving := await _leaving(kube, pods)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)  # and no other
+        leaving = await _leaving(kube, pods)
+        preempted = [x["pod"] for x in daemon.events("preempt")]
+    finally:
+        assert daemon.stop() == 0, "".join(daemon.raw[-30:])
+        for cls in (low, mid, high):
+            await kube.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{cls}")
+    assert preempted == [f"{namespace}/urgent"]
+    assert leaving == ["other"]
