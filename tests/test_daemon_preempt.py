@@ -1172,6 +1172,88 @@ async def test_a_preemptors_nomination_is_written_before_its_victims_go_whatever
     assert api.order == ["nominate default/urgent n0", "delete default/low"]
 
 
+class _SlowClear(_Backlogged):
+    """``_Backlogged``, with the status writes of ``default/low`` and ``default/hi`` recorded as
+    they start (pod, nominated node), and a cleared nomination of ``default/low`` held until
+    ``let_clear``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.let_clear = asyncio.Event()
+        self.writes: list[tuple[str, str | None]] = []
+
+    async def unschedulable(
+        self,
+        pod: Pod,
+        message: str,
+        current: str | None = None,
+        nominated: str | None = None,
+        current_nominated: str | None = None,
+        still: Callable[[], bool] | None = None,
+        **more: Any,
+    ) -> None:
+        if still is not None and not still():
+            return
+        if pod.key in ("default/low", "default/hi"):
+            self.writes.append((pod.key, nominated))
+        if pod.key == "default/low" and nominated is None:
+            await self.let_clear.wait()
+        await super().unschedulable(pod, message, current, nominated, current_nominated, still, **more)
+
+
+async def test_a_room_taken_over_is_cleared_for_its_last_holder_before_the_new_holder_is_named() -> None:
+    """low holds room on n0 while v leaves; hi takes it over.  Were hi's nominatedNodeName written
+    while low's still named n0 (low's clear waiting behind a backlog of Events), a leader taking
+    over then would see both pods hold room on the one GPU.  low's clear is sent at once, whatever
+    Events wait, and hi's nomination only once it is over."""
+    api = _SlowClear()
+    s = one_node_scheduler(api, gpus=1)
+    api.let_go.set()
+    api.let_clear.set()
+    s._bound.apply("ADDED", _pod("v", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("low", 10))
+    await _cycle(s)
+    assert api.nominated["default/low"] == "n0"
+    low = _pod("low", 10)
+    low["status"] = {"phase": "Pending", "nominatedNodeName": "n0"}
+    s._pending.apply("MODIFIED", low)  # as the watch shows it
+    s._bound.apply("MODIFIED", _leaving("v", 0, "n0"))
+    api.let_go.clear()
+    api.let_clear.clear()
+    for i in range(200):  # verdicts on other pods wait for the Events client
+        s.write_verdict(Pod(f"other{i}", 0, 0), "0/1 nodes are available", None)
+    api.writes.clear()
+    s._pending.apply("ADDED", _pod("hi", 50, never=True))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await asyncio.sleep(0.1)
+    assert api.writes == [("default/low", None)], "low's clear is on its way, hi's nomination waits for it"
+    api.let_clear.set()
+    await asyncio.sleep(0.1)
+    assert api.writes == [("default/low", None), ("default/hi", "n0")]
+    assert api.nominated["default/low"] is None
+    assert api.nominated["default/hi"] == "n0"
+    api.let_go.set()
+    await settle(s)
+    assert s.cache.nomination("default/hi") == ("n0", (0,), 1)
+    assert s.cache.nomination("default/low") is None
+
+
+async def test_a_leader_that_finds_two_pods_naming_one_room_gives_it_to_the_higher() -> None:
+    """Should the lead be lost between a take-over's two writes nonetheless (the old holder's
+    clear written, not yet seen on the watch), the next leader reads both pods nominated to n0
+    while v (preempted) leaves: once v is gone, the pod of higher priority is bound there."""
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", _leaving("v", 0, "n0"))
+    for name, priority, never in (("low", 10, False), ("hi", 50, True)):
+        obj = _pod(name, priority, never=never)
+        obj["status"] = {"phase": "Pending", "nominatedNodeName": "n0"}
+        s._pending.apply("ADDED", obj)
+    s._bound.apply("DELETED", _leaving("v", 0, "n0"))
+    await _cycle(s)
+    assert api.bound == ["default/hi"]
+
+
 def _pod_group(name: str, minimum: int) -> dict[str, Any]:
     return {
         "apiVersion": "scheduling.x-k8s.io/v1alpha1",

@@ -328,22 +328,25 @@ class Preemptor:
                 f"({p.priority} > {lower.priority}); it looks again."
             )
             if self.s.queue.current(lower.key, lower.uid):
-                self._tell_room_lost(lower, said)
+                self._tell_room_lost(lower, said, urgent=True)
             leaving = f", whose {len(taken.victims)} preempted pod(s) are leaving" if taken.victims else ""
             message = f"{e.message} Taking the room held on node {node} for pod {lower.key} of lower priority{leaving}."
-            self.s.tell_unschedulable(p, self.s.with_notes(p, message, batch), e.reason, nominated=node)
+            self.s.tell_unschedulable(
+                p, self.s.with_notes(p, message, batch), e.reason, nominated=node, after=lower.key
+            )
             if not taken.victims:  # its room is ready: bound there with the next batch
                 self._wake_one(p.key)
         return [(p, e) for p, e in pods if p.key not in took]
 
-    def _tell_room_lost(self, pod: Pod, message: str, wake: bool = True) -> None:
+    def _tell_room_lost(self, pod: Pod, message: str, wake: bool = True, urgent: bool = False) -> None:
         """``pod`` (queued, wherever it is) no longer holds room: its Event and condition say so,
         with no nominated node; and, parked, it looks again (with ``wake``).  Its nominatedNodeName
         is this instance's word from now on: the last leader's, until the cleared one reaches the
-        watch, holds no room again (``adopt_room``)."""
+        watch, holds no room again (``adopt_room``).  ``urgent``: the room was taken over, and the
+        clear is written at once, before the new holder's nomination (``write_verdict``)."""
         if self.s.is_leader:
             self.s.placed_here.add(pod.key)
-        self.s.write_verdict(pod, message, None)
+        self.s.write_verdict(pod, message, None, urgent=urgent)
         if wake:
             self._wake_one(pod.key)
 
@@ -774,8 +777,8 @@ class Preemptor:
                     f"({p.priority} > {lower.priority}); it looks again."
                 )
             if self.s.queue.current(lower.key, lower.uid):
-                self._tell_room_lost(lower, said)
-            self.s.tell_unschedulable(p, message, e.reason, nominated=node)
+                self._tell_room_lost(lower, said, urgent=True)
+            self.s.tell_unschedulable(p, message, e.reason, nominated=node, after=lower.key)
             if not pre.victims and not room.victims:  # its room is ready: bound there with the next batch
                 self._wake_one(p.key)
         return [(p, e) for p, e in pods if p.key not in took], evicted

@@ -1276,11 +1276,18 @@ class Scheduler:
             self.queue.move_all()
 
     def tell_unschedulable(
-        self, pod: Pod, message: str, reason: str, nominated: str | None = None, retry: bool = False
+        self,
+        pod: Pod,
+        message: str,
+        reason: str,
+        nominated: str | None = None,
+        retry: bool = False,
+        after: str | None = None,
     ) -> None:
         """Tell ``pod`` why it waits (``nominated``: the node where it preempted pods and room is
         held for it; without, any room held for it is given up).  ``retry``: it is backed off,
-        to be drawn again soon, rather than parked until the cluster changes."""
+        to be drawn again soon, rather than parked until the cluster changes.  ``after``: a pod
+        whose cleared nomination must be written first (``write_verdict``)."""
         if nominated is None:
             self.give_up_room(pod.key)
         if not self.queue.current(pod.key, pod.uid):  # deleted, or created again, since it was drawn:
@@ -1299,29 +1306,53 @@ class Scheduler:
         # autoscaler adds one for reason Unschedulable); a pod waiting for its victims to leave
         # is Unschedulable and nominated, as kube-scheduler writes it.
         condition = REASON_TENANT_LIMIT if reason == "TenantLimit" and nominated is None else REASON_UNSCHEDULABLE
-        self.write_verdict(pod, message, nominated, condition)
+        self.write_verdict(pod, message, nominated, condition, after=after)
         log.info("unschedulable", pod=pod.key, reason=reason, message=message)
 
-    def write_verdict(self, pod: Pod, message: str, nominated: str | None, reason: str = REASON_UNSCHEDULABLE) -> None:
+    def write_verdict(
+        self,
+        pod: Pod,
+        message: str,
+        nominated: str | None,
+        reason: str = REASON_UNSCHEDULABLE,
+        *,
+        urgent: bool = False,
+        after: str | None = None,
+    ) -> None:
         """The pod's ``FailedScheduling`` Event and its condition (with ``nominated``, or none,
         and the condition's ``reason``).
 
         A node nominated anew is written at once, on the Bindings' client, not behind the Events
         waiting in the outbox: the pod's victims are deleted only after it (``nomination_sent``),
         so that a lead lost meanwhile never leaves victims deleted and no ``nominatedNodeName``
-        for the next leader to hold their room by (the pod would preempt again)."""
+        for the next leader to hold their room by (the pod would preempt again).  So is the
+        condition with ``urgent`` (the nomination of a pod whose room another took over,
+        cleared).  ``after``: the key of a pod whose urgent write lands first (the room's last
+        holder, cleared before its new holder is named: a leader that takes over in between
+        does not see two pods hold one room)."""
         self._write(("event", pod.key), lambda: self._verdict_event(pod, message))
         record = self.queue.record(pod.key)
-        if nominated is None or (record is not None and record.nominated == nominated):
+        anew = nominated is not None and (record is None or record.nominated != nominated)
+        if not anew and not urgent:
 
             async def condition() -> None:
                 await self.nomination_sent(pod.key)  # a later word must land after it, not before
+                if after is not None:
+                    await self.nomination_sent(after)
                 await self._verdict_condition(pod, message, nominated, reason)
 
             self._write(("condition", pod.key), condition)
             return
         self.outbox.discard(("condition", pod.key))  # an older word waiting there must not come after
-        task = self.spawn(self._verdict_condition(pod, message, nominated, reason, urgent=True), f"nominate:{pod.key}")
+        # Its own earlier word, and the room's last holder's cleared one, land first.
+        first = {t for k in (pod.key, after) if k is not None and (t := self._nominating.get(k)) is not None}
+
+        async def nominate() -> None:
+            if first:
+                await asyncio.wait(first)  # written or not; not cancelled with the caller
+            await self._verdict_condition(pod, message, nominated, reason, urgent=True)
+
+        task = self.spawn(nominate(), f"nominate:{pod.key}")
         self._nominating[pod.key] = task
 
         def sent(t: asyncio.Task[None]) -> None:
