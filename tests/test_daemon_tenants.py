@@ -811,3 +811,32 @@ async def test_a_limited_tenants_gang_whose_victim_is_stuck_on_an_unreachable_no
     assert s.cache.nomination("default/m1") is None
     assert s.cache.nomination("default/m2") is None
     assert api.nominated == {"default/m1": None, "default/m2": None}
+
+
+def min_member(name: str, ns: str, minimum: int, **kw: Any) -> dict[str, Any]:
+    """A pending one-GPU member of gang ``job`` of at least ``minimum`` members."""
+    obj = of(name, ns, **kw)
+    obj["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = "job"
+    obj["metadata"]["annotations"]["gpusched.io/gang-min-members"] = str(minimum)
+    return obj
+
+
+async def test_a_gang_whose_minimum_fits_its_tenants_limit_starts_and_its_extras_stay_within_it() -> None:
+    """A gang of 4 one-GPU members, minimum 2, tenant limit 3: it starts with its minimum and
+    one member beyond it; the last waits at the limit (not that the gang passes the limit)."""
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=8)
+    tenants(s, quotas={"a": {"limitGpus": 3}})
+    for i in range(4):
+        s._pending.apply("ADDED", min_member(f"m{i}", "a", 2))
+    await batch(s)
+    await settle(s)
+    assert len(api.bound) == 3
+    [left] = {f"a/m{i}" for i in range(4)} - set(api.bound)
+    await batch(s)
+    await settle(s)
+    assert len(api.bound) == 3  # the limit is never passed
+    assert api.failed(left) == [
+        "tenant a is at its GPU limit: it holds 3 of 3 GPUs and this gang's pending member asks for 1 more."
+    ]
+    assert s.tenant_usage() == {"a": 3000}

@@ -240,7 +240,9 @@ class Consolidator:
         parked = [r.pod for r in self.s.unschedulable_records() if not r.error]
         if not parked:
             return set()
-        _, over = tenants.admit(parked, self.s.cache.tenant_usage(tenants, terminating=True))
+        _, over = tenants.admit(
+            self.s._count_running_members(parked), self.s.cache.tenant_usage(tenants, terminating=True)
+        )
         return {tenants.of(p) for p in parked if p.key in over}
 
     def _running_by_owner(self) -> Counter[str]:

@@ -801,7 +801,8 @@ class Scheduler:
         if self.tenants.active and todo:
             todo = self._wait_in_rooms(todo)
             limit_usage = self._limit_usage(todo)
-            admitted, over = self.tenants.admit([r.pod for r in todo], limit_usage)
+            # A gang is judged by its minimum, less its members running.
+            admitted, over = self.tenants.admit(self._count_running_members([r.pod for r in todo]), limit_usage)
             at_limit: list[tuple[Pod, Explanation | Verdict]] = []
             gangs_at_limit: dict[str, dict[str, tuple[Pod, str]]] = defaultdict(dict)
             lowest = self._lowest_by_tenant() if over else {}
@@ -1744,9 +1745,10 @@ class Scheduler:
         ]
         if self.tenants.active and pods:
             usage = self.cache.tenant_usage(self.tenants, terminating=True)
-            admitted, _ = self.tenants.admit(pods, usage)
+            admitted, _ = self.tenants.admit(count_running_members(pods, self.cache), usage)
             over = self.tenants.trim(admitted, usage)
-            pods = [p for p in admitted if p.key not in over]
+            kept = {p.key for p in admitted} - over
+            pods = [p for p in pods if p.key in kept]
         return pods
 
     def kept_now(self) -> tuple[tuple[str, int], ...]:

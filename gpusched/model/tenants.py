@@ -11,8 +11,10 @@ held back or reclaimed.
 The rules, all pure and in this module so that the queue, the daemon and the preemption search
 read them alike:
 
-* ``admit``: pods a tenant's limit leaves out as things are (a gang whole or not at all);
-* ``trim``: of the pods a batch placed, those that together would take a tenant past its limit;
+* ``admit``: pods a tenant's limit leaves out as things are (a gang by its minimum: all its
+  members admitted or none);
+* ``trim``: of the pods a batch placed, those that together would take a tenant past its limit
+  (a gang's members beyond its minimum first);
 * ``guaranteed``: of the pods admitted, those within their tenant's quota (counted in order);
 * ``order_key``: which tenant's pod a batch draws next (below quota first, then the least used
   for its weight, and last a tenant whose next pod its limit holds back);
@@ -99,25 +101,29 @@ class Tenants:
         """The pods of ``pods`` that their tenant's limit lets in beside what ``usage`` says each
         tenant holds, each on its own (pods of one batch that together pass a limit are ``trim``'s
         to find, among those a solve places); and, by pod key, why each other pod is held back.
-        A gang counts whole: all its members here are admitted or none."""
+        A gang is judged by its minimum (``Gang.min_members``, less its members running when
+        ``pods`` count them: ``Gang.beside``), its cheapest members: when they pass no limit,
+        all its members here are admitted (those beyond its minimum are ``trim``'s to keep
+        within the limit), else none."""
         admitted: list[Pod] = []
         held: dict[str, str] = {}
         for members in _units(pods):
-            over = self._over(members, usage)
+            core, _ = _minimum(members)
+            over = self._over(core, usage)
             if over is None:
                 admitted.extend(members)
                 continue
             t, d, limit = over
-            unit = "gang" if members[0].gang is not None else "pod"
+            unit = _unit_words(members, len(core))
             if d > limit:  # no GPU its tenant frees would let it in: only a higher limit would
                 why = (
-                    f"this {unit} asks for {_gpus(d)} GPUs, more than tenant {t}'s GPU limit of {_gpus(limit)}:"
+                    f"{unit} asks for {_gpus(d)} GPUs, more than tenant {t}'s GPU limit of {_gpus(limit)}:"
                     " it cannot be placed while that limit stands."
                 )
             else:
                 why = (
                     f"tenant {t} is at its GPU limit: it holds {_gpus(usage.get(t, 0))} of {_gpus(limit)} GPUs"
-                    f" and this {unit} asks for {_gpus(d)} more."
+                    f" and {unit} asks for {_gpus(d)} more."
                 )
             for m in members:
                 held[m.key] = why
@@ -125,16 +131,32 @@ class Tenants:
 
     def trim(self, pods: Sequence[Pod], usage: Mapping[str, int]) -> set[str]:
         """Keys of the pods of ``pods`` (placed by one batch, in queue order) that, counted in
-        order beside ``usage``, would take their tenant past its limit; a gang counts whole."""
+        order beside ``usage``, would take their tenant past its limit.  A gang counts by its
+        minimum, its cheapest members (as ``admit`` judges it): when those pass the limit, all
+        its members here are left out; else the rest, the members beyond its minimum, are
+        counted after every pod and minimum of ``pods``, cheapest first, and each left out
+        that would pass the limit then."""
         taken = dict(usage)
         out: set[str] = set()
+        extras: list[Pod] = []
         for members in _units(pods):
-            if self._over(members, taken) is not None:
+            core, rest = _minimum(members)
+            if self._over(core, taken) is not None:
                 out.update(m.key for m in members)
                 continue
-            for m in members:
-                taken[self.of(m)] = taken.get(self.of(m), 0) + demand_of(m)
+            self._take(core, taken)
+            extras.extend(rest)
+        for m in extras:
+            if self._over([m], taken) is not None:
+                out.add(m.key)
+            else:
+                self._take([m], taken)
         return out
+
+    def _take(self, pods: Iterable[Pod], taken: dict[str, int]) -> None:
+        """Count ``pods`` in ``taken``, what each tenant holds."""
+        for m in pods:
+            taken[self.of(m)] = taken.get(self.of(m), 0) + demand_of(m)
 
     def allowance(self, usage: Mapping[str, int], tenants: Iterable[str]) -> dict[str, int]:
         """What each of ``tenants`` that has a limit may still take beside ``usage``."""
@@ -191,6 +213,31 @@ def _units(pods: Iterable[Pod]) -> list[list[Pod]]:
     for p in pods:
         units.setdefault(p.unit, []).append(p)
     return list(units.values())
+
+
+def _minimum(members: Sequence[Pod]) -> tuple[list[Pod], list[Pod]]:
+    """A placement unit (``_units``) split into what must be placed for any of it to be, and
+    the rest: a pod alone and nothing; or the cheapest ``min_members`` of a gang's members
+    (its minimum, least GPU demand first, in order among equals) and its other members, in the
+    same order."""
+    gang = members[0].gang
+    if gang is None or len(members) <= gang.min_members:
+        return list(members), []
+    ranked = sorted(members, key=demand_of)
+    return ranked[: gang.min_members], ranked[gang.min_members :]
+
+
+def _unit_words(members: Sequence[Pod], minimum: int) -> str:
+    """How a message names a unit held back: ``this pod``, ``this gang``, or its minimum."""
+    gang = members[0].gang
+    if gang is None:
+        return "this pod"
+    pending = "pending members" if gang.running else "members"
+    if minimum < len(members):
+        return f"this gang's minimum ({minimum} of its {len(members)} {pending})"
+    if gang.running:
+        return f"this gang's {len(members)} pending members" if len(members) > 1 else "this gang's pending member"
+    return "this gang"
 
 
 def _gpus(milli: int) -> str:

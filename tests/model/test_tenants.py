@@ -94,15 +94,52 @@ def test_a_pod_holding_several_slices_and_a_gpu_counts_them_all_against_its_tena
     assert Tenants().usage([theirs]) == {"a": 1000 + 2 * 142 + 428}
 
 
-def test_a_gang_is_admitted_whole_or_held_back_whole() -> None:
-    gang = [member("m0", "a", "g"), member("m1", "a", "g"), member("m2", "a", "g")]
-    admitted, held = T.admit(gang, {"a": 2000})
+def test_a_gang_is_judged_by_its_minimum_and_admitted_or_held_back_whole() -> None:
+    gang = [member("m0", "a", "g"), member("m1", "a", "g"), member("m2", "a", "g")]  # minimum 2
+    admitted, held = T.admit(gang, {"a": 3000})
     assert admitted == []
     assert set(held) == {m.key for m in gang}
-    assert "this gang asks for 3 more" in held[gang[0].key]
-    admitted, held = T.admit(gang, {"a": 1000})
+    assert set(held.values()) == {
+        "tenant a is at its GPU limit: it holds 3 of 4 GPUs and this gang's minimum (2 of its 3 members)"
+        " asks for 2 more."
+    }
+    admitted, held = T.admit(gang, {"a": 2000})  # its minimum fits the limit, not every member
     assert admitted == gang
     assert not held
+    whole = [replace(m, gang=Gang("g", 3)) for m in gang]
+    _, held = T.admit(whole, {"a": 2000})
+    assert "this gang asks for 3 more" in held[gang[0].key]
+
+
+def test_a_gang_is_judged_by_its_cheapest_members_beside_those_running() -> None:
+    gang = [member("big", "a", "g", 3), member("m1", "a", "g"), member("m2", "a", "g")]  # minimum 2
+    admitted, _ = T.admit(gang, {"a": 2000})  # the two 1-GPU members fit; the 3-GPU one would not
+    assert admitted == gang
+    three = [replace(m, gang=Gang("g", 3)) for m in gang]
+    _, held = T.admit(three, {})
+    assert set(held.values()) == {
+        "this gang asks for 5 GPUs, more than tenant a's GPU limit of 4: it cannot be placed while that limit stands."
+    }
+    beside = [replace(m, gang=Gang("g", 3).beside(1)) for m in gang]  # one more runs: 2 to go
+    admitted, _ = T.admit(beside, {"a": 2000})
+    assert admitted == beside
+    _, held = T.admit(beside, {"a": 3000})
+    assert set(held.values()) == {
+        "tenant a is at its GPU limit: it holds 3 of 4 GPUs and this gang's minimum (2 of its 3 pending members)"
+        " asks for 2 more."
+    }
+
+
+def test_trim_keeps_a_gangs_minimum_and_drops_its_members_beyond_it_first() -> None:
+    gang = [member(f"m{i}", "a", "g") for i in range(4)]  # minimum 2
+    late = of("p", "a", 1)
+    # 2 for the gang's minimum, 1 for p, then 1 extra member: the fourth would pass the limit of 4.
+    assert T.trim([*gang, late], {}) == {gang[3].key}
+    assert T.trim([*gang, late], {"a": 1000}) == {gang[2].key, gang[3].key}
+    assert T.trim([*gang, late], {"a": 2000}) == {gang[2].key, gang[3].key, late.key}
+    assert T.trim([*gang, late], {"a": 3000}) == {m.key for m in gang}  # its minimum passes: all out; p fits
+    mixed = [member("big", "a", "h", 2), member("s1", "a", "h"), member("s2", "a", "h")]
+    assert T.trim(mixed, {"a": 1000}) == {mixed[0].key}  # the cheapest two make its minimum
 
 
 def test_quota_guarantees_pods_in_order_and_a_gang_whole() -> None:
