@@ -325,6 +325,48 @@ async def test_a_gang_preempts_for_all_its_members_waits_for_every_victim_then_b
     assert "default/rival" in s.queue
 
 
+async def test_a_gang_that_cannot_make_room_for_every_member_preempts_for_its_minimum() -> None:
+    """One node of 2 GPUs, both held by pods of priority 0; a gang of 3 one-GPU members of
+    priority 50, minimum 2: no room can be made for all 3, but for 2.  Two members hold room,
+    the third waits beside them; once the victims are gone the two are bound to their room."""
+    api = _Api()
+    s = one_node_scheduler(api, gpus=2)
+    for i in (0, 1):
+        s._bound.apply("ADDED", _pod(f"low-{i}", 0, node="n0"))
+    keys = [f"default/m{i}" for i in (1, 2, 3)]
+    for key in keys:
+        s._pending.apply("ADDED", _member(key.split("/")[1], 50))
+    await _cycle(s)
+    assert sorted(v for v, _, _ in api.evicted) == ["default/low-0", "default/low-1"]
+    roomed = sorted(k for k in keys if api.nominated.get(k) == "n0")
+    [extra] = set(keys) - set(roomed)
+    assert len(roomed) == 2
+    assert api.nominated[extra] is None
+    doing = "Preempting 2 pod(s) of lower priority on node(s) n0 to make room for 2 of its 3 pending members, at least"
+    assert all(api.failed(k)[-1].endswith(f"{doing} its minimum.") for k in roomed)
+    assert api.failed(extra)[-1].endswith(f"{doing} its minimum. This member is placed beside them once it fits.")
+    for i in (0, 1):
+        s._bound.apply("MODIFIED", _leaving(f"low-{i}", 0, "n0"))
+        s._bound.apply("DELETED", _leaving(f"low-{i}", 0, "n0"))
+    await _cycle(s)
+    assert sorted(api.bound) == roomed
+    assert len(api.evicted) == 2
+    assert extra in s.queue, "the member left without room still waits"
+
+
+async def test_a_gang_preempts_for_every_member_where_it_can_rather_than_its_minimum() -> None:
+    api = _Api()
+    s = one_node_scheduler(api, gpus=3)
+    for i in (0, 1, 2):
+        s._bound.apply("ADDED", _pod(f"low-{i}", 0, node="n0"))
+    for i in (1, 2, 3):
+        s._pending.apply("ADDED", _member(f"m{i}", 50))
+    await _cycle(s)
+    assert len(api.evicted) == 3
+    assert all(api.nominated[f"default/m{i}"] == "n0" for i in (1, 2, 3))
+    assert api.failed("default/m1")[-1].endswith("to make room for the whole gang.")
+
+
 async def test_a_gang_preempts_only_pods_of_lower_priority_than_every_member() -> None:
     api = _Api()
     s = _two_nodes(api, (0, 30))

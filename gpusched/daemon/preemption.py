@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
@@ -528,6 +528,7 @@ class Preemptor:
         if not self.s.is_leader:
             found = []
         searched = len(found)
+        sought = Counter(pre.pod.unit for pre in found)  # per gang, the members it found room for
         # Not for pods bound or replaced during the search: the rest found room in theirs.
         live = [
             pre
@@ -594,15 +595,22 @@ class Preemptor:
             for k, (p, _) in told.items():
                 if self.s.cache.holds(p.key, p.uid):  # bound by someone else during the search
                     self.s.queue.done(k)
-            # Whole or not at all: a member gone or changed during the search leaves the gang
-            # short, and then no pod is evicted for it.
-            whole = all(pre is not None for pre in group) and all(
+            # Every member the search found room for (all, or at least its minimum), or none: a
+            # member gone or changed during the search, or room that cannot be carried out for
+            # one of them, leaves the gang short, and then no pod is evicted for it.
+            chosen_group = [pre for pre in group if pre is not None]
+            gang = next(iter(told.values()))[0].gang
+            assert gang is not None
+            current = all(
                 self.s.queue.current(k, p.uid) and not self.s.cache.holds(k, p.uid) for k, (p, _) in told.items()
             )
+            whole = (
+                current
+                and bool(chosen_group)
+                and len(chosen_group) == sought[chosen_group[0].pod.unit]
+                and len(chosen_group) >= min(gang.min_members, len(told))
+            )
             if not whole:
-                current = all(
-                    self.s.queue.current(k, p.uid) and not self.s.cache.holds(k, p.uid) for k, (p, _) in told.items()
-                )
                 if reclaim_gangs is not None and current:
                     reclaim_gangs.append(told)  # the preemption search looks next
                     continue
@@ -610,7 +618,6 @@ class Preemptor:
                     if not self.s.cache.holds(k, p.uid):
                         self.s.tell_unschedulable(p, message, "Gang")
                 continue
-            chosen_group = [pre for pre in group if pre is not None]
             nodes = {
                 pre.pod.key: self._carry_out(
                     pre,
@@ -623,8 +630,6 @@ class Preemptor:
             victims = [v for pre in chosen_group for v in pre.victims]
             evicting = evicting or bool(victims)
             evicted += len(victims)
-            gang = chosen_group[0].pod.gang
-            assert gang is not None
             log.info(
                 "reclaim" if reclaim is not None else "preempt",
                 batch_id=batch_id,
@@ -636,20 +641,29 @@ class Preemptor:
                 violations=sum(pre.violations for pre in chosen_group),
             )
             where = ", ".join(sorted(set(nodes.values())))
+            # Room for all its pending members, or for its minimum: the rest wait beside them.
+            whom = (
+                "the whole gang"
+                if len(nodes) == len(told)
+                else f"{len(nodes)} of its {len(told)} pending members, at least its minimum"
+            )
             if reclaim is not None:
                 lenders = ", ".join(sorted({self.s.tenants.of(v.pod) for v in victims}))
                 doing = (
                     f"Reclaiming the GPUs of {len(victims)} pod(s) on node(s) {where} from tenant(s) {lenders}, past "
-                    f"their quota, to make room for the whole gang: tenant {self.s.tenants.of(chosen_group[0].pod)} "
+                    f"their quota, to make room for {whom}: tenant {self.s.tenants.of(chosen_group[0].pod)} "
                     "is within its own."
                 )
             else:
                 doing = (
-                    f"Preempting {len(victims)} pod(s) of lower priority on node(s) {where} "
-                    "to make room for the whole gang."
+                    f"Preempting {len(victims)} pod(s) of lower priority on node(s) {where} to make room for {whom}."
                 )
             for k, (p, message) in told.items():
-                self.s.tell_unschedulable(p, f"{message} {doing}", "Gang", nominated=nodes[k])
+                if k in nodes:
+                    self.s.tell_unschedulable(p, f"{message} {doing}", "Gang", nominated=nodes[k])
+                else:  # no room made for it: it waits beside them, as a member beyond the minimum
+                    beside = "This member is placed beside them once it fits."
+                    self.s.tell_unschedulable(p, f"{message} {doing} {beside}", "Gang")
         if missed and not at_limit:  # what rooms held for pods they outrank add (carried out above: no two share)
             missed, more = self._through_rooms(missed, freeing, batch_id, reclaim is not None)
             evicting = evicting or bool(more)

@@ -1206,29 +1206,36 @@ class Scheduler:
         the room up and looks again).  A pod that holds room of its own waits for it: were it to
         take another's, the room it leaves would cost that pod another preemption.  A MIG pod
         fits the room only on an instance there (``_fits_as_it_is``).  The rest of ``todo``
-        (and such pods when their room no longer fits them) is solved as usual."""
+        (and such pods when their room no longer fits them; a gang's members that hold no room
+        when the others, at least its minimum, are bound) is solved as usual."""
         units: dict[str, list[PodRecord]] = defaultdict(list)  # a pod, or a gang's members
         for r in todo:
             units[r.pod.unit].append(r)
         held = {r.key for r in todo if self.cache.nomination(r.key) is not None}
         rivals = [r.pod for r in todo if r.key not in held]
-        bound = {
-            r.key
-            for group in units.values()
-            if any(r.key in held for r in group) and self._bind_rooms(group, rivals)
-            for r in group
-        }
+        bound: set[str] = set()
+        for group in units.values():
+            if any(r.key in held for r in group):
+                bound |= self._bind_rooms(group, rivals)
         return [r for r in todo if r.key not in bound]  # in their order: it matters to greedy policies
 
-    def _bind_rooms(self, records: list[PodRecord], rivals: Collection[Pod] = ()) -> bool:
+    def _bind_rooms(self, records: list[PodRecord], rivals: Collection[Pod] = ()) -> set[str]:
         """Bind ``records`` (one pod, or the members of one gang in the batch) to the rooms held
-        for them, if each holds one whose victims are gone, they all fit there together, and
-        none of ``rivals`` (the pods of the batch that hold no room) outranks them and fits in
-        one of those rooms."""
-        rooms = [self.cache.nomination(r.key) for r in records]
-        held = [h for h in rooms if h is not None and not h[2]]
-        if len(held) < len(records):
-            return False
+        for them, if each holds one whose victims are gone (of a gang, the members that hold
+        one, when they are at least its minimum beside its members running and no member's
+        victims are still leaving), they all fit there together, and none of ``rivals`` (the
+        pods of the batch that hold no room, but of its own gang) outranks them and fits in one
+        of those rooms; the keys of those bound."""
+        rooms = {r.key: self.cache.nomination(r.key) for r in records}
+        if any(h is not None and h[2] for h in rooms.values()):
+            return set()
+        if any(h is None for h in rooms.values()):  # a gang may go ahead with those that hold room
+            records = [r for r in records if rooms[r.key] is not None]
+            gang = self._count_running_members([r.pod for r in records])[0].gang if records else None
+            if gang is None or len(records) < gang.min_members:
+                return set()
+            rivals = [q for q in rivals if q.unit != records[0].pod.unit]
+        held = [h for r in records if (h := rooms[r.key]) is not None]
         snap = self.cache.snapshot(free=[r.key for r in records], sealed=self.mig.sealed())
         pods = self._count_running_members([r.pod for r in records])
         placed: list[Assignment] = []
@@ -1248,7 +1255,7 @@ class Scheduler:
                 nodes=sorted({h[0] for h in held}),
                 problems=problems[:3],
             )
-            return False
+            return set()
         floor = min(r.pod.priority for r in records)
         tenant = self.tenants.of(records[0].pod) if self.tenants.active else None
         nodes = {a.node for a in placed}
@@ -1266,10 +1273,10 @@ class Scheduler:
                 nodes=sorted({h[0] for h in held}),
                 higher=outranked[:3],
             )
-            return False
+            return set()
         for p, (node, gpus, _) in zip(pods, held, strict=True):
             self._start_bind(p, node, gpus)
-        return True
+        return {r.key for r in records}
 
     def give_up_room(self, key: str) -> None:
         """Give up the room held for ``key``, if any: what it held is free for the parked pods."""

@@ -20,10 +20,10 @@ As kube-scheduler's DefaultPreemption chooses them, on the books as they are aft
    at a node where one unprotected pod of the lowest priority there is makes room once no node
    left holds such a pod that started later: none of them could beat it.
 
-A gang (``find_gang_preemption``) has room for all its pending members or none: members are
-placed largest first, each where it fits as things are or else as a single pod would preempt,
-against what the members before it took, in each domain of its topology key in turn; the way
-with the least harm wins.
+A gang (``find_gang_preemption``) has room for all its pending members, else for its minimum
+(the members cheapest to place), or none: members are placed largest first, each where it fits
+as things are or else as a single pod would preempt, against what the members before it took,
+in each domain of its topology key in turn; the way with the least harm wins.
 
 The result names the GPU indices the pod would take there, so that the scheduler can hold them
 for it while its victims terminate.  As with kube-scheduler, a budget only steers the choice:
@@ -327,10 +327,11 @@ def plan_preemptions(
     scope: Callable[[Pod], str] | None = None,
     allowance: Mapping[str, int] | None = None,
 ) -> list[Preemption]:
-    """Preemptions for ``pods`` and for ``gangs`` (each all its pending members, room for all
-    or none) in turn, highest priority first (a gang at its least important member's), each
-    against the state the earlier ones leave (their victims gone, their pods placed, the
-    budgets they spent): no two take the same room, and no pod is evicted twice.  ``scope``:
+    """Preemptions for ``pods`` and for ``gangs`` (each all its pending members: room for all,
+    else for its minimum, or none; ``find_gang_preemption``) in turn, highest priority first (a
+    gang at its least important member's), each against the state the earlier ones leave
+    (their victims gone, their pods placed, the budgets they spent): no two take the same
+    room, and no pod is evicted twice.  ``scope``:
     a pod evicts only pods of its own scope (its tenant's); None: any.  ``allowance``: per
     scope, the GPU demand (thousandths) its pods may take beyond what their victims of that
     scope free (a tenant's limit); a preemption that needs more is not taken."""
@@ -466,8 +467,33 @@ def find_gang_preemption(
     spent: Sequence[int] | None = None,
     narrow: Narrow | None = None,
 ) -> list[Preemption] | None:
-    """Room for every member of one gang at once (all its pending ``members``), or None: a gang
-    is placed whole or not at all, so no pod is evicted for a part of it.  Members are placed
+    """Room for every member of one gang at once (all its pending ``members``); else, when no
+    room can be made for all, for its minimum (``Gang.min_members``, less its members running
+    when ``members`` count them: ``Gang.beside``), the members cheapest to place (least GPU
+    demand, then CPU, then memory); or None: no pod is evicted for fewer than its minimum.
+    The members left without room wait, as the members beyond a gang's minimum do.  See
+    ``_find_gang_room`` for how room is looked for."""
+    found = _find_gang_room(members, state, running, min_candidates, budgets=budgets, spent=spent, narrow=narrow)
+    gang = members[0].gang if members else None
+    if found is not None or gang is None or not gang.min_members < len(members):
+        return found
+    cheapest = sorted(members, key=lambda p: (p.gpu_demand_milli, p.cpu_milli, p.memory_mib, p.key))
+    return _find_gang_room(
+        cheapest[: gang.min_members], state, running, min_candidates, budgets=budgets, spent=spent, narrow=narrow
+    )
+
+
+def _find_gang_room(
+    members: Sequence[Pod],
+    state: ClusterState,
+    running: Sequence[Assignment],
+    min_candidates: int = MIN_CANDIDATES,
+    *,
+    budgets: Sequence[Budget] = (),
+    spent: Sequence[int] | None = None,
+    narrow: Narrow | None = None,
+) -> list[Preemption] | None:
+    """Room for every one of ``members`` (of one gang) at once, or None.  Members are placed
     largest first, each where it fits as things are (best fit) or else as ``find_preemption``
     chooses, against what the members before it took and evicted; every member evicts only
     pods below the gang's least important member (a MIG member that partitions an idle GPU
@@ -538,7 +564,7 @@ def _gang_try(
     fit: GreedyPolicy,
     narrow: Narrow | None = None,
 ) -> list[Preemption] | None:
-    """``find_gang_preemption`` within ``allowed`` (None: no room there), or an empty list once
+    """``_find_gang_room`` within ``allowed`` (None: no room there), or an empty list once
     the harm reaches ``bound`` (what each member adds only raises it)."""
     work = state
     lowered = base.apply(())  # a private copy, updated member by member

@@ -16,7 +16,7 @@ Per node, each tenant's pods are offered lowest priority first, and only as many
 borrowed GPUs cover.  The node is chosen as ``find_preemption`` chooses one: fewest budgets
 broken, then the least important victims, then the fewest.  Several pods reclaim in turn, each
 against what the earlier ones took.  A gang within its quota reclaims for all its pending
-members together (``find_gang_preemption``), or not at all.
+members together, else for its minimum (``find_gang_preemption``), or not at all.
 """
 
 from __future__ import annotations
@@ -111,11 +111,11 @@ def plan_at_limit(
     budgets: Sequence[Budget] = (),
     gangs: Sequence[Sequence[Pod]] = (),
 ) -> list[Preemption]:
-    """Preemptions for pods, and ``gangs`` (each all its pending members, room for all or none),
-    that their tenant's limit holds back: each evicts only pods of lower priority of its own
-    tenant, and takes only GPU room its victims leave (the free room of every GPU counted as
-    taken, every free MIG instance too), so its tenant holds no more after than before: a MIG
-    pod takes the instance of a victim of its profile."""
+    """Preemptions for pods, and ``gangs`` (each all its pending members: room for all, else for
+    its minimum, or none), that their tenant's limit holds back: each evicts only pods of lower
+    priority of its own tenant, and takes only GPU room its victims leave (the free room of
+    every GPU counted as taken, every free MIG instance too), so its tenant holds no more after
+    than before: a MIG pod takes the instance of a victim of its profile."""
     pods = at_limit_searched(pods)
     gangs = [g for g in gangs if g]
     if not pods and not gangs:

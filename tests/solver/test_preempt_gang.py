@@ -77,6 +77,26 @@ def test_no_pod_is_evicted_for_part_of_a_gang() -> None:
     assert find_gang_preemption(polite, state, placed) is None
 
 
+def test_without_room_for_every_member_a_gang_gets_room_for_its_cheapest_minimum() -> None:
+    c = Cluster([gpu_node("a", gpus=2), gpu_node("b", gpus=2), gpu_node("c", gpus=2)])
+    placed = [running("low-a", 0, (0, 1), 0), running("low-b", 1, (0, 1), 0), running("vip", 2, (0, 1), 100)]
+    state = state_of(c, placed)
+    g = Gang("train", min_members=2)
+    gang = [replace(pod(f"m{i}", gpus=gpus), priority=10, gang=g) for i, gpus in enumerate((3, 1, 2))]
+    # No node takes m0's 3 GPUs: no room for all three, but for the two cheapest, beside each other.
+    found = find_gang_preemption(gang, state, placed)
+    assert found is not None
+    assert sorted(p.pod.name for p in found) == ["m1", "m2"]
+    victims = [v for p in found for v in p.victims]
+    assert len(victims) == 2  # m2's 2 GPUs and m1's 1 are on two nodes: a and b
+    validate_plan(Plan(tuple(p.placement for p in found), ()), state.release(victims), gang[1:])
+    # Where room can be made for all three, all three get it, not only its minimum.
+    small = [replace(m, num_gpu=1) for m in gang]
+    found = find_gang_preemption(small, state, placed)
+    assert found is not None
+    assert sorted(p.pod.name for p in found) == ["m0", "m1", "m2"]
+
+
 def test_a_member_that_fits_as_things_are_evicts_no_one() -> None:
     c = Cluster([gpu_node("a", gpus=2), gpu_node("b", gpus=2)])
     placed = [running("low", 0, (0, 1), 0)]
