@@ -479,6 +479,29 @@ async def test_the_room_kept_for_a_deleted_gang_member_goes_with_the_rest_of_its
     assert s.cache.nomination("default/m2") is None
 
 
+async def test_no_room_is_kept_for_a_deleted_member_when_the_rest_of_its_gang_meet_its_minimum() -> None:
+    """A gang of 3 (minimum 2) preempts for all three; m3 is deleted while the victims leave:
+    m1 and m2 still make the minimum, so m3's room is given up at once (a pod of lower priority
+    takes it), and m1 and m2 are bound once their victims are gone."""
+    api = _Api()
+    s = one_node_scheduler(api, gpus=3)
+    for i in (0, 1, 2):
+        s._bound.apply("ADDED", _pod(f"low-{i}", 0, node="n0"))
+    for i in (1, 2, 3):
+        s._pending.apply("ADDED", _member(f"m{i}", 50))
+    await _cycle(s)
+    assert len(api.evicted) == 3
+    s._pending.apply("DELETED", _member("m3", 50))
+    assert s.cache.nomination("default/m3") is None
+    for i in (0, 1, 2):
+        s._bound.apply("MODIFIED", _leaving(f"low-{i}", 0, "n0"))
+        s._bound.apply("DELETED", _leaving(f"low-{i}", 0, "n0"))
+    s._pending.apply("ADDED", _pod("q", 10, never=True))
+    await _cycle(s)
+    assert sorted(api.bound) == ["default/m1", "default/m2", "default/q"]
+    assert len(api.evicted) == 3
+
+
 async def test_a_running_gang_is_not_left_short_when_other_pods_can_make_room() -> None:
     api = _Api()
     s = one_node_scheduler(api, gpus=2)

@@ -141,15 +141,18 @@ class Preemptor:
 
     def keep_for_namesake(self, key: str) -> bool:
         """For the pending pod ``key``, deleted: keep the room held for it when it is a gang
-        member and another member of its gang still holds room, for a pod created again under
-        its name (``GANG_MEMBER_GRACE_S``); whether it is kept.  Only while leading."""
+        member, another member of its gang still holds room, and those (beside its members
+        running) fall short of its minimum without it, for a pod created again under its name
+        (``GANG_MEMBER_GRACE_S``); whether it is kept.  Only while leading.  When the rest meet
+        the minimum, they go ahead without it: its room is not kept idle."""
         if key in self.kept:  # its deletion seen again (deletionTimestamp, then DELETED)
             return True
         record = self.s.queue.record(key)
         gang = record.pod.gang if record is not None else None
         if gang is None or not self.s.is_leader or self.s.cache.nomination(key) is None:
             return False
-        if not any(k != key and k not in self.kept for k in self.s.cache.gang_nominations(gang.name)):
+        others = [k for k in self.s.cache.gang_nominations(gang.name) if k != key and k not in self.kept]
+        if not others or len(others) + self.s.cache.gang_held({gang.name})[gang.name][0] >= gang.min_members:
             return False
         self.kept[key] = (gang.name, time.monotonic() + GANG_MEMBER_GRACE_S)
         log.info("room kept for a gang member created again", pod=key, gang=gang.name, seconds=GANG_MEMBER_GRACE_S)
