@@ -429,7 +429,7 @@ async def test_a_gang_whose_minimum_fits_runs_and_its_last_member_follows_when_r
     if s.queue.counts().active:  # woken by its peers' binds: weighed beside them, it still fits nowhere
         await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
         await settle(s)
-        assert api.failed(left)[-1].startswith("gang default/g: its 1 pending members (beside 2 running)")
+        assert api.failed(left)[-1].startswith("gang default/g: its pending member (beside 2 running) does not fit;")
     assert s.queue.counts().unschedulable == 1
     NodeHandler(s).apply("ADDED", kit.node("n1", 1, "A100"))
     drawn = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)

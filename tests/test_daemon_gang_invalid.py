@@ -256,3 +256,16 @@ async def test_deleting_the_member_that_disagrees_lets_its_peers_be_placed_at_on
     s._pending.apply("DELETED", _member("b", "3"))
     await _one_batch(s)  # TimeoutError: nobody drawn
     assert sorted(api.bound) == ["default/a", "default/c"]
+
+
+async def test_the_peers_of_an_invalid_member_of_a_gang_larger_than_its_minimum_are_told_its_minimum() -> None:
+    """Four members of a gang of at least 3, two of them invalid: the other two wait for at least
+    3 members to be placeable together, not for all four."""
+    invalid = [_member(name, "3") for name in ("a", "b")]
+    for obj in invalid:
+        _fpga(obj)
+    api = await _run([*invalid, _member("c", "3"), _member("d", "3")])
+    assert api.bound == []
+    [told_c] = api.failed("default/c")
+    assert told_c.startswith("gang default/g: member default/")
+    assert told_c.endswith("; no member is placed until at least 3 of them can be, together.")

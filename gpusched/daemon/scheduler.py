@@ -58,7 +58,7 @@ from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, P
 from gpusched.model.pod import gang_conflicts
 from gpusched.model.tenants import demand_of
 from gpusched.queue.batcher import SchedulingQueue
-from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang, gang_fits
+from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang, gang_fits, together
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.instance import beside_placed
 from gpusched.solver.params import SolverParams
@@ -993,7 +993,8 @@ class Scheduler:
             if node in self.mig.jobs:
                 self.mig.jobs[node].beside[p.key] = (p.uid, planned)
                 waits = f"gang {p.gang.name}: members wait for node {node} to be re-partitioned into MIG instances"
-                self.tell_unschedulable(p, f"{waits}; no member is placed until all of them can be, together.", "Gang")
+                rule = together(p.gang, self.queue.gang_pending(p.gang.name) + p.gang.running)
+                self.tell_unschedulable(p, f"{waits}; {rule}", "Gang")
             else:  # the layout could not be asked for: solved again
                 self.queue.backoff(p.key)
         members = Counter(p.gang.name for p in pods if p.gang is not None)
@@ -1063,7 +1064,7 @@ class Scheduler:
             told = {
                 p.key: (
                     p,
-                    f"gang {name}: {why}; no member is placed until all of them can be, together."
+                    f"gang {name}: {why}; {together(gang, self.queue.gang_pending(name) + gang.running)}"
                     if why
                     else self.with_notes(p, explain_gang(p, members[name], after_low), snap, after_low, low_gang),
                 )

@@ -23,7 +23,7 @@ import numpy as np
 
 from gpusched.model import ClusterState, Pod
 from gpusched.model.node import UNSCHEDULABLE_TAINT
-from gpusched.model.pod import tolerated, untolerated
+from gpusched.model.pod import Gang, tolerated, untolerated
 from gpusched.solver.baselines.best_fit import BestFitPolicy
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "explain",
     "explain_gang",
     "insufficient_mig",
+    "together",
 ]
 
 CORDONED = "node(s) were unschedulable"
@@ -190,6 +191,20 @@ def explain(pod: Pod, state: ClusterState) -> Explanation:
     return Explanation(pod.key, n, int(left.sum()), dict(reasons))
 
 
+def together(gang: Gang, size: int = 0) -> str:
+    """The rule a gang's member waits by: no member is placed until all of them can be, when its
+    ``size`` members known (pending and running; 0: not known) are its minimum, else until at
+    least its minimum (less its members running, beside them) can be."""
+    if 0 < size <= gang.min_members + gang.running:
+        return "no member is placed until all of them can be, together."
+    if gang.running:
+        return (
+            f"no member is placed until at least {gang.min_members} more of them can be, together, "
+            f"beside the {gang.running} running."
+        )
+    return f"no member is placed until at least {gang.min_members} of them can be, together."
+
+
 def explain_gang(pod: Pod, members: int, state: ClusterState) -> str:
     """Why ``pod``'s gang (``members`` of it in the batch) was not placed: too few members, or
     not its minimum of them fit at once (within one topology domain when the gang requires one)."""
@@ -199,12 +214,9 @@ def explain_gang(pod: Pod, members: int, state: ClusterState) -> str:
         if gang.running:  # as the user wrote the minimum, the running members counted in
             return (
                 f"gang {gang.name}: {members} pending and {gang.running} running of at least "
-                f"{gang.min_members + gang.running} members; no member is placed until all of them can be, together."
+                f"{gang.min_members + gang.running} members; {together(gang)}"
             )
-        return (
-            f"gang {gang.name}: {members} of at least {gang.min_members} members are pending; "
-            "no member is placed until all of them can be, together."
-        )
+        return f"gang {gang.name}: {members} of at least {gang.min_members} members are pending; {together(gang)}"
     where = ""
     if gang.topology == "required":
         key = gang.topology_key
@@ -216,10 +228,17 @@ def explain_gang(pod: Pod, members: int, state: ClusterState) -> str:
         where = f" within {key} {gang.domain}, where its members run" if gang.domain else f" within one {key} domain"
     e = explain(pod, state)
     detail = e.message if not e.fits else f"{e.fits}/{e.total} nodes could take this member alone."
-    which = f"{members} pending members (beside {gang.running} running)" if gang.running else f"{members} members"
-    if members > gang.min_members:
-        return f"gang {gang.name}: no {gang.min_members} of its {which} fit at once{where}; {detail}"
-    return f"gang {gang.name}: its {which} do not all fit at once{where}; {detail}"
+    pending = "pending " if gang.running else ""
+    beside = f" (beside {gang.running} running)" if gang.running else ""
+    if members == 1:
+        fit = f"its {pending}member{beside} does not fit{where}"
+    elif gang.min_members == 1:  # its members running make its minimum: any one of these would do
+        fit = f"none of its {members} {pending}members{beside} fits{where}"
+    elif members > gang.min_members:
+        fit = f"no {gang.min_members} of its {members} {pending}members{beside} fit at once{where}"
+    else:
+        fit = f"its {members} {pending}members{beside} do not all fit at once{where}"
+    return f"gang {gang.name}: {fit}; {detail}"
 
 
 def gang_fits(members: Sequence[Pod], state: ClusterState) -> int:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from gpusched.model import Assignment, Cluster
 from gpusched.model.node import Taint
 from gpusched.model.pod import Gang, Toleration
-from gpusched.solver.explain import explain, explain_gang
+from gpusched.solver.explain import explain, explain_gang, together
 from tests.factories import gpu_node, pod
 
 
@@ -71,6 +71,28 @@ def test_a_gang_with_more_members_than_its_minimum_is_told_its_minimum_does_not_
     assert explain_gang(member, 3, state) == (
         "gang ns/g: no 2 of its 3 members fit at once; 1/1 nodes could take this member alone."
     )
+
+
+def test_a_gang_short_of_its_minimum_is_told_how_many_must_be_placed_together() -> None:
+    state = Cluster([gpu_node("a", gpus=1)]).empty_state()
+    member = replace(pod("m1", gpus=1), gang=Gang("ns/g", min_members=3))
+    assert explain_gang(member, 2, state) == (
+        "gang ns/g: 2 of at least 3 members are pending; no member is placed until at least 3 of them can be, together."
+    )
+    assert together(Gang("ns/g", min_members=3), 3) == "no member is placed until all of them can be, together."
+    assert together(Gang("ns/g", min_members=3), 5).startswith("no member is placed until at least 3 of them")
+    running = Gang("ns/g", min_members=2, running=2)
+    assert together(running, 6) == (
+        "no member is placed until at least 2 more of them can be, together, beside the 2 running."
+    )
+
+
+def test_the_members_left_beside_a_running_gang_that_meets_its_minimum_are_told_so_in_good_grammar() -> None:
+    """A gang of at least 2 with 2 running: each pending member is placed on its own."""
+    state = Cluster([gpu_node("a", gpus=1)]).empty_state()
+    left = replace(pod("m3", gpus=2), gang=Gang("ns/g", min_members=2).beside(2))
+    assert explain_gang(left, 1, state).startswith("gang ns/g: its pending member (beside 2 running) does not fit;")
+    assert explain_gang(left, 2, state).startswith("gang ns/g: none of its 2 pending members (beside 2 running) fits;")
 
 
 def test_a_gang_with_members_running_is_told_its_minimum_as_written() -> None:
