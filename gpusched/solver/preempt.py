@@ -9,7 +9,8 @@ As kube-scheduler's DefaultPreemption chooses them, on the books as they are aft
    of equal priority, the one that started first), keeping each one the pod still fits beside
    (kube-scheduler's "reprieve"). What is left are the node's victims.  A victim is protected
    when evicting it (with those before it on the node) would take a budget it matches below
-   zero (``status.disruptionsAllowed``).  A running gang is such a budget too
+   zero (``status.disruptionsAllowed``); a pod with no labels matches none, as kube-scheduler
+   reads them.  A running gang is such a budget too
    (``gang_budgets``), allowing the members beyond its minimum.
 3. Of the nodes where the pod fits so, the one with the fewest protected victims, then the one
    whose most important victim has the lowest priority, then the lowest sum of victim
@@ -162,12 +163,13 @@ def _protected(lower: Sequence[Assignment], budgets: Sequence[Budget], spent: Se
     before them, would take a budget below zero (``spent``: what earlier preemptions of this
     round took from each)."""
     left = [b.allowed - s for b, s in zip(budgets, spent, strict=True)]
-    # A pod with no labels and no gang is covered only by a budget whose selector takes pods
-    # without labels (DoesNotExist, NotIn): often none, and then it is not looked at.
-    bare = [j for j, b in enumerate(budgets) if not b.gang and b.selector and label_selector_selects(b.selector, {})]
+    # A pod with no labels is covered by no PodDisruptionBudget, as kube-scheduler's preemption
+    # reads them, even by one whose selector (DoesNotExist, NotIn) would take it: only its
+    # running gang's budget, if any.
+    gangs = [j for j, b in enumerate(budgets) if b.gang]
     out = set()
     for i, a in enumerate(lower):
-        look = bare if not a.pod.labels and a.pod.gang is None else range(len(budgets))
+        look = range(len(budgets)) if a.pod.labels else gangs if a.pod.gang is not None else ()
         for j in look:
             b = budgets[j]
             if b.covers(a.pod):

@@ -123,15 +123,22 @@ def test_a_disruption_budget_steers_preemption_to_pods_it_does_not_protect() -> 
     assert ([v.pod.name for v in found.victims], found.violations) == (["web-0"], 1)
 
 
-def test_a_budget_selecting_label_less_pods_protects_them() -> None:
-    # The budget selects the pods without a "tier" label: the bare pod, not the tagged one.
+def test_a_pod_without_labels_is_protected_by_no_budget_as_kube_scheduler_reads_them() -> None:
+    # The budget selects the pods without a "tier" label.  kube-scheduler's preemption matches
+    # no budget to a pod with no labels at all, so of two pods alike but for that, the bare one
+    # goes, breaking nothing; the labelled one, on the first node, is protected.
     c = Cluster([gpu_node("a", gpus=1), gpu_node("b", gpus=1)])
-    placed = [running("bare", 0, (0,), 0), running("tagged", 1, (0,), 0, labels=(("tier", "x"),))]
+    placed = [running("labelled", 0, (0,), 0, labels=(("app", "x"),)), running("bare", 1, (0,), 0)]
     for selector in ((Requirement("tier", "DoesNotExist"),), (Requirement("tier", "NotIn", ("x",)),)):
         budget = Budget("default", selector, 0)
         found = find_preemption(urgent(), state_of(c, placed), placed, budgets=[budget])
         assert found is not None
-        assert ([v.pod.name for v in found.victims], found.violations) == (["tagged"], 0)
+        assert ([v.pod.name for v in found.victims], found.violations) == (["bare"], 0)
+        # Alone, the labelled one is evicted all the same, breaking the budget.
+        only = placed[:1]
+        found = find_preemption(urgent(), state_of(c, only), only, budgets=[budget])
+        assert found is not None
+        assert ([v.pod.name for v in found.victims], found.violations) == (["labelled"], 1)
 
 
 def test_budgets_spent_by_one_preemption_count_for_the_next() -> None:
