@@ -16,7 +16,8 @@ gangs', and the pending pod as created.  The node and the set of victims must ag
 kube-scheduler breaks a tie left after the latest start of the most important victims at
 random; with every pod started at a second of its own, no two nodes tie that far.  Pods being
 deleted already are left out of these cases: gpusched does not count them as victims
-(docs/deploy.md, "Priority and preemption"), kube-scheduler does.
+(docs/deploy.md, "Priority and preemption"), kube-scheduler does; the last test asserts that
+difference as such.
 """
 
 from __future__ import annotations
@@ -377,3 +378,62 @@ async def test_seeded_preemptions_pick_kube_schedulers_node_and_victims(
     assert CASES // 2 <= preempted < CASES, preempted
     assert broken, "no case breaks a budget"
     assert not disagreements, f"{len(disagreements)} of {CASES} case(s) differ:\n" + "\n".join(disagreements)
+
+
+async def test_a_pod_being_deleted_is_no_victim_a_documented_difference(
+    kube: Kube, kube_scheduler: KubeScheduler
+) -> None:
+    """Two one-GPU nodes, each with a one-GPU pod of low priority; the one on the first node,
+    started later, is being deleted already.  kube-scheduler counts it as a victim (it deletes
+    it no more) and, the nodes otherwise alike, nominates its node, where it started later.
+    gpusched counts only pods not being deleted as victims (docs/deploy.md, "Priority and
+    preemption"): it evicts the other pod."""
+    prefix = f"pd{uuid.uuid4().hex[:6]}"
+    name = f"{prefix}-leaving"
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    nodes = [make_node(f"{name}-n{i}", gpus=1, labels={"pcase": name}) for i in range(2)]
+    pods = [
+        make_pod(
+            f"{name}-n{i}-p0",
+            {
+                "nodeName": f"{name}-n{i}",
+                "schedulerName": "elsewhere",
+                "priorityClassName": f"{prefix}-low",
+                "terminationGracePeriodSeconds": 3600,
+                "containers": [container("m", {"cpu": "1", "nvidia.com/gpu": "1"})],
+            },
+            {"app": "a"},
+            namespace=name,
+        )
+        for i in range(2)
+    ]
+    leaving, staying = (p["metadata"]["name"] for p in pods)
+    preemptor = make_pod(
+        PREEMPTOR,
+        {
+            "schedulerName": REFERENCE,
+            "priorityClassName": f"{prefix}-{PREEMPTOR}",
+            "nodeSelector": {"pcase": name},
+            "containers": [container("m", {"cpu": "1", "nvidia.com/gpu": "1"})],
+        },
+        namespace=name,
+    )
+    started: dict[str, str | None] = {leaving: _stamp(start + timedelta(hours=1)), staying: _stamp(start)}
+    case = Case(name, nodes, pods, started, [], {}, preemptor, prefix)
+    classes = await _priority_classes(kube, prefix)
+    try:
+        await _set_up(kube, case, kube_scheduler)
+        try:
+            r = await kube.request("DELETE", f"/api/v1/namespaces/{name}/pods/{leaving}")
+            assert r.ok, r.body
+            cache, budgets = await _books(kube, case)
+            (created,) = await create(kube, f"/api/v1/namespaces/{name}/pods", [preemptor])
+            node, victims, _ = _ours(case, cache, budgets, created)
+            theirs = await _theirs(kube, case, kube_scheduler)
+        finally:
+            await _tear_down(kube, case)
+    finally:
+        for cls in classes:
+            await kube.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{cls}")
+    assert theirs == (f"{name}-n0", frozenset({leaving})), theirs
+    assert (node, victims) == (f"{name}-n1", frozenset({staying}))
