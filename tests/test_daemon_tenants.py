@@ -840,3 +840,33 @@ async def test_a_gang_whose_minimum_fits_its_tenants_limit_starts_and_its_extras
         "tenant a is at its GPU limit: it holds 3 of 3 GPUs and this gang's pending member asks for 1 more."
     ]
     assert s.tenant_usage() == {"a": 3000}
+
+
+async def test_a_gang_whose_minimum_fits_its_quota_is_placed_in_the_quota_first_pass() -> None:
+    """2 idle GPUs; tenant a (no quota) asks for 2 at a higher priority, tenant b (quota 2) runs
+    a gang of 3 one-GPU members, minimum 2: its minimum is within b's quota, and goes first (as
+    between tenants quota decides, not priority)."""
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=2)
+    tenants(s, quotas={"b": {"quotaGpus": 2}})
+    s._pending.apply("ADDED", of("big", "a", 100, gpus=2))
+    for i in range(3):
+        s._pending.apply("ADDED", min_member(f"m{i}", "b", 2))
+    await batch(s)
+    await settle(s)
+    assert sorted(api.bound) == ["b/m0", "b/m1"]
+    assert api.failed("a/big")
+
+
+async def test_a_gang_beyond_its_quota_but_whose_minimum_is_within_places_its_extras_beside_it() -> None:
+    """4 idle GPUs; b (quota 2) runs a gang of 3, minimum 2, and a (no quota) a one-GPU pod: the
+    minimum goes first, and the extra, over quota, is placed beside it in the later pass."""
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=4)
+    tenants(s, quotas={"b": {"quotaGpus": 2}})
+    s._pending.apply("ADDED", of("small", "a"))
+    for i in range(3):
+        s._pending.apply("ADDED", min_member(f"m{i}", "b", 2))
+    await batch(s)
+    await settle(s)
+    assert sorted(api.bound) == ["a/small", "b/m0", "b/m1", "b/m2"]

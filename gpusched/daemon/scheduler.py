@@ -1884,7 +1884,8 @@ def _solve(
 ) -> tuple[Plan, ClusterState, float]:
     """Runs in a worker thread: the plan, the state after it and its fragmentation ratio.
     The batch is placed in the parts ``_passes`` gives (``first``: keys of the pods within their
-    tenant's quota), each against the state the earlier ones left.
+    tenant's quota), each against the state the earlier ones left (and a gang's members left to
+    a later part beside those an earlier one placed: ``beside_placed``).
 
     A solve's model and search are large and short-lived, and glibc keeps the freed
     pages of its worker threads' arenas; handing them back after each batch keeps the
@@ -1897,7 +1898,9 @@ def _solve(
     deadline = time.perf_counter() + limit if limit is not None and len(parts) > 1 else None
     left = len(pods)
     solved: list[SolveStats] = []  # the passes with an objective and a bound
-    for part in parts:
+    for i, given in enumerate(parts):
+        # A gang's members placed in an earlier pass: the rest go beside them.
+        part = beside_placed(given, plan.assignments, now) if i and plan is not None else given
         until = None
         if deadline is not None:  # each pass its share of what is left of the batch's one limit
             until = time.perf_counter() + max(deadline - time.perf_counter(), 0.0) * len(part) / max(left, 1)
@@ -1925,6 +1928,13 @@ def _solve(
         now = (now.partition(step.partitions) if step.partitions else now).apply(step.assignments)
     if plan is None:
         plan = _place(policy, pods, state, quick)
+    elif len(parts) > 1:  # the pods as given, not as counted beside the members placed earlier
+        by_key = {p.key: p for p in pods}
+        plan = replace(
+            plan,
+            assignments=tuple(replace(a, pod=by_key.get(a.pod.key, a.pod)) for a in plan.assignments),
+            unplaced=tuple(by_key.get(p.key, p) for p in plan.unplaced),
+        )
     frag = cluster_frag_ratio(now, typical, ~now.cluster.cordoned) if len(typical) else 0.0
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)

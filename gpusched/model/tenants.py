@@ -15,7 +15,8 @@ read them alike:
   members admitted or none);
 * ``trim``: of the pods a batch placed, those that together would take a tenant past its limit
   (a gang's members beyond its minimum first);
-* ``guaranteed``: of the pods admitted, those within their tenant's quota (counted in order);
+* ``guaranteed``: of the pods admitted, those within their tenant's quota (counted in order; a
+  gang by its minimum, its members beyond it after every other pod, each only if it fits);
 * ``order_key``: which tenant's pod a batch draws next (below quota first, then the least used
   for its weight, and last a tenant whose next pod its limit holds back);
 * ``borrowed``: how much of each tenant's usage is beyond its quota, and so may be reclaimed.
@@ -173,18 +174,30 @@ class Tenants:
 
     def guaranteed(self, pods: Sequence[Pod], usage: Mapping[str, int]) -> set[str]:
         """Keys of the pods of ``pods`` (in order) that fit within their tenant's quota beside
-        ``usage``, each counted as taken once found within it; a gang counts whole."""
+        ``usage``, each counted as taken once found within it.  A gang counts by its minimum,
+        its cheapest members (as ``admit`` judges it): those are within it together or not at
+        all; its members beyond its minimum are counted after every pod and minimum of
+        ``pods``, cheapest first, and each is within the quota only if it fits then."""
         taken = dict(usage)
         out: set[str] = set()
+        extras: list[Pod] = []
         for members in _units(pods):
-            by_tenant = self.usage(members)
-            if not by_tenant:
-                continue
-            if all(taken.get(t, 0) + d <= self.rule(t).quota for t, d in by_tenant.items()):
-                for t, d in by_tenant.items():
-                    taken[t] = taken.get(t, 0) + d
-                out.update(m.key for m in members)
+            core, rest = _minimum(members)
+            if self._within(core, taken):
+                self._take(core, taken)
+                out.update(m.key for m in core)
+                extras.extend(rest)
+        for m in extras:
+            if self._within([m], taken):
+                self._take([m], taken)
+                out.add(m.key)
         return out
+
+    def _within(self, pods: Sequence[Pod], usage: Mapping[str, int]) -> bool:
+        """Whether ``pods`` together ask for a GPU and stay within their tenants' quotas beside
+        ``usage``."""
+        by_tenant = self.usage(pods)
+        return bool(by_tenant) and all(usage.get(t, 0) + d <= self.rule(t).quota for t, d in by_tenant.items())
 
     def order_key(self, tenant: str, used: int, next_demand: int = 0) -> tuple[int, float]:
         """How soon ``tenant``'s next pod (of ``next_demand``) is drawn, holding ``used``: tenants

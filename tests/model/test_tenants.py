@@ -150,6 +150,21 @@ def test_quota_guarantees_pods_in_order_and_a_gang_whole() -> None:
     assert T.guaranteed([of("cpu", "a", 0)], {}) == set()  # no GPU: nothing to guarantee
 
 
+def test_quota_guarantees_a_gangs_minimum_and_its_extras_only_as_they_fit_after_every_minimum() -> None:
+    gang = [member(f"m{i}", "a", "g") for i in range(4)]  # minimum 2; a's quota: 2
+    assert T.guaranteed(gang, {}) == {gang[0].key, gang[1].key}  # its minimum, not all 4
+    assert T.guaranteed(gang, {"a": 1000}) == set()  # its minimum passes the quota
+    roomy = Tenants(rules={"a": TenantRule(quota=4000)})
+    late = of("p", "a", 1)
+    # 2 for its minimum, 1 for p (in queue order after it), then 1 of its extras: the last passes.
+    assert roomy.guaranteed([*gang, late], {}) == {gang[0].key, gang[1].key, late.key, gang[2].key}
+    mixed = [member("big", "a", "h", 2), member("s1", "a", "h"), member("s2", "a", "h")]
+    assert T.guaranteed(mixed, {}) == {mixed[1].key, mixed[2].key}  # the cheapest two make its minimum
+    beside = [replace(m, gang=Gang("g", 3).beside(1)) for m in gang]  # one more runs: 2 to go
+    assert T.guaranteed(beside, {"a": 1000}) == set()
+    assert T.guaranteed(beside[:2], {}) == {beside[0].key, beside[1].key}
+
+
 def test_tenants_below_quota_are_drawn_first_then_the_least_used_for_their_weight() -> None:
     assert T.order_key("a", 1999)[0] == 0
     assert T.order_key("a", 2000)[0] == 1
