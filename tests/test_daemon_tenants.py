@@ -870,3 +870,26 @@ async def test_a_gang_beyond_its_quota_but_whose_minimum_is_within_places_its_ex
     await batch(s)
     await settle(s)
     assert sorted(api.bound) == ["a/small", "b/m0", "b/m1", "b/m2"]
+
+
+async def test_a_gang_whose_minimum_fits_its_quota_reclaims_for_its_minimum_only() -> None:
+    """a borrows all 3 GPUs (quota 0); b (quota 2) runs a gang of 3, minimum 2: b reclaims 2
+    GPUs for the minimum, not the third: that would take b past its quota."""
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=3)
+    tenants(s, quotas={"b": {"quotaGpus": 2}})
+    for g in range(3):
+        s._bound.apply("ADDED", of(f"a{g}", "a", 100 * g, node="n0", gpu=g))
+    for i in range(3):
+        s._pending.apply("ADDED", min_member(f"m{i}", "b", 2))
+    await batch(s)
+    assert sorted(api.evicted) == ["a/a0", "a/a1"], "the two of lowest priority, for the minimum"
+    held = [f"b/m{i}" for i in range(3) if s.cache.nomination(f"b/m{i}") is not None]
+    assert len(held) == 2
+    for key in held:
+        (message,) = api.failed(key)
+        assert "Reclaiming the GPUs of 2 pod(s) on node(s) n0 from tenant(s) a, past their quota" in message
+        assert "2 of its 3 pending members, at least its minimum" in message
+    [extra] = {f"b/m{i}" for i in range(3)} - set(held)
+    (message,) = api.failed(extra)
+    assert message.endswith("This member is placed beside them once it fits."), message

@@ -1,7 +1,8 @@
 """Reclaim: GPUs a tenant is guaranteed, taken back from tenants that borrowed beyond their quota.
 
 Between tenants, quota decides, not priority.  A pending pod may reclaim when its tenant's usage
-with it stays within the tenant's quota (``Tenants.guaranteed``).  It may evict only pods that
+with it stays within the tenant's quota (``Tenants.guaranteed``); a gang when its minimum does,
+for its minimum and for those of its other members that fit within the quota beside it.  It may evict only pods that
 are all of the following:
 
 * of another tenant that holds more than its quota;
@@ -15,8 +16,8 @@ pushed below its quota, and no pod gets past its own: nothing taken back is take
 Per node, each tenant's pods are offered lowest priority first, and only as many as its
 borrowed GPUs cover.  The node is chosen as ``find_preemption`` chooses one: fewest budgets
 broken, then the least important victims, then the fewest.  Several pods reclaim in turn, each
-against what the earlier ones took.  A gang within its quota reclaims for all its pending
-members together, else for its minimum (``find_gang_preemption``), or not at all.
+against what the earlier ones took.  A gang reclaims for all its pending members within its
+quota together, else for its minimum (``find_gang_preemption``), or not at all.
 """
 
 from __future__ import annotations
@@ -152,7 +153,9 @@ def plan_reclaims(
     searched: list[Pod] | None = None,
 ) -> list[Preemption]:
     """Reclaims for ``pods`` in the order given (the queue's), then for ``gangs`` (each all its
-    pending members, room for all or none), each against the state the earlier ones leave;
+    pending members: when its minimum is within its tenant's quota, room for it and for those
+    of its other members the quota also covers, else for its minimum, or none; when its
+    minimum is not, none), each against the state the earlier ones leave;
     ``usage``: GPU demand per tenant now (``Cache.tenant_usage``).  A pod of a gang, one that
     may not preempt, or one that asks for no GPU does not reclaim alone (``reclaimers``,
     ``gang_reclaimers``).  ``allowance``: what each tenant with a limit may still take
@@ -166,10 +169,14 @@ def plan_reclaims(
     left = list(running)
     out: list[Preemption] = []
     units: list[Sequence[Pod]] = [[p] for p in reclaimers(pods)] + gang_reclaimers(gangs, tenants)
-    for unit in units:
-        t, d = tenants.of(unit[0]), sum(map(demand_of, unit))
-        if usage.get(t, 0) + claimed[t] + d > tenants.rule(t).quota:
+    for whole in units:
+        t = tenants.of(whole[0])
+        # A gang by its minimum: its members beyond it reclaim only as far as the quota goes.
+        within = tenants.guaranteed(whole, {t: usage.get(t, 0) + claimed[t]})
+        unit = [m for m in whole if m.key in within]
+        if not unit:
             continue
+        d = sum(map(demand_of, unit))
         if t in left_to_take and d > left_to_take[t]:
             continue
         if searched is not None:
@@ -204,6 +211,7 @@ def plan_reclaims(
         if not found or any(c > room.get(owner, 0) for owner, c in taken.items()):
             continue  # (a gang's members, each on its own node, may together take past a room)
         members = {m.key: m for m in unit}
+        d = sum(demand_of(members[one.pod.key]) for one in found)  # a gang's minimum, when not all
         claimed[t] += d
         if t in left_to_take:
             left_to_take[t] -= d
