@@ -13,6 +13,15 @@ pending pod gets ``status.nominatedNodeName``.  gpusched's answer for the same c
 (``kube.convert``, ``Cache``), the budgets as ``budget_record`` reads them beside the running
 gangs', and the pending pod as created.  The node and the set of victims must agree.
 
+The pending pod asks more than room in the other cases: a zone (nodeSelector, required node
+affinity), no untolerated taint, a host port bound pods hold, no pod of a label beside it
+(required anti-affinity, per node or per zone; a bound pod's against it too), a DoNotSchedule
+topology spread, or no preemption at all (``preemptionPolicy: Never``); seeded, and picked by
+hand with kube-scheduler's answer written down.  kube-scheduler weighs one node's victims at a
+time, all else in place: evicting the pods of a label on a node clears anti-affinity per node,
+not per zone while another node of the zone holds one; evicting a node's pods of the spread's
+label lowers that node's count (its domain's) in the skew.
+
 kube-scheduler breaks a tie left after the latest start of the most important victims at
 random; with every pod started at a second of its own, no two nodes tie that far.  Pods being
 deleted already are left out of these cases: gpusched does not count them as victims
@@ -27,6 +36,7 @@ import random
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -39,11 +49,16 @@ from tests.e2e.reference import REFERENCE, KubeScheduler, books, condition, cont
 
 SEED = 20261208
 CASES = 32
+CONSTRAINED_SEED = 20261209
+KINDS = ("affinity", "taint", "ports", "anti", "spread", "never")
+CONSTRAINED = 8 * len(KINDS)
 
 PRIORITIES = {"neg": -10, "zero": 0, "low": 3, "mid": 7, "high": 15, "peer": 1000}
 """The PriorityClasses of the bound pods (``peer``: the pending pod's priority, most of the time)."""
 PREEMPTOR = "urgent"
 PREEMPTOR_PRIORITY = 1000
+NEVER = "never"
+"""A class of the pending pod's priority that preempts no one (``preemptionPolicy: Never``)."""
 PROBE = "probe"
 """The class of the pods that ask kube-scheduler what it sees: they preempt no one."""
 
@@ -73,6 +88,18 @@ class Case:
     prefix: str
     """The PriorityClasses' prefix."""
     summary: list[str] = field(default_factory=list)
+    kind: str = "fit"
+    """What the pending pod asks beyond room (``_constrained``)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str
+    theirs: tuple[str | None, frozenset[str]]
+    preempted: bool
+    """kube-scheduler nominated a node."""
+    broken: bool
+    """gpusched's victims break a budget."""
 
 
 def _cpu(milli: int) -> str:
@@ -199,14 +226,14 @@ def _case(rng: random.Random, index: int, prefix: str, start: datetime) -> Case:
 
 async def _priority_classes(kube: Kube, prefix: str) -> list[str]:
     names = []
-    for suffix, value in {**PRIORITIES, PREEMPTOR: PREEMPTOR_PRIORITY, PROBE: -100}.items():
+    for suffix, value in {**PRIORITIES, PREEMPTOR: PREEMPTOR_PRIORITY, NEVER: PREEMPTOR_PRIORITY, PROBE: -100}.items():
         body: dict[str, Any] = {
             "apiVersion": "scheduling.k8s.io/v1",
             "kind": "PriorityClass",
             "metadata": {"name": f"{prefix}-{suffix}"},
             "value": value,
         }
-        if suffix == PROBE:
+        if suffix in (PROBE, NEVER):
             body["preemptionPolicy"] = "Never"
         r = await kube.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body=body)
         assert r.status == 201, r.body
@@ -227,6 +254,7 @@ async def _sees_case(kube: Kube, case: Case, sched: KubeScheduler, timeout: floa
                 "schedulerName": REFERENCE,
                 "priorityClassName": f"{case.prefix}-{PROBE}",
                 "nodeSelector": {"pcase": case.name},
+                "tolerations": [{"operator": "Exists"}],  # a tainted node too says it lacks CPU
                 "containers": [container("m", {"cpu": "1000"})],
             },
         )
@@ -341,6 +369,31 @@ async def _tear_down(kube: Kube, case: Case) -> None:
     assert r.ok, r.body
 
 
+async def _compare(kube: Kube, sched: KubeScheduler, cases: Sequence[Case]) -> tuple[list[str], list[Outcome]]:
+    """Each case set up, answered by gpusched and by kube-scheduler, and torn down: the
+    disagreements, and what kube-scheduler did in each case."""
+    disagreements: list[str] = []
+    outcomes: list[Outcome] = []
+    for case in cases:
+        await _set_up(kube, case, sched)
+        try:
+            cache, budgets = await _books(kube, case)
+            (created,) = await create(kube, f"/api/v1/namespaces/{case.name}/pods", [case.preemptor])
+            node, victims, violations = _ours(case, cache, budgets, created)
+            theirs = await _theirs(kube, case, sched)
+        finally:
+            await _tear_down(kube, case)
+        outcomes.append(Outcome(case.kind, theirs, theirs[0] is not None, violations > 0))
+        ours = (node, victims)
+        if ours != theirs:
+            said = "\n  ".join(case.summary)
+            disagreements.append(
+                f"{case.name}: kube-scheduler {theirs[0]} evicting {sorted(theirs[1])}; "
+                f"gpusched {ours[0]} evicting {sorted(ours[1])}\n  {said}"
+            )
+    return disagreements, outcomes
+
+
 async def test_seeded_preemptions_pick_kube_schedulers_node_and_victims(
     kube: Kube, kube_scheduler: KubeScheduler
 ) -> None:
@@ -349,35 +402,362 @@ async def test_seeded_preemptions_pick_kube_schedulers_node_and_victims(
     start = datetime(2026, 1, 1, tzinfo=UTC)
     cases = [_case(rng, i, prefix, start) for i in range(CASES)]
     classes = await _priority_classes(kube, prefix)
-    disagreements: list[str] = []
-    preempted = broken = 0
     try:
-        for case in cases:
-            await _set_up(kube, case, kube_scheduler)
-            try:
-                cache, budgets = await _books(kube, case)
-                (created,) = await create(kube, f"/api/v1/namespaces/{case.name}/pods", [case.preemptor])
-                node, victims, violations = _ours(case, cache, budgets, created)
-                theirs = await _theirs(kube, case, kube_scheduler)
-            finally:
-                await _tear_down(kube, case)
-            preempted += theirs[0] is not None
-            broken += violations > 0
-            ours = (node, victims)
-            if ours != theirs:
-                said = "\n  ".join(case.summary)
-                disagreements.append(
-                    f"{case.name}: kube-scheduler {theirs[0]} evicting {sorted(theirs[1])}; "
-                    f"gpusched {ours[0]} evicting {sorted(ours[1])}\n  {said}"
-                )
+        disagreements, outcomes = await _compare(kube, kube_scheduler, cases)
     finally:
         for name in classes:
             await kube.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+    preempted = sum(o.preempted for o in outcomes)
     # Most cases preempt, some where every way breaks a budget: the comparison weighs victims,
     # budgets and all, not only refusals.
     assert CASES // 2 <= preempted < CASES, preempted
-    assert broken, "no case breaks a budget"
+    assert any(o.broken for o in outcomes), "no case breaks a budget"
     assert not disagreements, f"{len(disagreements)} of {CASES} case(s) differ:\n" + "\n".join(disagreements)
+
+
+def _constrained(rng: random.Random, index: int, prefix: str, start: datetime, kind: str) -> Case:
+    """A seeded case of ``_case`` whose pending pod also asks something of ``kind`` that the
+    choice of victims must meet: ``affinity`` (a zone by nodeSelector or required node
+    affinity), ``taint`` (tainted nodes it may or may not tolerate), ``ports`` (a host port
+    some bound pods hold), ``anti`` (required pod anti-affinity against bound pods' label, per
+    node or per zone), ``spread`` (a DoNotSchedule topology spread over the bound pods of a
+    label, per node or per zone) or ``never`` (``preemptionPolicy: Never``)."""
+    case = _case(rng, index, prefix, start)
+    case.kind = kind
+    spec = case.preemptor["spec"]
+    labels = case.preemptor["metadata"]["labels"]
+    zones = {n["metadata"]["name"]: rng.choice(("z1", "z2")) for n in case.nodes}
+    for n in case.nodes:
+        n["metadata"]["labels"]["zone"] = zones[n["metadata"]["name"]]
+    key = rng.choice(("kubernetes.io/hostname", "zone"))
+    said = f"pending {kind}:"
+    if kind == "affinity":
+        if rng.random() < 0.5:
+            spec["nodeSelector"]["zone"] = "z1"
+            said += " nodeSelector zone=z1"
+        else:
+            term = {"matchExpressions": [{"key": "zone", "operator": rng.choice(("In", "NotIn")), "values": ["z2"]}]}
+            spec["affinity"] = {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+            }
+            said += f" node affinity {term}"
+    elif kind == "taint":
+        tainted = [n for n in case.nodes if rng.random() < 0.5]
+        for n in tainted:
+            n["spec"]["taints"] = [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]
+        if rng.random() < 0.4:
+            spec["tolerations"] = [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]
+        said += f" tainted {[n['metadata']['name'] for n in tainted]} tolerated {'tolerations' in spec}"
+    elif kind == "ports":
+        holders = []
+        for n in case.nodes:
+            on = [p for p in case.pods if p["spec"]["nodeName"] == n["metadata"]["name"]]
+            if on and rng.random() < 0.7:
+                holder = rng.choice(on)
+                holder["spec"]["containers"][0]["ports"] = [{"containerPort": 80, "hostPort": 8080}]
+                holders.append(holder["metadata"]["name"])
+        spec["containers"][0]["ports"] = [{"containerPort": 80, "hostPort": 8080}]
+        said += f" host port 8080 held by {holders}"
+    elif kind == "anti":
+        selector = rng.choice(SELECTORS[:3])
+        labels["app"] = "z"
+        term = {"labelSelector": selector, "topologyKey": key}
+        spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+        said += f" {term}"
+    elif kind == "spread":
+        labels["app"] = "b"
+        constraint = {
+            "maxSkew": 1,
+            "topologyKey": key,
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app": "b"}},
+        }
+        spec["topologySpreadConstraints"] = [constraint]
+        said += f" {constraint}"
+    else:
+        spec["priorityClassName"] = f"{prefix}-{NEVER}"
+    case.summary.insert(1, f"zones {zones}")
+    case.summary.append(said)
+    return case
+
+
+async def test_seeded_constrained_preemptions_pick_kube_schedulers_node_and_victims(
+    kube: Kube, kube_scheduler: KubeScheduler
+) -> None:
+    """As the test above, the pending pod also asking what bound pods of lower priority may
+    stand in the way of: evicting them must clear that too (a host port, anti-affinity, a skew
+    too large), or a node it may not go to has no victims for it."""
+    rng = random.Random(CONSTRAINED_SEED)
+    prefix = f"pd{uuid.uuid4().hex[:6]}"
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    cases = [_constrained(rng, i, prefix, start, KINDS[i % len(KINDS)]) for i in range(CONSTRAINED)]
+    classes = await _priority_classes(kube, prefix)
+    try:
+        disagreements, outcomes = await _compare(kube, kube_scheduler, cases)
+    finally:
+        for name in classes:
+            await kube.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+    assert not disagreements, f"{len(disagreements)} of {CONSTRAINED} case(s) differ:\n" + "\n".join(disagreements)
+    # Every kind that may preempt does, now and then, and most are refused now and then too,
+    # though room alone could be made in each case.
+    for kind in KINDS:
+        did = {o.preempted for o in outcomes if o.kind == kind}
+        assert did == ({False} if kind == "never" else {True} if kind == "spread" else {True, False}), (kind, did)
+
+
+def _hand(
+    prefix: str,
+    kind: str,
+    nodes: Sequence[tuple[int, dict[str, str], bool]],
+    pods: Sequence[tuple[int, str, int, dict[str, str], bool]],
+    preemptor: dict[str, Any],
+    labels: dict[str, str] | None = None,
+    cls: str = PREEMPTOR,
+) -> Case:
+    """A hand-picked case: ``nodes`` (millicores, labels, tainted ``dedicated=gpu:NoSchedule``),
+    ``pods`` (node, class, millicores, labels, holds host port 8080), the n-th of them started
+    n hours after the first, and the pending pod's ``preemptor`` spec (1 CPU, host port 8080
+    when it says ``ports: True``)."""
+    name = f"{prefix}-{kind}"
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    made_nodes = [
+        make_node(
+            f"{name}-n{i}",
+            cpu=_cpu(cpu),
+            labels={"pcase": name, **lab},
+            taints=[("dedicated", "gpu", "NoSchedule")] if tainted else (),
+        )
+        for i, (cpu, lab, tainted) in enumerate(nodes)
+    ]
+    made_pods = []
+    for j, (node, pcls, cpu, lab, port) in enumerate(pods):
+        ports = [{"containerPort": 80, "hostPort": 8080}] if port else ()
+        spec = {
+            "nodeName": f"{name}-n{node}",
+            "schedulerName": "elsewhere",
+            "priorityClassName": f"{prefix}-{pcls}",
+            "terminationGracePeriodSeconds": 3600,
+            "containers": [container("m", {"cpu": _cpu(cpu)}, ports)],
+        }
+        made_pods.append(make_pod(f"p{j}", spec, lab, namespace=name))
+    started: dict[str, str | None] = {
+        p["metadata"]["name"]: _stamp(start + timedelta(hours=j)) for j, p in enumerate(made_pods)
+    }
+    ask = dict(preemptor)
+    port = ask.pop("ports", False)
+    spec = {
+        "schedulerName": REFERENCE,
+        "priorityClassName": f"{prefix}-{cls}",
+        "nodeSelector": {"pcase": name, **ask.pop("nodeSelector", {})},
+        "containers": [container("m", {"cpu": "1"}, [{"containerPort": 80, "hostPort": 8080}] if port else ())],
+        **ask,
+    }
+    pending = make_pod(PREEMPTOR, spec, labels, namespace=name)
+    summary = [f"{name}: nodes {list(nodes)}", f"pods {list(pods)}", f"pending {preemptor} {labels}"]
+    return Case(name, made_nodes, made_pods, started, [], {}, pending, prefix, summary, kind)
+
+
+def _spread(key: str) -> dict[str, Any]:
+    return {
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": key,
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app": "s"}},
+            }
+        ]
+    }
+
+
+def _anti(key: str) -> dict[str, Any]:
+    term = {"labelSelector": {"matchLabels": {"app": "a"}}, "topologyKey": key}
+    return {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
+
+
+def _their_anti(prefix: str) -> Case:
+    case = _hand(
+        prefix,
+        "anti-theirs",
+        [(4000, {}, False), (1000, {}, False)],
+        [(0, "low", 500, {"app": "b"}, False), (0, "neg", 500, {}, False), (1, "peer", 1000, {}, False)],
+        {},
+        {"app": "z"},
+    )
+    term = {"labelSelector": {"matchLabels": {"app": "z"}}, "topologyKey": "kubernetes.io/hostname"}
+    case.pods[0]["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    case.summary.append(f"p0 anti-affinity {term}")
+    return case
+
+
+async def test_hand_picked_constrained_preemptions_agree_with_kube_scheduler(
+    kube: Kube, kube_scheduler: KubeScheduler
+) -> None:
+    """Cases where what the pending pod asks decides the victims, kube-scheduler's answer given
+    too (so that each case shows the rule it stands for), and gpusched's must be the same."""
+    prefix = f"pd{uuid.uuid4().hex[:6]}"
+    z1, z2 = {"zone": "z1"}, {"zone": "z2"}
+    a, b, s = {"app": "a"}, {"app": "b"}, {"app": "s"}
+    host = "kubernetes.io/hostname"
+    cases: list[tuple[Case, tuple[str | None, set[str]]]] = [
+        # The lowest victims are on a node it may not go to (by nodeSelector, by node affinity,
+        # by a taint it does not tolerate): the other node's.
+        (
+            _hand(
+                prefix,
+                "selector",
+                [(1000, z2, False), (1000, z1, False)],
+                [(0, "neg", 1000, {}, False), (1, "low", 1000, {}, False)],
+                {"nodeSelector": z1},
+            ),
+            ("n1", {"p1"}),
+        ),
+        (
+            _hand(
+                prefix,
+                "affinity",
+                [(1000, z2, False), (1000, z1, False)],
+                [(0, "neg", 1000, {}, False), (1, "low", 1000, {}, False)],
+                {
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [
+                                    {"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["z2"]}]}
+                                ]
+                            }
+                        }
+                    }
+                },
+            ),
+            ("n1", {"p1"}),
+        ),
+        (
+            _hand(
+                prefix,
+                "taint",
+                [(1000, {}, True), (1000, {}, False)],
+                [(0, "neg", 1000, {}, False), (1, "low", 1000, {}, False)],
+                {},
+            ),
+            ("n1", {"p1"}),
+        ),
+        # Tolerated, the taint is no bar: the neg pod goes.
+        (
+            _hand(
+                prefix,
+                "tolerated",
+                [(1000, {}, True), (1000, {}, False)],
+                [(0, "neg", 1000, {}, False), (1, "low", 1000, {}, False)],
+                {"tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]},
+            ),
+            ("n0", {"p0"}),
+        ),
+        # Room enough everywhere; the port is held on n0 by a low pod (a zero pod there, not
+        # holding it, stays), on n1 by a mid one: the holder on n0 goes.
+        (
+            _hand(
+                prefix,
+                "ports",
+                [(4000, {}, False), (4000, {}, False)],
+                [(0, "low", 500, {}, True), (0, "zero", 500, {}, False), (1, "mid", 500, {}, True)],
+                {"ports": True},
+            ),
+            ("n0", {"p0"}),
+        ),
+        # A port held by a pod of its own priority on every node: no preemption.
+        (
+            _hand(
+                prefix,
+                "ports-peer",
+                [(4000, {}, False)],
+                [(0, "peer", 500, {}, True), (0, "neg", 500, {}, False)],
+                {"ports": True},
+            ),
+            (None, set()),
+        ),
+        # Anti-affinity per node: the app=a pod goes (not the neg app=b pod beside it); n1's
+        # app=a pod is of its own priority.
+        (
+            _hand(
+                prefix,
+                "anti-host",
+                [(4000, {}, False), (4000, {}, False)],
+                [(0, "low", 500, a, False), (0, "neg", 500, b, False), (1, "peer", 500, a, False)],
+                _anti(host),
+                {"app": "z"},
+            ),
+            ("n0", {"p0"}),
+        ),
+        # Anti-affinity per zone: evicting the app=a pods of one node leaves those of the other
+        # node of its zone; kube-scheduler weighs one node's victims at a time, so no preemption.
+        (
+            _hand(
+                prefix,
+                "anti-zone",
+                [(4000, z1, False), (4000, z1, False), (4000, z2, False)],
+                [(0, "low", 500, a, False), (1, "low", 500, a, False), (2, "peer", 500, a, False)],
+                _anti("zone"),
+                {"app": "z"},
+            ),
+            (None, set()),
+        ),
+        # A low pod on n0 whose anti-affinity keeps it off n0 (n1 full with a pod of its own
+        # priority): evicting that pod clears the way, the neg pod beside it stays.
+        (_their_anti(prefix), ("n0", {"p0"})),
+        # Spread per node, skew at most 1: n0 holds three app=s pods (n1 one, of its own
+        # priority, and no room left). Evicting all three, the most important one comes back
+        # (skew 1 with n1's), the other two go.
+        (
+            _hand(
+                prefix,
+                "spread-host",
+                [(4000, {}, False), (1000, {}, False)],
+                [
+                    (0, "low", 500, s, False),
+                    (0, "zero", 500, s, False),
+                    (0, "neg", 500, s, False),
+                    (1, "peer", 1000, s, False),
+                ],
+                _spread(host),
+                s,
+            ),
+            ("n0", {"p1", "p2"}),
+        ),
+        # Spread per zone: z1 (n0, n1) holds three app=s pods, z2 (n2, full) one. Evicting n0's
+        # two leaves n1's one: skew 1, so both go; n1's single pod alone would leave 2 in z1.
+        (
+            _hand(
+                prefix,
+                "spread-zone",
+                [(4000, z1, False), (4000, z1, False), (1000, z2, False)],
+                [
+                    (0, "low", 500, s, False),
+                    (0, "low", 500, s, False),
+                    (1, "zero", 500, s, False),
+                    (2, "peer", 1000, s, False),
+                ],
+                _spread("zone"),
+                s,
+            ),
+            ("n0", {"p0", "p1"}),
+        ),
+        # preemptionPolicy Never: no preemption, though one low pod is in the way.
+        (_hand(prefix, "never", [(1000, {}, False)], [(0, "low", 1000, {}, False)], {}, cls=NEVER), (None, set())),
+    ]
+    classes = await _priority_classes(kube, prefix)
+    try:
+        disagreements, outcomes = await _compare(kube, kube_scheduler, [c for c, _ in cases])
+    finally:
+        for name in classes:
+            await kube.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+    theirs = {case.kind: o.theirs for (case, _), o in zip(cases, outcomes, strict=True)}
+    expected = {
+        case.kind: (None if node is None else f"{case.name}-{node}", frozenset(victims))
+        for case, (node, victims) in cases
+    }
+    assert theirs == expected
+    assert not disagreements, f"{len(disagreements)} of {len(cases)} case(s) differ:\n" + "\n".join(disagreements)
 
 
 async def test_a_pod_being_deleted_is_no_victim_a_documented_difference(
