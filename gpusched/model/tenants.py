@@ -183,7 +183,8 @@ class Tenants:
         extras: list[Pod] = []
         for members in _units(pods):
             core, rest = _minimum(members)
-            if self._within(core, taken):
+            # A gang's minimum that asks for no GPU (a launcher) takes none of the quota: within it.
+            if self._within(core, taken) or (members[0].gang is not None and not any(map(demand_of, core))):
                 self._take(core, taken)
                 out.update(m.key for m in core)
                 extras.extend(rest)

@@ -174,9 +174,9 @@ def plan_reclaims(
         # A gang by its minimum: its members beyond it reclaim only as far as the quota goes.
         within = tenants.guaranteed(whole, {t: usage.get(t, 0) + claimed[t]})
         unit = [m for m in whole if m.key in within]
-        if not unit:
-            continue
         d = sum(map(demand_of, unit))
+        if not d:  # nothing within the quota, or only a minimum that asks for no GPU
+            continue
         if t in left_to_take and d > left_to_take[t]:
             continue
         if searched is not None:

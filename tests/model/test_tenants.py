@@ -165,6 +165,16 @@ def test_quota_guarantees_a_gangs_minimum_and_its_extras_only_as_they_fit_after_
     assert T.guaranteed(beside[:2], {}) == {beside[0].key, beside[1].key}
 
 
+def test_a_gang_whose_minimum_asks_for_no_gpu_is_guaranteed_its_workers_as_the_quota_covers_them() -> None:
+    # An elastic job: a launcher without a GPU starts it (minimum 1), its GPU workers join as they fit.
+    launcher = replace(of("launcher", "a", 0), gang=Gang("job", 1))
+    workers = [replace(of(f"w{i}", "a", 1), gang=Gang("job", 1)) for i in range(3)]
+    job = [*workers, launcher]
+    # a's quota is 2 GPUs: the launcher takes none of it, two workers are within it, the third not.
+    assert T.guaranteed(job, {}) == {launcher.key, workers[0].key, workers[1].key}
+    assert T.guaranteed(job, {"a": 2000}) == {launcher.key}  # the quota is spent: no worker reclaims
+
+
 def test_tenants_below_quota_are_drawn_first_then_the_least_used_for_their_weight() -> None:
     assert T.order_key("a", 1999)[0] == 0
     assert T.order_key("a", 2000)[0] == 1

@@ -159,6 +159,28 @@ def test_a_gang_within_its_quota_reclaims_for_all_its_members_or_none() -> None:
     assert gang_reclaims([shy], placed, t, nodes=2, gpus=1) == []
 
 
+def test_a_gang_started_by_a_launcher_without_a_gpu_reclaims_for_the_workers_its_quota_covers() -> None:
+    t = Tenants(rules={"b": TenantRule(quota=2000)})
+    placed = [on(f"a{i}", "a", i, (0,)) for i in range(3)]  # a borrows every GPU, one per node
+    launcher = replace(of("launcher", "b", 0), gang=Gang("job", 1))
+    workers = [replace(of(f"w{i}", "b"), gang=Gang("job", 1)) for i in range(3)]
+    found = gang_reclaims([[launcher, *workers]], placed, t, nodes=3, gpus=1)
+    # b's quota covers two workers: two of a's pods go for them; the launcher needs no victim.
+    assert sorted(v for _, vs in found for v in vs) in (["a0", "a1"], ["a0", "a2"], ["a1", "a2"]), found
+    assert {name for name, vs in found if vs} <= {"w0", "w1", "w2"}
+    # With b's quota spent, the launcher alone is within it and reclaims nothing.
+    assert (
+        gang_reclaims(
+            [[launcher, *workers]],
+            [*placed, on("b0", "b", 0, ())],
+            Tenants(rules={"b": TenantRule(quota=0)}),
+            nodes=3,
+            gpus=1,
+        )
+        == []
+    )
+
+
 def test_a_gang_reclaims_from_a_second_lender_when_the_first_has_too_little_beyond_its_quota() -> None:
     # a holds 2 GPUs with a quota of 1 (1 borrowed); c holds 2 with no quota (2 borrowed).
     t = Tenants(rules={"a": TenantRule(quota=1000), "b": TenantRule(quota=2000)})
