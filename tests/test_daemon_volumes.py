@@ -9,6 +9,9 @@ from typing import Any
 
 from gpusched.daemon import Scheduler
 from gpusched.daemon.handlers import NodeHandler
+from gpusched.kube.binder import BindResult
+from gpusched.model import Pod
+from gpusched.model.affinity import Requirement
 from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle
 from tests.e2e import kit
 
@@ -119,3 +122,48 @@ async def test_a_pod_refused_for_a_batch_peer_that_is_not_bound_after_all_is_bou
     assert "pod default/too-big uses it" in api.failed("default/fits")[0]
     await _batch(s)  # drawn again without waiting for a change in the cluster
     assert api.bound == ["default/fits"]
+
+
+class _Placing(RecordingApi):
+    """Records where each pod is bound too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes: dict[str, str] = {}
+
+    async def bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> tuple[BindResult, str]:
+        self.nodes[pod.key] = node
+        return await super().bind(pod, node, gpus)
+
+
+async def test_a_pod_mounting_a_zonal_volume_is_bound_in_its_zone_and_told_of_the_others_when_it_is_full() -> None:
+    api = _Placing()
+    s = one_node_scheduler(api, gpus=2)  # n0: no zone
+    for name, zone in (("a-0", "a"), ("b-0", "b")):
+        NodeHandler(s).apply("ADDED", kit.node(name, 2, "A100", **{"topology.kubernetes.io/zone": zone}))
+    in_b = {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["b"]}]}
+    claim = {
+        "metadata": {"name": "disk", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-disk"},
+        "status": {"phase": "Bound"},
+    }
+    pv = {"metadata": {"name": "pv-disk"}, "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [in_b]}}}}
+    next(r.handler for r in s.reflectors if r.name == "claims").replace([claim])
+    next(r.handler for r in s.reflectors if r.name == "volumes").replace([pv])
+    s._pending.apply("ADDED", _mounting(member_pod("trainer"), "disk"))
+    await _batch(s)
+    assert api.nodes == {"default/trainer": "b-0"}
+    big = _mounting(member_pod("big"), "disk")
+    big["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    s._pending.apply("ADDED", big)
+    await _batch(s)
+    assert "default/big" not in api.nodes  # b-0 has one GPU left; n0 and a-0 have two, out of its zone
+    assert api.failed("default/big") == [
+        "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) had volume node affinity conflict."
+    ]
+    # A new node in zone b would let it in: it counts as waiting for room, held to that zone.
+    assert [(p.key, p.volume_selector) for p in s.waiting(s.queue.parked())] == [("default/big", (_zone_b(),))]
+
+
+def _zone_b() -> tuple[Requirement, ...]:
+    return (Requirement("topology.kubernetes.io/zone", "In", ("b",)),)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Coroutine, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,7 @@ async def explain_pod(
             if volumes:
                 lines.append(f"pod {rec.key} cannot be bound: {volumes}")
                 return "\n".join(lines), 1
+            rec = replace(rec, pod=replace(rec.pod, volume_selector=claims.selector(rec.pod.namespace, rec.claims)))
         snap = cache.snapshot()
         p = rec.pod
         if p.mig_profile:

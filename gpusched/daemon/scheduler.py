@@ -785,7 +785,7 @@ class Scheduler:
                 continue
             for c in r.claims:  # one pod at a time, for a ReadWriteOncePod claim: the first in queue order
                 mounted.setdefault(f"{r.pod.namespace}/{c}", (r.key, r.uid))
-            todo.append(r)
+            todo.append(replace(r, pod=self.with_volumes(r)) if r.claims else r)
         todo = self._bind_nominated(todo)
         disagree = gang_disagreements(r.pod for r in todo)
         if disagree:  # one gang, two sets of rules: no member's may win by arriving first
@@ -1737,7 +1737,7 @@ class Scheduler:
             blocked = {g.name for r in members if r.error and (g := r.pod.gang) is not None}
             blocked |= set(gang_conflicts(r.pod for r in members))
         pods = [
-            r.pod
+            self.with_volumes(r)
             for r in records
             if not r.error
             and not self.cache.holds(r.key, r.uid)
@@ -1758,6 +1758,11 @@ class Scheduler:
             kept = {p.key for p in admitted} - over
             pods = [p for p in pods if p.key in kept]
         return pods
+
+    def with_volumes(self, r: PodRecord) -> Pod:
+        """``r``'s pod, held to the nodes the volumes its claims are bound to may be used on."""
+        selector = self.claims.selector(r.pod.namespace, r.claims) if r.claims else ()
+        return replace(r.pod, volume_selector=selector) if selector else r.pod
 
     def kept_now(self) -> tuple[tuple[str, int], ...]:
         """The GPUs (node name, index) the headroom would keep free from a batch now (busy ones

@@ -700,10 +700,20 @@ def pod_group_record(obj: Mapping[str, Any]) -> tuple[str, int]:
 
 
 def volume_record(obj: Mapping[str, Any]) -> VolumeRecord:
-    """A PersistentVolume: whether only some nodes can use it."""
+    """A PersistentVolume: the nodes that can use it (``spec.nodeAffinity.required``, read as a
+    pod's required node affinity is; unreadable, the reason in ``error``)."""
     meta = _meta(obj)
-    affinity: Mapping[str, Any] = (obj.get("spec") or {}).get("nodeAffinity") or {}
-    return VolumeRecord(str(meta["name"]), pinned=bool(affinity.get("required")))
+    name = str(meta["name"])
+    spec = obj.get("spec") or {}
+    try:
+        affinity = _obj(_obj(spec, "spec").get("nodeAffinity") or {}, "spec.nodeAffinity")
+        required = affinity.get("required")
+        if not required:
+            return VolumeRecord(name)
+        selector = _node_selector({}, {"requiredDuringSchedulingIgnoredDuringExecution": required})
+    except ValueError as exc:
+        return VolumeRecord(name, error=f"spec.nodeAffinity.required: {exc}")
+    return VolumeRecord(name, affinity=selector)
 
 
 def _controller(meta: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -31,6 +31,7 @@ __all__ = [
     "Preference",
     "Requirement",
     "Spread",
+    "both",
     "check_label_selector",
     "is_int64",
     "label_selector_selects",
@@ -95,6 +96,16 @@ NodeSelector = tuple[tuple[Requirement, ...], ...]
 def selects(selector: NodeSelector, node: Node) -> bool:
     """Whether ``selector`` allows ``node``."""
     return not selector or any(all(r.matches(node) for r in term) for term in selector)
+
+
+def both(a: NodeSelector, b: NodeSelector) -> NodeSelector:
+    """The nodes both ``a`` and ``b`` allow, as one selector: each term of one ANDed with each of
+    the other (``()`` allows every node)."""
+    if not a:
+        return b
+    if not b:
+        return a
+    return tuple(dict.fromkeys(x + tuple(r for r in y if r not in x) for x in a for y in b))
 
 
 Preference = tuple[tuple[int, tuple[Requirement, ...]], ...]

@@ -228,6 +228,8 @@ class Cluster:
             return False
         if self.tainted and not self.toleration_mask(pod.tolerations)[i]:
             return False
+        if pod.volume_selector and not self.selector_mask(pod.volume_selector)[i]:
+            return False
         return not pod.node_selector or bool(self.selector_mask(pod.node_selector)[i])
 
     def toleration_mask(self, tolerations: tuple[Toleration, ...]) -> BoolArray:
@@ -760,6 +762,8 @@ class ClusterState:
             ok &= self.cluster.toleration_mask(shape.tolerations)
         if shape.node_selector:
             ok &= self.cluster.selector_mask(shape.node_selector)
+        if shape.volume_selector:
+            ok &= self.cluster.selector_mask(shape.volume_selector)
         return ok
 
     def host_mask(self, shape: PodShape) -> BoolArray:

@@ -205,6 +205,7 @@ class PodShape(_Wishes):
     preferred_nodes: Preference = ()
     preferred_apart: tuple[tuple[int, PodAffinityTerm], ...] = ()
     preferred_together: tuple[tuple[int, PodAffinityTerm], ...] = ()
+    volume_selector: NodeSelector = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,11 +287,18 @@ class Pod(_Wishes):
     claims: tuple[str, ...] = ()
     """Names of the PersistentVolumeClaims it mounts, in its namespace: one whose access mode is
     ``ReadWriteOncePod`` no other pod may use while this one is on the books (``state.volumes``)."""
+    volume_selector: NodeSelector = ()
+    """Nodes the PersistentVolumes its claims are bound to may be used on (their required node
+    affinity: a local volume's node, a zonal disk's zone), as ``node_selector`` reads terms;
+    ``()``: every node.  Set from the volumes when a batch is solved (``Claims.selector``): the
+    pod as read from the API server has none."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"
         if any(not term for term in self.node_selector):
             raise ValueError(f"{where}: a node selector term without requirements matches no node; leave it out")
+        if any(not term for term in self.volume_selector):
+            raise ValueError(f"{where}: a volume's node selector term without requirements matches no node")
         if self.island not in ISLAND_MODES:
             raise ValueError(f"{where}: island must be 'required' or 'preferred', got {self.island!r}")
         if self.mig_profile:
@@ -376,6 +384,7 @@ class Pod(_Wishes):
             self.preferred_nodes,
             self.preferred_apart,
             self.preferred_together,
+            self.volume_selector,
         )
 
     @property

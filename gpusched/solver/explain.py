@@ -43,6 +43,7 @@ __all__ = [
     "SPREAD_LABEL_MISSING",
     "SPREAD_MISMATCH",
     "TOO_MANY_PODS",
+    "VOLUME_CONFLICT",
     "Explanation",
     "explain",
     "explain_gang",
@@ -68,6 +69,8 @@ ANTI_AFFINITY = "node(s) didn't match pod anti-affinity rules"
 EXISTING_ANTI_AFFINITY = "node(s) didn't satisfy existing pods anti-affinity rules"
 DEFERRED = "deferred by the solver"
 INSUFFICIENT_ISLAND = "no GPU island with enough idle GPUs"
+VOLUME_CONFLICT = "node(s) had volume node affinity conflict"
+"""kube-scheduler's words for a node a volume the pod mounts cannot be used on."""
 
 
 def insufficient_mig(profile: str) -> str:
@@ -175,6 +178,9 @@ def explain(pod: Pod, state: ClusterState) -> Explanation:
     elif pod.mig_profile:
         fit.append((state.mig_available(pod.mig_profile), insufficient_mig(pod.mig_profile)))
     check_all(fit)
+    # VolumeBinding: the node affinity of the volumes its claims are bound to.
+    if pod.volume_selector:
+        check(cluster.selector_mask(pod.volume_selector), VOLUME_CONFLICT)
     # PodTopologySpread: the constraint's label first, then the skew.
     spread = state.spread_mask(pod)
     if spread is not None:

@@ -1,13 +1,13 @@
 """Persistent volume claims: whether a pod's claims let it be bound anywhere.
 
-gpusched binds a pod only when every claim it mounts is bound to a volume that
-any node can use.  It does not provision volumes: a claim still waiting for a
-volume (a ``WaitForFirstConsumer`` storage class waits for the scheduler to
-pick a node and write ``volume.kubernetes.io/selected-node``, which is
-kube-scheduler's volume binding) would leave the pod bound to a node and
-stuck there.  Nor does it evaluate a volume's node affinity (local volumes,
-zonal disks).  Such pods are refused with the reason instead, and retried when
-a claim or volume changes.
+gpusched binds a pod only when every claim it mounts is bound to a volume, and only to a node
+every such volume may be used on: a volume's required node affinity (a local volume's node, a
+zonal disk's zone) is the pod's ``volume_selector`` (``Claims.selector``), which placement honours
+as kube-scheduler's VolumeBinding filter does.  It does not provision volumes: a claim still
+waiting for a volume (a ``WaitForFirstConsumer`` storage class waits for the scheduler to pick a
+node and write ``volume.kubernetes.io/selected-node``, which is kube-scheduler's volume binding)
+would leave the pod bound to a node and stuck there.  Such pods are refused with the reason
+instead, and retried when a claim or volume changes.
 
 A claim with access mode ``ReadWriteOncePod`` is one pod's at a time, as kube-scheduler's
 VolumeRestrictions plugin keeps it: a pod mounting it while another live pod uses it, on any
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from gpusched.model.affinity import NodeSelector, both
 
 __all__ = ["RWOP_CONFLICT", "ClaimRecord", "Claims", "VolumeRecord"]
 
@@ -54,8 +56,10 @@ class VolumeRecord:
     """A PersistentVolume, as far as placement cares."""
 
     name: str
-    pinned: bool = False
-    """It has ``spec.nodeAffinity.required``: only some nodes can use it."""
+    affinity: NodeSelector = ()
+    """The nodes that can use it (``spec.nodeAffinity.required``); ``()``: every node."""
+    error: str = ""
+    """Why its node affinity cannot be read (no node can be chosen for it then)."""
 
 
 class Claims:
@@ -128,12 +132,8 @@ class Claims:
             volume = self._volumes.get(claim.volume)
             if volume is None:
                 return f'persistentvolume "{claim.volume}" of claim "{name}" not found'
-            if volume.pinned:
-                return (
-                    f'persistentvolume "{claim.volume}" of claim "{name}" can be used only on some nodes '
-                    "(spec.nodeAffinity), which this scheduler does not evaluate; schedule the pod with "
-                    "kube-scheduler"
-                )
+            if volume.error:
+                return f'persistentvolume "{claim.volume}" of claim "{name}": {volume.error}'
         for name in claims:
             key = f"{namespace}/{name}"
             holder, holder_uid = (users or {}).get(key, (pod, pod_uid))
@@ -145,6 +145,17 @@ class Claims:
                     f"({RWOP_CONFLICT}); the pod is retried when that pod is gone"
                 )
         return ""
+
+    def selector(self, namespace: str, claims: tuple[str, ...]) -> NodeSelector:
+        """The nodes every volume that ``claims`` (in ``namespace``) are bound to may be used on,
+        as one selector (``()``: every node).  For a pod ``problem`` finds none with."""
+        out: NodeSelector = ()
+        for name in claims:
+            claim = self._claims.get(f"{namespace}/{name}")
+            volume = self._volumes.get(claim.volume) if claim is not None else None
+            if volume is not None and volume.affinity:
+                out = both(out, volume.affinity)
+        return out
 
     def __len__(self) -> int:
         return len(self._claims)

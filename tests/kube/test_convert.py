@@ -560,9 +560,33 @@ def test_claim_and_volume_records_say_what_placement_needs() -> None:
     assert claim_record(pvc).owner == "pod-uid"
     pending = {"metadata": {"name": "d", "namespace": "ns", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
     assert claim_record(pending) == ClaimRecord("ns", "d", deleting=True)
-    local = {"metadata": {"name": "pv-2"}, "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [{}]}}}}
-    assert volume_record(local) == VolumeRecord("pv-2", pinned=True)
     assert volume_record({"metadata": {"name": "pv-3"}, "spec": {"nfs": {}}}) == VolumeRecord("pv-3")
+
+
+def test_a_volumes_node_affinity_is_read_as_a_pods_required_node_affinity_is() -> None:
+    def pv(*terms: Any) -> dict[str, Any]:
+        return {"metadata": {"name": "pv"}, "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": list(terms)}}}}
+
+    zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a", "b"]}
+    host = {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}
+    assert volume_record(pv({"matchExpressions": [zone]}, {"matchExpressions": [host]})).affinity == (
+        (Requirement("topology.kubernetes.io/zone", "In", ("a", "b")),),
+        (Requirement("kubernetes.io/hostname", "In", ("n1",)),),
+    )
+    # A term kube-scheduler cannot compare (a Gt that is no number) matches no node; the others stand.
+    gt = {"key": "rack", "operator": "Gt", "values": ["x"]}
+    assert volume_record(pv({"matchExpressions": [gt]}, {"matchExpressions": [host]})).affinity == (
+        (Requirement("kubernetes.io/hostname", "In", ("n1",)),),
+    )
+    # Nothing a node could match, or not an object: no node is chosen for it, and the reason says why.
+    empty = volume_record(pv({}))
+    assert empty.affinity == ()
+    assert "matches no node" in empty.error
+    assert empty.error.startswith("spec.nodeAffinity.required: ")
+    bad = volume_record({"metadata": {"name": "pv"}, "spec": {"nodeAffinity": "zone-a"}})
+    assert "spec.nodeAffinity must be an object" in bad.error
+    wrong_op = volume_record(pv({"matchExpressions": [{"key": "k", "operator": "Near", "values": ["v"]}]}))
+    assert "Near" in wrong_op.error
 
 
 def test_a_claim_with_access_mode_read_write_once_pod_is_one_pods_at_a_time() -> None:

@@ -27,6 +27,29 @@ def cluster() -> Cluster:
 
 
 @pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_places_a_pod_only_where_its_volumes_and_its_selector_both_allow(policy: str) -> None:
+    c = cluster()
+    state = c.empty_state()
+    on_train_1 = ((Requirement("metadata.name", "In", ("train-1", "infer-0"), field=True),),)
+    # Its volume allows train-1 and infer-0, its selector the train pool: only train-1 is both.
+    pinned = [replace(pod(f"pinned-{i}", gpus=2), node_selector=TRAIN, volume_selector=on_train_1) for i in range(3)]
+    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
+    plan = make_policy(policy, c, TypicalPods.from_pods(pinned), 0, params).place(pinned, state)
+    validate_plan(plan, state, pinned)
+    assert sorted(c.nodes[a.node].name for a in plan.assignments) == ["train-1", "train-1"]
+    assert len(plan.unplaced) == 1
+    after = state.apply(plan.assignments)
+    assert explain(plan.unplaced[0], after).message == (
+        "0/5 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) had volume node affinity conflict, "
+        "3 node(s) didn't match Pod's node affinity/selector."
+    )
+    stray = Plan((Assignment(pinned[0], c.index["train-0"], (0, 1)),), (), SolveStats("TEST"))
+    assert plan_problems(stray, state, pinned[:1]) == [
+        "pod default/pinned-0: a volume it mounts cannot be used on train-0"
+    ]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
 def test_every_policy_places_selected_pods_only_on_nodes_the_selector_allows(policy: str) -> None:
     c = cluster()
     state = c.empty_state()

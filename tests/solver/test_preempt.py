@@ -57,6 +57,25 @@ def test_no_preemption_without_a_pod_of_lower_priority_or_when_the_pod_may_not_p
     assert find_preemption(urgent(gpus=2), state_of(c, lower), lower) is None
 
 
+def test_a_pod_held_to_a_node_by_its_volume_preempts_only_there() -> None:
+    c = Cluster(
+        [replace(gpu_node("a", gpus=1), labels={"zone": "a"}), replace(gpu_node("b", gpus=1), labels={"zone": "b"})]
+    )
+    placed = [running("cheap", 0, (0,), 0), running("dear", 1, (0,), 5)]
+    state = state_of(c, placed)
+    free = find_preemption(urgent(), state, placed)
+    assert free is not None
+    assert free.node == 0
+    held = replace(urgent(), volume_selector=((Requirement("zone", "In", ("b",)),),))
+    found = find_preemption(held, state, placed)
+    assert found is not None
+    assert found.node == 1
+    assert [v.pod.name for v in found.victims] == ["dear"]
+    check_room(state, found.victims, found.placement)
+    nowhere = replace(urgent(), volume_selector=((Requirement("zone", "In", ("c",)),),))
+    assert find_preemption(nowhere, state, placed) is None  # evicting would not let it in anywhere
+
+
 def test_the_node_whose_most_important_victim_matters_least_wins_then_the_fewest_victims() -> None:
     c = Cluster([gpu_node("a", gpus=1), gpu_node("b", gpus=1), gpu_node("c", gpus=2)])
     placed = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpusched.model.affinity import Requirement
 from gpusched.state.volumes import ClaimRecord, Claims, VolumeRecord
 
 
@@ -25,7 +26,7 @@ def test_each_claim_that_blocks_binding_is_named_with_the_reason() -> None:
         ClaimRecord("ns", "going", "pv-1", bound=True, deleting=True),
         ClaimRecord("ns", "local", "pv-local", bound=True),
         ClaimRecord("ns", "orphan", "pv-gone", bound=True),
-        volumes=(VolumeRecord("pv-1"), VolumeRecord("pv-local", pinned=True)),
+        volumes=(VolumeRecord("pv-1"), VolumeRecord("pv-local", error="required node affinity matches no node")),
     )
     assert c.problem("ns/p", "uid-p", ("ok", "missing")) == 'persistentvolumeclaim "missing" not found'
     assert c.problem("other/p", "uid-p", ("ok",)) == 'persistentvolumeclaim "ok" not found'  # claims are per namespace
@@ -33,7 +34,9 @@ def test_each_claim_that_blocks_binding_is_named_with_the_reason() -> None:
     assert waiting.startswith('persistentvolumeclaim "waiting" is not bound')
     assert "Immediate" in waiting
     assert c.problem("ns/p", "uid-p", ("going",)) == 'persistentvolumeclaim "going" is being deleted'
-    assert "spec.nodeAffinity" in c.problem("ns/p", "uid-p", ("local",))
+    assert c.problem("ns/p", "uid-p", ("local",)) == (
+        'persistentvolume "pv-local" of claim "local": required node affinity matches no node'
+    )
     assert c.problem("ns/p", "uid-p", ("orphan",)) == 'persistentvolume "pv-gone" of claim "orphan" not found'
 
 
@@ -104,3 +107,20 @@ def test_a_claim_that_cannot_be_bound_is_told_before_another_pod_using_a_read_wr
     assert c.problem("ns/p", "uid-p", ("solo", "waiting"), users=users).startswith(
         'persistentvolumeclaim "waiting" is not bound'
     )
+
+
+def test_a_pod_is_held_to_the_nodes_every_volume_it_mounts_may_be_used_on() -> None:
+    zone_a = (Requirement("zone", "In", ("a",)),)
+    either = ((Requirement("host", "In", ("n1",)),), (Requirement("host", "In", ("n2",)),))
+    c = claims(
+        ClaimRecord("ns", "shared", "pv-nfs", bound=True),
+        ClaimRecord("ns", "disk", "pv-zonal", bound=True),
+        ClaimRecord("ns", "scratch", "pv-local", bound=True),
+        volumes=(VolumeRecord("pv-nfs"), VolumeRecord("pv-zonal", (zone_a,)), VolumeRecord("pv-local", either)),
+    )
+    assert c.problem("ns/p", "uid-p", ("shared", "disk", "scratch")) == ""  # any of them: still placeable
+    assert c.selector("ns", ("shared",)) == ()
+    assert c.selector("ns", ("shared", "disk")) == (zone_a,)
+    # Both: in zone a, and on n1 or n2.
+    assert c.selector("ns", ("disk", "scratch")) == (zone_a + either[0], zone_a + either[1])
+    assert c.selector("other", ("disk",)) == ()  # claims are per namespace
