@@ -492,3 +492,37 @@ async def test_a_node_whose_evictions_met_the_end_of_the_lead_is_not_left_out_as
     leading = True
     assert await round_of(s) == 1
     assert server.evicted == ["default/b0"]  # n1 again, the emptiest
+
+
+@pytest.mark.parametrize(
+    ("policy", "sizes", "used"),
+    [(p, {"n0": 4, "n1": 4}, 2) for p in ("cpsat", "fgd", "bestfit")]
+    + [("cpsat", {"n0": 8, "n1": 8, "n2": 8}, used) for used in (2, 4, 6)],
+)
+async def test_a_replacement_made_while_the_evicted_pod_terminates_goes_where_the_plan_found_room(
+    policy: str, sizes: dict[str, int], used: int
+) -> None:
+    # As a kubelet does, the evicted pod terminates for its grace period while its Job makes
+    # the replacement at once: the node being emptied still looks in use to the batches.
+    api = EvictionApi()
+    s = _scheduler(api, sizes, policy)
+    for i in range(used):
+        s._bound.apply("ADDED", batch_pod(f"a{i}", "n0", i, movable=False))
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    assert await round_of(s) == 1
+    assert api.evicted == ["default/b0"]
+    leaving = batch_pod("b0", "n1", 0)
+    leaving["metadata"]["deletionTimestamp"] = "2026-12-07T00:00:00Z"
+    s._bound.apply("MODIFIED", leaving)
+    s._pending.apply("ADDED", batch_pod("r1", "", 0))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 10))
+    await settle(s)
+    where = s.cache.placement("default/r1")
+    assert where is not None
+    assert where[0] == "n0", "not back on the node it was moved off"
+    s._bound.apply("MODIFIED", batch_pod("r1", where[0], where[1][0]))
+    s._bound.apply("DELETED", leaving)
+    assert s.sealed() == set()  # gone: n1 takes pods again
+    with capture_logs() as logs:
+        await round_of(s)
+    assert not [e for e in logs if e["event"] == "consolidation emptied a node that was filled again"]

@@ -162,6 +162,14 @@ class Consolidator:
             self._round_deadline = time.monotonic() + self._wait_s()
         return len(moves)
 
+    def sealed(self) -> set[str]:
+        """Nodes a round is emptying while a pod it evicted there is still on the books (it
+        terminates for its grace period): no batch puts GPU work there meanwhile.  As the batches
+        see it that node is still in use, so a replacement made at once would go back to the
+        node it was moved off, and be moved again, round after round."""
+        cache = self.s.cache
+        return {where[0] for key, uid in self.moving if cache.holds(key, uid) and (where := cache.placement(key))}
+
     def _hold_refilled(self) -> None:
         """Hold the nodes the last round emptied that GPU pods took again once its evictions were
         settled: its pods' replacements went back to them (the batches follow their policy, not

@@ -863,7 +863,7 @@ class Scheduler:
         snap = self.cache.snapshot(
             free=freed,
             busy=self.busy_gpus(),
-            sealed=self.mig.sealed(),
+            sealed=self.sealed(),
             coming=self.mig.coming(),
             **self.keep_free(pods),
         )
@@ -1142,7 +1142,7 @@ class Scheduler:
             return plan
         fresh = self.cache.snapshot(
             free=self._room_ready((*(a.pod for a in plan.assignments), *plan.unplaced)),
-            sealed=self.mig.sealed(),
+            sealed=self.sealed(),
             coming=self.mig.coming(),
         )
         if fresh.cluster is not snap.cluster and not _same_offers(snap.cluster, fresh.cluster):
@@ -1758,6 +1758,11 @@ class Scheduler:
             kept = {p.key for p in admitted} - over
             pods = [p for p in pods if p.key in kept]
         return pods
+
+    def sealed(self) -> set[str]:
+        """Nodes no batch puts GPU work on now: those being re-partitioned into MIG instances, and
+        those a consolidation round is emptying while the pods it evicted there terminate."""
+        return self.mig.sealed() | self.consolidator.sealed()
 
     def with_volumes(self, r: PodRecord) -> Pod:
         """``r``'s pod, held to the nodes the volumes its claims are bound to may be used on."""

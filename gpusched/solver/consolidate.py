@@ -2,8 +2,9 @@
 
 Pods finish one by one, and what stays is spread over more nodes than it needs.  A node whose
 pods could all run on the free GPUs of other nodes in use can be emptied: its pods are evicted,
-their controllers create them again, and the scheduler places the new pods where the plan found
-room.  The node is then idle (an autoscaler may remove it, or a pod of eight GPUs may take it).
+their controllers create them again, and the scheduler places the new pods (kept off the node
+while the evicted pods terminate; the plan only shows there is room for them elsewhere).  The
+node is then idle (an autoscaler may remove it, or a pod of eight GPUs may take it).
 
 A node is a candidate when all of the following hold:
 
