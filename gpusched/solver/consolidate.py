@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -119,10 +119,13 @@ def plan_consolidation(
         where[n] = False
         found: list[Assignment] = []
         for a in sorted(pods, key=lambda a: (-a.pod.num_gpu, -a.pod.gpu_milli, -a.pod.cpu_milli, a.pod.key)):
-            ok = work.pod_mask(a.pod) & where
-            if a.pod.mig_profile:  # to an instance there is: no GPU is partitioned for it
-                ok &= work.mig_free[:, cl.mig_index[a.pod.mig_profile]] > 0
-            avoided = cl.avoided(a.pod.tolerations)  # a PreferNoSchedule taint would send it back
+            # A pod that prefers one island goes only where it gets one: split across islands,
+            # its replacement would go back to an island on the node emptied.
+            p = replace(a.pod, island="required") if a.pod.island == "preferred" and a.pod.num_gpu > 1 else a.pod
+            ok = work.pod_mask(p) & where
+            if p.mig_profile:  # to an instance there is: no GPU is partitioned for it
+                ok &= work.mig_free[:, cl.mig_index[p.mig_profile]] > 0
+            avoided = cl.avoided(p.tolerations)  # a PreferNoSchedule taint would send it back
             if avoided is not None:
                 ok &= avoided <= avoided[n]
             nodes = np.flatnonzero(ok & settled)
@@ -130,8 +133,8 @@ def plan_consolidation(
                 nodes = np.flatnonzero(ok)
             if not nodes.size:
                 break
-            to = fit.choose(a.pod, work, nodes)
-            found.append(Assignment(a.pod, to, GPU_CHOICE.gpus(a.pod, work, to)))
+            to = fit.choose(p, work, nodes)
+            found.append(Assignment(a.pod, to, GPU_CHOICE.gpus(p, work, to)))
             work = work.apply(found[-1:])
         else:
             moves.append(Move(n, tuple(pods), tuple(found)))

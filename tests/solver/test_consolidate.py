@@ -163,3 +163,18 @@ def test_a_pod_two_budgets_select_is_not_moved_as_the_eviction_api_would_refuse_
     (move,) = plan_consolidation(state, placed, budgets=[app, tier])
     assert move.node == 0
     assert sorted(a.pod.name for a in move.pods) == ["a0", "a1", "a2"]
+
+
+def test_a_pod_that_prefers_one_island_moves_only_to_a_node_where_it_gets_one() -> None:
+    # Two 4-GPU nodes of two NVLink islands each.  n0 keeps a pod on GPU 0 and one on GPU 2:
+    # two GPUs free there, one per island.  n1 runs a 2-GPU job within one island.
+    nodes = [Node(f"n{i}", 64000, 262144, gpu_count=4, gpu_model="A100", gpu_islands=(0, 0, 1, 1)) for i in range(3)]
+    stays = [Assignment(replace(pod(f"a{g}", gpus=1), movable=False), 0, (g,)) for g in (0, 2)]
+    job = Assignment(replace(pod("j", gpus=2), movable=True, island="preferred"), 1, (0, 1))
+    state = Cluster(nodes[:2]).empty_state().apply([*stays, job])
+    assert plan_consolidation(state, [*stays, job]) == []  # its replacement would go back for an island
+    # With n0's GPUs 2 and 3 free (one island), it moves there, onto that island.
+    stays[1] = Assignment(stays[1].pod, 0, (1,))
+    state = Cluster(nodes[:2]).empty_state().apply([*stays, job])
+    moves = plan_consolidation(state, [*stays, job])
+    assert [(m.node, [(t.node, t.gpus) for t in m.targets]) for m in moves] == [(1, [(0, (2, 3))])]
