@@ -237,6 +237,8 @@ async def test_a_shorter_interval_counts_at_once_not_after_the_long_one() -> Non
         return 0
 
     s.consolidator.round = counted  # type: ignore[method-assign]
+    for r in s.reflectors:
+        r.synced.set()
     task = asyncio.create_task(s.consolidator.forever())
     try:
         await asyncio.sleep(0.2)
@@ -244,6 +246,38 @@ async def test_a_shorter_interval_counts_at_once_not_after_the_long_one() -> Non
         s.set_config(parse_config({"consolidation": {"enabled": True, "intervalSeconds": 1}}))
         await asyncio.sleep(1.5)  # the last round (the start) was over a second ago: one now
         assert len(rounds) == 1, rounds
+    finally:
+        task.cancel()
+
+
+async def test_no_round_before_every_watch_has_listed_nor_while_one_fails() -> None:
+    s = two_nodes(RecordingApi())
+    s.set_config(parse_config({"consolidation": {"enabled": True, "intervalSeconds": 1}}))
+    rounds: list[float] = []
+
+    async def counted() -> int:
+        rounds.append(time.monotonic())
+        return 0
+
+    s.consolidator.round = counted  # type: ignore[method-assign]
+    budgets = next(r for r in s.reflectors if r.name == "disruption-budgets")
+    for r in s.reflectors:
+        if r is not budgets:
+            r.synced.set()
+    task = asyncio.create_task(s.consolidator.forever())
+    try:
+        await asyncio.sleep(1.3)
+        assert rounds == [], "the budgets are not listed yet: a plan could break one"
+        budgets.synced.set()
+        await asyncio.sleep(1.3)
+        assert len(rounds) == 1
+        budgets.failing_since = time.monotonic() - 3600  # its watch has failed for an hour
+        with capture_logs() as logs:
+            await asyncio.sleep(1.2)
+        assert len(rounds) == 1
+        assert [e["watch"] for e in logs if e["event"] == "consolidation round skipped: a watch is failing"] == [
+            "disruption-budgets"
+        ]
     finally:
         task.cancel()
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from gpusched.kube.binder import NotLeading
+from gpusched.kube.watch import FAILING_UNREADY_S
 from gpusched.model import Assignment, Plan, Pod
 from gpusched.solver.consolidate import Move, node_down, plan_consolidation
 from gpusched.solver.validate import plan_problems
@@ -66,7 +67,10 @@ class Consolidator:
     async def forever(self) -> None:
         """Every ``consolidation.intervalSeconds``, a round of ``consolidate``; a round that
         fails is logged, and the next one comes as usual.  A new interval counts at once, from
-        the last round (or the start)."""
+        the last round (or the start).  No round before every watch has listed, nor while one
+        has failed for long (``FAILING_UNREADY_S``): a plan on partial books could miss a
+        disruption budget (and leave a node half emptied) or pods waiting."""
+        await asyncio.gather(*(r.synced.wait() for r in self.s.reflectors))
         last = time.monotonic()
         while True:
             left = last + self.s.config.consolidation.interval_seconds - time.monotonic()
@@ -76,6 +80,11 @@ class Consolidator:
                     await asyncio.wait_for(self.interval_changed.wait(), left)
                 continue
             last = time.monotonic()
+            failing = next((r for r in self.s.reflectors if r.failing_for() > FAILING_UNREADY_S), None)
+            if failing is not None:
+                if self.s.config.consolidation.enabled:
+                    log.info("consolidation round skipped: a watch is failing", watch=failing.name)
+                continue
             try:
                 await self.round()
             except Exception as exc:
