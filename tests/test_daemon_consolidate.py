@@ -85,6 +85,36 @@ def test_a_pod_may_move_only_when_it_asks_to_and_a_controller_owns_it() -> None:
     assert pod_record(batch_pod("p", "n0", 0)).pod.movable
     assert not pod_record(batch_pod("p", "n0", 0, owned=False)).pod.movable
     assert not pod_record(batch_pod("p", "n0", 0, movable=False)).pod.movable
+    # Asked by the autoscalers' annotations not to be disrupted: those win.
+    for key, value in (
+        ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false"),
+        ("karpenter.sh/do-not-disrupt", "true"),
+    ):
+        kept = batch_pod("p", "n0", 0)
+        kept["metadata"]["annotations"][key] = value
+        assert not pod_record(kept).pod.movable, key
+        kept["metadata"]["annotations"][key] = "true" if value == "false" else "false"
+        assert pod_record(kept).pod.movable, key
+
+
+async def test_a_pod_that_started_within_the_hold_is_not_moved_whoever_placed_it() -> None:
+    # A new leader knows nothing of the last leader's rounds: a replacement it placed would be
+    # moved again at once but for its age.
+    api = EvictionApi()
+    s = _scheduler(api, {"n0": 4, "n1": 4})
+    for i in range(2):
+        s._bound.apply("ADDED", batch_pod(f"a{i}", "n0", i, movable=False))
+    young = batch_pod("b0", "n1", 0)
+    young["status"] = {"phase": "Running"}
+    young["status"]["startTime"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 600))
+    s._bound.apply("ADDED", young)
+    assert await round_of(s) == 0
+    old = batch_pod("b0", "n1", 0)
+    old["status"] = {"phase": "Running"}
+    old["status"]["startTime"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 2 * 3600))
+    s._bound.apply("MODIFIED", old)
+    assert await round_of(s) == 1
+    assert api.evicted == ["default/b0"]
 
 
 async def test_the_emptiest_node_is_emptied_once_and_not_refilled_from_the_other() -> None:

@@ -126,11 +126,13 @@ class Consolidator:
         self._moved_owners = {o: m for o, m in self._moved_owners.items() if m[0] > now}
         refused = {i for n in self._refused_until if (i := snap.cluster.index.get(n)) is not None}
         held = self._held_tenants()
+        young = time.time() - self._hold_s()  # started since: a replacement, perhaps of the last leader's round
         stay = {
             a.pod.key
             for a in placed
             if ((moved := self._moved_owners.get(a.pod.owner)) and a.pod.uid not in moved[1])
             or (held and self.s.tenants.of(a.pod) in held)
+            or young < a.pod.started < math.inf
         }
         moves = await asyncio.to_thread(
             plan_consolidation, snap.state, placed, c.max_nodes_per_round, list(self.s.budgets.values()), refused, stay

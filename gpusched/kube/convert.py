@@ -525,7 +525,11 @@ def pod_record(
         if owner is not None:
             kind, owner_uid = owner
             pod = replace(pod, owner=owner_uid, daemon=kind == "DaemonSet")
-            if annotations.get(ANNOTATION_CONSOLIDATE, "").strip().lower() == "true" and not pod.has_preferences:
+            if (
+                annotations.get(ANNOTATION_CONSOLIDATE, "").strip().lower() == "true"
+                and not pod.has_preferences
+                and not _kept_from_disruption(annotations)
+            ):
                 pod = replace(pod, movable=True)
         if annotations.get("kubernetes.io/config.mirror"):  # a static pod, run by the kubelet itself
             pod = replace(pod, daemon=True)
@@ -714,6 +718,16 @@ def volume_record(obj: Mapping[str, Any]) -> VolumeRecord:
     except ValueError as exc:
         return VolumeRecord(name, error=f"spec.nodeAffinity.required: {exc}")
     return VolumeRecord(name, affinity=selector)
+
+
+def _kept_from_disruption(annotations: Mapping[str, str]) -> bool:
+    """Whether the pod asks the autoscalers not to disrupt it (the cluster autoscaler's
+    ``safe-to-evict: "false"``, Karpenter's ``do-not-disrupt: "true"``): consolidation, which
+    empties nodes for them, honours that over ``gpusched.io/consolidate``."""
+    return (
+        annotations.get("cluster-autoscaler.kubernetes.io/safe-to-evict", "").strip().lower() == "false"
+        or annotations.get("karpenter.sh/do-not-disrupt", "").strip().lower() == "true"
+    )
 
 
 def _controller(meta: Mapping[str, Any]) -> tuple[str, str] | None:
