@@ -462,7 +462,9 @@ class Binder:
         try:
             await self._retrying("POST", f"{_path(victim)}/eviction", body, leading=self.leading)
         except ApiError as exc:
-            if exc.status == 404 or _replaced(exc):
+            # A 409 is a pod of the name that is another (its UID precondition failed), or a
+            # disruption budget another eviction changed meanwhile, which left the pod running.
+            if exc.status == 404 or (_replaced(exc) and (exc.status != 409 or "precondition" in str(exc).lower())):
                 log.info("pod to evict gone already", pod=victim.key, uid=victim.uid)
                 return True
             log.warning("pod not evicted", pod=victim.key, node=node, error=str(exc))

@@ -466,3 +466,32 @@ async def test_every_write_made_for_the_leader_is_over_by_the_end_of_the_lead() 
         ("POST", "configmaps"),
     }
     assert [(m, p) for m, p, t in writes if t > 0.5] == []
+
+
+@pytest.mark.parametrize(
+    ("message", "gone"),
+    [
+        (
+            'Operation cannot be fulfilled on pods "v": the UID in the precondition (uv) does not match the UID in '
+            "record (other). The object might have been deleted and then recreated",
+            True,
+        ),
+        (
+            'Operation cannot be fulfilled on poddisruptionbudgets.policy "web": the object has been modified; please '
+            "apply your changes to the latest version and try again",
+            False,
+        ),
+    ],
+)
+async def test_an_eviction_answered_409_is_gone_only_when_the_pod_of_the_name_is_another(
+    server: tuple[Path, list[web.Response], list[str]], message: str, gone: bool
+) -> None:
+    kubeconfig, script, _ = server
+    body = {"kind": "Status", "status": "Failure", "code": 409, "reason": "Conflict", "message": message}
+    script += [web.json_response(body, status=409)]
+    kube = await client.connect(kubeconfig, None, 1000, 1000)
+    try:
+        evicted = await Binder(kube, "me", attempts=1).evict(replace(pod("v", gpus=1), uid="uv"), "n1", "emptying it")
+    finally:
+        await kube.close()
+    assert evicted is gone  # a budget's conflict left the pod running: not evicted, the node not emptied
