@@ -232,6 +232,7 @@ async def test_counters_say_what_was_evicted_not_what_was_planned() -> None:
     lines = [x for x in s.metrics.render()[0].decode().splitlines() if x.startswith("gpusched_consolidation_")]
     assert "gpusched_consolidation_evictions_total 0.0" in lines
     assert "gpusched_consolidation_nodes_total 0.0" in lines
+    assert "gpusched_consolidation_evictions_refused_total 1.0" in lines  # seen without reading the logs
 
 
 @pytest.mark.parametrize("meanwhile", ["a pod comes", "consolidation is turned off"])

@@ -283,6 +283,8 @@ class Consolidator:
         else:
             tally[2 if lost else 1] += 1
             self.moving.discard((pod.key, pod.uid))
+            if not lost:
+                self.s.metrics.consolidation(0, 0, 1)
         if tally[0] <= 0:
             if tally[1]:  # left in use: not chosen again each round, each evicting some or none
                 hold = self._hold_s()

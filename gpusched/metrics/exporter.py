@@ -161,6 +161,12 @@ class SchedulerMetrics:
             namespace=NAMESPACE,
             registry=reg,
         )
+        self._consolidation_refused = Counter(
+            "consolidation_evictions_refused",
+            "Pods consolidation asked to evict that the Eviction API refused (a disruption budget, a webhook).",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
         self._mig_repartitions = Counter(
             "mig_repartitions",
             "Nodes given new MIG layouts, by outcome: requested, success, failed, timeout, error.",
@@ -344,10 +350,11 @@ class SchedulerMetrics:
         self._reclaim_attempts.inc(attempts)
         self._reclaim_victims.inc(victims)
 
-    def consolidation(self, nodes: int, evicted: int) -> None:
-        """Count ``nodes`` emptied and the pods ``evicted`` from them."""
+    def consolidation(self, nodes: int, evicted: int, refused: int = 0) -> None:
+        """Count ``nodes`` emptied, the pods ``evicted`` from them and those whose eviction was ``refused``."""
         self._consolidated_nodes.inc(nodes)
         self._consolidation_evictions.inc(evicted)
+        self._consolidation_refused.inc(refused)
 
     def mig_repartition(self, result: str) -> None:
         """Count one MIG re-partition of a node ending (or starting: ``requested``) so."""
