@@ -939,36 +939,47 @@ async def test_pods_are_bound_only_when_their_claims_are_bound_to_usable_volumes
     control_plane: ControlPlane, kube: Kube, namespace: str
 ) -> None:
     name = sched_name()
-    await kit.create_all(kube, "/api/v1/nodes", [kit.node("vol-gpu-0", 4, "T4")])
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node("vol-gpu-0", 4, "T4"), kit.node("vol-gpu-1", 4, "T4")])
     tag = uuid.uuid4().hex[:6]
-    shared, local, later = f"pv-shared-{tag}", f"pv-local-{tag}", f"pv-later-{tag}"
+    shared, local, later, gone = f"pv-shared-{tag}", f"pv-local-{tag}", f"pv-later-{tag}", f"pv-gone-{tag}"
     await kit.create_all(
         kube,
         "/api/v1/persistentvolumes",
-        [_volume(shared, namespace, "shared"), _volume(local, namespace, "pinned", pinned_to="vol-gpu-0")],
+        [
+            _volume(shared, namespace, "shared"),
+            _volume(local, namespace, "pinned", pinned_to="vol-gpu-1"),
+            _volume(gone, namespace, "elsewhere", pinned_to="vol-gpu-no-more"),
+        ],
     )
     await _claim(kube, namespace, "shared", shared)
     await _claim(kube, namespace, "pinned", local)
+    await _claim(kube, namespace, "elsewhere", gone)
     await _claim(kube, namespace, "unbound")
     pods = [
         _with_claim(kit.pod("ok", name, gpus=1), "shared"),
         _with_claim(kit.pod("waits-for-provisioning", name, gpus=1), "unbound"),
         _with_claim(kit.pod("local-volume", name, gpus=1), "pinned"),
+        _with_claim(kit.pod("volume-on-a-node-gone", name, gpus=1), "elsewhere"),
         _with_claim(kit.pod("claim-comes-later", name, gpus=1), "later"),
     ]
     daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
     try:
         await kit.create_all(kube, f"/api/v1/namespaces/{namespace}/pods", pods)
-        final = {p["metadata"]["name"]: p for p in await kit.wait_settled(kube, namespace, 4, timeout=90)}
-        assert final["ok"]["spec"].get("nodeName") == "vol-gpu-0"
-        messages = {n: (kit.condition(p) or {}).get("message", "") for n, p in final.items() if n != "ok"}
+        final = {p["metadata"]["name"]: p for p in await kit.wait_settled(kube, namespace, 5, timeout=90)}
+        assert final["ok"]["spec"].get("nodeName") in {"vol-gpu-0", "vol-gpu-1"}
+        assert final["local-volume"]["spec"].get("nodeName") == "vol-gpu-1"  # the node its volume is on
+        placed = ("ok", "local-volume")
+        messages = {n: (kit.condition(p) or {}).get("message", "") for n, p in final.items() if n not in placed}
         assert messages["waits-for-provisioning"].startswith('persistentvolumeclaim "unbound" is not bound')
-        assert "spec.nodeAffinity" in messages["local-volume"]
+        assert "node(s) had volume node affinity conflict" in messages["volume-on-a-node-gone"]
         assert messages["claim-comes-later"] == 'persistentvolumeclaim "later" not found'
         events = await kit.wait_events(kube, namespace, [f"FailedScheduling/{n}" for n in messages])
         for pod_name, message in messages.items():
             assert [e["message"] for e in events[f"FailedScheduling/{pod_name}"]] == [message]
-        assert all(not p["spec"].get("nodeName") for n, p in final.items() if n != "ok")
+        assert all(not p["spec"].get("nodeName") for n, p in final.items() if n not in placed)
+        told = await kit.explain(control_plane, f"{namespace}/volume-on-a-node-gone")
+        assert told.returncode == 1, told.stderr
+        assert "node(s) had volume node affinity conflict" in told.stdout
         # The missing claim is created and bound: the parked pod is retried and bound.
         await kit.create_all(kube, "/api/v1/persistentvolumes", [_volume(later, namespace, "later")])
         await _claim(kube, namespace, "later", later)
@@ -978,7 +989,7 @@ async def test_pods_are_bound_only_when_their_claims_are_bound_to_usable_volumes
         assert bound["result"] == "bound"
     finally:
         daemon.stop()
-        for pv in (shared, local, later):
+        for pv in (shared, local, later, gone):
             await kube.request("DELETE", f"/api/v1/persistentvolumes/{pv}")
 
 
