@@ -591,3 +591,20 @@ async def test_a_replacement_made_while_the_evicted_pod_terminates_goes_where_th
     with capture_logs() as logs:
         await round_of(s)
     assert not [e for e in logs if e["event"] == "consolidation emptied a node that was filled again"]
+
+
+async def test_a_node_emptied_and_then_taken_by_other_work_is_no_failure_to_warn_of() -> None:
+    api = EvictionApi()
+    s = _scheduler(api, {"n0": 4, "n1": 4})
+    for i in range(2):
+        s._bound.apply("ADDED", batch_pod(f"a{i}", "n0", i, movable=False))
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    assert await round_of(s) == 1
+    s._bound.apply("DELETED", batch_pod("b0", "n1", 0))
+    s._bound.apply("ADDED", batch_pod("r0", "n0", 2))  # b0's replacement, where the plan found room
+    big = batch_pod("whole-node", "n1", 0, movable=False)  # what the node was emptied for, say
+    big["metadata"]["ownerReferences"][0]["uid"] = "another-job"
+    s._bound.apply("ADDED", big)
+    with capture_logs() as logs:
+        await round_of(s)
+    assert [e for e in logs if e["event"] == "consolidation emptied a node that was filled again"] == []

@@ -187,10 +187,13 @@ class Consolidator:
         the plan), and emptying them again would only evict the same work once more."""
         until = time.monotonic() + self._hold_s()
         for node in sorted(self._emptied - self._refused_until.keys()):
-            if not self.s.cache.gpu_pods_on(node):
+            held = [h for k in self.s.cache.gpu_pods_on(node) if (h := self.s.cache.held_pod(k)) is not None]
+            back = [p.key for p in held if p.owner in self._moved_owners]
+            if not back:  # idle, or other work took it (a pod that needed the whole node, say)
                 continue
             self._refused_until[node] = until
-            log.warning("consolidation emptied a node that was filled again", node=node, retry_in_s=self._hold_s())
+            hold = self._hold_s()
+            log.warning("consolidation emptied a node that was filled again", node=node, pods=back[:3], retry_in_s=hold)
         self._emptied.clear()
 
     def _wait_s(self) -> float:
