@@ -9,8 +9,9 @@ consolidation off and once on (``intervalSeconds: 1``, ``maxNodesPerRound: --per
 1. Every node gets ``--per-node`` one-GPU pods, bound there already (as left behind by work that
    finished around them).  Each asks to be moved (``gpusched.io/consolidate: "true"``) and is
    owned by a controller.
-2. The script plays the kubelet and the controller: a pod that is evicted is removed at once and
-   a new pod of the same request is created for gpusched to place.
+2. The script plays the kubelet and the controller: for a pod that is evicted a new pod of the
+   same request is created at once for gpusched to place, and the evicted pod is removed
+   ``--grace`` seconds later (its termination grace period: it holds its GPU until then).
 
 Measured per run, after ``--settle`` seconds with no eviction (or ``--timeout``): GPU nodes in
 use, pods evicted, pods running and pending at the end (none may be lost), and how long it took.
@@ -52,19 +53,27 @@ def batch_pod(name: str, scheduler: str, node: str = "", gpu: int = 0) -> dict[s
     return p
 
 
-async def kubelet_and_controller(kube: Kube, ns: str, scheduler: str, counts: dict[str, float]) -> None:
-    """Remove every pod being deleted at once and create its replacement, for gpusched to place."""
+async def kubelet_and_controller(
+    kube: Kube, ns: str, scheduler: str, counts: dict[str, float], grace: float = 0.0
+) -> None:
+    """For every pod being deleted, create its replacement at once (for gpusched to place), as a
+    Job controller does, and remove the pod ``grace`` seconds later, as its kubelet does."""
+    seen: dict[str, float] = {}  # pod being deleted -> when its replacement was made
     while True:
+        now = time.monotonic()
         for p in await kit.list_all(kube, f"/api/v1/namespaces/{ns}/pods"):
             if not p["metadata"].get("deletionTimestamp"):
                 continue
             name = p["metadata"]["name"]
-            r = await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}", query={"gracePeriodSeconds": "0"})
-            if r.ok:
+            if name not in seen:
+                seen[name] = now
                 counts["evicted"] += 1
-                counts["last"] = time.monotonic()
+                counts["last"] = now
                 fresh = batch_pod(f"r{int(counts['evicted'])}-{name.split('-', 1)[-1]}", scheduler)
                 await kit.create_all(kube, f"/api/v1/namespaces/{ns}/pods", [fresh])
+            if now - seen[name] >= grace:
+                path = f"/api/v1/namespaces/{ns}/pods/{name}"
+                await kube.request("DELETE", path, query={"gracePeriodSeconds": "0"})
         await asyncio.sleep(0.2)
 
 
@@ -91,7 +100,8 @@ async def run_one(kube: Kube, cp: ControlPlane, work: Path, mode: str, args: arg
     config += "batching:\n  quickStart: false\n" if args.no_quick_start else ""
     counts: dict[str, float] = {"evicted": 0, "last": time.monotonic()}
     try:
-        async with gpusched(cp, work, mode, name, config, kubelet_and_controller(kube, ns, name, counts)) as daemon:
+        helper = kubelet_and_controller(kube, ns, name, counts, args.grace)
+        async with gpusched(cp, work, mode, name, config, helper) as daemon:
             start = time.monotonic()
             while time.monotonic() - start < args.timeout:
                 await asyncio.sleep(1.0)
@@ -125,6 +135,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "per_round": args.per_round,
         "active_nodes_weight": args.active_nodes,
         "quick_start": not args.no_quick_start,
+        "grace_s": args.grace,
     }
     return await off_and_on(
         "gpusched-consolidation-", args.nodes, head, lambda kube, cp, work, mode: run_one(kube, cp, work, mode, args)
@@ -157,6 +168,12 @@ def main() -> int:
     ap.add_argument("--per-node", type=int, default=2, help="one-GPU pods bound on each node at the start")
     ap.add_argument("--per-round", type=int, default=4, help="consolidation.maxNodesPerRound")
     ap.add_argument("--settle", type=float, default=10.0, help="seconds with no eviction that end a run")
+    ap.add_argument(
+        "--grace",
+        type=float,
+        default=5.0,
+        help="seconds an evicted pod stays (terminating) after its replacement is made (default: %(default)s)",
+    )
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--no-quick-start", action="store_true", help="batching.quickStart: false for both runs")
     ap.add_argument(
