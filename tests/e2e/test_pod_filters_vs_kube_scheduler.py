@@ -10,7 +10,9 @@ The filters: required pod affinity and anti-affinity (``labelSelector``, ``match
 custom ``rack``, the first pod of a series, the anti-affinity of the pods already bound against
 the new one) and ``DoNotSchedule`` topology spread (``maxSkew``, ``minDomains``, the node
 inclusion policies, ``matchLabelKeys``, nodes without the key).  Cases are drawn from a fixed
-seed; hand-picked ones at the edges of each rule follow.  The one difference docs/deploy.md
+seed; hand-picked ones at the edges of each rule follow (among them a Deployment's
+``pod-template-hash`` as a label key, keys the pod does not carry, ``namespaces`` and a
+``namespaceSelector`` together, ``minDomains`` under each pair of node policies).  The one difference docs/deploy.md
 names, kube-scheduler 1.34 reading a new pod's ``namespaceSelector`` that an unlabelled namespace
 meets as picking every namespace, is asserted as such (and left out of the seeded pods).
 
@@ -56,6 +58,8 @@ from tests.e2e.reference import (
 SEED = 20261208
 CASES = 72
 HOST = "kubernetes.io/hostname"
+HASH = "pod-template-hash"
+"""The label a Deployment's ReplicaSet gives its pods, one value per revision."""
 KEYS = (HOST, "zone", "rack")
 UNSCHEDULABLE = ("node.kubernetes.io/unschedulable", "", "NoSchedule")
 NODES: tuple[tuple[dict[str, str], tuple[tuple[str, str, str], ...], bool], ...] = (
@@ -425,6 +429,7 @@ def _keeps_apart(*terms: dict[str, Any]) -> dict[str, Any]:
 
 def edge_cases(namespaces: Mapping[str, str]) -> dict[str, Case]:
     web, db = {"app": "web"}, {"app": "db"}
+    web_h1, web_h2 = {"app": "web", HASH: "h1"}, {"app": "web", HASH: "h2"}
     ignore: dict[str, Any] = {"nodeAffinityPolicy": "Ignore"}
     zone_web = _term("zone")
     return {
@@ -584,6 +589,167 @@ def edge_cases(namespaces: Mapping[str, str]) -> dict[str, Case]:
         ),
         "spread-no-selector": Case(
             _pod(spread=[_constraint("rack", None, **ignore)]), web, residents=[Resident(0, web)]
+        ),
+        # matchLabelKeys as a Deployment's pods use them: the new ReplicaSet's pods (hash h2)
+        # spread, or keep apart, among themselves, the old one's (h1) left out; a key the pod
+        # does not carry is ignored.
+        "spread-pod-template-hash": Case(
+            _pod(spread=[_constraint(HOST, matchLabelKeys=[HASH], **ignore)]),
+            web_h2,
+            residents=[Resident(0, web_h1), Resident(0, web_h1), Resident(1, web_h2), Resident(3, web_h2)],
+        ),
+        "spread-match-label-keys-not-on-the-pod": Case(
+            _pod(spread=[_constraint(HOST, matchLabelKeys=[HASH], **ignore)]),
+            web,
+            residents=[Resident(0, web_h1), Resident(0, web_h1), Resident(1, web_h2), Resident(3, web_h2)],
+        ),
+        "spread-match-label-keys-empty-selector": Case(
+            _pod(spread=[_constraint(HOST, {}, matchLabelKeys=[HASH], **ignore)]),
+            web_h2,
+            residents=[Resident(0, web_h1), Resident(0, {HASH: "h1"}), Resident(1, {HASH: "h2"}), Resident(3, web_h2)],
+        ),
+        "apart-pod-template-hash": Case(
+            _pod(apart=[_term("zone", matchLabelKeys=[HASH])]),
+            web_h2,
+            residents=[Resident(0, web_h1), Resident(3, web_h2)],
+        ),
+        "apart-match-label-keys-not-on-the-pod": Case(
+            _pod(apart=[_term("zone", matchLabelKeys=[HASH])]),
+            web,
+            residents=[Resident(0, web_h1), Resident(3, web_h2)],
+        ),
+        "apart-mismatch-label-keys-not-on-the-pod": Case(
+            _pod(apart=[_term("zone", mismatchLabelKeys=["tier"])]),
+            web,
+            residents=[Resident(0, {"app": "web", "tier": "front"}), Resident(3, {"app": "web", "tier": "back"})],
+        ),
+        "together-mismatch-label-keys": Case(
+            _pod(together=[_term("zone", mismatchLabelKeys=["tenant"])]),
+            {"app": "db", "tenant": "t1"},
+            residents=[Resident(0, {"app": "web", "tenant": "t1"}), Resident(3, {"app": "web", "tenant": "t2"})],
+        ),
+        "together-match-and-mismatch-label-keys": Case(
+            _pod(together=[_term("zone", matchLabelKeys=["ver"], mismatchLabelKeys=["tier"])]),
+            {"app": "web", "ver": "v1", "tier": "front"},
+            residents=[
+                Resident(0, {"app": "web", "ver": "v1", "tier": "front"}),
+                Resident(3, {"app": "web", "ver": "v1", "tier": "back"}),
+                Resident(5, {"app": "web", "ver": "v2", "tier": "back"}),
+            ],
+        ),
+        "theirs-mismatch-label-keys": Case(
+            _pod(),
+            {"app": "web", "tenant": "t1"},
+            residents=[
+                Resident(
+                    0, {"app": "db", "tenant": "t1"}, affinity=_keeps_apart(_term(HOST, mismatchLabelKeys=["tenant"]))
+                ),
+                Resident(
+                    3, {"app": "db", "tenant": "t2"}, affinity=_keeps_apart(_term(HOST, mismatchLabelKeys=["tenant"]))
+                ),
+            ],
+        ),
+        # namespaces and namespaceSelector together pick the namespaces of both.
+        "together-namespaces-and-selector": Case(
+            _pod(
+                together=[
+                    _term("zone", namespaces=[namespaces["b"]], namespaceSelector={"matchLabels": {"team": "red"}})
+                ]
+            ),
+            db,
+            residents=[Resident(3, web, "b"), Resident(5, web, "c"), Resident(0, db, "b")],
+        ),
+        "together-namespaces-and-selector-of-none": Case(
+            _pod(
+                together=[
+                    _term("zone", namespaces=[namespaces["b"]], namespaceSelector={"matchLabels": {"team": "green"}})
+                ]
+            ),
+            db,
+            residents=[Resident(3, web, "b"), Resident(0, web, "a"), Resident(5, web, "c")],
+        ),
+        "apart-namespaces-and-selector": Case(
+            _pod(
+                apart=[
+                    _term(
+                        "rack",
+                        namespaces=[namespaces["c"]],
+                        namespaceSelector={"matchExpressions": [{"key": "team", "operator": "In", "values": ["blue"]}]},
+                    )
+                ]
+            ),
+            web,
+            residents=[Resident(0, web, "b"), Resident(5, web, "c"), Resident(3, web, "a")],
+        ),
+        "apart-namespaces-and-every-namespace": Case(
+            _pod(apart=[_term("rack", namespaces=[namespaces["b"]], namespaceSelector={})]),
+            web,
+            residents=[Resident(0, web, "c"), Resident(5, web, "a")],
+        ),
+        "theirs-namespaces-and-selector": Case(
+            _pod(),
+            web,
+            "c",
+            residents=[
+                Resident(
+                    3,
+                    db,
+                    "b",
+                    affinity=_keeps_apart(
+                        _term("zone", namespaces=[namespaces["c"]], namespaceSelector={"matchLabels": {"team": "blue"}})
+                    ),
+                ),
+                Resident(
+                    0,
+                    db,
+                    "b",
+                    affinity=_keeps_apart(
+                        _term("rack", namespaces=[namespaces["b"]], namespaceSelector={"matchLabels": {"env": "prod"}})
+                    ),
+                ),
+            ],
+        ),
+        # minDomains with each pair of node policies: web pods in zones a, b and on the cordoned
+        # node of zone c; the pod tolerates the dedicated taint, not the cordon.  Counted over the
+        # nodes each policy leaves (under Honor, the pinned node alone), fewer domains than
+        # minDomains make the emptiest count 0.
+        **{
+            f"spread-min-domains-affinity-{a.lower()}-taints-{t.lower()}": Case(
+                _pod(
+                    spread=[_constraint("zone", minDomains=3, nodeAffinityPolicy=a, nodeTaintsPolicy=t)],
+                    tolerations=[{"key": "dedicated", "operator": "Exists"}],
+                ),
+                web,
+                residents=[Resident(0, web), Resident(3, web), Resident(7, web)],
+            )
+            for a in ("Honor", "Ignore")
+            for t in ("Honor", "Ignore")
+        },
+        "spread-min-domains-two-zones-taints-honoured": Case(
+            _pod(spread=[_constraint("zone", minDomains=3, nodeTaintsPolicy="Honor", **ignore)], tolerations=()),
+            web,
+            residents=[Resident(0, web), Resident(3, web), Resident(5, web)],
+        ),
+        "spread-min-domains-two-zones-taints-ignored": Case(
+            _pod(spread=[_constraint("zone", minDomains=3, nodeTaintsPolicy="Ignore", **ignore)], tolerations=()),
+            web,
+            residents=[Resident(0, web), Resident(3, web), Resident(5, web)],
+        ),
+        "spread-min-domains-node-selector": Case(
+            {
+                **_pod(spread=[_constraint("zone", minDomains=2, nodeTaintsPolicy="Honor", **ignore)]),
+                "nodeSelector": {"rack": "r2"},
+            },
+            web,
+            residents=[Resident(2, web), Resident(3, web), Resident(4, web), Resident(5, web)],
+        ),
+        "spread-min-domains-node-selector-honoured": Case(
+            {
+                **_pod(spread=[_constraint("rack", minDomains=2, nodeAffinityPolicy="Honor")]),
+                "nodeSelector": {"zone": "a"},
+            },
+            web,
+            residents=[Resident(0, web), Resident(2, web), Resident(2, web)],
         ),
         # kube-scheduler 1.34's reading of a new pod's namespaceSelector that an unlabelled
         # namespace meets (docs/deploy.md): asserted as a difference below.
