@@ -15,12 +15,17 @@ gangs', and the pending pod as created.  The node and the set of victims must ag
 
 The pending pod asks more than room in the other cases: a zone (nodeSelector, required node
 affinity), no untolerated taint, a host port bound pods hold, no pod of a label beside it
-(required anti-affinity, per node or per zone; a bound pod's against it too), a DoNotSchedule
-topology spread, or no preemption at all (``preemptionPolicy: Never``); seeded, and picked by
-hand with kube-scheduler's answer written down.  kube-scheduler weighs one node's victims at a
-time, all else in place: evicting the pods of a label on a node clears anti-affinity per node,
-not per zone while another node of the zone holds one; evicting a node's pods of the spread's
-label lowers that node's count (its domain's) in the skew.
+(required anti-affinity, per node or per zone; a bound pod's against it too; of its own
+revision or of another, by ``matchLabelKeys`` or ``mismatchLabelKeys``), a bound pod of a label
+beside it (required pod affinity), a DoNotSchedule topology spread (its domains decided by
+``minDomains`` and the node inclusion policies too), or no preemption at all
+(``preemptionPolicy: Never``); seeded, and picked by hand with kube-scheduler's answer written
+down.  kube-scheduler weighs one node's victims at a time, all else in place: evicting the pods
+of a label on a node clears anti-affinity per node, not per zone while another node of the zone
+holds one; evicting a node's pods of the spread's label lowers that node's count (its domain's)
+in the skew.  It takes all of a node's victims off before it checks that the pod fits there,
+so a pod that its pod affinity needs beside it is lost with them: no room is made beside a
+victim it needs (unless, with that pod gone, it is the first of its series).
 
 kube-scheduler breaks a tie left after the latest start of the most important victims at
 random; with every pod started at a second of its own, no two nodes tie that far.  Pods being
@@ -52,6 +57,9 @@ CASES = 32
 CONSTRAINED_SEED = 20261209
 KINDS = ("affinity", "taint", "ports", "anti", "spread", "never")
 CONSTRAINED = 8 * len(KINDS)
+MORE_SEED = 20261210
+MORE_KINDS = ("together", "domains", "anti-keys")
+MORE = 12 * len(MORE_KINDS)
 
 PRIORITIES = {"neg": -10, "zero": 0, "low": 3, "mid": 7, "high": 15, "peer": 1000}
 """The PriorityClasses of the bound pods (``peer``: the pending pod's priority, most of the time)."""
@@ -242,9 +250,11 @@ async def _priority_classes(kube: Kube, prefix: str) -> list[str]:
 
 
 async def _sees_case(kube: Kube, case: Case, sched: KubeScheduler, timeout: float = 30.0) -> None:
-    """Until kube-scheduler weighs the case's nodes with its pods on them: a pod of the case's
-    nodes too large for any of them, created after every pod of the case (one watch shows
-    kube-scheduler the pods in order), is told that each of them lacks CPU."""
+    """Until kube-scheduler weighs the case's nodes with its pods on them, and no other node (the
+    cases before it deleted theirs; a spread that ignores the pod's node selector counts every
+    node): a pod of the case's nodes too large for any of them, created after every pod of the
+    case (one watch shows kube-scheduler the pods in order), is told that each of them lacks
+    CPU, of as many nodes as the case has."""
     deadline = time.monotonic() + timeout
     path = f"/api/v1/namespaces/{case.name}/pods"
     for attempt in range(1000):
@@ -267,7 +277,7 @@ async def _sees_case(kube: Kube, case: Case, sched: KubeScheduler, timeout: floa
         r = await kube.request("DELETE", f"{path}/probe-{attempt}", {"gracePeriodSeconds": 0})
         assert r.ok, r.body
         m = re.search(r"(\d+) Insufficient cpu", said)
-        if m and int(m.group(1)) == len(case.nodes):
+        if m and int(m.group(1)) == len(case.nodes) and said.startswith(f"0/{len(case.nodes)} nodes are available"):
             return
         if time.monotonic() > deadline:
             break
@@ -421,7 +431,10 @@ def _constrained(rng: random.Random, index: int, prefix: str, start: datetime, k
     affinity), ``taint`` (tainted nodes it may or may not tolerate), ``ports`` (a host port
     some bound pods hold), ``anti`` (required pod anti-affinity against bound pods' label, per
     node or per zone), ``spread`` (a DoNotSchedule topology spread over the bound pods of a
-    label, per node or per zone) or ``never`` (``preemptionPolicy: Never``)."""
+    label, per node or per zone), ``never`` (``preemptionPolicy: Never``), ``together``
+    (required pod affinity to bound pods' label), ``domains`` (a spread with ``minDomains``
+    and node inclusion policies over tainted nodes and a zone it may not go to) or
+    ``anti-keys`` (anti-affinity with ``matchLabelKeys`` or ``mismatchLabelKeys``)."""
     case = _case(rng, index, prefix, start)
     case.kind = kind
     spec = case.preemptor["spec"]
@@ -474,6 +487,55 @@ def _constrained(rng: random.Random, index: int, prefix: str, start: datetime, k
         }
         spec["topologySpreadConstraints"] = [constraint]
         said += f" {constraint}"
+    elif kind == "together":
+        # Required pod affinity to bound pods of a label, per node or per zone; now and then
+        # the pending pod carries the label itself (the first of a series, once no such pod runs).
+        labels["app"] = rng.choice(("z", "z", "a", "c"))
+        term = {"labelSelector": rng.choice(SELECTORS[:3]), "topologyKey": key}
+        spec["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+        said += f" {labels} affinity {term}"
+    elif kind == "domains":
+        # A spread whose domains the node policies and minDomains decide: tainted nodes it may
+        # not tolerate, a zone its node affinity may leave out.
+        labels["app"] = "b"
+        constraint = {
+            "maxSkew": 1,
+            "topologyKey": key,
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app": "b"}},
+        }
+        if rng.random() < 0.7:
+            constraint["minDomains"] = rng.choice((2, 3))
+        for policy in ("nodeAffinityPolicy", "nodeTaintsPolicy"):
+            if (value := rng.choice((None, "Honor", "Ignore"))) is not None:
+                constraint[policy] = value
+        spec["topologySpreadConstraints"] = [constraint]
+        tainted = [n for n in case.nodes if rng.random() < 0.25]
+        for n in tainted:
+            n["spec"]["taints"] = [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]
+        if rng.random() < 0.5:
+            spec["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
+        if rng.random() < 0.3:
+            term = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]}
+            spec["affinity"] = {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+            }
+        said += (
+            f" {constraint} tainted {[n['metadata']['name'] for n in tainted]} tolerated {'tolerations' in spec}"
+            f" zone z1 only {'affinity' in spec}"
+        )
+    elif kind == "anti-keys":
+        # Required anti-affinity against a label of one revision (matchLabelKeys), or of the
+        # other revisions (mismatchLabelKeys), as the pending pod carries it.
+        versions = {}
+        for p in case.pods:
+            if rng.random() < 0.7:
+                p["metadata"]["labels"]["ver"] = versions[p["metadata"]["name"]] = rng.choice(("v1", "v2"))
+        labels.update(app="z", ver=rng.choice(("v1", "v2")))
+        field = rng.choice(("matchLabelKeys", "matchLabelKeys", "mismatchLabelKeys"))
+        term = {"labelSelector": rng.choice(SELECTORS[:3]), "topologyKey": key, field: ["ver"]}
+        spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+        said += f" {labels} anti-affinity {term}, bound pods' ver {versions}"
     else:
         spec["priorityClassName"] = f"{prefix}-{NEVER}"
     case.summary.insert(1, f"zones {zones}")
@@ -503,6 +565,30 @@ async def test_seeded_constrained_preemptions_pick_kube_schedulers_node_and_vict
     for kind in KINDS:
         did = {o.preempted for o in outcomes if o.kind == kind}
         assert did == ({False} if kind == "never" else {True} if kind == "spread" else {True, False}), (kind, did)
+
+
+async def test_seeded_preemptions_with_pod_affinity_spread_domains_and_label_keys_pick_kube_schedulers_node_and_victims(
+    kube: Kube, kube_scheduler: KubeScheduler
+) -> None:
+    """As the test above, the pending pod asking for a bound pod of a label beside it (which
+    may be a victim: kube-scheduler takes all of a node's victims off before it checks, so a
+    peer of lower priority on that node is lost, unless the pod is then the first of its
+    series), a spread whose domains ``minDomains`` and the node policies decide, or no pod of
+    its own revision (``matchLabelKeys``) or of another (``mismatchLabelKeys``) beside it."""
+    rng = random.Random(MORE_SEED)
+    prefix = f"pd{uuid.uuid4().hex[:6]}"
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    cases = [_constrained(rng, i, prefix, start, MORE_KINDS[i % len(MORE_KINDS)]) for i in range(MORE)]
+    classes = await _priority_classes(kube, prefix)
+    try:
+        disagreements, outcomes = await _compare(kube, kube_scheduler, cases)
+    finally:
+        for name in classes:
+            await kube.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+    assert not disagreements, f"{len(disagreements)} of {MORE} case(s) differ:\n" + "\n".join(disagreements)
+    for kind in MORE_KINDS:
+        did = {o.preempted for o in outcomes if o.kind == kind}
+        assert did == {True, False}, (kind, did)
 
 
 def _hand(
@@ -745,9 +831,17 @@ async def test_hand_picked_constrained_preemptions_agree_with_kube_scheduler(
         # preemptionPolicy Never: no preemption, though one low pod is in the way.
         (_hand(prefix, "never", [(1000, {}, False)], [(0, "low", 1000, {}, False)], {}, cls=NEVER), (None, set())),
     ]
+    await _agree_as_written(kube, kube_scheduler, prefix, cases)
+
+
+async def _agree_as_written(
+    kube: Kube, sched: KubeScheduler, prefix: str, cases: Sequence[tuple[Case, tuple[str | None, set[str]]]]
+) -> None:
+    """Each hand-picked case answered by kube-scheduler as written beside it (its node, by
+    suffix, and its victims), and by gpusched the same."""
     classes = await _priority_classes(kube, prefix)
     try:
-        disagreements, outcomes = await _compare(kube, kube_scheduler, [c for c, _ in cases])
+        disagreements, outcomes = await _compare(kube, sched, [c for c, _ in cases])
     finally:
         for name in classes:
             await kube.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
@@ -758,6 +852,204 @@ async def test_hand_picked_constrained_preemptions_agree_with_kube_scheduler(
     }
     assert theirs == expected
     assert not disagreements, f"{len(disagreements)} of {len(cases)} case(s) differ:\n" + "\n".join(disagreements)
+
+
+def _together(key: str) -> dict[str, Any]:
+    term = {"labelSelector": {"matchLabels": {"app": "t"}}, "topologyKey": key}
+    return {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
+
+
+def _domains(key: str, **extra: Any) -> dict[str, Any]:
+    spec = _spread(key)
+    spec["topologySpreadConstraints"][0].update(extra)
+    return spec
+
+
+async def test_hand_picked_preemptions_with_pod_affinity_spread_domains_and_label_keys_agree_with_kube_scheduler(
+    kube: Kube, kube_scheduler: KubeScheduler
+) -> None:
+    """Cases where the pending pod's pod affinity, the domains its spread counts, or its
+    anti-affinity's label keys decide the victims, with kube-scheduler's answer written down."""
+    prefix = f"pd{uuid.uuid4().hex[:6]}"
+    z1, z2 = {"zone": "z1"}, {"zone": "z2"}
+    t, s, z = {"app": "t"}, {"app": "s"}, {"app": "z"}
+    host = "kubernetes.io/hostname"
+
+    # Two nodes: n0 (z1, 2 CPUs) with two app=s pods of lower priority, n1 (z2, 1 CPU) full with a
+    # pod of its own priority (app=s in the cases about minDomains; tainted in those about
+    # taints).  The pending pod is app=s and asks 1 CPU.  Where z2 counts as a domain with no
+    # app=s pod, or fewer domains count than minDomains, n0 must be left with none: both go;
+    # else only room is needed: the zero pod goes, the low one stays.
+    def two_zones(kind: str, spec: dict[str, Any], tainted: bool = False, peer: dict[str, str] | None = None) -> Case:
+        return _hand(
+            prefix,
+            kind,
+            [(2000, z1, False), (1000, z2, tainted)],
+            [(0, "low", 1000, s, False), (0, "zero", 1000, s, False), (1, "peer", 1000, peer or {}, False)],
+            spec,
+            s,
+        )
+
+    both, one = ("n0", {"p0", "p1"}), ("n0", {"p1"})
+    cases: list[tuple[Case, tuple[str | None, set[str]]]] = [
+        # The pod it must be beside is of lower priority on the only node with room to make:
+        # kube-scheduler takes all of a node's victims off before it checks the pod fits, and
+        # does not make room beside a victim it needs; no preemption, though the neg pod alone
+        # would do.
+        (
+            _hand(
+                prefix,
+                "together-with-a-victim",
+                [(2000, {}, False), (1000, {}, False)],
+                [(0, "low", 1000, t, False), (0, "neg", 1000, {}, False), (1, "neg", 1000, {}, False)],
+                _together(host),
+                z,
+            ),
+            (None, set()),
+        ),
+        # That pod of its own priority: it stays, the neg pod beside it goes.
+        (
+            _hand(
+                prefix,
+                "together-with-a-peer",
+                [(2000, {}, False), (1000, {}, False)],
+                [(0, "peer", 1000, t, False), (0, "neg", 1000, {}, False), (1, "neg", 1000, {}, False)],
+                _together(host),
+                z,
+            ),
+            ("n0", {"p1"}),
+        ),
+        # Per zone: the app=t pod on n1 is not n0's victim, so it stays for the pod on n0 (the neg
+        # pod there goes); on n1 it would be the victim, and n2 is in the other zone.
+        (
+            _hand(
+                prefix,
+                "together-zone",
+                [(1000, z1, False), (1000, z1, False), (1000, z2, False)],
+                [(0, "low", 1000, {}, False), (1, "neg", 1000, t, False), (2, "neg", 1000, {}, False)],
+                _together("zone"),
+                z,
+            ),
+            ("n0", {"p0"}),
+        ),
+        # The pod is app=t itself: with its one app=t peer gone it is the first of its series,
+        # free to go anywhere, so that peer is its victim on n0, though a neg pod fills n1 (in
+        # a zone with no app=t pod, where it may not go while that peer runs).
+        (
+            _hand(
+                prefix,
+                "together-first-of-series",
+                [(1000, z1, False), (1000, z2, False)],
+                [(0, "low", 1000, t, False), (1, "neg", 1000, {}, False)],
+                _together("zone"),
+                t,
+            ),
+            ("n0", {"p0"}),
+        ),
+        # Spread over zones: z2 holds no app=s pod, so n0 must hold none; with one there, one.
+        (two_zones("spread-zones", _spread("zone")), both),
+        (two_zones("spread-zones-even", _spread("zone"), peer=s), one),
+        # minDomains 3 of 2 zones: the emptiest counts as 0 whatever it holds; 2 of 2, as it is.
+        (two_zones("spread-min-domains", _domains("zone", minDomains=3), peer=s), both),
+        (two_zones("spread-min-domains-met", _domains("zone", minDomains=2), peer=s), one),
+        # Its node affinity keeps it out of z2: under Honor (the default) z2 is no domain, under
+        # Ignore it is.
+        (two_zones("spread-affinity-honoured", {**_spread("zone"), "nodeSelector": z1}), one),
+        (
+            two_zones("spread-affinity-ignored", {**_domains("zone", nodeAffinityPolicy="Ignore"), "nodeSelector": z1}),
+            both,
+        ),
+        (
+            two_zones(
+                "spread-affinity-honoured-min-domains",
+                {**_domains("zone", nodeAffinityPolicy="Honor", minDomains=2), "nodeSelector": z1},
+            ),
+            both,
+        ),
+        # n1 tainted, not tolerated: under Ignore (the default) z2 is a domain, under Honor it is
+        # not, unless tolerated.
+        (two_zones("spread-taints-ignored", _spread("zone"), tainted=True), both),
+        (two_zones("spread-taints-honoured", _domains("zone", nodeTaintsPolicy="Honor"), tainted=True), one),
+        (
+            two_zones(
+                "spread-taints-tolerated",
+                {
+                    **_domains("zone", nodeTaintsPolicy="Honor"),
+                    "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+                },
+                tainted=True,
+            ),
+            both,
+        ),
+        (
+            two_zones(
+                "spread-taints-honoured-min-domains",
+                _domains("zone", nodeTaintsPolicy="Honor", minDomains=2),
+                tainted=True,
+            ),
+            both,
+        ),
+        # Anti-affinity against app=a pods of its own revision (matchLabelKeys): the v1 pod may
+        # stay beside it, the v2 one goes, and so does the zero pod, for room.  Read without the
+        # key, the low v1 pod would go instead of the zero pod.
+        (
+            _hand(
+                prefix,
+                "anti-match-label-keys",
+                [(2000, {}, False)],
+                [
+                    (0, "low", 500, {"app": "a", "ver": "v1"}, False),
+                    (0, "neg", 500, {"app": "a", "ver": "v2"}, False),
+                    (0, "zero", 1000, {}, False),
+                ],
+                {
+                    "affinity": {
+                        "podAntiAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": [
+                                {
+                                    "labelSelector": {"matchLabels": {"app": "a"}},
+                                    "topologyKey": host,
+                                    "matchLabelKeys": ["ver"],
+                                }
+                            ]
+                        }
+                    }
+                },
+                {"app": "z", "ver": "v2"},
+            ),
+            ("n0", {"p1", "p2"}),
+        ),
+        # Against app=a pods of the other revisions (mismatchLabelKeys): the v1 pod goes, and the
+        # neg v2 pod, for room; the zero pod stays.
+        (
+            _hand(
+                prefix,
+                "anti-mismatch-label-keys",
+                [(2000, {}, False)],
+                [
+                    (0, "low", 500, {"app": "a", "ver": "v1"}, False),
+                    (0, "neg", 500, {"app": "a", "ver": "v2"}, False),
+                    (0, "zero", 1000, {}, False),
+                ],
+                {
+                    "affinity": {
+                        "podAntiAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": [
+                                {
+                                    "labelSelector": {"matchLabels": {"app": "a"}},
+                                    "topologyKey": host,
+                                    "mismatchLabelKeys": ["ver"],
+                                }
+                            ]
+                        }
+                    }
+                },
+                {"app": "z", "ver": "v2"},
+            ),
+            ("n0", {"p0", "p1"}),
+        ),
+    ]
+    await _agree_as_written(kube, kube_scheduler, prefix, cases)
 
 
 async def test_a_pod_being_deleted_is_no_victim_a_documented_difference(
