@@ -167,3 +167,32 @@ async def test_a_pod_mounting_a_zonal_volume_is_bound_in_its_zone_and_told_of_th
 
 def _zone_b() -> tuple[Requirement, ...]:
     return (Requirement("topology.kubernetes.io/zone", "In", ("b",)),)
+
+
+async def test_a_pod_mounting_a_volume_labelled_with_a_zone_is_kept_to_its_zone() -> None:
+    """A volume without node affinity but with zone labels (a zonal disk provisioned before
+    topology-aware provisioning) can be attached only in its zones: kube-scheduler's VolumeZone
+    lets its pods onto nodes of those zones, or with no zone or region label at all."""
+    api = _Placing()
+    s = one_node_scheduler(api, gpus=2)  # n0: no zone or region label
+    NodeHandler(s).apply("ADDED", kit.node("a-0", 4, "A100", **{"topology.kubernetes.io/zone": "a"}))
+    NodeHandler(s).apply("ADDED", kit.node("b-0", 1, "A100", **{"topology.kubernetes.io/zone": "b"}))
+    claim = {
+        "metadata": {"name": "disk", "namespace": "default", "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-disk"},
+        "status": {"phase": "Bound"},
+    }
+    pv = {"metadata": {"name": "pv-disk", "labels": {"topology.kubernetes.io/zone": "b"}}, "spec": {"csi": {}}}
+    next(r.handler for r in s.reflectors if r.name == "claims").replace([claim])
+    next(r.handler for r in s.reflectors if r.name == "volumes").replace([pv])
+    big = _mounting(member_pod("big"), "disk")
+    big["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "4"
+    s._pending.apply("ADDED", big)
+    await _batch(s)
+    assert api.nodes == {}  # only a-0 has four GPUs, and the disk cannot be attached in zone a
+    assert api.failed("default/big") == [
+        "0/3 nodes are available: 1 node(s) had volume node affinity conflict, 2 Insufficient nvidia.com/gpu."
+    ]
+    s._pending.apply("ADDED", _mounting(member_pod("small"), "disk"))
+    await _batch(s)
+    assert api.nodes["default/small"] in ("n0", "b-0")

@@ -55,6 +55,7 @@ together with the Binding.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -68,6 +69,7 @@ from gpusched.model.affinity import (
     Preference,
     Requirement,
     Spread,
+    both,
     check_label_selector,
     is_int64,
     label_selector_selects,
@@ -705,19 +707,55 @@ def pod_group_record(obj: Mapping[str, Any]) -> tuple[str, int]:
 
 def volume_record(obj: Mapping[str, Any]) -> VolumeRecord:
     """A PersistentVolume: the nodes that can use it (``spec.nodeAffinity.required``, read as a
-    pod's required node affinity is; unreadable, the reason in ``error``)."""
+    pod's required node affinity is, and its zone and region labels, as kube-scheduler's
+    VolumeZone reads them: ``_volume_zones``; unreadable, the reason in ``error``)."""
     meta = _meta(obj)
     name = str(meta["name"])
     spec = obj.get("spec") or {}
+    labels = meta.get("labels")
+    zones = _volume_zones(labels if isinstance(labels, Mapping) else {})
     try:
         affinity = _obj(_obj(spec, "spec").get("nodeAffinity") or {}, "spec.nodeAffinity")
         required = affinity.get("required")
         if not required:
-            return VolumeRecord(name)
+            return VolumeRecord(name, affinity=zones)
         selector = _node_selector({}, {"requiredDuringSchedulingIgnoredDuringExecution": required})
     except ValueError as exc:
         return VolumeRecord(name, error=f"spec.nodeAffinity.required: {exc}")
-    return VolumeRecord(name, affinity=selector)
+    return VolumeRecord(name, affinity=both(selector, zones))
+
+
+ZONE_LABELS = {
+    "failure-domain.beta.kubernetes.io/zone": "topology.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/region": "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone": "topology.kubernetes.io/zone",
+    "topology.kubernetes.io/region": "topology.kubernetes.io/region",
+}
+"""The volume labels kube-scheduler's VolumeZone reads, each with the node label it also
+matches a beta one against (a node without the beta label is read by the GA one)."""
+
+
+def _volume_zones(labels: Mapping[str, Any]) -> NodeSelector:
+    """The nodes a volume with ``labels`` can be used on by its zone and region labels, as
+    kube-scheduler's VolumeZone reads them (``()``: every node): a node without any of
+    ``ZONE_LABELS`` takes it; any other needs, for each such label of the volume, one of its
+    values (``__`` parts its zones) in that label, or, for a beta label the node lacks, in the
+    GA label.  A value with an empty part is left out, as VolumeZone leaves it."""
+    choices: list[list[tuple[Requirement, ...]]] = []
+    for key, ga in ZONE_LABELS.items():
+        if key not in labels:
+            continue
+        values = tuple(sorted({v.strip() for v in str(labels[key]).split("__")}))
+        if "" in values:
+            continue
+        ways: list[tuple[Requirement, ...]] = [(Requirement(key, "In", values),)]
+        if ga != key:
+            ways.append((Requirement(key, "DoesNotExist"), Requirement(ga, "In", values)))
+        choices.append(ways)
+    if not choices:
+        return ()
+    unlabelled = tuple(Requirement(k, "DoesNotExist") for k in ZONE_LABELS)
+    return (unlabelled, *(tuple(r for way in combo for r in way) for combo in itertools.product(*choices)))
 
 
 def _kept_from_disruption(annotations: Mapping[str, str]) -> bool:

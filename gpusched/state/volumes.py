@@ -2,11 +2,12 @@
 
 gpusched binds a pod only when every claim it mounts is bound to a volume, and only to a node
 every such volume may be used on: a volume's required node affinity (a local volume's node, a
-zonal disk's zone) is the pod's ``volume_selector`` (``Claims.selector``), which placement honours
-as kube-scheduler's VolumeBinding filter does.  It does not provision volumes: a claim still
-waiting for a volume (a ``WaitForFirstConsumer`` storage class waits for the scheduler to pick a
-node and write ``volume.kubernetes.io/selected-node``, which is kube-scheduler's volume binding)
-would leave the pod bound to a node and stuck there.  Such pods are refused with the reason
+zonal disk's zone), with its zone and region labels, is the pod's ``volume_selector``
+(``Claims.selector``), which placement honours as kube-scheduler's VolumeBinding and VolumeZone
+filters do.  It does not provision volumes: a claim still waiting for a volume (a
+``WaitForFirstConsumer`` storage class waits for the scheduler to pick a node and write
+``volume.kubernetes.io/selected-node``, which is kube-scheduler's volume binding) would leave the
+pod bound to a node and stuck there.  Such pods are refused with the reason
 instead, and retried when a claim or volume changes.
 
 A claim with access mode ``ReadWriteOncePod`` is one pod's at a time, as kube-scheduler's
@@ -57,7 +58,8 @@ class VolumeRecord:
 
     name: str
     affinity: NodeSelector = ()
-    """The nodes that can use it (``spec.nodeAffinity.required``); ``()``: every node."""
+    """The nodes that can use it (``spec.nodeAffinity.required``, and its zone and region
+    labels as kube-scheduler's VolumeZone reads them); ``()``: every node."""
     error: str = ""
     """Why its node affinity cannot be read (no node can be chosen for it then)."""
 

@@ -17,7 +17,7 @@ from gpusched.kube.convert import (
     volume_record,
 )
 from gpusched.model import Assignment, Cluster, Pod
-from gpusched.model.affinity import PodAffinityTerm, Requirement, Spread
+from gpusched.model.affinity import PodAffinityTerm, Requirement, Spread, selects
 from gpusched.model.node import Taint
 from gpusched.model.pod import Toleration
 from gpusched.solver.explain import explain
@@ -587,6 +587,37 @@ def test_a_volumes_node_affinity_is_read_as_a_pods_required_node_affinity_is() -
     assert "spec.nodeAffinity must be an object" in bad.error
     wrong_op = volume_record(pv({"matchExpressions": [{"key": "k", "operator": "Near", "values": ["v"]}]}))
     assert "Near" in wrong_op.error
+
+
+def test_a_volumes_zone_and_region_labels_keep_it_to_their_nodes_as_kube_schedulers_volume_zone_does() -> None:
+    ga_zone, ga_region = "topology.kubernetes.io/zone", "topology.kubernetes.io/region"
+    beta_zone = "failure-domain.beta.kubernetes.io/zone"
+
+    def takes(pv_labels: dict[str, str], node_labels: dict[str, str], **spec: Any) -> bool:
+        pv = volume_record({"metadata": {"name": "pv", "labels": pv_labels}, "spec": spec})
+        assert not pv.error, pv.error
+        return selects(pv.affinity, node_record(node_obj(labels=node_labels)).node)
+
+    assert takes({ga_zone: "a"}, {ga_zone: "a"})
+    assert not takes({ga_zone: "a"}, {ga_zone: "b"})
+    assert not takes({ga_zone: "a"}, {ga_region: "eu"})  # a node with a region but no zone
+    assert takes({ga_zone: "a"}, {"rack": "r1"})  # no zone or region label at all: any volume
+    assert takes({ga_zone: "a__b"}, {ga_zone: "b"})  # "__" parts the zones of a regional disk
+    assert takes({ga_zone: "a", ga_region: "eu"}, {ga_zone: "a", ga_region: "eu"})
+    assert not takes({ga_zone: "a", ga_region: "eu"}, {ga_zone: "a", ga_region: "us"})
+    # A beta label is matched against the node's beta label, or its GA one when it has none.
+    assert takes({beta_zone: "a"}, {ga_zone: "a"})
+    assert not takes({beta_zone: "a"}, {beta_zone: "b", ga_zone: "a"})
+    assert takes({beta_zone: "a"}, {beta_zone: "a", ga_zone: "b"})
+    assert takes({ga_zone: "a__"}, {ga_zone: "b"})  # an empty zone: the label is left out
+    assert takes({"tier": "fast"}, {ga_zone: "b"})
+    # With node affinity, both hold.
+    in_a = {
+        "required": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "rack", "operator": "In", "values": ["r1"]}]}]}
+    }
+    assert takes({ga_zone: "a"}, {ga_zone: "a", "rack": "r1"}, nodeAffinity=in_a)
+    assert not takes({ga_zone: "a"}, {ga_zone: "b", "rack": "r1"}, nodeAffinity=in_a)
+    assert not takes({ga_zone: "a"}, {ga_zone: "a", "rack": "r2"}, nodeAffinity=in_a)
 
 
 def test_a_claim_with_access_mode_read_write_once_pod_is_one_pods_at_a_time() -> None:
