@@ -10,6 +10,7 @@ from typing import Any
 from gpusched.daemon import Scheduler
 from gpusched.daemon.handlers import NodeHandler
 from gpusched.kube.binder import BindResult
+from gpusched.kube.convert import BIND_COMPLETED
 from gpusched.model import Pod
 from gpusched.model.affinity import Requirement
 from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle
@@ -25,7 +26,7 @@ def _claims(s: Scheduler, **modes: str) -> None:
     """Claims of ``default`` by name, each of the access mode given and bound to a volume of its own."""
     pvcs = [
         {
-            "metadata": {"name": name, "namespace": "default"},
+            "metadata": {"name": name, "namespace": "default", "annotations": {BIND_COMPLETED: "yes"}},
             "spec": {"accessModes": [mode], "volumeName": f"pv-{name}"},
             "status": {"phase": "Bound"},
         }
@@ -143,7 +144,7 @@ async def test_a_pod_mounting_a_zonal_volume_is_bound_in_its_zone_and_told_of_th
         NodeHandler(s).apply("ADDED", kit.node(name, 2, "A100", **{"topology.kubernetes.io/zone": zone}))
     in_b = {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["b"]}]}
     claim = {
-        "metadata": {"name": "disk", "namespace": "default"},
+        "metadata": {"name": "disk", "namespace": "default", "annotations": {BIND_COMPLETED: "yes"}},
         "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-disk"},
         "status": {"phase": "Bound"},
     }
@@ -178,7 +179,7 @@ async def test_a_pod_mounting_a_volume_labelled_with_a_zone_is_kept_to_its_zone(
     NodeHandler(s).apply("ADDED", kit.node("a-0", 4, "A100", **{"topology.kubernetes.io/zone": "a"}))
     NodeHandler(s).apply("ADDED", kit.node("b-0", 1, "A100", **{"topology.kubernetes.io/zone": "b"}))
     claim = {
-        "metadata": {"name": "disk", "namespace": "default", "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
+        "metadata": {"name": "disk", "namespace": "default", "annotations": {BIND_COMPLETED: "yes"}},
         "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-disk"},
         "status": {"phase": "Bound"},
     }

@@ -212,7 +212,7 @@ async def test_a_pod_whose_read_write_once_pod_claim_another_pod_uses_is_told_wh
         return obj
 
     pvc = {
-        "metadata": {"name": "solo", "namespace": "default"},
+        "metadata": {"name": "solo", "namespace": "default", "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
         "spec": {"accessModes": ["ReadWriteOncePod"], "volumeName": "pv-solo"},
         "status": {"phase": "Bound"},
     }

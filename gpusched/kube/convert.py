@@ -639,9 +639,15 @@ def _claims(pod_name: str, spec: Mapping[str, Any]) -> tuple[tuple[str, ...], tu
     return tuple(dict.fromkeys(mounted)), tuple(ephemeral)
 
 
+BIND_COMPLETED = "pv.kubernetes.io/bind-completed"
+"""The annotation the volume controller writes on a claim with its volume's name, once it has
+bound them (before the claim's phase): kube-scheduler takes a claim without it for unbound."""
+
+
 def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:
-    """A PersistentVolumeClaim: the volume it is bound to, if any, and whether it is one pod's
-    at a time (access mode ``ReadWriteOncePod``)."""
+    """A PersistentVolumeClaim: the volume it is bound to, if any (bound as kube-scheduler reads
+    it: named and the binding completed, phase written or not), and whether it is one pod's at a
+    time (access mode ``ReadWriteOncePod``)."""
     meta = _meta(obj)
     spec: Mapping[str, Any] = obj.get("spec") or {}
     status: Mapping[str, Any] = obj.get("status") or {}
@@ -653,11 +659,15 @@ def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:
         ),
         "",
     )
+    volume = str(spec.get("volumeName") or "")
+    lost = status.get("phase") == "Lost"
+    completed = isinstance(annotations := meta.get("annotations"), Mapping) and BIND_COMPLETED in annotations
     return ClaimRecord(
         str(meta.get("namespace") or "default"),
         str(meta["name"]),
-        volume=str(spec.get("volumeName") or ""),
-        bound=status.get("phase") == "Bound",
+        volume=volume,
+        bound=bool(volume) and completed and not lost,
+        lost=lost,
         deleting=bool(meta.get("deletionTimestamp")),
         owner=owner,
         one_pod=isinstance(modes := spec.get("accessModes"), (list, tuple)) and "ReadWriteOncePod" in modes,

@@ -39,7 +39,11 @@ class ClaimRecord:
     volume: str = ""
     """``spec.volumeName``: the volume it is bound to, empty while unbound."""
     bound: bool = False
-    """``status.phase`` is ``Bound``."""
+    """The volume controller has completed its binding: it names its volume and carries the
+    ``pv.kubernetes.io/bind-completed`` annotation, as kube-scheduler reads it (the phase is
+    written after them), and it is not ``lost``."""
+    lost: bool = False
+    """``status.phase`` is ``Lost``: its volume is gone."""
     deleting: bool = False
     owner: str = ""
     """UID of its controlling owner (the pod, for a generic ephemeral volume's claim)."""
@@ -123,6 +127,8 @@ class Claims:
                 return f'persistentvolumeclaim "{name}" not found'
             if name in ephemeral and claim.owner != pod_uid:
                 return f'persistentvolumeclaim "{name}" was not created for pod {pod} (the pod is not its owner)'
+            if claim.lost:
+                return f'persistentvolumeclaim "{name}" bound to non-existent persistentvolume "{claim.volume}"'
             if claim.deleting:
                 return f'persistentvolumeclaim "{name}" is being deleted'
             if not claim.volume or not claim.bound:

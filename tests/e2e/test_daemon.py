@@ -913,13 +913,14 @@ def _volume(
 
 
 async def _claim(kube: Kube, ns: str, name: str, volume: str = "", mode: str = "ReadWriteOnce") -> None:
-    """A claim; with ``volume``, bound to it (no volume controller runs here, so the test binds it)."""
+    """A claim; with ``volume``, bound to it as the volume controller binds one (none runs here,
+    so the test binds it): the volume's name, the bind-completed annotation, then the phase."""
     spec: dict[str, Any] = {"accessModes": [mode], "resources": {"requests": {"storage": "1Gi"}}}
+    meta: dict[str, Any] = {"name": name}
     if volume:
         spec["volumeName"] = volume
-    await kit.create_all(
-        kube, f"/api/v1/namespaces/{ns}/persistentvolumeclaims", [{"metadata": {"name": name}, "spec": spec}]
-    )
+        meta["annotations"] = {"pv.kubernetes.io/bind-completed": "yes"}
+    await kit.create_all(kube, f"/api/v1/namespaces/{ns}/persistentvolumeclaims", [{"metadata": meta, "spec": spec}])
     if volume:
         r = await kube.request(
             "PATCH",

@@ -22,7 +22,7 @@ from gpusched.model.node import Taint
 from gpusched.model.pod import Toleration
 from gpusched.solver.explain import explain
 from gpusched.solver.preempt import Budget
-from gpusched.state.volumes import ClaimRecord, VolumeRecord
+from gpusched.state.volumes import ClaimRecord, Claims, VolumeRecord
 
 
 def node_obj(name: str = "n1", gpus: str | None = "8", labels: dict[str, str] | None = None, **spec: Any) -> Any:
@@ -548,7 +548,7 @@ def test_claims_of_a_pod_name_its_claim_volumes_and_ephemeral_volume_claims() ->
 
 def test_claim_and_volume_records_say_what_placement_needs() -> None:
     pvc = {
-        "metadata": {"name": "dataset", "namespace": "ns"},
+        "metadata": {"name": "dataset", "namespace": "ns", "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
         "spec": {"volumeName": "pv-1"},
         "status": {"phase": "Bound"},
     }
@@ -561,6 +561,41 @@ def test_claim_and_volume_records_say_what_placement_needs() -> None:
     pending = {"metadata": {"name": "d", "namespace": "ns", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
     assert claim_record(pending) == ClaimRecord("ns", "d", deleting=True)
     assert volume_record({"metadata": {"name": "pv-3"}, "spec": {"nfs": {}}}) == VolumeRecord("pv-3")
+
+
+def test_a_claim_is_bound_once_the_volume_controller_has_completed_the_binding() -> None:
+    """As kube-scheduler's volume binding reads a claim: bound once it names its volume and
+    carries the bind-completed annotation the volume controller writes with it, before it
+    writes the phase; a claim whose phase says Bound without them is one the controller has
+    still to bind, and a lost claim's volume is gone."""
+
+    def pvc(name: str, phase: str = "", completed: bool = True) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": name, "namespace": "ns"}
+        if completed:
+            meta["annotations"] = {"pv.kubernetes.io/bind-completed": "yes"}
+        return {"metadata": meta, "spec": {"volumeName": "pv-1"}, "status": {"phase": phase} if phase else {}}
+
+    claims = Claims()
+    claims.replace_claims(
+        [
+            claim_record(o)
+            for o in (
+                pvc("bound", "Bound"),
+                pvc("phase-not-written"),
+                pvc("not-completed", "Bound", completed=False),
+                pvc("lost", "Lost"),
+            )
+        ]
+    )
+    claims.replace_volumes([volume_record({"metadata": {"name": "pv-1"}, "spec": {"nfs": {}}})])
+    assert claims.problem("ns/p", "uid-p", ("bound",)) == ""
+    assert claims.problem("ns/p", "uid-p", ("phase-not-written",)) == ""
+    assert claims.problem("ns/p", "uid-p", ("not-completed",)).startswith(
+        'persistentvolumeclaim "not-completed" is not bound to a volume'
+    )
+    assert claims.problem("ns/p", "uid-p", ("lost",)) == (
+        'persistentvolumeclaim "lost" bound to non-existent persistentvolume "pv-1"'
+    )
 
 
 def test_a_volumes_node_affinity_is_read_as_a_pods_required_node_affinity_is() -> None:
