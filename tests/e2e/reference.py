@@ -31,7 +31,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from gpusched.daemon.settings import BOUND_SELECTOR
 from gpusched.kube.client import Kube
 from gpusched.kube.convert import ConvertError, namespace_labels, node_record, pod_record
 from gpusched.model import ClusterState
+from gpusched.model.affinity import NodeSelector
 from gpusched.solver.explain import explain
 from gpusched.state.cache import Cache
 from tests.controlplane import ControlPlane
@@ -293,13 +294,20 @@ async def books(kube: Kube, namespaces: Mapping[str, Mapping[str, str]] | None =
 
 
 def our_verdict(
-    state: ClusterState, obj: Mapping[str, Any], node: str, namespaces: Mapping[str, Mapping[str, str]] | None = None
+    state: ClusterState,
+    obj: Mapping[str, Any],
+    node: str,
+    namespaces: Mapping[str, Mapping[str, str]] | None = None,
+    volumes: NodeSelector = (),
 ) -> tuple[Verdict, str]:
     """gpusched's verdict on the pod ``obj`` (as created) for ``node``, and, when ``pod_mask`` and
-    ``explain`` do not agree with each other, what each said."""
+    ``explain`` do not agree with each other, what each said.  ``volumes``: the nodes the
+    volumes of its claims may be used on (``Claims.selector``), as the daemon gives it them."""
     rec = pod_record(obj, namespaces)
     if rec.error:
         return Verdict(False, f"refused: {rec.error}"), ""
+    if volumes:
+        rec = replace(rec, pod=replace(rec.pod, volume_selector=volumes))
     fits = bool(state.pod_mask(rec.pod)[state.cluster.index[node]])
     e = explain(rec.pod, state)
     torn = "" if bool(e.fits) == fits else f"gpusched's pod_mask says {fits}, explain {e.message}"
@@ -371,7 +379,7 @@ async def sees_nodes(kube: Kube, ns: str, count: int, sched: KubeScheduler, time
     raise AssertionError(f"kube-scheduler does not weigh the {count} nodes in {timeout:.0f}s; its log:\n{sched.tail()}")
 
 
-def _settled(p: Mapping[str, Any], node: str) -> Verdict | None:
+def settled(p: Mapping[str, Any], node: str) -> Verdict | None:
     """kube-scheduler's verdict on a copy pinned to ``node``: bound, or marked unschedulable
     (None: not yet either)."""
     bound = p["spec"].get("nodeName")
@@ -394,7 +402,7 @@ async def kube_verdicts(
         got: dict[str, Verdict] = {}
         for p in pods:
             node = names[int(p["metadata"]["name"].rsplit("-", 1)[1])]
-            if (v := _settled(p, node)) is not None:
+            if (v := settled(p, node)) is not None:
                 got[node] = v
         if len(got) == len(names):
             return got
@@ -418,7 +426,7 @@ async def kube_verdict_alone(
     try:
         while True:
             got = await kube.get(f"/api/v1/namespaces/{ns}/pods/{name}")
-            if (v := _settled(got, node)) is not None:
+            if (v := settled(got, node)) is not None:
                 return created, v
             if time.monotonic() > deadline or sched.proc.poll() is not None:
                 raise AssertionError(

@@ -12,9 +12,14 @@ the new one) and ``DoNotSchedule`` topology spread (``maxSkew``, ``minDomains``,
 inclusion policies, ``matchLabelKeys``, nodes without the key).  Cases are drawn from a fixed
 seed; hand-picked ones at the edges of each rule follow (among them a Deployment's
 ``pod-template-hash`` as a label key, keys the pod does not carry, ``namespaces`` and a
-``namespaceSelector`` together, ``minDomains`` under each pair of node policies).  The one difference docs/deploy.md
-names, kube-scheduler 1.34 reading a new pod's ``namespaceSelector`` that an unlabelled namespace
-meets as picking every namespace, is asserted as such (and left out of the seeded pods).
+``namespaceSelector`` together, ``minDomains`` under each pair of node policies).  The one
+difference docs/deploy.md names, kube-scheduler 1.34 reading a new pod's ``namespaceSelector``
+that an unlabelled namespace meets as picking every namespace, is asserted as such (and left out
+of the seeded pods).
+
+The claims a pod mounts are compared last: ``ReadWriteOncePod`` claims other pods use
+(VolumeRestrictions), and claims and volumes as VolumeBinding and VolumeZone read them, where
+what docs/deploy.md says gpusched does not do, provision a volume, is asserted as a difference.
 
 Each case brings its own pods already bound (``spec.nodeName``, another scheduler's, some of them
 terminating), created before its copies and force-deleted after them, so that cases do not see
@@ -27,7 +32,9 @@ node controller gives them (this control plane runs no controller manager).
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -53,6 +60,7 @@ from tests.e2e.reference import (
     read_namespaces,
     report,
     sees_nodes,
+    settled,
 )
 
 SEED = 20261208
@@ -909,7 +917,11 @@ async def test_a_read_write_once_pod_claim_another_pod_uses_is_refused_as_kube_s
                 )
                 rec = pod_record(created)
                 refused = claims.problem(rec.key, rec.uid, rec.claims, rec.ephemeral_claims, cache.claim_users())
-                ours, torn = (Verdict(False, refused), "") if refused else our_verdict(state, created, node)
+                ours, torn = (
+                    (Verdict(False, refused), "")
+                    if refused
+                    else our_verdict(state, created, node, volumes=claims.selector(rec.pod.namespace, rec.claims))
+                )
                 if torn:
                     out.disagreements[label, node] = f"{label} on {node}: {torn}"
                 out.record(label, node, theirs, ours)
@@ -924,3 +936,271 @@ async def test_a_read_write_once_pod_claim_another_pod_uses_is_refused_as_kube_s
         await kube.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", query={"gracePeriodSeconds": 0})
         for pv in volumes:
             await kube.request("DELETE", f"/api/v1/persistentvolumes/{pv['metadata']['name']}")
+
+
+# --------------------------------------------------------------------------- claims and volumes
+
+ZONE = "topology.kubernetes.io/zone"
+SELECTED_NODE = "volume.kubernetes.io/selected-node"
+"""What kube-scheduler's volume binding writes on a claim it has a volume provisioned for, on the
+node it picked, before it binds the pod (once the claim is bound: never here, no provisioner runs)."""
+HOLD = "gpusched.test/hold"
+"""A finalizer that keeps a claim deleted in the test terminating."""
+
+
+def _volume(name: str, claim: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    labels = spec.pop("labels", {})
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "hostPath": {"path": f"/data/{name}"},
+            "claimRef": {"namespace": namespace, "name": claim},
+            **spec,
+        },
+    }
+
+
+def _pinned_to(key: str, *values: str) -> dict[str, Any]:
+    term = {"matchExpressions": [{"key": key, "operator": "In", "values": list(values)}]}
+    return {"nodeAffinity": {"required": {"nodeSelectorTerms": [term]}}}
+
+
+async def _claim(
+    kube: Kube,
+    ns: str,
+    name: str,
+    *,
+    volume: str = "",
+    completed: bool = False,
+    phase: str = "",
+    storage_class: str | None = None,
+    finalizers: Sequence[str] = (),
+) -> None:
+    """A claim as the volume controller would leave it: ``volume`` its ``spec.volumeName``,
+    ``completed`` the bind-completed annotation, ``phase`` its status (none written: Pending)."""
+    meta: dict[str, Any] = {"name": name, "finalizers": list(finalizers)}
+    if completed:
+        meta["annotations"] = {"pv.kubernetes.io/bind-completed": "yes"}
+    spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    if volume:
+        spec["volumeName"] = volume
+    if storage_class is not None:
+        spec["storageClassName"] = storage_class
+    await create(
+        kube,
+        f"/api/v1/namespaces/{ns}/persistentvolumeclaims",
+        [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec}],
+    )
+    if phase:
+        status: dict[str, Any] = {"phase": phase}
+        if phase == "Bound":
+            status |= {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}}
+        r = await kube.request(
+            "PATCH",
+            f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{name}/status",
+            body={"status": status},
+            content_type=MERGE_PATCH,
+        )
+        assert r.ok, r.body
+
+
+async def _provisioning_verdict(
+    kube: Kube, obj: dict[str, Any], node: str, claim: str, sched: KubeScheduler, timeout: float = 30.0
+) -> tuple[dict[str, Any], Verdict]:
+    """kube-scheduler's verdict on the copy ``obj`` pinned to ``node`` whose claim ``claim`` waits
+    for its first consumer: the node is fit once kube-scheduler writes it on the claim as the node
+    to provision for (it then waits for the volume to be bound, which no controller here does);
+    the copy is deleted, and the mark taken off the claim, after."""
+    ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+    (created,) = await create(kube, f"/api/v1/namespaces/{ns}/pods", [obj])
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            got = await kube.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+            if (v := settled(got, node)) is not None:
+                return created, v
+            pvc = await kube.get(f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{claim}")
+            picked = (pvc["metadata"].get("annotations") or {}).get(SELECTED_NODE)
+            if picked:
+                assert picked == node, f"{name} pinned to {node}: kube-scheduler picked {picked} for {claim}"
+                return created, Verdict(True, f"{claim} to be provisioned on {picked}")
+            if time.monotonic() > deadline or sched.proc.poll() is not None:
+                raise AssertionError(
+                    f"kube-scheduler did not settle {ns}/{name} in {timeout:.0f}s; log:\n{sched.tail()}"
+                )
+            await asyncio.sleep(0.02)
+    finally:
+        r = await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}", {"gracePeriodSeconds": 0})
+        assert r.ok, r.body
+        r = await kube.request(
+            "PATCH",
+            f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{claim}",
+            body={"metadata": {"annotations": {SELECTED_NODE: None}}},
+            content_type=MERGE_PATCH,
+        )
+        assert r.ok, r.body
+
+
+async def test_claims_and_volumes_get_kube_schedulers_verdict_or_a_documented_difference(
+    kube: Kube, kube_scheduler: KubeScheduler, namespace: str
+) -> None:
+    """kube-scheduler's VolumeBinding and VolumeZone against gpusched's reading of a pod's claims
+    (``Claims.problem`` over the claims and volumes as the daemon converts them, and the pod's
+    volume selector, ``Claims.selector``, as the daemon gives it): a claim that is missing (a
+    generic ephemeral volume's too), not the pod's own (an ephemeral volume's), being deleted,
+    not bound (no volume to bind, a class that binds at once, a phase that says Bound before the
+    binding is complete), lost, or bound to a volume that is missing, is refused by both; a
+    claim bound to a volume fits the nodes its node affinity and its zone labels allow, its
+    phase written or not.  What docs/deploy.md says gpusched does not do, provision a volume, is
+    asserted as a difference: for a claim waiting for its first consumer kube-scheduler picks the
+    node (it marks the claim with it, for the volume to be provisioned there), gpusched refuses
+    the pod everywhere."""
+    prefix = f"vb{uuid.uuid4().hex[:6]}"
+    zones = ("a", "b", "a")
+    nodes = [make_node(f"{prefix}-n{i}", labels={ZONE: z}) for i, z in enumerate(zones)]
+    names = [n["metadata"]["name"] for n in nodes]
+    await create(kube, "/api/v1/nodes", nodes)
+    await sees_nodes(kube, namespace, len(nodes), kube_scheduler)
+    classes = {  # the one the probe below waits for, last
+        "static": ("kubernetes.io/no-provisioner", "WaitForFirstConsumer"),
+        "now": ("example.com/provisioner", "Immediate"),
+        "later": ("example.com/provisioner", "WaitForFirstConsumer"),
+    }
+    for suffix, (provisioner, mode) in classes.items():
+        body = {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": f"{prefix}-{suffix}"},
+            "provisioner": provisioner,
+            "volumeBindingMode": mode,
+        }
+        await create(kube, "/apis/storage.k8s.io/v1/storageclasses", [body])
+    volumes = [
+        _volume(f"{prefix}-leaving", "leaving", namespace),
+        _volume(f"{prefix}-local", "local", namespace, **_pinned_to(HOST, names[0])),
+        _volume(f"{prefix}-zonal", "zonal", namespace, **_pinned_to(ZONE, "a")),
+        _volume(f"{prefix}-labelled", "labelled", namespace, labels={ZONE: "b"}),
+        _volume(f"{prefix}-half", "half", namespace),
+        _volume(f"{prefix}-unfinished", "unfinished", namespace),
+        _volume(f"{prefix}-plain", "plain", namespace),  # the one the probe below waits for, last
+    ]
+    try:
+        for pv in volumes:
+            await create(kube, "/api/v1/persistentvolumes", [pv])
+        for claim in ("plain", "local", "zonal", "labelled"):
+            await _claim(kube, namespace, claim, volume=f"{prefix}-{claim}", completed=True, phase="Bound")
+        await _claim(kube, namespace, "gone", volume=f"{prefix}-gone", completed=True, phase="Bound")
+        await _claim(kube, namespace, "lost", volume=f"{prefix}-lost", completed=True, phase="Lost")
+        # The volume controller has bound it, and not yet written its phase; and the other way
+        # round, which the controller takes for a claim it has still to bind.
+        await _claim(kube, namespace, "half", volume=f"{prefix}-half", completed=True)
+        await _claim(kube, namespace, "unfinished", volume=f"{prefix}-unfinished", phase="Bound")
+        await _claim(kube, namespace, "static", storage_class=f"{prefix}-static")
+        await _claim(kube, namespace, "now", storage_class=f"{prefix}-now")
+        await _claim(
+            kube, namespace, "leaving", volume=f"{prefix}-leaving", completed=True, phase="Bound", finalizers=[HOLD]
+        )
+        r = await kube.request("DELETE", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/leaving")
+        assert r.ok, r.body
+        # A claim of a generic ephemeral volume's name that its pod did not create, per copy.
+        for i in range(len(names)):
+            await _claim(kube, namespace, f"ephemeral-foreign-{i}-scratch")
+        # One per copy (kube-scheduler marks the one it provisions for), the probe's last.
+        for i in [*range(len(names)), "probe"]:
+            await _claim(kube, namespace, f"later-{i}", storage_class=f"{prefix}-later")
+
+        def mounting(*claims: str, ephemeral: bool = False) -> dict[str, Any]:
+            vols: list[dict[str, Any]] = [{"name": c, "persistentVolumeClaim": {"claimName": c}} for c in claims]
+            if ephemeral:
+                template = {"spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
+                vols.append({"name": "scratch", "ephemeral": {"volumeClaimTemplate": template}})
+            return make_pod(
+                "", {"schedulerName": REFERENCE, "containers": [container("m")], "volumes": vols}, namespace=namespace
+            )
+
+        # Until kube-scheduler reads the claims, volumes and classes (those created last included).
+        for attempt in range(100):
+            probe = pinned(mounting("plain", "later-probe"), names[0], f"volumes-probe-{attempt}")
+            _, said = await _provisioning_verdict(kube, probe, names[0], "later-probe", kube_scheduler)
+            if said.fits:
+                break
+        else:
+            raise AssertionError(f"kube-scheduler does not read the claims; its log:\n{kube_scheduler.tail()}")
+        claims = Claims()
+        claims.replace_claims(
+            [claim_record(o) for o in (await kube.list(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims"))[0]]
+        )
+        claims.replace_volumes([volume_record(o) for o in (await kube.list("/api/v1/persistentvolumes"))[0]])
+        cache = await books(kube)
+        state = cache.snapshot().state
+        cases: dict[str, dict[str, Any]] = {
+            "bound": mounting("plain"),
+            "missing": mounting("plain", "absent"),
+            "being-deleted": mounting("leaving"),
+            "volume-missing": mounting("gone"),
+            "volume-lost": mounting("lost"),
+            "phase-not-written": mounting("half"),
+            "binding-not-completed": mounting("unfinished"),
+            "no-volume-to-bind": mounting("static"),
+            "unbound-immediate": mounting("now"),
+            "ephemeral-not-created": mounting("plain", ephemeral=True),
+            "ephemeral-foreign": mounting("plain", ephemeral=True),
+            "local-volume": mounting("local"),
+            "zonal-volume": mounting("zonal"),
+            "zone-labels": mounting("labelled"),
+            "first-consumer": mounting("plain"),  # and its copy's own claim waiting for it
+        }
+        out = Outcome()
+        for label, pod in cases.items():
+            out.specs[label] = pod["spec"]
+            for i, node in enumerate(names):
+                copy_ = pinned(pod, node, f"{label}-{i}")
+                if label == "first-consumer":
+                    later = f"later-{i}"
+                    copy_["spec"]["volumes"].append({"name": later, "persistentVolumeClaim": {"claimName": later}})
+                    created, theirs = await _provisioning_verdict(kube, copy_, node, later, kube_scheduler)
+                else:
+                    created, theirs = await kube_verdict_alone(kube, copy_, node, kube_scheduler)
+                rec = pod_record(created)
+                refused = claims.problem(rec.key, rec.uid, rec.claims, rec.ephemeral_claims, cache.claim_users())
+                ours, torn = (
+                    (Verdict(False, refused), "")
+                    if refused
+                    else our_verdict(state, created, node, volumes=claims.selector(rec.pod.namespace, rec.claims))
+                )
+                if torn:
+                    out.disagreements[label, node] = f"{label} on {node}: {torn}"
+                out.record(label, node, theirs, ours)
+        # Documented in docs/deploy.md: gpusched provisions no volume; the pod is refused
+        # everywhere, kube-scheduler would have its volume provisioned on the node it picks.
+        differences = {("first-consumer", node) for node in names}
+        for pair in differences:
+            theirs, ours = out.verdicts[pair]
+            assert (theirs.fits, ours.fits) == (True, False), (pair, theirs, ours)
+        rest = {pair: said for pair, said in out.disagreements.items() if pair not in differences}
+        assert not rest, report(Outcome(out.pairs, rest, specs=out.specs), kube_scheduler)
+        # The volumes that only some nodes can use are honoured, by either's rule.
+        where = {
+            "bound": names,
+            "local-volume": [names[0]],
+            "zonal-volume": [names[0], names[2]],
+            "zone-labels": [names[1]],
+        }
+        for label, fit in where.items():
+            assert [n for n in names if out.verdicts[label, n][0].fits] == fit, label
+    finally:
+        await kube.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", query={"gracePeriodSeconds": 0})
+        r = await kube.request(
+            "PATCH",
+            f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/leaving",
+            body={"metadata": {"finalizers": None}},
+            content_type=MERGE_PATCH,
+        )
+        for pv in volumes:
+            await kube.request("DELETE", f"/api/v1/persistentvolumes/{pv['metadata']['name']}")
+        for suffix in classes:
+            await kube.request("DELETE", f"/apis/storage.k8s.io/v1/storageclasses/{prefix}-{suffix}")
