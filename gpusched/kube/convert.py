@@ -710,7 +710,13 @@ def pod_group_record(obj: Mapping[str, Any]) -> tuple[str, int]:
     value = (obj.get("spec") or {}).get("minMember")
     if value is None:
         return f"{namespace}/{name}", 1
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+    # A float that is not finite (JSON's 1e400 decodes as infinity) is no whole number either.
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (isinstance(value, float) and not math.isfinite(value))
+        or value != int(value)
+    ):
         raise ConvertError(f"PodGroup {namespace}/{name}: spec.minMember must be a whole number, got {value!r}")
     return f"{namespace}/{name}", max(1, int(value))
 

@@ -224,14 +224,20 @@ def test_a_gang_without_the_annotation_takes_its_minimum_from_its_podgroup_and_t
 
 @pytest.mark.parametrize(
     ("spec", "minimum"),
-    [({"minMember": 4, "scheduleTimeoutSeconds": 10}, 4), ({}, 1), ({"minMember": 0}, 1), ({"minMember": 2.0}, 2)],
+    [
+        ({"minMember": 4, "scheduleTimeoutSeconds": 10}, 4),
+        ({}, 1),
+        ({"minMember": 0}, 1),
+        ({"minMember": 2.0}, 2),
+        ({"minMember": 10**400}, 10**400),
+    ],
 )
 def test_a_podgroups_minimum_is_read_from_its_spec(spec: dict[str, Any], minimum: int) -> None:
     obj = {"metadata": {"name": "train", "namespace": "ns"}, "spec": spec}
     assert pod_group_record(obj) == ("ns/train", minimum)
 
 
-@pytest.mark.parametrize("value", ["3", 2.5, True])
+@pytest.mark.parametrize("value", ["3", 2.5, True, math.inf, -math.inf, math.nan])
 def test_a_podgroup_whose_minimum_is_no_whole_number_is_refused(value: object) -> None:
     with pytest.raises(ConvertError, match=r"PodGroup ns/train: spec.minMember must be a whole number"):
         pod_group_record({"metadata": {"name": "train", "namespace": "ns"}, "spec": {"minMember": value}})
