@@ -57,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import reprlib
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime
@@ -691,11 +692,17 @@ def budget_record(obj: Mapping[str, Any]) -> tuple[str, Budget]:
             check_label_selector(selector)
         except ValueError as exc:
             raise ConvertError(f"PodDisruptionBudget {namespace}/{name}: selector: {exc}") from None
+    allowed = _whole(status.get("disruptionsAllowed") or 0)
+    if allowed is None:
+        raise ConvertError(
+            f"PodDisruptionBudget {namespace}/{name}: status.disruptionsAllowed must be a whole number, "
+            f"got {_shown(status.get('disruptionsAllowed'))}"
+        )
     disrupted = status.get("disruptedPods") or {}
     return f"{namespace}/{name}", Budget(
         namespace,
         selector,
-        int(status.get("disruptionsAllowed") or 0),
+        allowed,
         frozenset(str(k) for k in disrupted) if isinstance(disrupted, Mapping) else frozenset(),
         everyone=everyone,
     )
@@ -710,15 +717,32 @@ def pod_group_record(obj: Mapping[str, Any]) -> tuple[str, int]:
     value = (obj.get("spec") or {}).get("minMember")
     if value is None:
         return f"{namespace}/{name}", 1
-    # A float that is not finite (JSON's 1e400 decodes as infinity) is no whole number either.
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or (isinstance(value, float) and not math.isfinite(value))
-        or value != int(value)
-    ):
-        raise ConvertError(f"PodGroup {namespace}/{name}: spec.minMember must be a whole number, got {value!r}")
-    return f"{namespace}/{name}", max(1, int(value))
+    minimum = _whole(value)
+    if minimum is None:
+        raise ConvertError(f"PodGroup {namespace}/{name}: spec.minMember must be a whole number, got {_shown(value)}")
+    return f"{namespace}/{name}", max(1, minimum)
+
+
+def _whole(value: Any) -> int | None:
+    """A JSON number that is a whole number (``2.0`` too) as an int; None for anything else: a
+    boolean, a string, a fraction, or a float that is not finite (JSON's ``1e400`` decodes as
+    infinity)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and (not math.isfinite(value) or not value.is_integer()):
+        return None
+    return int(value)
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 80
+_SHOWN.maxlist = _SHOWN.maxdict = 4
+
+
+def _shown(value: Any) -> str:
+    """``value`` as an error message shows it: its ``repr``, cut short (a list or object as the
+    watch brought it may be large)."""
+    return _SHOWN.repr(value)
 
 
 def volume_record(obj: Mapping[str, Any]) -> VolumeRecord:

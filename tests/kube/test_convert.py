@@ -134,6 +134,19 @@ def test_disruption_budgets_are_read_and_an_unreadable_selector_is_refused() -> 
         budget_record(bad)
 
 
+@pytest.mark.parametrize("allowed", ["1", 1.5, math.inf, math.nan, [1], {"n": 1}, True])
+def test_a_disruption_budget_whose_allowed_disruptions_are_no_whole_number_is_refused_naming_the_field(
+    allowed: object,
+) -> None:
+    """Written by the disruption controller; a value of another type (a newer API, another
+    controller) is refused with the field named, so the budget handler logs it instead of failing."""
+    obj = {"metadata": {"name": "web", "namespace": "ns"}, "spec": {}, "status": {"disruptionsAllowed": allowed}}
+    with pytest.raises(ConvertError, match=r"PodDisruptionBudget ns/web: status.disruptionsAllowed must be a whole"):
+        budget_record(obj)
+    obj["status"]["disruptionsAllowed"] = 2.0
+    assert budget_record(obj)[1].allowed == 2
+
+
 def test_tolerations_are_read() -> None:
     tolerations = [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
