@@ -3,7 +3,7 @@ scheduler's books (cache, queue, claims, budgets, namespaces, MIG bookkeeping)."
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -35,7 +35,8 @@ class NodeHandler:
 
     def _record(self, obj: dict[str, Any]) -> Any:
         meta = obj.get("metadata") or {}
-        self.s.mig.note_configs(str(meta.get("name", "")), meta.get("labels") or {})
+        labels = meta.get("labels")  # of any type here: ``node_record`` refuses a node whose labels are no labels
+        self.s.mig.note_configs(str(meta.get("name", "")), labels if isinstance(labels, Mapping) else {})
         try:
             rec = node_record(obj)
         except ConvertError as exc:

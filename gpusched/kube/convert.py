@@ -227,11 +227,14 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     """The node's inventory and schedulability; raises ``ConvertError`` naming the bad field."""
     meta = _meta(obj)
     name = str(meta["name"])
-    labels: Mapping[str, str] = meta.get("labels") or {}
-    spec: Mapping[str, Any] = obj.get("spec") or {}
-    status: Mapping[str, Any] = obj.get("status") or {}
-    alloc: Mapping[str, Any] = status.get("allocatable") or status.get("capacity") or {}
     where = f"node {name}"
+    labels = _string_map(meta.get("labels"), where, "metadata.labels")
+    spec = _object(obj.get("spec"), where, "spec")
+    status = _object(obj.get("status"), where, "status")
+    reported = "allocatable" if status.get("allocatable") else "capacity"
+    alloc = _object(status.get(reported), where, f"status.{reported}")
+    if not isinstance(spec.get("unschedulable"), bool | None):
+        raise ConvertError(f"{where}: spec.unschedulable must be true or false, got {_shown(spec['unschedulable'])}")
     try:
         cpu = cpu_milli(alloc.get("cpu", 0), round_up=False)
         mem = memory_mib(alloc.get("memory", 0), round_up=False)
@@ -258,7 +261,7 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     mig = tuple(
         sorted((k, _int_quantity(v, f"{where}: allocatable {k}")) for k, v in alloc.items() if k.startswith(MIG_PREFIX))
     )
-    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    annotations = _string_map(meta.get("annotations"), where, "metadata.annotations")
     # A node is never dropped for these: a GPU memory label that is not a count (it only
     # narrows pods that ask for GPU memory) counts as unknown, an islands annotation that no
     # longer matches the GPU count (a GPU went unhealthy, or into MIG mode) falls back to the
@@ -319,8 +322,7 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
             slices.append((profile, v))
     all_taints = [
         Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect")))
-        for t in spec.get("taints") or ()
-        if isinstance(t, Mapping)
+        for t in _objects(spec.get("taints"), where, "spec.taints")
     ]
     taints = tuple(t for t in all_taints if t.effect in _KEEP_OFF_EFFECTS)
     soft_taints = tuple(t for t in all_taints if t.effect == "PreferNoSchedule")
@@ -721,6 +723,36 @@ def pod_group_record(obj: Mapping[str, Any]) -> tuple[str, int]:
     if minimum is None:
         raise ConvertError(f"PodGroup {namespace}/{name}: spec.minMember must be a whole number, got {_shown(value)}")
     return f"{namespace}/{name}", max(1, minimum)
+
+
+def _object(value: Any, where: str, what: str) -> Mapping[str, Any]:
+    """``value`` as an object (absent or empty: ``{}``); raises ``ConvertError`` naming ``what``
+    for a value of another JSON type (a CRD without a schema, or a newer API, can bring one)."""
+    if not value:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConvertError(f"{where}: {what} must be an object, got {_shown(value)}")
+    return value
+
+
+def _string_map(value: Any, where: str, what: str) -> Mapping[str, str]:
+    """``value`` as labels or annotations: an object whose values are all strings (absent or
+    empty: ``{}``); raises ``ConvertError`` naming ``what`` otherwise."""
+    found = _object(value, where, what)
+    for k, v in found.items():
+        if not isinstance(v, str):
+            raise ConvertError(f"{where}: {what} must map names to strings, got {k!r}: {_shown(v)}")
+    return found
+
+
+def _objects(value: Any, where: str, what: str) -> list[Mapping[str, Any]]:
+    """``value`` as a list of objects (absent or empty: ``[]``); raises ``ConvertError`` naming
+    ``what`` otherwise."""
+    if not value:
+        return []
+    if not isinstance(value, list | tuple) or not all(isinstance(x, Mapping) for x in value):
+        raise ConvertError(f"{where}: {what} must be a list of objects, got {_shown(value)}")
+    return list(value)
 
 
 def _whole(value: Any) -> int | None:

@@ -309,6 +309,36 @@ def test_bad_node_quantity_names_the_node_and_field() -> None:
         node_record(node_obj(gpus="1.5"))
 
 
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (("metadata", "labels"), ["nvidia.com/gpu.product"], "metadata.labels must be an object"),
+        (("metadata", "labels"), {"nvidia.com/gpu.count": 8}, "metadata.labels must map names to strings"),
+        (("metadata", "annotations"), "gpusched.io/gpu-islands", "metadata.annotations must be an object"),
+        (("metadata", "annotations"), {"gpusched.io/gpu-islands": ["0-3"]}, "metadata.annotations must map names"),
+        (("spec",), 5, "spec must be an object"),
+        (("spec", "taints"), {"key": "gpu", "effect": "NoSchedule"}, "spec.taints must be a list of objects"),
+        (("spec", "taints"), ["gpu:NoSchedule"], "spec.taints must be a list of objects"),
+        (("spec", "unschedulable"), "false", "spec.unschedulable must be true or false"),
+        (("status",), "Ready", "status must be an object"),
+        (("status", "allocatable"), [["cpu", "64"]], "status.allocatable must be an object"),
+    ],
+)
+def test_a_node_field_of_the_wrong_json_type_is_refused_naming_it(
+    path: tuple[str, ...], value: object, field: str
+) -> None:
+    """The API server checks these types; a watch of another source (a newer API) can still bring
+    one, and the node is then ignored with the field named, never a crash of the node watch."""
+    obj = node_obj()
+    *parents, last = path
+    target = obj
+    for key in parents:
+        target = target.setdefault(key, {})
+    target[last] = value
+    with pytest.raises(ConvertError, match=f"^node n1: {field}"):
+        node_record(obj)
+
+
 def test_whole_gpu_pod_from_limits_and_requests_default_to_limits() -> None:
     rec = pod_record(pod_obj(limits={"nvidia.com/gpu": "2", "cpu": "4", "memory": "8Gi"}))
     p = rec.pod

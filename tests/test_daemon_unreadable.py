@@ -1,0 +1,19 @@
+"""Objects the watches bring that cannot be read: each is left out of the books with a warning
+naming the field, and the watch goes on (a handler that raised would relist in a loop)."""
+
+from __future__ import annotations
+
+from gpusched.daemon.handlers import NodeHandler
+from tests.doubles import RecordingApi, one_node_scheduler
+from tests.e2e import kit
+
+
+def test_a_node_whose_labels_are_no_labels_leaves_the_books_and_the_node_watch_goes_on() -> None:
+    s = one_node_scheduler(RecordingApi(), gpus=2)
+    assert "n0" in s.cache.nodes
+    broken = kit.node("n0", 2, "A100")
+    broken["metadata"]["labels"] = ["nvidia.com/gpu.product=A100"]
+    NodeHandler(s).apply("MODIFIED", broken)  # raised AttributeError before
+    assert "n0" not in s.cache.nodes
+    NodeHandler(s).apply("MODIFIED", kit.node("n0", 2, "A100"))
+    assert "n0" in s.cache.nodes
