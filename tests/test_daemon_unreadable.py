@@ -4,7 +4,7 @@ naming the field, and the watch goes on (a handler that raised would relist in a
 from __future__ import annotations
 
 from gpusched.daemon.handlers import NodeHandler
-from tests.doubles import RecordingApi, one_node_scheduler
+from tests.doubles import RecordingApi, member_pod, one_node_scheduler
 from tests.e2e import kit
 
 
@@ -17,3 +17,16 @@ def test_a_node_whose_labels_are_no_labels_leaves_the_books_and_the_node_watch_g
     assert "n0" not in s.cache.nodes
     NodeHandler(s).apply("MODIFIED", kit.node("n0", 2, "A100"))
     assert "n0" in s.cache.nodes
+
+
+def test_a_pod_whose_fields_have_the_wrong_type_is_queued_with_its_error_and_the_pod_watches_go_on() -> None:
+    s = one_node_scheduler(RecordingApi(), gpus=2)
+    broken = member_pod("p")
+    broken["spec"]["containers"] = {"name": "c"}  # no list
+    broken["status"] = {"conditions": 1}
+    s._pending.apply("ADDED", broken)  # raised AttributeError before
+    assert "default/p" in s.queue
+    bound = member_pod("q", node="n0")
+    bound["metadata"]["labels"] = ["app=web"]
+    s._bound.apply("ADDED", bound)  # raised AttributeError before
+    assert s.cache.holds("default/q", "uid-q")

@@ -364,11 +364,19 @@ _POD_LEVEL_RESOURCES = ("cpu", "memory")
 """Resources a pod may request for all its containers together in ``spec.resources``."""
 
 
-def _container_requests(container: Mapping[str, Any]) -> dict[str, Any]:
-    res: Mapping[str, Any] = container.get("resources") or {}
-    merged = dict(res.get("limits") or {})  # a request defaults to its limit
-    merged.update(res.get("requests") or {})
+def _container_requests(container: Mapping[str, Any], where: str, what: str) -> dict[str, Any]:
+    """The requests of a container (``what`` names it), or of the pod as a whole (``spec``);
+    raises ``ConvertError`` naming the field that is not an object."""
+    res = _object(container.get("resources"), where, f"{what}.resources")
+    merged = dict(_object(res.get("limits"), where, f"{what}.resources.limits"))  # a request defaults to its limit
+    merged.update(_object(res.get("requests"), where, f"{what}.resources.requests"))
     return merged
+
+
+def _containers(spec: Mapping[str, Any], field: str) -> list[tuple[str, Mapping[str, Any]]]:
+    """The pod's ``containers`` or ``initContainers`` (lists of objects, as ``pod_record`` has
+    left them), each with the path that names it in a message."""
+    return [(f"spec.{field}[{i}]", c) for i, c in enumerate(spec.get(field) or ())]
 
 
 def _effective_requests(spec: Mapping[str, Any], where: str, status: Mapping[str, Any] | None = None) -> dict[str, int]:
@@ -404,15 +412,16 @@ def _effective_requests(spec: Mapping[str, Any], where: str, status: Mapping[str
 
     running, infeasible = _running(status or {})
 
-    def held(c: Mapping[str, Any]) -> dict[str, int]:
+    def held(c: Mapping[str, Any], what: str) -> dict[str, int]:
         """What a container or sidecar holds: its requests, or while it is resized in place
         the larger of those and the ones the kubelet reports it runs with."""
-        reqs = read(_container_requests(c))
+        reqs = read(_container_requests(c, where, what))
         cs = running.get(str(c.get("name") or ""))
         if cs is None or not isinstance(cs.get("resources"), Mapping):
             return reqs
         allocated = cs.get("allocatedResources")
-        reported = [read(cs["resources"].get("requests") or {})]
+        told = _object(cs["resources"].get("requests"), where, f"the status of {what}: resources.requests")
+        reported = [read(told)]
         reported += [read(allocated)] if isinstance(allocated, Mapping) else []
         if not infeasible:
             reported.append(dict(reqs))
@@ -425,28 +434,26 @@ def _effective_requests(spec: Mapping[str, Any], where: str, status: Mapping[str
     # beside the app containers.
     sidecars: dict[str, int] = {}
     init_peak: dict[str, int] = {}
-    for c in spec.get("initContainers") or ():
+    for what, c in _containers(spec, "initContainers"):
         if c.get("restartPolicy") == "Always":
-            reqs = held(c)
+            reqs = held(c, what)
             for k, v in reqs.items():
                 sidecars[k] = sidecars.get(k, 0) + v
             step = sidecars
         else:
-            reqs = read(_container_requests(c))
+            reqs = read(_container_requests(c, where, what))
             step = {k: sidecars.get(k, 0) + reqs.get(k, 0) for k in sidecars.keys() | reqs.keys()}
         for k, v in step.items():
             init_peak[k] = max(init_peak.get(k, 0), v)
     total = dict(sidecars)
-    for c in spec.get("containers") or ():
-        for k, v in held(c).items():
+    for what, c in _containers(spec, "containers"):
+        for k, v in held(c, what).items():
             total[k] = total.get(k, 0) + v
     for k, v in init_peak.items():
         total[k] = max(total.get(k, 0), v)
     # The API server has defaulted these from the pod-level limits already where they apply.
-    pod_res = spec.get("resources") or {}
-    if not isinstance(pod_res, Mapping):
-        raise ConvertError(f"{where}: resources must be an object, got {pod_res!r}")
-    pod_level = read(pod_res.get("requests") or {})
+    pod_res = _object(spec.get("resources"), where, "spec.resources")
+    pod_level = read(_object(pod_res.get("requests"), where, "spec.resources.requests"))
     total.update((k, v) for k, v in pod_level.items() if k in _POD_LEVEL_RESOURCES)
     for k, v in read(spec.get("overhead") or {}).items():
         total[k] = total.get(k, 0) + v
@@ -509,14 +516,19 @@ def pod_record(
     """
     meta = _meta(obj)
     name, namespace = str(meta["name"]), str(meta.get("namespace") or "default")
-    spec: Mapping[str, Any] = obj.get("spec") or {}
-    status: Mapping[str, Any] = obj.get("status") or {}
-    annotations: Mapping[str, str] = meta.get("annotations") or {}
-    uid = str(meta.get("uid", ""))
-    priority = int(spec.get("priority") or 0)
-    labels: Mapping[str, str] = meta.get("labels") or {}
-    claims, ephemeral = _claims(name, spec)
     where = f"pod {namespace}/{name}"
+    # A field of the wrong JSON type is left out (what is left is still read) and told as the error.
+    shape: list[str] = []
+    spec = _pod_part(obj.get("spec"), where, "spec", _SPEC_LISTS, _SPEC_OBJECTS, shape)
+    status = _pod_part(obj.get("status"), where, "status", _STATUS_LISTS, (), shape)
+    annotations = _pod_names(meta.get("annotations"), where, "metadata.annotations", shape)
+    labels = _pod_names(meta.get("labels"), where, "metadata.labels", shape)
+    uid = str(meta.get("uid", ""))
+    priority = spec.get("priority") or 0
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
+        shape.append(f"{where}: spec.priority must be a whole number from -2^31 to 2^31-1, got {_shown(priority)}")
+        priority = 0
+    claims, ephemeral = _claims(name, spec)
     affinity = _affinity(spec)  # read once: the request, its fallback and the namespace selectors
     try:
         pod, error = _pod(
@@ -562,6 +574,8 @@ def pod_record(
             claims=claims,
         )
         error = str(exc)
+    if shape:  # the first cause: what is read beside it may be wrong for want of the field
+        error = shape[0]
     return PodRecord(
         pod,
         uid=uid,
@@ -582,6 +596,46 @@ def pod_record(
         namespace_selectors=_namespace_selectors(affinity),
         pod_group=f"{namespace}/{_group(labels)}" if _group(labels) and ANNOTATION_GANG_MIN not in annotations else "",
     )
+
+
+_SPEC_LISTS = ("containers", "initContainers", "volumes", "tolerations", "topologySpreadConstraints")
+_SPEC_OBJECTS = ("nodeSelector", "overhead", "resources")
+_STATUS_LISTS = ("conditions", "containerStatuses", "initContainerStatuses")
+
+
+def _pod_part(
+    value: Any, where: str, what: str, lists: tuple[str, ...], objects: tuple[str, ...], shape: list[str]
+) -> Mapping[str, Any]:
+    """A pod's ``spec`` or ``status`` (``what``) without the fields of the wrong JSON type: those
+    of ``lists`` that are no list of objects, those of ``objects`` that are no object; each left
+    out is told in ``shape`` (as is a ``value`` that is no object: then ``{}``)."""
+    try:
+        part = _object(value, where, what)
+    except ConvertError as exc:
+        shape.append(str(exc))
+        return {}
+    bad: dict[str, str] = {}
+    for key in lists:
+        items = part.get(key)
+        if items and not (isinstance(items, list) and all(isinstance(x, Mapping) for x in items)):
+            bad[key] = "a list of objects"
+    for key in objects:
+        if part.get(key) and not isinstance(part[key], Mapping):
+            bad[key] = "an object"
+    if not bad:
+        return part
+    shape.extend(f"{where}: {what}.{key} must be {kind}, got {_shown(part[key])}" for key, kind in bad.items())
+    return {k: v for k, v in part.items() if k not in bad}
+
+
+def _pod_names(value: Any, where: str, what: str, shape: list[str]) -> Mapping[str, str]:
+    """A pod's labels or annotations (``what``) as ``_string_map`` reads them; one that cannot be
+    read is told in ``shape``, and only its entries with string values are kept."""
+    try:
+        return _string_map(value, where, what)
+    except ConvertError as exc:
+        shape.append(str(exc))
+    return {k: v for k, v in value.items() if isinstance(v, str)} if isinstance(value, Mapping) else {}
 
 
 def namespace_labels(obj: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
@@ -972,7 +1026,7 @@ def _pod(
                 f"{where}: tolerations: operator {operator!r} (key {str(t.get('key') or '')!r}) is not one of "
                 f"{', '.join(TOLERATION_OPERATORS)}, so it tolerates no taint; fix or remove the toleration"
             )
-    unknown = _unsupported_resources(spec)
+    unknown = _unsupported_resources(spec, where)
     if unknown:
         error = error or (
             f"{where}: resources {', '.join(unknown)} are not tracked by this scheduler, so it cannot "
@@ -1002,7 +1056,7 @@ def _pod(
             _tolerations(spec),
             node_selector,
             reqs.get(STORAGE_RESOURCE, 0),
-            _host_ports(spec),
+            _host_ports(spec, where),
             _labels(labels),
             terms["podAntiAffinity"],
             spread,
@@ -1296,17 +1350,16 @@ def _spread(
     return tuple(out), tuple(wishes)
 
 
-def _host_ports(spec: Mapping[str, Any]) -> frozenset[str]:
+def _host_ports(spec: Mapping[str, Any], where: str) -> frozenset[str]:
     """Every host port its containers and sidecars bind, as ``model.ports.host_port`` keys (the API
-    server has already set ``hostPort`` for each container port of a ``hostNetwork`` pod)."""
-    containers = [c for c in spec.get("containers") or () if isinstance(c, Mapping)]
-    containers += [
-        c for c in spec.get("initContainers") or () if isinstance(c, Mapping) and c.get("restartPolicy") == "Always"
-    ]
+    server has already set ``hostPort`` for each container port of a ``hostNetwork`` pod).  Raises
+    ``ConvertError`` for ``ports`` that are no list of objects."""
+    containers = _containers(spec, "containers")
+    containers += [(what, c) for what, c in _containers(spec, "initContainers") if c.get("restartPolicy") == "Always"]
     out: set[str] = set()
-    for c in containers:
-        for port in c.get("ports") or ():
-            number = port.get("hostPort") if isinstance(port, Mapping) else None
+    for what, c in containers:
+        for port in _objects(c.get("ports"), where, f"{what}.ports"):
+            number = port.get("hostPort")
             if isinstance(number, int) and number > 0:  # the API server admits only int32 values
                 out.add(host_port(str(port.get("protocol") or "TCP"), number, str(port.get("hostIP") or "")))
     return frozenset(out)
@@ -1330,12 +1383,12 @@ def _tolerations(spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
 _TRACKED_RESOURCES = frozenset({"cpu", "memory", STORAGE_RESOURCE, GPU_RESOURCE, ANNOTATION_GPU_MILLI})
 
 
-def _unsupported_resources(spec: Mapping[str, Any]) -> list[str]:
+def _unsupported_resources(spec: Mapping[str, Any], where: str) -> list[str]:
     """Requested resources that nodes are not checked for (hugepages, other extended resources), by
     a container or by the pod as a whole (``spec.resources``)."""
     names: set[str] = set()
-    for c in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ()), spec]:
-        for key, value in _container_requests(c).items():
+    for what, c in [*_containers(spec, "containers"), *_containers(spec, "initContainers"), ("spec", spec)]:
+        for key, value in _container_requests(c, where, what).items():
             if key not in _TRACKED_RESOURCES and not key.startswith(MIG_PREFIX) and str(value) not in ("0", ""):
                 names.add(key)
     return sorted(names)

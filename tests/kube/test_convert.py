@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import pytest
@@ -337,6 +338,63 @@ def test_a_node_field_of_the_wrong_json_type_is_refused_naming_it(
     target[last] = value
     with pytest.raises(ConvertError, match=f"^node n1: {field}"):
         node_record(obj)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("spec",), 5, "spec must be an object"),
+        (("status",), "Running", "status must be an object"),
+        (("metadata", "labels"), ["app=web"], "metadata.labels must be an object"),
+        (("metadata", "annotations"), {"gpusched.io/gpu-milli": 500}, "metadata.annotations must map names to strings"),
+        (("spec", "priority"), "1000", "spec.priority must be a whole number"),
+        (("spec", "priority"), 2**40, "spec.priority must be a whole number"),
+        (("spec", "containers"), {"name": "c"}, "spec.containers must be a list of objects"),
+        (("spec", "containers"), [{"name": "c", "resources": ["cpu"]}], r"spec.containers\[0\].resources must be"),
+        (
+            ("spec", "containers", 0, "resources", "limits"),
+            [["cpu", "1"]],
+            r"spec.containers\[0\].resources.limits must",
+        ),
+        (("spec", "containers", 0, "ports"), 80, r"spec.containers\[0\].ports must be a list of objects"),
+        (("spec", "initContainers"), 1, "spec.initContainers must be a list of objects"),
+        (("spec", "tolerations"), {"key": "gpu"}, "spec.tolerations must be a list of objects"),
+        (("spec", "volumes"), 3, "spec.volumes must be a list of objects"),
+        (("spec", "topologySpreadConstraints"), 1, "spec.topologySpreadConstraints must be a list of objects"),
+        (("spec", "nodeSelector"), "nvidia.com/gpu.product=A100", "spec.nodeSelector must be an object"),
+        (("spec", "overhead"), ["cpu"], "spec.overhead must be an object"),
+        (("spec", "resources"), ["cpu"], "spec.resources must be an object"),
+        (("status", "conditions"), 1, "status.conditions must be a list of objects"),
+        (("status", "containerStatuses"), {"name": "c"}, "status.containerStatuses must be a list of objects"),
+        (
+            ("status", "containerStatuses"),
+            [{"name": "c", "resources": {"requests": ["cpu"]}}],
+            r"the status of spec.containers\[0\]: resources.requests must be an object",
+        ),
+    ],
+)
+def test_a_pod_field_of_the_wrong_json_type_is_the_pods_error_naming_it(
+    path: tuple[str | int, ...], value: object, message: str
+) -> None:
+    """The API server checks these types; a watch of another source (a newer API) can still bring
+    one.  The pod is read all the same, with what is wrong as its error (told on it as any other),
+    never a crash of the pod watches."""
+    obj = pod_obj(limits={"cpu": "2"})
+    *parents, last = path
+    target = obj
+    for key in parents:
+        target = target[key]
+    target[last] = value
+    rec = pod_record(obj)
+    assert re.match(f"pod ns/p: {message}", rec.error), rec.error
+
+
+def test_a_bound_pod_whose_status_cannot_be_read_is_still_counted_with_its_request() -> None:
+    obj = pod_obj(limits={"cpu": "2", "nvidia.com/gpu": "1"}, nodeName="n1")
+    obj["status"]["conditions"] = {"type": "Ready"}
+    rec = pod_record(obj)
+    assert rec.error == "pod ns/p: status.conditions must be a list of objects, got {'type': 'Ready'}"
+    assert (rec.bound, rec.pod.cpu_milli, rec.pod.num_gpu) == (True, 2000, 1)
 
 
 def test_whole_gpu_pod_from_limits_and_requests_default_to_limits() -> None:
