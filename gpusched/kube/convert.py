@@ -737,9 +737,12 @@ def budget_record(obj: Mapping[str, Any]) -> tuple[str, Budget]:
     kube-scheduler)."""
     meta = _meta(obj)
     namespace, name = str(meta.get("namespace") or "default"), str(meta["name"])
-    spec: Mapping[str, Any] = obj.get("spec") or {}
-    status: Mapping[str, Any] = obj.get("status") or {}
+    where = f"PodDisruptionBudget {namespace}/{name}"
+    spec = _object(obj.get("spec"), where, "spec")
+    status = _object(obj.get("status"), where, "status")
     chosen = spec.get("selector")
+    if chosen is not None and not isinstance(chosen, Mapping):
+        raise ConvertError(f"{where}: selector must be a label selector (an object), got {_shown(chosen)}")
     selector: tuple[Requirement, ...] = ()
     everyone = isinstance(chosen, Mapping) and not _has_requirements(chosen)
     if isinstance(chosen, Mapping):
@@ -747,20 +750,15 @@ def budget_record(obj: Mapping[str, Any]) -> tuple[str, Budget]:
             selector = _selector(chosen)
             check_label_selector(selector)
         except ValueError as exc:
-            raise ConvertError(f"PodDisruptionBudget {namespace}/{name}: selector: {exc}") from None
+            raise ConvertError(f"{where}: selector: {exc}") from None
     allowed = _whole(status.get("disruptionsAllowed") or 0)
     if allowed is None:
         raise ConvertError(
-            f"PodDisruptionBudget {namespace}/{name}: status.disruptionsAllowed must be a whole number, "
-            f"got {_shown(status.get('disruptionsAllowed'))}"
+            f"{where}: status.disruptionsAllowed must be a whole number, got {_shown(status.get('disruptionsAllowed'))}"
         )
-    disrupted = status.get("disruptedPods") or {}
+    disrupted = _object(status.get("disruptedPods"), where, "status.disruptedPods")
     return f"{namespace}/{name}", Budget(
-        namespace,
-        selector,
-        allowed,
-        frozenset(str(k) for k in disrupted) if isinstance(disrupted, Mapping) else frozenset(),
-        everyone=everyone,
+        namespace, selector, allowed, frozenset(str(k) for k in disrupted), everyone=everyone
     )
 
 
@@ -770,7 +768,7 @@ def pod_group_record(obj: Mapping[str, Any]) -> tuple[str, int]:
     ``ConvertError`` for a minimum that is not a whole number."""
     meta = _meta(obj)
     namespace, name = str(meta.get("namespace") or "default"), str(meta["name"])
-    value = (obj.get("spec") or {}).get("minMember")
+    value = _object(obj.get("spec"), f"PodGroup {namespace}/{name}", "spec").get("minMember")
     if value is None:
         return f"{namespace}/{name}", 1
     minimum = _whole(value)

@@ -148,6 +148,29 @@ def test_a_disruption_budget_whose_allowed_disruptions_are_no_whole_number_is_re
     assert budget_record(obj)[1].allowed == 2
 
 
+@pytest.mark.parametrize(
+    ("spec", "status", "message"),
+    [
+        ("minAvailable: 1", {}, "spec must be an object"),
+        ({}, [{"disruptionsAllowed": 1}], "status must be an object"),
+        ({"selector": "app=web"}, {}, "selector must be a label selector"),
+        ({"selector": {"matchLabels": ["app", "web"]}}, {}, "selector: matchLabels must map label keys to values"),
+        ({}, {"disruptedPods": ["web-0"]}, "status.disruptedPods must be an object"),
+    ],
+)
+def test_a_disruption_budget_field_of_the_wrong_json_type_is_refused_naming_it(
+    spec: object, status: object, message: str
+) -> None:
+    obj = {"metadata": {"name": "web", "namespace": "ns"}, "spec": spec, "status": status}
+    with pytest.raises(ConvertError, match=f"^PodDisruptionBudget ns/web: {message}"):
+        budget_record(obj)
+
+
+def test_a_podgroup_whose_spec_is_no_object_is_refused_naming_it() -> None:
+    with pytest.raises(ConvertError, match=r"^PodGroup ns/train: spec must be an object, got 4"):
+        pod_group_record({"metadata": {"name": "train", "namespace": "ns"}, "spec": 4})
+
+
 def test_tolerations_are_read() -> None:
     tolerations = [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
