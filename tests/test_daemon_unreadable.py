@@ -3,7 +3,10 @@ naming the field, and the watch goes on (a handler that raised would relist in a
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpusched.daemon.handlers import NodeHandler
+from gpusched.daemon.scheduler import Scheduler
 from tests.doubles import RecordingApi, member_pod, one_node_scheduler
 from tests.e2e import kit
 
@@ -30,3 +33,21 @@ def test_a_pod_whose_fields_have_the_wrong_type_is_queued_with_its_error_and_the
     bound["metadata"]["labels"] = ["app=web"]
     s._bound.apply("ADDED", bound)  # raised AttributeError before
     assert s.cache.holds("default/q", "uid-q")
+
+
+def _handler(s: Scheduler, name: str) -> Any:
+    return next(r.handler for r in s.reflectors if r.name == name)
+
+
+def test_a_claim_or_namespace_that_cannot_be_read_leaves_the_books_and_its_watch_goes_on() -> None:
+    s = one_node_scheduler(RecordingApi(), gpus=2)
+    claim = {"metadata": {"name": "data", "namespace": "default"}, "spec": {"volumeName": "pv"}}
+    _handler(s, "claims").replace([claim])
+    assert s.claims.problem("default/p", "uid-p", ("data",), (), {}) != 'persistentvolumeclaim "data" not found'
+    _handler(s, "claims").apply("MODIFIED", {**claim, "status": ["Bound"]})  # raised AttributeError before
+    assert s.claims.problem("default/p", "uid-p", ("data",), (), {}) == 'persistentvolumeclaim "data" not found'
+    _handler(s, "claims").replace([{**claim, "spec": "pv"}])
+    _handler(s, "namespaces").replace([{"metadata": {"name": "team-a", "labels": {"team": "a"}}}])
+    assert s.namespaces == {"team-a": {"team": "a"}}
+    _handler(s, "namespaces").apply("MODIFIED", {"metadata": {"name": "team-a", "labels": ["team=a"]}})
+    assert s.namespaces == {}  # as if it were not there: no namespaceSelector picks it

@@ -22,6 +22,7 @@ from gpusched.model import Pod
 from gpusched.model.affinity import Requirement, label_selector_selects
 from gpusched.solver.preempt import Budget
 from gpusched.state.records import PodRecord
+from gpusched.state.volumes import ClaimRecord
 
 if TYPE_CHECKING:
     from gpusched.daemon.scheduler import Scheduler
@@ -166,20 +167,36 @@ def _mounts_claims(r: PodRecord) -> bool:
     return bool(r.claims)
 
 
+def _named(obj: dict[str, Any]) -> tuple[str, str]:
+    """The namespace and name of an object, however the rest of it reads."""
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or "default"), str(meta.get("name", ""))
+
+
 class ClaimHandler:
-    """PersistentVolumeClaims: a pod refused for a claim is retried when that claim changes."""
+    """PersistentVolumeClaims: a pod refused for a claim is retried when that claim changes.  A
+    claim that cannot be read is left out of the books, with a warning: its pods wait as for a
+    claim not found."""
 
     def __init__(self, s: Scheduler) -> None:
         self.s = s
 
+    def _read(self, obj: dict[str, Any]) -> ClaimRecord | None:
+        try:
+            return claim_record(obj)
+        except ConvertError as exc:
+            log.warning("claim ignored", error=str(exc))
+            return None
+
     def replace(self, objects: list[dict[str, Any]]) -> None:
-        self.s.claims.replace_claims([claim_record(o) for o in objects])
+        self.s.claims.replace_claims([r for r in map(self._read, objects) if r is not None])
         self.s.queue.move_all(_mounts_claims)
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
-        rec = claim_record(obj)
-        if self.s.claims.delete_claim(rec.key) if kind == "DELETED" else self.s.claims.upsert_claim(rec):
-            self.s.queue.move_all(lambda r: r.pod.namespace == rec.namespace and rec.name in r.claims)
+        namespace, name = _named(obj)
+        rec = None if kind == "DELETED" else self._read(obj)
+        if self.s.claims.delete_claim(f"{namespace}/{name}") if rec is None else self.s.claims.upsert_claim(rec):
+            self.s.queue.move_all(lambda r: r.pod.namespace == namespace and name in r.claims)
 
 
 class VolumeHandler:
@@ -327,8 +344,15 @@ class NamespaceHandler:
     def __init__(self, s: Scheduler) -> None:
         self.s = s
 
+    def _read(self, obj: dict[str, Any]) -> tuple[str, dict[str, str]] | None:
+        try:
+            return namespace_labels(obj)
+        except ConvertError as exc:  # as if it were not there: no namespaceSelector picks it
+            log.warning("namespace ignored", error=str(exc))
+            return None
+
     def replace(self, objects: list[dict[str, Any]]) -> None:
-        table = dict(namespace_labels(o) for o in objects)
+        table = dict(r for r in map(self._read, objects) if r is not None)
         old = self.s.namespaces
         changes = [(old.get(n), table.get(n)) for n in old.keys() | table.keys() if old.get(n) != table.get(n)]
         self.s.namespaces = table
@@ -336,13 +360,14 @@ class NamespaceHandler:
             self.s.reread_selecting(changes)
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
-        name, labels = namespace_labels(obj)
+        name = _named(obj)[1]
+        read = None if kind == "DELETED" else self._read(obj)
         before = self.s.namespaces.get(name)
-        if kind == "DELETED":
+        if read is None:
             self.s.namespaces.pop(name, None)
             after = None
         else:
-            self.s.namespaces[name] = after = labels
+            self.s.namespaces[name] = after = read[1]
         if before != after:
             self.s.reread_selecting([(before, after)])
 

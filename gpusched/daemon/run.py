@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -40,6 +40,7 @@ from gpusched.state.records import HELD_REASONS, PodRecord
 from gpusched.state.volumes import Claims
 
 log = structlog.get_logger("gpusched.daemon")
+T = TypeVar("T")
 
 
 ACTING = ("schedule", "consolidate", "mig-restore", "keep-warm")
@@ -120,18 +121,25 @@ async def run_daemon(settings: DaemonSettings) -> int:
     return code
 
 
+def _readable(
+    read: Callable[[dict[str, Any]], T], objects: list[dict[str, Any]], what: str, notes: list[str]
+) -> list[T]:
+    """The records of ``objects`` that ``read`` can read; a line in ``notes`` for each other."""
+    out = []
+    for obj in objects:
+        try:
+            out.append(read(obj))
+        except ConvertError as exc:
+            notes.append(f"{what} ignored: {exc}")
+    return out
+
+
 async def _read_books(kube: Kube, namespaces: dict[str, dict[str, str]] | None, notes: list[str]) -> Cache:
     """The nodes and the pods bound to them, read once into books; a node that cannot be read
     is left out with a line in ``notes``."""
     cache = Cache()
     nodes, _ = await kube.list("/api/v1/nodes")
-    recs = []
-    for obj in nodes:
-        try:
-            recs.append(node_record(obj))
-        except ConvertError as exc:
-            notes.append(f"node ignored: {exc}")
-    cache.replace_nodes(recs)
+    cache.replace_nodes(_readable(node_record, nodes, "node", notes))
     bound, _ = await kube.list("/api/v1/pods", {"fieldSelector": BOUND_SELECTOR})
     cache.replace_pods(pod_record(o, namespaces) for o in bound)
     return cache
@@ -182,7 +190,7 @@ async def explain_pod(
         if rec.claims:
             claims = Claims()
             pvcs, _ = await kube.list(f"/api/v1/namespaces/{segment(namespace)}/persistentvolumeclaims")
-            claims.replace_claims([claim_record(o) for o in pvcs])
+            claims.replace_claims(_readable(claim_record, pvcs, "claim", lines))
             pvs, _ = await kube.list("/api/v1/persistentvolumes")
             claims.replace_volumes([volume_record(o) for o in pvs])
             volumes = claims.problem(rec.key, rec.uid, rec.claims, rec.ephemeral_claims, cache.claim_users())

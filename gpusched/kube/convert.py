@@ -639,9 +639,11 @@ def _pod_names(value: Any, where: str, what: str, shape: list[str]) -> Mapping[s
 
 
 def namespace_labels(obj: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
-    """A Namespace's name and labels.  Raises ``ConvertError`` without a name."""
+    """A Namespace's name and labels.  Raises ``ConvertError`` without a name, or for labels that
+    are no labels."""
     meta = _meta(obj)
-    return str(meta["name"]), {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    name = str(meta["name"])
+    return name, dict(_string_map(meta.get("labels"), f"namespace {name}", "metadata.labels"))
 
 
 def _namespace_selectors(affinity: dict[str, Mapping[str, Any]] | str) -> tuple[tuple[Requirement, ...], ...]:
@@ -704,29 +706,25 @@ bound them (before the claim's phase): kube-scheduler takes a claim without it f
 def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:
     """A PersistentVolumeClaim: the volume it is bound to, if any (bound as kube-scheduler reads
     it: named and the binding completed, phase written or not), and whether it is one pod's at a
-    time (access mode ``ReadWriteOncePod``)."""
+    time (access mode ``ReadWriteOncePod``).  Raises ``ConvertError`` naming a field of the wrong
+    JSON type."""
     meta = _meta(obj)
-    spec: Mapping[str, Any] = obj.get("spec") or {}
-    status: Mapping[str, Any] = obj.get("status") or {}
-    owner = next(
-        (
-            str(o.get("uid") or "")
-            for o in meta.get("ownerReferences") or ()
-            if isinstance(o, Mapping) and o.get("controller")
-        ),
-        "",
-    )
+    namespace, name = str(meta.get("namespace") or "default"), str(meta["name"])
+    where = f"PersistentVolumeClaim {namespace}/{name}"
+    spec = _object(obj.get("spec"), where, "spec")
+    status = _object(obj.get("status"), where, "status")
+    owners = _objects(meta.get("ownerReferences"), where, "metadata.ownerReferences")
     volume = str(spec.get("volumeName") or "")
     lost = status.get("phase") == "Lost"
     completed = isinstance(annotations := meta.get("annotations"), Mapping) and BIND_COMPLETED in annotations
     return ClaimRecord(
-        str(meta.get("namespace") or "default"),
-        str(meta["name"]),
+        namespace,
+        name,
         volume=volume,
         bound=bool(volume) and completed and not lost,
         lost=lost,
         deleting=bool(meta.get("deletionTimestamp")),
-        owner=owner,
+        owner=next((str(o.get("uid") or "") for o in owners if o.get("controller")), ""),
         one_pod=isinstance(modes := spec.get("accessModes"), (list, tuple)) and "ReadWriteOncePod" in modes,
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from gpusched.kube.convert import (
     ConvertError,
     budget_record,
     claim_record,
+    namespace_labels,
     node_record,
     pod_group_record,
     pod_record,
@@ -169,6 +171,28 @@ def test_a_disruption_budget_field_of_the_wrong_json_type_is_refused_naming_it(
 def test_a_podgroup_whose_spec_is_no_object_is_refused_naming_it() -> None:
     with pytest.raises(ConvertError, match=r"^PodGroup ns/train: spec must be an object, got 4"):
         pod_group_record({"metadata": {"name": "train", "namespace": "ns"}, "spec": 4})
+
+
+@pytest.mark.parametrize(
+    ("read", "obj", "message"),
+    [
+        (claim_record, {"spec": "data"}, "PersistentVolumeClaim ns/c: spec must be an object"),
+        (claim_record, {"status": ["Bound"]}, "PersistentVolumeClaim ns/c: status must be an object"),
+        (
+            claim_record,
+            {"metadata": {"name": "c", "namespace": "ns", "ownerReferences": {"uid": "u", "controller": True}}},
+            "PersistentVolumeClaim ns/c: metadata.ownerReferences must be a list of objects",
+        ),
+        (namespace_labels, {"metadata": {"name": "c", "labels": ["team=a"]}}, "namespace c: metadata.labels must be"),
+        (namespace_labels, {"metadata": {"name": "c", "labels": {"team": 5}}}, "namespace c: metadata.labels must map"),
+    ],
+)
+def test_a_claim_or_namespace_field_of_the_wrong_json_type_is_refused_naming_it(
+    read: Callable[[Any], object], obj: dict[str, Any], message: str
+) -> None:
+    """Their handlers leave such an object out of the books with a warning, as a node's does."""
+    with pytest.raises(ConvertError, match=f"^{message}"):
+        read({"metadata": {"name": "c", "namespace": "ns"}, **obj})
 
 
 def test_tolerations_are_read() -> None:
