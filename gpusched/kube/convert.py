@@ -237,9 +237,12 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
         raise ConvertError(f"{where}: spec.unschedulable must be true or false, got {_shown(spec['unschedulable'])}")
     try:
         cpu = cpu_milli(alloc.get("cpu", 0), round_up=False)
+    except QuantityError as exc:
+        raise ConvertError(f"{where}: status.{reported} cpu: {exc}") from None
+    try:
         mem = memory_mib(alloc.get("memory", 0), round_up=False)
     except QuantityError as exc:
-        raise ConvertError(f"{where}: status.allocatable: {exc}") from None
+        raise ConvertError(f"{where}: status.{reported} memory: {exc}") from None
     # Only what the device plugin advertises counts: the kubelet admits pods against allocatable,
     # and in MIG mode the GPU feature discovery count also covers the partitioned GPUs.
     gpus = _int_quantity(alloc[GPU_RESOURCE], f"{where}: allocatable {GPU_RESOURCE}") if GPU_RESOURCE in alloc else 0

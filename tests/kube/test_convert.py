@@ -355,6 +355,14 @@ def test_a_gpu_memory_label_that_is_no_count_keeps_the_node_and_says_so(memory: 
 def test_bad_node_quantity_names_the_node_and_field() -> None:
     with pytest.raises(ConvertError, match=r"node n1: allocatable nvidia.com/gpu: must be a whole number"):
         node_record(node_obj(gpus="1.5"))
+    for resource in ("cpu", "memory"):
+        obj = node_obj()
+        obj["status"]["allocatable"][resource] = "lots"
+        with pytest.raises(ConvertError, match=f"^node n1: status.allocatable {resource}: invalid quantity 'lots'"):
+            node_record(obj)
+    obj["status"] = {"capacity": {"cpu": None}}  # the kubelet reports no allocatable: its capacity is read
+    with pytest.raises(ConvertError, match=r"^node n1: status.capacity cpu: quantity must be a number or string"):
+        node_record(obj)
 
 
 @pytest.mark.parametrize(
