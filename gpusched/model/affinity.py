@@ -33,6 +33,7 @@ __all__ = [
     "Spread",
     "both",
     "check_label_selector",
+    "int64",
     "is_int64",
     "label_selector_selects",
     "preference_score",
@@ -84,9 +85,10 @@ class Requirement:
             return value is not None
         if op == "DoesNotExist":
             return value is None
-        if value is None or not is_int64(value):
+        have, bound = int64(value) if value is not None else None, int64(self.values[0])
+        if have is None or bound is None:
             return False
-        return int(value) > int(self.values[0]) if op == "Gt" else int(value) < int(self.values[0])
+        return have > bound if op == "Gt" else have < bound
 
 
 NodeSelector = tuple[tuple[Requirement, ...], ...]
@@ -201,6 +203,20 @@ def label_selector_selects(selector: tuple[Requirement, ...], labels: Mapping[st
 _INT64 = re.compile(r"[+-]?[0-9]+")
 
 
+def int64(text: str) -> int | None:
+    """``text`` as a base-10 64-bit integer, as kube-scheduler parses ``Gt`` and ``Lt`` values and
+    the labels they compare (Go's ``strconv.ParseInt``, which takes any number of leading zeros);
+    None when it is not one.  Never ``int()`` of all of it: beyond 4300 digits Python raises
+    ``ValueError`` (the API server admits 63 characters, a watch of another source any number)."""
+    if _INT64.fullmatch(text) is None:
+        return None
+    digits = text.lstrip("+-").lstrip("0") or "0"
+    if len(digits) > 19:  # 2^63 has 19 digits
+        return None
+    value = -int(digits) if text.startswith("-") else int(digits)
+    return value if -(2**63) <= value < 2**63 else None
+
+
 def is_int64(text: str) -> bool:
     """A base-10 64-bit integer, as the API server parses ``Gt`` and ``Lt`` values and labels."""
-    return _INT64.fullmatch(text) is not None and -(2**63) <= int(text) < 2**63
+    return int64(text) is not None

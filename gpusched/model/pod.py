@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Spread, is_int64
+from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Spread, int64
 from gpusched.model.mig import gpu_fraction
 from gpusched.model.node import GPU_MILLI, Taint
 
@@ -125,9 +125,9 @@ class Toleration:
         if self.operator == "Equal":
             return self.value == taint.value
         if self.operator in ("Gt", "Lt"):  # taint value > (or <) the toleration's; both whole numbers
-            if not (is_int64(self.value) and is_int64(taint.value)):
+            mine, theirs = int64(self.value), int64(taint.value)
+            if mine is None or theirs is None:
                 return False
-            mine, theirs = int(self.value), int(taint.value)
             return theirs > mine if self.operator == "Gt" else theirs < mine
         return False
 

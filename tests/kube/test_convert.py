@@ -829,6 +829,22 @@ def test_a_claim_with_access_mode_read_write_once_pod_is_one_pods_at_a_time() ->
     assert not claim_record({"metadata": {"name": "d"}, "spec": {"accessModes": "ReadWriteOncePod"}}).one_pod
 
 
+def test_a_gt_or_lt_value_with_leading_zeros_is_read_as_kube_scheduler_reads_it() -> None:
+    """Go's strconv.ParseInt takes any number of leading zeros; Python's int() raises ValueError
+    beyond 4300 digits, which refused such a pod in Python's own words, and would have raised out
+    of placement for a toleration.  The API server admits 63 characters; a watch of another source
+    (or a newer API) is held to no such limit."""
+    five = "0" * 5000 + "5"
+    term = {"matchExpressions": [{"key": "rank", "operator": "Gt", "values": [five]}]}
+    required = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+    rec = pod_record(pod_obj(affinity={"nodeAffinity": required}))
+    assert rec.error == ""
+    ((gt,),) = rec.pod.node_selector
+    assert [gt.holds(v) for v in ("6", "5", "0" * 5000 + "6", "9" * 5000)] == [True, False, True, False]
+    lt = Toleration("rank", "Lt", five, "NoSchedule")
+    assert [lt.tolerates(Taint("rank", v, "NoSchedule")) for v in ("4", "0" * 5000 + "4", "6")] == [True, True, False]
+
+
 def test_node_selector_and_required_node_affinity_become_one_selector() -> None:
     term_a = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["train", "batch"]}]}
     term_b = {
