@@ -31,7 +31,7 @@ from gpusched.kube.convert import (
 from gpusched.model import GPU_MILLI, Cluster, ClusterState, Node, Plan, Pod
 from gpusched.model.cluster import live_mig_configs
 from gpusched.model.mig import MIG_CONFIG_PREFIX, MigLayout, geometry_for
-from gpusched.model.node import LABEL_GPU_COUNT, MAX_GPUS
+from gpusched.model.node import LABEL_GPU_COUNT, MAX_GPUS, label_number
 from gpusched.model.placement import MigPartition
 from gpusched.model.topology import default_islands
 from gpusched.solver.explain import explain
@@ -681,7 +681,7 @@ class Repartitioner:
                 continue
             count = labels.get(LABEL_GPU_COUNT, "")
             ours = LABEL_MIG_PREVIOUS in labels or LABEL_MIG_REQUESTED in labels
-            short = ours and count.isdigit() and rec.node.gpu_count < int(count)
+            short = ours and rec.node.gpu_count < (label_number(count) or 0)
             if name in self.restoring or name in self.asked or short:
                 out.append(name)
         return out
@@ -737,10 +737,9 @@ class Repartitioner:
         if rec is None or i is None:
             return None
         node = rec.node
-        count = node.labels.get(LABEL_GPU_COUNT, "")
-        if not count.isdigit() or not 0 < int(count) <= MAX_GPUS:
+        gpus = label_number(node.labels.get(LABEL_GPU_COUNT, "")) or 0
+        if not 0 < gpus <= MAX_GPUS:
             return None
-        gpus = int(count)
         whole = replace(
             node,
             cpu_milli=int(state.cpu_free[i]),
@@ -940,8 +939,9 @@ class Repartitioner:
         # There: instances of a layout of ours (also while a MIG manager applies it again after a
         # reboot), or none once set back to whole GPUs.
         arrived = bool(node.mig_slices) if ours else state == "success" and not node.mig_slices
-        if (ours or config == MIG_ALL_DISABLED) and requested.isdigit() and state != "failed" and not arrived:
-            stamp = self.asked[node.name] = int(requested)
+        stamp = label_number(requested)
+        if (ours or config == MIG_ALL_DISABLED) and stamp is not None and state != "failed" and not arrived:
+            self.asked[node.name] = stamp
             seen = self.asked_seen.get(node.name)
             if seen is None or seen[0] != stamp:  # a new request: timed from now at the earliest
                 self.asked_seen[node.name] = (stamp, time.monotonic())
@@ -961,7 +961,7 @@ class Repartitioner:
                 self._clear(node.name)
         # Instances the MIG manager is told to remove stay sealed, however long it takes, until a
         # leader labels the node with its layout again.
-        if config == MIG_ALL_DISABLED and requested.isdigit() and node.mig_slices:
+        if config == MIG_ALL_DISABLED and stamp is not None and node.mig_slices:
             self.restoring.add(node.name)
         else:
             self.restoring.discard(node.name)
@@ -998,7 +998,7 @@ class Repartitioner:
             # plugin restart shows no instance for a moment: done once the MIG manager was seen at
             # work on it, or every GPU is advertised whole again.
             count = labels.get(LABEL_GPU_COUNT, "")
-            back = count.isdigit() and 0 < int(count) <= node.gpu_count
+            back = 0 < (label_number(count) or 0) <= node.gpu_count
             if state == "success" and not offered and (job.busy or back):
                 self._end(node.name, job, "success", "")
             return
@@ -1101,7 +1101,8 @@ def _monotonic(stamp: float) -> float:
 
 def _within(stamp: str, seconds: float) -> bool:
     """Whether the Unix time ``stamp`` (a label's value) is less than ``seconds`` ago."""
-    return stamp.isdigit() and time.time() - int(stamp) < seconds
+    number = label_number(stamp)
+    return number is not None and time.time() - number < seconds
 
 
 def _counts(counts: Iterable[tuple[str, int]]) -> str:

@@ -76,7 +76,7 @@ from gpusched.model.affinity import (
     label_selector_selects,
 )
 from gpusched.model.mig import MIG_CONFIG_PREFIX, geometry_for, gpu_fraction, profile_of
-from gpusched.model.node import LABEL_GPU_COUNT, MAX_GPUS, Taint, single_mig_profile
+from gpusched.model.node import LABEL_GPU_COUNT, MAX_GPUS, Taint, label_number, single_mig_profile
 from gpusched.model.pod import TOLERATION_OPERATORS, Gang, Toleration, gang_conflicts, model_key
 from gpusched.model.ports import host_port
 from gpusched.model.topology import ISLANDS_ANNOTATION, default_islands, parse_islands
@@ -193,7 +193,7 @@ def _repartitionable(
         return False  # re-partitioned already: its instances are packed as advertised
     elif config.startswith(MIG_CONFIG_PREFIX) and LABEL_MIG_REQUESTED in labels and state != "failed":
         return False  # a layout asked for and not there yet: the daemon keeps the node out meanwhile
-    elif counted.isdigit() and int(counted) != gpus:
+    elif label_number(counted) not in (None, gpus):
         why = f"{LABEL_GPU_COUNT} counts {counted} GPUs but {gpus} are advertised, so which GPU is which is not known"
     elif state in MIG_BUSY_STATES:
         return False
@@ -252,7 +252,7 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
         shared = (
             f" (nvidia.com/gpu.replicas={replicas}: the device plugin time-slices each GPU; gpusched shares GPUs "
             "itself, with gpusched.io/gpu-milli: leave GPU sharing off on the nodes it schedules)"
-            if replicas.isdigit() and int(replicas) > 1
+            if (label_number(replicas) or 0) > 1
             else ""
         )
         warnings.append(
@@ -300,7 +300,7 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
             "(is the device plugin running?); counted as 0 GPUs"
         )
     replicas = str(labels.get("nvidia.com/gpu.replicas", ""))
-    if gpus and replicas.isdigit() and int(replicas) > 1:
+    if gpus and (label_number(replicas) or 0) > 1:
         warnings.append(
             f"{where}: nvidia.com/gpu.replicas={replicas}: the device plugin time-slices each GPU, so its "
             f"{gpus} {GPU_RESOURCE} are slices, not GPUs; gpusched counts them as GPUs, as kube-scheduler does, "

@@ -28,7 +28,7 @@ from rich.table import Table
 from gpusched.metrics.source import UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, Node, Pod
 from gpusched.model.mig import gpu_fraction, product_key
-from gpusched.model.node import booked_gpus, single_mig_profile, whole_part
+from gpusched.model.node import booked_gpus, label_number, single_mig_profile, whole_part
 
 __all__ = [
     "CostReport",
@@ -105,9 +105,9 @@ def mig_gpus(node: Node) -> float:
     (sevenths; fourths on the A30)."""
     if not node.mig_slices:
         return 0.0
-    label = node.labels.get("nvidia.com/gpu.count", "")
-    if label.isdigit() and int(label) > node.gpu_count:
-        return float(int(label) - node.gpu_count)
+    counted = label_number(node.labels.get("nvidia.com/gpu.count", ""))
+    if counted is not None and counted > node.gpu_count:
+        return float(counted - node.gpu_count)
     return sum(gpu_fraction(p) * c for p, c in node.mig_slices)
 
 

@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Spread, preference_score, selects
 from gpusched.model.mig import MIG_CONFIG_PREFIX, MigGeometry, MigLayout, geometry_for, mig_config, product_key
-from gpusched.model.node import GPU_MILLI, LABEL_GPU_COUNT, Node, Taint
+from gpusched.model.node import GPU_MILLI, LABEL_GPU_COUNT, Node, Taint, label_number
 from gpusched.model.placement import Assignment, MigPartition
 from gpusched.model.pod import Pod, PodShape, Toleration, model_key, tolerated, untolerated
 from gpusched.model.ports import ports_clash
@@ -1203,7 +1203,7 @@ def mig_plan(cluster: Cluster, partitions: Iterable[MigPartition]) -> dict[str, 
     for n in sorted(per_node):
         node = cluster.nodes[n]
         counted = node.labels.get(LABEL_GPU_COUNT, "")
-        if node.mig_slices or (counted.isdigit() and int(counted) != node.gpu_count):
+        if node.mig_slices or label_number(counted) not in (None, node.gpu_count):
             raise ValueError(
                 f"node {node.name}: its GPU indices are not known (it advertises {node.gpu_count} whole GPUs "
                 f"{'and MIG slices' if node.mig_slices else f'of the {counted} that {LABEL_GPU_COUNT} counts'}); "

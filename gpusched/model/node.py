@@ -17,6 +17,7 @@ __all__ = [
     "Node",
     "Taint",
     "booked_gpus",
+    "label_number",
     "single_mig_profile",
     "slices_of",
     "whole_part",
@@ -163,8 +164,15 @@ def whole_part(node: Node) -> float:
 def slices_of(node: Node) -> int:
     """How many of ``node``'s advertised GPUs one physical GPU is: its ``nvidia.com/gpu.replicas``
     when the device plugin time-slices GPUs, else 1."""
-    text = node.labels.get(LABEL_GPU_REPLICAS, "")
-    return int(text) if text.isdigit() and int(text) > 1 else 1
+    slices = label_number(node.labels.get(LABEL_GPU_REPLICAS, ""))
+    return slices if slices is not None and slices > 1 else 1
+
+
+def label_number(text: str) -> int | None:
+    """A label's value as a whole number (a count of GPUs, a Unix time): ASCII digits, no more
+    than a label value holds (63); None for anything else (``str.isdigit`` alone takes ``²``,
+    which ``int`` refuses)."""
+    return int(text) if len(text) <= 63 and text.isascii() and text.isdigit() else None
 
 
 def booked_gpus(node: Node, physical: Collection[int]) -> frozenset[int]:

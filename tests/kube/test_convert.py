@@ -352,6 +352,21 @@ def test_a_gpu_memory_label_that_is_no_count_keeps_the_node_and_says_so(memory: 
     assert "counted as unknown" in rec.warning
 
 
+@pytest.mark.parametrize("count", ["\u00b2", "\u0663", "9" * 5000])
+def test_a_node_whose_gpu_count_labels_are_no_plain_numbers_is_read_without_them(count: str) -> None:
+    """``str.isdigit`` takes a superscript two, which ``int`` refuses: such a label (no API server
+    admits it, a watch of another source may bring it) failed the node watch with ValueError."""
+    labels = {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+        "nvidia.com/gpu.count": count,
+        "nvidia.com/gpu.replicas": count,
+        "gpusched.io/mig-repartition": "true",
+    }
+    rec = node_record(node_obj(labels=labels))
+    assert (rec.node.gpu_count, rec.node.mig_repartition) == (8, True)
+    assert "replicas" not in rec.warning
+
+
 def test_bad_node_quantity_names_the_node_and_field() -> None:
     with pytest.raises(ConvertError, match=r"node n1: allocatable nvidia.com/gpu: must be a whole number"):
         node_record(node_obj(gpus="1.5"))
