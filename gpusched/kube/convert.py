@@ -72,6 +72,7 @@ from gpusched.model.affinity import (
     Spread,
     both,
     check_label_selector,
+    int64,
     is_int64,
     label_selector_selects,
 )
@@ -489,12 +490,11 @@ def _epoch(ts: Any) -> float:
 
 
 def _indices(text: Any) -> tuple[int, ...] | None:
+    """The GPU indices of ``gpusched.io/gpu-indices`` (``"0,1"``); None unless each is a number."""
     if not isinstance(text, str) or not text.strip():
         return None
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        return None
+    found = [int64(x.strip()) for x in text.split(",")]
+    return None if None in found else tuple(i for i in found if i is not None)
 
 
 Namespaces = Mapping[str, Mapping[str, str]]
@@ -1500,10 +1500,10 @@ def _gang(
     # A member whose gang annotations cannot be read still belongs to the gang, so that its
     # peers wait for it and are told what is wrong with it.
     name = f"{namespace}/{group}"
-    text = annotations.get(ANNOTATION_GANG_MIN, str((pod_groups or {}).get(name, 1)))  # the annotation wins
-    try:
-        minimum = int(text)
-    except ValueError:
+    text = annotations.get(ANNOTATION_GANG_MIN)  # the annotation wins
+    # Digits only, as a person writes a count: int() would also take "1_000" and other scripts' digits.
+    minimum = (pod_groups or {}).get(name, 1) if text is None else int64(text.strip())
+    if minimum is None:
         return Gang(name), f"{where}: annotation {ANNOTATION_GANG_MIN} must be a whole number, got {text!r}"
     key = annotations.get(ANNOTATION_GANG_KEY, "").strip()
     topology = annotations.get(ANNOTATION_GANG_TOPOLOGY, "").strip() or ("required" if key else "")

@@ -609,6 +609,22 @@ def test_bound_pod_gpu_indices_and_terminal_phase() -> None:
     assert (rec.node_name, rec.gpu_indices, rec.terminal) == ("n1", (3, 5), True)
 
 
+@pytest.mark.parametrize("text", ["1_000", "\u0663", "3.0", "0x10"])
+def test_a_gang_minimum_or_gpu_indices_not_written_in_plain_digits_are_refused_not_misread(text: str) -> None:
+    """int() reads "1_000" as 1000 and other scripts' digits as numbers: a typo is refused instead."""
+    group = {"scheduling.x-k8s.io/pod-group": "g"}
+    rec = pod_record(pod_obj(labels=group, annotations={"gpusched.io/gang-min-members": text}))
+    assert rec.error == f"pod ns/p: annotation gpusched.io/gang-min-members must be a whole number, got {text!r}"
+    assert pod_record(pod_obj(annotations={"gpusched.io/gpu-indices": f"0,{text}"})).gpu_indices is None
+    spaced = pod_record(pod_obj(labels=group, annotations={"gpusched.io/gang-min-members": " 3 "}))
+    assert spaced.pod.gang is not None
+    assert spaced.pod.gang.min_members == 3
+    assert pod_record(pod_obj(annotations={"gpusched.io/gpu-indices": "0, 2"})).gpu_indices == (0, 2)
+    # A PodGroup's minimum is its own number, however large, not read back from text.
+    huge = pod_record(pod_obj(labels=group), pod_groups={"ns/g": 10**30})
+    assert (huge.error, huge.pod.gang.min_members if huge.pod.gang else None) == ("", 10**30)
+
+
 @pytest.mark.parametrize(
     ("annotations", "limits", "message"),
     [
