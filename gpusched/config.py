@@ -376,6 +376,34 @@ class _UniqueKeys(yaml.SafeLoader):
                 seen.add(key)
         return super().construct_mapping(node, deep)
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """A node as PyYAML builds it; one its constructors fail on (a date such as 2024-02-30,
+        ``!!int four``, ``!!bool maybe``, a number of thousands of digits), which they report
+        with ValueError, KeyError or the like rather than as YAML errors, is refused with where
+        it is."""
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as exc:
+            raise yaml.constructor.ConstructorError(None, None, _unbuildable(node, exc), node.start_mark) from None
+
+
+_KINDS = {"int": "a whole number", "float": "a number", "bool": "true or false", "timestamp": "a date"}
+
+
+def _unbuildable(node: yaml.Node, exc: Exception) -> str:
+    """What a value PyYAML could not build is, said as a user can act on it."""
+    tag = node.tag.rsplit(":", 1)[-1]
+    kind = _KINDS.get(tag, f"!!{tag}")
+    text = node.value if isinstance(node.value, str) else ""
+    shown = text if len(text) <= 40 else f"{text[:37]}..."
+    if "digits" in str(exc):  # Python's limit on the digits of an int
+        why = f": it has {len(text)} digits"
+    elif tag == "timestamp" and isinstance(exc, ValueError):  # the date's own fault: day out of range
+        why = f": {exc}"
+    else:
+        why = ""
+    return f"cannot read {shown!r} as {kind}{why}"
+
 
 def yaml_problem(exc: yaml.YAMLError) -> str:
     """One line: what is wrong and where (the parser's own text runs over several lines and

@@ -223,3 +223,39 @@ def test_the_configmap_handler_refuses_a_deeply_nested_document_and_keeps_the_la
     handler.apply("MODIFIED", {"metadata": {"name": "cfg", "resourceVersion": "7"}, "data": {"config.yaml": DEEP}})
     assert not got
     assert "nested too deeply to read" in handler.rejected
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (
+            "solver:\n  timeLimitSeconds: 2024-02-30\n",
+            "cannot read '2024-02-30' as a date: day is out of range for month",
+        ),
+        ("solver:\n  workers: !!int four\n", "cannot read 'four' as a whole number"),
+        ("batching:\n  quickStart: !!bool maybe\n", "cannot read 'maybe' as true or false"),
+        ("solver:\n  relativeGap: !!float\n", "cannot read '' as a number"),
+        ("solver:\n  timeLimitSeconds: !!timestamp soon\n", "cannot read 'soon' as a date"),
+        ("solver:\n  workers: " + "1" * 5000 + "\n", "as a whole number: it has 5000 digits"),
+    ],
+)
+def test_a_value_yaml_cannot_build_is_refused_naming_its_line(text: str, says: str) -> None:
+    """PyYAML reports these with ValueError, KeyError, IndexError or AttributeError, not as YAML
+    errors: they escaped as such, failing the ConfigMap watch into a relist loop."""
+    with pytest.raises(ConfigError) as info:
+        load_config(text, "cm")
+    message = str(info.value)
+    assert message.startswith("cm: not valid YAML: cannot read ")
+    assert says in message
+    assert "(line 2, column " in message  # where it is
+    with pytest.raises(ConfigError, match="not valid YAML: cannot read"):
+        read_yaml_documents(text, "file")
+
+
+def test_the_configmap_handler_refuses_a_value_yaml_cannot_build_and_keeps_the_last_config() -> None:
+    got: list[object] = []
+    handler = ConfigMapHandler("ns", "cfg", got.append)
+    typo = "solver:\n  timeLimitSeconds: 2024-02-30\n"
+    handler.apply("MODIFIED", {"metadata": {"name": "cfg", "resourceVersion": "8"}, "data": {"config.yaml": typo}})
+    assert not got
+    assert "cannot read '2024-02-30' as a date" in handler.rejected
