@@ -10,6 +10,7 @@ reference gives each one's bounds.
 from __future__ import annotations
 
 import re
+import reprlib
 from collections.abc import Hashable
 from typing import Annotated, Any, get_args, get_origin
 
@@ -304,13 +305,24 @@ def _keys_at(loc: tuple[int | str, ...]) -> list[str]:
 def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
-        path = ".".join(str(x) for x in err["loc"]) or "(document)"
+        path = ".".join(_shown(x) if not isinstance(x, str) or len(x) > 80 else x for x in err["loc"]) or "(document)"
         if err["type"] == "extra_forbidden":
             known = _keys_at(tuple(err["loc"][:-1]))
             parts.append(f"{path}: unknown key" + (f" (known here: {', '.join(known)})" if known else ""))
         else:
             parts.append(f"{path}: {_problem(err)}")
     return "; ".join(parts)
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlist, _SHOWN.maxdict = 2, 80, 80, 4, 4
+
+
+def _shown(value: object) -> str:
+    """A value of the document as an error shows it: its ``repr``, cut short.  YAML's aliases can
+    make a short document hold a list of a billion strings, whose full ``repr`` would not fit in
+    memory; the message stays a line whatever was given."""
+    return _SHOWN.repr(value)
 
 
 _FORMS = {"configMap": "NAMESPACE/NAME of a ConfigMap, e.g. gpu-operator/gpusched-mig-parted-config"}
@@ -322,22 +334,22 @@ def _problem(err: Any) -> str:
     kind, given, msg = err["type"], err.get("input"), str(err["msg"])
     key = str(err["loc"][-1]) if err["loc"] else ""
     if kind == "string_pattern_mismatch" and key in _FORMS:
-        return f"expected {_FORMS[key]} (got {given!r})"
+        return f"expected {_FORMS[key]} (got {_shown(given)})"
     if kind in {"model_type", "dict_type"}:
-        return f"expected a mapping of keys under it (got {given!r})"
+        return f"expected a mapping of keys under it (got {_shown(given)})"
     if kind == "value_error":  # a rule across keys: the message names them and their values
         return msg.removeprefix("Value error, ")
     if kind == "bool_type":
         if isinstance(given, str):
-            return f"{msg} (got the string {given!r}; write true or false, without quotes)"
-        return f"{msg} (got {given!r}; write true or false)"
+            return f"{msg} (got the string {_shown(given)}; write true or false, without quotes)"
+        return f"{msg} (got {_shown(given)}; write true or false)"
     if isinstance(given, str) and kind in {"int_type", "float_type"}:
         plain = given.strip().lstrip("-")
         if plain.isdecimal() or (kind == "float_type" and _decimal(plain)):
-            return f"{msg} (got the string {given!r}; write it without quotes)"
+            return f"{msg} (got the string {_shown(given)}; write it without quotes)"
         example = "a whole number, such as 1000" if kind == "int_type" else "a plain number, such as 1.5"
-        return f"{msg} (got {given!r}; write {example})"
-    return f"{msg} (got {given!r})"
+        return f"{msg} (got {_shown(given)}; write {example})"
+    return f"{msg} (got {_shown(given)})"
 
 
 def _decimal(text: str) -> bool:

@@ -259,3 +259,16 @@ def test_the_configmap_handler_refuses_a_value_yaml_cannot_build_and_keeps_the_l
     handler.apply("MODIFIED", {"metadata": {"name": "cfg", "resourceVersion": "8"}, "data": {"config.yaml": typo}})
     assert not got
     assert "cannot read '2024-02-30' as a date" in handler.rejected
+
+
+def test_a_value_an_error_shows_is_cut_short_however_large_aliases_make_it() -> None:
+    """YAML aliases let a few lines hold a list of millions of strings (each line ten times the
+    one before): the error showed all of it, a size growing tenfold a line, enough at nine lines
+    to exhaust the scheduler's memory with one ConfigMap."""
+    lines = ["anchors:", "  x0: &x0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"  x{i}: &x{i} [{', '.join([f'*x{i - 1}'] * 10)}]" for i in range(1, 6)]
+    text = "\n".join(lines) + "\nheadroom:\n  models: *x5\n"
+    with pytest.raises(ConfigError) as info:
+        load_config(text)
+    assert "headroom.models.0: Input should be a valid string (got [[" in str(info.value)
+    assert len(str(info.value)) < 5_000
