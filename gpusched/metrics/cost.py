@@ -81,7 +81,7 @@ def parse_prices(data: object, source: str = "prices") -> Prices:
         raise ValueError(f"{source}: empty; name what the prices are in, such as currency: USD")
     if not isinstance(data, dict):
         raise ValueError(f"{source}: expected a mapping, got {type(data).__name__}")
-    unknown = sorted(set(data) - {"currency", "default", "gpuHour"})
+    unknown = sorted((k for k in data if k not in {"currency", "default", "gpuHour"}), key=str)  # keys of any type
     if unknown:
         raise ValueError(f"{source}: {unknown[0]}: unknown key (known here: currency, default, gpuHour)")
     currency = data.get("currency")

@@ -164,6 +164,7 @@ def test_prices_are_read_and_bad_ones_refused_with_the_key() -> None:
         ({"currency": 3}, "prices: currency: expected a name such as USD, got 3"),
         ({"gpuHour": {"T4": 0.5}}, "prices: currency: missing; name what the prices are in, such as currency: USD"),
         ([1, 2], "prices: expected a mapping, got list"),
+        ({None: 1, 2: 3, "currency": "USD"}, "prices: 2: unknown key"),  # YAML's `~: 1` and `2: 3`
     ]:
         with pytest.raises(ValueError, match="^" + re.escape(why)):
             parse_prices(data)
