@@ -774,7 +774,10 @@ def _read_config(path: Path, what: str, flag: str = "--config") -> tuple[Gpusche
     if not any(_is_object(d) for d in docs):
         return load_config(text, str(path)), str(path)
     objects = [d for d in docs if isinstance(d, dict)]
-    objects += [i for d in objects if d.get("kind") == "List" for i in d.get("items") or () if isinstance(i, dict)]
+    lists = [d.get("items") or [] for d in objects if d.get("kind") == "List"]
+    if not all(isinstance(items, list) for items in lists):
+        raise ConfigError(f"{path}: a List whose items are not a list of objects")
+    objects += [i for items in lists for i in items if isinstance(i, dict)]
     maps = [
         d
         for d in objects

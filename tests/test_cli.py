@@ -977,6 +977,9 @@ def test_check_config_finds_the_one_configmap_among_several_objects_or_says_what
     deployment.write_text("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {}\n", encoding="utf-8")
     said = rejected(capsys, ["check-config", str(deployment)])
     assert f"{deployment}: a Deployment, not a solver configuration or a ConfigMap manifest" in said
+    broken = tmp_path / "broken.yaml"  # items that are no list: a TypeError and a traceback before
+    broken.write_text("apiVersion: v1\nkind: List\nitems: 3\n", encoding="utf-8")
+    assert f"{broken}: a List whose items are not a list of objects" in rejected(capsys, ["check-config", str(broken)])
 
 
 def test_check_config_lists_what_differs_from_the_defaults_or_names_the_bad_key(
