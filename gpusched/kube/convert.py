@@ -158,6 +158,8 @@ sets it back again for a day."""
 LABEL_MIG_REQUESTED = "gpusched.io/mig-requested-at"
 """Set with ``nvidia.com/mig.config`` when gpusched asks for a layout: when (Unix seconds), so that
 any leader keeps the node sealed until the instances come or the request times out."""
+MAX_MIG_SLICES = MAX_GPUS * 7
+"""The most instances of one MIG profile a node holds (seven a GPU): ``Node`` refuses more."""
 UNKNOWN_MODEL = "unknown"
 """Model of GPUs on a node that has no ``nvidia.com/gpu.product`` label."""
 
@@ -265,6 +267,13 @@ def node_record(obj: Mapping[str, Any]) -> NodeRecord:
     mig = tuple(
         sorted((k, _int_quantity(v, f"{where}: allocatable {k}")) for k, v in alloc.items() if k.startswith(MIG_PREFIX))
     )
+    if any(v > MAX_MIG_SLICES for _, v in mig):  # as for too many GPUs: its other resources still serve
+        warnings += [
+            f"{where}: allocatable {k} {v} is more MIG slices than a node holds ({MAX_MIG_SLICES}); left out"
+            for k, v in mig
+            if v > MAX_MIG_SLICES
+        ]
+        mig = tuple((k, v) for k, v in mig if v <= MAX_MIG_SLICES)
     annotations = _string_map(meta.get("annotations"), where, "metadata.annotations")
     # A node is never dropped for these: a GPU memory label that is not a count (it only
     # narrows pods that ask for GPU memory) counts as unknown, an islands annotation that no

@@ -310,6 +310,23 @@ def test_a_node_advertising_more_gpus_than_a_node_holds_offers_none_naming_it() 
     assert "node n1: allocatable nvidia.com/gpu 9000000000000000000 is more GPUs" in rec.warning
 
 
+def test_a_node_advertising_more_mig_slices_than_a_node_holds_leaves_them_out_naming_them() -> None:
+    """As for too many GPUs: the node still serves its CPU, memory and its other slices (it was
+    ignored whole, with an error that named no resource)."""
+    obj = node_obj(gpus="0", labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})
+    obj["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] = "850812"
+    obj["status"]["allocatable"]["nvidia.com/mig-3g.40gb"] = "2"
+    rec = node_record(obj)
+    assert (rec.node.cpu_milli, rec.node.mig_slices, rec.mig) == (
+        64000,
+        (("3g.40gb", 2),),
+        (("nvidia.com/mig-3g.40gb", 2),),
+    )
+    assert (
+        "node n1: allocatable nvidia.com/mig-1g.10gb 850812 is more MIG slices than a node holds (448)" in rec.warning
+    )
+
+
 def test_a_bound_pod_with_a_bad_share_is_still_counted_with_the_rest_of_its_request() -> None:
     limits = {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "1"}
     obj = pod_obj(limits=limits, annotations={"gpusched.io/gpu-milli": "0"})
