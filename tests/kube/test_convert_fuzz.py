@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -525,7 +526,14 @@ def budgets(draw: Callable[[st.SearchStrategy[Any]], Any]) -> tuple[dict[str, An
             "disruptedPods": d.maybe(st.just(d.pick("disruptedPods", st.dictionaries(TEXT, TIMESTAMPS, max_size=2)))),
         }
     )
-    meta = {"name": "b", "namespace": "ns"}
+    return _object_of(d, {"name": "b", "namespace": "ns"}, spec, status)
+
+
+def _object_of(
+    d: Draft, meta: dict[str, Any], spec: dict[str, Any], status: dict[str, Any]
+) -> tuple[dict[str, Any], set[str]]:
+    """An API object of ``meta``, with ``spec`` and ``status`` as ``d`` picks them (hostile or
+    not), and the fields ``d`` suspects."""
     return {
         "metadata": meta,
         "spec": d.pick("spec", st.just(spec)),
@@ -569,11 +577,7 @@ def claims(draw: Callable[[st.SearchStrategy[Any]], Any]) -> tuple[dict[str, Any
         }
     )
     status = {"phase": d.pick("phase", st.sampled_from(["Bound", "Pending", "Lost"]))}
-    return {
-        "metadata": meta,
-        "spec": d.pick("spec", st.just(spec)),
-        "status": d.pick("status", st.just(status)),
-    }, d.suspects
+    return _object_of(d, meta, spec, status)
 
 
 @st.composite
@@ -664,22 +668,22 @@ def test_a_pod_group_is_read_or_refused_naming_the_field(case: tuple[dict[str, A
         assert rec[1] >= 1
 
 
+@pytest.mark.parametrize(
+    ("reader", "objects", "named"),
+    [(claim_record, claims, "PersistentVolumeClaim ns/c"), (volume_record, volumes, "PersistentVolume v")],
+)
 @FUZZ
-@given(claims())
-def test_a_claim_is_read_or_refused_naming_the_field(case: tuple[dict[str, Any], set[str]]) -> None:
-    obj, suspects = case
-    rec = read(claim_record, obj)
+@given(data=st.data())
+def test_a_claim_or_volume_is_read_or_refused_naming_the_field(
+    reader: Callable[[dict[str, Any]], object],
+    objects: Callable[[], st.SearchStrategy[tuple[dict[str, Any], set[str]]]],
+    named: str,
+    data: st.DataObject,
+) -> None:
+    obj, suspects = data.draw(objects())
+    rec = read(reader, obj)
     if isinstance(rec, ConvertError):
-        assert_names(str(rec), "PersistentVolumeClaim ns/c", suspects)
-
-
-@FUZZ
-@given(volumes())
-def test_a_volume_is_read_or_refused_naming_the_field(case: tuple[dict[str, Any], set[str]]) -> None:
-    obj, suspects = case
-    rec = read(volume_record, obj)
-    if isinstance(rec, ConvertError):
-        assert_names(str(rec), "PersistentVolume v", suspects)
+        assert_names(str(rec), named, suspects)
 
 
 @FUZZ
