@@ -143,6 +143,9 @@ class SchedulingQueue:
                 self._hold(key)
             else:
                 self._activate(key)
+        elif short and key not in self._in_flight:  # moved into a gang still short: it waits with its peers
+            self._forget(key, attempts=False)
+            self._hold(key)
         elif (old.pod, old.error) != (record.pod, record.error):  # may fit now
             tenants = self._tenants
             if key in self._active and tenants is not None and tenants.of(old.pod) != tenants.of(record.pod):

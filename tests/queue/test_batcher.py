@@ -440,3 +440,19 @@ async def test_a_member_deleted_while_its_peers_are_in_flight_backs_them_off_rat
     counts = q.counts()
     assert counts.unschedulable == 0  # not left parked until the flush
     assert counts.active + counts.backoff == 2
+
+
+async def test_a_pod_moved_into_a_gang_short_of_its_minimum_waits_for_the_next_member() -> None:
+    # Relabelled into a gang, it is a new member as much as one created in it: the gang waits
+    # for the rest rather than be drawn and failed one member at a time.
+    clock = Clock()
+    q = SchedulingQueue(max_size=10, max_wait=0, gang_wait=1.0, clock=clock)
+    q.add(rec("g-1"))
+    q.add(gang_rec("g-0", "g"))  # one of three: it waits for the next
+    q.add(gang_rec("g-1", "g"))  # two of three: both wait
+    assert q.counts() == QueueCounts(active=0, backoff=2, unschedulable=0, in_flight=0)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(q.next_batch(), 0.05)
+    clock.t = 1.0  # no third member within the gang wait: drawn as they are
+    batch = await asyncio.wait_for(q.next_batch(), PROMPT)
+    assert sorted(r.pod.name for r in batch) == ["g-0", "g-1"]
