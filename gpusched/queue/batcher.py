@@ -125,8 +125,8 @@ class SchedulingQueue:
         if old is not None and old.pod.gang is not None and old.pod.gang.name != gang:
             self._leave_gang(key, old.pod.gang.name)
         short = False  # a new member of a gang still short of its minimum: it waits for the next
-        if gang and key not in self._gangs.setdefault(gang, set()):
-            self._gangs[gang].add(key)
+        if gang and (replaced or key not in self._gangs.setdefault(gang, set())):  # a new pod is a new member
+            self._gangs.setdefault(gang, set()).add(key)
             short = record.pod.gang is not None and len(self._gangs[gang]) < record.pod.gang.min_members
             for peer in self._gangs[gang] - {key}:  # a new member: retry the gang together
                 if short and peer not in self._in_flight:  # ... once the rest came, or none for a while
@@ -139,10 +139,7 @@ class SchedulingQueue:
             self._arrivals.append(self._clock())
             if len(self._arrivals) > 4 * self.max_size:
                 self._arrivals.popleft()
-            if short:
-                self._hold(key)
-            else:
-                self._activate(key)
+            self._enqueue(key)
         elif short and key not in self._in_flight:  # moved into a gang still short: it waits with its peers
             self._forget(key, attempts=False)
             self._hold(key)
@@ -449,6 +446,14 @@ class SchedulingQueue:
         self._push(key, seq)
         self._wake.set()
 
+    def _enqueue(self, key: str) -> None:
+        """Queue a new pod: active, or held for the next member if its gang is short of its minimum."""
+        gang = self._records[key].pod.gang
+        if gang is not None and len(self._gangs.get(gang.name, ())) < gang.min_members:
+            self._hold(key)
+        else:
+            self._activate(key)
+
     def _hold(self, key: str) -> None:
         """Wait ``gang_wait`` for the next member of the pod's gang (as a back-off, not counted as
         an attempt)."""
@@ -484,7 +489,7 @@ class SchedulingQueue:
             return False
         if uid is not None and record.uid != uid:
             self._forget(key)
-            self._activate(key)
+            self._enqueue(key)
             return False
         return True
 

@@ -456,3 +456,43 @@ async def test_a_pod_moved_into_a_gang_short_of_its_minimum_waits_for_the_next_m
     clock.t = 1.0  # no third member within the gang wait: drawn as they are
     batch = await asyncio.wait_for(q.next_batch(), PROMPT)
     assert sorted(r.pod.name for r in batch) == ["g-0", "g-1"]
+
+
+async def test_a_member_created_again_under_its_name_waits_for_the_next_member_as_a_new_one_does() -> None:
+    # A controller recreating a member of a gang still short of its minimum: the new pod is a new
+    # member whether the deletion was seen (watch) or not (a relist), and whether or not the old
+    # pod was in flight.
+    clock = Clock()
+    q = SchedulingQueue(max_size=10, max_wait=0, gang_wait=1.0, clock=clock)
+    q.add(gang_rec("g-0", "g"))
+    q.add(gang_rec("g-1", "g"))  # two of three
+    clock.t = 0.5
+    q.add(replace(gang_rec("g-1", "g"), uid="g-1-2"))  # created again; the deletion unseen
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(q.next_batch(), 0.05)
+    clock.t = 1.5  # the gang wait from the new pod's arrival
+    batch = await asyncio.wait_for(q.next_batch(), PROMPT)
+    assert sorted(r.uid for r in batch) == ["g-0", "g-1-2"]
+    q.delete("default/g-1")  # deleted while in flight ...
+    q.add(replace(gang_rec("g-1", "g"), uid="g-1-3"))  # ... and created again
+    for r in batch:
+        q.park(r.key)  # the old batch resolves: the new pod is queued afresh
+    assert q.counts() == QueueCounts(active=0, backoff=1, unschedulable=1, in_flight=0)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(q.next_batch(), 0.05)
+    clock.t = 2.5
+    batch = await asyncio.wait_for(q.next_batch(), PROMPT)
+    assert sorted(r.uid for r in batch) == ["g-0", "g-1-3"]
+
+
+async def test_a_member_created_again_in_a_relist_brings_its_parked_peers_back() -> None:
+    # The relist shows a new pod under the member's name, the deletion unseen: a member arrived.
+    q = SchedulingQueue(max_size=10, max_wait=0.01, flush_after=60.0)
+    for i in range(3):
+        q.add(gang_rec(f"g-{i}", "g"))
+    for r in await asyncio.wait_for(q.next_batch(), PROMPT):
+        q.park(r.key)
+    q.add(replace(gang_rec("g-2", "g"), uid="g-2-2"))
+    assert q.counts() == QueueCounts(active=3, backoff=0, unschedulable=0, in_flight=0)
+    batch = await asyncio.wait_for(q.next_batch(), PROMPT)
+    assert sorted(r.uid for r in batch) == ["g-0", "g-1", "g-2-2"]
