@@ -127,7 +127,7 @@ class SchedulingQueue:
         short = False  # a new member of a gang still short of its minimum: it waits for the next
         if gang and (replaced or key not in self._gangs.setdefault(gang, set())):  # a new pod is a new member
             self._gangs.setdefault(gang, set()).add(key)
-            short = record.pod.gang is not None and len(self._gangs[gang]) < record.pod.gang.min_members
+            short = record.pod.gang is not None and self._members(gang) < record.pod.gang.min_members
             for peer in self._gangs[gang] - {key}:  # a new member: retry the gang together
                 if short and peer not in self._in_flight:  # ... once the rest came, or none for a while
                     self._forget(peer, attempts=False)
@@ -299,7 +299,7 @@ class SchedulingQueue:
         (or running), and a batch closed early would only fail it."""
         for key in self._active:
             gang = self._records[key].pod.gang
-            if gang is not None and len(self._gangs.get(gang.name, ())) < gang.min_members:
+            if gang is not None and self._members(gang.name) < gang.min_members:
                 return True
         return False
 
@@ -446,10 +446,16 @@ class SchedulingQueue:
         self._push(key, seq)
         self._wake.set()
 
+    def _members(self, gang: str) -> int:
+        """Members of ``gang`` still pending: not those deleted while in flight, which the queue
+        holds only until their batch resolves."""
+        members = self._gangs.get(gang, set())
+        return len(members) - len(members & self._deleted_in_flight)  # (iterates over the smaller set)
+
     def _enqueue(self, key: str) -> None:
         """Queue a new pod: active, or held for the next member if its gang is short of its minimum."""
         gang = self._records[key].pod.gang
-        if gang is not None and len(self._gangs.get(gang.name, ())) < gang.min_members:
+        if gang is not None and self._members(gang.name) < gang.min_members:
             self._hold(key)
         else:
             self._activate(key)

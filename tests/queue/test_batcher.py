@@ -496,3 +496,22 @@ async def test_a_member_created_again_in_a_relist_brings_its_parked_peers_back()
     assert q.counts() == QueueCounts(active=3, backoff=0, unschedulable=0, in_flight=0)
     batch = await asyncio.wait_for(q.next_batch(), PROMPT)
     assert sorted(r.uid for r in batch) == ["g-0", "g-1", "g-2-2"]
+
+
+async def test_a_member_deleted_in_flight_does_not_count_toward_its_gangs_minimum() -> None:
+    # Deleted while its batch is solved, the member is gone: a member that arrives then finds
+    # its gang short of its minimum, and waits for the next.
+    clock = Clock()
+    q = SchedulingQueue(max_size=10, max_wait=0, gang_wait=1.0, clock=clock)
+    q.add(gang_rec("g-0", "g"))
+    q.add(gang_rec("g-1", "g"))
+    clock.t = 1.0  # two of three, no third within the gang wait: drawn as they are
+    assert len(await asyncio.wait_for(q.next_batch(), PROMPT)) == 2
+    q.delete("default/g-1")
+    q.add(gang_rec("g-2", "g"))  # two of three pending again, not three
+    assert q.counts() == QueueCounts(active=0, backoff=1, unschedulable=0, in_flight=2)
+    q.park("default/g-0")
+    q.park("default/g-1")  # its batch resolves: dropped
+    clock.t = 2.0
+    batch = await asyncio.wait_for(q.next_batch(), PROMPT)
+    assert sorted(r.pod.name for r in batch) == ["g-0", "g-2"]
