@@ -850,9 +850,12 @@ def volume_record(obj: Mapping[str, Any]) -> VolumeRecord:
     zones = _volume_zones(labels if isinstance(labels, Mapping) else {})
     try:
         affinity = _obj(_obj(spec, "spec").get("nodeAffinity") or {}, "spec.nodeAffinity")
-        required = affinity.get("required")
-        if not required:
-            return VolumeRecord(name, affinity=zones)
+    except ValueError as exc:  # the message names the field
+        return VolumeRecord(name, error=str(exc))
+    required = affinity.get("required")
+    if not required:
+        return VolumeRecord(name, affinity=zones)
+    try:
         selector = _node_selector({}, {"requiredDuringSchedulingIgnoredDuringExecution": required})
     except ValueError as exc:
         return VolumeRecord(name, error=f"spec.nodeAffinity.required: {exc}")
