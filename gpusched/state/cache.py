@@ -951,13 +951,18 @@ class Cache:
     def _pick_gpus(
         self, i: int, pod: Pod, wanted: tuple[int, ...] | None, before: tuple[int, ...] = ()
     ) -> tuple[int, ...]:
-        """GPU indices to count ``pod`` on: the annotated ones when valid; else a guess: those it
-        was counted on ``before`` while they have room for it, else the emptiest."""
+        """GPU indices to count ``pod`` on: the annotated ones when valid (as many as it asks
+        for, each on the node and none twice); else a guess: those it was counted on ``before``
+        while they have room for it, else the emptiest."""
         assert self._cluster is not None
         count = int(self._cluster.gpu_count[i])
         if not pod.num_gpu or not count:
             return ()
-        if wanted is not None and len(wanted) == pod.num_gpu and all(0 <= g < count for g in wanted):
+        if (
+            wanted is not None
+            and len(set(wanted)) == len(wanted) == pod.num_gpu
+            and all(0 <= g < count for g in wanted)
+        ):
             return tuple(wanted)
         used = self._gpu[i, :count]
         if len(before) == pod.num_gpu and all(0 <= g < count and used[g] + pod.gpu_milli <= GPU_MILLI for g in before):

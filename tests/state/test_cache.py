@@ -38,6 +38,16 @@ def test_annotated_indices_are_respected() -> None:
     assert list(c.snapshot().state.gpu_used[0]) == [0, 0, 0, 1000]
 
 
+def test_annotated_indices_that_name_a_gpu_twice_are_a_guess_not_a_gpu_counted_twice() -> None:
+    c = cache_with(NodeRecord(gpu_node("a", gpus=4)))
+    with capture_logs() as logs:
+        c.observe_pod(bound(pod("x", gpus=2), "a", (1, 1)))
+        used = list(c.snapshot().state.gpu_used[0])
+    # Two GPUs in use (the device plugin gave it two), none of them booked past its capacity.
+    assert sorted(used) == [0, 0, 1000, 1000]
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
+
+
 def test_assume_counts_at_once_forget_undoes_and_is_idempotent() -> None:
     c = cache_with(NodeRecord(gpu_node("a", gpus=2)))
     p = pod("x", gpus=1, milli=500)
