@@ -19,6 +19,7 @@ from gpusched.daemon import mig as mig_module
 from gpusched.daemon.handlers import NodeHandler
 from gpusched.kube.binder import Binder
 from gpusched.kube.client import Kube, Response
+from gpusched.kube.convert import pod_record
 from gpusched.model import Pod
 from tests.doubles import IdleClient, RecordingApi
 from tests.e2e import kit
@@ -121,6 +122,38 @@ async def test_a_mig_pod_on_gpus_kept_free_waits_for_its_layout_like_any_other()
     assert "default/critical" not in api.bound_to, "bound to a node that advertises no nvidia.com/mig-1g.10gb"
     assert [n for n, _ in api.labelled] == ["n0"]
     assert any("re-partitioned" in m for m in api.failed("default/critical"))
+    stop(s)
+
+
+class ConditionApi(EventApi):
+    """Also records the conditions written: (pod key, reason, message)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conditions: list[tuple[str, str, str]] = []
+
+    async def unschedulable(self, pod: Pod, message: str, *_: Any, reason: str = "", **__: Any) -> None:
+        self.conditions.append((pod.key, reason, message))
+
+
+async def test_pods_waiting_for_their_layout_are_no_call_for_a_new_node() -> None:
+    # The cluster autoscaler adds a node for a pod whose PodScheduled=False reason is
+    # Unschedulable: a MIG pod (and a gang member beside it) about to be placed is not one.
+    api = ConditionApi()
+    s = scheduler(api)
+    add_node(s, "n", 1)
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    said = [(reason, message) for key, reason, message in api.conditions if key == "default/p"]
+    assert said, "told it waits"
+    assert said[-1][1].startswith("Waiting for node n to be re-partitioned")
+    assert said[-1][0] == "MigRepartition"
+    # Read back from the pod, the condition is one of gpusched's verdicts.
+    obj = pod("p", mig="1g.10gb")
+    obj["status"] = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": said[-1][0]}]}
+    assert pod_record(obj).unschedulable_reason == "MigRepartition"
     stop(s)
 
 

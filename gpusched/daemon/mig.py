@@ -294,7 +294,7 @@ class Repartitioner:
             )
             job.message = message
             for p in group:
-                self.s.tell_unschedulable(p, message, "MigRepartition")
+                self.s.tell_unschedulable(p, message, "MigRepartition", layout=True)
             self.s.spawn(self._ask_for_layout(node.name, job, entries), f"mig:{node.name}")
 
     def for_queued(
@@ -372,7 +372,7 @@ class Repartitioner:
         job = self.jobs[node]
         job.pods[pod.key] = pod
         log.info("mig repartition joined", node=node, config=job.config, pod=pod.key)
-        self.s.tell_unschedulable(pod, job.message, "MigRepartition")
+        self.s.tell_unschedulable(pod, job.message, "MigRepartition", layout=True)
 
     async def _ask_for_layout(self, node: str, job: Repartition, entries: list[Any]) -> None:
         """Write the layout, give the kubelet time to project it into the MIG manager's volume

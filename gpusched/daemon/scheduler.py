@@ -69,7 +69,7 @@ from gpusched.solver.preempt import (
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
 from gpusched.state.cache import Cache, Snapshot, same_offer
-from gpusched.state.records import REASON_TENANT_LIMIT, REASON_UNSCHEDULABLE, PodRecord
+from gpusched.state.records import REASON_MIG_REPARTITION, REASON_TENANT_LIMIT, REASON_UNSCHEDULABLE, PodRecord
 from gpusched.state.volumes import Claims
 
 log = structlog.get_logger("gpusched.daemon")
@@ -994,7 +994,7 @@ class Scheduler:
                 self.mig.jobs[node].beside[p.key] = (p.uid, planned)
                 waits = f"gang {p.gang.name}: members wait for node {node} to be re-partitioned into MIG instances"
                 rule = together(p.gang, self.queue.gang_pending(p.gang.name) + p.gang.running)
-                self.tell_unschedulable(p, f"{waits}; {rule}", "Gang")
+                self.tell_unschedulable(p, f"{waits}; {rule}", "Gang", layout=True)
             else:  # the layout could not be asked for: solved again
                 self.queue.backoff(p.key)
         members = Counter(p.gang.name for p in pods if p.gang is not None)
@@ -1292,11 +1292,13 @@ class Scheduler:
         nominated: str | None = None,
         retry: bool = False,
         after: str | None = None,
+        layout: bool = False,
     ) -> None:
         """Tell ``pod`` why it waits (``nominated``: the node where it preempted pods and room is
         held for it; without, any room held for it is given up).  ``retry``: it is backed off,
         to be drawn again soon, rather than parked until the cluster changes.  ``after``: a pod
-        whose cleared nomination must be written first (``write_verdict``)."""
+        whose cleared nomination must be written first (``write_verdict``).  ``layout``: it
+        waits for a MIG layout asked for it (condition reason ``MigRepartition``)."""
         if nominated is None:
             self.give_up_room(pod.key)
         if not self.queue.current(pod.key, pod.uid):  # deleted, or created again, since it was drawn:
@@ -1314,7 +1316,10 @@ class Scheduler:
         # Held back by its tenant's limit alone, the pod is no call for a new node (the cluster
         # autoscaler adds one for reason Unschedulable); a pod waiting for its victims to leave
         # is Unschedulable and nominated, as kube-scheduler writes it.
+        # So is a pod waiting for the MIG layout asked for it: it is as good as placed.
         condition = REASON_TENANT_LIMIT if reason == "TenantLimit" and nominated is None else REASON_UNSCHEDULABLE
+        if layout and nominated is None:
+            condition = REASON_MIG_REPARTITION
         self.write_verdict(pod, message, nominated, condition, after=after)
         log.info("unschedulable", pod=pod.key, reason=reason, message=message)
 

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from gpusched.model import Node, Pod
 from gpusched.model.affinity import Requirement
 
-__all__ = ["HELD_REASONS", "REASON_TENANT_LIMIT", "REASON_UNSCHEDULABLE", "NodeRecord", "PodRecord"]
+__all__ = [
+    "HELD_REASONS",
+    "REASON_MIG_REPARTITION",
+    "REASON_TENANT_LIMIT",
+    "REASON_UNSCHEDULABLE",
+    "NodeRecord",
+    "PodRecord",
+]
 
 REASON_UNSCHEDULABLE = "Unschedulable"
 """The ``PodScheduled=False`` reason of a pod that fits nowhere now, as kube-scheduler writes
@@ -19,7 +26,11 @@ it (and the cluster autoscaler reads it: it adds a node for such a pod)."""
 REASON_TENANT_LIMIT = "TenantLimit"
 """The ``PodScheduled=False`` reason of a pod held back only by its tenant's GPU limit: a new
 node would not place it, so the cluster autoscaler must not add one for it."""
-HELD_REASONS = frozenset({REASON_UNSCHEDULABLE, REASON_TENANT_LIMIT})
+REASON_MIG_REPARTITION = "MigRepartition"
+"""The ``PodScheduled=False`` reason of a pod waiting for a node to be re-partitioned into the
+MIG instances it is to take (or a gang member waiting beside such pods): it is as good as placed,
+so the cluster autoscaler must not add a node for it."""
+HELD_REASONS = frozenset({REASON_UNSCHEDULABLE, REASON_TENANT_LIMIT, REASON_MIG_REPARTITION})
 """The reasons of the conditions gpusched writes on the pods it cannot place."""
 
 
