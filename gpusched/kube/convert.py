@@ -160,6 +160,9 @@ LABEL_MIG_REQUESTED = "gpusched.io/mig-requested-at"
 any leader keeps the node sealed until the instances come or the request times out."""
 MAX_MIG_SLICES = MAX_GPUS * 7
 """The most instances of one MIG profile a node holds (seven a GPU): ``Node`` refuses more."""
+LABEL_MIG_STRATEGY = "nvidia.com/mig.strategy"
+"""GPU feature discovery's label for the device plugin's MIG strategy: only ``mixed`` advertises
+``nvidia.com/mig-<profile>`` resources."""
 UNKNOWN_MODEL = "unknown"
 """Model of GPUs on a node that has no ``nvidia.com/gpu.product`` label."""
 
@@ -190,8 +193,15 @@ def _repartitionable(
     config = labels.get(LABEL_MIG_CONFIG, "")
     counted = labels.get(LABEL_GPU_COUNT, "")
     why = ""
+    strategy = labels.get(LABEL_MIG_STRATEGY, "")
     if geometry_for(model) is None:
         why = f"its GPUs ({model}) have no MIG mode this scheduler knows"
+    elif strategy and strategy != "mixed":
+        why = (
+            f"{LABEL_MIG_STRATEGY}={strategy}: the device plugin would advertise its instances as "
+            "nvidia.com/gpu, not as the nvidia.com/mig-* instances pods ask for; set the GPU operator's "
+            "mig.strategy to mixed"
+        )
     elif slices:
         return False  # re-partitioned already: its instances are packed as advertised
     elif config.startswith(MIG_CONFIG_PREFIX) and LABEL_MIG_REQUESTED in labels and state != "failed":

@@ -20,6 +20,7 @@ def test_an_opted_in_node_of_whole_mig_capable_gpus_may_be_repartitioned() -> No
     assert not rec.mig_warning
     rec = node_record(node_obj(labels={**OPT_IN, "nvidia.com/mig.config.state": "success"}))
     assert rec.node.mig_repartition
+    assert node_record(node_obj(labels={**OPT_IN, "nvidia.com/mig.strategy": "mixed"})).node.mig_repartition
     plain = node_record(node_obj(labels={"nvidia.com/gpu.product": A100}))
     assert not plain.node.mig_repartition
     assert not plain.warning
@@ -34,6 +35,12 @@ RESTART = "restart the MIG manager's pod on the node (it applies the label again
     [
         ({"nvidia.com/gpu.product": "Tesla-T4"}, "4", "its GPUs (Tesla-T4) have no MIG mode", ""),
         ({"nvidia.com/gpu.count": "8"}, "6", "nvidia.com/gpu.count counts 8 GPUs but 6 are advertised", ""),
+        (
+            {"nvidia.com/mig.strategy": "single"},
+            "8",
+            "nvidia.com/mig.strategy=single: the device plugin would advertise its instances as nvidia.com/gpu",
+            "set the GPU operator's mig.strategy to mixed",
+        ),
         (
             {"nvidia.com/mig.config.state": "failed", "nvidia.com/mig.config": "x"},
             "8",
