@@ -408,6 +408,9 @@ async def test_a_layout_asked_for_before_a_restart_that_fails_holds_the_mig_pods
     assert layouts[0] == ("n", "all-disabled"), "the failed layout is set back"
     assert [n for n, config in layouts[1:] if str(config).startswith("gpusched-")] == ["m"], "the pod still waits"
     assert any("Waiting for node m" in m for m in api.failed("default/p"))
+    # Counted as the failure it was, by the instance that saw it end (the one that asked is gone).
+    lines = s.metrics.render()[0].decode().splitlines()
+    assert 'gpusched_mig_repartitions_total{result="failed"} 1.0' in lines
 
 
 def mig_node(name: str, config: str = "gpusched-0123456789ab", **slices: int) -> dict[str, Any]:

@@ -969,8 +969,9 @@ class Repartitioner:
         job = self.jobs.get(node.name)
         if job is None:
             if acting and state == "failed" and requested and node.name not in self.setting_back:
-                if ours:  # asked for under another leader, or before a restart
-                    self._give_up_layout(node.name, config, failed=True)
+                if ours:  # asked for under another leader, or before a restart: its end is counted here
+                    if self._give_up_layout(node.name, config, failed=True):
+                        self.s.metrics.mig_repartition("failed")
                 elif node.name in self.restoring:
                     why = f"the MIG manager failed to apply {LABEL_MIG_CONFIG}={MIG_ALL_DISABLED}"
                     self._set_back_failed(node.name, None, why, "failed")
