@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import pytest
 import yaml
+from structlog.testing import capture_logs
 
 from gpusched.config import parse_config
 from gpusched.daemon import DaemonSettings, Scheduler
@@ -449,6 +450,21 @@ async def test_a_repartitioned_node_idle_long_enough_is_set_back_to_whole_gpus()
     NodeHandler(s).apply("MODIFIED", whole)
     assert "idle" not in s.mig.sealed()
     assert s.cache.nodes["idle"].node.mig_repartition
+    stop(s)
+
+
+async def test_a_cordoned_idle_node_is_not_set_back_round_after_round() -> None:
+    api = MigApi()
+    s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})
+    cordoned = mig_node("drained", **{"1g_10gb": 7})
+    cordoned["spec"] = {"unschedulable": True}
+    NodeHandler(s).apply("ADDED", cordoned)
+    assert s.mig.restore_idle(1000.0) == []
+    with capture_logs() as logs:
+        assert s.mig.restore_idle(1061.0) == [], "its operator drains it: nothing is asked of the MIG manager"
+        await asyncio.sleep(0)
+    assert not api.labelled
+    assert not [e for e in logs if e["event"] == "mig repartition left to the next leader"]
     stop(s)
 
 

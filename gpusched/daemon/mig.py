@@ -622,6 +622,7 @@ class Repartitioner:
                 and not _within(labels.get(LABEL_MIG_RESTORE_FAILED, ""), RESTORE_BACKOFF_S)
                 and rec.node.mig_slices
                 and name not in sealed
+                and not rec.node.unschedulable  # cordoned: it would be withdrawn before it is labelled
             ):
                 continue
             i = cluster.index.get(name)
