@@ -15,7 +15,7 @@ from collections.abc import Hashable
 from typing import Annotated, Any, get_args, get_origin
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from gpusched.model.node import GPU_MILLI
 from gpusched.model.tenants import TenantRule, Tenants
@@ -118,13 +118,28 @@ class UtilisationConfig(_Strict):
 
     avoid_busy_gpus: bool = Field(default=True, alias="avoidBusyGpus")
     """A GPU at ``busyPercent`` or above takes no new pod (a share, or the whole GPU when the
-    books show it idle: then something outside the cluster's pods is using it)."""
+    books show it idle and no pod of its node the books put on an idle GPU may be the one using
+    it: ``gpu_indices_honoured``)."""
     busy_percent: _Number = Field(strict=False, default=90, gt=0, le=100, alias="busyPercent")
     idle_percent: _Number = Field(strict=False, default=5, ge=0, le=100, alias="idlePercent")
     """A GPU that pods hold and that is used less than this is counted in
     ``gpusched_gpus_allocated_idle``."""
     max_age_seconds: _Number = Field(strict=False, default=120, gt=0, le=3600, alias="maxAgeSeconds")
     """An answer older than this is not used: placement goes on as though no GPU were busy."""
+    gpu_indices_honoured: bool = Field(default=False, alias="gpuIndicesHonoured")
+    """The nodes' device plugin gives each container the GPUs ``gpusched.io/gpu-indices`` names,
+    so a busy GPU the books show free is used by something outside the cluster's pods.  Off
+    (NVIDIA's device plugin chooses the GPUs itself), a node's busy GPUs the books show free are
+    first taken for those of its pods the books put on GPUs measured idle."""
+
+    @model_validator(mode="after")
+    def _idle_below_busy(self) -> UtilisationConfig:
+        if self.idle_percent >= self.busy_percent:
+            raise ValueError(
+                f"idlePercent ({self.idle_percent:g}) must be below busyPercent ({self.busy_percent:g}): "
+                "a GPU cannot be counted idle and busy at once"
+            )
+        return self
 
 
 class HeadroomConfig(_Strict):

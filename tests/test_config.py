@@ -272,3 +272,9 @@ def test_a_value_an_error_shows_is_cut_short_however_large_aliases_make_it() -> 
         load_config(text)
     assert "headroom.models.0: Input should be a valid string (got [[" in str(info.value)
     assert len(str(info.value)) < 5_000
+
+
+def test_an_idle_threshold_at_or_above_the_busy_one_is_refused_naming_both() -> None:
+    with pytest.raises(ConfigError, match=r"idlePercent \(95\) must be below busyPercent \(90\)"):
+        parse_config({"utilisation": {"idlePercent": 95, "busyPercent": 90}})
+    assert parse_config({"utilisation": {"idlePercent": 10, "busyPercent": 90}}).utilisation.idle_percent == 10

@@ -86,6 +86,7 @@ async def test_no_pod_is_evicted_for_room_on_a_gpu_that_others_keep_busy() -> No
 async def test_a_busy_gpu_no_pod_holds_is_not_taken_by_preemption_either() -> None:
     api = EvictingApi()
     s = one_node_scheduler(api, gpus=2)
+    honoured(s)  # the device plugin gives each pod the GPUs the books name
     measured(s, {"n0": {1: 97.0}})  # something outside the cluster's pods
     s._bound.apply("ADDED", pod("low", 0, node="n0", gpu=0))
     s._pending.apply("ADDED", pod("urgent", 100, gpus=2))
@@ -119,6 +120,7 @@ async def test_the_busy_note_counts_only_gpus_the_pod_could_have_used() -> None:
 async def test_parked_pods_are_woken_only_when_a_gpu_they_were_denied_cools_down() -> None:
     api = RecordingApi()
     s = one_node_scheduler(api, gpus=2)
+    honoured(s)  # the device plugin gives each pod the GPUs the books name
     s._bound.apply("ADDED", pod("train", 0, node="n0", gpu=0))
     s._pending.apply("ADDED", pod("waiting", 0, gpus=2))
     measured(s, {"n0": {0: 95.0, 1: 95.0}, "elsewhere": {0: 95.0}})
@@ -218,6 +220,7 @@ async def test_the_idle_gauge_does_not_trust_the_books_guess_of_a_pods_gpu() -> 
 async def test_with_no_answer_young_enough_to_use_the_utilisation_gauges_say_nothing() -> None:
     """Not 0: that would read as "nothing busy, nothing idle", measured."""
     s = one_node_scheduler(RecordingApi(), gpus=2)
+    honoured(s)  # the device plugin gives each pod the GPUs the books name
     s._bound.apply("ADDED", pod("train", node="n0"))
     s.utilisation = UtilisationSource("http://prometheus.invalid:9090")
     s.gauges.refresh()  # before the first answer
@@ -371,3 +374,73 @@ def test_names_in_the_answer_that_are_no_node_are_warned_about_once_until_they_c
     with capture_logs() as logs:
         told = s.gauges.check_node_names(told)
     assert [e for e in logs if e["log_level"] == "warning"] == []
+
+
+def honoured(s: Scheduler) -> None:
+    s.set_config(parse_config({"utilisation": {"gpuIndicesHonoured": True}}))
+
+
+# -- NVIDIA's device plugin: it chooses the GPUs, the books' indices are a guess ---------------
+
+
+async def test_a_busy_gpu_the_books_show_free_is_first_taken_for_a_pod_booked_on_an_idle_one() -> None:
+    for who in ("other", "ours"):
+        api = RecordingApi()
+        s = one_node_scheduler(api, gpus=2)
+        if who == "other":  # another scheduler's pod: the books guess GPU 0
+            running = kit.pod("trainer", "default-scheduler", gpus=1, node_name="n0")
+            running["metadata"].update({"namespace": "research", "uid": "u1"})
+        else:  # ours, booked on GPU 0, given GPU 1 by the device plugin
+            running = pod("a", node="n0", gpu=0)
+        s._bound.apply("ADDED", running)
+        measured(s, {"n0": {0: 0.0, 1: 100.0}})
+        s.gauges.refresh()
+        # GPU 1 is the running pod's: GPU 0 is free, and nothing is held idle.
+        assert (gauge(s, "gpusched_gpus_busy"), gauge(s, "gpusched_gpus_allocated_idle")) == (0.0, 0.0), who
+        s._pending.apply("ADDED", pod("p"))
+        await batch(s)
+        assert api.bound == ["default/p"], (who, api.failed("default/p"))
+
+
+async def test_busy_gpus_beyond_what_the_pods_account_for_still_keep_pods_out() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=4)
+    s._bound.apply("ADDED", pod("a", node="n0", gpu=0))
+    measured(s, {"n0": {0: 0.0, 1: 99.0, 2: 99.0, 3: 0.0}})  # two busy, one pod: one is something else's
+    s.gauges.refresh()
+    assert gauge(s, "gpusched_gpus_busy") == 1.0
+    s._pending.apply("ADDED", pod("two", gpus=2))
+    s._pending.apply("ADDED", pod("three", gpus=3))
+    await batch(s)
+    assert api.bound == ["default/two"]
+    (message,) = api.failed("default/three")
+    assert message.endswith("; 1 GPU with room for it was not offered: busy, at 90 % utilisation or more (DCGM)."), (
+        message
+    )
+
+
+async def test_gpus_held_idle_are_counted_per_node_when_the_device_plugin_chose_them() -> None:
+    s = one_node_scheduler(RecordingApi(), gpus=4)
+    for g in range(3):
+        s._bound.apply("ADDED", pod(f"w{g}", node="n0", gpu=g))
+    measured(s, {"n0": {0: 0.0, 1: 0.0, 2: 0.0, 3: 99.0}})  # one of the three works (on GPU 3)
+    s.gauges.refresh()
+    assert gauge(s, "gpusched_gpus_allocated_idle") == 2.0
+
+
+async def test_a_single_strategy_mig_node_numbers_no_instance_by_its_physical_gpus() -> None:
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=14)
+    node = kit.node("n0", 14, "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb", **{"nvidia.com/mig.strategy": "single"})
+    node["metadata"]["labels"]["nvidia.com/gpu.count"] = "2"
+    NodeHandler(s).apply("MODIFIED", node)
+    measured(s, {"n0": {0: 0.0, 1: 99.0}})  # DCGM's physical GPUs 0 and 1, not instances 0 and 1
+    s.gauges.refresh()
+    assert gauge(s, "gpusched_gpus_busy") == 0.0
+    s._pending.apply("ADDED", pod("p", gpus=14))
+    await batch(s)
+    assert api.bound == ["default/p"], api.failed("default/p")
+    s._bound.apply("ADDED", pod("p", node="n0", gpu=0))
+    measured(s, {"n0": {0: 0.0, 1: 0.0}})
+    s.gauges.refresh()
+    assert gauge(s, "gpusched_gpus_allocated_idle") == 0.0  # instance 0 is no physical GPU 0

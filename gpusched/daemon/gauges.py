@@ -113,10 +113,24 @@ class Gauges:
         held = [
             (n, g)
             for n, gpus in low.items()
-            if (i := cl.index.get(n)) is not None and not cl.mig_cap[i].any()  # as ``_busy_cells``
+            if (i := cl.index.get(n)) is not None and not cl.mig_cap[i].any() and not single_mig_profile(cl.nodes[i])
             for g in gpus
             if 0 <= g < cl.gpu_count[i] and used[i, g] > 0
         ]
+        if not u.gpu_indices_honoured:
+            # The device plugin chose the pods' GPUs: of a node's GPUs held, as many are idle as
+            # the node has GPUs held beyond those measured in use (its pods are on some GPUs).
+            on: dict[str, int] = {}
+            for n, _ in held:
+                on[n] = on.get(n, 0) + 1
+            idle = 0
+            for n, low_held in on.items():
+                i = cl.index[n]
+                count = int(cl.gpu_count[i])
+                in_use = count - len({g for g in low[n] if 0 <= g < count})
+                idle += min(low_held, max(0, int((used[i, :count] > 0).sum()) - in_use))
+            self.s.metrics.set_utilisation(age, busy, idle)
+            return
         # A pod whose GPUs the books only guess makes its node's GPUs idle only all together.
         guessed = self.s.cache.guessed_gpus() if held else set()
         holders = self.s.cache.holders_of(held) if guessed else {}

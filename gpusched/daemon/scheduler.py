@@ -1552,7 +1552,10 @@ class Scheduler:
         None when none are."""
         u = self.config.utilisation
         view = self.utilisation_view() if u.avoid_busy_gpus else None
-        return None if view is None else self.cache.as_booked(view.at_least(u.busy_percent)) or None
+        if view is None:
+            return None
+        busy = self.cache.as_booked(view.at_least(u.busy_percent))
+        return (busy if u.gpu_indices_honoured else self.cache.unexplained(busy)) or None
 
     def _check_poll_age(self) -> None:
         """Warn when answers are polled less often than one may be used (checked at the start

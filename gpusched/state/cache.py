@@ -27,7 +27,7 @@ import structlog
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Pod
 from gpusched.model.cluster import IntArray, Repartition
 from gpusched.model.mig import MigLayout
-from gpusched.model.node import booked_gpus
+from gpusched.model.node import booked_gpus, single_mig_profile
 from gpusched.model.placement import MigPartition
 from gpusched.model.tenants import Tenants
 from gpusched.state.records import NodeRecord, PodRecord
@@ -73,12 +73,15 @@ class Snapshot:
 
 def _busy_cells(cluster: Cluster, busy: Mapping[str, Collection[int]]) -> list[tuple[int, int]]:
     """The GPUs of ``busy`` (node name -> GPU indices as the books number them: ``Cache.as_booked``)
-    a snapshot may count as full: on nodes of ``cluster`` with no MIG slices (their slices are
-    not numbered as their GPUs), within each node's GPU count; as (node index, GPU index)."""
+    a snapshot may count as full: on nodes of ``cluster`` with no MIG instances (their instances
+    are not numbered as their GPUs, whether as ``nvidia.com/mig-*`` or, under the single strategy,
+    as ``nvidia.com/gpu``), within each node's GPU count; as (node index, GPU index)."""
     return [
         (i, g)
         for node, gpus in busy.items()
-        if (i := cluster.index.get(node)) is not None and not cluster.mig_cap[i].any()
+        if (i := cluster.index.get(node)) is not None
+        and not cluster.mig_cap[i].any()
+        and not single_mig_profile(cluster.nodes[i])
         for g in gpus
         if 0 <= g < cluster.gpu_count[i]
     ]
@@ -529,6 +532,28 @@ class Cache:
         return {
             (cluster.nodes[i].name, g) for i, g in _busy_cells(cluster, busy) if self._gpu[i, g] < cluster.gpu_cap[i, g]
         }
+
+    def unexplained(self, busy: Mapping[str, Collection[int]]) -> dict[str, frozenset[int]]:
+        """The GPUs of ``busy`` (as ``as_booked`` numbers them) that the pods on the books cannot
+        account for when the device plugin chose their GPUs itself (NVIDIA's does: it ignores
+        ``gpusched.io/gpu-indices``, so a pod booked on GPU 0 may run on GPU 1).  A busy GPU the
+        books hold stays busy (no share is added to it); of the busy GPUs the books show free,
+        as many as the node has GPUs booked and measured idle are taken for those pods'
+        (a pod booked on an idle GPU is running on one of them), and only the rest are left."""
+        cluster = self._ensure_cluster()
+        out: dict[str, frozenset[int]] = {}
+        for name, gpus in busy.items():
+            i = cluster.index.get(name)
+            if i is None:
+                out[name] = frozenset(gpus)
+                continue
+            count = int(cluster.gpu_count[i])
+            booked = {g for g in range(count) if self._gpu[i, g] > 0}
+            measured = {g for g in gpus if 0 <= g < count}
+            free = sorted(measured - booked)
+            explained = len(booked - measured)
+            out[name] = frozenset((measured & booked) | set(free[explained:]))
+        return {n: g for n, g in out.items() if g}
 
     def holders_of(self, gpus: Collection[tuple[str, int]]) -> dict[tuple[str, int], set[str]]:
         """The keys of the pods on the books (bound or assumed) holding each of ``gpus`` (node
