@@ -150,6 +150,9 @@ def _labels(metric: Mapping[str, Any]) -> str:
 
 _ERRNO = re.compile(r"\[Errno -?\d+\] [^'\"()]+")
 _HTTP_ERROR = re.compile(r"HTTP Status Code (\d+) \((b'.*'|b\".*\")\)$", re.DOTALL)
+_TIMED_OUT = re.compile(r"(?:connect|read) timeout=([\d.]+)")
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+"""An object's address in a message (``<HTTPConnection(...) at 0x7f...>``): new at every poll."""
 
 
 def _query_error(exc: Exception) -> str:
@@ -169,7 +172,14 @@ def _query_error(exc: Exception) -> str:
     errno = _ERRNO.search(text)
     if isinstance(exc, OSError) and errno is not None:  # requests' ConnectionError: the cause, not the retry story
         return f"{type(exc).__name__}: {errno.group(0).strip()}"
-    return f"{type(exc).__name__}: {text}"
+    timeout = _TIMED_OUT.search(text)
+    if isinstance(exc, OSError) and timeout is not None:  # the same each poll, not an object's address
+        what = "connecting" if "connect" in type(exc).__name__.lower() or "Connection to" in text else "reading"
+        return (
+            f"{type(exc).__name__}: no answer {what} within {timeout.group(1)} s "
+            "(a NetworkPolicy or firewall dropping packets, or Prometheus overloaded?)"
+        )
+    return f"{type(exc).__name__}: {_ADDRESS.sub('', text)}"
 
 
 async def _detached(fn: Callable[[], Any]) -> Any:

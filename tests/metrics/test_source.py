@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import threading
 import time
 import uuid
@@ -186,6 +188,35 @@ class Slow(BaseHTTPRequestHandler):
 
     def log_message(self, *a: object) -> None:
         pass
+
+
+async def test_a_prometheus_whose_connections_time_out_is_told_once_in_a_line() -> None:
+    # A listener whose accept queue is full drops new connections, as a firewall would.
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    port = srv.getsockname()[1]
+    queued = []
+    for _ in range(5):
+        c = socket.socket()
+        c.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            c.connect(("127.0.0.1", port))
+        queued.append(c)
+    try:
+        src = UtilisationSource(f"http://127.0.0.1:{port}", timeout_s=0.5)
+        with capture_logs() as logs:
+            for _ in range(3):
+                assert not await src.poll_once()
+    finally:
+        for c in (*queued, srv):
+            c.close()
+    warnings = [x for x in logs if x["log_level"] == "warning"]
+    assert len(warnings) == 1, [w["cause"] for w in warnings]  # not once a poll
+    assert warnings[0]["cause"].endswith(
+        "ConnectTimeout: no answer connecting within 0.5 s (a NetworkPolicy or firewall dropping packets, "
+        "or Prometheus overloaded?)"
+    )
 
 
 async def test_a_short_poll_interval_does_not_make_a_slowish_prometheus_unreadable() -> None:
