@@ -444,3 +444,12 @@ async def test_a_single_strategy_mig_node_numbers_no_instance_by_its_physical_gp
     measured(s, {"n0": {0: 0.0, 1: 0.0}})
     s.gauges.refresh()
     assert gauge(s, "gpusched_gpus_allocated_idle") == 0.0  # instance 0 is no physical GPU 0
+
+
+async def test_an_answer_that_names_no_node_measures_nothing_rather_than_zero() -> None:
+    s = one_node_scheduler(RecordingApi(), gpus=2)
+    s._bound.apply("ADDED", pod("train", node="n0"))
+    measured(s, {"nvidia-dcgm-exporter-abcde": {0: 0.0, 1: 99.0}})  # the exporter's pod name, no node's
+    s.gauges.refresh()
+    assert math.isnan(gauge(s, "gpusched_gpus_busy"))
+    assert math.isnan(gauge(s, "gpusched_gpus_allocated_idle"))

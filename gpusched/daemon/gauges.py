@@ -104,7 +104,9 @@ class Gauges:
             self.s.metrics.set_utilisation(math.nan, math.nan, math.nan)
             return
         age = self.s.utilisation.age()
-        if age > u.max_age_seconds:  # not used: no GPU is known busy or idle by it
+        # Not used, or naming no node of the cluster (a node label holding the exporter's pod
+        # name): no GPU is known busy or idle by it.
+        if age > u.max_age_seconds or view.names_none_of(self.s.cache.nodes):
             self.s.metrics.set_utilisation(age, math.nan, math.nan)
             return
         cl, used = state.cluster, state.gpu_used
