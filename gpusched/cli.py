@@ -417,7 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_percent,
         default=5.0,
         metavar="PCT",
-        help="a held GPU used less than this is idle (default: 5, as utilisation.idlePercent)",
+        help="a held GPU used less than this is idle (default: 5; the ConfigMap's utilisation.idlePercent "
+        "is not read here: pass the same value)",
     )
     _utilisation_args(rep, "Read GPU utilisation once, to find the held GPUs that are idle.")
     rep.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
