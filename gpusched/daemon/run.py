@@ -134,6 +134,14 @@ def _readable(
     return out
 
 
+def unmeasured(percent: Mapping[str, object], cache: Cache) -> list[str]:
+    """The GPU nodes of ``cache`` (whole GPUs, not MIG instances) the utilisation answer
+    ``percent`` (node name -> GPUs) says nothing of, sorted."""
+    return sorted(
+        n for n, rec in cache.nodes.items() if rec.node.gpu_count and not rec.node.mig_slices and n not in percent
+    )
+
+
 async def _read_books(kube: Kube, namespaces: dict[str, dict[str, str]] | None, notes: list[str]) -> Cache:
     """The nodes and the pods bound to them, read once into books; a node that cannot be read
     is left out with a line in ``notes``."""
@@ -354,6 +362,12 @@ async def report_costs(
                     f"{len(strangers)} name(s) in the utilisation answer are no node of the cluster "
                     f"({', '.join(strangers[:3])}): their GPUs are not measured; an exporter without NODE_NAME "
                     "labels its GPUs with its pod's name"
+                )
+            if view is not None and (missing := unmeasured(view.percent, cache)):
+                notes.append(
+                    f"{len(missing)} GPU node(s) are not in the utilisation answer ({', '.join(missing[:3])}): "
+                    "their GPUs count as neither idle nor in use; is dcgm-exporter running there (a toleration "
+                    "its DaemonSet lacks)?"
                 )
         else:
             notes.append(f"{utilisation.error}; nothing is counted idle")

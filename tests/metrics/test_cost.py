@@ -288,3 +288,16 @@ def test_a_pod_with_an_unreadable_mig_resource_is_charged_the_slice_it_holds_on_
     assert "held 0.14 GPUs, 0.50 USD/h" in text
     assert "free on nodes in use: 1.86 GPUs, 6.50 USD/h" in text
     assert "nodes with no GPU held: 0 (0 GPUs), 0.00 USD/h" in text
+
+
+def test_gpu_nodes_the_utilisation_answer_says_nothing_of_are_named() -> None:
+    from gpusched.daemon.run import unmeasured
+    from gpusched.state.cache import Cache
+    from gpusched.state.records import NodeRecord
+    from tests.factories import gpu_node
+
+    cache = Cache()
+    cache.replace_nodes([NodeRecord(gpu_node(n, gpus=g)) for n, g in (("a", 2), ("b", 4), ("cpu", 0))])
+    # dcgm-exporter runs on a only (its DaemonSet lacks b's toleration, say); a CPU node has no GPU to measure.
+    assert unmeasured({"a": {0: 1.0}}, cache) == ["b"]
+    assert unmeasured({"a": {}, "b": {}}, cache) == []
