@@ -1862,3 +1862,19 @@ async def test_a_mig_pod_takes_over_no_room_without_an_instance_of_its_profile()
     assert api.bound_to == {"default/mid": "n0"}
     assert api.evicted == [("default/low", "default/mid", "n0")]
     stop(s)
+
+
+async def test_no_gpu_is_kept_for_critical_pods_on_a_node_being_repartitioned() -> None:
+    from tests.test_daemon_utilisation import gauge
+
+    api = MigApi()
+    s = scheduler(api, {**ON, "headroom": {"gpus": 1, "priorityAtLeast": 1000}})
+    add_node(s, "n0", 2, **{"nvidia.com/mig.config.state": "pending"})  # the MIG manager at work
+    assert "n0" in s.mig.sealed()
+    s.gauges.refresh()
+    assert gauge(s, "gpusched_gpus_kept_free") == 0.0  # none that anyone could use
+    s._pending.apply("ADDED", pod("critical", gpus=1, priority=1000))
+    s._pending.apply("ADDED", pod("low", gpus=1))
+    await batch(s)
+    assert api.bound_to == {}, "not through the headroom either"
+    stop(s)

@@ -1783,7 +1783,7 @@ class Scheduler:
         keep = self.keep_free()
         if not keep:
             return ()
-        snap = self.cache.snapshot(busy=self.busy_gpus(), **keep)
+        snap = self.cache.snapshot(busy=self.busy_gpus(), sealed=self.sealed(), **keep)
         return tuple((snap.cluster.nodes[i].name, g) for i, g in snap.kept)
 
 

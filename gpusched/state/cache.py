@@ -792,16 +792,16 @@ class Cache:
             if room > 0:
                 blocked.append((i, g, room))
             gpu[i, g] = cluster.gpu_cap[i, g]
+        mig = np.minimum(self._mig, cluster.mig_cap)  # slices counted on a node that no longer offers them
+        if len(sealed):  # before the headroom is chosen: nothing kept there would be usable
+            rows = list(sealed)
+            gpu[rows] = cluster.gpu_cap[rows]
+            mig[rows] = cluster.mig_cap[rows]
         kept = (
             keep_free(cluster, gpu, keep, keep_models, spared, prefer, tolerated, self._cpu, self._mem) if keep else ()
         )
         for i, g in kept:
             gpu[i, g] = cluster.gpu_cap[i, g]
-        mig = np.minimum(self._mig, cluster.mig_cap)  # slices counted on a node that no longer offers them
-        if len(sealed):
-            rows = list(sealed)
-            gpu[rows] = cluster.gpu_cap[rows]
-            mig[rows] = cluster.mig_cap[rows]
         partitions: list[MigPartition] = []
         for i, (layouts, promised) in (coming or {}).items():
             profiles = {p for _, lay in layouts for p in lay.counts} | set(promised)
