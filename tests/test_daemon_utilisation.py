@@ -453,3 +453,12 @@ async def test_an_answer_that_names_no_node_measures_nothing_rather_than_zero() 
     s.gauges.refresh()
     assert math.isnan(gauge(s, "gpusched_gpus_busy"))
     assert math.isnan(gauge(s, "gpusched_gpus_allocated_idle"))
+
+
+async def test_a_node_whose_gpus_dcgm_finds_busy_is_no_idle_node_to_remove() -> None:
+    s = one_node_scheduler(RecordingApi(), gpus=2)
+    s.gauges.refresh()
+    assert gauge(s, "gpusched_gpu_nodes_idle") == 1.0
+    measured(s, {"n0": {0: 99.0, 1: 99.0}})  # nothing on the books, yet something works there
+    s.gauges.refresh()
+    assert gauge(s, "gpusched_gpu_nodes_idle") == 0.0

@@ -199,6 +199,9 @@ class Gauges:
         # one gang members waiting beside a layout are planned on.
         soon = self.s.mig.sealed() | {node for job in self.s.mig.jobs.values() for _, node in job.beside.values()}
         keeping[[i for n in soon if (i := cl.index.get(n)) is not None]] = True
+        # Nor one whose GPUs DCGM finds busy: work outside the books runs there.
+        busy = self.s.busy_gpus() if self.s.utilisation is not None else None
+        keeping[[i for n in busy or {} if (i := cl.index.get(n)) is not None]] = True
         idle = int((~in_use & gpu_nodes & open_ & ~keeping).sum())
         # What more nodes would have to offer.
         parked = self.s.waiting(self.s.unschedulable_records())
