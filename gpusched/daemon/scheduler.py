@@ -13,7 +13,7 @@ import functools
 import math
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Coroutine, Iterable
+from collections.abc import Callable, Collection, Coroutine, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -877,14 +877,22 @@ class Scheduler:
         # At the start of a burst the client is idle and more pods wait: bind the greedy
         # plan at once when it places every pod, rather than leave the client idle.
         quick = self.config.batching.quick_start and self._client_idle() and self._burst()
+        high = self._for_kept(pods) if snap.kept else None
         try:
-            plan, after, frag = await asyncio.to_thread(_solve, policy, pods, snap.state, typical, quick, first)
+            plan, after, frag = await asyncio.to_thread(
+                _solve, policy, pods, snap.state, typical, quick, first, snap.kept, high
+            )
         except Exception as exc:
             log.error("solve failed; batch requeued with backoff", batch_id=batch_id, error=repr(exc))
             for r in todo:
                 self.queue.backoff(r.key)
             return
-        problems = plan_problems(plan, snap.state, pods)
+        if snap.kept:  # the pods of the headroom's priority may have taken kept GPUs: those are no longer kept
+            taken = {(a.node, g) for a in plan.assignments for g in a.gpus}
+            problems = plan_problems(plan, snap.state.with_gpus_at(snap.kept, 0), pods)
+            snap = replace(snap, kept=tuple(c for c in snap.kept if c not in taken))
+        else:
+            problems = plan_problems(plan, snap.state, pods)
         if problems:
             log.error("plan rejected; batch requeued", batch_id=batch_id, problems=problems[:5])
             for r in todo:
@@ -1590,6 +1598,13 @@ class Scheduler:
             self.queue.move_all()
         return self.cache.blocking(now)
 
+    def _for_kept(self, pods: Iterable[Pod]) -> Callable[[Pod], bool]:
+        """Whether a pod of ``pods`` may take the GPUs the headroom keeps free: of its priority
+        or more, and, for a gang's member, every member of the batch too (a gang with one member
+        below the priority is below it as a whole)."""
+        low = {p.gang.name for p in pods if p.gang is not None and self.below_headroom(p)}
+        return lambda p: not self.below_headroom(p) and (p.gang is None or p.gang.name not in low)
+
     def below_headroom(self, pod: Pod) -> bool:
         """Whether ``pod`` may not take the GPUs the headroom keeps free."""
         return pod.priority < self.config.headroom.priority_at_least
@@ -1899,11 +1914,15 @@ def _solve(
     typical: TypicalPods,
     quick: bool,
     first: Collection[str] = (),
+    kept: Sequence[tuple[int, int]] = (),
+    for_kept: Callable[[Pod], bool] | None = None,
 ) -> tuple[Plan, ClusterState, float]:
     """Runs in a worker thread: the plan, the state after it and its fragmentation ratio.
     The batch is placed in the parts ``_passes`` gives (``first``: keys of the pods within their
     tenant's quota), each against the state the earlier ones left (and a gang's members left to
-    a later part beside those an earlier one placed: ``beside_placed``).
+    a later part beside those an earlier one placed: ``beside_placed``).  ``kept``: the GPUs the
+    headroom keeps free (counted full in ``state``), given back to a part whose pods all may
+    take them (``for_kept``), and the ones it leaves counted full again for the parts after.
 
     A solve's model and search are large and short-lived, and glibc keeps the freed
     pages of its worker threads' arenas; handing them back after each batch keeps the
@@ -1923,7 +1942,14 @@ def _solve(
         if deadline is not None:  # each pass its share of what is left of the batch's one limit
             until = time.perf_counter() + max(deadline - time.perf_counter(), 0.0) * len(part) / max(left, 1)
         left -= len(part)
+        opened = bool(kept) and for_kept is not None and all(map(for_kept, part))
+        if opened:  # pods of the headroom's priority: the GPUs kept free are theirs too
+            now = now.with_gpus_at(kept, 0)
         step = _place(policy, part, now, quick, until)
+        if opened:
+            taken = {(a.node, g) for a in step.assignments for g in a.gpus}
+            kept = [c for c in kept if c not in taken]
+            now = now.with_gpus_at(kept, GPU_MILLI)  # (applied below: these stay untouched by the step)
         if not (math.isnan(step.stats.objective) or math.isnan(step.stats.bound)):
             solved.append(step.stats)
         if plan is None:
