@@ -1002,19 +1002,7 @@ async def test_hand_picked_preemptions_with_pod_affinity_spread_domains_and_labe
                     (0, "neg", 500, {"app": "a", "ver": "v2"}, False),
                     (0, "zero", 1000, {}, False),
                 ],
-                {
-                    "affinity": {
-                        "podAntiAffinity": {
-                            "requiredDuringSchedulingIgnoredDuringExecution": [
-                                {
-                                    "labelSelector": {"matchLabels": {"app": "a"}},
-                                    "topologyKey": host,
-                                    "matchLabelKeys": ["ver"],
-                                }
-                            ]
-                        }
-                    }
-                },
+                _apart_from_a(host, "matchLabelKeys"),
                 {"app": "z", "ver": "v2"},
             ),
             ("n0", {"p1", "p2"}),
@@ -1031,19 +1019,7 @@ async def test_hand_picked_preemptions_with_pod_affinity_spread_domains_and_labe
                     (0, "neg", 500, {"app": "a", "ver": "v2"}, False),
                     (0, "zero", 1000, {}, False),
                 ],
-                {
-                    "affinity": {
-                        "podAntiAffinity": {
-                            "requiredDuringSchedulingIgnoredDuringExecution": [
-                                {
-                                    "labelSelector": {"matchLabels": {"app": "a"}},
-                                    "topologyKey": host,
-                                    "mismatchLabelKeys": ["ver"],
-                                }
-                            ]
-                        }
-                    }
-                },
+                _apart_from_a(host, "mismatchLabelKeys"),
                 {"app": "z", "ver": "v2"},
             ),
             ("n0", {"p0", "p1"}),
@@ -1109,3 +1085,10 @@ async def test_a_pod_being_deleted_is_no_victim_a_documented_difference(
             await kube.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{cls}")
     assert theirs == (f"{name}-n0", frozenset({leaving})), theirs
     assert (node, victims) == (f"{name}-n1", frozenset({staying}))
+
+
+def _apart_from_a(topology_key: str, keys_field: str) -> dict[str, Any]:
+    """Required anti-affinity against the app=a pods, by ``ver`` through ``keys_field``
+    (``matchLabelKeys``: those of its own revision; ``mismatchLabelKeys``: of the others)."""
+    term = {"labelSelector": {"matchLabels": {"app": "a"}}, "topologyKey": topology_key, keys_field: ["ver"]}
+    return {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
