@@ -462,3 +462,16 @@ async def test_a_node_whose_gpus_dcgm_finds_busy_is_no_idle_node_to_remove() -> 
     measured(s, {"n0": {0: 99.0, 1: 99.0}})  # nothing on the books, yet something works there
     s.gauges.refresh()
     assert gauge(s, "gpusched_gpu_nodes_idle") == 0.0
+
+
+async def test_gpu_nodes_the_answer_says_nothing_of_are_warned_about_once() -> None:
+    from structlog.testing import capture_logs
+
+    s = one_node_scheduler(RecordingApi(), gpus=2)
+    NodeHandler(s).apply("ADDED", kit.node("tainted-pool-0", 8, "H100"))  # dcgm-exporter does not run there
+    measured(s, {"n0": {0: 10.0, 1: 10.0}})
+    with capture_logs() as logs:
+        told = s.gauges.check_node_names((frozenset(), False))
+        s.gauges.check_node_names(told)  # the next poll: the same nodes, not told again
+    warned = [e for e in logs if e["event"].startswith("GPU nodes are not in the utilisation answer")]
+    assert [(e["nodes"], e["first"]) for e in warned] == [(1, ["tainted-pool-0"])]

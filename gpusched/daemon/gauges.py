@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,6 +17,7 @@ from gpusched.metrics.cost import mig_gpus
 from gpusched.model import GPU_MILLI, Cluster, ClusterState
 from gpusched.model.mig import gpu_fraction
 from gpusched.model.node import single_mig_profile
+from gpusched.state.cache import Cache
 
 if TYPE_CHECKING:
     from gpusched.daemon.scheduler import Scheduler
@@ -27,6 +29,14 @@ GONE_NODES_S = 600.0
 (the default query averages two minutes) rather than for an exporter's wrong label."""
 
 
+def unmeasured(percent: Mapping[str, object], cache: Cache) -> list[str]:
+    """The GPU nodes of ``cache`` (whole GPUs, not MIG instances) the utilisation answer
+    ``percent`` (node name -> GPUs) says nothing of, sorted."""
+    return sorted(
+        n for n, rec in cache.nodes.items() if rec.node.gpu_count and not rec.node.mig_slices and n not in percent
+    )
+
+
 class Gauges:
     """The gauges of one scheduler instance, and what the utilisation answer names."""
 
@@ -35,6 +45,8 @@ class Gauges:
         self.nodes_gone: dict[str, float] = {}
         """Nodes deleted lately, by name, and when (``time.monotonic``): the utilisation answer
         may name them for minutes after, which is no misconfiguration."""
+        self._unmeasured_told: tuple[str, ...] = ()
+        """The GPU nodes last warned about as missing from the utilisation answer."""
         self._mig_shares_of: (
             tuple[Cluster, npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]] | None
         ) = None
@@ -92,6 +104,16 @@ class Gauges:
                     answered=sorted(strangers)[:3],
                     fix="an exporter without NODE_NAME labels its GPUs with its pod's name: give it the node's",
                 )
+        # Nodes missing while the answer names strangers: most likely those exporters' nodes (told above).
+        missing = () if strangers else tuple(unmeasured(view.percent, self.s.cache))
+        if missing and missing != self._unmeasured_told:
+            log.warning(
+                "GPU nodes are not in the utilisation answer; their GPUs count as neither busy nor idle",
+                nodes=len(missing),
+                first=list(missing[:3]),
+                fix="run dcgm-exporter on them (its DaemonSet may lack a toleration of their taints)",
+            )
+        self._unmeasured_told = missing
         return now
 
     def _utilisation(self, state: ClusterState) -> None:

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from gpusched.daemon.gauges import unmeasured
 from gpusched.daemon.handlers import no_pod_group
 from gpusched.daemon.scheduler import Scheduler, count_running_members
 from gpusched.daemon.settings import BOUND_SELECTOR, SCHEDULER_NAME, DaemonSettings
@@ -132,14 +133,6 @@ def _readable(
         except ConvertError as exc:
             notes.append(f"{what} ignored: {exc}")
     return out
-
-
-def unmeasured(percent: Mapping[str, object], cache: Cache) -> list[str]:
-    """The GPU nodes of ``cache`` (whole GPUs, not MIG instances) the utilisation answer
-    ``percent`` (node name -> GPUs) says nothing of, sorted."""
-    return sorted(
-        n for n, rec in cache.nodes.items() if rec.node.gpu_count and not rec.node.mig_slices and n not in percent
-    )
 
 
 async def _read_books(kube: Kube, namespaces: dict[str, dict[str, str]] | None, notes: list[str]) -> Cache:

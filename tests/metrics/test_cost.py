@@ -291,7 +291,7 @@ def test_a_pod_with_an_unreadable_mig_resource_is_charged_the_slice_it_holds_on_
 
 
 def test_gpu_nodes_the_utilisation_answer_says_nothing_of_are_named() -> None:
-    from gpusched.daemon.run import unmeasured
+    from gpusched.daemon.gauges import unmeasured
     from gpusched.state.cache import Cache
     from gpusched.state.records import NodeRecord
     from tests.factories import gpu_node
