@@ -137,7 +137,7 @@ class Gauges:
         held = [
             (n, g)
             for n, gpus in low.items()
-            if (i := cl.index.get(n)) is not None and not cl.mig_cap[i].any() and not single_mig_profile(cl.nodes[i])
+            if (i := cl.index.get(n)) is not None and not cl.in_mig_mode[i]  # as ``_busy_cells``
             for g in gpus
             if 0 <= g < cl.gpu_count[i] and used[i, g] > 0
         ]

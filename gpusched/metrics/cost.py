@@ -28,7 +28,7 @@ from rich.table import Table
 from gpusched.metrics.source import UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, Node, Pod
 from gpusched.model.mig import gpu_fraction, product_key
-from gpusched.model.node import booked_gpus, label_number, single_mig_profile, whole_part
+from gpusched.model.node import booked_gpus, label_number, whole_part
 
 __all__ = [
     "CostReport",
@@ -180,11 +180,7 @@ def cost_report(
     idle = view.below(idle_percent) if view is not None else {}
     # GPU indices of nodes with MIG slices (or whose GPUs are MIG instances) are not those the
     # books number: nothing idle there.
-    idle = {
-        n: g
-        for n, g in idle.items()
-        if (i := cluster.index.get(n)) is None or not (cluster.mig_cap[i].any() or single_mig_profile(cluster.nodes[i]))
-    }
+    idle = {n: g for n, g in idle.items() if (i := cluster.index.get(n)) is None or not cluster.in_mig_mode[i]}
     placed = list(placed)
     held: dict[tuple[int, int], int] = defaultdict(int)  # (node, GPU) -> thousandths held
     mig_held: dict[int, float] = defaultdict(float)  # node -> GPUs held in MIG slices

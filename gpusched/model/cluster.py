@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Spread, preference_score, selects
 from gpusched.model.mig import MIG_CONFIG_PREFIX, MigGeometry, MigLayout, geometry_for, mig_config, product_key
-from gpusched.model.node import GPU_MILLI, LABEL_GPU_COUNT, Node, Taint, label_number
+from gpusched.model.node import GPU_MILLI, LABEL_GPU_COUNT, Node, Taint, label_number, single_mig_profile
 from gpusched.model.placement import Assignment, MigPartition
 from gpusched.model.pod import Pod, PodShape, Toleration, model_key, tolerated, untolerated
 from gpusched.model.ports import ports_clash
@@ -161,6 +161,11 @@ class Cluster:
         """MIG instances each node advertises, per profile of ``mig_profiles``."""
         self.mig_can: BoolArray = _frozen(mig_can)
         """Profiles that a re-partitioned idle GPU of each node could offer."""
+        self.in_mig_mode: BoolArray = _frozen(
+            mig_cap.any(axis=1) | np.array([bool(single_mig_profile(x)) for x in nodes], dtype=np.bool_)
+        )
+        """Nodes whose GPUs are MIG instances, advertised as ``nvidia.com/mig-*`` or (single
+        strategy) as ``nvidia.com/gpu``: DCGM numbers their physical GPUs, not their instances."""
 
     def layout_counts(self, layout: MigLayout) -> IntArray:
         """Instances per profile of ``mig_profiles`` that ``layout`` offers."""

@@ -27,7 +27,7 @@ import structlog
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Pod
 from gpusched.model.cluster import IntArray, Repartition
 from gpusched.model.mig import MigLayout
-from gpusched.model.node import booked_gpus, single_mig_profile
+from gpusched.model.node import booked_gpus
 from gpusched.model.placement import MigPartition
 from gpusched.model.tenants import Tenants
 from gpusched.state.records import NodeRecord, PodRecord
@@ -79,9 +79,7 @@ def _busy_cells(cluster: Cluster, busy: Mapping[str, Collection[int]]) -> list[t
     return [
         (i, g)
         for node, gpus in busy.items()
-        if (i := cluster.index.get(node)) is not None
-        and not cluster.mig_cap[i].any()
-        and not single_mig_profile(cluster.nodes[i])
+        if (i := cluster.index.get(node)) is not None and not cluster.in_mig_mode[i]
         for g in gpus
         if 0 <= g < cluster.gpu_count[i]
     ]
