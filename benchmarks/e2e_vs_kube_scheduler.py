@@ -247,7 +247,8 @@ async def run_one(
     tracker = Tracker()
     watch = Reflector(kube, ns, f"/api/v1/namespaces/{ns}/pods", tracker)
     watch_task = asyncio.create_task(watch.run(), name=f"watch-{ns}")
-    await asyncio.wait_for(watch.synced.wait(), 30)
+    async with asyncio.timeout(30):
+        await watch.synced.wait()
     ready_s = await wait_ready(proc, ready_url, work)
     await asyncio.sleep(1.0)  # then the same settling time for both
     created: dict[str, float] = {}

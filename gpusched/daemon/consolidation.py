@@ -77,7 +77,8 @@ class Consolidator:
             if left > 0:
                 self.interval_changed.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.interval_changed.wait(), left)
+                    async with asyncio.timeout(left):  # not wait_for: it can lose a cancellation
+                        await self.interval_changed.wait()
                 continue
             last = time.monotonic()
             failing = next((r for r in self.s.reflectors if r.failing_for() > FAILING_UNREADY_S), None)

@@ -319,7 +319,8 @@ class Scheduler:
         if self.config_handler is not None and not self.configured.is_set():
             # The ConfigMap's first list may be on its way: what is wrong is known only after it.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.config_handler.read.wait(), CONFIG_READ_WAIT_S)
+                async with asyncio.timeout(CONFIG_READ_WAIT_S):  # not wait_for: it can lose a cancellation
+                    await self.config_handler.read.wait()
         if not self.configured.is_set():
             log.error("not trying for the lead", why=self._not_configured())
             await self.configured.wait()

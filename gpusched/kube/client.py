@@ -320,7 +320,10 @@ class Kube:
                 raise Response(resp.status, body, retry_after(resp.status, resp.headers.get("Retry-After"))).error()
             while True:
                 try:
-                    line = await asyncio.wait_for(resp.content.readline(), WATCH_IDLE_S)
+                    # Not wait_for: on Python 3.11 it returns the line when the line and a
+                    # cancellation (the shutdown's) come in the same turn, and the watch goes on.
+                    async with asyncio.timeout(WATCH_IDLE_S):
+                        line = await resp.content.readline()
                 except TimeoutError:
                     # A quiet resource (a watch by name gets no bookmarks) or a connection gone
                     # half-open: either way the watch ends as at its timeout and is opened again

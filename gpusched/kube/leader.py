@@ -132,7 +132,8 @@ class LeaderElector:
         """One attempt to acquire or renew, cut off when the renew deadline passes: a slow API
         must not keep (or make) a leader after its Lease may have gone to another replica."""
         try:
-            return await asyncio.wait_for(self._try(), timeout=max(time_left, 0.001))
+            async with asyncio.timeout(max(time_left, 0.001)):  # not wait_for: it can lose a cancellation
+                return await self._try()
         except TimeoutError:
             return False
 
@@ -143,7 +144,8 @@ class LeaderElector:
         if self.holder != self.identity:
             return
         try:
-            await asyncio.wait_for(self._release(), self.renew_deadline)
+            async with asyncio.timeout(self.renew_deadline):
+                await self._release()
         except TimeoutError:
             log.warning(
                 "lease not released: no answer in time; the other replicas take over once it runs out",

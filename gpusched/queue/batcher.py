@@ -291,8 +291,11 @@ class SchedulingQueue:
                 until = next(iter(self._parked.values())) + self.flush_after - now  # parked in time order
                 wait = until if wait is None else min(wait, until)
             self._wake.clear()
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns when the wake-up and a
+            # cancellation (the shutdown's) come in the same turn, and the cancellation is lost.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=None if wait is None else max(wait, 0.0))
+                async with asyncio.timeout(None if wait is None else max(wait, 0.0)):
+                    await self._wake.wait()
 
     def _gang_short(self) -> bool:
         """A waiting pod's gang has fewer members pending than its minimum: more are on their way

@@ -515,3 +515,21 @@ async def test_a_member_deleted_in_flight_does_not_count_toward_its_gangs_minimu
     clock.t = 2.0
     batch = await asyncio.wait_for(q.next_batch(), PROMPT)
     assert sorted(r.pod.name for r in batch) == ["g-0", "g-2"]
+
+
+@pytest.mark.parametrize("turns", range(6))
+async def test_a_wait_cancelled_as_the_queue_is_woken_ends_cancelled(turns: int) -> None:
+    """Shutdown cancels the batch loop whenever it comes: a wake-up arriving in the same turns of
+    the event loop must not eat the cancellation (the loop would wait on, and the process with it)."""
+    q = SchedulingQueue(max_size=100, max_wait=60)
+    q.add(rec("a"))
+    task = asyncio.create_task(q.next_batch())
+    for _ in range(3):
+        await asyncio.sleep(0)  # waiting now, for the batch's time to close
+    q.nudge()
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=PROMPT)
+    assert done, "the cancellation was lost: the queue went on waiting"
+    assert task.cancelled()
