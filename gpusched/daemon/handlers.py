@@ -16,13 +16,14 @@ from gpusched.kube.convert import (
     namespace_labels,
     node_record,
     pod_group_record,
+    storage_class_record,
     volume_record,
 )
 from gpusched.model import Pod
 from gpusched.model.affinity import Requirement, label_selector_selects
 from gpusched.solver.preempt import Budget
 from gpusched.state.records import PodRecord
-from gpusched.state.volumes import ClaimRecord
+from gpusched.state.volumes import ClaimRecord, StorageClassRecord
 
 if TYPE_CHECKING:
     from gpusched.daemon.scheduler import Scheduler
@@ -191,12 +192,14 @@ class ClaimHandler:
     def replace(self, objects: list[dict[str, Any]]) -> None:
         self.s.claims.replace_claims([r for r in map(self._read, objects) if r is not None])
         self.s.queue.move_all(_mounts_claims)
+        self.s.volume_binding.changed()
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         namespace, name = _named(obj)
         rec = None if kind == "DELETED" else self._read(obj)
         if self.s.claims.delete_claim(f"{namespace}/{name}") if rec is None else self.s.claims.upsert_claim(rec):
             self.s.queue.move_all(lambda r: r.pod.namespace == namespace and name in r.claims)
+            self.s.volume_binding.changed()
 
 
 class VolumeHandler:
@@ -208,10 +211,38 @@ class VolumeHandler:
     def replace(self, objects: list[dict[str, Any]]) -> None:
         self.s.claims.replace_volumes([volume_record(o) for o in objects])
         self.s.queue.move_all(_mounts_claims)
+        self.s.volume_binding.changed()
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         rec = volume_record(obj)
         if self.s.claims.delete_volume(rec.name) if kind == "DELETED" else self.s.claims.upsert_volume(rec):
+            self.s.queue.move_all(_mounts_claims)
+            self.s.volume_binding.changed()
+
+
+class StorageClassHandler:
+    """StorageClasses: whether a claim not bound yet is provisioned for its pod's node, and where
+    it may be; a pod refused for its claims is retried when a class changes.  A class that cannot
+    be read is left out, with a warning: its claims wait as for a class not found."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def _read(self, obj: dict[str, Any]) -> StorageClassRecord | None:
+        try:
+            return storage_class_record(obj)
+        except ConvertError as exc:
+            log.warning("storage class ignored", error=str(exc))
+            return None
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.s.claims.replace_classes([r for r in map(self._read, objects) if r is not None])
+        self.s.queue.move_all(_mounts_claims)
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        _, name = _named(obj)
+        rec = None if kind == "DELETED" else self._read(obj)
+        if self.s.claims.delete_class(name) if rec is None else self.s.claims.upsert_class(rec):
             self.s.queue.move_all(_mounts_claims)
 
 

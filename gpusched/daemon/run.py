@@ -28,6 +28,7 @@ from gpusched.kube.convert import (
     node_record,
     pod_group_record,
     pod_record,
+    storage_class_record,
     volume_record,
 )
 from gpusched.metrics.cost import CostReport, Prices, cost_report
@@ -194,11 +195,21 @@ async def explain_pod(
             claims.replace_claims(_readable(claim_record, pvcs, "claim", lines))
             pvs, _ = await kube.list("/api/v1/persistentvolumes")
             claims.replace_volumes([volume_record(o) for o in pvs])
+            classes, _ = await kube.list("/apis/storage.k8s.io/v1/storageclasses")
+            claims.replace_classes(_readable(storage_class_record, classes, "storage class", lines))
             volumes = claims.problem(rec.key, rec.uid, rec.claims, rec.ephemeral_claims, cache.claim_users())
             if volumes:
                 lines.append(f"pod {rec.key} cannot be bound: {volumes}")
                 return "\n".join(lines), 1
-            rec = replace(rec, pod=replace(rec.pod, volume_selector=claims.selector(rec.pod.namespace, rec.claims)))
+            ns = rec.pod.namespace
+            rec = replace(
+                rec,
+                pod=replace(
+                    rec.pod,
+                    volume_selector=claims.selector(ns, rec.claims),
+                    provision_selector=claims.provision_selector(ns, rec.claims),
+                ),
+            )
         snap = cache.snapshot()
         p = rec.pod
         if p.mig_profile:

@@ -33,6 +33,7 @@ from gpusched.daemon.handlers import (
     PendingHandler,
     PodGroupHandler,
     Selecting,
+    StorageClassHandler,
     VolumeHandler,
     moved_selectors,
     no_pod_group,
@@ -42,6 +43,7 @@ from gpusched.daemon.mig import Repartitioner
 from gpusched.daemon.outbox import Outbox
 from gpusched.daemon.preemption import Preemptor, Verdict
 from gpusched.daemon.settings import BOUND_SELECTOR, DaemonSettings, default_identity
+from gpusched.daemon.volumes import VolumeBinding
 from gpusched.kube.binder import LEAD_LOST, Binder, BindResult
 from gpusched.kube.client import Kube, bind_concurrency, segment
 from gpusched.kube.configmap import ConfigMapHandler
@@ -80,8 +82,9 @@ GANG_ROOM_TRIES = 3
 READ_BACK_RETRY_S = 1.0
 READ_BACK_RETRY_MAX_S = 60.0
 """How often a pod a relist missed is asked for again while the API server cannot answer."""
-_READ_BACKS = ("resolve:", "read-back:")
-"""Names of the tasks that read a pod back until it is settled (``drain`` does not wait for them)."""
+_READ_BACKS = ("resolve:", "read-back:", "volumes:")
+"""Names of the tasks that read a pod back until it is settled, or wait for its volumes to be
+provisioned (``drain`` does not wait for them: the next leader finds the claims annotated)."""
 CONFIG_READ_WAIT_S = 30.0
 """How long the lead waits for the ConfigMap's first list before it says why it does not try."""
 NO_POD_GROUP = "PodGroupMissing"
@@ -118,6 +121,7 @@ class Scheduler:
         (made against the cluster as it is, not minutes ahead of the binder) and memory stays flat."""
         self.cache = Cache()
         self.claims = Claims()
+        self.volume_binding = VolumeBinding(self)
         self.metrics = SchedulerMetrics()
         self.binder = Binder(
             kube,
@@ -225,6 +229,7 @@ class Scheduler:
             ),
             Reflector(kube, "claims", "/api/v1/persistentvolumeclaims", ClaimHandler(self)),
             Reflector(kube, "volumes", "/api/v1/persistentvolumes", VolumeHandler(self)),
+            Reflector(kube, "storage-classes", "/apis/storage.k8s.io/v1/storageclasses", StorageClassHandler(self)),
             Reflector(kube, "disruption-budgets", "/apis/policy/v1/poddisruptionbudgets", BudgetHandler(self)),
             OptionalReflector(kube, "podgroups", PODGROUP_GROUP_VERSION, "podgroups", PodGroupHandler(self)),
         ]
@@ -777,6 +782,14 @@ class Scheduler:
             soon = False  # refused for a claim an earlier pod of this batch mounts: retried soon (it may not be bound)
             if not volumes and r.claims and mounted:
                 volumes = self.claims.problem(r.key, r.uid, r.claims, r.ephemeral_claims, mounted)
+                if not volumes:  # a volume not made yet goes where the first pod to mount it goes
+                    ns = r.pod.namespace
+                    shared = [c for c in self.claims.unchosen(ns, r.claims) if f"{ns}/{c}" in mounted]
+                    if shared:
+                        volumes = (
+                            f'persistentvolumeclaim "{shared[0]}" is to be provisioned for the node of pod '
+                            f"{mounted[f'{ns}/{shared[0]}'][0]}, placed first; the pod is retried once it is chosen"
+                        )
                 soon = bool(volumes)
             if volumes:
                 self.tell_unschedulable(r.pod, volumes, "Volumes", retry=soon)
@@ -1199,6 +1212,27 @@ class Scheduler:
         else:
             self.cache.assume(pod, node, gpus)
         self.mig.idle_since.pop(node, None)
+        claims = self.volume_binding.needed(pod)
+        if claims:  # its room held meanwhile, outside the Bindings in flight
+            self.spawn(self._bind_with_volumes(pod, node, gpus, claims), f"volumes:{pod.key}")
+            return
+        self._send_bind(pod, node, gpus)
+
+    async def _bind_with_volumes(self, pod: Pod, node: str, gpus: tuple[int, ...], claims: tuple[str, ...]) -> None:
+        """Bind ``pod`` once ``claims`` are provisioned for ``node`` (``VolumeBinding``)."""
+        start = time.perf_counter()
+        why = await self.volume_binding.provide(pod, node, claims)
+        if not why and self.is_leader:
+            self._send_bind(pod, node, gpus)
+            return
+        result = BindResult.GONE if why == "pod deleted" else BindResult.FAILED
+        why = why or LEAD_LOST
+        self._bind_outcome(pod, node, gpus, result, why)
+        told = "lead_lost" if _lead_lost(result, why) else result.value
+        ms = round((time.perf_counter() - start) * 1000, 1)
+        log.info("bind", pod=pod.key, node=node, gpus=list(gpus), result=told, why=why, ms=ms)
+
+    def _send_bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
         self._binds_in_flight += 1
         self._binds_unstarted += 1
         self.spawn(self._bind(pod, node, gpus), f"bind:{pod.key}")
@@ -1790,8 +1824,13 @@ class Scheduler:
 
     def with_volumes(self, r: PodRecord) -> Pod:
         """``r``'s pod, held to the nodes the volumes its claims are bound to may be used on."""
-        selector = self.claims.selector(r.pod.namespace, r.claims) if r.claims else ()
-        return replace(r.pod, volume_selector=selector) if selector else r.pod
+        if not r.claims:
+            return r.pod
+        bound = self.claims.selector(r.pod.namespace, r.claims)
+        provisioned = self.claims.provision_selector(r.pod.namespace, r.claims)
+        if not bound and not provisioned:
+            return r.pod
+        return replace(r.pod, volume_selector=bound, provision_selector=provisioned)
 
     def kept_now(self) -> tuple[tuple[str, int], ...]:
         """The GPUs (node name, index) the headroom would keep free from a batch now (busy ones

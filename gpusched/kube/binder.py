@@ -35,7 +35,7 @@ from tenacity import (
 )
 
 from gpusched.kube.client import MERGE_PATCH, STRATEGIC_PATCH, ApiError, Kube, segment
-from gpusched.kube.convert import ANNOTATION_GPU_INDICES, MIG_CONFIG_PREFIX
+from gpusched.kube.convert import ANNOTATION_GPU_INDICES, MIG_CONFIG_PREFIX, SELECTED_NODE
 from gpusched.model import Pod
 from gpusched.state.records import REASON_UNSCHEDULABLE
 
@@ -523,6 +523,20 @@ class Binder:
             return LEAD_LOST, 0.0
         except ApiError as exc:
             return str(exc), 0.0
+
+    async def select_node(self, namespace: str, claim: str, node: str) -> str:
+        """Annotate claim ``namespace/claim`` with the node its volume is to be provisioned for
+        (``volume.kubernetes.io/selected-node``, which the provisioner waits for), as the leader;
+        the error, or "" once done."""
+        patch = {"metadata": {"annotations": {SELECTED_NODE: node}}}
+        path = f"/api/v1/namespaces/{segment(namespace)}/persistentvolumeclaims/{segment(claim)}"
+        try:
+            await self._retrying("PATCH", path, patch, MERGE_PATCH, leading=self.leading)
+        except NotLeading:
+            return LEAD_LOST
+        except ApiError as exc:
+            return str(exc)
+        return ""
 
     async def label_node(self, node: str, labels: dict[str, str | None]) -> str:
         """Set (a value) or remove (None) ``labels`` on ``node``; the error, or "" once done."""

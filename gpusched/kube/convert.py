@@ -83,7 +83,7 @@ from gpusched.model.ports import host_port
 from gpusched.model.topology import ISLANDS_ANNOTATION, default_islands, parse_islands
 from gpusched.solver.preempt import Budget
 from gpusched.state.records import HELD_REASONS, NodeRecord, PodRecord
-from gpusched.state.volumes import ClaimRecord, VolumeRecord
+from gpusched.state.volumes import ClaimRecord, StorageClassRecord, VolumeRecord
 
 __all__ = [
     "ANNOTATION_GANG_KEY",
@@ -115,6 +115,7 @@ __all__ = [
     "node_record",
     "pod_group_record",
     "pod_record",
+    "storage_class_record",
     "volume_record",
 ]
 
@@ -721,6 +722,11 @@ def _claims(pod_name: str, spec: Mapping[str, Any]) -> tuple[tuple[str, ...], tu
 
 
 BIND_COMPLETED = "pv.kubernetes.io/bind-completed"
+SELECTED_NODE = "volume.kubernetes.io/selected-node"
+"""The claim annotation that names the node its volume is provisioned for (kube-scheduler's
+volume binding writes it; the provisioner reads it, and removes it to ask for another node)."""
+BETA_STORAGE_CLASS = "volume.beta.kubernetes.io/storage-class"
+"""The claim annotation that names its storage class before ``spec.storageClassName`` does."""
 """The annotation the volume controller writes on a claim with its volume's name, once it has
 bound them (before the claim's phase): kube-scheduler takes a claim without it for unbound."""
 
@@ -738,7 +744,16 @@ def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:
     owners = _objects(meta.get("ownerReferences"), where, "metadata.ownerReferences")
     volume = str(spec.get("volumeName") or "")
     lost = status.get("phase") == "Lost"
-    completed = isinstance(annotations := meta.get("annotations"), Mapping) and BIND_COMPLETED in annotations
+    annotations = _object(meta.get("annotations"), where, "metadata.annotations")
+    completed = BIND_COMPLETED in annotations
+    # The annotation first, as kube-scheduler reads it.
+    field = f"annotation {BETA_STORAGE_CLASS}" if BETA_STORAGE_CLASS in annotations else "spec.storageClassName"
+    cls = annotations.get(BETA_STORAGE_CLASS, spec.get("storageClassName"))
+    if cls is not None and not isinstance(cls, str):
+        raise ConvertError(f"{where}: {field} must be a string, got {_shown(cls)}")
+    selected = annotations.get(SELECTED_NODE) or ""
+    if not isinstance(selected, str):
+        raise ConvertError(f"{where}: annotation {SELECTED_NODE} must be a string, got {_shown(selected)}")
     return ClaimRecord(
         namespace,
         name,
@@ -748,6 +763,43 @@ def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:
         deleting=bool(meta.get("deletionTimestamp")),
         owner=next((str(o.get("uid") or "") for o in owners if o.get("controller")), ""),
         one_pod=isinstance(modes := spec.get("accessModes"), (list, tuple)) and "ReadWriteOncePod" in modes,
+        storage_class=cls or "",
+        selected_node=selected,
+    )
+
+
+def storage_class_record(obj: Mapping[str, Any]) -> StorageClassRecord:
+    """A StorageClass: its provisioner, whether it waits for the first consumer, and the nodes
+    its ``allowedTopologies`` provision for (read as kube-scheduler's volume binding reads them:
+    terms ORed, a term's expressions ANDed, a term without one selects nothing; one that cannot
+    be read, or selects nothing, is in ``error``).  Raises ``ConvertError`` naming a field of
+    the wrong JSON type."""
+    meta = _meta(obj)
+    name = str(meta["name"])
+    where = f"StorageClass {name}"
+    provisioner = obj.get("provisioner") or ""
+    mode = obj.get("volumeBindingMode") or "Immediate"
+    if not isinstance(provisioner, str) or not isinstance(mode, str):
+        raise ConvertError(f"{where}: provisioner and volumeBindingMode must be strings")
+    terms: list[tuple[Requirement, ...]] = []
+    error = ""
+    allowed = _objects(obj.get("allowedTopologies"), where, "allowedTopologies")
+    for term in allowed:
+        expressions = _objects(term.get("matchLabelExpressions"), where, "allowedTopologies.matchLabelExpressions")
+        try:
+            reqs = tuple(
+                Requirement(str(e.get("key") or ""), "In", tuple(str(v) for v in _list(e.get("values"), "values")))
+                for e in expressions
+            )
+        except ValueError as exc:
+            error = f"allowedTopologies: {exc}"
+            break
+        if reqs:
+            terms.append(reqs)
+    if allowed and not terms and not error:
+        error = "allowedTopologies has no term with an expression, so it provisions for no node"
+    return StorageClassRecord(
+        name, provisioner, wait_for_consumer=mode == "WaitForFirstConsumer", topology=tuple(terms), error=error
     )
 
 

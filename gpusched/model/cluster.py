@@ -235,6 +235,8 @@ class Cluster:
             return False
         if pod.volume_selector and not self.selector_mask(pod.volume_selector)[i]:
             return False
+        if pod.provision_selector and not self.selector_mask(pod.provision_selector)[i]:
+            return False
         return not pod.node_selector or bool(self.selector_mask(pod.node_selector)[i])
 
     def toleration_mask(self, tolerations: tuple[Toleration, ...]) -> BoolArray:
@@ -769,6 +771,8 @@ class ClusterState:
             ok &= self.cluster.selector_mask(shape.node_selector)
         if shape.volume_selector:
             ok &= self.cluster.selector_mask(shape.volume_selector)
+        if shape.provision_selector:
+            ok &= self.cluster.selector_mask(shape.provision_selector)
         return ok
 
     def host_mask(self, shape: PodShape) -> BoolArray:

@@ -206,6 +206,7 @@ class PodShape(_Wishes):
     preferred_apart: tuple[tuple[int, PodAffinityTerm], ...] = ()
     preferred_together: tuple[tuple[int, PodAffinityTerm], ...] = ()
     volume_selector: NodeSelector = ()
+    provision_selector: NodeSelector = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,12 +293,16 @@ class Pod(_Wishes):
     affinity: a local volume's node, a zonal disk's zone), as ``node_selector`` reads terms;
     ``()``: every node.  Set from the volumes when a batch is solved (``Claims.selector``): the
     pod as read from the API server has none."""
+    provision_selector: NodeSelector = ()
+    """Nodes the claims it mounts that are still to be provisioned may be provisioned for (their
+    storage class's ``allowedTopologies``, or the node one is being provisioned for already),
+    likewise; set when a batch is solved (``Claims.provision_selector``)."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"
         if any(not term for term in self.node_selector):
             raise ValueError(f"{where}: a node selector term without requirements matches no node; leave it out")
-        if any(not term for term in self.volume_selector):
+        if any(not term for term in self.volume_selector + self.provision_selector):
             raise ValueError(f"{where}: a volume's node selector term without requirements matches no node")
         if self.island not in ISLAND_MODES:
             raise ValueError(f"{where}: island must be 'required' or 'preferred', got {self.island!r}")
@@ -385,6 +390,7 @@ class Pod(_Wishes):
             self.preferred_apart,
             self.preferred_together,
             self.volume_selector,
+            self.provision_selector,
         )
 
     @property

@@ -29,6 +29,7 @@ from gpusched.solver.baselines.best_fit import BestFitPolicy
 __all__ = [
     "AFFINITY",
     "ANTI_AFFINITY",
+    "BIND_CONFLICT",
     "DEFERRED",
     "EXISTING_ANTI_AFFINITY",
     "INSUFFICIENT_CPU",
@@ -70,6 +71,8 @@ EXISTING_ANTI_AFFINITY = "node(s) didn't satisfy existing pods anti-affinity rul
 DEFERRED = "deferred by the solver"
 INSUFFICIENT_ISLAND = "no GPU island with enough idle GPUs"
 VOLUME_CONFLICT = "node(s) had volume node affinity conflict"
+BIND_CONFLICT = "node(s) didn't find available persistent volumes to bind"
+"""kube-scheduler's word for a node its claims still to be provisioned cannot be provisioned for."""
 """kube-scheduler's words for a node a volume the pod mounts cannot be used on."""
 
 
@@ -178,9 +181,12 @@ def explain(pod: Pod, state: ClusterState) -> Explanation:
     elif pod.mig_profile:
         fit.append((state.mig_available(pod.mig_profile), insufficient_mig(pod.mig_profile)))
     check_all(fit)
-    # VolumeBinding: the node affinity of the volumes its claims are bound to.
+    # VolumeBinding: the node affinity of the volumes its claims are bound to, then where those
+    # still to be provisioned may be.
     if pod.volume_selector:
         check(cluster.selector_mask(pod.volume_selector), VOLUME_CONFLICT)
+    if pod.provision_selector:
+        check(cluster.selector_mask(pod.provision_selector), BIND_CONFLICT)
     # PodTopologySpread: the constraint's label first, then the skew.
     spread = state.spread_mask(pod)
     if spread is not None:

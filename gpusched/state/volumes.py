@@ -1,14 +1,19 @@
-"""Persistent volume claims: whether a pod's claims let it be bound anywhere.
+"""Persistent volume claims: whether a pod's claims let it be bound anywhere, and where.
 
-gpusched binds a pod only when every claim it mounts is bound to a volume, and only to a node
-every such volume may be used on: a volume's required node affinity (a local volume's node, a
-zonal disk's zone), with its zone and region labels, is the pod's ``volume_selector``
-(``Claims.selector``), which placement honours as kube-scheduler's VolumeBinding and VolumeZone
-filters do.  It does not provision volumes: a claim still waiting for a volume (a
-``WaitForFirstConsumer`` storage class waits for the scheduler to pick a node and write
-``volume.kubernetes.io/selected-node``, which is kube-scheduler's volume binding) would leave the
-pod bound to a node and stuck there.  Such pods are refused with the reason
-instead, and retried when a claim or volume changes.
+gpusched binds a pod only when every claim it mounts is bound to a volume, or will be provisioned
+for the node chosen, and only to a node every such volume may be used on: a volume's required node
+affinity (a local volume's node, a zonal disk's zone), with its zone and region labels, is the
+pod's ``volume_selector`` (``Claims.selector``), which placement honours as kube-scheduler's
+VolumeBinding and VolumeZone filters do.
+
+A claim still waiting for a volume whose storage class has ``volumeBindingMode:
+WaitForFirstConsumer`` and a provisioner is provisioned for the pod, as kube-scheduler's volume
+binding does it: the pod is placed within the class's ``allowedTopologies`` (or on the node the
+claim's ``volume.kubernetes.io/selected-node`` annotation names already), the claim is annotated
+with the chosen node, and the pod is bound once the provisioner's volume is bound to the claim
+(the daemon's ``VolumeBinding``).  A claim of an ``Immediate`` class, or of no class, is waited
+for as kube-scheduler waits for it; a class without a provisioner (pre-created local volumes)
+needs the claim bound to its volume first: this scheduler does not match claims to volumes.
 
 A claim with access mode ``ReadWriteOncePod`` is one pod's at a time, as kube-scheduler's
 VolumeRestrictions plugin keeps it: a pod mounting it while another live pod uses it, on any
@@ -20,14 +25,27 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpusched.model.affinity import NodeSelector, both
+from gpusched.model.affinity import NodeSelector, Requirement, both
 
-__all__ = ["RWOP_CONFLICT", "ClaimRecord", "Claims", "VolumeRecord"]
+__all__ = [
+    "NO_PROVISIONER",
+    "RWOP_CONFLICT",
+    "UNBOUND_IMMEDIATE",
+    "ClaimRecord",
+    "Claims",
+    "StorageClassRecord",
+    "VolumeRecord",
+]
 
 RWOP_CONFLICT = (
     "node(s) unavailable due to PersistentVolumeClaim with ReadWriteOncePod access mode already in-use by another pod"
 )
 """What kube-scheduler (1.34) says of a node for a pod whose ``ReadWriteOncePod`` claim another pod uses."""
+UNBOUND_IMMEDIATE = "pod has unbound immediate PersistentVolumeClaims"
+"""What kube-scheduler (1.34) says of a pod with a claim not bound yet that it does not bind
+(of an ``Immediate`` storage class, or of none): the volume controller binds it."""
+NO_PROVISIONER = "kubernetes.io/no-provisioner"
+"""The provisioner of a storage class whose volumes are made by hand (local volumes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +67,10 @@ class ClaimRecord:
     """UID of its controlling owner (the pod, for a generic ephemeral volume's claim)."""
     one_pod: bool = False
     """``spec.accessModes`` holds ``ReadWriteOncePod``: only one pod at a time may use it."""
+    storage_class: str = ""
+    """Its storage class (the beta annotation, else ``spec.storageClassName``); "": none."""
+    selected_node: str = ""
+    """The node a volume is being provisioned for (``volume.kubernetes.io/selected-node``)."""
 
     @property
     def key(self) -> str:
@@ -68,12 +90,36 @@ class VolumeRecord:
     """Why its node affinity cannot be read (no node can be chosen for it then)."""
 
 
+@dataclass(frozen=True, slots=True)
+class StorageClassRecord:
+    """A StorageClass, as far as placement cares."""
+
+    name: str
+    provisioner: str = ""
+    wait_for_consumer: bool = False
+    """``volumeBindingMode: WaitForFirstConsumer``: a claim is bound (provisioned) only for a
+    pod's node, which the scheduler chooses."""
+    topology: NodeSelector = ()
+    """``allowedTopologies``: the nodes it can provision a volume for (``()``: every node)."""
+    error: str = ""
+    """Why it can provision for no node (``allowedTopologies`` unreadable, or selecting none)."""
+
+    @property
+    def provisions(self) -> bool:
+        """It makes volumes for the node a pod goes to."""
+        return self.wait_for_consumer and self.provisioner not in ("", NO_PROVISIONER)
+
+
 class Claims:
     """The claims and volumes the watches report, and the verdict on a pod's claims."""
 
     def __init__(self) -> None:
         self._claims: dict[str, ClaimRecord] = {}
         self._volumes: dict[str, VolumeRecord] = {}
+        self._classes: dict[str, StorageClassRecord] = {}
+        self.selecting: dict[str, str] = {}
+        """Claims (``namespace/name``) being provisioned for a pod in flight, with its node: a
+        pod sharing one goes there too (kube-scheduler's assumed claim)."""
 
     def replace_claims(self, records: list[ClaimRecord]) -> None:
         """The complete set of claims (after a list)."""
@@ -103,6 +149,54 @@ class Claims:
         """A volume is gone; True when it was known."""
         return self._volumes.pop(name, None) is not None
 
+    def replace_classes(self, records: list[StorageClassRecord]) -> None:
+        """The complete set of storage classes (after a list)."""
+        self._classes = {r.name: r for r in records}
+
+    def upsert_class(self, record: StorageClassRecord) -> bool:
+        """A storage class added or changed; True when what placement sees of it changed."""
+        old = self._classes.get(record.name)
+        self._classes[record.name] = record
+        return old != record
+
+    def delete_class(self, name: str) -> bool:
+        """A storage class is gone; True when it was known."""
+        return self._classes.pop(name, None) is not None
+
+    def claim(self, key: str) -> ClaimRecord | None:
+        """The claim ``namespace/name``, if known."""
+        return self._claims.get(key)
+
+    def volume(self, name: str) -> VolumeRecord | None:
+        """The volume ``name``, if known."""
+        return self._volumes.get(name)
+
+    def _provisioned(self, claim: ClaimRecord) -> StorageClassRecord | None:
+        """The class that will provision ``claim`` for its pod's node: it is not bound yet nor
+        being bound to a volume, and its class waits for the first consumer and provisions."""
+        if claim.volume or not claim.storage_class:
+            return None
+        cls = self._classes.get(claim.storage_class)
+        return cls if cls is not None and cls.provisions else None
+
+    def to_provision(self, namespace: str, claims: tuple[str, ...]) -> tuple[str, ...]:
+        """Those of ``claims`` (in ``namespace``) to be provisioned for the pod's node before
+        it is bound (by name)."""
+        return tuple(
+            name
+            for name in claims
+            if (claim := self._claims.get(f"{namespace}/{name}")) is not None and self._provisioned(claim) is not None
+        )
+
+    def unchosen(self, namespace: str, claims: tuple[str, ...]) -> tuple[str, ...]:
+        """Those of ``claims`` to be provisioned for a node not chosen yet (by name): two pods
+        sharing one must not be placed apart in one solve."""
+        return tuple(
+            name
+            for name in self.to_provision(namespace, claims)
+            if not self._claims[f"{namespace}/{name}"].selected_node and f"{namespace}/{name}" not in self.selecting
+        )
+
     def problem(
         self,
         pod: str,
@@ -131,11 +225,25 @@ class Claims:
                 return f'persistentvolumeclaim "{name}" bound to non-existent persistentvolume "{claim.volume}"'
             if claim.deleting:
                 return f'persistentvolumeclaim "{name}" is being deleted'
-            if not claim.volume or not claim.bound:
+            if not claim.bound:
+                if claim.volume:  # pre-bound, or the volume controller is binding it
+                    return (
+                        f'persistentvolumeclaim "{name}" is being bound to persistentvolume "{claim.volume}"; '
+                        "the pod is retried once the binding completes"
+                    )
+                if (provisioner := self._provisioned(claim)) is not None:
+                    if provisioner.error:
+                        return f'storage class "{provisioner.name}" of claim "{name}": {provisioner.error}'
+                    continue  # for the node chosen
+                cls = self._classes.get(claim.storage_class) if claim.storage_class else None
+                if claim.storage_class and cls is None:
+                    return f'storageclass.storage.k8s.io "{claim.storage_class}" not found'
+                if cls is None or not cls.wait_for_consumer:
+                    return f'{UNBOUND_IMMEDIATE} ("{name}"); the pod is retried once the claim is bound'
                 return (
-                    f'persistentvolumeclaim "{name}" is not bound to a volume, and this scheduler does not '
-                    "provision volumes; bind the claim first (a StorageClass with volumeBindingMode: "
-                    "Immediate, or a pre-created volume) or schedule the pod with kube-scheduler"
+                    f'persistentvolumeclaim "{name}" waits for a volume made beforehand (storage class '
+                    f'"{cls.name}" has no provisioner), and this scheduler does not match claims to volumes; '
+                    "bind the claim to its volume first (spec.volumeName) or schedule the pod with kube-scheduler"
                 )
             volume = self._volumes.get(claim.volume)
             if volume is None:
@@ -160,9 +268,28 @@ class Claims:
         out: NodeSelector = ()
         for name in claims:
             claim = self._claims.get(f"{namespace}/{name}")
-            volume = self._volumes.get(claim.volume) if claim is not None else None
+            if claim is None or self._provisioned(claim) is not None:
+                continue
+            volume = self._volumes.get(claim.volume)
             if volume is not None and volume.affinity:
                 out = both(out, volume.affinity)
+        return out
+
+    def provision_selector(self, namespace: str, claims: tuple[str, ...]) -> NodeSelector:
+        """The nodes every claim of ``claims`` still to be provisioned may be provisioned for:
+        the node it is being provisioned for already, else its class's ``allowedTopologies``."""
+        out: NodeSelector = ()
+        for name in claims:
+            key = f"{namespace}/{name}"
+            claim = self._claims.get(key)
+            cls = self._provisioned(claim) if claim is not None else None
+            if claim is None or cls is None:
+                continue
+            node = claim.selected_node or self.selecting.get(key, "")
+            if node:
+                out = both(out, ((Requirement("metadata.name", "In", (node,), field=True),),))
+            elif cls.topology:
+                out = both(out, cls.topology)
         return out
 
     def __len__(self) -> int:

@@ -299,15 +299,18 @@ def our_verdict(
     node: str,
     namespaces: Mapping[str, Mapping[str, str]] | None = None,
     volumes: NodeSelector = (),
+    provisioned: NodeSelector = (),
 ) -> tuple[Verdict, str]:
     """gpusched's verdict on the pod ``obj`` (as created) for ``node``, and, when ``pod_mask`` and
     ``explain`` do not agree with each other, what each said.  ``volumes``: the nodes the
-    volumes of its claims may be used on (``Claims.selector``), as the daemon gives it them."""
+    volumes of its claims may be used on (``Claims.selector``), and ``provisioned``: those its
+    claims still to be provisioned may be provisioned for (``Claims.provision_selector``), as
+    the daemon gives it them."""
     rec = pod_record(obj, namespaces)
     if rec.error:
         return Verdict(False, f"refused: {rec.error}"), ""
-    if volumes:
-        rec = replace(rec, pod=replace(rec.pod, volume_selector=volumes))
+    if volumes or provisioned:
+        rec = replace(rec, pod=replace(rec.pod, volume_selector=volumes, provision_selector=provisioned))
     fits = bool(state.pod_mask(rec.pod)[state.cluster.index[node]])
     e = explain(rec.pod, state)
     torn = "" if bool(e.fits) == fits else f"gpusched's pod_mask says {fits}, explain {e.message}"

@@ -18,8 +18,8 @@ that an unlabelled namespace meets as picking every namespace, is asserted as su
 of the seeded pods).
 
 The claims a pod mounts are compared last: ``ReadWriteOncePod`` claims other pods use
-(VolumeRestrictions), and claims and volumes as VolumeBinding and VolumeZone read them, where
-what docs/deploy.md says gpusched does not do, provision a volume, is asserted as a difference.
+(VolumeRestrictions), and claims, volumes and storage classes as VolumeBinding and VolumeZone
+read them (a claim to be provisioned for the pod's node among them).
 
 Each case brings its own pods already bound (``spec.nodeName``, another scheduler's, some of them
 terminating), created before its copies and force-deleted after them, so that cases do not see
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpusched.kube.client import MERGE_PATCH, Kube
-from gpusched.kube.convert import claim_record, pod_record, volume_record
+from gpusched.kube.convert import claim_record, pod_record, storage_class_record, volume_record
 from gpusched.state.volumes import RWOP_CONFLICT, Claims
 from tests.e2e.reference import (
     REFERENCE,
@@ -1055,10 +1055,9 @@ async def test_claims_and_volumes_get_kube_schedulers_verdict_or_a_documented_di
     not bound (no volume to bind, a class that binds at once, a phase that says Bound before the
     binding is complete), lost, or bound to a volume that is missing, is refused by both; a
     claim bound to a volume fits the nodes its node affinity and its zone labels allow, its
-    phase written or not.  What docs/deploy.md says gpusched does not do, provision a volume, is
-    asserted as a difference: for a claim waiting for its first consumer kube-scheduler picks the
-    node (it marks the claim with it, for the volume to be provisioned there), gpusched refuses
-    the pod everywhere."""
+    phase written or not; a claim waiting for its first consumer fits the nodes its class's
+    ``allowedTopologies`` allow (kube-scheduler marks the claim with the node it picks, for the
+    volume to be provisioned there: gpusched's ``VolumeBinding`` does the same)."""
     prefix = f"vb{uuid.uuid4().hex[:6]}"
     zones = ("a", "b", "a")
     nodes = [make_node(f"{prefix}-n{i}", labels={ZONE: z}) for i, z in enumerate(zones)]
@@ -1068,6 +1067,7 @@ async def test_claims_and_volumes_get_kube_schedulers_verdict_or_a_documented_di
     classes = {  # the one the probe below waits for, last
         "static": ("kubernetes.io/no-provisioner", "WaitForFirstConsumer"),
         "now": ("example.com/provisioner", "Immediate"),
+        "zoned": ("example.com/provisioner", "WaitForFirstConsumer"),
         "later": ("example.com/provisioner", "WaitForFirstConsumer"),
     }
     for suffix, (provisioner, mode) in classes.items():
@@ -1078,6 +1078,8 @@ async def test_claims_and_volumes_get_kube_schedulers_verdict_or_a_documented_di
             "provisioner": provisioner,
             "volumeBindingMode": mode,
         }
+        if suffix == "zoned":  # provisions in zone a only
+            body["allowedTopologies"] = [{"matchLabelExpressions": [{"key": ZONE, "values": ["a"]}]}]
         await create(kube, "/apis/storage.k8s.io/v1/storageclasses", [body])
     volumes = [
         _volume(f"{prefix}-leaving", "leaving", namespace),
@@ -1110,6 +1112,8 @@ async def test_claims_and_volumes_get_kube_schedulers_verdict_or_a_documented_di
         for i in range(len(names)):
             await _claim(kube, namespace, f"ephemeral-foreign-{i}-scratch")
         # One per copy (kube-scheduler marks the one it provisions for), the probe's last.
+        for i in range(len(names)):
+            await _claim(kube, namespace, f"zoned-{i}", storage_class=f"{prefix}-zoned")
         for i in [*range(len(names)), "probe"]:
             await _claim(kube, namespace, f"later-{i}", storage_class=f"{prefix}-later")
 
@@ -1135,6 +1139,8 @@ async def test_claims_and_volumes_get_kube_schedulers_verdict_or_a_documented_di
             [claim_record(o) for o in (await kube.list(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims"))[0]]
         )
         claims.replace_volumes([volume_record(o) for o in (await kube.list("/api/v1/persistentvolumes"))[0]])
+        classes_read = (await kube.list("/apis/storage.k8s.io/v1/storageclasses"))[0]
+        claims.replace_classes([storage_class_record(o) for o in classes_read])
         cache = await books(kube)
         state = cache.snapshot().state
         cases: dict[str, dict[str, Any]] = {
@@ -1153,14 +1159,15 @@ async def test_claims_and_volumes_get_kube_schedulers_verdict_or_a_documented_di
             "zonal-volume": mounting("zonal"),
             "zone-labels": mounting("labelled"),
             "first-consumer": mounting("plain"),  # and its copy's own claim waiting for it
+            "first-consumer-zoned": mounting("plain"),  # likewise, of a class for zone a
         }
         out = Outcome()
         for label, pod in cases.items():
             out.specs[label] = pod["spec"]
             for i, node in enumerate(names):
                 copy_ = pinned(pod, node, f"{label}-{i}")
-                if label == "first-consumer":
-                    later = f"later-{i}"
+                if label.startswith("first-consumer"):
+                    later = f"later-{i}" if label == "first-consumer" else f"zoned-{i}"
                     copy_["spec"]["volumes"].append({"name": later, "persistentVolumeClaim": {"claimName": later}})
                     created, theirs = await _provisioning_verdict(kube, copy_, node, later, kube_scheduler)
                 else:
@@ -1170,25 +1177,26 @@ async def test_claims_and_volumes_get_kube_schedulers_verdict_or_a_documented_di
                 ours, torn = (
                     (Verdict(False, refused), "")
                     if refused
-                    else our_verdict(state, created, node, volumes=claims.selector(rec.pod.namespace, rec.claims))
+                    else our_verdict(
+                        state,
+                        created,
+                        node,
+                        volumes=claims.selector(rec.pod.namespace, rec.claims),
+                        provisioned=claims.provision_selector(rec.pod.namespace, rec.claims),
+                    )
                 )
                 if torn:
                     out.disagreements[label, node] = f"{label} on {node}: {torn}"
                 out.record(label, node, theirs, ours)
-        # Documented in docs/deploy.md: gpusched provisions no volume; the pod is refused
-        # everywhere, kube-scheduler would have its volume provisioned on the node it picks.
-        differences = {("first-consumer", node) for node in names}
-        for pair in differences:
-            theirs, ours = out.verdicts[pair]
-            assert (theirs.fits, ours.fits) == (True, False), (pair, theirs, ours)
-        rest = {pair: said for pair, said in out.disagreements.items() if pair not in differences}
-        assert not rest, report(Outcome(out.pairs, rest, specs=out.specs), kube_scheduler)
+        assert not out.disagreements, report(out, kube_scheduler)
         # The volumes that only some nodes can use are honoured, by either's rule.
         where = {
             "bound": names,
             "local-volume": [names[0]],
             "zonal-volume": [names[0], names[2]],
             "zone-labels": [names[1]],
+            "first-consumer": names,
+            "first-consumer-zoned": [names[0], names[2]],
         }
         for label, fit in where.items():
             assert [n for n in names if out.verdicts[label, n][0].fits] == fit, label

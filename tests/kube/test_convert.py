@@ -17,6 +17,7 @@ from gpusched.kube.convert import (
     node_record,
     pod_group_record,
     pod_record,
+    storage_class_record,
     volume_record,
 )
 from gpusched.model import Assignment, Cluster, Pod
@@ -773,6 +774,44 @@ def test_claim_and_volume_records_say_what_placement_needs() -> None:
     assert volume_record({"metadata": {"name": "pv-3"}, "spec": {"nfs": {}}}) == VolumeRecord("pv-3")
 
 
+def test_a_claim_names_its_class_and_the_node_chosen_as_kube_scheduler_reads_them() -> None:
+    pvc: dict[str, Any] = {
+        "metadata": {"name": "d", "namespace": "ns", "annotations": {"volume.kubernetes.io/selected-node": "n1"}},
+        "spec": {"storageClassName": "fast"},
+    }
+    assert claim_record(pvc) == ClaimRecord("ns", "d", storage_class="fast", selected_node="n1")
+    pvc["metadata"]["annotations"]["volume.beta.kubernetes.io/storage-class"] = "old"  # the annotation wins
+    assert claim_record(pvc).storage_class == "old"
+    pvc["metadata"]["annotations"]["volume.beta.kubernetes.io/storage-class"] = 7
+    with pytest.raises(ConvertError, match=r"annotation volume\.beta\.kubernetes\.io/storage-class must be a string"):
+        claim_record(pvc)
+
+
+def test_a_storage_class_says_whether_and_where_it_provisions_for_the_pods_node() -> None:
+    zone = "topology.kubernetes.io/zone"
+    wffc = {
+        "metadata": {"name": "fast"},
+        "provisioner": "ebs.csi.aws.com",
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "allowedTopologies": [
+            {"matchLabelExpressions": [{"key": zone, "values": ["a", "b"]}, {"key": "rack", "values": ["r1"]}]},
+            {"matchLabelExpressions": [{"key": zone, "values": ["c"]}]},
+        ],
+    }
+    rec = storage_class_record(wffc)
+    assert rec.provisions
+    assert rec.topology == (
+        (Requirement(zone, "In", ("a", "b")), Requirement("rack", "In", ("r1",))),
+        (Requirement(zone, "In", ("c",)),),
+    )
+    assert not storage_class_record({"metadata": {"name": "x"}, "provisioner": "p"}).provisions  # Immediate
+    local = wffc | {"provisioner": "kubernetes.io/no-provisioner"}
+    assert not storage_class_record(local).provisions
+    assert storage_class_record(wffc | {"allowedTopologies": [{"matchLabelExpressions": [{"key": zone}]}]}).error == (
+        f"allowedTopologies: requirement on '{zone}': In needs at least one value"
+    )
+
+
 def test_a_claim_is_bound_once_the_volume_controller_has_completed_the_binding() -> None:
     """As kube-scheduler's volume binding reads a claim: bound once it names its volume and
     carries the bind-completed annotation the volume controller writes with it, before it
@@ -800,8 +839,9 @@ def test_a_claim_is_bound_once_the_volume_controller_has_completed_the_binding()
     claims.replace_volumes([volume_record({"metadata": {"name": "pv-1"}, "spec": {"nfs": {}}})])
     assert claims.problem("ns/p", "uid-p", ("bound",)) == ""
     assert claims.problem("ns/p", "uid-p", ("phase-not-written",)) == ""
-    assert claims.problem("ns/p", "uid-p", ("not-completed",)).startswith(
-        'persistentvolumeclaim "not-completed" is not bound to a volume'
+    assert claims.problem("ns/p", "uid-p", ("not-completed",)) == (
+        'persistentvolumeclaim "not-completed" is being bound to persistentvolume "pv-1"; the pod is retried once '
+        "the binding completes"
     )
     assert claims.problem("ns/p", "uid-p", ("lost",)) == (
         'persistentvolumeclaim "lost" bound to non-existent persistentvolume "pv-1"'

@@ -28,6 +28,7 @@ from gpusched.kube.convert import (
     node_record,
     pod_group_record,
     pod_record,
+    storage_class_record,
     volume_record,
 )
 
@@ -566,11 +567,21 @@ def claims(draw: Callable[[st.SearchStrategy[Any]], Any]) -> tuple[dict[str, Any
             "namespace": "ns",
             "ownerReferences": d.maybe(st.just(d.pick("ownerReferences", st.lists(owner, max_size=2)))),
             "deletionTimestamp": d.maybe(TIMESTAMPS),
+            "annotations": d.mapping(
+                "annotations",
+                [
+                    "pv.kubernetes.io/bind-completed",
+                    "volume.kubernetes.io/selected-node",
+                    "volume.beta.kubernetes.io/storage-class",
+                ],
+                TEXT,
+            ),
         }
     )
     spec = _compact(
         {
             "volumeName": d.maybe(st.just(d.pick("volumeName", TEXT))),
+            "storageClassName": d.maybe(st.just(d.pick("storageClassName", TEXT))),
             "accessModes": d.maybe(
                 st.just(d.pick("accessModes", st.lists(st.sampled_from(["ReadWriteOnce", "ReadWriteOncePod"]))))
             ),
@@ -586,6 +597,27 @@ def volumes(draw: Callable[[st.SearchStrategy[Any]], Any]) -> tuple[dict[str, An
     affinity = d.pick("nodeAffinity", st.just({"required": {"nodeSelectorTerms": []}}))
     spec = d.pick("spec", st.just(_compact({"nodeAffinity": d.maybe(st.just(affinity))})))
     return {"metadata": {"name": "v"}, "spec": spec}, d.suspects
+
+
+@st.composite
+def storage_classes(draw: Callable[[st.SearchStrategy[Any]], Any]) -> tuple[dict[str, Any], set[str]]:
+    d = Draft(draw)
+    expression = st.fixed_dictionaries(
+        {"key": st.one_of(TEXT, JSON)}, optional={"values": st.one_of(st.lists(TEXT, max_size=2), JSON)}
+    )
+    term = st.fixed_dictionaries({}, optional={"matchLabelExpressions": st.one_of(st.lists(expression), JSON)})
+    obj = _compact(
+        {
+            "metadata": {"name": "fast"},
+            "provisioner": d.maybe(st.just(d.pick("provisioner", TEXT))),
+            "volumeBindingMode": d.maybe(
+                st.just(d.pick("volumeBindingMode", st.sampled_from(["Immediate", "WaitForFirstConsumer"])))
+            ),
+            "allowedTopologies": d.maybe(st.just(d.pick("allowedTopologies", st.lists(term, max_size=2)))),
+        }
+    )
+    d.suspects.add("allowedTopologies")  # its expressions are hostile by design
+    return obj, d.suspects
 
 
 @st.composite
@@ -670,7 +702,11 @@ def test_a_pod_group_is_read_or_refused_naming_the_field(case: tuple[dict[str, A
 
 @pytest.mark.parametrize(
     ("reader", "objects", "named"),
-    [(claim_record, claims, "PersistentVolumeClaim ns/c"), (volume_record, volumes, "PersistentVolume v")],
+    [
+        (claim_record, claims, "PersistentVolumeClaim ns/c"),
+        (volume_record, volumes, "PersistentVolume v"),
+        (storage_class_record, storage_classes, "StorageClass fast"),
+    ],
 )
 @FUZZ
 @given(data=st.data())

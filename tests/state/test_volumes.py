@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpusched.model.affinity import Requirement
-from gpusched.state.volumes import ClaimRecord, Claims, VolumeRecord
+from gpusched.state.volumes import ClaimRecord, Claims, StorageClassRecord, VolumeRecord
 
 
 def claims(*records: ClaimRecord, volumes: tuple[VolumeRecord, ...] = ()) -> Claims:
@@ -30,14 +30,40 @@ def test_each_claim_that_blocks_binding_is_named_with_the_reason() -> None:
     )
     assert c.problem("ns/p", "uid-p", ("ok", "missing")) == 'persistentvolumeclaim "missing" not found'
     assert c.problem("other/p", "uid-p", ("ok",)) == 'persistentvolumeclaim "ok" not found'  # claims are per namespace
-    waiting = c.problem("ns/p", "uid-p", ("waiting",))
-    assert waiting.startswith('persistentvolumeclaim "waiting" is not bound')
-    assert "Immediate" in waiting
+    assert c.problem("ns/p", "uid-p", ("waiting",)) == (
+        'pod has unbound immediate PersistentVolumeClaims ("waiting"); the pod is retried once the claim is bound'
+    )
     assert c.problem("ns/p", "uid-p", ("going",)) == 'persistentvolumeclaim "going" is being deleted'
     assert c.problem("ns/p", "uid-p", ("local",)) == (
         'persistentvolume "pv-local" of claim "local": required node affinity matches no node'
     )
     assert c.problem("ns/p", "uid-p", ("orphan",)) == 'persistentvolume "pv-gone" of claim "orphan" not found'
+
+
+def test_a_claim_to_be_provisioned_for_the_pods_node_holds_the_pod_to_where_it_can_be() -> None:
+    zone_a = (Requirement("zone", "In", ("a",)),)
+    c = claims(
+        ClaimRecord("ns", "new", storage_class="fast"),
+        ClaimRecord("ns", "chosen", storage_class="fast", selected_node="n1"),
+        ClaimRecord("ns", "ok", "pv-1", bound=True),
+        volumes=(VolumeRecord("pv-1", affinity=((Requirement("rack", "In", ("r1",)),),)),),
+    )
+    c.replace_classes([StorageClassRecord("fast", "disk.example.com", wait_for_consumer=True, topology=(zone_a,))])
+    assert c.problem("ns/p", "uid-p", ("new", "chosen", "ok")) == ""
+    assert c.to_provision("ns", ("new", "chosen", "ok")) == ("new", "chosen")
+    assert c.unchosen("ns", ("new", "chosen", "ok")) == ("new",)
+    assert c.selector("ns", ("new", "ok")) == ((Requirement("rack", "In", ("r1",)),),)  # the bound volume's
+    assert c.provision_selector("ns", ("new",)) == (zone_a,)
+    n1 = Requirement("metadata.name", "In", ("n1",), field=True)
+    assert c.provision_selector("ns", ("new", "chosen")) == ((*zone_a, n1),)
+    c.selecting["ns/new"] = "n2"  # being provisioned for a pod in flight: its node, not the class's zone
+    assert c.unchosen("ns", ("new",)) == ()
+    assert c.provision_selector("ns", ("new",)) == ((Requirement("metadata.name", "In", ("n2",), field=True),),)
+    assert c.upsert_class(StorageClassRecord("fast", "disk.example.com"))  # now Immediate: waited for
+    assert c.to_provision("ns", ("new",)) == ()
+    assert c.problem("ns/p", "uid-p", ("new",)).startswith("pod has unbound immediate PersistentVolumeClaims")
+    assert c.delete_class("fast")
+    assert c.problem("ns/p", "uid-p", ("new",)) == 'storageclass.storage.k8s.io "fast" not found'
 
 
 def test_updates_report_whether_anything_placement_sees_changed() -> None:
@@ -105,7 +131,7 @@ def test_a_claim_that_cannot_be_bound_is_told_before_another_pod_using_a_read_wr
     )
     users = {"ns/solo": ("ns/holder", "uid-h")}
     assert c.problem("ns/p", "uid-p", ("solo", "waiting"), users=users).startswith(
-        'persistentvolumeclaim "waiting" is not bound'
+        'pod has unbound immediate PersistentVolumeClaims ("waiting")'
     )
 
 

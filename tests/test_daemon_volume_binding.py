@@ -1,0 +1,301 @@
+"""Claims of a WaitForFirstConsumer storage class are provisioned for the pod's node: the pod is
+placed within the class's topology, the claim annotated with the node, and the pod bound only once
+the provisioner's volume is bound to the claim; when the provisioner gives up, the claim goes, or
+the wait runs out, the Binding is refused with the reason and the room is freed."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gpusched.daemon import Scheduler
+from gpusched.daemon.handlers import NodeHandler
+from gpusched.kube.binder import BindResult
+from gpusched.kube.convert import BIND_COMPLETED, SELECTED_NODE
+from gpusched.model import Pod
+from tests.doubles import RecordingApi, member_pod, one_node_scheduler
+from tests.e2e import kit
+
+DRAWN_WITHIN_S = 10.0
+ZONE = "topology.kubernetes.io/zone"
+
+
+class _Provisioned(RecordingApi):
+    """Records where each pod is bound, and each claim annotated with a node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes: dict[str, str] = {}
+        self.selected: list[tuple[str, str]] = []
+        self.select_error = ""
+
+    async def bind(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> tuple[BindResult, str]:
+        self.nodes[pod.key] = node
+        return await super().bind(pod, node, gpus)
+
+    async def select_node(self, namespace: str, claim: str, node: str) -> str:
+        if self.select_error:
+            return self.select_error
+        self.selected.append((f"{namespace}/{claim}", node))
+        return ""
+
+
+def _class(
+    name: str = "fast", provisioner: str = "disk.example.com", zones: tuple[str, ...] = ("b",)
+) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "metadata": {"name": name},
+        "provisioner": provisioner,
+        "volumeBindingMode": "WaitForFirstConsumer",
+    }
+    if zones:
+        obj["allowedTopologies"] = [{"matchLabelExpressions": [{"key": ZONE, "values": list(zones)}]}]
+    return obj
+
+
+def _claim(name: str = "data", cls: str = "fast", node: str = "", volume: str = "") -> dict[str, Any]:
+    annotations = {SELECTED_NODE: node} if node else {}
+    if volume:
+        annotations[BIND_COMPLETED] = "yes"
+    return {
+        "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": cls, "volumeName": volume},
+        "status": {"phase": "Bound" if volume else "Pending"},
+    }
+
+
+def _volume(name: str, zone: str) -> dict[str, Any]:
+    term = {"matchExpressions": [{"key": ZONE, "operator": "In", "values": [zone]}]}
+    return {"metadata": {"name": name}, "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [term]}}}}
+
+
+def _mounting(obj: dict[str, Any], *claims: str) -> dict[str, Any]:
+    obj["spec"]["volumes"] = [{"name": c, "persistentVolumeClaim": {"claimName": c}} for c in claims]
+    return obj
+
+
+def _handler(s: Scheduler, name: str) -> Any:
+    return next(r.handler for r in s.reflectors if r.name == name)
+
+
+def _cluster(api: _Provisioned, *classes: dict[str, Any]) -> Scheduler:
+    """n0 (no zone, 2 GPUs), a-0 (zone a, 4 GPUs) and b-0 (zone b, 1 GPU), and ``classes``."""
+    s = one_node_scheduler(api, gpus=2)
+    NodeHandler(s).apply("ADDED", kit.node("a-0", 4, "A100", **{ZONE: "a"}))
+    NodeHandler(s).apply("ADDED", kit.node("b-0", 1, "A100", **{ZONE: "b"}))
+    _handler(s, "storage-classes").replace(list(classes) or [_class()])
+    _handler(s, "volumes").replace([])
+    return s
+
+
+async def _batch(s: Scheduler) -> None:
+    """One batch, and its writes, but not the waits for volumes (they last until claims change)."""
+    await s.handle_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await _writes(s)
+
+
+async def _writes(s: Scheduler) -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+    while busy := [t for t in s.pending_tasks() if not t.get_name().startswith("volumes:")]:
+        await asyncio.wait(busy)
+
+
+async def _trainer_placed(api: _Provisioned, claim: dict[str, Any], *classes: dict[str, Any]) -> Scheduler:
+    """``_cluster`` with ``claim``, and the first batch over the pod ``trainer`` mounting it."""
+    s = _cluster(api, *classes)
+    _handler(s, "claims").replace([claim])
+    s._pending.apply("ADDED", _mounting(member_pod("trainer"), claim["metadata"]["name"]))
+    await _batch(s)
+    return s
+
+
+def _waiting(s: Scheduler) -> list[str]:
+    return sorted(t.get_name() for t in s.pending_tasks() if t.get_name().startswith("volumes:"))
+
+
+async def test_a_pod_is_placed_in_its_class_topology_and_bound_once_its_volume_is_provisioned_there() -> None:
+    api = _Provisioned()
+    s = await _trainer_placed(api, _claim())
+    claims = _handler(s, "claims")
+    # b-0 is the class's only zone: the claim is annotated for it, and the pod waits, room held.
+    assert api.selected == [("default/data", "b-0")]
+    assert api.bound == []
+    assert _waiting(s) == ["volumes:default/trainer"]
+    assert s.cache.holds("default/trainer", "uid-trainer")
+    rival = member_pod("rival")
+    rival["spec"]["nodeSelector"] = {ZONE: "b"}
+    s._pending.apply("ADDED", rival)
+    await _batch(s)
+    assert api.bound == []  # b-0's only GPU is held for the trainer
+    assert api.failed("default/rival") == [
+        "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node affinity/selector."
+    ]
+    claims.apply("MODIFIED", _claim(node="b-0"))  # the watch shows the annotation
+    await _writes(s)
+    assert api.bound == []  # no volume yet
+    _handler(s, "volumes").apply("ADDED", _volume("pv-data", "b"))
+    claims.apply("MODIFIED", _claim(node="b-0", volume="pv-data"))  # the provisioner's volume, bound
+    await _writes(s)
+    assert api.nodes == {"default/trainer": "b-0"}
+    assert _waiting(s) == []
+    assert s.queue.counts().in_flight == 0
+
+
+async def test_a_claim_annotated_for_a_node_already_holds_its_pod_to_that_node() -> None:
+    """A volume being provisioned for a node (a pod placed before a restart, or by another
+    scheduler) can be used there only."""
+    api = _Provisioned()
+    s = await _trainer_placed(api, _claim(node="a-0"), _class(zones=()))
+    assert api.selected == []  # annotated already
+    assert _waiting(s) == ["volumes:default/trainer"]
+    _handler(s, "volumes").apply("ADDED", _volume("pv-data", "a"))
+    _handler(s, "claims").apply("MODIFIED", _claim(node="a-0", volume="pv-data"))
+    await _writes(s)
+    assert api.nodes == {"default/trainer": "a-0"}  # not n0, which best fit would take
+
+
+async def test_when_the_provisioner_gives_the_node_up_the_binding_is_refused_and_the_pod_placed_again() -> None:
+    api = _Provisioned()
+    s = await _trainer_placed(api, _claim())
+    claims = _handler(s, "claims")
+    claims.apply("MODIFIED", _claim(node="b-0"))
+    await _writes(s)
+    assert _waiting(s) == ["volumes:default/trainer"]
+    claims.apply("MODIFIED", _claim())  # the provisioner failed there and took the annotation off
+    await _writes(s)
+    assert _waiting(s) == []
+    assert api.failed("default/trainer") == [
+        'Binding rejected: binding volumes: provisioning failed for persistentvolumeclaim "data" on node b-0 '
+        "(the provisioner let the node go; the claim's Events say why)"
+    ]
+    assert not s.cache.holds("default/trainer", "uid-trainer")  # its room is free again
+    assert s.queue.counts().backoff == 1  # and it is tried again
+    assert api.bound == []
+
+
+async def test_a_claim_deleted_or_a_pod_deleted_while_waiting_frees_the_room() -> None:
+    api = _Provisioned()
+    s = _cluster(api, _class(zones=()))
+    claims = _handler(s, "claims")
+    claims.replace([_claim("one"), _claim("two")])
+    s._pending.apply("ADDED", _mounting(member_pod("first"), "one"))
+    s._pending.apply("ADDED", _mounting(member_pod("second"), "two"))
+    await _batch(s)
+    assert _waiting(s) == ["volumes:default/first", "volumes:default/second"]
+    claims.apply("DELETED", _claim("one"))
+    s._pending.apply("DELETED", _mounting(member_pod("second"), "two"))
+    await _writes(s)
+    assert _waiting(s) == []
+    assert api.failed("default/first") == ['Binding rejected: binding volumes: persistentvolumeclaim "one" was deleted']
+    assert not s.cache.holds("default/first")
+    assert not s.cache.holds("default/second")
+    assert api.bound == []
+    assert len(s.queue) == 1  # the first waits to be tried again; the second is gone
+
+
+@pytest.mark.parametrize(
+    ("timeout", "select_error", "told"),
+    [
+        (
+            0.05,
+            "",
+            "claim(s) data not bound to a volume for node b-0 within 0.05 s; is the provisioner running?",
+        ),
+        (
+            600.0,
+            'persistentvolumeclaims "data" is forbidden',
+            'cannot ask for a volume for claim "data" on node b-0: persistentvolumeclaims "data" is forbidden',
+        ),
+    ],
+    ids=["not-provisioned-in-time", "claim-not-annotated"],
+)
+async def test_a_volume_not_asked_for_or_not_provisioned_in_time_gives_the_binding_up(
+    timeout: float, select_error: str, told: str
+) -> None:
+    api = _Provisioned()
+    api.select_error = select_error
+    s = _cluster(api)
+    s.volume_binding.timeout = timeout
+    _handler(s, "claims").replace([_claim()])
+    s._pending.apply("ADDED", _mounting(member_pod("trainer"), "data"))
+    await _batch(s)
+    await asyncio.wait_for(asyncio.gather(*s.pending_tasks()), DRAWN_WITHIN_S)
+    assert api.failed("default/trainer") == [f"Binding rejected: binding volumes: {told}"]
+    assert not s.cache.holds("default/trainer")
+    assert s.queue.counts().backoff == 1
+
+
+async def test_two_pods_of_one_batch_sharing_a_claim_to_be_provisioned_go_to_one_node() -> None:
+    api = _Provisioned()
+    s = _cluster(api, _class(zones=("a", "b")))  # best fit takes b-0 for one pod, a-0 for two
+    _handler(s, "claims").replace([_claim()])
+    s._pending.apply("ADDED", _mounting(member_pod("first"), "data"))
+    s._pending.apply("ADDED", _mounting(member_pod("second"), "data"))
+    await _batch(s)
+    assert api.selected == [("default/data", "b-0")]
+    assert api.failed("default/second") == [
+        'persistentvolumeclaim "data" is to be provisioned for the node of pod default/first, placed first; '
+        "the pod is retried once it is chosen"
+    ]
+    await _batch(s)  # retried soon: held to the node chosen for the claim, which is full
+    assert api.failed("default/second")[-1] == (
+        "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) didn't find available persistent "
+        "volumes to bind."
+    )
+    assert _waiting(s) == ["volumes:default/first"]
+
+
+@pytest.mark.parametrize(
+    ("cls", "claim", "told"),
+    [
+        (
+            _class(),
+            _claim(cls=""),
+            'pod has unbound immediate PersistentVolumeClaims ("data"); the pod is retried once the claim is bound',
+        ),
+        (
+            _class() | {"volumeBindingMode": "Immediate"},
+            _claim(),
+            'pod has unbound immediate PersistentVolumeClaims ("data"); the pod is retried once the claim is bound',
+        ),
+        (_class(), _claim(cls="slow"), 'storageclass.storage.k8s.io "slow" not found'),
+        (
+            _class(provisioner="kubernetes.io/no-provisioner"),
+            _claim(),
+            'persistentvolumeclaim "data" waits for a volume made beforehand (storage class "fast" has no '
+            "provisioner), and this scheduler does not match claims to volumes; bind the claim to its volume "
+            "first (spec.volumeName) or schedule the pod with kube-scheduler",
+        ),
+        (
+            _class() | {"allowedTopologies": [{}]},
+            _claim(),
+            'storage class "fast" of claim "data": allowedTopologies has no term with an expression, so it '
+            "provisions for no node",
+        ),
+    ],
+    ids=["no-class", "immediate", "class-missing", "no-provisioner", "no-topology"],
+)
+async def test_a_claim_this_scheduler_cannot_have_provisioned_is_told(
+    cls: dict[str, Any], claim: dict[str, Any], told: str
+) -> None:
+    api = _Provisioned()
+    s = _cluster(api, cls)
+    _handler(s, "claims").replace([claim])
+    s._pending.apply("ADDED", _mounting(member_pod("trainer"), "data"))
+    await _batch(s)
+    assert api.failed("default/trainer") == [told]
+    assert api.selected == []
+    assert _waiting(s) == []
+    assert s.queue.counts().unschedulable == 1
+
+
+async def test_a_class_topology_no_node_has_leaves_the_pod_unschedulable_with_the_nodes_counted() -> None:
+    api = _Provisioned()
+    await _trainer_placed(api, _claim(), _class(zones=("c",)))
+    assert api.failed("default/trainer") == [
+        "0/3 nodes are available: 3 node(s) didn't find available persistent volumes to bind."
+    ]
+    assert api.selected == []
