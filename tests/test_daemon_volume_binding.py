@@ -6,7 +6,7 @@ the wait runs out, the Binding is refused with the reason and the room is freed.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -266,8 +266,8 @@ async def test_two_pods_of_one_batch_sharing_a_claim_to_be_provisioned_go_to_one
             _class(provisioner="kubernetes.io/no-provisioner"),
             _claim(),
             'persistentvolumeclaim "data" waits for a volume made beforehand (storage class "fast" has no '
-            "provisioner), and this scheduler does not match claims to volumes; bind the claim to its volume "
-            "first (spec.volumeName) or schedule the pod with kube-scheduler",
+            "provisioner), and no available persistent volume matches it (its storage class, size, access modes, "
+            "volume mode and selector); the pod is retried when a volume changes",
         ),
         (
             _class() | {"allowedTopologies": [{}]},
@@ -299,3 +299,117 @@ async def test_a_class_topology_no_node_has_leaves_the_pod_unschedulable_with_th
         "0/3 nodes are available: 3 node(s) didn't find available persistent volumes to bind."
     ]
     assert api.selected == []
+
+
+class _Controller(_Provisioned):
+    """Records each volume a claim is written into too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claimed: list[tuple[str, str, str]] = []
+        self.claim_error = ""
+
+    async def claim_volume(self, volume: str, version: str, namespace: str, claim: str, uid: str) -> str:
+        if self.claim_error:
+            return self.claim_error
+        self.claimed.append((volume, version, f"{namespace}/{claim}"))
+        return ""
+
+
+def _local(name: str, node: str, size: str = "100Gi", cls: str = "local", **extra: Any) -> dict[str, Any]:
+    """A local volume on ``node``, available, as local-static-provisioner makes them."""
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}
+    spec = {
+        "capacity": {"storage": size},
+        "accessModes": ["ReadWriteOnce"],
+        "storageClassName": cls,
+        "local": {"path": "/mnt/disks/" + name},
+        "nodeAffinity": {"required": {"nodeSelectorTerms": [term]}},
+    } | extra
+    return {"metadata": {"name": name, "resourceVersion": "7"}, "spec": spec, "status": {"phase": "Available"}}
+
+
+def _local_claim(name: str = "scratch", size: str = "50Gi", volume: str = "") -> dict[str, Any]:
+    obj = _claim(name, cls="local", volume=volume)
+    obj["metadata"]["uid"] = f"uid-{name}"
+    obj["spec"]["resources"] = {"requests": {"storage": size}}
+    return obj
+
+
+def _local_class() -> dict[str, Any]:
+    return _class("local", provisioner="kubernetes.io/no-provisioner", zones=())
+
+
+async def test_a_claim_is_bound_to_the_smallest_local_volume_made_beforehand_on_the_node_chosen() -> None:
+    api = _Controller()
+    s = _cluster(api, _local_class())
+    volumes = _handler(s, "volumes")
+    # a-0 has a volume too small and one large enough; b-0 none; n0 a larger one.
+    volumes.replace([_local("a-small", "a-0", "10Gi"), _local("a-big", "a-0", "200Gi"), _local("n0-big", "n0", "1Ti")])
+    _handler(s, "claims").replace([_local_claim()])
+    big = _mounting(member_pod("trainer"), "scratch")
+    big["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "3"  # a-0 only has room
+    s._pending.apply("ADDED", big)
+    await _batch(s)
+    assert api.claimed == [("a-big", "7", "default/scratch")]
+    assert api.selected == []  # no provisioner to ask
+    assert _waiting(s) == ["volumes:default/trainer"]
+    # The volume controller completes the binding.
+    bound = _local("a-big", "a-0", "200Gi", claimRef={"namespace": "default", "name": "scratch"})
+    bound["status"]["phase"] = "Bound"
+    volumes.apply("MODIFIED", bound)
+    _handler(s, "claims").apply("MODIFIED", _local_claim(volume="a-big"))
+    await _writes(s)
+    assert api.nodes == {"default/trainer": "a-0"}
+
+
+async def test_a_pod_whose_claim_no_local_volume_matches_is_told_and_the_nodes_without_one_counted() -> None:
+    api = _Controller()
+    s = _cluster(api, _local_class())
+    _handler(s, "volumes").replace([_local("b-small", "b-0", "10Gi")])
+    _handler(s, "claims").replace([_local_claim()])
+    s._pending.apply("ADDED", _mounting(member_pod("trainer"), "scratch"))
+    await _batch(s)
+    assert api.failed("default/trainer") == [
+        'persistentvolumeclaim "scratch" waits for a volume made beforehand (storage class "local" has no '
+        "provisioner), and no available persistent volume matches it (its storage class, size, access modes, "
+        "volume mode and selector); the pod is retried when a volume changes"
+    ]
+    _handler(s, "volumes").apply("ADDED", _local("b-big", "b-0", "60Gi"))  # a disk added: retried at once
+    await _batch(s)
+    assert api.claimed == [("b-big", "7", "default/scratch")]
+    # With the only matching volume on b-0, a pod b-0 has no room for is told of the others.
+    s2 = _cluster(_Controller(), _local_class())
+    _handler(s2, "volumes").replace([_local("b-big", "b-0", "60Gi")])
+    _handler(s2, "claims").replace([_local_claim()])
+    two = _mounting(member_pod("trainer"), "scratch")
+    two["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    s2._pending.apply("ADDED", two)
+    await _batch(s2)
+    assert cast(_Controller, s2.binder).failed("default/trainer") == [
+        "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) didn't find available persistent "
+        "volumes to bind."
+    ]
+
+
+async def test_two_claims_do_not_take_one_local_volume_and_one_taken_meanwhile_refuses_the_binding() -> None:
+    api = _Controller()
+    s = _cluster(api, _local_class())
+    volumes = _handler(s, "volumes")
+    volumes.replace([_local("a-disk", "a-0")])
+    _handler(s, "claims").replace([_local_claim("one"), _local_claim("two")])
+    s._pending.apply("ADDED", _mounting(member_pod("first"), "one"))
+    await _batch(s)
+    assert api.claimed == [("a-disk", "7", "default/one")]
+    s._pending.apply("ADDED", _mounting(member_pod("second"), "two"))
+    await _batch(s)  # the disk is reserved for the first pod's claim
+    assert api.failed("default/second")[0].startswith('persistentvolumeclaim "two" waits for a volume made beforehand')
+    # Another binder wrote a claim into the volume: the first pod's Binding is given up.
+    taken = _local("a-disk", "a-0", claimRef={"namespace": "other", "name": "theirs"})
+    volumes.apply("MODIFIED", taken)
+    await _writes(s)
+    assert api.failed("default/first") == [
+        'Binding rejected: binding volumes: persistentvolume "a-disk" was bound to claim other/theirs'
+    ]
+    assert not s.cache.holds("default/first")
+    assert s.claims.reserved == {}

@@ -54,34 +54,52 @@ class VolumeBinding:
         record = self.s.queue.record(pod.key)
         if record is None or record.uid != pod.uid or not record.claims:
             return ()
-        return self.s.claims.to_provision(pod.namespace, record.claims)
+        return self.s.claims.to_bind(pod.namespace, record.claims)
 
     async def provide(self, pod: Pod, node: str, names: tuple[str, ...]) -> str:
-        """Ask for ``names`` (claims of ``pod``) to be provisioned for ``node`` and wait until
-        each is bound to a volume ``node`` can use: "" then, else why not (the pod gone is
-        "pod deleted")."""
+        """Have ``names`` (claims of ``pod``) bound for ``node``, each to the smallest available
+        volume made beforehand that ``node`` can use, else to one provisioned for it, and wait
+        until each is bound to a volume ``node`` can use: "" then, else why not (the pod gone
+        is "pod deleted")."""
+        claims = self.s.claims
         keys = [f"{pod.namespace}/{n}" for n in names]
         for key in keys:
-            self.s.claims.selecting[key] = node
+            claims.selecting[key] = node
+        chosen: dict[str, str] = {}  # claim name -> the volume made beforehand it is being bound to
         try:
+            rec = self.s.cache.nodes.get(node)
             for name, key in zip(names, keys, strict=True):
-                claim = self.s.claims.claim(key)
+                claim = claims.claim(key)
                 if claim is None:
                     return f'binding volumes: persistentvolumeclaim "{name}" not found'
                 if claim.selected_node == node:
-                    continue
-                error = await self.s.binder.select_node(pod.namespace, name, node)
+                    continue  # a volume is being provisioned for it there
+                volume = next(
+                    (v for v in claims.candidates(claim) if rec is not None and selects(v.affinity, rec.node)), None
+                )
+                if volume is not None:
+                    claims.reserved[volume.name] = key
+                    chosen[name] = volume.name
+                    error = await self.s.binder.claim_volume(
+                        volume.name, volume.version, claim.namespace, name, claim.uid
+                    )
+                    what = f'cannot bind persistentvolume "{volume.name}" to claim "{name}"'
+                elif claims.provisions(claim):
+                    error = await self.s.binder.select_node(pod.namespace, name, node)
+                    what = f'cannot ask for a volume for claim "{name}" on node {node}'
+                else:
+                    return f'binding volumes: no available persistent volume for claim "{name}" on node {node}'
                 if error == LEAD_LOST:
                     return error
                 if error:
-                    return f'binding volumes: cannot ask for a volume for claim "{name}" on node {node}: {error}'
-            log.info("waiting for volumes", pod=pod.key, node=node, claims=list(names))
+                    return f"binding volumes: {what}: {error}"
+            log.info("waiting for volumes", pod=pod.key, node=node, claims=list(names), volumes=chosen or None)
             seen_ours: set[str] = set()  # claims the watch has shown annotated for ``node`` since
             deadline = time.monotonic() + self.timeout
             while True:
                 if not self.s.queue.current(pod.key, pod.uid):
                     return "pod deleted"
-                why, waiting = self._check(names, keys, node, seen_ours)
+                why, waiting = self._check(names, keys, node, seen_ours, chosen)
                 if why or not waiting:
                     return why
                 seen = self._changed
@@ -89,20 +107,27 @@ class VolumeBinding:
                 if left <= 0:
                     return (
                         f"binding volumes: claim(s) {', '.join(waiting)} not bound to a volume for node {node} "
-                        f"within {self.timeout:g} s; is the provisioner running?"
+                        f"within {self.timeout:g} s; is the {'volume controller' if chosen else 'provisioner'} running?"
                     )
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(left):
                         await seen.wait()
         finally:
             for key in keys:
-                if self.s.claims.selecting.get(key) == node:
-                    del self.s.claims.selecting[key]
+                if claims.selecting.get(key) == node:
+                    del claims.selecting[key]
+            for name, held in chosen.items():
+                if claims.reserved.get(held) == f"{pod.namespace}/{name}":
+                    del claims.reserved[held]
 
-    def _check(self, names: tuple[str, ...], keys: list[str], node: str, seen: set[str]) -> tuple[str, list[str]]:
+    def _check(
+        self, names: tuple[str, ...], keys: list[str], node: str, seen: set[str], chosen: dict[str, str]
+    ) -> tuple[str, list[str]]:
         """Why the claims cannot be had on ``node`` any more (""), and those still waiting.  A
         claim that no longer names ``node`` is given up only once the watch had shown it named
-        (``seen``): until then the watch is behind the annotation's write."""
+        (``seen``): until then the watch is behind the annotation's write.  A claim being bound
+        to a volume made beforehand (``chosen``) is given up if the volume goes, or is bound to
+        another claim."""
         waiting: list[str] = []
         for name, key in zip(names, keys, strict=True):
             claim = self.s.claims.claim(key)
@@ -113,7 +138,12 @@ class VolumeBinding:
             if claim.lost:
                 return f'binding volumes: persistentvolumeclaim "{name}" lost its volume', []
             if not claim.bound:
-                if claim.volume:  # being bound: the provisioner's volume, or another
+                mine = self.s.claims.volume(chosen[name]) if name in chosen else None
+                if name in chosen and mine is None:
+                    return f'binding volumes: persistentvolume "{chosen[name]}" was deleted', []
+                if mine is not None and mine.claim and mine.claim != key:
+                    return f'binding volumes: persistentvolume "{mine.name}" was bound to claim {mine.claim}', []
+                if claim.volume or name in chosen:  # being bound: the provisioner's volume, or ours
                     waiting.append(name)
                 elif claim.selected_node != node and name in seen:
                     return (

@@ -35,7 +35,7 @@ from tenacity import (
 )
 
 from gpusched.kube.client import MERGE_PATCH, STRATEGIC_PATCH, ApiError, Kube, segment
-from gpusched.kube.convert import ANNOTATION_GPU_INDICES, MIG_CONFIG_PREFIX, SELECTED_NODE
+from gpusched.kube.convert import ANNOTATION_GPU_INDICES, BOUND_BY_CONTROLLER, MIG_CONFIG_PREFIX, SELECTED_NODE
 from gpusched.model import Pod
 from gpusched.state.records import REASON_UNSCHEDULABLE
 
@@ -532,6 +532,28 @@ class Binder:
         path = f"/api/v1/namespaces/{segment(namespace)}/persistentvolumeclaims/{segment(claim)}"
         try:
             await self._retrying("PATCH", path, patch, MERGE_PATCH, leading=self.leading)
+        except NotLeading:
+            return LEAD_LOST
+        except ApiError as exc:
+            return str(exc)
+        return ""
+
+    async def claim_volume(self, volume: str, version: str, namespace: str, claim: str, uid: str) -> str:
+        """Bind volume ``volume`` (as of ``version``: if it changed since, nothing is written) to
+        claim ``namespace/claim`` as kube-scheduler's volume binding does, by naming the claim in
+        its ``claimRef`` (the volume controller then completes the binding), as the leader; the
+        error, or "" once done."""
+        ref = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": namespace, "name": claim}
+        if uid:
+            ref["uid"] = uid
+        meta: dict[str, Any] = {"annotations": {BOUND_BY_CONTROLLER: "yes"}}
+        if version:
+            meta["resourceVersion"] = version
+        patch = {"metadata": meta, "spec": {"claimRef": ref}}
+        try:
+            await self._retrying(
+                "PATCH", f"/api/v1/persistentvolumes/{segment(volume)}", patch, MERGE_PATCH, leading=self.leading
+            )
         except NotLeading:
             return LEAD_LOST
         except ApiError as exc:

@@ -725,6 +725,8 @@ BIND_COMPLETED = "pv.kubernetes.io/bind-completed"
 SELECTED_NODE = "volume.kubernetes.io/selected-node"
 """The claim annotation that names the node its volume is provisioned for (kube-scheduler's
 volume binding writes it; the provisioner reads it, and removes it to ask for another node)."""
+BOUND_BY_CONTROLLER = "pv.kubernetes.io/bound-by-controller"
+"""The volume annotation that says its claim was written by a controller (or scheduler), not a user."""
 BETA_STORAGE_CLASS = "volume.beta.kubernetes.io/storage-class"
 """The claim annotation that names its storage class before ``spec.storageClassName`` does."""
 """The annotation the volume controller writes on a claim with its volume's name, once it has
@@ -754,6 +756,21 @@ def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:
     selected = annotations.get(SELECTED_NODE) or ""
     if not isinstance(selected, str):
         raise ConvertError(f"{where}: annotation {SELECTED_NODE} must be a string, got {_shown(selected)}")
+    requests = _object(_object(spec.get("resources"), where, "spec.resources").get("requests"), where, "requests")
+    try:
+        request = _bytes(requests.get("storage"))
+    except QuantityError as exc:
+        raise ConvertError(f"{where}: spec.resources.requests.storage: {exc}") from None
+    chosen = spec.get("selector")
+    selector: tuple[Requirement, ...] | None = None
+    if chosen is not None:
+        if not isinstance(chosen, Mapping):
+            raise ConvertError(f"{where}: spec.selector must be a label selector (an object), got {_shown(chosen)}")
+        try:
+            selector = _selector(chosen)
+            check_label_selector(selector)
+        except ValueError as exc:
+            raise ConvertError(f"{where}: spec.selector: {exc}") from None
     return ClaimRecord(
         namespace,
         name,
@@ -765,7 +782,26 @@ def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:
         one_pod=isinstance(modes := spec.get("accessModes"), (list, tuple)) and "ReadWriteOncePod" in modes,
         storage_class=cls or "",
         selected_node=selected,
+        uid=str(meta.get("uid") or ""),
+        request=request,
+        modes=_modes(spec.get("accessModes")),
+        block=spec.get("volumeMode") == "Block",
+        selector=selector,
     )
+
+
+def _lenient(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is an object, else an empty one."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _bytes(value: Any) -> int:
+    """A storage quantity (absent: 0) in bytes, rounded up; raises ``QuantityError``."""
+    return 0 if value is None else math.ceil(parse_quantity(value))
+
+
+def _modes(value: Any) -> frozenset[str]:
+    return frozenset(str(m) for m in value) if isinstance(value, list | tuple) else frozenset()
 
 
 def storage_class_record(obj: Mapping[str, Any]) -> StorageClassRecord:
@@ -914,14 +950,44 @@ def volume_record(obj: Mapping[str, Any]) -> VolumeRecord:
         affinity = _obj(_obj(spec, "spec").get("nodeAffinity") or {}, "spec.nodeAffinity")
     except ValueError as exc:  # the message names the field
         return VolumeRecord(name, error=str(exc))
+    binding = _volume_binding(obj, spec, meta, labels)
     required = affinity.get("required")
     if not required:
-        return VolumeRecord(name, affinity=zones)
+        return replace(binding, affinity=zones)
     try:
         selector = _node_selector({}, {"requiredDuringSchedulingIgnoredDuringExecution": required})
     except ValueError as exc:
         return VolumeRecord(name, error=f"spec.nodeAffinity.required: {exc}")
-    return VolumeRecord(name, affinity=both(selector, zones))
+    return replace(binding, affinity=both(selector, zones))
+
+
+def _volume_binding(
+    obj: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any], labels: Any
+) -> VolumeRecord:
+    """What of a PersistentVolume matching a claim to it reads (class, capacity, access and
+    volume modes, its claim, whether it is available, its labels), read leniently: a field of
+    a wrong type matches no claim."""
+    annotations = _lenient(meta.get("annotations"))
+    cls = annotations.get(BETA_STORAGE_CLASS, spec.get("storageClassName"))
+    try:
+        capacity = _bytes(_lenient(spec.get("capacity")).get("storage"))
+    except QuantityError:
+        capacity = 0
+    ref = _lenient(spec.get("claimRef"))
+    claim = f"{ref.get('namespace') or ''}/{ref.get('name') or ''}" if ref else ""
+    status = _lenient(obj.get("status"))
+    return VolumeRecord(
+        str(meta["name"]),
+        storage_class=cls if isinstance(cls, str) else "",
+        capacity=capacity,
+        modes=_modes(spec.get("accessModes")),
+        block=spec.get("volumeMode") == "Block",
+        claim=claim,
+        claim_uid=str(ref.get("uid") or ""),
+        available=status.get("phase") == "Available" and not meta.get("deletionTimestamp"),
+        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())) if isinstance(labels, Mapping) else (),
+        version=str(meta.get("resourceVersion") or ""),
+    )
 
 
 ZONE_LABELS = {

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpusched.model.affinity import NodeSelector, Requirement, both
+from gpusched.model.affinity import NodeSelector, Requirement, both, label_selector_selects
 
 __all__ = [
     "NO_PROVISIONER",
@@ -71,6 +71,15 @@ class ClaimRecord:
     """Its storage class (the beta annotation, else ``spec.storageClassName``); "": none."""
     selected_node: str = ""
     """The node a volume is being provisioned for (``volume.kubernetes.io/selected-node``)."""
+    uid: str = ""
+    request: int = 0
+    """``spec.resources.requests.storage``, in bytes."""
+    modes: frozenset[str] = frozenset()
+    """``spec.accessModes``."""
+    block: bool = False
+    """``spec.volumeMode`` is ``Block``."""
+    selector: tuple[Requirement, ...] | None = None
+    """``spec.selector``: the labels of the volumes it may be bound to (None: any)."""
 
     @property
     def key(self) -> str:
@@ -88,6 +97,19 @@ class VolumeRecord:
     labels as kube-scheduler's VolumeZone reads them); ``()``: every node."""
     error: str = ""
     """Why its node affinity cannot be read (no node can be chosen for it then)."""
+    storage_class: str = ""
+    capacity: int = 0
+    """``spec.capacity.storage``, in bytes."""
+    modes: frozenset[str] = frozenset()
+    block: bool = False
+    claim: str = ""
+    """``spec.claimRef`` as ``namespace/name``: the claim it is bound, or being bound, to."""
+    claim_uid: str = ""
+    available: bool = False
+    """``status.phase`` is ``Available`` and it is not being deleted: it may be bound to a claim."""
+    labels: tuple[tuple[str, str], ...] = ()
+    version: str = ""
+    """``metadata.resourceVersion``: a claim is written into it only as it was read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +140,12 @@ class Claims:
         self._volumes: dict[str, VolumeRecord] = {}
         self._classes: dict[str, StorageClassRecord] = {}
         self.selecting: dict[str, str] = {}
-        """Claims (``namespace/name``) being provisioned for a pod in flight, with its node: a
-        pod sharing one goes there too (kube-scheduler's assumed claim)."""
+        """Claims (``namespace/name``) being provisioned, or bound to a volume made beforehand,
+        for a pod in flight, with its node: a pod sharing one goes there too (kube-scheduler's
+        assumed claim)."""
+        self.reserved: dict[str, str] = {}
+        """Volumes (by name) being bound to a claim (``namespace/name``) for a pod in flight: no
+        other claim is offered them meanwhile."""
 
     def replace_claims(self, records: list[ClaimRecord]) -> None:
         """The complete set of claims (after a list)."""
@@ -171,29 +197,65 @@ class Claims:
         """The volume ``name``, if known."""
         return self._volumes.get(name)
 
-    def _provisioned(self, claim: ClaimRecord) -> StorageClassRecord | None:
-        """The class that will provision ``claim`` for its pod's node: it is not bound yet nor
-        being bound to a volume, and its class waits for the first consumer and provisions."""
+    def _delayed(self, claim: ClaimRecord) -> StorageClassRecord | None:
+        """The class of ``claim`` if it is bound only for its pod's node (not bound yet nor being
+        bound to a volume, and its class waits for the first consumer): to a volume made
+        beforehand that the node can use, or to one provisioned for the node."""
         if claim.volume or not claim.storage_class:
             return None
         cls = self._classes.get(claim.storage_class)
-        return cls if cls is not None and cls.provisions else None
+        return cls if cls is not None and cls.wait_for_consumer else None
 
-    def to_provision(self, namespace: str, claims: tuple[str, ...]) -> tuple[str, ...]:
-        """Those of ``claims`` (in ``namespace``) to be provisioned for the pod's node before
-        it is bound (by name)."""
+    def candidates(self, claim: ClaimRecord) -> list[VolumeRecord]:
+        """The volumes made beforehand that ``claim`` may be bound to, smallest first, as
+        kube-scheduler's volume binding matches them: one bound to it already (pre-bound) alone;
+        else those available, of its class, with its access modes and volume mode, its
+        selector's labels and room for its request, that no claim in flight has reserved.  None
+        for a claim annotated with a node: a volume is being provisioned for it."""
+        if claim.selected_node:
+            return []
+        mine = [
+            v
+            for v in self._volumes.values()
+            if v.claim == claim.key and (not v.claim_uid or not claim.uid or v.claim_uid == claim.uid)
+        ]
+        if mine:
+            return [v for v in mine if v.capacity >= claim.request and not v.error][:1]
+        out = [
+            v
+            for v in self._volumes.values()
+            if v.available
+            and not v.error
+            and not v.claim
+            and v.storage_class == claim.storage_class
+            and claim.modes <= v.modes
+            and v.block == claim.block
+            and v.capacity >= claim.request
+            and (claim.selector is None or label_selector_selects(claim.selector, dict(v.labels)))
+            and self.reserved.get(v.name, claim.key) == claim.key
+        ]
+        return sorted(out, key=lambda v: (v.capacity, v.name))
+
+    def provisions(self, claim: ClaimRecord) -> bool:
+        """Whether ``claim``'s class may provision a volume for it, for the node chosen."""
+        cls = self._delayed(claim)
+        return cls is not None and cls.provisions and not cls.error
+
+    def to_bind(self, namespace: str, claims: tuple[str, ...]) -> tuple[str, ...]:
+        """Those of ``claims`` (in ``namespace``) to be bound for the pod's node before it is
+        (by name): to a volume made beforehand, or to one provisioned for it."""
         return tuple(
             name
             for name in claims
-            if (claim := self._claims.get(f"{namespace}/{name}")) is not None and self._provisioned(claim) is not None
+            if (claim := self._claims.get(f"{namespace}/{name}")) is not None and self._delayed(claim) is not None
         )
 
     def unchosen(self, namespace: str, claims: tuple[str, ...]) -> tuple[str, ...]:
-        """Those of ``claims`` to be provisioned for a node not chosen yet (by name): two pods
-        sharing one must not be placed apart in one solve."""
+        """Those of ``claims`` to be bound for a node not chosen yet (by name): two pods sharing
+        one must not be placed apart in one solve."""
         return tuple(
             name
-            for name in self.to_provision(namespace, claims)
+            for name in self.to_bind(namespace, claims)
             if not self._claims[f"{namespace}/{name}"].selected_node and f"{namespace}/{name}" not in self.selecting
         )
 
@@ -231,20 +293,26 @@ class Claims:
                         f'persistentvolumeclaim "{name}" is being bound to persistentvolume "{claim.volume}"; '
                         "the pod is retried once the binding completes"
                     )
-                if (provisioner := self._provisioned(claim)) is not None:
-                    if provisioner.error:
-                        return f'storage class "{provisioner.name}" of claim "{name}": {provisioner.error}'
-                    continue  # for the node chosen
+                if (delayed := self._delayed(claim)) is not None:
+                    if delayed.provisions and delayed.error and not self.candidates(claim):
+                        return f'storage class "{delayed.name}" of claim "{name}": {delayed.error}'
+                    if delayed.provisions or self.candidates(claim):
+                        continue  # bound for the node chosen
+                    if claim.selected_node:
+                        return (
+                            f'persistentvolumeclaim "{name}" is annotated for node {claim.selected_node}, and its '
+                            f'storage class "{delayed.name}" has no provisioner to make a volume there'
+                        )
+                    return (
+                        f'persistentvolumeclaim "{name}" waits for a volume made beforehand (storage class '
+                        f'"{delayed.name}" has no provisioner), and no available persistent volume matches it '
+                        "(its storage class, size, access modes, volume mode and selector); the pod is retried "
+                        "when a volume changes"
+                    )
                 cls = self._classes.get(claim.storage_class) if claim.storage_class else None
                 if claim.storage_class and cls is None:
                     return f'storageclass.storage.k8s.io "{claim.storage_class}" not found'
-                if cls is None or not cls.wait_for_consumer:
-                    return f'{UNBOUND_IMMEDIATE} ("{name}"); the pod is retried once the claim is bound'
-                return (
-                    f'persistentvolumeclaim "{name}" waits for a volume made beforehand (storage class '
-                    f'"{cls.name}" has no provisioner), and this scheduler does not match claims to volumes; '
-                    "bind the claim to its volume first (spec.volumeName) or schedule the pod with kube-scheduler"
-                )
+                return f'{UNBOUND_IMMEDIATE} ("{name}"); the pod is retried once the claim is bound'
             volume = self._volumes.get(claim.volume)
             if volume is None:
                 return f'persistentvolume "{claim.volume}" of claim "{name}" not found'
@@ -268,7 +336,7 @@ class Claims:
         out: NodeSelector = ()
         for name in claims:
             claim = self._claims.get(f"{namespace}/{name}")
-            if claim is None or self._provisioned(claim) is not None:
+            if claim is None or self._delayed(claim) is not None:
                 continue
             volume = self._volumes.get(claim.volume)
             if volume is not None and volume.affinity:
@@ -276,20 +344,25 @@ class Claims:
         return out
 
     def provision_selector(self, namespace: str, claims: tuple[str, ...]) -> NodeSelector:
-        """The nodes every claim of ``claims`` still to be provisioned may be provisioned for:
-        the node it is being provisioned for already, else its class's ``allowedTopologies``."""
+        """The nodes every claim of ``claims`` still to be bound for its pod's node may be had
+        on: the node it is annotated for, or being bound for, already; else those a volume made
+        beforehand that it matches may be used on, and those its class may provision for."""
         out: NodeSelector = ()
         for name in claims:
             key = f"{namespace}/{name}"
             claim = self._claims.get(key)
-            cls = self._provisioned(claim) if claim is not None else None
+            cls = self._delayed(claim) if claim is not None else None
             if claim is None or cls is None:
                 continue
             node = claim.selected_node or self.selecting.get(key, "")
             if node:
                 out = both(out, ((Requirement("metadata.name", "In", (node,), field=True),),))
-            elif cls.topology:
-                out = both(out, cls.topology)
+                continue
+            ways = [v.affinity for v in self.candidates(claim) if not v.error]
+            if cls.provisions and not cls.error:
+                ways.append(cls.topology)
+            if ways and all(ways):  # () in any way: every node
+                out = both(out, tuple(dict.fromkeys(term for way in ways for term in way)))
         return out
 
     def __len__(self) -> int:

@@ -668,7 +668,9 @@ async def test_ready_only_once_the_watches_listed_and_the_solver_is_loaded(
     sched = Scheduler(DaemonSettings(scheduler_name=sched_name(), leader_elect=False), kube)
     ok, why = sched.ready()
     assert not ok
-    listed = "namespaces, nodes, bound-pods, pending-pods, claims, volumes, disruption-budgets, podgroups"
+    listed = (
+        "namespaces, nodes, bound-pods, pending-pods, claims, volumes, storage-classes, disruption-budgets, podgroups"
+    )
     assert why == f"waiting for the first list of {listed}"
     watches = [asyncio.create_task(r.run()) for r in sched.reflectors]
     tasks = list(watches)
@@ -958,7 +960,7 @@ async def test_pods_are_bound_only_when_their_claims_are_bound_to_usable_volumes
     await _claim(kube, namespace, "unbound")
     pods = [
         _with_claim(kit.pod("ok", name, gpus=1), "shared"),
-        _with_claim(kit.pod("waits-for-provisioning", name, gpus=1), "unbound"),
+        _with_claim(kit.pod("waits-for-its-claim", name, gpus=1), "unbound"),
         _with_claim(kit.pod("local-volume", name, gpus=1), "pinned"),
         _with_claim(kit.pod("volume-on-a-node-gone", name, gpus=1), "elsewhere"),
         _with_claim(kit.pod("claim-comes-later", name, gpus=1), "later"),
@@ -971,7 +973,9 @@ async def test_pods_are_bound_only_when_their_claims_are_bound_to_usable_volumes
         assert final["local-volume"]["spec"].get("nodeName") == "vol-gpu-1"  # the node its volume is on
         placed = ("ok", "local-volume")
         messages = {n: (kit.condition(p) or {}).get("message", "") for n, p in final.items() if n not in placed}
-        assert messages["waits-for-provisioning"].startswith('persistentvolumeclaim "unbound" is not bound')
+        assert messages["waits-for-its-claim"] == (  # of no storage class: the volume controller binds it
+            'pod has unbound immediate PersistentVolumeClaims ("unbound"); the pod is retried once the claim is bound'
+        )
         assert "node(s) had volume node affinity conflict" in messages["volume-on-a-node-gone"]
         assert messages["claim-comes-later"] == 'persistentvolumeclaim "later" not found'
         events = await kit.wait_events(kube, namespace, [f"FailedScheduling/{n}" for n in messages])

@@ -52,6 +52,12 @@ async def _setup(kube: Kube, namespace: str, tag: str) -> tuple[str, str]:
         "allowedTopologies": [{"matchLabelExpressions": [{"key": ZONE, "values": [zone_a]}]}],
     }
     await kit.create_all(kube, "/apis/storage.k8s.io/v1/storageclasses", [cls])
+    claims = await _data_claim(kube, namespace, tag, "1Gi")
+    return f"/api/v1/namespaces/{namespace}/pods", f"{claims}/data"
+
+
+async def _data_claim(kube: Kube, namespace: str, cls: str, size: str) -> str:
+    """The claim ``data`` of class ``cls`` asking for ``size``; the path of the namespace's claims."""
     claims = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims"
     claim = {
         "apiVersion": "v1",
@@ -59,12 +65,12 @@ async def _setup(kube: Kube, namespace: str, tag: str) -> tuple[str, str]:
         "metadata": {"name": "data"},
         "spec": {
             "accessModes": ["ReadWriteOnce"],
-            "resources": {"requests": {"storage": "1Gi"}},
-            "storageClassName": tag,
+            "resources": {"requests": {"storage": size}},
+            "storageClassName": cls,
         },
     }
     await kit.create_all(kube, claims, [claim])
-    return f"/api/v1/namespaces/{namespace}/pods", f"{claims}/data"
+    return claims
 
 
 def _trainer(scheduler: str) -> dict[str, Any]:
@@ -159,4 +165,67 @@ async def test_when_the_provisioner_gives_the_node_up_the_pod_is_told_and_placed
         assert not pod["spec"].get("nodeName")
     finally:
         assert daemon.stop() == 0, "".join(daemon.raw[-30:])
+        await kube.request("DELETE", f"/apis/storage.k8s.io/v1/storageclasses/{tag}")
+
+
+def _local_volume(name: str, node: str, size: str, cls: str) -> dict[str, Any]:
+    on_node = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": size},
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": cls,
+            "local": {"path": f"/mnt/disks/{name}"},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [on_node]}},
+        },
+    }
+
+
+async def test_a_claim_is_bound_to_a_local_volume_made_beforehand_on_the_node_chosen(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    tag = f"lv-{uuid.uuid4().hex[:6]}"
+    name = f"gs-{tag}"
+    small, large = f"{tag}-a-small", f"{tag}-a-large"
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node(f"{tag}-a", 8, "A100"), kit.node(f"{tag}-b", 1, "A100")])
+    cls = {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": tag},
+        "provisioner": "kubernetes.io/no-provisioner",
+        "volumeBindingMode": "WaitForFirstConsumer",
+    }
+    await kit.create_all(kube, "/apis/storage.k8s.io/v1/storageclasses", [cls])
+    volumes = [_local_volume(small, f"{tag}-a", "10Gi", tag), _local_volume(large, f"{tag}-a", "200Gi", tag)]
+    await kit.create_all(kube, "/api/v1/persistentvolumes", volumes)
+    for v in volumes:  # as the volume controller marks a new volume
+        path = f"/api/v1/persistentvolumes/{v['metadata']['name']}/status"
+        r = await kube.request("PATCH", path, body={"status": {"phase": "Available"}}, content_type=MERGE_PATCH)
+        assert r.ok, r.body
+    claims = await _data_claim(kube, namespace, tag, "50Gi")
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        await kit.create_all(kube, pods, [_trainer(name)])  # b-0 (best fit) has no volume
+        pv = await _until(kube, f"/api/v1/persistentvolumes/{large}", lambda o: o["spec"].get("claimRef"))
+        ref = pv["spec"]["claimRef"]
+        assert (ref["namespace"], ref["name"]) == (namespace, "data")
+        small_pv = (await kube.request("GET", f"/api/v1/persistentvolumes/{small}")).body
+        assert not small_pv["spec"].get("claimRef")  # too small for the claim
+        await asyncio.sleep(1.0)
+        pod = (await kube.request("GET", f"{pods}/trainer")).body
+        assert not pod["spec"].get("nodeName"), "bound before its claim was"
+        # The volume controller completes the binding.
+        body = {"metadata": {"annotations": {BIND_COMPLETED: "yes"}}, "spec": {"volumeName": large}}
+        r = await kube.request("PATCH", f"{claims}/data", body=body, content_type=MERGE_PATCH)
+        assert r.ok, r.body
+        pod = await _until(kube, f"{pods}/trainer", lambda o: o["spec"].get("nodeName"))
+        assert pod["spec"]["nodeName"] == f"{tag}-a"
+    finally:
+        assert daemon.stop() == 0, "".join(daemon.raw[-30:])
+        for v in volumes:
+            await kube.request("DELETE", f"/api/v1/persistentvolumes/{v['metadata']['name']}")
         await kube.request("DELETE", f"/apis/storage.k8s.io/v1/storageclasses/{tag}")

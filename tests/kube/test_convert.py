@@ -787,6 +787,47 @@ def test_a_claim_names_its_class_and_the_node_chosen_as_kube_scheduler_reads_the
         claim_record(pvc)
 
 
+def test_a_claim_and_a_volume_say_what_matching_one_to_the_other_needs() -> None:
+    pvc = {
+        "metadata": {"name": "d", "namespace": "ns", "uid": "u1"},
+        "spec": {
+            "storageClassName": "local",
+            "accessModes": ["ReadWriteOnce"],
+            "volumeMode": "Block",
+            "resources": {"requests": {"storage": "1.5Gi"}},
+            "selector": {"matchLabels": {"tier": "fast"}},
+        },
+    }
+    rec = claim_record(pvc)
+    assert (rec.uid, rec.request, rec.modes, rec.block) == ("u1", 3 << 29, frozenset({"ReadWriteOnce"}), True)
+    assert rec.selector == (Requirement("tier", "In", ("fast",)),)
+    pvc["spec"]["resources"]["requests"]["storage"] = "lots"
+    with pytest.raises(ConvertError, match=r"spec\.resources\.requests\.storage: invalid quantity"):
+        claim_record(pvc)
+    pv = {
+        "metadata": {"name": "pv-1", "resourceVersion": "9", "labels": {"tier": "fast"}},
+        "spec": {
+            "storageClassName": "local",
+            "capacity": {"storage": "100Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "claimRef": {"namespace": "ns", "name": "d", "uid": "u1"},
+        },
+        "status": {"phase": "Available"},
+    }
+    v = volume_record(pv)
+    assert (v.storage_class, v.capacity, v.claim, v.claim_uid, v.available, v.version) == (
+        "local",
+        100 << 30,
+        "ns/d",
+        "u1",
+        True,
+        "9",
+    )
+    assert v.labels == (("tier", "fast"),)
+    pv["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert not volume_record(pv).available
+
+
 def test_a_storage_class_says_whether_and_where_it_provisions_for_the_pods_node() -> None:
     zone = "topology.kubernetes.io/zone"
     wffc = {

@@ -582,6 +582,9 @@ def claims(draw: Callable[[st.SearchStrategy[Any]], Any]) -> tuple[dict[str, Any
         {
             "volumeName": d.maybe(st.just(d.pick("volumeName", TEXT))),
             "storageClassName": d.maybe(st.just(d.pick("storageClassName", TEXT))),
+            "resources": d.maybe(st.just(d.pick("resources", st.just({"requests": {"storage": "1Gi"}})))),
+            "selector": d.maybe(st.just(d.pick("selector", st.just({"matchLabels": {"tier": "fast"}})))),
+            "volumeMode": d.maybe(st.just(d.pick("volumeMode", st.sampled_from(["Block", "Filesystem"])))),
             "accessModes": d.maybe(
                 st.just(d.pick("accessModes", st.lists(st.sampled_from(["ReadWriteOnce", "ReadWriteOncePod"]))))
             ),
@@ -595,8 +598,16 @@ def claims(draw: Callable[[st.SearchStrategy[Any]], Any]) -> tuple[dict[str, Any
 def volumes(draw: Callable[[st.SearchStrategy[Any]], Any]) -> tuple[dict[str, Any], set[str]]:
     d = Draft(draw)
     affinity = d.pick("nodeAffinity", st.just({"required": {"nodeSelectorTerms": []}}))
-    spec = d.pick("spec", st.just(_compact({"nodeAffinity": d.maybe(st.just(affinity))})))
-    return {"metadata": {"name": "v"}, "spec": spec}, d.suspects
+    fields = {
+        "nodeAffinity": d.maybe(st.just(affinity)),
+        "capacity": d.maybe(st.just(d.pick("capacity", st.just({"storage": d.pick("storage", TEXT)})))),
+        "claimRef": d.maybe(st.just(d.pick("claimRef", st.just({"namespace": "ns", "name": "c"})))),
+        "storageClassName": d.maybe(st.just(d.pick("storageClassName", TEXT))),
+        "accessModes": d.maybe(st.just(d.pick("accessModes", st.lists(TEXT, max_size=2)))),
+    }
+    spec = d.pick("spec", st.just(_compact(fields)))
+    status = d.pick("status", st.just({"phase": d.pick("phase", st.sampled_from(["Available", "Bound", "Released"]))}))
+    return {"metadata": {"name": "v"}, "spec": spec, "status": status}, d.suspects
 
 
 @st.composite

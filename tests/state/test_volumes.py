@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpusched.model.affinity import Requirement
 from gpusched.state.volumes import ClaimRecord, Claims, StorageClassRecord, VolumeRecord
 
@@ -50,7 +52,7 @@ def test_a_claim_to_be_provisioned_for_the_pods_node_holds_the_pod_to_where_it_c
     )
     c.replace_classes([StorageClassRecord("fast", "disk.example.com", wait_for_consumer=True, topology=(zone_a,))])
     assert c.problem("ns/p", "uid-p", ("new", "chosen", "ok")) == ""
-    assert c.to_provision("ns", ("new", "chosen", "ok")) == ("new", "chosen")
+    assert c.to_bind("ns", ("new", "chosen", "ok")) == ("new", "chosen")
     assert c.unchosen("ns", ("new", "chosen", "ok")) == ("new",)
     assert c.selector("ns", ("new", "ok")) == ((Requirement("rack", "In", ("r1",)),),)  # the bound volume's
     assert c.provision_selector("ns", ("new",)) == (zone_a,)
@@ -60,7 +62,7 @@ def test_a_claim_to_be_provisioned_for_the_pods_node_holds_the_pod_to_where_it_c
     assert c.unchosen("ns", ("new",)) == ()
     assert c.provision_selector("ns", ("new",)) == ((Requirement("metadata.name", "In", ("n2",), field=True),),)
     assert c.upsert_class(StorageClassRecord("fast", "disk.example.com"))  # now Immediate: waited for
-    assert c.to_provision("ns", ("new",)) == ()
+    assert c.to_bind("ns", ("new",)) == ()
     assert c.problem("ns/p", "uid-p", ("new",)).startswith("pod has unbound immediate PersistentVolumeClaims")
     assert c.delete_class("fast")
     assert c.problem("ns/p", "uid-p", ("new",)) == 'storageclass.storage.k8s.io "fast" not found'
@@ -150,3 +152,37 @@ def test_a_pod_is_held_to_the_nodes_every_volume_it_mounts_may_be_used_on() -> N
     # Both: in zone a, and on n1 or n2.
     assert c.selector("ns", ("disk", "scratch")) == (zone_a + either[0], zone_a + either[1])
     assert c.selector("other", ("disk",)) == ()  # claims are per namespace
+
+
+def test_a_claim_matches_the_volumes_made_beforehand_as_kube_schedulers_volume_binding_does() -> None:
+    gi = 1 << 30
+    rwo = frozenset({"ReadWriteOnce"})
+    claim = ClaimRecord("ns", "d", storage_class="local", uid="u1", request=50 * gi, modes=rwo)
+
+    def pv(name: str, **kw: object) -> VolumeRecord:
+        base: dict[str, object] = {"storage_class": "local", "capacity": 100 * gi, "modes": rwo, "available": True}
+        return VolumeRecord(name, **(base | kw))  # type: ignore[arg-type]
+
+    c = claims(
+        claim,
+        volumes=(
+            pv("fits-large", capacity=500 * gi),
+            pv("fits"),
+            pv("small", capacity=10 * gi),
+            pv("other-class", storage_class="fast"),
+            pv("read-many-only", modes=frozenset({"ReadOnlyMany"})),
+            pv("block", block=True),
+            pv("released", available=False),
+            pv("taken", claim="ns/other"),
+            pv("unreadable", error="bad affinity"),
+        ),
+    )
+    c.replace_classes([StorageClassRecord("local", "kubernetes.io/no-provisioner", wait_for_consumer=True)])
+    assert [v.name for v in c.candidates(claim)] == ["fits", "fits-large"]  # smallest first
+    c.reserved["fits"] = "ns/someone"  # being bound for a pod in flight
+    assert [v.name for v in c.candidates(claim)] == ["fits-large"]
+    labelled = replace(claim, selector=(Requirement("tier", "In", ("fast",)),))
+    assert c.candidates(labelled) == []
+    c.upsert_volume(pv("pre-bound", claim="ns/d", claim_uid="u1", available=False))
+    assert [v.name for v in c.candidates(claim)] == ["pre-bound"]  # its own, alone
+    assert c.candidates(replace(claim, selected_node="n1")) == []  # a volume is being provisioned for it
