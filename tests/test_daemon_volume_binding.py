@@ -237,7 +237,7 @@ async def test_two_pods_of_one_batch_sharing_a_claim_to_be_provisioned_go_to_one
     await _batch(s)
     assert api.selected == [("default/data", "b-0")]
     assert api.failed("default/second") == [
-        'persistentvolumeclaim "data" is to be provisioned for the node of pod default/first, placed first; '
+        'persistentvolumeclaim "data" is to be bound for the node of pod default/first, placed first; '
         "the pod is retried once it is chosen"
     ]
     await _batch(s)  # retried soon: held to the node chosen for the claim, which is full
@@ -413,3 +413,52 @@ async def test_two_claims_do_not_take_one_local_volume_and_one_taken_meanwhile_r
     ]
     assert not s.cache.holds("default/first")
     assert s.claims.reserved == {}
+
+
+async def test_a_gangs_members_sharing_a_claim_to_be_provisioned_are_placed_together_and_bound_once_it_is() -> None:
+    api = _Provisioned()
+    s = _cluster(api, _class(zones=()))
+    _handler(s, "claims").replace([_claim()])
+    for name in ("w0", "w1"):
+        s._pending.apply("ADDED", _mounting(member_pod(name, gang="job"), "data"))
+    await _batch(s)
+    assert api.failed("default/w0") == []
+    assert api.failed("default/w1") == []  # not held back behind its peer: the gang would never start
+    ((claim, node),) = api.selected  # asked for once, for the node of both
+    assert claim == "default/data"
+    assert _waiting(s) == ["volumes:default/w0", "volumes:default/w1"]
+    _handler(s, "claims").apply("MODIFIED", _claim(node=node))
+    _handler(s, "volumes").apply("ADDED", {"metadata": {"name": "pv-data"}, "spec": {}})
+    _handler(s, "claims").apply("MODIFIED", _claim(node=node, volume="pv-data"))
+    await _writes(s)
+    assert api.nodes == {"default/w0": node, "default/w1": node}
+    assert s.claims.selecting == {}
+
+
+async def test_a_pod_deleted_while_waiting_for_its_volume_frees_its_room_at_once() -> None:
+    api = _Provisioned()
+    s = await _trainer_placed(api, _claim())
+    assert _waiting(s) == ["volumes:default/trainer"]
+    s._pending.apply("DELETED", _mounting(member_pod("trainer"), "data"))
+    await _writes(s)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert _waiting(s) == []  # no claim or volume changed: the pod's going woke the wait
+    assert not s.cache.holds("default/trainer")
+    assert s.claims.selecting == {}
+
+
+async def test_a_claim_held_for_one_node_refuses_a_pod_placed_on_another_before_anything_is_written() -> None:
+    """The batch placed the pod on claims as they were; at binding they are read again."""
+    api = _Provisioned()
+    s = await _trainer_placed(api, _claim(), _class(zones=()))
+    (held,) = {n for _, n in api.selected}
+    other = next(n for n in ("n0", "a-0", "b-0") if n != held)
+    s._pending.apply("ADDED", _mounting(member_pod("late"), "data"))
+    record = s.queue.record("default/late")
+    assert record is not None
+    assert s.volume_binding.hold(record.pod, other) == (
+        (),
+        f'binding volumes: claim "data" is being bound for node {held}, not {other}',
+    )
+    assert s.volume_binding.hold(record.pod, held) == (("data",), "")

@@ -305,6 +305,7 @@ class PendingHandler:
             self._drop(rec.key, gone=rec.deleting and not rec.bound)
         else:
             self.s.queue.add(rec)
+            self.s.volume_binding.pod_changed(rec.key)  # (a new pod of the name, maybe)
             self.s.rooms.follow_nomination(rec.pod, rec.nominated)
             if rec.pod_group:  # read again when its PodGroup changes
                 self.s.grouped_pending[rec.key] = obj
@@ -317,6 +318,7 @@ class PendingHandler:
         self.s.placed_here.discard(key)
         kept = gone and self.s.rooms.keep_for_namesake(key)
         self.s.queue.delete(key)
+        self.s.volume_binding.pod_changed(key)
         if not kept:
             self.s.give_up_room(key)
             if self.s.rooms.kept:  # the rest of its gang may hold room no longer

@@ -82,6 +82,8 @@ GANG_ROOM_TRIES = 3
 READ_BACK_RETRY_S = 1.0
 READ_BACK_RETRY_MAX_S = 60.0
 """How often a pod a relist missed is asked for again while the API server cannot answer."""
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+"""The node label that names the node: one domain per node."""
 _READ_BACKS = ("resolve:", "read-back:", "volumes:")
 """Names of the tasks that read a pod back until it is settled, or wait for its volumes to be
 provisioned (``drain`` does not wait for them: the next leader finds the claims annotated)."""
@@ -425,6 +427,7 @@ class Scheduler:
             self.consolidator.lead()
         else:
             self._leading.clear()
+            self.volume_binding.changed()  # the waits for volumes end: the next leader binds
             self.placed_here.clear()
             self.rooms.kept.clear()
             if self.cache.clear_nominations():  # the next leader holds room for whom it preempts
@@ -743,6 +746,7 @@ class Scheduler:
         waiting = 0  # pods held back by their volumes
         held_back: dict[str, str] = {}  # gang -> why one of its members cannot be bound yet
         mounted: dict[str, tuple[str, str]] = {}  # claim -> the first pod of this batch (key, UID) to mount it
+        units: dict[str, str] = {}  # the pods of ``mounted``: what each is placed as (itself, or its gang)
         mig = self.config.mig
         # A layout asked for before this instance led is awaited: the pods it was asked for wait
         # for its instances, rather than have another node re-partitioned for them.
@@ -784,10 +788,16 @@ class Scheduler:
                 volumes = self.claims.problem(r.key, r.uid, r.claims, r.ephemeral_claims, mounted)
                 if not volumes:  # a volume not made yet goes where the first pod to mount it goes
                     ns = r.pod.namespace
-                    shared = [c for c in self.claims.unchosen(ns, r.claims) if f"{ns}/{c}" in mounted]
+                    # (Not a gang's own members: held back, they would hold the gang back for good;
+                    # placed apart, the later ones are refused at binding and follow the first.)
+                    shared = [
+                        c
+                        for c in self.claims.unchosen(ns, r.claims)
+                        if (earlier := mounted.get(f"{ns}/{c}")) is not None and units.get(earlier[0]) != r.pod.unit
+                    ]
                     if shared:
                         volumes = (
-                            f'persistentvolumeclaim "{shared[0]}" is to be provisioned for the node of pod '
+                            f'persistentvolumeclaim "{shared[0]}" is to be bound for the node of pod '
                             f"{mounted[f'{ns}/{shared[0]}'][0]}, placed first; the pod is retried once it is chosen"
                         )
                 soon = bool(volumes)
@@ -797,9 +807,11 @@ class Scheduler:
                 if r.pod.gang is not None:
                     held_back.setdefault(r.pod.gang.name, f"member {r.key}: {volumes}")
                 continue
+            units[r.key] = r.pod.unit
             for c in r.claims:  # one pod at a time, for a ReadWriteOncePod claim: the first in queue order
                 mounted.setdefault(f"{r.pod.namespace}/{c}", (r.key, r.uid))
             todo.append(replace(r, pod=self.with_volumes(r)) if r.claims else r)
+        todo = self._one_node_per_new_claim(todo)
         todo = self._bind_nominated(todo)
         disagree = gang_disagreements(r.pod for r in todo)
         if disagree:  # one gang, two sets of rules: no member's may win by arriving first
@@ -1181,6 +1193,33 @@ class Scheduler:
             self.queue.requeue(p.key)  # all of the batch: pods it left out are in flight too
         return Plan((), (), plan.stats)
 
+    def _one_node_per_new_claim(self, todo: list[PodRecord]) -> list[PodRecord]:
+        """A gang whose members all mount one claim still to be bound for a node (a shared
+        scratch volume not made yet) is placed on one node, as its claim will be: its members
+        are held to one ``kubernetes.io/hostname`` for this batch (unless the gang names a
+        topology of its own)."""
+        members: dict[str, list[PodRecord]] = defaultdict(list)
+        for r in todo:
+            if (g := r.pod.gang) is not None and not g.topology_key and r.claims:
+                members[g.name].append(r)
+        together: set[str] = set()
+        for name, group in members.items():
+            ns = group[0].pod.namespace
+            shared = set(self.claims.unchosen(ns, group[0].claims))
+            for r in group[1:]:
+                shared &= set(self.claims.unchosen(ns, r.claims))
+            peers = sum(1 for r in todo if (g := r.pod.gang) is not None and g.name == name)
+            if shared and len(group) > 1 and len(group) == peers:
+                together.add(name)
+        if not together:
+            return todo
+        return [
+            replace(r, pod=replace(r.pod, gang=replace(g, topology_key=HOSTNAME_LABEL, topology="required")))
+            if (g := r.pod.gang) is not None and g.name in together
+            else r
+            for r in todo
+        ]
+
     def _room_ready(self, pods: Iterable[Pod]) -> list[str]:
         """Keys of those of ``pods`` that hold room whose victims are all gone: the room is theirs
         in a solve (the others' victims still hold it; and room left free for a pod is free for
@@ -1212,16 +1251,26 @@ class Scheduler:
         else:
             self.cache.assume(pod, node, gpus)
         self.mig.idle_since.pop(node, None)
-        claims = self.volume_binding.needed(pod)
-        if claims:  # its room held meanwhile, outside the Bindings in flight
+        claims, why = self.volume_binding.hold(pod, node)
+        if why:  # its claims changed since its batch was solved
+            self.spawn(self._bind_with_volumes(pod, node, gpus, (), why), f"volumes:{pod.key}")
+        elif claims:  # its room held meanwhile, outside the Bindings in flight
             self.spawn(self._bind_with_volumes(pod, node, gpus, claims), f"volumes:{pod.key}")
-            return
-        self._send_bind(pod, node, gpus)
+        else:
+            self._send_bind(pod, node, gpus)
 
-    async def _bind_with_volumes(self, pod: Pod, node: str, gpus: tuple[int, ...], claims: tuple[str, ...]) -> None:
-        """Bind ``pod`` once ``claims`` are provisioned for ``node`` (``VolumeBinding``)."""
+    async def _bind_with_volumes(
+        self, pod: Pod, node: str, gpus: tuple[int, ...], claims: tuple[str, ...], why: str = ""
+    ) -> None:
+        """Bind ``pod`` once ``claims`` are bound for ``node`` (``VolumeBinding``); refuse the
+        Binding with ``why`` if given."""
         start = time.perf_counter()
-        why = await self.volume_binding.provide(pod, node, claims)
+        if not why:
+            try:
+                why = await self.volume_binding.provide(pod, node, claims)
+            except Exception as exc:  # not the API's answer: the pod must not stay in flight
+                self.volume_binding.release(pod, claims)
+                why = f"binding volumes raised {exc!r}"
         if not why and self.is_leader:
             self._send_bind(pod, node, gpus)
             return

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
@@ -36,50 +37,115 @@ VOLUME_BIND_TIMEOUT_S = 600.0
 Binding is given up (kube-scheduler's ``bindTimeoutSeconds``, whose default this is)."""
 
 
+@dataclass
+class _Hold:
+    """A claim being bound for a node, for the pods in flight that mount it."""
+
+    node: str
+    pods: set[str] = field(default_factory=set)
+    volume: str = ""
+    """The volume made beforehand it is being bound to, once chosen."""
+    asked: bool = False
+    """Its volume was asked for (a volume's ``claimRef`` written, or the claim annotated)."""
+
+
 class VolumeBinding:
-    """The claims being provisioned for pods placed and not bound yet."""
+    """The claims being bound for pods placed and not bound yet."""
 
     def __init__(self, s: Scheduler, timeout: float = VOLUME_BIND_TIMEOUT_S) -> None:
         self.s = s
         self.timeout = timeout
         self._changed = asyncio.Event()
+        self._holds: dict[str, _Hold] = {}  # by claim (namespace/name)
+        self._waiting: set[str] = set()  # pods (by key) waiting for their claims
 
     def changed(self) -> None:
-        """A claim or volume changed: the pods waiting for theirs look again."""
+        """A claim or volume changed (or a waiting pod, or the lead): the waits look again."""
         seen, self._changed = self._changed, asyncio.Event()
         seen.set()
 
+    def pod_changed(self, key: str) -> None:
+        """The pending pod ``key`` changed or went: its wait, if any, looks again."""
+        if key in self._waiting:
+            self.changed()
+
     def needed(self, pod: Pod) -> tuple[str, ...]:
-        """The claims (by name) of ``pod`` to be provisioned for its node before it is bound."""
+        """The claims (by name) of ``pod`` to be bound for its node before it is."""
         record = self.s.queue.record(pod.key)
         if record is None or record.uid != pod.uid or not record.claims:
             return ()
         return self.s.claims.to_bind(pod.namespace, record.claims)
 
+    def hold(self, pod: Pod, node: str) -> tuple[tuple[str, ...], str]:
+        """Before ``pod`` is bound to ``node``: its claims to be bound for the node first (held
+        for it at once, so that the next batch sends a pod sharing one to the same node), and
+        why it cannot be bound there ("" if it can), read from the claims and volumes as they
+        are now, not as its batch saw them (a claim may have been bound, or held for another
+        node, since)."""
+        record = self.s.queue.record(pod.key)
+        if record is None or record.uid != pod.uid or not record.claims:
+            return (), ""
+        claims, ns = self.s.claims, pod.namespace
+        names = claims.to_bind(ns, record.claims)
+        for name in names:
+            key = f"{ns}/{name}"
+            h = self._holds.get(key)
+            claim = claims.claim(key)
+            other = h.node if h is not None else (claim.selected_node if claim is not None else "")
+            if other and other != node:
+                return (), f'binding volumes: claim "{name}" is being bound for node {other}, not {node}'
+        rec = self.s.cache.nodes.get(node)
+        if rec is not None:
+            for selector in (claims.selector(ns, record.claims), claims.provision_selector(ns, record.claims)):
+                if not selects(selector, rec.node):
+                    return (), f"binding volumes: a claim of the pod cannot be had on node {node} any more"
+        for name in names:
+            key = f"{ns}/{name}"
+            self._holds.setdefault(key, _Hold(node)).pods.add(pod.key)
+            claims.selecting[key] = node
+        return names, ""
+
+    def release(self, pod: Pod, names: tuple[str, ...]) -> None:
+        """``pod`` no longer waits for ``names``: a claim no pod holds any more is free."""
+        for name in names:
+            key = f"{pod.namespace}/{name}"
+            h = self._holds.get(key)
+            if h is None:
+                continue
+            h.pods.discard(pod.key)
+            if not h.pods:
+                del self._holds[key]
+                self.s.claims.selecting.pop(key, None)
+                if h.volume and self.s.claims.reserved.get(h.volume) == key:
+                    del self.s.claims.reserved[h.volume]
+
     async def provide(self, pod: Pod, node: str, names: tuple[str, ...]) -> str:
-        """Have ``names`` (claims of ``pod``) bound for ``node``, each to the smallest available
-        volume made beforehand that ``node`` can use, else to one provisioned for it, and wait
-        until each is bound to a volume ``node`` can use: "" then, else why not (the pod gone
-        is "pod deleted")."""
+        """Have ``names`` (claims of ``pod``, held by ``hold``) bound for ``node``, each to the
+        smallest available volume made beforehand that ``node`` can use, else to one provisioned
+        for it, and wait until each is bound to a volume ``node`` can use: "" then, else why
+        not (the pod gone is "pod deleted").  A claim another pod in flight holds is asked for
+        once."""
         claims = self.s.claims
         keys = [f"{pod.namespace}/{n}" for n in names]
-        for key in keys:
-            claims.selecting[key] = node
-        chosen: dict[str, str] = {}  # claim name -> the volume made beforehand it is being bound to
+        self._waiting.add(pod.key)
         try:
             rec = self.s.cache.nodes.get(node)
             for name, key in zip(names, keys, strict=True):
                 claim = claims.claim(key)
-                if claim is None:
+                h = self._holds.get(key)
+                if claim is None or h is None:
                     return f'binding volumes: persistentvolumeclaim "{name}" not found'
-                if claim.selected_node == node:
-                    continue  # a volume is being provisioned for it there
+                if h.asked or claim.selected_node == node:
+                    continue  # asked for already (by this pod's peer, or a volume is being provisioned there)
+                if claim.selected_node:
+                    return f'binding volumes: claim "{name}" is annotated for node {claim.selected_node}, not {node}'
+                h.asked = True
                 volume = next(
                     (v for v in claims.candidates(claim) if rec is not None and selects(v.affinity, rec.node)), None
                 )
                 if volume is not None:
                     claims.reserved[volume.name] = key
-                    chosen[name] = volume.name
+                    h.volume = volume.name
                     error = await self.s.binder.claim_volume(
                         volume.name, volume.version, claim.namespace, name, claim.uid
                     )
@@ -89,16 +155,21 @@ class VolumeBinding:
                     what = f'cannot ask for a volume for claim "{name}" on node {node}'
                 else:
                     return f'binding volumes: no available persistent volume for claim "{name}" on node {node}'
-                if error == LEAD_LOST:
-                    return error
-                if error:
-                    return f"binding volumes: {what}: {error}"
+                if error:  # not asked for after all: a peer holding the claim may ask again
+                    h.asked = False
+                    if h.volume and claims.reserved.get(h.volume) == key:
+                        del claims.reserved[h.volume]
+                    h.volume = ""
+                    return error if error == LEAD_LOST else f"binding volumes: {what}: {error}"
+            chosen = {n: h.volume for n, k in zip(names, keys, strict=True) if (h := self._holds.get(k)) and h.volume}
             log.info("waiting for volumes", pod=pod.key, node=node, claims=list(names), volumes=chosen or None)
             seen_ours: set[str] = set()  # claims the watch has shown annotated for ``node`` since
             deadline = time.monotonic() + self.timeout
             while True:
                 if not self.s.queue.current(pod.key, pod.uid):
                     return "pod deleted"
+                if not self.s.is_leader:
+                    return LEAD_LOST
                 why, waiting = self._check(names, keys, node, seen_ours, chosen)
                 if why or not waiting:
                     return why
@@ -113,12 +184,8 @@ class VolumeBinding:
                     async with asyncio.timeout(left):
                         await seen.wait()
         finally:
-            for key in keys:
-                if claims.selecting.get(key) == node:
-                    del claims.selecting[key]
-            for name, held in chosen.items():
-                if claims.reserved.get(held) == f"{pod.namespace}/{name}":
-                    del claims.reserved[held]
+            self._waiting.discard(pod.key)
+            self.release(pod, names)
 
     def _check(
         self, names: tuple[str, ...], keys: list[str], node: str, seen: set[str], chosen: dict[str, str]

@@ -985,6 +985,7 @@ def _volume_binding(
         claim=claim,
         claim_uid=str(ref.get("uid") or ""),
         available=status.get("phase") == "Available" and not meta.get("deletionTimestamp"),
+        deleting=bool(meta.get("deletionTimestamp")),
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())) if isinstance(labels, Mapping) else (),
         version=str(meta.get("resourceVersion") or ""),
     )

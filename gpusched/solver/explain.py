@@ -71,9 +71,9 @@ EXISTING_ANTI_AFFINITY = "node(s) didn't satisfy existing pods anti-affinity rul
 DEFERRED = "deferred by the solver"
 INSUFFICIENT_ISLAND = "no GPU island with enough idle GPUs"
 VOLUME_CONFLICT = "node(s) had volume node affinity conflict"
-BIND_CONFLICT = "node(s) didn't find available persistent volumes to bind"
-"""kube-scheduler's word for a node its claims still to be provisioned cannot be provisioned for."""
 """kube-scheduler's words for a node a volume the pod mounts cannot be used on."""
+BIND_CONFLICT = "node(s) didn't find available persistent volumes to bind"
+"""kube-scheduler's words for a node its claims still to be bound cannot be had on."""
 
 
 def insufficient_mig(profile: str) -> str:

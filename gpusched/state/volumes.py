@@ -107,6 +107,7 @@ class VolumeRecord:
     claim_uid: str = ""
     available: bool = False
     """``status.phase`` is ``Available`` and it is not being deleted: it may be bound to a claim."""
+    deleting: bool = False
     labels: tuple[tuple[str, str], ...] = ()
     version: str = ""
     """``metadata.resourceVersion``: a claim is written into it only as it was read."""
@@ -217,10 +218,16 @@ class Claims:
         mine = [
             v
             for v in self._volumes.values()
-            if v.claim == claim.key and (not v.claim_uid or not claim.uid or v.claim_uid == claim.uid)
+            if v.claim == claim.key
+            and (not v.claim_uid or not claim.uid or v.claim_uid == claim.uid)
+            and v.storage_class == claim.storage_class
+            and v.block == claim.block
+            and not v.deleting
+            and not v.error
+            and v.capacity >= claim.request
         ]
-        if mine:
-            return [v for v in mine if v.capacity >= claim.request and not v.error][:1]
+        if mine:  # (one too small, or of another mode, is passed over, as kube-scheduler does)
+            return mine[:1]
         out = [
             v
             for v in self._volumes.values()

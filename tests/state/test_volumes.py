@@ -183,6 +183,8 @@ def test_a_claim_matches_the_volumes_made_beforehand_as_kube_schedulers_volume_b
     assert [v.name for v in c.candidates(claim)] == ["fits-large"]
     labelled = replace(claim, selector=(Requirement("tier", "In", ("fast",)),))
     assert c.candidates(labelled) == []
+    c.upsert_volume(pv("pre-bound-small", claim="ns/d", capacity=gi))
+    assert [v.name for v in c.candidates(claim)] == ["fits-large"]  # its own, too small, is passed over
     c.upsert_volume(pv("pre-bound", claim="ns/d", claim_uid="u1", available=False))
     assert [v.name for v in c.candidates(claim)] == ["pre-bound"]  # its own, alone
     assert c.candidates(replace(claim, selected_node="n1")) == []  # a volume is being provisioned for it
