@@ -16,7 +16,7 @@ from gpusched.daemon import DaemonSettings, Scheduler
 from gpusched.daemon.handlers import NodeHandler
 from gpusched.kube.binder import Binder
 from gpusched.kube.client import Kube, Response
-from gpusched.kube.convert import pod_record
+from gpusched.kube.convert import BIND_COMPLETED, pod_record
 from gpusched.model import Pod
 from tests.doubles import IdleClient, RecordingApi, one_node_scheduler, settle
 from tests.e2e import kit
@@ -154,6 +154,24 @@ async def test_a_node_with_a_pod_that_may_not_move_is_left_alone() -> None:
         s._bound.apply("ADDED", odd)
         await round_of(s)
         assert "default/b0" not in api.evicted
+
+
+async def test_a_pod_on_a_local_volume_is_not_moved_for_its_replacement_could_only_come_back() -> None:
+    api = EvictionApi()
+    s = two_nodes(api)
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}]}
+    pv = {"metadata": {"name": "pv-n1"}, "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [term]}}}}
+    claim = {
+        "metadata": {"name": "scratch", "namespace": "default", "annotations": {BIND_COMPLETED: "yes"}},
+        "spec": {"volumeName": "pv-n1"},
+    }
+    next(r.handler for r in s.reflectors if r.name == "volumes").replace([pv])
+    next(r.handler for r in s.reflectors if r.name == "claims").replace([claim])
+    on_disk = batch_pod("b0", "n1", 0)
+    on_disk["spec"]["volumes"] = [{"name": "scratch", "persistentVolumeClaim": {"claimName": "scratch"}}]
+    s._bound.apply("ADDED", on_disk)
+    await round_of(s)
+    assert "default/b0" not in api.evicted  # n1, the emptiest, is not emptied: n0's pods may go there instead
 
 
 async def test_a_node_whose_evictions_were_all_refused_is_left_alone_and_the_next_round_goes_on() -> None:

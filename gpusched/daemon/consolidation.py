@@ -11,6 +11,7 @@ import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import structlog
@@ -91,6 +92,15 @@ class Consolidator:
             except Exception as exc:
                 log.error("consolidation failed", error=repr(exc))
 
+    def _with_volumes(self, placed: list[Assignment]) -> list[Assignment]:
+        """``placed``, each pod held to the nodes the volumes its claims are bound to may be used
+        on: a pod on a local volume has nowhere else to go (its replacement would come back)."""
+        out = []
+        for a in placed:
+            selector = self.s.claims.selector(a.pod.namespace, a.pod.claims) if a.pod.claims else ()
+            out.append(replace(a, pod=replace(a.pod, volume_selector=selector)) if selector else a)
+        return out
+
     async def round(self) -> int:
         """Empty the GPU nodes whose pods all may move and fit on other nodes in use
         (``plan_consolidation``), evicting those pods; how many nodes.  Only while leading, with
@@ -116,7 +126,7 @@ class Consolidator:
         if not self._quiet():
             return 0
         snap = self._books()
-        placed = self.s.cache.placed()  # as counted in ``snap``: taken together
+        placed = self._with_volumes(self.s.cache.placed())  # as counted in ``snap``: taken together
         newly = time.monotonic() - self._led_at < self._wait_s()
         leaving = self._leaving(placed, snap) if newly else []
         if leaving:
