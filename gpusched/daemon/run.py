@@ -34,7 +34,7 @@ from gpusched.kube.convert import (
 from gpusched.metrics.cost import CostReport, Prices, cost_report
 from gpusched.metrics.exporter import HealthServer
 from gpusched.metrics.source import UtilisationSource
-from gpusched.model import ClusterState
+from gpusched.model import ClusterState, Pod
 from gpusched.model.node import single_mig_profile, slices_of
 from gpusched.solver.explain import explain, explain_gang, gang_fits
 from gpusched.state.cache import Cache
@@ -189,27 +189,14 @@ async def explain_pod(
             )
             return "\n".join(lines), 1
         cache = await _read_books(kube, namespaces, lines)
+        claims: Claims | None = None
         if rec.claims:
-            claims = Claims()
-            pvcs, _ = await kube.list(f"/api/v1/namespaces/{segment(namespace)}/persistentvolumeclaims")
-            claims.replace_claims(_readable(claim_record, pvcs, "claim", lines))
-            pvs, _ = await kube.list("/api/v1/persistentvolumes")
-            claims.replace_volumes([volume_record(o) for o in pvs])
-            classes, _ = await kube.list("/apis/storage.k8s.io/v1/storageclasses")
-            claims.replace_classes(_readable(storage_class_record, classes, "storage class", lines))
+            claims = await _read_claims(kube, namespace, lines)
             volumes = claims.problem(rec.key, rec.uid, rec.claims, rec.ephemeral_claims, cache.claim_users())
             if volumes:
                 lines.append(f"pod {rec.key} cannot be bound: {volumes}")
                 return "\n".join(lines), 1
-            ns = rec.pod.namespace
-            rec = replace(
-                rec,
-                pod=replace(
-                    rec.pod,
-                    volume_selector=claims.selector(ns, rec.claims),
-                    provision_selector=claims.provision_selector(ns, rec.claims),
-                ),
-            )
+            rec = replace(rec, pod=_held_to_volumes(rec, claims))
         snap = cache.snapshot()
         p = rec.pod
         if p.mig_profile:
@@ -229,7 +216,9 @@ async def explain_pod(
                 lines.append(f"note: {no_pod_group(rec.pod_group, unread)}")
         said = _last_word(r.body)
         if p.gang is not None:  # the gang is placed whole or not at all: its members are the answer
-            answer, fits = await _gang_answer(kube, rec, namespaces, pod_groups, cache, snap.state, scheduler_name)
+            answer, fits = await _gang_answer(
+                kube, rec, namespaces, pod_groups, cache, snap.state, scheduler_name, claims, lines
+            )
             lines.append(answer)
             if said and said[1] != answer:
                 lines.append(f"the scheduler says (unschedulable since {said[0]}): {said[1]}")
@@ -275,6 +264,29 @@ async def _pod_groups(kube: Kube, namespace: str) -> tuple[dict[str, int] | None
     return table, ""
 
 
+async def _read_claims(kube: Kube, namespace: str, notes: list[str]) -> Claims:
+    """The claims of ``namespace``, the volumes and the storage classes, read once; a line in
+    ``notes`` for each that cannot be read."""
+    claims = Claims()
+    pvcs, _ = await kube.list(f"/api/v1/namespaces/{segment(namespace)}/persistentvolumeclaims")
+    claims.replace_claims(_readable(claim_record, pvcs, "claim", notes))
+    pvs, _ = await kube.list("/api/v1/persistentvolumes")
+    claims.replace_volumes([volume_record(o) for o in pvs])
+    classes, _ = await kube.list("/apis/storage.k8s.io/v1/storageclasses")
+    claims.replace_classes(_readable(storage_class_record, classes, "storage class", notes))
+    return claims
+
+
+def _held_to_volumes(rec: PodRecord, claims: Claims) -> Pod:
+    """``rec``'s pod held to where its claims can be had, as the scheduler holds it."""
+    ns = rec.pod.namespace
+    return replace(
+        rec.pod,
+        volume_selector=claims.selector(ns, rec.claims),
+        provision_selector=claims.provision_selector(ns, rec.claims),
+    )
+
+
 async def _gang_answer(
     kube: Kube,
     rec: PodRecord,
@@ -283,10 +295,13 @@ async def _gang_answer(
     books: Cache,
     state: ClusterState,
     scheduler_name: str,
+    claims: Claims | None = None,
+    notes: list[str] | None = None,
 ) -> tuple[str, bool]:
     """Whether ``rec``'s gang fits now, as the scheduler weighs a gang: at least its minimum of
     its pending members (read here) at once, its members already running counted toward its minimum and
-    holding it to their topology domain; and the text that says so."""
+    holding it to their topology domain, each held to where its claims can be had (``claims``,
+    read here if a member mounts any and they were not); and the text that says so."""
     gang = rec.pod.gang
     assert gang is not None
     pending, _ = await kube.list(
@@ -299,6 +314,14 @@ async def _gang_answer(
         if other.key == rec.key or g is None or g.name != gang.name or other.scheduler != scheduler_name:
             continue
         if other.error or other.gated or other.pod.terminating:  # not drawn: counted out
+            continue
+        if other.claims:  # a member held back by its claims holds the gang back
+            if claims is None:
+                claims = await _read_claims(kube, rec.pod.namespace, [] if notes is None else notes)
+            problem = claims.problem(other.key, other.uid, other.claims, other.ephemeral_claims, books.claim_users())
+            if problem:
+                return f"gang {gang.name}: member {other.key} cannot be bound: {problem}", False
+            members.append(_held_to_volumes(other, claims))
             continue
         members.append(other.pod)
     disagree = gang_disagreements(members)

@@ -7,6 +7,8 @@ runs here: the test does their part, as they would."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -228,4 +230,41 @@ async def test_a_claim_is_bound_to_a_local_volume_made_beforehand_on_the_node_ch
         assert daemon.stop() == 0, "".join(daemon.raw[-30:])
         for v in volumes:
             await kube.request("DELETE", f"/api/v1/persistentvolumes/{v['metadata']['name']}")
+        await kube.request("DELETE", f"/apis/storage.k8s.io/v1/storageclasses/{tag}")
+
+
+def _explain(control_plane: ControlPlane, pod: str) -> str:
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "gpusched", "explain", pod),
+            *("--kubeconfig", str(control_plane.scheduler_kubeconfig)),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=kit.repo_file(),
+        timeout=60,
+        check=False,
+    )
+    return out.stdout + out.stderr
+
+
+async def test_explain_holds_a_pod_and_its_gang_to_where_their_claims_can_be_had(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    tag = f"ex-{uuid.uuid4().hex[:6]}"
+    pods, _ = await _setup(kube, namespace, tag)
+    try:
+        await kit.create_all(kube, pods, [_trainer("gpu-scheduler")])
+        said = await asyncio.to_thread(_explain, control_plane, f"{namespace}/trainer")
+        assert f"1/2 nodes can take it now: {tag}-a" in said, said  # the class provisions in zone a only
+        members = [_trainer("gpu-scheduler"), _trainer("gpu-scheduler")]
+        for p, name, claim in zip(members, ("w0", "w1"), ("data", "missing"), strict=True):
+            p["metadata"]["name"] = name
+            p["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": "job"}
+            p["metadata"]["annotations"]["gpusched.io/gang-min-members"] = "2"
+            p["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] = claim
+        await kit.create_all(kube, pods, members)
+        said = await asyncio.to_thread(_explain, control_plane, f"{namespace}/w0")
+        assert f'member {namespace}/w1 cannot be bound: persistentvolumeclaim "missing" not found' in said, said
+    finally:
         await kube.request("DELETE", f"/apis/storage.k8s.io/v1/storageclasses/{tag}")
