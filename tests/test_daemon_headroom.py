@@ -6,18 +6,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from gpusched.config import parse_config
-from gpusched.daemon import Scheduler, preemption
+from gpusched.daemon import DaemonSettings, Scheduler, preemption
 from gpusched.daemon import scheduler as daemon
 from gpusched.daemon.handlers import NodeHandler
+from gpusched.kube.binder import Binder
+from gpusched.kube.client import Kube
 from gpusched.metrics.cost import Prices, cost_report
 from gpusched.metrics.source import UtilisationView
 from gpusched.model import Assignment, Cluster, Node, Pod
-from tests.doubles import RecordingApi, one_node_scheduler
+from tests.doubles import IdleClient, RecordingApi, one_node_scheduler
 from tests.e2e import kit
 from tests.test_daemon_utilisation import EvictingApi, batch, gauge, kept_for, measured, pod
 
@@ -514,6 +516,31 @@ async def test_headroom_models_written_as_the_product_name_keep_the_labelled_gpu
     assert len(warned) == 1, warned  # once per setting, with what the nodes are
     assert warned[0]["products"] == ["A100", "NVIDIA-H100-80GB-HBM3"]
     assert "gpu.product" in warned[0]["fix"]
+
+
+async def test_a_headroom_whose_nodes_all_carry_a_taint_it_does_not_tolerate_is_warned_about_once() -> None:
+    from structlog.testing import capture_logs
+
+    api = RecordingApi()
+    s = Scheduler(DaemonSettings(scheduler_name="s", leader_elect=False, policy="bestfit"), cast(Kube, IdleClient()))
+    s.binder = cast(Binder, api)
+    tainted = kit.node("t0", 4, "A100")
+    tainted["spec"] = {"taints": [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]}
+    NodeHandler(s).apply("ADDED", tainted)
+    s.set_config(parse_config({"headroom": {"gpus": 1, "priorityAtLeast": 1000}}))
+    with capture_logs() as logs:
+        for i in range(2):  # a batch each: warned once
+            s._pending.apply("ADDED", pod(f"low{i}", 0))
+            await batch(s)
+    warned = [e for e in logs if e["event"].startswith("headroom keeps no GPU")]
+    assert len(warned) == 1, warned
+    assert (warned[0]["taints"], warned[0]["tolerated"]) == (["dedicated"], ["nvidia.com/gpu"])
+    assert "toleratedTaints" in warned[0]["fix"]
+    s.set_config(parse_config({"headroom": {"gpus": 1, "priorityAtLeast": 1000, "toleratedTaints": ["dedicated"]}}))
+    with capture_logs() as logs:
+        s._pending.apply("ADDED", pod("low2", 0))
+        await batch(s)
+    assert not [e for e in logs if e["event"].startswith("headroom keeps no GPU")]
 
 
 async def test_the_demand_gauge_holds_while_a_change_draws_the_waiting_pods_again() -> None:

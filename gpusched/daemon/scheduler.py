@@ -70,7 +70,7 @@ from gpusched.solver.preempt import (
 )
 from gpusched.solver.registry import make_policy
 from gpusched.solver.validate import plan_problems
-from gpusched.state.cache import Cache, Snapshot, same_offer
+from gpusched.state.cache import Cache, Snapshot, keepable, same_offer
 from gpusched.state.records import REASON_MIG_REPARTITION, REASON_TENANT_LIMIT, REASON_UNSCHEDULABLE, PodRecord
 from gpusched.state.volumes import Claims
 
@@ -155,7 +155,7 @@ class Scheduler:
         self._kept_last: tuple[tuple[str, int], ...] = ()
         """The GPUs the last batch kept free (node name, index): kept first again, so that what
         is kept does not wander from node to node as pods come and go."""
-        self._models_checked: tuple[str, ...] = ()
+        self._headroom_checked: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         """The ``headroom.models`` setting last checked against the cluster's GPU products."""
         self._refusals: dict[str, int] = {}
         """Gang members whose Bindings were refused in a row since they were last bound: how many."""
@@ -1694,13 +1694,16 @@ class Scheduler:
         return pod.priority < self.config.headroom.priority_at_least
 
     def _check_headroom_models(self, cluster: Cluster) -> None:
-        """Warn, once per setting, when ``headroom.models`` names no GPU product of the cluster:
-        the headroom then keeps no GPU, and pods of high priority must preempt."""
-        models = tuple(self.config.headroom.models)
-        if not models or not self.config.headroom.gpus or models == self._models_checked:
+        """Warn, once per setting, when the headroom can keep no GPU of the cluster (pods of high
+        priority must then preempt): ``headroom.models`` names no GPU product of it, or every node
+        of those products carries a taint that ``headroom.toleratedTaints`` leaves out."""
+        h = self.config.headroom
+        setting = (tuple(h.models), tuple(h.tolerated_taints))
+        if not h.gpus or setting == self._headroom_checked or not len(cluster) or not cluster.gpu_count.any():
             return
-        if len(cluster) and not cluster.named_mask(models).any():
-            self._models_checked = models
+        self._headroom_checked = setting
+        models = setting[0]
+        if models and not cluster.named_mask(models).any():
             products = sorted({n.gpu_model for n in cluster.nodes if n.gpu_model})
             log.warning(
                 "headroom models match no node",
@@ -1708,8 +1711,24 @@ class Scheduler:
                 products=products[:8],
                 fix="headroom.models takes the nodes' nvidia.com/gpu.product values (a leading NVIDIA- may go)",
             )
-        elif len(cluster):
-            self._models_checked = models
+            return
+        if keepable(cluster, models, frozenset(h.tolerated_taints)).any():
+            return
+        mine = [
+            i
+            for i, n in enumerate(cluster.nodes)
+            if n.gpu_count and (not models or cluster.named_mask(models)[i]) and not cluster.cordoned[i]
+        ]
+        taints = sorted(
+            {t.key for i in mine for t in cluster.taint_sets[cluster.taint_id[i]]} - set(h.tolerated_taints)
+        )
+        if taints:
+            log.warning(
+                "headroom keeps no GPU: every GPU node it may use has a taint it does not tolerate",
+                taints=taints[:8],
+                tolerated=list(h.tolerated_taints),
+                fix="add the keys the critical pods tolerate to headroom.toleratedTaints",
+            )
 
     def keep_free(self, pods: Iterable[Pod] | None = None) -> dict[str, Any]:
         """What ``Cache.snapshot`` is to keep free from ``pods`` (None: from pods of low priority):

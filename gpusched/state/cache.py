@@ -25,7 +25,7 @@ import numpy as np
 import structlog
 
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Pod
-from gpusched.model.cluster import IntArray, Repartition
+from gpusched.model.cluster import BoolArray, IntArray, Repartition
 from gpusched.model.mig import MigLayout
 from gpusched.model.node import booked_gpus
 from gpusched.model.placement import MigPartition
@@ -85,6 +85,18 @@ def _busy_cells(cluster: Cluster, busy: Mapping[str, Collection[int]]) -> list[t
     ]
 
 
+def keepable(cluster: Cluster, models: Collection[str] = (), tolerated: frozenset[str] = frozenset()) -> BoolArray:
+    """The nodes whose GPUs the headroom may keep: not cordoned, with no MIG slices, no taint but
+    of the keys in ``tolerated``, of ``models`` if any (``Cluster.named_mask``)."""
+    ok = (cluster.gpu_count > 0) & ~cluster.cordoned & ~cluster.mig_cap.any(axis=1)
+    if cluster.tainted:
+        bare = [all(t.key in tolerated for t in taints) for taints in cluster.taint_sets]
+        ok &= np.array(bare, dtype=np.bool_)[cluster.taint_id]
+    if models:
+        ok &= cluster.named_mask(tuple(models))
+    return ok
+
+
 def keep_free(
     cluster: Cluster,
     gpu_used: IntArray,
@@ -107,12 +119,7 @@ def keep_free(
     to everyone; failing that, across the nodes with the most.  Fewer when fewer are idle."""
     if count <= 0:
         return ()
-    ok = (cluster.gpu_count > 0) & ~cluster.cordoned & ~cluster.mig_cap.any(axis=1)
-    if cluster.tainted:
-        bare = [all(t.key in tolerated for t in taints) for taints in cluster.taint_sets]
-        ok &= np.array(bare, dtype=np.bool_)[cluster.taint_id]
-    if models:
-        ok &= cluster.named_mask(models)
+    ok = keepable(cluster, models, tolerated)
     idle = (gpu_used == 0) & (cluster.gpu_cap > 0) & ok[:, None]
     for i, g in spared:
         idle[i, g] = False
