@@ -453,6 +453,19 @@ def _utilisation_args(p: argparse.ArgumentParser, what: str) -> argparse._Argume
         f"(default: {default_query()})",
     )
     util.add_argument(
+        "--prometheus-bearer-token-file",
+        type=Path,
+        metavar="PATH",
+        help="a file holding a bearer token sent with each query, read again at each poll (a Prometheus "
+        "behind kube-rbac-proxy or an OAuth proxy: /var/run/secrets/kubernetes.io/serviceaccount/token)",
+    )
+    util.add_argument(
+        "--prometheus-ca-file",
+        type=Path,
+        metavar="PATH",
+        help="the CA bundle an https Prometheus's certificate is verified by (default: the system's)",
+    )
+    util.add_argument(
         "--utilisation-node-label",
         default=DEFAULT_NODE_LABEL,
         type=_label_name,
@@ -548,6 +561,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     from gpusched.kube.leader import timing_problem
 
     prometheus_url = _prometheus_url(args.prometheus_url)  # bad flags first: before the cluster is looked for
+    token_file, ca_file = _prometheus_files(args, prometheus_url)
     config_map, config = _daemon_config(args.config)
     if timing_problem(args.lease_duration, args.renew_deadline, args.retry_period):
         raise UsageError(
@@ -577,6 +591,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         utilisation_node_label=args.utilisation_node_label,
         utilisation_gpu_label=args.utilisation_gpu_label,
         utilisation_poll_s=args.utilisation_poll,
+        prometheus_token_file=token_file,
+        prometheus_ca_file=ca_file,
     )
     try:
         return asyncio.run(run_daemon(settings))
@@ -609,6 +625,22 @@ def _prometheus_url(value: str | None) -> str | None:
             "(percent-encode '#' and '?' in a password)"
         )
     return value.rstrip("/")
+
+
+def _prometheus_files(args: argparse.Namespace, url: str | None) -> tuple[Path | None, Path | None]:
+    """``--prometheus-bearer-token-file`` and ``--prometheus-ca-file``, checked: files that are
+    there, given with ``--prometheus-url``."""
+    token, ca = args.prometheus_bearer_token_file, args.prometheus_ca_file
+    for flag, given in (("--prometheus-bearer-token-file", token), ("--prometheus-ca-file", ca)):
+        if given is not None and url is None:
+            raise UsageError(f"{flag} needs --prometheus-url: it is how that Prometheus is read")
+    if token is not None:
+        _existing_file(token, "--prometheus-bearer-token-file", "a file holding the bearer token")
+    if ca is not None:
+        _existing_file(ca, "--prometheus-ca-file", "a PEM file of the CA certificates to trust")
+        if url is not None and not url.startswith("https://"):
+            raise UsageError("--prometheus-ca-file is for an https Prometheus; --prometheus-url is not https://")
+    return token, ca
 
 
 def _label_name(text: str) -> str:
@@ -701,6 +733,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     from gpusched.metrics.source import UtilisationSource
 
     url = _prometheus_url(args.prometheus_url)
+    token_file, ca_file = _prometheus_files(args, url)
     prices = Prices()
     if args.prices is not None:
         path = _existing_file(args.prices, "--prices", "a YAML price list")
@@ -722,6 +755,8 @@ def _report(args: argparse.Namespace, console: Console) -> int:
             node_label=args.utilisation_node_label,
             gpu_label=args.utilisation_gpu_label,
             tell=False,  # its error comes as a note
+            token_file=token_file,
+            ca_file=ca_file,
         )
     kubeconfig = _kubeconfig(args.kubeconfig)
     try:

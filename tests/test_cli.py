@@ -808,6 +808,43 @@ def test_run_holds_the_lease_unless_told_not_to(
     )
 
 
+def test_run_hands_the_daemon_the_prometheus_token_and_ca_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("t")
+    ca.write_text("")
+    flags = ["--prometheus-url", "https://thanos:9091", "--prometheus-bearer-token-file", str(token)]
+    settings = _run_settings(tmp_path, monkeypatch, [*flags, "--prometheus-ca-file", str(ca)])
+    assert (settings.prometheus_token_file, settings.prometheus_ca_file) == (token, ca)
+
+
+@pytest.mark.parametrize(
+    ("flags", "told"),
+    [
+        (
+            ["--prometheus-bearer-token-file", "{tmp}/token"],
+            "--prometheus-bearer-token-file needs --prometheus-url: it is how that Prometheus is read",
+        ),
+        (
+            ["--prometheus-url", "https://p:9091", "--prometheus-bearer-token-file", "{tmp}/missing"],
+            "--prometheus-bearer-token-file {tmp}/missing: no such file; pass the path of a file holding the "
+            "bearer token",
+        ),
+        (
+            ["--prometheus-url", "http://p:9090", "--prometheus-ca-file", "{tmp}/token"],
+            "--prometheus-ca-file is for an https Prometheus; --prometheus-url is not https://",
+        ),
+    ],
+)
+def test_prometheus_credential_files_are_checked_before_anything_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], told: str
+) -> None:
+    (tmp_path / "token").write_text("t")
+    message = rejected(capsys, ["report", *(f.format(tmp=tmp_path) for f in flags)])
+    assert message.endswith(told.format(tmp=tmp_path))
+
+
 @pytest.mark.parametrize(
     "url",
     [

@@ -180,6 +180,8 @@ class Scheduler:
                 gpu_label=settings.utilisation_gpu_label,
                 poll_s=settings.utilisation_poll_s,
                 on_poll=self.metrics.utilisation_poll,
+                token_file=settings.prometheus_token_file,
+                ca_file=settings.prometheus_ca_file,
             )
         self.gauges = Gauges(self)
         self.consolidator = Consolidator(self)

@@ -49,6 +49,10 @@ class DaemonSettings:
     utilisation_node_label: str = DEFAULT_NODE_LABEL
     utilisation_gpu_label: str = DEFAULT_GPU_LABEL
     utilisation_poll_s: float = 15.0
+    prometheus_token_file: Path | None = None
+    """A file holding the bearer token sent with each query (read again at each poll)."""
+    prometheus_ca_file: Path | None = None
+    """The CA bundle an https Prometheus is verified by (None: the system's)."""
 
 
 def default_identity() -> str:

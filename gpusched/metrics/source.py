@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -155,10 +156,24 @@ _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 """An object's address in a message (``<HTTPConnection(...) at 0x7f...>``): new at every poll."""
 
 
+class TokenFileError(Exception):
+    """The bearer token to send Prometheus cannot be read."""
+
+
+_AUTH_HINTS = {
+    "401": ": it asks for credentials (--prometheus-bearer-token-file, or a user and password in the URL)",
+    "403": ": the credentials sent are not allowed to query (the token's RBAC, or the proxy's policy)",
+}
+
+
 def _query_error(exc: Exception) -> str:
     """What went wrong with one query, in a line: Prometheus's own error text where it gave one."""
     text = str(exc)
+    if isinstance(exc, TokenFileError):
+        return text
     m = _HTTP_ERROR.match(text)  # prometheus-api-client: "HTTP Status Code 400 (b'<the body>')"
+    if m is not None and m.group(1) in _AUTH_HINTS:  # a proxy in front of Prometheus (kube-rbac-proxy, oauth)
+        return f"HTTP {m.group(1)} from Prometheus{_AUTH_HINTS[m.group(1)]}"
     if m is not None:
         try:
             answer = json.loads(ast.literal_eval(m.group(2)))
@@ -227,8 +242,15 @@ class UtilisationSource:
         clock: Callable[[], float] = time.monotonic,
         on_poll: Callable[[bool], None] | None = None,
         tell: bool = True,
+        token_file: Path | None = None,
+        ca_file: Path | None = None,
     ) -> None:
         self.url = url
+        self.token_file = token_file
+        """A file holding a bearer token sent with each query (read again at each poll: a
+        service account's projected token is rotated in place)."""
+        self.ca_file = ca_file
+        """The CA bundle an https Prometheus's certificate is verified by (None: the system's)."""
         self._tell = tell
         """Log each change of outcome (a one-shot reader tells its user itself)."""
         self.shown_url = shown(url)
@@ -275,6 +297,18 @@ class UtilisationSource:
             # No retries inside the client: the next poll is the retry, and a poll must not
             # outlast its interval waiting on a server that is down.
             self._client = PrometheusConnect(self.url, retry=Retry(total=0), timeout=self.timeout_s)
+            if self.ca_file is not None:
+                self._client._session.verify = str(self.ca_file)  # the library's session: used for every query
+        if self.token_file is not None:
+            try:
+                token = self.token_file.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise TokenFileError(
+                    f"cannot read the bearer token file {self.token_file}: {getattr(exc, 'strerror', None) or exc}"
+                ) from None
+            if not token:
+                raise TokenFileError(f"the bearer token file {self.token_file} is empty")
+            self._client.headers = {"Authorization": f"Bearer {token}"}
         return self._client.custom_query(self.query)
 
     async def poll_once(self) -> bool:

@@ -6,15 +6,19 @@ import asyncio
 import contextlib
 import json
 import socket
+import ssl
 import threading
 import time
+import urllib.request
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
 from gpusched.metrics.source import UtilisationSource, UtilisationView, default_query, parse_samples
+from tests.controlplane import _make_pki, _Pki
 from tests.promstack import DcgmExporter, Prometheus, free_port
 
 
@@ -251,3 +255,81 @@ async def test_a_sample_dcgm_garbled_does_not_hide_a_busy_gpu_for_two_minutes(
         await asyncio.sleep(1)
     assert src.view is not None, src.error
     assert src.view.at_least(90).get(node) == frozenset({0}), src.view.percent.get(node)
+
+
+class _AuthProxy:
+    """What kube-rbac-proxy (or an OAuth proxy) does in front of a Prometheus: https with a
+    certificate of its own CA, and a bearer token asked for (401 without one, 403 for another)."""
+
+    def __init__(self, upstream: str, pki: Path, token: str) -> None:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                sent = self.headers.get("Authorization")
+                if sent is None:
+                    self._answer(401, b'{"error": "no token"}')
+                elif sent != f"Bearer {proxy.token}":
+                    self._answer(403, b'{"error": "forbidden"}')
+                else:
+                    with urllib.request.urlopen(f"{upstream}{self.path}", timeout=10) as r:
+                        self._answer(200, r.read())
+
+            def _answer(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self.token = token
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(pki / "apiserver.crt", pki / "apiserver.key")
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def test_a_prometheus_behind_a_proxy_is_read_with_the_token_file_and_its_ca(
+    prometheus: Prometheus, dcgm: DcgmExporter, tmp_path: Path
+) -> None:
+    pki = _Pki.at(tmp_path / "pki")
+    _make_pki(pki)
+    node = f"auth-{uuid.uuid4().hex[:8]}"
+    dcgm.set(node, 0, 55)
+    prometheus.wait_for(f'DCGM_FI_DEV_GPU_UTIL{{Hostname="{node}",gpu="0"}}', 55)
+    proxy = _AuthProxy(prometheus.url, pki.directory, "s3cret")
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")  # as a projected service account token ends
+    query = f'DCGM_FI_DEV_GPU_UTIL{{Hostname="{node}"}}'
+    try:
+        src = UtilisationSource(proxy.url, query=query, token_file=token, ca_file=pki.ca_crt)
+        assert await src.poll_once(), src.error
+        assert src.view is not None
+        assert src.view.percent == {node: {0: 55.0}}
+        token.write_text("rotated-and-not-allowed")  # read again at the next poll
+        assert not await src.poll_once()
+        assert src.error.endswith(
+            "HTTP 403 from Prometheus: the credentials sent are not allowed to query (the token's RBAC, or the "
+            "proxy's policy)"
+        )
+        token.unlink()
+        assert not await src.poll_once()
+        assert src.error.endswith(f"cannot read the bearer token file {token}: No such file or directory")
+        bare = UtilisationSource(proxy.url, query=query, ca_file=pki.ca_crt)
+        assert not await bare.poll_once()
+        assert "HTTP 401 from Prometheus: it asks for credentials (--prometheus-bearer-token-file" in bare.error
+        untrusted = UtilisationSource(proxy.url, query=query, token_file=tmp_path / "none")
+        (tmp_path / "none").write_text("s3cret")
+        assert not await untrusted.poll_once()  # the system's CAs do not know the proxy's
+        assert "CERTIFICATE_VERIFY_FAILED" in untrusted.error
+    finally:
+        proxy.stop()
