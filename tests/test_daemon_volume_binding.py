@@ -112,6 +112,14 @@ async def _trainer_placed(api: _Provisioned, claim: dict[str, Any], *classes: di
     return s
 
 
+def _metric(s: Scheduler, name: str) -> float:
+    """The value of the sample ``name`` (with its labels) on the scheduler's /metrics."""
+    for line in s.metrics.render()[0].decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"no sample {name}")
+
+
 def _waiting(s: Scheduler) -> list[str]:
     return sorted(t.get_name() for t in s.pending_tasks() if t.get_name().startswith("volumes:"))
 
@@ -125,6 +133,7 @@ async def test_a_pod_is_placed_in_its_class_topology_and_bound_once_its_volume_i
     assert api.bound == []
     assert _waiting(s) == ["volumes:default/trainer"]
     assert s.cache.holds("default/trainer", "uid-trainer")
+    assert _metric(s, "gpusched_pods_waiting_for_volumes") == 1.0
     rival = member_pod("rival")
     rival["spec"]["nodeSelector"] = {ZONE: "b"}
     s._pending.apply("ADDED", rival)
@@ -142,6 +151,8 @@ async def test_a_pod_is_placed_in_its_class_topology_and_bound_once_its_volume_i
     assert api.nodes == {"default/trainer": "b-0"}
     assert _waiting(s) == []
     assert s.queue.counts().in_flight == 0
+    assert _metric(s, "gpusched_pods_waiting_for_volumes") == 0.0
+    assert _metric(s, 'gpusched_volume_bindings_total{result="ready"}') == 1.0
 
 
 async def test_a_claim_annotated_for_a_node_already_holds_its_pod_to_that_node() -> None:
@@ -226,6 +237,8 @@ async def test_a_volume_not_asked_for_or_not_provisioned_in_time_gives_the_bindi
     assert api.failed("default/trainer") == [f"Binding rejected: binding volumes: {told}"]
     assert not s.cache.holds("default/trainer")
     assert s.queue.counts().backoff == 1
+    result = "timeout" if timeout < 1 else "failed"
+    assert _metric(s, f'gpusched_volume_bindings_total{{result="{result}"}}') == 1.0
 
 
 async def test_two_pods_of_one_batch_sharing_a_claim_to_be_provisioned_go_to_one_node() -> None:

@@ -43,7 +43,7 @@ from gpusched.daemon.mig import Repartitioner
 from gpusched.daemon.outbox import Outbox
 from gpusched.daemon.preemption import Preemptor, Verdict
 from gpusched.daemon.settings import BOUND_SELECTOR, DaemonSettings, default_identity
-from gpusched.daemon.volumes import VolumeBinding
+from gpusched.daemon.volumes import VolumeBinding, outcome
 from gpusched.kube.binder import LEAD_LOST, Binder, BindResult
 from gpusched.kube.client import Kube, bind_concurrency, segment
 from gpusched.kube.configmap import ConfigMapHandler
@@ -1273,6 +1273,7 @@ class Scheduler:
             except Exception as exc:  # not the API's answer: the pod must not stay in flight
                 self.volume_binding.release(pod, claims)
                 why = f"binding volumes raised {exc!r}"
+            self.metrics.volume_binding(outcome(why))
         if not why and self.is_leader:
             self._send_bind(pod, node, gpus)
             return

@@ -49,6 +49,21 @@ class _Hold:
     """Its volume was asked for (a volume's ``claimRef`` written, or the claim annotated)."""
 
 
+TIMED_OUT = "binding volumes: claim(s) "
+"""How the reason a wait ran out starts."""
+
+
+def outcome(why: str) -> str:
+    """The ``gpusched_volume_bindings_total`` result of a wait that ended with ``why``."""
+    if not why:
+        return "ready"
+    if why == "pod deleted":
+        return "gone"
+    if why == LEAD_LOST:
+        return "lead_lost"
+    return "timeout" if why.startswith(TIMED_OUT) else "failed"
+
+
 class VolumeBinding:
     """The claims being bound for pods placed and not bound yet."""
 
@@ -128,6 +143,7 @@ class VolumeBinding:
         claims = self.s.claims
         keys = [f"{pod.namespace}/{n}" for n in names]
         self._waiting.add(pod.key)
+        self.s.metrics.set_waiting_for_volumes(len(self._waiting))
         try:
             rec = self.s.cache.nodes.get(node)
             for name, key in zip(names, keys, strict=True):
@@ -177,7 +193,7 @@ class VolumeBinding:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return (
-                        f"binding volumes: claim(s) {', '.join(waiting)} not bound to a volume for node {node} "
+                        f"{TIMED_OUT}{', '.join(waiting)} not bound to a volume for node {node} "
                         f"within {self.timeout:g} s; is the {'volume controller' if chosen else 'provisioner'} running?"
                     )
                 with contextlib.suppress(TimeoutError):
@@ -185,6 +201,7 @@ class VolumeBinding:
                         await seen.wait()
         finally:
             self._waiting.discard(pod.key)
+            self.s.metrics.set_waiting_for_volumes(len(self._waiting))
             self.release(pod, names)
 
     def _check(

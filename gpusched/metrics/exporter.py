@@ -174,6 +174,21 @@ class SchedulerMetrics:
             namespace=NAMESPACE,
             registry=reg,
         )
+        self._volume_bindings = Counter(
+            "volume_bindings",
+            "Pods placed whose claims were bound for their node before their Binding (a volume made beforehand, "
+            "or one provisioned), by outcome: ready, failed, timeout, gone (the pod deleted), lead_lost.",
+            ["result"],
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self._waiting_for_volumes = Gauge(
+            "pods_waiting_for_volumes",
+            "Pods placed, their room held, whose claims are being bound for their node (by the volume controller "
+            "or a provisioner) before they are bound.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
         self._tenant_gpus = Gauge(
             "tenant_gpus",
             "GPUs each tenant holds (a share counts its fraction), with room held for its preempting pods.",
@@ -366,6 +381,13 @@ class SchedulerMetrics:
             gauge.clear()
             for tenant, value in values.items():
                 gauge.labels(tenant=tenant).set(value)
+
+    def volume_binding(self, result: str) -> None:
+        """Count one pod's wait for its claims ending so."""
+        self._volume_bindings.labels(result).inc()
+
+    def set_waiting_for_volumes(self, pods: int) -> None:
+        self._waiting_for_volumes.set(pods)
 
     def bind_error(self, reason: str) -> None:
         """Count one failed binding for ``reason``."""
