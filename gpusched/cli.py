@@ -421,6 +421,13 @@ def build_parser() -> argparse.ArgumentParser:
         "is not read here: pass the same value)",
     )
     _utilisation_args(rep, "Read GPU utilisation once, to find the held GPUs that are idle.")
+    rep.add_argument(
+        "--gpu-indices-honoured",
+        action="store_true",
+        help="the device plugin gives each pod the GPUs gpusched.io/gpu-indices names, so a pod is idle on the "
+        "GPUs it is booked on (default: as NVIDIA's device plugin, which chooses them itself: a node's idle "
+        "GPUs are counted per node and split among its pods; the ConfigMap's utilisation.gpuIndicesHonoured)",
+    )
     rep.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     rep.add_argument("--log-level", default=argparse.SUPPRESS, choices=logs.LEVELS, help="as gpusched --log-level")
     rep.set_defaults(handler=_report)
@@ -636,6 +643,11 @@ def _prometheus_files(args: argparse.Namespace, url: str | None) -> tuple[Path |
             raise UsageError(f"{flag} needs --prometheus-url: it is how that Prometheus is read")
     if token is not None:
         _existing_file(token, "--prometheus-bearer-token-file", "a file holding the bearer token")
+        if url is not None and "@" in urlsplit(url).netloc:
+            raise UsageError(
+                "--prometheus-bearer-token-file and a user and password in --prometheus-url: only one of them is "
+                "sent (the password would replace the token); give one"
+            )
     if ca is not None:
         _existing_file(ca, "--prometheus-ca-file", "a PEM file of the CA certificates to trust")
         if url is not None and not url.startswith("https://"):
@@ -760,7 +772,9 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         )
     kubeconfig = _kubeconfig(args.kubeconfig)
     try:
-        report, notes = asyncio.run(report_costs(kubeconfig, args.context, prices, source, args.idle_percent))
+        report, notes = asyncio.run(
+            report_costs(kubeconfig, args.context, prices, source, args.idle_percent, args.gpu_indices_honoured)
+        )
     except CredentialsError as exc:
         raise UsageError(str(exc)) from None
     except ApiError as exc:

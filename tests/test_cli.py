@@ -835,6 +835,11 @@ def test_run_hands_the_daemon_the_prometheus_token_and_ca_files(
             ["--prometheus-url", "http://p:9090", "--prometheus-ca-file", "{tmp}/token"],
             "--prometheus-ca-file is for an https Prometheus; --prometheus-url is not https://",
         ),
+        (
+            ["--prometheus-url", "https://u:pw@p:9091", "--prometheus-bearer-token-file", "{tmp}/token"],
+            "--prometheus-bearer-token-file and a user and password in --prometheus-url: only one of them is "
+            "sent (the password would replace the token); give one",
+        ),
     ],
 )
 def test_prometheus_credential_files_are_checked_before_anything_is_read(

@@ -174,6 +174,31 @@ async def test_a_pod_on_a_local_volume_is_not_moved_for_its_replacement_could_on
     assert "default/b0" not in api.evicted  # n1, the emptiest, is not emptied: n0's pods may go there instead
 
 
+async def test_a_pod_whose_local_volume_is_its_own_ephemeral_one_is_moved_all_the_same() -> None:
+    """A generic ephemeral volume's claim is made anew for the replacement, wherever it goes."""
+    api = EvictionApi()
+    s = two_nodes(api)
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}]}
+    pv = {"metadata": {"name": "pv-n1"}, "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [term]}}}}
+    claim = {
+        "metadata": {
+            "name": "b0-scratch",
+            "namespace": "default",
+            "annotations": {BIND_COMPLETED: "yes"},
+            "ownerReferences": [{"kind": "Pod", "name": "b0", "uid": "uid-b0", "controller": True}],
+        },
+        "spec": {"volumeName": "pv-n1"},
+    }
+    next(r.handler for r in s.reflectors if r.name == "volumes").replace([pv])
+    next(r.handler for r in s.reflectors if r.name == "claims").replace([claim])
+    scratch = batch_pod("b0", "n1", 0)
+    template = {"spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
+    scratch["spec"]["volumes"] = [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": template}}]
+    s._bound.apply("ADDED", scratch)
+    assert await round_of(s) == 1
+    assert api.evicted == ["default/b0"]
+
+
 async def test_a_node_whose_evictions_were_all_refused_is_left_alone_and_the_next_round_goes_on() -> None:
     api = EvictionApi(refuse=True)
     s = two_nodes(api)  # n0: a0, a1 on GPUs 0-1

@@ -541,6 +541,15 @@ async def test_a_headroom_whose_nodes_all_carry_a_taint_it_does_not_tolerate_is_
         s._pending.apply("ADDED", pod("low2", 0))
         await batch(s)
     assert not [e for e in logs if e["event"].startswith("headroom keeps no GPU")]
+    # A taint the node lifecycle puts on for a while (a node joining) is no setting to change.
+    joining = kit.node("t0", 4, "A100")
+    joining["spec"] = {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]}
+    NodeHandler(s).apply("MODIFIED", joining)
+    s.set_config(parse_config({"headroom": {"gpus": 1, "priorityAtLeast": 1000, "toleratedTaints": []}}))
+    with capture_logs() as logs:
+        s._pending.apply("ADDED", pod("low3", 0))
+        await batch(s)
+    assert not [e for e in logs if e["event"].startswith("headroom keeps no GPU")]
 
 
 async def test_the_demand_gauge_holds_while_a_change_draws_the_waiting_pods_again() -> None:

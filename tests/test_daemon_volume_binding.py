@@ -12,8 +12,9 @@ import pytest
 
 from gpusched.daemon import Scheduler
 from gpusched.daemon.handlers import NodeHandler
+from gpusched.daemon.volumes import gangs_sharing_new_claims, on_one_node
 from gpusched.kube.binder import BindResult
-from gpusched.kube.convert import BIND_COMPLETED, SELECTED_NODE
+from gpusched.kube.convert import BIND_COMPLETED, SELECTED_NODE, pod_record
 from gpusched.model import Pod
 from tests.doubles import RecordingApi, member_pod, one_node_scheduler
 from tests.e2e import kit
@@ -475,3 +476,55 @@ async def test_a_claim_held_for_one_node_refuses_a_pod_placed_on_another_before_
         f'binding volumes: claim "data" is being bound for node {held}, not {other}',
     )
     assert s.volume_binding.hold(record.pod, held) == (("data",), "")
+
+
+async def test_a_gang_two_members_of_which_share_a_new_claim_goes_whole_to_one_node() -> None:
+    """Its launcher mounts nothing: the gang is still placed on one node, never started on two
+    with the members that follow the claim left behind."""
+    api = _Provisioned()
+    s = _cluster(api, _class(zones=()))
+    _handler(s, "claims").replace([_claim()])
+    s._pending.apply("ADDED", member_pod("launcher", gang="job"))
+    for name in ("w0", "w1"):
+        s._pending.apply("ADDED", _mounting(member_pod(name, gang="job"), "data"))
+    await _batch(s)
+    assert [e for e in api.events if e[1] == "FailedScheduling"] == []
+    assert api.bound == ["default/launcher"]
+    assert api.nodes == {"default/launcher": "a-0"}  # the only node with three GPUs
+    assert api.selected == [("default/data", "a-0")]
+    _handler(s, "claims").apply("MODIFIED", _claim(node="a-0"))
+    _handler(s, "volumes").apply("ADDED", _volume("pv-data", "a"))
+    _handler(s, "claims").apply("MODIFIED", _claim(node="a-0", volume="pv-data"))
+    await _writes(s)
+    assert api.nodes == {"default/launcher": "a-0", "default/w0": "a-0", "default/w1": "a-0"}
+
+
+def test_gangs_sharing_a_new_claim_are_found_and_held_to_one_node() -> None:
+    s = _cluster(_Provisioned(), _class(zones=()))
+    _handler(s, "claims").replace([_claim(), _claim("own"), _claim("chosen", node="n0")])
+    gang = pod_record(member_pod("w", gang="job")).pod
+    lone = pod_record(member_pod("x")).pod
+    assert gangs_sharing_new_claims([(gang, ("data",)), (gang, ("data", "own"))], s.claims) == {"default/job"}
+    assert gangs_sharing_new_claims([(gang, ("own",)), (gang, ("chosen",)), (gang, ("chosen",))], s.claims) == set()
+    assert gangs_sharing_new_claims([(lone, ("data",)), (gang, ("data",))], s.claims) == set()
+    pinned = on_one_node(gang, {"default/job"})
+    assert pinned.gang is not None
+    assert (pinned.gang.topology_key, pinned.gang.topology) == ("kubernetes.io/hostname", "required")
+    assert on_one_node(lone, {"default/job"}) is lone
+
+
+async def test_when_asking_for_a_shared_claim_fails_every_pod_holding_it_is_refused_at_once() -> None:
+    api = _Provisioned()
+    api.select_error = 'persistentvolumeclaims "data" is forbidden'
+    s = _cluster(api, _class(zones=()))
+    _handler(s, "claims").replace([_claim()])
+    for name in ("w0", "w1"):
+        s._pending.apply("ADDED", _mounting(member_pod(name, gang="job"), "data"))
+    await _batch(s)
+    await asyncio.wait_for(asyncio.gather(*s.pending_tasks()), DRAWN_WITHIN_S)  # not the 600 s wait
+    told = (
+        'Binding rejected: binding volumes: cannot ask for a volume for claim "data" on node n0: '
+        'persistentvolumeclaims "data" is forbidden'
+    )  # (both on n0: two GPUs, best fit)
+    assert api.failed("default/w0") == [told]
+    assert api.failed("default/w1") == [told]

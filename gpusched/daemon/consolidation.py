@@ -97,7 +97,10 @@ class Consolidator:
         on: a pod on a local volume has nowhere else to go (its replacement would come back)."""
         out = []
         for a in placed:
-            selector = self.s.claims.selector(a.pod.namespace, a.pod.claims) if a.pod.claims else ()
+            ns = a.pod.namespace
+            # Not a generic ephemeral volume's claim (the pod's own): its replacement gets a new one.
+            kept = tuple(c for c in a.pod.claims if (r := self.s.claims.claim(f"{ns}/{c}")) and r.owner != a.pod.uid)
+            selector = self.s.claims.selector(ns, kept) if kept else ()
             out.append(replace(a, pod=replace(a.pod, volume_selector=selector)) if selector else a)
         return out
 

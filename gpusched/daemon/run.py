@@ -17,6 +17,7 @@ from gpusched.daemon.gauges import unmeasured
 from gpusched.daemon.handlers import no_pod_group
 from gpusched.daemon.scheduler import Scheduler, count_running_members
 from gpusched.daemon.settings import BOUND_SELECTOR, SCHEDULER_NAME, DaemonSettings
+from gpusched.daemon.volumes import gangs_sharing_new_claims, on_one_node
 from gpusched.kube.client import ApiError, Kube, connect, segment
 from gpusched.kube.convert import (
     PODGROUP_GROUP_VERSION,
@@ -308,6 +309,7 @@ async def _gang_answer(
         f"/api/v1/namespaces/{segment(rec.pod.namespace)}/pods", {"fieldSelector": "spec.nodeName="}
     )
     members = [rec.pod]
+    mounting: list[tuple[Pod, tuple[str, ...]]] = [(rec.pod, rec.claims)]
     for obj in pending:
         other = pod_record(obj, namespaces, pod_groups)
         g = other.pod.gang
@@ -322,11 +324,14 @@ async def _gang_answer(
             if problem:
                 return f"gang {gang.name}: member {other.key} cannot be bound: {problem}", False
             members.append(_held_to_volumes(other, claims))
+            mounting.append((other.pod, other.claims))
             continue
         members.append(other.pod)
     disagree = gang_disagreements(members)
     if disagree:
         return disagree[gang.name], False
+    if claims is not None and (pinned := gangs_sharing_new_claims(mounting, claims)):
+        members = [on_one_node(p, pinned) for p in members]  # as the scheduler places it
     members = count_running_members(members, books)  # as the scheduler counts them
     counted = members[0].gang or gang
     running = counted.running
@@ -364,6 +369,7 @@ async def report_costs(
     prices: Prices,
     utilisation: UtilisationSource | None = None,
     idle_percent: float = 5.0,
+    indices_honoured: bool = False,
 ) -> tuple[CostReport, list[str]]:
     """Read the cluster once (and, with ``utilisation``, Prometheus once): the cost report, and
     notes on what could not be read."""
@@ -419,4 +425,7 @@ async def report_costs(
             f"nvidia.com/gpu.product value of theirs ({', '.join(sorted(p for p in products if p)[:4]) or 'none'})"
         )
     placed = cache.placed()
-    return cost_report(cache.snapshot().cluster, placed, prices, view, idle_percent, cache.guessed_gpus()), notes
+    report = cost_report(
+        cache.snapshot().cluster, placed, prices, view, idle_percent, cache.guessed_gpus(), indices_honoured
+    )
+    return report, notes

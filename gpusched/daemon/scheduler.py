@@ -43,7 +43,7 @@ from gpusched.daemon.mig import Repartitioner
 from gpusched.daemon.outbox import Outbox
 from gpusched.daemon.preemption import Preemptor, Verdict
 from gpusched.daemon.settings import BOUND_SELECTOR, DaemonSettings, default_identity
-from gpusched.daemon.volumes import VolumeBinding, outcome
+from gpusched.daemon.volumes import VolumeBinding, gangs_sharing_new_claims, on_one_node, outcome
 from gpusched.kube.binder import LEAD_LOST, Binder, BindResult
 from gpusched.kube.client import Kube, bind_concurrency, segment
 from gpusched.kube.configmap import ConfigMapHandler
@@ -82,8 +82,9 @@ GANG_ROOM_TRIES = 3
 READ_BACK_RETRY_S = 1.0
 READ_BACK_RETRY_MAX_S = 60.0
 """How often a pod a relist missed is asked for again while the API server cannot answer."""
-HOSTNAME_LABEL = "kubernetes.io/hostname"
-"""The node label that names the node: one domain per node."""
+PASSING = "node.kubernetes.io/"
+"""The prefix of the taints the node lifecycle puts on a node for a while (not-ready,
+unreachable, unschedulable...): no setting should be changed for them."""
 _READ_BACKS = ("resolve:", "read-back:", "volumes:")
 """Names of the tasks that read a pod back until it is settled, or wait for its volumes to be
 provisioned (``drain`` does not wait for them: the next leader finds the claims annotated)."""
@@ -749,6 +750,7 @@ class Scheduler:
         held_back: dict[str, str] = {}  # gang -> why one of its members cannot be bound yet
         mounted: dict[str, tuple[str, str]] = {}  # claim -> the first pod of this batch (key, UID) to mount it
         units: dict[str, str] = {}  # the pods of ``mounted``: what each is placed as (itself, or its gang)
+        pinned = gangs_sharing_new_claims(((r.pod, r.claims) for r in batch if not r.error), self.claims)
         mig = self.config.mig
         # A layout asked for before this instance led is awaited: the pods it was asked for wait
         # for its instances, rather than have another node re-partitioned for them.
@@ -790,12 +792,13 @@ class Scheduler:
                 volumes = self.claims.problem(r.key, r.uid, r.claims, r.ephemeral_claims, mounted)
                 if not volumes:  # a volume not made yet goes where the first pod to mount it goes
                     ns = r.pod.namespace
-                    # (Not a gang's own members: held back, they would hold the gang back for good;
-                    # placed apart, the later ones are refused at binding and follow the first.)
+                    # (Not the members of a gang placed on one node for it: held back, they would
+                    # hold the gang back for good.)
                     shared = [
                         c
                         for c in self.claims.unchosen(ns, r.claims)
-                        if (earlier := mounted.get(f"{ns}/{c}")) is not None and units.get(earlier[0]) != r.pod.unit
+                        if (earlier := mounted.get(f"{ns}/{c}")) is not None
+                        and not (units.get(earlier[0]) == r.pod.unit and (g := r.pod.gang) and g.name in pinned)
                     ]
                     if shared:
                         volumes = (
@@ -813,7 +816,8 @@ class Scheduler:
             for c in r.claims:  # one pod at a time, for a ReadWriteOncePod claim: the first in queue order
                 mounted.setdefault(f"{r.pod.namespace}/{c}", (r.key, r.uid))
             todo.append(replace(r, pod=self.with_volumes(r)) if r.claims else r)
-        todo = self._one_node_per_new_claim(todo)
+        if pinned:  # a gang sharing a claim to be bound for a node goes to one node, as the claim will
+            todo = [replace(r, pod=on_one_node(r.pod, pinned)) for r in todo]
         todo = self._bind_nominated(todo)
         disagree = gang_disagreements(r.pod for r in todo)
         if disagree:  # one gang, two sets of rules: no member's may win by arriving first
@@ -1194,33 +1198,6 @@ class Scheduler:
         for p in [a.pod for a in plan.assignments] + list(plan.unplaced):
             self.queue.requeue(p.key)  # all of the batch: pods it left out are in flight too
         return Plan((), (), plan.stats)
-
-    def _one_node_per_new_claim(self, todo: list[PodRecord]) -> list[PodRecord]:
-        """A gang whose members all mount one claim still to be bound for a node (a shared
-        scratch volume not made yet) is placed on one node, as its claim will be: its members
-        are held to one ``kubernetes.io/hostname`` for this batch (unless the gang names a
-        topology of its own)."""
-        members: dict[str, list[PodRecord]] = defaultdict(list)
-        for r in todo:
-            if (g := r.pod.gang) is not None and not g.topology_key and r.claims:
-                members[g.name].append(r)
-        together: set[str] = set()
-        for name, group in members.items():
-            ns = group[0].pod.namespace
-            shared = set(self.claims.unchosen(ns, group[0].claims))
-            for r in group[1:]:
-                shared &= set(self.claims.unchosen(ns, r.claims))
-            peers = sum(1 for r in todo if (g := r.pod.gang) is not None and g.name == name)
-            if shared and len(group) > 1 and len(group) == peers:
-                together.add(name)
-        if not together:
-            return todo
-        return [
-            replace(r, pod=replace(r.pod, gang=replace(g, topology_key=HOSTNAME_LABEL, topology="required")))
-            if (g := r.pod.gang) is not None and g.name in together
-            else r
-            for r in todo
-        ]
 
     def _room_ready(self, pods: Iterable[Pod]) -> list[str]:
         """Keys of those of ``pods`` that hold room whose victims are all gone: the room is theirs
@@ -1704,9 +1681,9 @@ class Scheduler:
         setting = (tuple(h.models), tuple(h.tolerated_taints))
         if not h.gpus or setting == self._headroom_checked or not len(cluster) or not cluster.gpu_count.any():
             return
-        self._headroom_checked = setting
         models = setting[0]
         if models and not cluster.named_mask(models).any():
+            self._headroom_checked = setting
             products = sorted({n.gpu_model for n in cluster.nodes if n.gpu_model})
             log.warning(
                 "headroom models match no node",
@@ -1716,6 +1693,7 @@ class Scheduler:
             )
             return
         if keepable(cluster, models, frozenset(h.tolerated_taints)).any():
+            self._headroom_checked = setting
             return
         mine = [
             i
@@ -1723,9 +1701,12 @@ class Scheduler:
             if n.gpu_count and (not models or cluster.named_mask(models)[i]) and not cluster.cordoned[i]
         ]
         taints = sorted(
-            {t.key for i in mine for t in cluster.taint_sets[cluster.taint_id[i]]} - set(h.tolerated_taints)
+            {t.key for i in mine for t in cluster.taint_sets[cluster.taint_id[i]]}
+            - set(h.tolerated_taints)
+            - {k for i in mine for t in cluster.taint_sets[cluster.taint_id[i]] if (k := t.key).startswith(PASSING)}
         )
-        if taints:
+        if taints:  # (taints that pass, such as not-ready while a node joins, are looked at again later)
+            self._headroom_checked = setting
             log.warning(
                 "headroom keeps no GPU: every GPU node it may use has a taint it does not tolerate",
                 taints=taints[:8],

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import structlog
@@ -26,6 +27,7 @@ import structlog
 from gpusched.kube.binder import LEAD_LOST
 from gpusched.model import Pod
 from gpusched.model.affinity import selects
+from gpusched.state.volumes import Claims
 
 if TYPE_CHECKING:
     from gpusched.daemon.scheduler import Scheduler
@@ -47,6 +49,39 @@ class _Hold:
     """The volume made beforehand it is being bound to, once chosen."""
     asked: bool = False
     """Its volume was asked for (a volume's ``claimRef`` written, or the claim annotated)."""
+    error: str = ""
+    """Why asking failed: every pod holding it is refused so (it is asked for again by the
+    next pod placed once they have all let it go)."""
+
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+"""The node label that names the node: one topology domain per node."""
+
+
+def gangs_sharing_new_claims(pods: Iterable[tuple[Pod, tuple[str, ...]]], claims: Claims) -> set[str]:
+    """The gangs of ``pods`` (each with the claims it mounts) two members of which mount one
+    claim still to be bound for a node not chosen yet: the claim will be had on one node only,
+    so such a gang is placed on one node (``on_one_node``), whatever topology it names (one node
+    is within any domain)."""
+    seen: dict[tuple[str, str], int] = {}
+    out: set[str] = set()
+    for pod, names in pods:
+        if pod.gang is None or not names:
+            continue
+        for name in claims.unchosen(pod.namespace, names):
+            key = (pod.gang.name, f"{pod.namespace}/{name}")
+            seen[key] = seen.get(key, 0) + 1
+            if seen[key] > 1:
+                out.add(pod.gang.name)
+    return out
+
+
+def on_one_node(pod: Pod, gangs: Collection[str]) -> Pod:
+    """``pod``, its gang held to one node if it is one of ``gangs``."""
+    g = pod.gang
+    if g is None or g.name not in gangs or (g.topology_key, g.topology) == (HOSTNAME_LABEL, "required"):
+        return pod
+    return replace(pod, gang=replace(g, topology_key=HOSTNAME_LABEL, topology="required"))
 
 
 TIMED_OUT = "binding volumes: claim(s) "
@@ -171,12 +206,10 @@ class VolumeBinding:
                     what = f'cannot ask for a volume for claim "{name}" on node {node}'
                 else:
                     return f'binding volumes: no available persistent volume for claim "{name}" on node {node}'
-                if error:  # not asked for after all: a peer holding the claim may ask again
-                    h.asked = False
-                    if h.volume and claims.reserved.get(h.volume) == key:
-                        del claims.reserved[h.volume]
-                    h.volume = ""
-                    return error if error == LEAD_LOST else f"binding volumes: {what}: {error}"
+                if error:  # every pod holding the claim is refused so, not left waiting for nothing
+                    h.error = error if error == LEAD_LOST else f"binding volumes: {what}: {error}"
+                    self.changed()
+                    return h.error
             chosen = {n: h.volume for n, k in zip(names, keys, strict=True) if (h := self._holds.get(k)) and h.volume}
             log.info("waiting for volumes", pod=pod.key, node=node, claims=list(names), volumes=chosen or None)
             seen_ours: set[str] = set()  # claims the watch has shown annotated for ``node`` since
@@ -186,6 +219,9 @@ class VolumeBinding:
                     return "pod deleted"
                 if not self.s.is_leader:
                     return LEAD_LOST
+                failed = next((h.error for k in keys if (h := self._holds.get(k)) is not None and h.error), "")
+                if failed:
+                    return failed
                 why, waiting = self._check(names, keys, node, seen_ours, chosen)
                 if why or not waiting:
                     return why

@@ -163,6 +163,38 @@ class CostReport:
     """Whether a utilisation view was read (without one nothing counts as idle)."""
 
 
+def _share(pod: Pod, held: int) -> float:
+    """The part of one GPU ``pod`` pays for, of a GPU holders hold ``held`` thousandths of."""
+    return pod.gpu_milli / GPU_MILLI * min(1.0, GPU_MILLI / held)
+
+
+def _idle_part(
+    cluster: Cluster,
+    placed: list[Assignment],
+    held: Mapping[tuple[int, int], int],
+    idle: Mapping[str, Collection[int]],
+) -> dict[int, float]:
+    """Per node of whole GPUs (not time-sliced, not in MIG mode), the part of what its pods
+    hold that is idle when the device plugin chose their GPUs: as many GPUs as it has held
+    beyond those measured in use (GPUs it has that the view does not name count as in use),
+    over the GPUs its pods hold."""
+    holding: dict[int, float] = defaultdict(float)
+    for a in placed:
+        node = cluster.nodes[a.node]
+        if a.pod.num_gpu and whole_part(node) == 1 and not cluster.in_mig_mode[a.node]:
+            holding[a.node] += sum(_share(a.pod, held[(a.node, g)]) for g in a.gpus if g < node.gpu_count)
+    out: dict[int, float] = {}
+    for i, pods_hold in holding.items():
+        node = cluster.nodes[i]
+        count = node.gpu_count
+        low = {g for g in idle.get(node.name, ()) if 0 <= g < count}
+        taken = {g for g in range(count) if held.get((i, g), 0) > 0}
+        in_use = count - len(low)
+        gpus_idle = min(len(taken & low), max(0, len(taken) - in_use))
+        out[i] = min(1.0, gpus_idle / pods_hold) if pods_hold > 0 else 0.0
+    return out
+
+
 def cost_report(
     cluster: Cluster,
     placed: Iterable[Assignment],
@@ -170,11 +202,18 @@ def cost_report(
     view: UtilisationView | None = None,
     idle_percent: float = 5.0,
     guessed: Collection[str] = (),
+    indices_honoured: bool = False,
 ) -> CostReport:
     """The report for ``placed`` (pods on nodes, by index into ``cluster``, on GPU indices).
 
-    ``guessed``: keys of pods whose GPU indices are a guess (another scheduler's pods that do
-    not name them): such a pod is idle only when every GPU of its node is.  A GPU held beyond
+    ``indices_honoured``: the device plugin gives each pod the GPUs the books name, so a pod is
+    idle on the GPUs it is booked on that are measured idle.  Otherwise (NVIDIA's device plugin
+    chooses a container's GPUs itself: a pod booked on GPU 0 may run on GPU 1) a node's GPUs
+    held are idle as many as it has GPUs held beyond those measured in use, as the scheduler's
+    ``gpusched_gpus_allocated_idle`` counts them, and they are split among the node's pods by
+    what each holds (exact for a node one pod or one namespace uses).  ``guessed`` (with
+    indices honoured): keys of pods whose GPU indices are a guess (another scheduler's pods that
+    do not name them): such a pod is idle only when every GPU of its node is.  A GPU held beyond
     its capacity (two pods on one GPU where the books could not tell them apart, or a GPU the
     node no longer has) is shared among its holders, never charged twice."""
     idle = view.below(idle_percent) if view is not None else {}
@@ -189,6 +228,7 @@ def cost_report(
             held[(a.node, g)] += a.pod.gpu_milli
         if mig := _mig_share(a.pod):
             mig_held[a.node] += mig
+    idle_part = {} if indices_honoured else _idle_part(cluster, placed, held, idle)
     by_ns: dict[str, NamespaceCost] = {}
     for a in placed:
         pod = a.pod
@@ -215,10 +255,13 @@ def cost_report(
         for g in a.gpus:
             if g >= node.gpu_count:  # a GPU the node no longer offers
                 continue
-            share = pod.gpu_milli / GPU_MILLI * min(1.0, GPU_MILLI / held[(a.node, g)]) * part
+            share = _share(pod, held[(a.node, g)]) * part
             ns.gpus += share
             ns.per_hour += share * price
-            if all_idle if pod.key in guessed else g in booked:
+            if a.node in idle_part:
+                ns.idle_gpus += share * idle_part[a.node]
+                ns.idle_per_hour += share * idle_part[a.node] * price
+            elif all_idle if pod.key in guessed else g in booked:
                 ns.idle_gpus += share
                 ns.idle_per_hour += share * price
     in_use = {n for n, g in held if g < cluster.nodes[n].gpu_count} | {

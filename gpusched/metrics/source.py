@@ -156,6 +156,10 @@ _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 """An object's address in a message (``<HTTPConnection(...) at 0x7f...>``): new at every poll."""
 
 
+_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+"""A bearer token (RFC 6750's b64token: a JWT is one)."""
+
+
 class TokenFileError(Exception):
     """The bearer token to send Prometheus cannot be read."""
 
@@ -301,13 +305,18 @@ class UtilisationSource:
                 self._client._session.verify = str(self.ca_file)  # the library's session: used for every query
         if self.token_file is not None:
             try:
-                token = self.token_file.read_text(encoding="utf-8").strip()
+                token = self.token_file.read_text(encoding="utf-8-sig").strip()
             except (OSError, UnicodeDecodeError) as exc:
                 raise TokenFileError(
                     f"cannot read the bearer token file {self.token_file}: {getattr(exc, 'strerror', None) or exc}"
                 ) from None
             if not token:
                 raise TokenFileError(f"the bearer token file {self.token_file} is empty")
+            if not _TOKEN.fullmatch(token):  # told without the token: it is a credential
+                raise TokenFileError(
+                    f"the bearer token file {self.token_file} holds characters no bearer token has (spaces, line "
+                    "breaks or control characters inside it): it must hold the token alone"
+                )
             self._client.headers = {"Authorization": f"Bearer {token}"}
         return self._client.custom_query(self.query)
 

@@ -135,6 +135,8 @@ async def test_the_cost_report_prices_what_each_namespace_holds_and_finds_it_idl
     await measure(dcgm, prometheus, busy, 0, (namespace, "train"))  # GPU 0: idle
     dcgm.set(busy, 1, 80, pod=(namespace, "train"))
     dcgm.set(busy, 2, 60, pod=(namespace, "share"))
+    dcgm.set(busy, 3, 0)  # held by nobody: dcgm-exporter reports every GPU of its node
+    await asyncio.to_thread(prometheus.wait_for, f'DCGM_FI_DEV_GPU_UTIL{{Hostname="{busy}",gpu="3"}}', 0)
     await asyncio.to_thread(prometheus.wait_for, f'DCGM_FI_DEV_GPU_UTIL{{Hostname="{busy}",gpu="2"}}', 60)
     prices = tmp_path / "prices.yaml"
     prices.write_text("currency: EUR\ngpuHour:\n  A100-SXM4-80GB: 3.0\n  T4: 0.5\n")

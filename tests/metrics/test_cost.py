@@ -59,7 +59,7 @@ def test_held_gpus_are_priced_by_namespace_dearest_first() -> None:
 
 def test_held_gpus_under_the_idle_percentage_are_idle_in_proportion() -> None:
     view = UtilisationView(0.0, {"a": {0: 1.0, 1: 80.0, 2: 4.9, 3: 0.0}, "t": {0: 5.0}, "elsewhere": {0: 0.0}})
-    r = cost_report(cluster(), placed(), PRICES, view, idle_percent=5)
+    r = cost_report(cluster(), placed(), PRICES, view, idle_percent=5, indices_honoured=True)
     by = {n.namespace: n for n in r.namespaces}
     assert by["train"].idle_gpus == 1.0  # GPU 0 of its two
     assert by["train"].idle_per_hour == pytest.approx(3.0)
@@ -68,9 +68,30 @@ def test_held_gpus_under_the_idle_percentage_are_idle_in_proportion() -> None:
     assert r.measured
 
 
+def test_a_pod_the_device_plugin_put_on_other_gpus_than_booked_is_not_billed_idle_for_them() -> None:
+    """NVIDIA's device plugin chooses a container's GPUs itself: the books' GPU 0 and 1 may be
+    GPUs 3 and 5.  A node's idle GPUs are counted as the scheduler's gauge counts them, and split
+    among its pods by what they hold."""
+    eight = Cluster([gpu_node("n", gpus=8)])
+    busy = dict.fromkeys(range(8), 0.0) | {3: 97.0, 5: 95.0}  # the two GPUs the job runs on
+    job = [Assignment(on("train", pod("w", gpus=2)), 0, (0, 1))]
+    (train,) = cost_report(eight, job, PRICES, UtilisationView(0.0, {"n": busy})).namespaces
+    assert train.idle_gpus == 0.0  # by the books' indices it was billed 2 GPUs idle
+    assert cost_report(eight, job, PRICES, UtilisationView(0.0, {"n": busy}), indices_honoured=True).namespaces[
+        0
+    ].idle_gpus == pytest.approx(2.0)
+    # Two pods hold three GPUs and two are in use: one idle, split by what each holds.
+    two = [*job, Assignment(on("infer", pod("s", gpus=1)), 0, (2,))]
+    r = cost_report(eight, two, PRICES, UtilisationView(0.0, {"n": busy}))
+    by = {n.namespace: n.idle_gpus for n in r.namespaces}
+    assert by == {"train": pytest.approx(2 / 3), "infer": pytest.approx(1 / 3)}
+    # GPUs the view does not name count as in use: nothing idle without a full measurement.
+    assert cost_report(eight, job, PRICES, UtilisationView(0.0, {"n": {0: 0.0}})).namespaces[0].idle_gpus == 0.0
+
+
 def test_the_report_as_json_and_as_a_table() -> None:
     view = UtilisationView(0.0, {"a": {0: 0.0}})
-    r = cost_report(cluster(), placed(), PRICES, view)
+    r = cost_report(cluster(), placed(), PRICES, view, indices_honoured=True)
     out = report_json(r)
     assert out["namespaces"][0] == {
         "namespace": "train",

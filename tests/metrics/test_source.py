@@ -333,3 +333,15 @@ async def test_a_prometheus_behind_a_proxy_is_read_with_the_token_file_and_its_c
         assert "CERTIFICATE_VERIFY_FAILED" in untrusted.error
     finally:
         proxy.stop()
+
+
+async def test_a_token_file_that_holds_more_than_a_token_is_told_without_the_token(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("\ufeffsecret-abc\nsecond-line\n")  # a BOM, and a second line
+    src = UtilisationSource(f"http://127.0.0.1:{free_port()}", token_file=token)
+    assert not await src.poll_once()
+    assert src.error.endswith(
+        f"the bearer token file {token} holds characters no bearer token has (spaces, line breaks or control "
+        "characters inside it): it must hold the token alone"
+    )
+    assert "secret" not in src.error
