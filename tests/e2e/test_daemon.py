@@ -1441,3 +1441,37 @@ async def test_headroom_keeps_idle_gpus_for_pods_of_high_priority_which_start_wi
     finally:
         daemon.stop()
         await _drop_priority_classes(kube, low, high)
+
+
+async def test_sigterm_in_the_middle_of_a_stream_ends_the_daemon_at_once_and_loses_no_pod(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    """Stopped three times while pods stream in, batches are solved and Bindings are in flight
+    (the moment a lost cancellation once kept the process running), the daemon exits 0 within
+    seconds each time; the next instance binds what is left, and no pod is bound twice."""
+    name = sched_name()
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node(f"term-{i}", 8, "A100-SXM4-80GB") for i in range(30)])
+    pods_path = f"/api/v1/namespaces/{namespace}/pods"
+    total = 0
+    for round_ in range(3):
+        daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+        batch = [kit.pod(f"r{round_}-{i}", name, gpus=1, cpu="1") for i in range(60)]
+        total += len(batch)
+        creating = asyncio.create_task(kit.create_all(kube, pods_path, batch, parallel=4))
+        await asyncio.to_thread(daemon.wait_count, "bind", 10 * (round_ + 1), 60.0)  # in the middle of the stream
+        started = time.monotonic()
+        code = await asyncio.to_thread(daemon.stop, 20.0)
+        took = time.monotonic() - started
+        assert code == 0, "".join(daemon.raw[-30:])
+        assert took < 15.0, f"stopped in {took:.1f} s"
+        await creating
+    last = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        await asyncio.to_thread(last.wait_log, "caches synced")  # (what the stopped ones left, it binds)
+        final = await kit.wait_settled(kube, namespace, total, timeout=120)
+        events = await kit.wait_events(kube, namespace, [f"Scheduled/{p['metadata']['name']}" for p in final])
+    finally:
+        assert last.stop() == 0, "".join(last.raw[-30:])
+    assert all(p["spec"].get("nodeName") for p in final), "a pod was left pending"
+    twice = [k for k, v in events.items() if k.startswith("Scheduled/") and len(v) != 1]
+    assert not twice, twice  # each pod bound once, told once
