@@ -198,6 +198,13 @@ async def explain_pod(
                 lines.append(f"pod {rec.key} cannot be bound: {volumes}")
                 return "\n".join(lines), 1
             rec = replace(rec, pod=_held_to_volumes(rec, claims))
+            for claim_name in claims.to_bind(rec.pod.namespace, rec.claims):
+                claim = claims.claim(f"{rec.pod.namespace}/{claim_name}")
+                if claim is not None and claim.selected_node:
+                    lines.append(
+                        f'claim "{claim_name}" is being provisioned for node {claim.selected_node}: the pod goes '
+                        "there, and is bound once the volume is (the claim's Events say how provisioning goes)"
+                    )
         snap = cache.snapshot()
         p = rec.pod
         if p.mig_profile:

@@ -257,6 +257,12 @@ async def test_explain_holds_a_pod_and_its_gang_to_where_their_claims_can_be_had
         await kit.create_all(kube, pods, [_trainer("gpu-scheduler")])
         said = await asyncio.to_thread(_explain, control_plane, f"{namespace}/trainer")
         assert f"1/2 nodes can take it now: {tag}-a" in said, said  # the class provisions in zone a only
+        body = {"metadata": {"annotations": {SELECTED_NODE: f"{tag}-a"}}}
+        claim_path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/data"
+        r = await kube.request("PATCH", claim_path, body=body, content_type=MERGE_PATCH)
+        assert r.ok, r.body
+        said = await asyncio.to_thread(_explain, control_plane, f"{namespace}/trainer")
+        assert f'claim "data" is being provisioned for node {tag}-a: the pod goes' in said, said
         members = [_trainer("gpu-scheduler"), _trainer("gpu-scheduler")]
         for p, name, claim in zip(members, ("w0", "w1"), ("data", "missing"), strict=True):
             p["metadata"]["name"] = name
