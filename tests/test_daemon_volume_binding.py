@@ -528,3 +528,54 @@ async def test_when_asking_for_a_shared_claim_fails_every_pod_holding_it_is_refu
     )  # (both on n0: two GPUs, best fit)
     assert api.failed("default/w0") == [told]
     assert api.failed("default/w1") == [told]
+
+
+def _csi_volume(name: str, handle: str = "", driver: str = "ebs.csi.aws.com") -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"csi": {"driver": driver, "volumeHandle": handle or name}}}
+
+
+def _csi_nodes(s: Scheduler, **limits: int) -> None:
+    """Each named node's CSINode, its EBS driver allowed ``limits[node]`` volumes."""
+    objs = [
+        {"metadata": {"name": n}, "spec": {"drivers": [{"name": "ebs.csi.aws.com", "allocatable": {"count": c}}]}}
+        for n, c in limits.items()
+    ]
+    _handler(s, "csi-nodes").replace(objs)
+
+
+async def test_a_node_at_its_csi_attach_limit_takes_no_pod_with_another_volume_of_that_driver() -> None:
+    api = _Provisioned()
+    s = _cluster(api, _class(zones=()))
+    _handler(s, "volumes").replace([_csi_volume("pv-a"), _csi_volume("pv-b"), _csi_volume("pv-shared", "shared")])
+    _handler(s, "claims").replace(
+        [_claim("a", volume="pv-a"), _claim("b", volume="pv-b"), _claim("shared", volume="pv-shared")]
+    )
+    _csi_nodes(s, n0=2, **{"a-0": 0, "b-0": 0})
+    running = _mounting(member_pod("running", node="n0"), "a", "shared")
+    running["status"] = {"phase": "Running"}
+    s._bound.apply("ADDED", running)
+    s._pending.apply("ADDED", _mounting(member_pod("another"), "b"))
+    await _batch(s)
+    assert api.failed("default/another") == ["0/3 nodes are available: 3 node(s) exceed max volume count."]
+    s._pending.apply("ADDED", _mounting(member_pod("same"), "shared"))  # attached there already
+    await _batch(s)
+    assert api.nodes == {"default/same": "n0"}
+    _csi_nodes(s, n0=3, **{"a-0": 1, "b-0": 0})  # a limit grown: the pod waiting is retried at once
+    await _batch(s)
+    assert api.nodes == {"default/same": "n0", "default/another": "a-0"}  # (n0's GPUs are all taken now)
+
+
+async def test_two_pods_of_one_batch_do_not_pass_a_nodes_attach_limit_together() -> None:
+    api = _Provisioned()
+    s = one_node_scheduler(api, gpus=4)
+    _handler(s, "volumes").replace([_csi_volume("pv-a"), _csi_volume("pv-b")])
+    _handler(s, "claims").replace([_claim("a", volume="pv-a"), _claim("b", volume="pv-b")])
+    _csi_nodes(s, n0=1)
+    s._pending.apply("ADDED", _mounting(member_pod("first"), "a"))
+    s._pending.apply("ADDED", _mounting(member_pod("second"), "b"))
+    await _batch(s)
+    await asyncio.wait_for(asyncio.gather(*s.pending_tasks()), DRAWN_WITHIN_S)
+    assert list(api.nodes) == ["default/first"]
+    assert api.failed("default/second") == [
+        "Binding rejected: binding volumes: the pod's CSI volumes would pass an attach limit of node n0"
+    ]

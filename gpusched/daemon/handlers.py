@@ -13,6 +13,7 @@ from gpusched.kube.convert import (
     ConvertError,
     budget_record,
     claim_record,
+    csi_node_limits,
     namespace_labels,
     node_record,
     pod_group_record,
@@ -243,6 +244,36 @@ class StorageClassHandler:
         _, name = _named(obj)
         rec = None if kind == "DELETED" else self._read(obj)
         if self.s.claims.delete_class(name) if rec is None else self.s.claims.upsert_class(rec):
+            self.s.queue.move_all(_mounts_claims)
+
+
+class CsiNodeHandler:
+    """CSINodes: how many volumes each CSI driver may attach on each node; pods refused for a
+    limit are retried when one grows.  One that cannot be read is left out, with a warning: its
+    node is taken to have no limit."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def _read(self, obj: dict[str, Any]) -> tuple[str, dict[str, int]] | None:
+        try:
+            return csi_node_limits(obj)
+        except ConvertError as exc:
+            log.warning("CSI node ignored", error=str(exc))
+            return None
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        read = [r for r in map(self._read, objects) if r is not None]
+        for node in set(self.s.claims.limits) - {n for n, _ in read}:
+            self.s.claims.set_limits(node, None)
+        for node, limits in read:
+            self.s.claims.set_limits(node, limits)
+        self.s.queue.move_all(_mounts_claims)
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        _, name = _named(obj)
+        rec = None if kind == "DELETED" else self._read(obj)
+        if self.s.claims.set_limits(name, None if rec is None else rec[1]):
             self.s.queue.move_all(_mounts_claims)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections import defaultdict
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from gpusched.kube.convert import (
     PODGROUP_RESOURCE,
     ConvertError,
     claim_record,
+    csi_node_limits,
     gang_disagreements,
     namespace_labels,
     node_record,
@@ -36,6 +38,7 @@ from gpusched.metrics.cost import CostReport, Prices, cost_report
 from gpusched.metrics.exporter import HealthServer
 from gpusched.metrics.source import UtilisationSource
 from gpusched.model import ClusterState, Pod
+from gpusched.model.affinity import Requirement
 from gpusched.model.node import single_mig_profile, slices_of
 from gpusched.solver.explain import explain, explain_gang, gang_fits
 from gpusched.state.cache import Cache
@@ -197,7 +200,7 @@ async def explain_pod(
             if volumes:
                 lines.append(f"pod {rec.key} cannot be bound: {volumes}")
                 return "\n".join(lines), 1
-            rec = replace(rec, pod=_held_to_volumes(rec, claims))
+            rec = replace(rec, pod=_held_to_volumes(rec, claims, cache))
             for claim_name in claims.to_bind(rec.pod.namespace, rec.claims):
                 claim = claims.claim(f"{rec.pod.namespace}/{claim_name}")
                 if claim is not None and claim.selected_node:
@@ -282,16 +285,31 @@ async def _read_claims(kube: Kube, namespace: str, notes: list[str]) -> Claims:
     claims.replace_volumes([volume_record(o) for o in pvs])
     classes, _ = await kube.list("/apis/storage.k8s.io/v1/storageclasses")
     claims.replace_classes(_readable(storage_class_record, classes, "storage class", notes))
+    try:
+        csi_nodes, _ = await kube.list("/apis/storage.k8s.io/v1/csinodes")
+    except ApiError as exc:  # not granted: the limits are the running scheduler's to weigh
+        notes.append(f"note: CSI nodes not read ({exc}); volume attach limits are not weighed")
+        return claims
+    for node, limits in _readable(csi_node_limits, csi_nodes, "CSI node", notes):
+        claims.set_limits(node, limits)
     return claims
 
 
-def _held_to_volumes(rec: PodRecord, claims: Claims) -> Pod:
-    """``rec``'s pod held to where its claims can be had, as the scheduler holds it."""
+def _held_to_volumes(rec: PodRecord, claims: Claims, books: Cache) -> Pod:
+    """``rec``'s pod held to where its claims can be had, and its CSI volumes attached within
+    the drivers' limits beside those of the pods on ``books``, as the scheduler holds it."""
     ns = rec.pod.namespace
+    attached: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    needs = claims.attachments(ns, rec.claims) if claims.limits else set()
+    for node, pod in books.on_nodes() if needs else ():
+        if pod.claims:
+            attached[node] |= claims.attachments(pod.namespace, pod.claims)
+    full = claims.over_limit(needs, attached) if needs else []
     return replace(
         rec.pod,
         volume_selector=claims.selector(ns, rec.claims),
         provision_selector=claims.provision_selector(ns, rec.claims),
+        attach_selector=((Requirement("metadata.name", "NotIn", tuple(full), field=True),),) if full else (),
     )
 
 
@@ -330,7 +348,7 @@ async def _gang_answer(
             problem = claims.problem(other.key, other.uid, other.claims, other.ephemeral_claims, books.claim_users())
             if problem:
                 return f"gang {gang.name}: member {other.key} cannot be bound: {problem}", False
-            members.append(_held_to_volumes(other, claims))
+            members.append(_held_to_volumes(other, claims, books))
             mounting.append((other.pod, other.claims))
             continue
         members.append(other.pod)

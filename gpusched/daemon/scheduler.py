@@ -27,6 +27,7 @@ from gpusched.daemon.handlers import (
     BoundHandler,
     BudgetHandler,
     ClaimHandler,
+    CsiNodeHandler,
     Labels,
     NamespaceHandler,
     NodeHandler,
@@ -57,6 +58,7 @@ from gpusched.kube.watch import FAILING_UNREADY_S, OptionalReflector, Reflector
 from gpusched.metrics.exporter import SchedulerMetrics
 from gpusched.metrics.source import UtilisationSource, UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
+from gpusched.model.affinity import NodeSelector, Requirement
 from gpusched.model.pod import gang_conflicts
 from gpusched.model.tenants import demand_of
 from gpusched.queue.batcher import SchedulingQueue
@@ -125,6 +127,10 @@ class Scheduler:
         self.cache = Cache()
         self.claims = Claims()
         self.volume_binding = VolumeBinding(self)
+        self._attached: dict[str, set[tuple[str, str]]] = {}
+        """Per node, the CSI attachments of the pods on the books (``over_attach_limit``), as of
+        ``_attached_at`` (the books' generation, the claims' changes)."""
+        self._attached_at: tuple[int, int] = (-1, -1)
         self.metrics = SchedulerMetrics()
         self.binder = Binder(
             kube,
@@ -235,6 +241,7 @@ class Scheduler:
             Reflector(kube, "claims", "/api/v1/persistentvolumeclaims", ClaimHandler(self)),
             Reflector(kube, "volumes", "/api/v1/persistentvolumes", VolumeHandler(self)),
             Reflector(kube, "storage-classes", "/apis/storage.k8s.io/v1/storageclasses", StorageClassHandler(self)),
+            Reflector(kube, "csi-nodes", "/apis/storage.k8s.io/v1/csinodes", CsiNodeHandler(self)),
             Reflector(kube, "disruption-budgets", "/apis/policy/v1/poddisruptionbudgets", BudgetHandler(self)),
             OptionalReflector(kube, "podgroups", PODGROUP_GROUP_VERSION, "podgroups", PodGroupHandler(self)),
         ]
@@ -1880,9 +1887,28 @@ class Scheduler:
             return r.pod
         bound = self.claims.selector(r.pod.namespace, r.claims)
         provisioned = self.claims.provision_selector(r.pod.namespace, r.claims)
-        if not bound and not provisioned:
+        full = self.over_attach_limit(r.pod.namespace, r.claims)
+        attach: NodeSelector = ((Requirement("metadata.name", "NotIn", tuple(full), field=True),),) if full else ()
+        if not bound and not provisioned and not attach:
             return r.pod
-        return replace(r.pod, volume_selector=bound, provision_selector=provisioned)
+        return replace(r.pod, volume_selector=bound, provision_selector=provisioned, attach_selector=attach)
+
+    def over_attach_limit(self, namespace: str, claims: tuple[str, ...]) -> list[str]:
+        """The nodes where the CSI volumes of ``claims`` would pass a driver's attach limit
+        beside those of the pods on the books there (kube-scheduler's NodeVolumeLimits)."""
+        if not self.claims.limits:
+            return []
+        needs = self.claims.attachments(namespace, claims)
+        if not needs:
+            return []
+        at = (self.cache.generation, self.claims.changes)
+        if self._attached_at != at:
+            self._attached_at = at
+            self._attached = defaultdict(set)
+            for node, pod in self.cache.on_nodes():
+                if pod.claims:
+                    self._attached[node] |= self.claims.attachments(pod.namespace, pod.claims)
+        return self.claims.over_limit(needs, self._attached)
 
     def kept_now(self) -> tuple[tuple[str, int], ...]:
         """The GPUs (node name, index) the headroom would keep free from a batch now (busy ones

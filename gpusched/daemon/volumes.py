@@ -149,6 +149,8 @@ class VolumeBinding:
             for selector in (claims.selector(ns, record.claims), claims.provision_selector(ns, record.claims)):
                 if not selects(selector, rec.node):
                     return (), f"binding volumes: a claim of the pod cannot be had on node {node} any more"
+        if node in self.s.over_attach_limit(ns, record.claims):  # (pods bound there since the solve)
+            return (), f"binding volumes: the pod's CSI volumes would pass an attach limit of node {node}"
         for name in names:
             key = f"{ns}/{name}"
             self._holds.setdefault(key, _Hold(node)).pods.add(pod.key)

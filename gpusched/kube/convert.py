@@ -111,6 +111,7 @@ __all__ = [
     "PodGroups",
     "budget_record",
     "claim_record",
+    "csi_node_limits",
     "gang_disagreements",
     "node_record",
     "pod_group_record",
@@ -804,6 +805,26 @@ def _modes(value: Any) -> frozenset[str]:
     return frozenset(str(m) for m in value) if isinstance(value, list | tuple) else frozenset()
 
 
+def csi_node_limits(obj: Mapping[str, Any]) -> tuple[str, dict[str, int]]:
+    """A CSINode: its node's name, and how many volumes each CSI driver may attach there (a
+    driver without ``allocatable.count`` has no limit and is left out).  Raises ``ConvertError``
+    naming a field of the wrong JSON type."""
+    meta = _meta(obj)
+    name = str(meta["name"])
+    where = f"CSINode {name}"
+    spec = _object(obj.get("spec"), where, "spec")
+    limits: dict[str, int] = {}
+    for driver in _objects(spec.get("drivers"), where, "spec.drivers"):
+        count = _object(driver.get("allocatable"), where, "spec.drivers.allocatable").get("count")
+        if count is None:
+            continue
+        whole = _whole(count)
+        if whole is None or whole < 0:
+            raise ConvertError(f"{where}: spec.drivers.allocatable.count must be a whole number, got {_shown(count)}")
+        limits[str(driver.get("name") or "")] = whole
+    return name, limits
+
+
 def storage_class_record(obj: Mapping[str, Any]) -> StorageClassRecord:
     """A StorageClass: its provisioner, whether it waits for the first consumer, and the nodes
     its ``allowedTopologies`` provision for (read as kube-scheduler's volume binding reads them:
@@ -974,6 +995,7 @@ def _volume_binding(
     except QuantityError:
         capacity = 0
     ref = _lenient(spec.get("claimRef"))
+    csi = _lenient(spec.get("csi"))
     claim = f"{ref.get('namespace') or ''}/{ref.get('name') or ''}" if ref else ""
     status = _lenient(obj.get("status"))
     return VolumeRecord(
@@ -988,6 +1010,8 @@ def _volume_binding(
         deleting=bool(meta.get("deletionTimestamp")),
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())) if isinstance(labels, Mapping) else (),
         version=str(meta.get("resourceVersion") or ""),
+        driver=str(csi.get("driver") or ""),
+        handle=str(csi.get("volumeHandle") or ""),
     )
 
 

@@ -237,6 +237,8 @@ class Cluster:
             return False
         if pod.provision_selector and not self.selector_mask(pod.provision_selector)[i]:
             return False
+        if pod.attach_selector and not self.selector_mask(pod.attach_selector)[i]:
+            return False
         return not pod.node_selector or bool(self.selector_mask(pod.node_selector)[i])
 
     def toleration_mask(self, tolerations: tuple[Toleration, ...]) -> BoolArray:
@@ -773,6 +775,8 @@ class ClusterState:
             ok &= self.cluster.selector_mask(shape.volume_selector)
         if shape.provision_selector:
             ok &= self.cluster.selector_mask(shape.provision_selector)
+        if shape.attach_selector:
+            ok &= self.cluster.selector_mask(shape.attach_selector)
         return ok
 
     def host_mask(self, shape: PodShape) -> BoolArray:

@@ -207,6 +207,7 @@ class PodShape(_Wishes):
     preferred_together: tuple[tuple[int, PodAffinityTerm], ...] = ()
     volume_selector: NodeSelector = ()
     provision_selector: NodeSelector = ()
+    attach_selector: NodeSelector = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,12 +298,15 @@ class Pod(_Wishes):
     """Nodes the claims it mounts that are still to be provisioned may be provisioned for (their
     storage class's ``allowedTopologies``, or the node one is being provisioned for already),
     likewise; set when a batch is solved (``Claims.provision_selector``)."""
+    attach_selector: NodeSelector = ()
+    """Nodes where its CSI volumes can still be attached (the others would pass a driver's
+    limit, kube-scheduler's NodeVolumeLimits); set when a batch is solved."""
 
     def __post_init__(self) -> None:
         where = f"pod {self.key}"
         if any(not term for term in self.node_selector):
             raise ValueError(f"{where}: a node selector term without requirements matches no node; leave it out")
-        if any(not term for term in self.volume_selector + self.provision_selector):
+        if any(not term for term in self.volume_selector + self.provision_selector + self.attach_selector):
             raise ValueError(f"{where}: a volume's node selector term without requirements matches no node")
         if self.island not in ISLAND_MODES:
             raise ValueError(f"{where}: island must be 'required' or 'preferred', got {self.island!r}")
@@ -391,6 +395,7 @@ class Pod(_Wishes):
             self.preferred_together,
             self.volume_selector,
             self.provision_selector,
+            self.attach_selector,
         )
 
     @property

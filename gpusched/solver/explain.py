@@ -38,6 +38,7 @@ __all__ = [
     "INSUFFICIENT_MEMORY",
     "INSUFFICIENT_SHARE",
     "INSUFFICIENT_STORAGE",
+    "MAX_VOLUME_COUNT",
     "MODEL_NOT_ACCEPTED",
     "PORTS_TAKEN",
     "SELECTOR_MISMATCH",
@@ -72,6 +73,8 @@ DEFERRED = "deferred by the solver"
 INSUFFICIENT_ISLAND = "no GPU island with enough idle GPUs"
 VOLUME_CONFLICT = "node(s) had volume node affinity conflict"
 """kube-scheduler's words for a node a volume the pod mounts cannot be used on."""
+MAX_VOLUME_COUNT = "node(s) exceed max volume count"
+"""kube-scheduler's words for a node where the pod's CSI volumes would pass a driver's limit."""
 BIND_CONFLICT = "node(s) didn't find available persistent volumes to bind"
 """kube-scheduler's words for a node its claims still to be bound cannot be had on."""
 
@@ -181,6 +184,9 @@ def explain(pod: Pod, state: ClusterState) -> Explanation:
     elif pod.mig_profile:
         fit.append((state.mig_available(pod.mig_profile), insufficient_mig(pod.mig_profile)))
     check_all(fit)
+    # NodeVolumeLimits: its CSI volumes within each driver's attach limit.
+    if pod.attach_selector:
+        check(cluster.selector_mask(pod.attach_selector), MAX_VOLUME_COUNT)
     # VolumeBinding: the node affinity of the volumes its claims are bound to, then where those
     # still to be provisioned may be.
     if pod.volume_selector:

@@ -194,7 +194,9 @@ def _class_extras(
         extra.append(np.minimum(state.pods_free, sum(len(g.pods) for g in groups)))
     for port in sorted({p for s in shapes for p in s.host_ports}):
         extra.append((~state.ports_free(frozenset({port}))).astype(np.int64))
-    selectors = {x for s in shapes for x in (s.node_selector, s.volume_selector, s.provision_selector) if x}
+    selectors = {
+        x for s in shapes for x in (s.node_selector, s.volume_selector, s.provision_selector, s.attach_selector) if x
+    }
     for selector in sorted(selectors, key=repr):
         extra.append(cl.selector_mask(selector).astype(np.int64))
     for preference in sorted({s.preferred_nodes for s in shapes if s.preferred_nodes}, key=repr):

@@ -70,6 +70,8 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
             problems.append(f"pod {p.key}: its node selector or affinity does not allow {node.name}")
         if p.volume_selector and not selects(p.volume_selector, node):
             problems.append(f"pod {p.key}: a volume it mounts cannot be used on {node.name}")
+        if p.attach_selector and not selects(p.attach_selector, node):
+            problems.append(f"pod {p.key}: its CSI volumes would pass an attach limit on {node.name}")
         if p.provision_selector and not selects(p.provision_selector, node):
             problems.append(f"pod {p.key}: a volume it mounts cannot be provisioned for {node.name}")
         for g in a.gpus:

@@ -581,6 +581,10 @@ class Cache:
             Assignment(h.pod, i, h.gpus) for h in self._held.values() if (i := cluster.index.get(h.node)) is not None
         ]
 
+    def on_nodes(self) -> list[tuple[str, Pod]]:
+        """Every pod on the books (bound or assumed), with its node's name."""
+        return [(h.node, h.pod) for h in self._held.values()]
+
     def guessed_gpus(self) -> set[str]:
         """Keys of the pods on the books whose GPU indices are the books' guess: pods of other
         schedulers that do not name them (``gpusched.io/gpu-indices``)."""

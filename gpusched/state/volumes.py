@@ -22,7 +22,7 @@ node, is refused with the claim and that pod named, and retried when that pod is
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gpusched.model.affinity import NodeSelector, Requirement, both, label_selector_selects
@@ -111,6 +111,10 @@ class VolumeRecord:
     labels: tuple[tuple[str, str], ...] = ()
     version: str = ""
     """``metadata.resourceVersion``: a claim is written into it only as it was read."""
+    driver: str = ""
+    """``spec.csi.driver``: the CSI driver that attaches it ("" for a volume of no CSI driver)."""
+    handle: str = ""
+    """``spec.csi.volumeHandle``: one attachment per handle per node."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +148,11 @@ class Claims:
         """Claims (``namespace/name``) being provisioned, or bound to a volume made beforehand,
         for a pod in flight, with its node: a pod sharing one goes there too (kube-scheduler's
         assumed claim)."""
+        self.changes = 0
+        """Bumped by every change to the claims, volumes, classes or limits."""
+        self.limits: dict[str, dict[str, int]] = {}
+        """Per node, how many volumes each CSI driver may attach there (its CSINode's
+        ``allocatable.count``; a driver not named has no limit)."""
         self.reserved: dict[str, str] = {}
         """Volumes (by name) being bound to a claim (``namespace/name``) for a pod in flight: no
         other claim is offered them meanwhile."""
@@ -151,43 +160,52 @@ class Claims:
     def replace_claims(self, records: list[ClaimRecord]) -> None:
         """The complete set of claims (after a list)."""
         self._claims = {r.key: r for r in records}
+        self.changes += 1
 
     def upsert_claim(self, record: ClaimRecord) -> bool:
         """A claim added or changed; True when what placement sees of it changed."""
         old = self._claims.get(record.key)
         self._claims[record.key] = record
+        self.changes += old != record
         return old != record
 
     def delete_claim(self, key: str) -> bool:
         """A claim is gone; True when it was known."""
+        self.changes += 1
         return self._claims.pop(key, None) is not None
 
     def replace_volumes(self, records: list[VolumeRecord]) -> None:
         """The complete set of volumes (after a list)."""
         self._volumes = {r.name: r for r in records}
+        self.changes += 1
 
     def upsert_volume(self, record: VolumeRecord) -> bool:
         """A volume added or changed; True when what placement sees of it changed."""
         old = self._volumes.get(record.name)
         self._volumes[record.name] = record
+        self.changes += old != record
         return old != record
 
     def delete_volume(self, name: str) -> bool:
         """A volume is gone; True when it was known."""
+        self.changes += 1
         return self._volumes.pop(name, None) is not None
 
     def replace_classes(self, records: list[StorageClassRecord]) -> None:
         """The complete set of storage classes (after a list)."""
         self._classes = {r.name: r for r in records}
+        self.changes += 1
 
     def upsert_class(self, record: StorageClassRecord) -> bool:
         """A storage class added or changed; True when what placement sees of it changed."""
         old = self._classes.get(record.name)
         self._classes[record.name] = record
+        self.changes += old != record
         return old != record
 
     def delete_class(self, name: str) -> bool:
         """A storage class is gone; True when it was known."""
+        self.changes += 1
         return self._classes.pop(name, None) is not None
 
     def claim(self, key: str) -> ClaimRecord | None:
@@ -256,6 +274,51 @@ class Claims:
             for name in claims
             if (claim := self._claims.get(f"{namespace}/{name}")) is not None and self._delayed(claim) is not None
         )
+
+    def set_limits(self, node: str, limits: Mapping[str, int] | None) -> bool:
+        """A node's CSI attach limits (None: its CSINode is gone); True when they changed."""
+        old = self.limits.get(node)
+        new = dict(limits) if limits else None
+        if old == new:
+            return False
+        if new is None:
+            del self.limits[node]
+        else:
+            self.limits[node] = new
+        self.changes += 1
+        return True
+
+    def attachments(self, namespace: str, claims: Iterable[str]) -> set[tuple[str, str]]:
+        """The CSI attachments (driver, volume handle) ``claims`` make on the node of a pod
+        that mounts them: a claim bound to a CSI volume makes its volume's; one a CSI
+        provisioner will provision for the node makes a new one (its handle the claim's key)."""
+        out: set[tuple[str, str]] = set()
+        for name in claims:
+            key = f"{namespace}/{name}"
+            claim = self._claims.get(key)
+            if claim is None:
+                continue
+            volume = self._volumes.get(claim.volume) if claim.volume else None
+            if volume is not None and volume.driver:
+                out.add((volume.driver, volume.handle or volume.name))
+            elif (cls := self._delayed(claim)) is not None and cls.provisions and not self.candidates(claim):
+                out.add((cls.provisioner, key))
+        return out
+
+    def over_limit(self, needs: set[tuple[str, str]], attached: Mapping[str, set[tuple[str, str]]]) -> list[str]:
+        """The nodes where attaching ``needs`` beside what is ``attached`` there (by node)
+        would pass a CSI driver's limit (kube-scheduler's NodeVolumeLimits), by name."""
+        drivers = {d for d, _ in needs}
+        out = []
+        for node, limits in self.limits.items():
+            if not drivers & limits.keys():
+                continue
+            on = attached.get(node, set()) | needs
+            for driver in drivers & limits.keys():
+                if sum(1 for d, _ in on if d == driver) > limits[driver]:
+                    out.append(node)
+                    break
+        return sorted(out)
 
     def unchosen(self, namespace: str, claims: tuple[str, ...]) -> tuple[str, ...]:
         """Those of ``claims`` to be bound for a node not chosen yet (by name): two pods sharing

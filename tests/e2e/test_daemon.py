@@ -669,7 +669,8 @@ async def test_ready_only_once_the_watches_listed_and_the_solver_is_loaded(
     ok, why = sched.ready()
     assert not ok
     listed = (
-        "namespaces, nodes, bound-pods, pending-pods, claims, volumes, storage-classes, disruption-budgets, podgroups"
+        "namespaces, nodes, bound-pods, pending-pods, claims, volumes, storage-classes, csi-nodes, "
+        "disruption-budgets, podgroups"
     )
     assert why == f"waiting for the first list of {listed}"
     watches = [asyncio.create_task(r.run()) for r in sched.reflectors]

@@ -274,3 +274,63 @@ async def test_explain_holds_a_pod_and_its_gang_to_where_their_claims_can_be_had
         assert f'member {namespace}/w1 cannot be bound: persistentvolumeclaim "missing" not found' in said, said
     finally:
         await kube.request("DELETE", f"/apis/storage.k8s.io/v1/storageclasses/{tag}")
+
+
+async def test_a_node_at_its_csi_attach_limit_is_passed_over(
+    control_plane: ControlPlane, kube: Kube, namespace: str
+) -> None:
+    tag = f"cs-{uuid.uuid4().hex[:6]}"
+    name = f"gs-{tag}"
+    roomy, small = f"{tag}-roomy", f"{tag}-small"  # best fit would take the small one
+    await kit.create_all(kube, "/api/v1/nodes", [kit.node(roomy, 8, "A100"), kit.node(small, 1, "A100")])
+    limits = {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "CSINode",
+        "metadata": {"name": small},
+        "spec": {"drivers": [{"name": "ebs.csi.aws.com", "nodeID": "i-1", "allocatable": {"count": 1}}]},
+    }
+    await kit.create_all(kube, "/apis/storage.k8s.io/v1/csinodes", [limits])
+    claims = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims"
+    volumes = []
+    for disk in ("old", "new"):
+        pv = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": f"{tag}-{disk}"},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "csi": {"driver": "ebs.csi.aws.com", "volumeHandle": f"vol-{tag}-{disk}"},
+                "claimRef": {"namespace": namespace, "name": disk},
+            },
+        }
+        volumes.append(pv)
+        claim = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": disk, "annotations": {BIND_COMPLETED: "yes"}},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}},
+                "volumeName": f"{tag}-{disk}",
+                "storageClassName": "",
+            },
+        }
+        await kit.create_all(kube, "/api/v1/persistentvolumes", [pv])
+        await kit.create_all(kube, claims, [claim])
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    running = kit.pod("running", "other-scheduler", cpu="1", node_name=small)
+    running["spec"]["volumes"] = [{"name": "d", "persistentVolumeClaim": {"claimName": "old"}}]
+    await kit.create_all(kube, pods, [running])
+    daemon = kit.Daemon.start(control_plane, name, "--no-leader-elect")
+    try:
+        trainer = _trainer(name)
+        trainer["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] = "new"
+        await kit.create_all(kube, pods, [trainer])
+        pod = await _until(kube, f"{pods}/trainer", lambda o: o["spec"].get("nodeName"))
+        assert pod["spec"]["nodeName"] == roomy  # the small node attaches one EBS volume, and has it
+    finally:
+        assert daemon.stop() == 0, "".join(daemon.raw[-30:])
+        for pv in volumes:
+            await kube.request("DELETE", f"/api/v1/persistentvolumes/{pv['metadata']['name']}")
+        await kube.request("DELETE", f"/apis/storage.k8s.io/v1/csinodes/{small}")

@@ -13,6 +13,7 @@ from gpusched.kube.convert import (
     ConvertError,
     budget_record,
     claim_record,
+    csi_node_limits,
     namespace_labels,
     node_record,
     pod_group_record,
@@ -826,6 +827,22 @@ def test_a_claim_and_a_volume_say_what_matching_one_to_the_other_needs() -> None
     assert v.labels == (("tier", "fast"),)
     pv["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert not volume_record(pv).available
+
+
+def test_a_csi_node_says_how_many_volumes_each_driver_may_attach() -> None:
+    obj = {
+        "metadata": {"name": "n1"},
+        "spec": {
+            "drivers": [
+                {"name": "ebs.csi.aws.com", "nodeID": "i-1", "allocatable": {"count": 25}},
+                {"name": "efs.csi.aws.com", "nodeID": "i-1"},  # no limit
+            ]
+        },
+    }
+    assert csi_node_limits(obj) == ("n1", {"ebs.csi.aws.com": 25})
+    obj["spec"]["drivers"][0]["allocatable"]["count"] = "lots"
+    with pytest.raises(ConvertError, match=r"CSINode n1: spec\.drivers\.allocatable\.count must be a whole number"):
+        csi_node_limits(obj)
 
 
 def test_a_storage_class_says_whether_and_where_it_provisions_for_the_pods_node() -> None:
