@@ -44,7 +44,7 @@ from gpusched.daemon.mig import Repartitioner
 from gpusched.daemon.outbox import Outbox
 from gpusched.daemon.preemption import Preemptor, Verdict
 from gpusched.daemon.settings import BOUND_SELECTOR, DaemonSettings, default_identity
-from gpusched.daemon.volumes import VolumeBinding, gangs_sharing_new_claims, on_one_node, outcome
+from gpusched.daemon.volumes import ATTACH_FULL, VolumeBinding, gangs_sharing_new_claims, on_one_node, outcome
 from gpusched.kube.binder import LEAD_LOST, Binder, BindResult
 from gpusched.kube.client import Kube, bind_concurrency, segment
 from gpusched.kube.configmap import ConfigMapHandler
@@ -1262,6 +1262,8 @@ class Scheduler:
             self._send_bind(pod, node, gpus)
             return
         result = BindResult.GONE if why == "pod deleted" else BindResult.FAILED
+        if why.startswith(ATTACH_FULL):
+            result = BindResult.WITHDRAWN  # placed again at once: the next batch counts the slots taken
         why = why or LEAD_LOST
         self._bind_outcome(pod, node, gpus, result, why)
         told = "lead_lost" if _lead_lost(result, why) else result.value

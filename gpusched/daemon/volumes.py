@@ -84,6 +84,9 @@ def on_one_node(pod: Pod, gangs: Collection[str]) -> Pod:
     return replace(pod, gang=replace(g, topology_key=HOSTNAME_LABEL, topology="required"))
 
 
+ATTACH_FULL = "binding volumes: the pod's CSI volumes would pass an attach limit of node"
+"""How the reason a pod is placed again starts when pods of its batch took a node's last
+attach slots (it is placed again at once, not told: it fits elsewhere, or waits as usual)."""
 TIMED_OUT = "binding volumes: claim(s) "
 """How the reason a wait ran out starts."""
 
@@ -149,8 +152,14 @@ class VolumeBinding:
             for selector in (claims.selector(ns, record.claims), claims.provision_selector(ns, record.claims)):
                 if not selects(selector, rec.node):
                     return (), f"binding volumes: a claim of the pod cannot be had on node {node} any more"
-        if node in self.s.over_attach_limit(ns, record.claims):  # (pods bound there since the solve)
-            return (), f"binding volumes: the pod's CSI volumes would pass an attach limit of node {node}"
+        if claims.limits.get(node) and (needs := claims.attachments(ns, record.claims)):
+            # Pods bound there since the solve (of this batch too: the solve counts no slots).
+            there: set[tuple[str, str]] = set()
+            for where, pod_there in self.s.cache.on_nodes():
+                if where == node and pod_there.claims and pod_there.key != pod.key:  # (itself is assumed)
+                    there |= claims.attachments(pod_there.namespace, pod_there.claims)
+            if claims.over_limit(needs, {node: there}, only=(node,)):
+                return (), f"{ATTACH_FULL} {node}"
         for name in names:
             key = f"{ns}/{name}"
             self._holds.setdefault(key, _Hold(node)).pods.add(pod.key)

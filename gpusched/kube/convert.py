@@ -805,6 +805,16 @@ def _modes(value: Any) -> frozenset[str]:
     return frozenset(str(m) for m in value) if isinstance(value, list | tuple) else frozenset()
 
 
+IN_TREE_SOURCES = {
+    "awsElasticBlockStore": ("ebs.csi.aws.com", "volumeID"),
+    "gcePersistentDisk": ("pd.csi.storage.gke.io", "pdName"),
+    "azureDisk": ("disk.csi.azure.com", "diskURI"),
+    "cinder": ("cinder.csi.openstack.org", "volumeID"),
+}
+"""In-tree volume sources, with the CSI driver they are migrated to and the field that names the
+disk: kube-scheduler counts them against that driver's attach limit."""
+
+
 def csi_node_limits(obj: Mapping[str, Any]) -> tuple[str, dict[str, int]]:
     """A CSINode: its node's name, and how many volumes each CSI driver may attach there (a
     driver without ``allocatable.count`` has no limit and is left out).  Raises ``ConvertError``
@@ -996,6 +1006,11 @@ def _volume_binding(
         capacity = 0
     ref = _lenient(spec.get("claimRef"))
     csi = _lenient(spec.get("csi"))
+    migrated = ("", "")
+    for field, (driver, key) in IN_TREE_SOURCES.items():
+        if disk := _lenient(spec.get(field)).get(key):
+            migrated = (driver, str(disk))
+            break
     claim = f"{ref.get('namespace') or ''}/{ref.get('name') or ''}" if ref else ""
     status = _lenient(obj.get("status"))
     return VolumeRecord(
@@ -1010,8 +1025,8 @@ def _volume_binding(
         deleting=bool(meta.get("deletionTimestamp")),
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())) if isinstance(labels, Mapping) else (),
         version=str(meta.get("resourceVersion") or ""),
-        driver=str(csi.get("driver") or ""),
-        handle=str(csi.get("volumeHandle") or ""),
+        driver=str(csi.get("driver") or "") or migrated[0],
+        handle=str(csi.get("volumeHandle") or "") or migrated[1],
     )
 
 

@@ -22,7 +22,7 @@ node, is refused with the claim and that pod named, and retried when that pod is
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from gpusched.model.affinity import NodeSelector, Requirement, both, label_selector_selects
@@ -45,6 +45,14 @@ UNBOUND_IMMEDIATE = "pod has unbound immediate PersistentVolumeClaims"
 """What kube-scheduler (1.34) says of a pod with a claim not bound yet that it does not bind
 (of an ``Immediate`` storage class, or of none): the volume controller binds it."""
 NO_PROVISIONER = "kubernetes.io/no-provisioner"
+IN_TREE_DRIVERS = {
+    "kubernetes.io/aws-ebs": "ebs.csi.aws.com",
+    "kubernetes.io/gce-pd": "pd.csi.storage.gke.io",
+    "kubernetes.io/azure-disk": "disk.csi.azure.com",
+    "kubernetes.io/cinder": "cinder.csi.openstack.org",
+}
+"""The CSI drivers in-tree provisioners (and the volumes they made) are migrated to, as
+kube-scheduler's NodeVolumeLimits translates them."""
 """The provisioner of a storage class whose volumes are made by hand (local volumes)."""
 
 
@@ -301,21 +309,34 @@ class Claims:
             volume = self._volumes.get(claim.volume) if claim.volume else None
             if volume is not None and volume.driver:
                 out.add((volume.driver, volume.handle or volume.name))
-            elif (cls := self._delayed(claim)) is not None and cls.provisions and not self.candidates(claim):
-                out.add((cls.provisioner, key))
+            elif (cls := self._delayed(claim)) is not None and cls.provisioner not in ("", NO_PROVISIONER):
+                out.add((IN_TREE_DRIVERS.get(cls.provisioner, cls.provisioner), key))  # a volume not made yet
         return out
 
-    def over_limit(self, needs: set[tuple[str, str]], attached: Mapping[str, set[tuple[str, str]]]) -> list[str]:
-        """The nodes where attaching ``needs`` beside what is ``attached`` there (by node)
-        would pass a CSI driver's limit (kube-scheduler's NodeVolumeLimits), by name."""
-        drivers = {d for d, _ in needs}
+    def over_limit(
+        self,
+        needs: set[tuple[str, str]],
+        attached: Mapping[str, set[tuple[str, str]]],
+        only: Collection[str] | None = None,
+    ) -> list[str]:
+        """The nodes (of ``only``, if given) where attaching ``needs`` beside what is ``attached``
+        there (by node) would pass a CSI driver's limit (kube-scheduler's NodeVolumeLimits)."""
+        by_driver: dict[str, set[str]] = {}
+        for d, handle in needs:
+            by_driver.setdefault(d, set()).add(handle)
         out = []
-        for node, limits in self.limits.items():
-            if not drivers & limits.keys():
-                continue
-            on = attached.get(node, set()) | needs
-            for driver in drivers & limits.keys():
-                if sum(1 for d, _ in on if d == driver) > limits[driver]:
+        empty: set[tuple[str, str]] = set()
+        nodes = self.limits.items() if only is None else [(n, self.limits[n]) for n in only if n in self.limits]
+        for node, limits in nodes:
+            there = attached.get(node, empty)
+            for driver, handles in by_driver.items():
+                limit = limits.get(driver)
+                if limit is None:
+                    continue
+                new = sum(1 for h in handles if (driver, h) not in there)
+                # Only a driver the pod attaches a new volume of can be passed (one already over
+                # its limit, with the pod's volumes attached there already, takes the pod).
+                if new and sum(1 for d, _ in there if d == driver) + new > limit:
                     out.append(node)
                     break
         return sorted(out)

@@ -840,6 +840,9 @@ def test_a_csi_node_says_how_many_volumes_each_driver_may_attach() -> None:
         },
     }
     assert csi_node_limits(obj) == ("n1", {"ebs.csi.aws.com": 25})
+    # An in-tree volume counts against the CSI driver it is migrated to.
+    ebs = volume_record({"metadata": {"name": "pv"}, "spec": {"awsElasticBlockStore": {"volumeID": "vol-9"}}})
+    assert (ebs.driver, ebs.handle) == ("ebs.csi.aws.com", "vol-9")
     obj["spec"]["drivers"][0]["allocatable"]["count"] = "lots"
     with pytest.raises(ConvertError, match=r"CSINode n1: spec\.drivers\.allocatable\.count must be a whole number"):
         csi_node_limits(obj)

@@ -188,3 +188,29 @@ def test_a_claim_matches_the_volumes_made_beforehand_as_kube_schedulers_volume_b
     c.upsert_volume(pv("pre-bound", claim="ns/d", claim_uid="u1", available=False))
     assert [v.name for v in c.candidates(claim)] == ["pre-bound"]  # its own, alone
     assert c.candidates(replace(claim, selected_node="n1")) == []  # a volume is being provisioned for it
+
+
+def test_csi_attachments_are_counted_per_driver_and_handle_as_kube_scheduler_counts_them() -> None:
+    c = claims(
+        ClaimRecord("ns", "ebs", "pv-1", bound=True),
+        ClaimRecord("ns", "gp2-new", storage_class="gp2"),
+        ClaimRecord("ns", "local-new", storage_class="local"),
+        volumes=(VolumeRecord("pv-1", driver="ebs.csi.aws.com", handle="vol-1"),),
+    )
+    c.replace_classes(
+        [
+            StorageClassRecord("gp2", "kubernetes.io/aws-ebs", wait_for_consumer=True),  # migrated to the CSI driver
+            StorageClassRecord("local", "kubernetes.io/no-provisioner", wait_for_consumer=True),
+        ]
+    )
+    needs = c.attachments("ns", ("ebs", "gp2-new", "local-new"))
+    assert needs == {("ebs.csi.aws.com", "vol-1"), ("ebs.csi.aws.com", "ns/gp2-new")}
+    assert c.set_limits("n1", {"ebs.csi.aws.com": 2})
+    assert not c.set_limits("n1", {"ebs.csi.aws.com": 2})
+    c.set_limits("n2", {"ebs.csi.aws.com": 2})
+    attached = {"n1": {("ebs.csi.aws.com", "vol-1")}, "n2": {("ebs.csi.aws.com", "vol-9")}}
+    assert c.over_limit(needs, attached) == ["n2"]  # on n1 vol-1 is attached already: one new of two
+    # A node over its limit already takes a pod whose volumes are all attached there.
+    over = {"n1": {("ebs.csi.aws.com", f"vol-{i}") for i in range(1, 4)}}
+    assert c.over_limit({("ebs.csi.aws.com", "vol-1")}, over) == []
+    assert c.over_limit(needs, over, only=("n1",)) == ["n1"]
