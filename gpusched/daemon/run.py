@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections import defaultdict
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -38,7 +37,6 @@ from gpusched.metrics.cost import CostReport, Prices, cost_report
 from gpusched.metrics.exporter import HealthServer
 from gpusched.metrics.source import UtilisationSource
 from gpusched.model import ClusterState, Pod
-from gpusched.model.affinity import Requirement
 from gpusched.model.node import single_mig_profile, slices_of
 from gpusched.solver.explain import explain, explain_gang, gang_fits
 from gpusched.state.cache import Cache
@@ -299,17 +297,11 @@ def _held_to_volumes(rec: PodRecord, claims: Claims, books: Cache) -> Pod:
     """``rec``'s pod held to where its claims can be had, and its CSI volumes attached within
     the drivers' limits beside those of the pods on ``books``, as the scheduler holds it."""
     ns = rec.pod.namespace
-    attached: dict[str, set[tuple[str, str]]] = defaultdict(set)
-    needs = claims.attachments(ns, rec.claims) if claims.limits else set()
-    for node, pod in books.on_nodes() if needs else ():
-        if pod.claims:
-            attached[node] |= claims.attachments(pod.namespace, pod.claims)
-    full = claims.over_limit(needs, attached) if needs else []
     return replace(
         rec.pod,
         volume_selector=claims.selector(ns, rec.claims),
         provision_selector=claims.provision_selector(ns, rec.claims),
-        attach_selector=((Requirement("metadata.name", "NotIn", tuple(full), field=True),),) if full else (),
+        attach_selector=claims.attach_selector(ns, rec.claims, lambda: claims.attached(books.on_nodes())),
     )
 
 

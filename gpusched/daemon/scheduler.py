@@ -58,7 +58,6 @@ from gpusched.kube.watch import FAILING_UNREADY_S, OptionalReflector, Reflector
 from gpusched.metrics.exporter import SchedulerMetrics
 from gpusched.metrics.source import UtilisationSource, UtilisationView
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Plan, Pod, SolveStats
-from gpusched.model.affinity import NodeSelector, Requirement
 from gpusched.model.pod import gang_conflicts
 from gpusched.model.tenants import demand_of
 from gpusched.queue.batcher import SchedulingQueue
@@ -128,7 +127,7 @@ class Scheduler:
         self.claims = Claims()
         self.volume_binding = VolumeBinding(self)
         self._attached: dict[str, set[tuple[str, str]]] = {}
-        """Per node, the CSI attachments of the pods on the books (``over_attach_limit``), as of
+        """Per node, the CSI attachments of the pods on the books (``_attached_now``), as of
         ``_attached_at`` (the books' generation, the claims' changes)."""
         self._attached_at: tuple[int, int] = (-1, -1)
         self.metrics = SchedulerMetrics()
@@ -1889,28 +1888,19 @@ class Scheduler:
             return r.pod
         bound = self.claims.selector(r.pod.namespace, r.claims)
         provisioned = self.claims.provision_selector(r.pod.namespace, r.claims)
-        full = self.over_attach_limit(r.pod.namespace, r.claims)
-        attach: NodeSelector = ((Requirement("metadata.name", "NotIn", tuple(full), field=True),),) if full else ()
+        attach = self.claims.attach_selector(r.pod.namespace, r.claims, self._attached_now)
         if not bound and not provisioned and not attach:
             return r.pod
         return replace(r.pod, volume_selector=bound, provision_selector=provisioned, attach_selector=attach)
 
-    def over_attach_limit(self, namespace: str, claims: tuple[str, ...]) -> list[str]:
-        """The nodes where the CSI volumes of ``claims`` would pass a driver's attach limit
-        beside those of the pods on the books there (kube-scheduler's NodeVolumeLimits)."""
-        if not self.claims.limits:
-            return []
-        needs = self.claims.attachments(namespace, claims)
-        if not needs:
-            return []
+    def _attached_now(self) -> dict[str, set[tuple[str, str]]]:
+        """Per node, the CSI attachments of the pods on the books (kube-scheduler's
+        NodeVolumeLimits counts them), read again only when the books or the claims changed."""
         at = (self.cache.generation, self.claims.changes)
         if self._attached_at != at:
             self._attached_at = at
-            self._attached = defaultdict(set)
-            for node, pod in self.cache.on_nodes():
-                if pod.claims:
-                    self._attached[node] |= self.claims.attachments(pod.namespace, pod.claims)
-        return self.claims.over_limit(needs, self._attached)
+            self._attached = self.claims.attached(self.cache.on_nodes())
+        return self._attached
 
     def kept_now(self) -> tuple[tuple[str, int], ...]:
         """The GPUs (node name, index) the headroom would keep free from a batch now (busy ones

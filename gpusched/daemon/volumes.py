@@ -154,11 +154,8 @@ class VolumeBinding:
                     return (), f"binding volumes: a claim of the pod cannot be had on node {node} any more"
         if claims.limits.get(node) and (needs := claims.attachments(ns, record.claims)):
             # Pods bound there since the solve (of this batch too: the solve counts no slots).
-            there: set[tuple[str, str]] = set()
-            for where, pod_there in self.s.cache.on_nodes():
-                if where == node and pod_there.claims and pod_there.key != pod.key:  # (itself is assumed)
-                    there |= claims.attachments(pod_there.namespace, pod_there.claims)
-            if claims.over_limit(needs, {node: there}, only=(node,)):
+            others = ((n, p) for n, p in self.s.cache.on_nodes() if n == node and p.key != pod.key)  # (it is assumed)
+            if claims.over_limit(needs, claims.attached(others), only=(node,)):
                 return (), f"{ATTACH_FULL} {node}"
         for name in names:
             key = f"{ns}/{name}"

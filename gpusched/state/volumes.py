@@ -22,9 +22,10 @@ node, is refused with the claim and that pod named, and retried when that pod is
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
+from gpusched.model import Pod
 from gpusched.model.affinity import NodeSelector, Requirement, both, label_selector_selects
 
 __all__ = [
@@ -312,6 +313,24 @@ class Claims:
             elif (cls := self._delayed(claim)) is not None and cls.provisioner not in ("", NO_PROVISIONER):
                 out.add((IN_TREE_DRIVERS.get(cls.provisioner, cls.provisioner), key))  # a volume not made yet
         return out
+
+    def attached(self, pods: Iterable[tuple[str, Pod]]) -> dict[str, set[tuple[str, str]]]:
+        """Per node, the CSI attachments of ``pods`` (each with its node's name)."""
+        out: dict[str, set[tuple[str, str]]] = {}
+        for node, pod in pods:
+            if pod.claims:
+                out.setdefault(node, set()).update(self.attachments(pod.namespace, pod.claims))
+        return out
+
+    def attach_selector(
+        self, namespace: str, claims: tuple[str, ...], attached: Callable[[], Mapping[str, set[tuple[str, str]]]]
+    ) -> NodeSelector:
+        """The nodes where the CSI volumes of ``claims`` may be attached beside those already
+        ``attached`` there (read only when needed: no limit, or no CSI volume, needs none), as
+        one selector (``()``: every node)."""
+        needs = self.attachments(namespace, claims) if self.limits else set()
+        full = self.over_limit(needs, attached()) if needs else []
+        return ((Requirement("metadata.name", "NotIn", tuple(full), field=True),),) if full else ()
 
     def over_limit(
         self,
