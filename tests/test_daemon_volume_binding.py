@@ -429,6 +429,23 @@ async def test_two_claims_do_not_take_one_local_volume_and_one_taken_meanwhile_r
     assert s.claims.reserved == {}
 
 
+async def test_a_pod_with_two_local_claims_goes_where_there_is_a_disk_for_each_not_to_the_best_fit_with_one() -> None:
+    api = _Controller()
+    s = _cluster(api, _local_class())
+    # b-0, the best fit for one GPU, has one disk that either claim matches; n0 has two.
+    _handler(s, "volumes").replace([_local("b-disk", "b-0"), _local("n0-small", "n0", "60Gi"), _local("n0-big", "n0")])
+    _handler(s, "claims").replace([_local_claim("logs", "50Gi"), _local_claim("data", "80Gi")])
+    s._pending.apply("ADDED", _mounting(member_pod("trainer"), "data", "logs"))
+    await _batch(s)
+    assert api.failed("default/trainer") == []
+    # Each claim its own disk, the smaller claim first (as kube-scheduler hands them out).
+    assert api.claimed == [("n0-small", "7", "default/logs"), ("n0-big", "7", "default/data")]
+    # The volume controller completes both bindings: the pod is bound there.
+    _handler(s, "claims").replace([_local_claim("logs", "50Gi", "n0-small"), _local_claim("data", "80Gi", "n0-big")])
+    await _writes(s)
+    assert api.nodes == {"default/trainer": "n0"}
+
+
 async def test_a_gangs_members_sharing_a_claim_to_be_provisioned_are_placed_together_and_bound_once_it_is() -> None:
     api = _Provisioned()
     s = _cluster(api, _class(zones=()))

@@ -300,7 +300,7 @@ def _held_to_volumes(rec: PodRecord, claims: Claims, books: Cache) -> Pod:
     return replace(
         rec.pod,
         volume_selector=claims.selector(ns, rec.claims),
-        provision_selector=claims.provision_selector(ns, rec.claims),
+        provision_selector=claims.provision_selector(ns, rec.claims, lambda: (n.node for n in books.nodes.values())),
         attach_selector=claims.attach_selector(ns, rec.claims, lambda: claims.attached(books.on_nodes())),
     )
 

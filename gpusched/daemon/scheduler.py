@@ -1887,7 +1887,9 @@ class Scheduler:
         if not r.claims:
             return r.pod
         bound = self.claims.selector(r.pod.namespace, r.claims)
-        provisioned = self.claims.provision_selector(r.pod.namespace, r.claims)
+        provisioned = self.claims.provision_selector(
+            r.pod.namespace, r.claims, lambda: (n.node for n in self.cache.nodes.values())
+        )
         attach = self.claims.attach_selector(r.pod.namespace, r.claims, self._attached_now)
         if not bound and not provisioned and not attach:
             return r.pod

@@ -149,7 +149,8 @@ class VolumeBinding:
                 return (), f'binding volumes: claim "{name}" is being bound for node {other}, not {node}'
         rec = self.s.cache.nodes.get(node)
         if rec is not None:
-            for selector in (claims.selector(ns, record.claims), claims.provision_selector(ns, record.claims)):
+            here = claims.provision_selector(ns, record.claims, lambda: (rec.node,))
+            for selector in (claims.selector(ns, record.claims), here):
                 if not selects(selector, rec.node):
                     return (), f"binding volumes: a claim of the pod cannot be had on node {node} any more"
         if claims.limits.get(node) and (needs := claims.attachments(ns, record.claims)):
@@ -189,7 +190,11 @@ class VolumeBinding:
         self.s.metrics.set_waiting_for_volumes(len(self._waiting))
         try:
             rec = self.s.cache.nodes.get(node)
-            for name, key in zip(names, keys, strict=True):
+            # As placement weighed them (``Claims.by_size``): the smallest request first.
+            by_size = sorted(
+                zip(names, keys, strict=True), key=lambda nk: c.request if (c := claims.claim(nk[1])) else 0
+            )
+            for name, key in by_size:
                 claim = claims.claim(key)
                 h = self._holds.get(key)
                 if claim is None or h is None:

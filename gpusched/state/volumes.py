@@ -11,9 +11,10 @@ WaitForFirstConsumer`` and a provisioner is provisioned for the pod, as kube-sch
 binding does it: the pod is placed within the class's ``allowedTopologies`` (or on the node the
 claim's ``volume.kubernetes.io/selected-node`` annotation names already), the claim is annotated
 with the chosen node, and the pod is bound once the provisioner's volume is bound to the claim
-(the daemon's ``VolumeBinding``).  A claim of an ``Immediate`` class, or of no class, is waited
-for as kube-scheduler waits for it; a class without a provisioner (pre-created local volumes)
-needs the claim bound to its volume first: this scheduler does not match claims to volumes.
+(the daemon's ``VolumeBinding``).  A claim of such a class may also be bound to an available volume
+made beforehand (a local disk) that matches it: the pod is placed where each of its claims gets
+one of its own, and the claim is written into the volume's ``claimRef`` (``Claims.by_size``).  A
+claim of an ``Immediate`` class, or of no class, is waited for as kube-scheduler waits for it.
 
 A claim with access mode ``ReadWriteOncePod`` is one pod's at a time, as kube-scheduler's
 VolumeRestrictions plugin keeps it: a pod mounting it while another live pod uses it, on any
@@ -25,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from gpusched.model import Pod
-from gpusched.model.affinity import NodeSelector, Requirement, both, label_selector_selects
+from gpusched.model import Node, Pod
+from gpusched.model.affinity import NodeSelector, Requirement, both, label_selector_selects, selects
 
 __all__ = [
     "NO_PROVISIONER",
@@ -453,11 +454,18 @@ class Claims:
                 out = both(out, volume.affinity)
         return out
 
-    def provision_selector(self, namespace: str, claims: tuple[str, ...]) -> NodeSelector:
+    def provision_selector(
+        self, namespace: str, claims: tuple[str, ...], nodes: Callable[[], Iterable[Node]] | None = None
+    ) -> NodeSelector:
         """The nodes every claim of ``claims`` still to be bound for its pod's node may be had
         on: the node it is annotated for, or being bound for, already; else those a volume made
-        beforehand that it matches may be used on, and those its class may provision for."""
+        beforehand that it matches may be used on, and those its class may provision for.
+
+        Two claims that could take one and the same volume need two there: with ``nodes`` (the
+        nodes to weigh), those of them where each claim gets a volume of its own, as
+        ``by_size`` hands them out, are named (without, each claim is weighed alone)."""
         out: NodeSelector = ()
+        choosing: list[ClaimRecord] = []  # the claims a volume is chosen for on the pod's node
         for name in claims:
             key = f"{namespace}/{name}"
             claim = self._claims.get(key)
@@ -468,12 +476,46 @@ class Claims:
             if node:
                 out = both(out, ((Requirement("metadata.name", "In", (node,), field=True),),))
                 continue
+            choosing.append(claim)
             ways = [v.affinity for v in self.candidates(claim) if not v.error]
             if cls.provisions and not cls.error:
                 ways.append(cls.topology)
             if ways and all(ways):  # () in any way: every node
                 out = both(out, tuple(dict.fromkeys(term for way in ways for term in way)))
+        if nodes is not None and self._contended(choosing):
+            fit = tuple(n.name for n in nodes() if selects(out, n) and self.by_size(choosing, n) is not None)
+            out = both(out, ((Requirement("metadata.name", "In", fit or ("",), field=True),),))  # "": no node
         return out
+
+    def _contended(self, claims: list[ClaimRecord]) -> bool:
+        """Whether a volume made beforehand is a candidate of two of ``claims``."""
+        seen: set[str] = set()
+        for claim in claims if len(claims) > 1 else ():
+            names = {v.name for v in self.candidates(claim)}
+            if seen & names:
+                return True
+            seen |= names
+        return False
+
+    def by_size(self, claims: Iterable[ClaimRecord], node: Node) -> dict[str, str] | None:
+        """The volumes made beforehand that ``claims`` (of one pod, each to be bound for its
+        node) get on ``node``, as kube-scheduler's volume binding hands them out: the claims
+        smallest request first, each the smallest volume it matches there that no claim before
+        it took (claim key -> volume name; a claim absent is provisioned for the node).  None
+        when one gets no volume and its class cannot provision one there."""
+        taken: dict[str, str] = {}
+        for claim in sorted(claims, key=lambda c: c.request):
+            chosen = set(taken.values())
+            volume = next(
+                (v for v in self.candidates(claim) if v.name not in chosen and selects(v.affinity, node)), None
+            )
+            if volume is not None:
+                taken[claim.key] = volume.name
+                continue
+            cls = self._delayed(claim)
+            if cls is None or not cls.provisions or cls.error or not selects(cls.topology, node):
+                return None
+        return taken
 
     def __len__(self) -> int:
         return len(self._claims)

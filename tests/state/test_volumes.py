@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpusched.model.affinity import Requirement
+from gpusched.model import Node
+from gpusched.model.affinity import NodeSelector, Requirement, selects
 from gpusched.state.volumes import ClaimRecord, Claims, StorageClassRecord, VolumeRecord
 
 
@@ -188,6 +189,44 @@ def test_a_claim_matches_the_volumes_made_beforehand_as_kube_schedulers_volume_b
     c.upsert_volume(pv("pre-bound", claim="ns/d", claim_uid="u1", available=False))
     assert [v.name for v in c.candidates(claim)] == ["pre-bound"]  # its own, alone
     assert c.candidates(replace(claim, selected_node="n1")) == []  # a volume is being provisioned for it
+
+
+def test_two_claims_that_match_one_volume_hold_the_pod_to_nodes_with_a_volume_for_each() -> None:
+    gi = 1 << 30
+    rwo = frozenset({"ReadWriteOnce"})
+
+    def on(node: str) -> NodeSelector:
+        return ((Requirement("kubernetes.io/hostname", "In", (node,)),),)
+
+    def pv(name: str, node: str, size: int) -> VolumeRecord:
+        return VolumeRecord(name, on(node), storage_class="local", capacity=size * gi, modes=rwo, available=True)
+
+    small = ClaimRecord("ns", "small", storage_class="local", request=10 * gi, modes=rwo)
+    large = ClaimRecord("ns", "large", storage_class="local", request=80 * gi, modes=rwo)
+    c = claims(
+        small,
+        large,
+        # n1: one disk either claim fits; n2: one disk each; n3: two disks only the small claim fits.
+        volumes=(pv("n1-a", "n1", 100), pv("n2-a", "n2", 20), pv("n2-b", "n2", 100), pv("n3-a", "n3", 20)),
+    )
+    c.replace_classes([StorageClassRecord("local", "kubernetes.io/no-provisioner", wait_for_consumer=True)])
+    nodes = [Node(n, 8000, 32768, labels={"kubernetes.io/hostname": n}) for n in ("n1", "n2", "n3", "n4")]
+    alone = c.provision_selector("ns", ("large", "small"))  # each claim weighed alone: n1 looks fine
+    assert [n.name for n in nodes if selects(alone, n)] == ["n1", "n2"]
+    both_claims = c.provision_selector("ns", ("large", "small"), lambda: nodes)
+    assert [n.name for n in nodes if selects(both_claims, n)] == ["n2"]
+    # As kube-scheduler hands them out: the smaller claim first, each the smallest volume left.
+    assert c.by_size([large, small], nodes[1]) == {"ns/small": "n2-a", "ns/large": "n2-b"}
+    assert c.by_size([large, small], nodes[0]) is None
+    # A class that provisions takes the claim a volume is missing for, within its topology.
+    c.upsert_class(StorageClassRecord("local", "disk.example.com", wait_for_consumer=True, topology=on("n1")))
+    assert c.by_size([large, small], nodes[0]) == {"ns/small": "n1-a"}
+    fits = c.provision_selector("ns", ("large", "small"), lambda: nodes)
+    assert [n.name for n in nodes if selects(fits, n)] == ["n1", "n2"]
+    # No node with a volume for each: the pod fits none.
+    c.replace_classes([StorageClassRecord("local", "kubernetes.io/no-provisioner", wait_for_consumer=True)])
+    c.delete_volume("n2-b")
+    assert not any(selects(c.provision_selector("ns", ("large", "small"), lambda: nodes), n) for n in nodes)
 
 
 def test_csi_attachments_are_counted_per_driver_and_handle_as_kube_scheduler_counts_them() -> None:
