@@ -20,6 +20,7 @@ import enum
 import json
 import time
 from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -172,6 +173,19 @@ def condition_changes(
     return (current, current_nominated or None) != (message, nominated or None)
 
 
+@dataclass(slots=True)
+class _Said:
+    """The last Event written on an object for one reason: a repeat counts in it."""
+
+    message: str
+    when: float
+    """``time.monotonic()`` when it was last sent."""
+    name: str
+    count: int
+    first: str
+    """Its ``firstTimestamp``."""
+
+
 class Binder:
     """Bindings, Events and conditions for one scheduler instance."""
 
@@ -206,7 +220,7 @@ class Binder:
         self.identity = identity
         self.attempts = attempts
         self.event_repeat_s = event_repeat_s
-        self._last_event: dict[tuple[str, str], tuple[str, float]] = {}
+        self._last_event: dict[tuple[str, str], _Said] = {}
         self.sending: set[str] = set()
         """Pods, by key, whose Binding has gone out (one attempt at least) and whose outcome is
         not known yet: cut off now, it may still land.  Not those still waiting for a token."""
@@ -361,40 +375,53 @@ class Binder:
         ns = involved.get("namespace") or "default"
         # By UID too: a pod created again under the name (a StatefulSet's) gets its own Events.
         key = (f"{involved.get('kind')}/{ns}/{involved.get('name')}/{involved.get('uid') or ''}", reason)
-        last = self._last_event.get(key)
+        said = self._last_event.get(key)
         now = time.monotonic()
-        if last is not None and last[0] == message and now - last[1] < self.event_repeat_s:
+        if said is not None and said.message == message and now - said.when < self.event_repeat_s:
             return
-        self._last_event[key] = (message, now)
-        if len(self._last_event) > 50_000:
-            self._last_event.clear()
         stamp = _now()
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
+        events = f"/api/v1/namespaces/{segment(ns)}/events"
+        leading = self.leading if fenced else None
+        try:
+            if said is not None and said.message == message:
+                # A repeat is counted in the Event written, as client-go's recorder counts it
+                # (``kubectl describe`` shows "x12 over 11m"), rather than written anew each time.
+                said.when, said.count = now, said.count + 1
+                patch = {"count": said.count, "lastTimestamp": stamp}
+                try:
+                    await self._retrying(
+                        "PATCH", f"{events}/{segment(said.name)}", patch, MERGE_PATCH, kube=self.events, leading=leading
+                    )
+                    return
+                except ApiError as exc:
+                    if exc.status not in (403, 404):
+                        raise
+                    # Gone (an Event lives an hour), or a role from before Events were patched:
+                    # written again below, its count carried on.
+            else:
+                said = self._last_event[key] = _Said(message, now, "", 1, stamp)
+                if len(self._last_event) > 50_000:
+                    self._last_event.clear()
             # Named as client-go's recorder names Events (the object's name and the time in
             # nanoseconds, hex): a POST retried after a lost answer finds it there (409), where a
             # generated name would write it twice.
-            "metadata": {"name": f"{involved.get('name')}.{time.time_ns():x}", "namespace": ns},
-            "involvedObject": {k: v for k, v in involved.items() if v},
-            "reason": reason,
-            "message": message[:1024],
-            "type": kind,
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.identity,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
-        try:
-            await self._retrying(
-                "POST",
-                f"/api/v1/namespaces/{segment(ns)}/events",
-                body,
-                kube=self.events,
-                leading=self.leading if fenced else None,
-            )
+            said.name = f"{involved.get('name')}.{time.time_ns():x}"
+            body = {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": said.name, "namespace": ns},
+                "involvedObject": {k: v for k, v in involved.items() if v},
+                "reason": reason,
+                "message": message[:1024],
+                "type": kind,
+                "source": {"component": COMPONENT},
+                "reportingComponent": COMPONENT,
+                "reportingInstance": self.identity,
+                "firstTimestamp": said.first,
+                "lastTimestamp": stamp,
+                "count": said.count,
+            }
+            await self._retrying("POST", events, body, kube=self.events, leading=leading)
         except NotLeading:
             self._last_event.pop(key, None)  # not said: said again when this instance leads again
             log.info("event not written: no longer the leader", object=key[0], reason=reason)

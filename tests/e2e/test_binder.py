@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+from kubernetes_asyncio.client import ApiClient
 from structlog.testing import capture_logs
 
 from gpusched.kube.binder import Binder, BindResult
@@ -72,6 +73,42 @@ async def test_a_pod_created_again_under_its_name_gets_its_own_events(
         events = (await kube.get(f"/api/v1/namespaces/{namespace}/events"))["items"]
         seen = sorted(e["involvedObject"]["uid"] for e in events if e["reason"] == "Scheduled")
         assert seen == sorted(uids)
+    finally:
+        await kube.close()
+
+
+async def test_a_repeated_event_is_counted_in_the_one_written_as_kubectl_describe_shows_it(
+    control_plane: ControlPlane, scheduler_api: ApiClient, namespace: str
+) -> None:
+    """A pod told the same verdict again and again has one FailedScheduling Event whose count
+    grows (``x3 over 2m``), not one Event per telling; a new verdict is an Event of its own; a
+    counted Event gone (they live an hour) is written again with its count.  As the scheduler's
+    ServiceAccount, with the RBAC of manifests/."""
+    kube = await kit.admin(control_plane)
+    binder = Binder(Kube(scheduler_api), "test", event_repeat_s=0)
+    events = f"/api/v1/namespaces/{namespace}/events"
+
+    async def told() -> list[tuple[str, int]]:
+        items = (await kube.get(events))["items"]
+        return sorted((e["message"], e["count"]) for e in items if e["involvedObject"]["uid"] == pod.uid)
+
+    try:
+        pod = await _create(kube, namespace, "waiting")
+        full = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+        for _ in range(3):
+            await binder.event(pod, "FailedScheduling", full, "Warning")
+        assert await told() == [(full, 3)]
+        (only,) = (await kube.get(events))["items"]
+        assert only["lastTimestamp"] >= only["firstTimestamp"]
+        tainted = "0/3 nodes are available: 3 node(s) had untolerated taint {gpu: busy}."
+        await binder.event(pod, "FailedScheduling", tainted, "Warning")
+        await binder.event(pod, "FailedScheduling", tainted, "Warning")
+        assert await told() == [(full, 3), (tainted, 2)]
+        gone = [e["metadata"]["name"] for e in (await kube.get(events))["items"] if e["message"] == tainted]
+        r = await kube.request("DELETE", f"{events}/{gone[0]}")
+        assert r.ok, r.body
+        await binder.event(pod, "FailedScheduling", tainted, "Warning")
+        assert await told() == [(full, 3), (tainted, 3)]
     finally:
         await kube.close()
 

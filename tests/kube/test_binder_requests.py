@@ -413,6 +413,31 @@ async def test_an_event_posted_again_after_a_lost_answer_is_not_written_twice(tm
     assert [e for e in logs if e["event"] == "event not written"] == []
 
 
+async def test_a_repeat_the_role_may_not_patch_is_written_as_a_new_event_with_its_count(tmp_path: Path) -> None:
+    """A ClusterRole from before Events were counted grants ``create`` only: a repeat's PATCH is
+    refused (403), and the repeat is written as an Event of its own, its count carried on."""
+    seen: list[tuple[str, int]] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        if request.method == "PATCH":
+            seen.append(("PATCH", 0))
+            return _status(403, "Forbidden")
+        seen.append(("POST", (await request.json())["count"]))
+        return web.json_response({}, status=201)
+
+    async with serving(answer, tmp_path) as kubeconfig:
+        kube = await client.connect(kubeconfig, None, 1000, 1000)
+        try:
+            with capture_logs() as logs:
+                b = Binder(kube, "me", event_repeat_s=0)
+                for _ in range(2):
+                    await b.event(replace(pod("p"), uid="u1"), "FailedScheduling", "0/1 nodes are available", "Warning")
+        finally:
+            await kube.close()
+    assert seen == [("POST", 1), ("PATCH", 0), ("POST", 2)]
+    assert [e for e in logs if e["event"] == "event not written"] == []
+
+
 class TimedApi:
     """Answers every request at once, recording the time limit each one was sent with, as
     ``Kube.request`` sets it (the client's 30 s, or what the ``deadline`` leaves, when less)."""
