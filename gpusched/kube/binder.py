@@ -302,13 +302,13 @@ class Binder:
         except NotLeading as exc:
             why = f"node {node} is gone" if gone else LEAD_LOST
             if exc.sent:  # an earlier attempt went out and got no answer: it may have been written
-                return await self.settle(pod, node, f"{why} after a Binding with no answer")
+                return await self.settle(pod, node, f"{why} after a Binding with no answer", final=False)
             return (BindResult.WITHDRAWN if gone else BindResult.FAILED), why
         except ApiError as exc:
             if exc.status == 404:
                 return BindResult.GONE, exc.message
             if exc.status in (0, 409) or exc.status >= 500:  # it may have been written
-                return await self.settle(pod, node, str(exc))
+                return await self.settle(pod, node, str(exc), final=exc.status == 409)
             return BindResult.FAILED, str(exc)
         finally:
             self.sending.discard(pod.key)
@@ -327,9 +327,12 @@ class Binder:
         phase = (obj.get("status") or {}).get("phase")
         return (not pod.uid or meta.get("uid") == pod.uid) and phase not in ("Succeeded", "Failed")
 
-    async def settle(self, pod: Pod, node: str, cause: str) -> tuple[BindResult, str]:
+    async def settle(self, pod: Pod, node: str, cause: str, final: bool = True) -> tuple[BindResult, str]:
         """After a conflict or a lost answer (``cause``): read the pod once to learn whether the
-        Binding to ``node`` was written.  ``UNKNOWN`` when the read fails in passing."""
+        Binding to ``node`` was written.  ``UNKNOWN`` when the read fails in passing, and, unless
+        ``final``, when the pod is not bound yet: an API server that gave up waiting on a write
+        (a timeout, a 5xx) may still complete it, so the pod is read again a moment later
+        before its room is given to another."""
         try:
             r = await self.kube.request("GET", _path(pod))
         except ApiError as exc:
@@ -338,7 +341,8 @@ class Binder:
             if r.status == 404:
                 return BindResult.GONE, "pod deleted"
             if r.ok and isinstance(r.body, dict):
-                return self._outcome(pod, node, r.body, cause)
+                result, why = self._outcome(pod, node, r.body, cause)
+                return (BindResult.UNKNOWN, why) if result is BindResult.FAILED and not final else (result, why)
             err = r.error() if not r.ok else ApiError(0, f"the answer is not a pod: {str(r.body)[:80]!r}")
         result = BindResult.UNKNOWN if _transient(err) else BindResult.FAILED
         return result, f"{cause}; and reading the pod failed: {err}"

@@ -165,7 +165,7 @@ def _pod_object(uid: str, node: str) -> web.Response:
         (_status(403, "Forbidden"), BindResult.FAILED),  # will not tell: retried as a refusal
         (_pod_object("u1", "n1"), BindResult.BOUND),  # the server wrote it before it failed
         (_pod_object("u1", "n2"), BindResult.TAKEN),
-        (_pod_object("u1", ""), BindResult.FAILED),  # not written: safe to place again
+        (_pod_object("u1", ""), BindResult.UNKNOWN),  # not written yet: read again before its room is given up
         (_pod_object("u2", "n1"), BindResult.GONE),
         (_status(404, "NotFound"), BindResult.GONE),  # deleted meanwhile
     ],
@@ -184,6 +184,33 @@ async def test_a_binding_answered_with_a_server_error_is_read_back_before_it_cou
     assert result is expected
     if expected in (BindResult.UNKNOWN, BindResult.FAILED):
         assert "internalerror" in why  # the Binding's own answer is what the pod's Event shows
+
+
+async def test_a_binding_with_no_answer_read_back_unbound_is_read_again_before_it_counts_as_failed(
+    server: tuple[Path, list[web.Response], list[str]],
+) -> None:
+    """An API server that timed out on a Binding may complete the write after the pod is read
+    back: the pod's GPUs are not given up on the first unbound read (a share given to another
+    pod meanwhile would be one GPU twice over), only on the next, made when the outcome is
+    resolved (``Scheduler._resolve``)."""
+    kubeconfig, script, seen = server
+    script += [_status(504, "Timeout"), _pod_object("u1", ""), _pod_object("u1", "")]
+    kube = await client.connect(kubeconfig, None, 1000, 1000)
+    p = replace(pod("p", gpus=1), uid="u1")
+    try:
+        binder = Binder(kube, "me", attempts=1)
+        first, why = await binder.bind(p, "n1", (0,))
+        later = await binder.settle(p, "n1", why)
+    finally:
+        await kube.close()
+    assert first is BindResult.UNKNOWN
+    assert later == (BindResult.FAILED, why)
+    assert "timeout" in why
+    assert seen == [
+        "POST /api/v1/namespaces/default/pods/p/binding",
+        "GET /api/v1/namespaces/default/pods/p",
+        "GET /api/v1/namespaces/default/pods/p",
+    ]
 
 
 async def test_a_binding_is_given_up_when_the_lead_runs_out_and_asks_the_server_to_give_up_too(
@@ -213,7 +240,7 @@ async def test_a_binding_is_given_up_when_the_lead_runs_out_and_asks_the_server_
         finally:
             release.set()
             await kube.close()
-    assert result[0] is BindResult.FAILED  # read back unbound after the timeout
+    assert result[0] is BindResult.UNKNOWN  # read back unbound after the timeout: read again later
     assert gave_up < until + 2.0  # not the client's usual 30 s
     (timeout,) = asked
     assert timeout.endswith("s")
