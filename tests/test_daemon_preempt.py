@@ -17,6 +17,7 @@ from gpusched.daemon import Scheduler, preemption
 from gpusched.daemon import scheduler as daemon
 from gpusched.daemon.handlers import NodeHandler
 from gpusched.kube.binder import condition_changes
+from gpusched.kube.convert import pod_record
 from gpusched.kube.watch import OptionalHandler
 from gpusched.model import Pod
 from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle, web_budget
@@ -515,6 +516,33 @@ async def test_a_running_gang_is_not_left_short_when_other_pods_can_make_room() 
     s._pending.apply("ADDED", urgent)
     assert await _cycle(s) == ["default/urgent"]
     assert sorted(api.evicted) == [("default/o0", "default/urgent", "n1"), ("default/o1", "default/urgent", "n1")]
+
+
+@pytest.mark.parametrize("member", ["on-a-node-being-repartitioned", "binding-in-flight"])
+async def test_a_running_gang_counts_the_members_preemption_may_not_touch_toward_its_minimum(
+    monkeypatch: pytest.MonkeyPatch, member: str
+) -> None:
+    """Gang g (two members, its minimum) runs m1 on n1 and m2 on n0.  With m1 out of
+    preemption's reach (its node being re-partitioned into MIG instances, or its Binding not
+    confirmed yet), m2 is still one of two: evicting it would leave the job short, so the pod
+    of lower priority elsewhere goes instead."""
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    NodeHandler(s).apply("ADDED", kit.node("n1", 2, "A100"))
+    NodeHandler(s).apply("ADDED", kit.node("n2", 1, "A100"))
+    first = member_pod("m1", gang="g", node="n1")
+    if member == "binding-in-flight":
+        first["spec"].pop("nodeName")
+        s.cache.assume(pod_record(first).pod, "n1", (0,))
+    else:
+        s._bound.apply("ADDED", first)
+        monkeypatch.setattr(s.mig, "sealed", lambda: {"n1"})
+    s._bound.apply("ADDED", member_pod("m2", gang="g", node="n0"))
+    s._bound.apply("ADDED", _pod("x", 5, node="n2"))
+    s._bound.apply("ADDED", _pod("big", 1000, node="n1"))
+    s._pending.apply("ADDED", _pod("p", 50))
+    assert await _cycle(s) == ["default/p"]
+    assert api.evicted == [("default/x", "default/p", "n2")]
 
 
 class _VictimLeavesDuringTheSolve:

@@ -725,7 +725,8 @@ class Preemptor:
     def _budgets(self, running: Sequence[Assignment]) -> list[Budget]:
         """The disruption budgets as preemption counts them, beside ``running`` (the pods it may
         evict): less what was evicted here since their status was written, and a budget per
-        running gang (``gang_budgets``)."""
+        running gang (``gang_budgets``), whose members it may not evict (their Binding in
+        flight, or on a node being re-partitioned) count toward its minimum all the same."""
         for k, v in list(self.s.evicted_uncounted.items()):
             if not self.s.cache.holds(k, v.uid):
                 del self.s.evicted_uncounted[k]
@@ -733,7 +734,9 @@ class Preemptor:
             replace(b, allowed=b.allowed - sum(1 for v in self.s.evicted_uncounted.values() if b.covers(v)))
             for b in self.s.budgets.values()
         ]
-        return budgets + gang_budgets(running)  # running gangs keep their minimum
+        victims = {a.pod.key for a in running}
+        beside = [p for p in self.s.cache.gang_members() if p.key not in victims]
+        return budgets + gang_budgets(running, also=beside)  # running gangs keep their minimum
 
     def _through_rooms(
         self, pods: list[tuple[Pod, _Why]], searched: Collection[str], batch_id: int, reclaim: bool

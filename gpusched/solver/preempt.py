@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -127,15 +127,17 @@ _SHIFT = 2**31
 victims first: fewer victims of higher priority beat more of lower priority."""
 
 
-def gang_budgets(running: Sequence[Assignment]) -> list[Budget]:
+def gang_budgets(running: Sequence[Assignment], also: Iterable[Pod] = ()) -> list[Budget]:
     """A budget per running gang (members bound and not being deleted, at least its minimum)
     that lets preemption evict the members beyond its minimum: below it, the rest of a
     distributed job is of no use.  As with a PodDisruptionBudget, a way to make room that
-    leaves a gang short is taken only when every way does.  A gang short already has none."""
+    leaves a gang short is taken only when every way does.  A gang short already has none.
+    ``also``: members that count toward the minimum though they are no victims (their Binding
+    in flight, or on a node no preemption may touch)."""
     members: dict[str, list[Pod]] = defaultdict(list)
-    for a in running:
-        if a.pod.gang is not None and not a.pod.terminating:
-            members[a.pod.gang.name].append(a.pod)
+    for p in [a.pod for a in running] + list(also):
+        if p.gang is not None and not p.terminating:
+            members[p.gang.name].append(p)
     out = []
     for name, pods in sorted(members.items()):
         minimum = max(p.gang.min_members for p in pods if p.gang is not None)

@@ -518,6 +518,16 @@ class Cache:
             if not held.assumed and not held.pod.terminating and (held.pod.key, held.pod.uid) not in taken:
                 yield held
 
+    def gang_members(self) -> list[Pod]:
+        """Members of gangs on the books, bound or assumed (their Binding in flight), not being
+        deleted nor preempted already: what a running gang counts toward its minimum."""
+        taken = {v for n in self._nominated.values() for v in n.victims}
+        return [
+            h.pod
+            for h in self._held.values()
+            if h.pod.gang is not None and not h.pod.terminating and (h.pod.key, h.pod.uid) not in taken
+        ]
+
     def preemptible(self) -> list[Assignment]:
         """Bound pods that preemption may evict, as placed in the cluster of the last
         ``snapshot`` (take both at once): confirmed, on a known node, not being deleted, not
