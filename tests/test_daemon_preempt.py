@@ -467,6 +467,44 @@ async def test_a_gang_member_created_again_while_its_victims_leave_takes_its_nam
     assert len(api.evicted) == 2
 
 
+def _of_three(name: str) -> dict[str, Any]:
+    obj = _member(name, 50)
+    obj["metadata"]["annotations"]["gpusched.io/gang-min-members"] = "3"
+    return obj
+
+
+@pytest.mark.parametrize("fourth", ["pending-already", "created-after"])
+async def test_a_deleted_members_room_goes_to_a_pending_member_that_completes_the_gang(fourth: str) -> None:
+    """A gang of four (minimum 3) finds room for three members only; one of them is deleted
+    while the victims leave.  The fourth member, pending without room (or created just after),
+    completes the gang with the other two: the room is not kept idle for a namesake that may
+    never come, and the gang is bound as soon as the victims are gone."""
+    api = _Api()
+    s = one_node_scheduler(api, gpus=3)
+    for i in (0, 1, 2):
+        s._bound.apply("ADDED", _pod(f"low-{i}", 0, node="n0"))
+    names = ["a", "b", "c", "d"] if fourth == "pending-already" else ["a", "b", "c"]
+    for name in names:
+        s._pending.apply("ADDED", _of_three(name))
+    await _cycle(s)
+    holding = sorted(k for k in s.queue.pending_keys() if s.cache.nomination(k) is not None)
+    assert len(holding) == 3
+    assert len(api.evicted) == 3
+    gone = holding[0].split("/")[1]
+    s._pending.apply("DELETED", _of_three(gone))
+    if fourth == "created-after":
+        s._pending.apply("ADDED", _of_three("d"))
+    for i in (0, 1, 2):
+        s._bound.apply("MODIFIED", _leaving(f"low-{i}", 0, "n0"))
+        s._bound.apply("DELETED", _leaving(f"low-{i}", 0, "n0"))
+    for _ in range(3):  # (a batch or two: not a minute of them)
+        if len(api.bound) == 3:
+            break
+        await _cycle(s)
+    assert sorted(api.bound) == sorted(f"default/{n}" for n in ["a", "b", "c", "d"] if n != gone)
+    assert len(api.evicted) == 3
+
+
 async def test_the_room_kept_for_a_deleted_gang_member_goes_with_the_rest_of_its_gang() -> None:
     api = _Api()
     s = _two_nodes(api)

@@ -141,10 +141,11 @@ class Preemptor:
 
     def keep_for_namesake(self, key: str) -> bool:
         """For the pending pod ``key``, deleted: keep the room held for it when it is a gang
-        member, another member of its gang still holds room, and those (beside its members
-        running) fall short of its minimum without it, for a pod created again under its name
-        (``GANG_MEMBER_GRACE_S``); whether it is kept.  Only while leading.  When the rest meet
-        the minimum, they go ahead without it: its room is not kept idle."""
+        member, another member of its gang still holds room, and the rest of its gang (its
+        members running and pending, with room or without) fall short of its minimum without
+        it, for a pod created again under its name (``GANG_MEMBER_GRACE_S``); whether it is
+        kept.  Only while leading.  When the rest meet the minimum, they go ahead without it:
+        its room is not kept idle (a pending member without room of its own takes it)."""
         if key in self.kept:  # its deletion seen again (deletionTimestamp, then DELETED)
             return True
         record = self.s.queue.record(key)
@@ -152,11 +153,16 @@ class Preemptor:
         if gang is None or not self.s.is_leader or self.s.cache.nomination(key) is None:
             return False
         others = [k for k in self.s.cache.gang_nominations(gang.name) if k != key and k not in self.kept]
-        if not others or len(others) + self.s.cache.gang_held({gang.name})[gang.name][0] >= gang.min_members:
+        if not others or self._rest(gang.name, without=key) >= gang.min_members:
             return False
         self.kept[key] = (gang.name, time.monotonic() + GANG_MEMBER_GRACE_S)
         log.info("room kept for a gang member created again", pod=key, gang=gang.name, seconds=GANG_MEMBER_GRACE_S)
         return True
+
+    def _rest(self, gang: str, without: str = "") -> int:
+        """Members of ``gang`` running (on the books) and pending, ``without`` that one."""
+        pending = self.s.queue.gang_pending(gang) - (without in self.s.queue)
+        return self.s.cache.gang_held({gang})[gang][0] + pending
 
     def kept_for(self, gang: str) -> list[str]:
         """Keys of the deleted members of ``gang`` whose room is kept for a namesake."""
@@ -164,11 +170,18 @@ class Preemptor:
 
     def expire_kept(self) -> None:
         """Give up the rooms kept for deleted gang members past their grace, or whose gang's
-        other members hold room no longer; the parked pods look again."""
+        other members hold room no longer, or meet its minimum without them (a member created
+        since, under another name); the parked pods look again."""
         now = time.monotonic()
         for key, (gang, until) in list(self.kept.items()):
             held = [k for k in self.s.cache.gang_nominations(gang) if k not in self.kept]
-            if until > now and held and self.s.cache.nomination(key) is not None:
+            short = True
+            for k in held:
+                member = self.s.queue.record(k)
+                if member is not None and member.pod.gang is not None:
+                    short = self._rest(gang) < member.pod.gang.min_members
+                    break
+            if until > now and held and short and self.s.cache.nomination(key) is not None:
                 continue
             del self.kept[key]
             log.info("room kept for a gang member given up", pod=key, gang=gang)
