@@ -583,6 +583,51 @@ async def test_a_running_gang_counts_the_members_preemption_may_not_touch_toward
     assert api.evicted == [("default/x", "default/p", "n2")]
 
 
+async def test_a_gang_member_deleted_during_the_search_drops_the_gang_before_any_pod_evicts_for_its_room(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """n0 runs v (priority 0, 3 GPUs) and w (priority 5, 1 GPU).  The search finds the gang g1+g2
+    its room by evicting v, and p (2 GPUs) room in v's spare GPU and w's.  g2 is deleted while
+    the search runs: the gang goes without, so no pod may count on v leaving: p evicts v, not w
+    (which would have been evicted for nothing, p's room still taken by v)."""
+    api = _Api()
+    s = one_node_scheduler(api, gpus=4)
+    v, w, p = _pod("v", 0, node="n0"), _pod("w", 5, node="n0"), _pod("p", 50)
+    for obj, gpus in ((v, "3"), (p, "2")):
+        obj["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = gpus
+    for obj in (v, w):
+        s._bound.apply("ADDED", obj)
+    for name in ("g1", "g2"):
+        s._pending.apply("ADDED", _member(name, 100))
+    s._pending.apply("ADDED", p)
+    loop = asyncio.get_running_loop()
+    real = preemption.plan_preemptions
+    deleted = threading.Event()
+
+    def racing(*args: Any, **kwargs: Any) -> Any:
+        found = real(*args, **kwargs)
+
+        def delete() -> None:
+            s._pending.apply("DELETED", _member("g2", 100))
+            deleted.set()
+
+        loop.call_soon_threadsafe(delete)
+        deleted.wait(DRAWN_WITHIN_S)
+        return found
+
+    monkeypatch.setattr(preemption, "plan_preemptions", racing)
+    await _cycle(s)
+    assert deleted.is_set()
+    assert s.cache.nomination("default/g1") is None
+    assert [(victim, by) for victim, by, _ in api.evicted if by == "default/p"] in ([], [("default/v", "default/p")])
+    monkeypatch.undo()
+    for _ in range(3):  # p went without this time: it looks again soon, not after a minute
+        if api.evicted:
+            break
+        await _cycle(s)
+    assert [(victim, by) for victim, by, _ in api.evicted] == [("default/v", "default/p")]
+
+
 class _VictimLeavesDuringTheSolve:
     """The batch's solve waits in its worker thread until ``leave`` has run on the loop."""
 

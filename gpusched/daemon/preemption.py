@@ -560,6 +560,12 @@ class Preemptor:
             )
 
         found = carried(live)
+        # A gang no longer whole (a member gone, changed or bound during the search, or its room
+        # not to be carried out) is dropped before anything is: a pod found room in what its
+        # victims were to leave must not evict its own for nothing.
+        by_key = {pre.pod.key: pre for pre in found}
+        broken = {k for told in gangs if not self._gang_whole(told, by_key, sought) for k in told}
+        found = [pre for pre in found if pre.pod.key not in broken]
         if len(found) < searched:  # some dropped: the others may have counted on their victims
             found = still_standing(found, snap.state)
             kept = {pre.pod.key for pre in found}
@@ -578,6 +584,9 @@ class Preemptor:
                 if not self.s.is_leader:
                     found = []
         chosen = {pre.pod.key: pre for pre in found}
+        # Pods whose room was found and dropped with another's (a gang broken during the search):
+        # the search is not their verdict, they look again soon.
+        dropped = {pre.pod.key for pre in live if pre.pod.gang is None} - chosen.keys()
         evicting = False
         evicted = 0  # victims of the preemptions carried out
         missed: list[tuple[Pod, Explanation | Verdict]] = []  # pods the search found nothing for
@@ -611,22 +620,11 @@ class Preemptor:
             for k, (p, _) in told.items():
                 if self.s.cache.holds(p.key, p.uid):  # bound by someone else during the search
                     self.s.queue.done(k)
-            # Every member the search found room for (all, or at least its minimum), or none: a
-            # member gone or changed during the search, or room that cannot be carried out for
-            # one of them, leaves the gang short, and then no pod is evicted for it.
             chosen_group = [pre for pre in group if pre is not None]
-            gang = next(iter(told.values()))[0].gang
-            assert gang is not None
             current = all(
                 self.s.queue.current(k, p.uid) and not self.s.cache.holds(k, p.uid) for k, (p, _) in told.items()
             )
-            whole = (
-                current
-                and bool(chosen_group)
-                and len(chosen_group) == sought[chosen_group[0].pod.unit]
-                and len(chosen_group) >= min(gang.min_members, len(told))
-            )
-            if not whole:
+            if not self._gang_whole(told, chosen, sought):
                 if reclaim_gangs is not None and current:
                     reclaim_gangs.append(told)  # the preemption search looks next
                     continue
@@ -649,7 +647,7 @@ class Preemptor:
             log.info(
                 "reclaim" if reclaim is not None else "preempt",
                 batch_id=batch_id,
-                gang=gang.name,
+                gang=chosen_group[0].pod.unit.removeprefix("gang:"),
                 pods=sorted(nodes),
                 priority=min(pre.pod.priority for pre in chosen_group),
                 nodes=sorted(set(nodes.values())),
@@ -689,7 +687,8 @@ class Preemptor:
                 assert isinstance(e, Explanation)
                 reclaim.append((p, e))  # the preemption search looks next
             else:
-                self.s.tell_unschedulable(p, self.s.with_notes(p, e.message, batch), e.reason)
+                message = self.s.with_notes(p, e.message, batch)
+                self.s.tell_unschedulable(p, message, e.reason, retry=p.key in dropped)
         if reclaim is not None:  # counted: the pods (and gang members) within their tenant's quota that looked
             self.s.metrics.reclaim(len(looked), evicted)
         elif at_limit:
@@ -697,6 +696,24 @@ class Preemptor:
         else:
             self.s.metrics.preemption(len(pods) + sum(map(len, gangs)), evicted)
         return evicting
+
+    def _gang_whole(
+        self, told: Mapping[str, tuple[Pod, str]], chosen: Mapping[str, Preemption], sought: Counter[str]
+    ) -> bool:
+        """Whether the gang of ``told`` (its pending members) may be preempted for as ``chosen``
+        has it: every member the search found room for (``sought``: all, or at least its
+        minimum), or none.  A member gone or changed during the search, bound meanwhile, or
+        whose room cannot be carried out leaves the gang short, and then no pod is evicted for it."""
+        group = [pre for k in told if (pre := chosen.get(k)) is not None]
+        gang = next(iter(told.values()))[0].gang
+        assert gang is not None
+        current = all(self.s.queue.current(k, p.uid) and not self.s.cache.holds(k, p.uid) for k, (p, _) in told.items())
+        return (
+            current
+            and bool(group)
+            and len(group) == sought[group[0].pod.unit]
+            and len(group) >= min(gang.min_members, len(told))
+        )
 
     def _carry_out(
         self,
