@@ -642,7 +642,7 @@ async def test_a_later_mig_pod_joins_once_the_node_shows_the_label_too() -> None
 
 async def test_a_node_withdrawn_during_the_config_delay_is_not_labelled() -> None:
     wrong = []
-    for withdraw in ("node label", "feature off", "GPU taken", "cordoned"):
+    for withdraw in ("node label", "feature off", "GPU taken", "cordoned", "another layout", "manager at work"):
         api = MigApi()
         s = scheduler(api, {"mig": {"repartition": True, "configDelaySeconds": 0.2}})
         add_node(s, "n", 1)
@@ -658,6 +658,10 @@ async def test_a_node_withdrawn_during_the_config_delay_is_not_labelled() -> Non
             obj = kit.node("n", 1, A100, **{"gpusched.io/mig-repartition": "true"})
             obj["spec"] = {"unschedulable": True}
             NodeHandler(s).apply("MODIFIED", obj)
+        elif withdraw == "another layout":  # the admin asks the MIG manager for another layout
+            add_node(s, "n", 1, **{"nvidia.com/mig.config": "all-1g.10gb"})
+        elif withdraw == "manager at work":  # re-applying the node's layout (a reboot)
+            add_node(s, "n", 1, **{"nvidia.com/mig.config.state": "pending"})
         else:  # another scheduler's pod (or one with spec.nodeName) starts on its GPU
             other = kit.pod("other", "default-scheduler", gpus=1, node_name="n")
             other["metadata"].update({"namespace": "default", "uid": "uid-other"})
@@ -887,6 +891,36 @@ def restore_failed_warnings(api: EventApi) -> list[str]:
         for node, reason, m, kind in api.node_events
         if node == "m" and (reason, kind) == ("MigRestoreFailed", "Warning")
     ]
+
+
+async def test_a_restore_finished_under_another_leader_has_its_request_labels_removed() -> None:
+    """The previous leader set node "m" back to whole GPUs and stepped down; the MIG manager
+    finished under this one.  The request's labels are removed all the same: left standing, the
+    MIG manager applying ``all-disabled`` again days later (a reboot: ``pending``) would read as
+    that old request not answered, and be told as a restore that failed."""
+    api = EventApi()
+    s = scheduler(api, {"mig": {"repartition": True, "timeoutSeconds": 60}})
+    stamp = str(int(time.time()) - 30)
+    request = {"gpusched.io/mig-requested-at": stamp, "gpusched.io/mig-previous": "gpusched-0123456789ab"}
+    going = mig_node("m", config="all-disabled", **{"1g_10gb": 7})
+    going["metadata"]["labels"] |= request
+    NodeHandler(s).apply("ADDED", going)  # the instances still being taken away
+    done = kit.node("m", 8, A100, **{"gpusched.io/mig-repartition": "true", "nvidia.com/mig.config": "all-disabled"})
+    done["metadata"]["labels"] |= {**request, "nvidia.com/mig.config.state": "success"}
+    NodeHandler(s).apply("MODIFIED", done)
+    await asyncio.sleep(0.05)
+    assert ("m", {"gpusched.io/mig-requested-at": None, "gpusched.io/mig-previous": None}) in api.labelled
+    # Days later, the labels gone: the MIG manager applies all-disabled again after a reboot.
+    for state in ("pending", "success"):
+        again = copy.deepcopy(done)
+        again["metadata"]["labels"]["nvidia.com/mig.config.state"] = state
+        for key in request:
+            del again["metadata"]["labels"][key]
+        NodeHandler(s).apply("MODIFIED", again)
+        s.mig.expire_asks()
+    await asyncio.sleep(0.05)
+    assert restore_failed_warnings(api) == []
+    stop(s)
 
 
 async def _timed_out_restore(api: MigApi, monkeypatch: Any) -> tuple[Scheduler, int]:

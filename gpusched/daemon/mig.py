@@ -90,6 +90,9 @@ class Repartition:
     busy: bool = False
     """The MIG manager was seen at work (pending, rebooting) on the label once it was written: a
     state ``success`` from then on is its answer, not the state of the last configuration."""
+    found: str | None = None
+    """The node's ``nvidia.com/mig.config`` when the layout was chosen (None: not known): another
+    value by the time it is to be labelled is someone else's word, not overwritten."""
 
     @property
     def wanted(self) -> Counter[str]:
@@ -277,7 +280,7 @@ class Repartitioner:
             node = cluster.nodes[n]
             config, entries = configs[node.name]
             layouts = tuple((g, layout) for m, g, layout in parts if m == n)
-            job = Repartition(config, {p.key: p for p in group}, layouts)
+            job = Repartition(config, {p.key: p for p in group}, layouts, found=node.labels.get(LABEL_MIG_CONFIG, ""))
             self.jobs[node.name] = job
             instances = _counts(job.wanted.items())
             log.info(
@@ -396,7 +399,7 @@ class Repartitioner:
                 await self._idle(wait)
             if self.jobs.get(node) is not job:  # over meanwhile (the node went away)
                 return
-            withdrawn = self._withdrawn(node)
+            withdrawn = self._withdrawn(node, found=job.found)
             if withdrawn:
                 self._end(node, job, "failed", withdrawn)
                 return
@@ -439,10 +442,11 @@ class Repartitioner:
             self._end(node, job, "timeout", why)
             self._give_up_layout(node, job.config, job.before, why)
 
-    def _withdrawn(self, node: str, whole: bool = False) -> str:
+    def _withdrawn(self, node: str, whole: bool = False, found: str | None = None) -> str:
         """Why ``node`` may no longer be labelled for the layout asked for ("" when it may): what
         changed while the MIG manager's copy of the ConfigMap was given time.  ``whole``: set
-        back to whole GPUs, which no pod on its instances may be using either."""
+        back to whole GPUs, which no pod on its instances may be using either.  ``found``: its
+        ``nvidia.com/mig.config`` when the layout was chosen; someone else's since is kept."""
         if not self.s.config.mig.repartition:
             return "mig.repartition was turned off"
         rec = self.s.cache.nodes.get(node)
@@ -450,6 +454,11 @@ class Repartitioner:
             return "the node is gone"
         if rec.node.labels.get(LABEL_MIG_REPARTITION, "").lower() != "true":
             return f"its label {LABEL_MIG_REPARTITION} is no longer true"
+        now = rec.node.labels.get(LABEL_MIG_CONFIG, "")
+        if found is not None and now != found:
+            return f"its label {LABEL_MIG_CONFIG} was set to {now or '(none)'} meanwhile, by someone else"
+        if node in self.at_work:
+            return f"the MIG manager is at work on it ({LABEL_MIG_STATE}={rec.node.labels.get(LABEL_MIG_STATE, '')})"
         if rec.node.unschedulable:
             return "the node was cordoned"
         state = self.s.cache.snapshot().state
@@ -949,17 +958,18 @@ class Repartitioner:
         else:
             self._forget_ask(node.name)
             if (
-                ours
+                (ours or config == MIG_ALL_DISABLED)
                 and requested
                 and arrived
                 and state == "success"
                 and node.name not in self.jobs
                 and self.s.is_leader
             ):
-                # Its layout came under another leader, or the label's removal failed: a request
-                # left standing would read as one not answered the next time the node advertises
-                # no instance for a moment (a device plugin restart).
-                self._clear(node.name)
+                # Its layout (or its whole GPUs) came under another leader, or the label's removal
+                # failed: a request left standing would read as one not answered the next time the
+                # node advertises no instance for a moment (a device plugin restart), or the MIG
+                # manager applies the configuration again (a reboot: a restore "failed").
+                self._clear(node.name, previous=config == MIG_ALL_DISABLED)
         # Instances the MIG manager is told to remove stay sealed, however long it takes, until a
         # leader labels the node with its layout again.
         if config == MIG_ALL_DISABLED and stamp is not None and node.mig_slices:
