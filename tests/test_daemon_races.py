@@ -683,3 +683,47 @@ async def test_binds_dropped_when_the_lead_is_lost_count_as_a_lost_lead_not_as_f
     scraped = s.metrics.render()[0].decode()
     assert 'gpusched_bind_errors_total{reason="failed"} 0.0' in scraped
     assert 'gpusched_bind_errors_total{reason="lead_lost"} 2.0' in scraped
+
+
+def _sharing(name: str, milli: int, node: str = "", gang: str = "") -> dict[str, Any]:
+    """A pod asking for ``milli`` thousandths of one GPU (``gpusched.io/gpu-milli``)."""
+    obj = member_pod(name, gang=gang, node=node) if gang else kit.pod(name, "s", milli=milli, node_name=node)
+    obj["metadata"].setdefault("namespace", "default")
+    obj["metadata"].setdefault("uid", f"uid-{name}")
+    if gang:
+        obj["spec"]["containers"][0]["resources"]["limits"].pop("nvidia.com/gpu", None)
+        obj["metadata"]["annotations"]["gpusched.io/gpu-milli"] = str(milli)
+    return obj
+
+
+@pytest.mark.parametrize("gang", ["", "g"])
+async def test_a_pod_whose_request_changes_during_the_solve_is_placed_again_as_it_is_now(
+    monkeypatch: pytest.MonkeyPatch, gang: str
+) -> None:
+    """Pod a asks for 300 thousandths of the GPU, 700 of which c holds; its annotation is raised
+    to 1000 while the batch is solved.  Bound as solved, the GPU would be booked 1700/1000: it is
+    placed again as it is now (and, past the GPU, not bound); a gang with it, likewise whole."""
+    s, answers = _scheduler(gpus=1)
+    s._bound.apply("ADDED", _sharing("c", 700, node="n0"))
+    loop = asyncio.get_running_loop()
+    solve = daemon._solve
+
+    def solve_then_change(*args: Any, **kwargs: Any) -> Any:
+        plan = solve(*args, **kwargs)
+        loop.call_soon_threadsafe(s._pending.apply, "MODIFIED", _sharing("a", 1000, gang=gang))
+        return plan
+
+    monkeypatch.setattr(daemon, "_solve", solve_then_change)
+    s._pending.apply("ADDED", _sharing("a", 300, gang=gang))
+    if gang:
+        s._pending.apply("ADDED", _sharing("b", 100, gang=gang))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert answers.bound == []
+    monkeypatch.undo()
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S))
+    await settle(s)
+    assert answers.bound == []  # 1000 thousandths do not fit beside c's 700
+    record = s.queue.record("default/a")
+    assert record is not None
+    assert record.pod.gpu_milli == 1000

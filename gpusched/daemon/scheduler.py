@@ -962,10 +962,12 @@ class Scheduler:
         )
         # A gang whose member was deleted or replaced during the solve would run short of it:
         # none of its members is bound, and the rest are drawn again with the gang as it is now.
+        # So is one whose member changed (its request, its labels): it was placed as it was.
         broken = {
             a.pod.gang.name
             for a in plan.assignments
-            if a.pod.gang is not None and not self.queue.current(a.pod.key, a.pod.uid)
+            if a.pod.gang is not None
+            and (not self.queue.current(a.pod.key, a.pod.uid) or self.queue.changed(a.pod.key))
         }
         if broken:
             log.info("gang changed during the solve; its members drawn again", batch_id=batch_id, gangs=sorted(broken))
@@ -1016,7 +1018,7 @@ class Scheduler:
             if a.pod.mig_profile and name in joinable and self.mig.jobs.get(name) is joinable[name]:
                 self.mig.join(name, a.pod)  # on an instance to come
                 continue
-            if unsealed_since(a):
+            if unsealed_since(a) or self.queue.changed(a.pod.key):  # (changed: placed again as it is now)
                 self.queue.requeue(a.pod.key)
                 untaken = True
                 continue

@@ -106,6 +106,7 @@ class SchedulingQueue:
         self._in_flight: dict[str, str] = {}  # key -> UID of the pod that was drawn
         self._deleted_in_flight: set[str] = set()
         self._moved_in_flight: set[str] = set()  # woken while drawn: not parked on a stale view
+        self._changed_in_flight: set[str] = set()  # its pod changed while drawn: not bound as it was
         self._attempts: dict[str, int] = {}
         self._gangs: dict[str, set[str]] = {}  # gang name -> keys of its pending members
         self._arrivals: collections.deque[float] = collections.deque()  # when new pods came, oldest first
@@ -153,6 +154,8 @@ class SchedulingQueue:
                 self._activate(key)
             elif key in self._in_flight:
                 self._moved_in_flight.add(key)
+            if key in self._in_flight and old.pod != record.pod:
+                self._changed_in_flight.add(key)
 
     def delete(self, key: str) -> None:
         """The pod is gone, or no longer pending."""
@@ -235,6 +238,11 @@ class SchedulingQueue:
         by a new pod of the name, since it was drawn."""
         record = self._records.get(key)
         return record is not None and record.uid == uid and key not in self._deleted_in_flight
+
+    def changed(self, key: str) -> bool:
+        """Whether the pod ``key``, in flight, changed since it was drawn (what it asks for, or
+        where it may go: an annotation, a label): its batch placed it as it was."""
+        return key in self._changed_in_flight
 
     def record(self, key: str) -> PodRecord | None:
         """The latest record of a queued or in-flight pod."""
@@ -489,6 +497,7 @@ class SchedulingQueue:
         if uid is None:  # told while queued (not drawn): it leaves where it waits for the verdict's place
             self._forget(key, attempts=False)
         self._moved_in_flight.discard(key)
+        self._changed_in_flight.discard(key)
         if key in self._deleted_in_flight:
             self._deleted_in_flight.discard(key)
             self._remove(key)
