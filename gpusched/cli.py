@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import sys
 import tempfile
 import time
@@ -542,7 +543,8 @@ def _kubeconfig(path: Path | None) -> Path | None:
         candidate = Path(entry)
         with contextlib.suppress(RuntimeError):  # "~" with no home directory
             candidate = candidate.expanduser()
-        if candidate.is_file():
+        found = _lookup(candidate, "$KUBECONFIG entry", "a kubeconfig file in $KUBECONFIG, or --kubeconfig PATH")
+        if found is not None and stat.S_ISREG(found.st_mode):
             return candidate
     if listed and not in_pod:
         raise UsageError(
@@ -554,8 +556,10 @@ def _kubeconfig(path: Path | None) -> Path | None:
         home: Path | None = Path.home() / ".kube" / "config"
     except RuntimeError:  # no HOME, and no passwd entry for this user
         home = None
-    if home is not None and home.is_file():
-        return home
+    if home is not None:
+        found = _lookup(home, "kubeconfig", "a kubeconfig file with --kubeconfig PATH")
+        if found is not None and stat.S_ISREG(found.st_mode):
+            return home
     raise UsageError(
         "no kubeconfig ($KUBECONFIG is unset, ~/.kube/config does not exist) and not running in a pod "
         "(KUBERNETES_SERVICE_HOST is unset); pass --kubeconfig PATH"
@@ -796,10 +800,24 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _lookup(path: Path, flag: str, what: str) -> os.stat_result | None:
+    """What is at ``path``, or None when nothing is.  A path that cannot be looked up (a name
+    too long, a directory on the way this user may not search, a loop of links) is refused
+    naming the cause: ``Path.exists()`` would raise it as a traceback."""
+    try:
+        return path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise UsageError(f"{flag} {path}: cannot use this path: {reason}; pass the path of {what}") from None
+
+
 def _existing_file(path: Path, flag: str, what: str) -> Path:
-    if not path.exists():
+    found = _lookup(path, flag, what)
+    if found is None:
         raise UsageError(f"{flag} {path}: no such file; pass the path of {what}")
-    if not path.is_file():
+    if not stat.S_ISREG(found.st_mode):
         raise UsageError(f"{flag} {path}: not a file; pass the path of {what}")
     return path
 
@@ -874,8 +892,10 @@ def _params(config: Path | None) -> SolverParams | None:
 
 def _writable_dir(out: Path) -> None:
     """Make ``--out`` now, so a run does not end by failing to write its results."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: is a file, not a directory; pass a directory to write the results in")
+    what = "a directory to write the results in"
+    found = _lookup(out, "--out", what)
+    if found is not None and not stat.S_ISDIR(found.st_mode):
+        raise UsageError(f"--out {out}: is a file, not a directory; pass {what}")
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
@@ -883,7 +903,8 @@ def _writable_dir(out: Path) -> None:
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot write there: {exc.strerror or exc}; pass a writable directory") from None
     for name in (SUMMARY_FILE, PLOT_FILE):
-        if (out / name).is_dir():
+        found = _lookup(out / name, "--out", what)
+        if found is not None and stat.S_ISDIR(found.st_mode):
             raise UsageError(f"--out {out}: {name} there is a directory; remove it or pass another directory")
 
 

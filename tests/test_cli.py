@@ -217,6 +217,66 @@ def test_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "not a file" in message
 
 
+LONG_NAME = "a" * 300
+"""A file name longer than any file system takes (255 bytes): looking it up fails with ENAMETOOLONG."""
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["simulate", *FAST, "--out", "{long}"], "--out"),
+        (["simulate", "--nodes", "{long}", "--pods", str(DEMO / "pods.csv")], "--nodes"),
+        (["simulate", "--nodes", str(DEMO / "nodes.csv"), "--pods", "{long}"], "--pods"),
+        (["simulate", "--config", "{long}"], "--config"),
+        (["simulate", "--published", "{long}"], "--published"),
+        (["check-config", "{long}"], "file"),
+        (["run", "--config", "{long}"], "--config"),
+        (["explain", "p", "--kubeconfig", "{long}"], "--kubeconfig"),
+        (["report", "--kubeconfig", "{long}"], "--kubeconfig"),
+        (["report", "--prices", "{long}"], "--prices"),
+        (
+            ["report", "--prometheus-url", "http://p:9090", "--prometheus-bearer-token-file", "{long}"],
+            "--prometheus-bearer-token-file",
+        ),
+        (["report", "--prometheus-url", "https://p:9090", "--prometheus-ca-file", "{long}"], "--prometheus-ca-file"),
+    ],
+)
+def test_a_path_too_long_to_look_up_is_named_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], flag: str
+) -> None:
+    long = tmp_path / LONG_NAME
+    said = rejected(capsys, [str(long) if a == "{long}" else a for a in argv])
+    assert f"{flag} {long}: cannot use this path: File name too long; pass the path of " in said
+
+
+def test_a_kubeconfig_path_that_cannot_be_looked_up_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    long = tmp_path / LONG_NAME
+    monkeypatch.setenv("KUBECONFIG", str(long))
+    said = rejected(capsys, ["explain", "p"])
+    assert f"$KUBECONFIG entry {long}: cannot use this path: File name too long" in said
+    assert "--kubeconfig PATH" in said
+    monkeypatch.delenv("KUBECONFIG")
+    out = tmp_path / "out"
+    out.mkdir()
+    unsearchable = {tmp_path / ".kube", out}  # as a directory chmod 000 is, but for root too
+    real_stat = Path.stat
+
+    def stat(self: Path, **kwargs: Any) -> os.stat_result:
+        if self.parent in unsearchable:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_stat(self, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    said = rejected(capsys, ["report"])
+    assert f"kubeconfig {tmp_path / '.kube' / 'config'}: cannot use this path: Permission denied" in said
+    said = rejected(capsys, ["simulate", *FAST, "--out", str(out)])
+    assert f"--out {out / 'summary.json'}: cannot use this path: Permission denied" in said
+
+
 def test_trace_errors_name_file_line_and_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pods = tmp_path / "pods.csv"
     pods.write_text(
