@@ -691,9 +691,22 @@ def _pod_ref(text: str, namespace: str | None) -> tuple[str, str]:
 
 def _cluster_unreadable(exc: ApiError, kubeconfig: Path | None) -> str:
     """What ``explain`` and ``report`` say when the API server cannot be reached or refuses to answer."""
-    from gpusched.kube.client import CERTIFICATE_NAME_MISMATCH, CERTIFICATE_OUT_OF_DATE, CERTIFICATE_UNTRUSTED
+    from gpusched.kube.client import (
+        CERTIFICATE_NAME_MISMATCH,
+        CERTIFICATE_OUT_OF_DATE,
+        CERTIFICATE_UNTRUSTED,
+        NOT_KUBERNETES,
+    )
 
     cluster = f"the cluster of kubeconfig {kubeconfig} (of --context, or its current context)"
+    if exc.reason == NOT_KUBERNETES:
+        fix = (
+            f"is the server of {cluster} a Kubernetes API server? give it the address `kubectl cluster-info` "
+            "prints for the control plane"
+            if kubeconfig is not None
+            else "is KUBERNETES_SERVICE_HOST the address of the Kubernetes API server?"
+        )
+        return f"cannot read the cluster: {exc.message}; {fix}"
     if exc.reason == CERTIFICATE_UNTRUSTED:
         fix = (
             f"{cluster} must name the CA that signed the API server's certificate: certificate-authority "

@@ -967,14 +967,15 @@ def test_report_refuses_an_empty_price_list(tmp_path: Path, capsys: pytest.Captu
 
 
 @contextlib.contextmanager
-def _http(status: int, body: dict[str, Any]) -> Iterator[str]:
-    """An HTTP server on loopback answering every GET with ``status`` and ``body`` (JSON); its URL."""
+def _http(status: int, body: dict[str, Any] | str) -> Iterator[str]:
+    """An HTTP server on loopback answering every GET with ``status`` and ``body`` (JSON, or a
+    string as an HTML page); its URL."""
 
     class Answer(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            data = json.dumps(body).encode()
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", "text/html" if isinstance(body, str) else "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -1015,6 +1016,42 @@ def test_report_with_a_prometheus_url_it_cannot_read_fails_without_a_report(
             assert why in err
             assert "check the address (the one Prometheus answers /api/v1/query under" in err
             assert len(err.splitlines()) == 1
+
+
+WEB_PAGE = "<!DOCTYPE html><html><head><title>Sign in</title></head><body>Sign in</body></html>"
+
+
+@pytest.mark.parametrize("argv", [["explain", "default/p"], ["report"]], ids=["explain", "report"])
+def test_a_server_answering_a_web_page_is_named_as_no_api_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    with _http(200, WEB_PAGE) as portal:  # a sign-in page where the API server was meant to be
+        kubeconfig.write_text(KUBECONFIG.replace("https://127.0.0.1:1", portal) + "current-context: ctx\n")
+        said = rejected(capsys, [*argv, "--kubeconfig", str(kubeconfig)])
+    assert f"cannot read the cluster: the answer from {portal} to GET /api/v1/" in said
+    assert "is not a Kubernetes object (a web page: '<!DOCTYPE html><html><head><title>Sign in" in said
+    assert f"is the server of the cluster of kubeconfig {kubeconfig} (of --context, or its current context) a " in said
+    assert "Kubernetes API server?" in said
+
+
+@pytest.mark.parametrize(
+    ("answer", "what"),
+    [
+        ({"kind": "Status", "apiVersion": "v1"}, "a JSON object without items: keys apiVersion, kind"),
+        ({"kind": "PodList", "items": ["p0"]}, "a list whose items are not all JSON objects"),
+    ],
+    ids=["no-items", "items-not-objects"],
+)
+def test_report_refuses_a_list_that_is_no_kubernetes_list(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], answer: dict[str, Any], what: str
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    with _http(200, answer) as server:
+        kubeconfig.write_text(KUBECONFIG.replace("https://127.0.0.1:1", server) + "current-context: ctx\n")
+        said = rejected(capsys, ["report", "--kubeconfig", str(kubeconfig)])
+    assert f"the answer from {server} to GET /api/v1/nodes is not a Kubernetes object ({what})" in said
+    assert "a Kubernetes API server?" in said
 
 
 @pytest.mark.parametrize(

@@ -155,11 +155,14 @@ async def explain_pod(
     """Read the cluster once and explain one pod; the text and an exit code (0 fits, 1 does not, 2 error)."""
     kube = await connect(kubeconfig, context, 50.0, 100)
     try:
-        r = await kube.request("GET", f"/api/v1/namespaces/{segment(namespace)}/pods/{segment(name)}")
+        pod_path = f"/api/v1/namespaces/{segment(namespace)}/pods/{segment(name)}"
+        r = await kube.request("GET", pod_path)
         if r.status == 404:
             return f"pod {namespace}/{name} not found; name it as NAMESPACE/POD, or pass --namespace", 2
         if not r.ok:  # told with its fix, as any other read of the cluster
             raise r.error()
+        if not isinstance(r.body, Mapping):  # a web page: the server is not an API server
+            raise kube.not_kubernetes(pod_path, r)
         lines: list[str] = []
         try:
             namespaces: dict[str, dict[str, str]] | None = dict(
@@ -168,7 +171,10 @@ async def explain_pod(
         except Exception as exc:  # no read access to namespaces: such terms are explained as refused
             lines.append(f"note: namespaces not read ({exc}); a namespaceSelector cannot be resolved")
             namespaces = None
-        rec = pod_record(r.body, namespaces)
+        try:
+            rec = pod_record(r.body, namespaces)
+        except ConvertError as exc:  # an object, but no pod's
+            raise kube.not_kubernetes(pod_path, r, str(exc)) from None
         pod_groups: dict[str, int] | None = {}
         unread = ""
         if rec.pod.gang is not None:  # its minimum, and its peers', may be their PodGroup's

@@ -25,7 +25,7 @@ import structlog
 
 from gpusched.kube._k8s import ApiClient, Configuration, load_incluster_config, load_kube_config, refresh_token
 
-__all__ = ["ApiError", "Kube", "RateLimiter", "Response", "connect", "segment"]
+__all__ = ["NOT_KUBERNETES", "ApiError", "Kube", "RateLimiter", "Response", "connect", "segment"]
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -100,6 +100,23 @@ def certificate_error(cause: BaseException) -> ApiError:
     if code in _OUT_OF_DATE:
         return ApiError(0, f"the API server's certificate is out of date ({why})", CERTIFICATE_OUT_OF_DATE)
     return ApiError(0, f"the API server's certificate is not trusted ({why})", CERTIFICATE_UNTRUSTED)
+
+
+NOT_KUBERNETES = "NotKubernetes"
+"""``ApiError.reason`` when a 2xx answer is not a Kubernetes object (a web page, a proxy's
+banner): the server the client was given is not a Kubernetes API server."""
+
+
+def _described(body: Any) -> str:
+    """What an answer that is not a Kubernetes object is, in a few words."""
+    if body is None:
+        return "an empty answer"
+    if isinstance(body, str):
+        text = " ".join(body.split())
+        return f"{'a web page' if text.startswith('<') else 'text'}: {text[:60]!r}"
+    if isinstance(body, Mapping):
+        return f"a JSON object without items: keys {', '.join(sorted(map(str, body))[:5]) or 'none'}"
+    return f"a JSON {type(body).__name__}"
 
 
 RETRY_AFTER_MAX_S = 30.0
@@ -270,11 +287,25 @@ class Kube:
         await asyncio.gather(*(one() for _ in range(connections)))
 
     async def get(self, path: str, query: Mapping[str, Any] | None = None) -> Any:
-        """GET and raise ``ApiError`` unless 2xx."""
+        """GET and raise ``ApiError`` unless 2xx with a Kubernetes object (a JSON object): a web
+        page answering 200 is a server that is not an API server, and is told so
+        (``NOT_KUBERNETES``)."""
         r = await self.request("GET", path, query)
         if not r.ok:
             raise r.error()
+        if not isinstance(r.body, Mapping):
+            raise self.not_kubernetes(path, r)
         return r.body
+
+    def not_kubernetes(self, path: str, r: Response, what: str = "") -> ApiError:
+        """The error for an answer ``r`` to ``GET path`` that is not what a Kubernetes API server
+        sends (``what`` it is instead; by default, from its body)."""
+        host = getattr(getattr(self.api, "configuration", None), "host", None) or "the API server"
+        return ApiError(
+            r.status,
+            f"the answer from {host} to GET {path} is not a Kubernetes object ({what or _described(r.body)})",
+            NOT_KUBERNETES,
+        )
 
     async def list(
         self,
@@ -290,7 +321,13 @@ class Kube:
         cont: str | None = None
         while True:
             body = await self.get(path, {**(query or {}), "limit": page, "continue": cont})
-            found = body.get("items") or ()
+            found = body.get("items")
+            if not isinstance(found, list) and not (found is None and "items" in body):
+                what = "a JSON object whose items is not a list" if "items" in body else ""
+                raise self.not_kubernetes(path, Response(200, body), what)
+            if not all(isinstance(item, Mapping) for item in found or ()):
+                raise self.not_kubernetes(path, Response(200, body), "a list whose items are not all JSON objects")
+            found = found or ()
             items.extend(found if each is None else map(each, found))
             meta: Mapping[str, Any] = body.get("metadata") or {}
             cont = meta.get("continue") or None

@@ -34,6 +34,7 @@ from gpusched.kube.client import (
     CERTIFICATE_NAME_MISMATCH,
     CERTIFICATE_OUT_OF_DATE,
     CERTIFICATE_UNTRUSTED,
+    NOT_KUBERNETES,
     ApiError,
     Kube,
 )
@@ -71,6 +72,8 @@ def fix_for(exc: ApiError) -> str:
         return "the kubeconfig's server (or tls-server-name) must be a name the API server's certificate is issued for"
     if exc.reason == CERTIFICATE_OUT_OF_DATE:
         return "the API server's certificate must be renewed, or this machine's clock set right"
+    if exc.reason == NOT_KUBERNETES:
+        return "the kubeconfig's server (in a pod, KUBERNETES_SERVICE_HOST) must be a Kubernetes API server's address"
     if exc.reason == "Unreachable":
         return "check the API server address in the kubeconfig and that the API server is up"
     return "see the error; the watch retries with backoff"

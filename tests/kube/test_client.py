@@ -1,15 +1,22 @@
-"""The client's token bucket: the burst is free, then tokens come at exactly qps."""
+"""The client's token bucket: the burst is free, then tokens come at exactly qps; what it makes of
+answers that are not the API server's."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
+from structlog.testing import capture_logs
 
 from gpusched.kube import client
 from gpusched.kube.client import RateLimiter
+from gpusched.kube.watch import Reflector
+from tests.kube.conftest import serving
 
 
 async def test_burst_then_steady_rate(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -102,3 +109,34 @@ def test_a_refused_certificate_says_which_fix_applies(code: int, message: str, r
     error = client.certificate_error(cause)
     assert (error.status, error.reason) == (0, reason)
     assert f"({message.rstrip('.')})" in error.message
+
+
+async def test_a_watch_on_a_server_that_answers_a_web_page_says_it_is_no_api_server(tmp_path: Path) -> None:
+    async def sign_in_page(request: web.Request) -> web.Response:
+        return web.Response(text="<html><body>Sign in</body></html>", content_type="text/html")
+
+    async with serving(sign_in_page, tmp_path) as kubeconfig:
+        kube = await client.connect(kubeconfig, None, 50, 100)
+        reflector = Reflector(kube, "nodes", "/api/v1/nodes", _Nothing())
+        try:
+            with capture_logs() as logs:
+                task = asyncio.create_task(reflector.run())
+                await asyncio.sleep(0.1)  # the first list, and its warning; the retry comes after 0.2 s
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        finally:
+            await kube.close()
+    assert [e["log_level"] for e in logs] == ["warning"], logs  # told once, not a stack of AttributeError
+    said = logs[0]
+    assert said["event"] == "watch failed, retrying"
+    assert "to GET /api/v1/nodes is not a Kubernetes object (a web page: '<html><body>Sign in" in said["error"]
+    assert "must be a Kubernetes API server's address" in said["fix"]
+
+
+class _Nothing:
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        pass
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        pass
