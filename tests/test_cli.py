@@ -1054,6 +1054,32 @@ def test_report_refuses_a_list_that_is_no_kubernetes_list(
     assert "a Kubernetes API server?" in said
 
 
+def test_explain_refuses_an_answer_that_is_no_pod(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    with _http(200, {"status": "ok"}) as server:  # a health endpoint's JSON, not a pod
+        kubeconfig.write_text(KUBECONFIG.replace("https://127.0.0.1:1", server) + "current-context: ctx\n")
+        said = rejected(capsys, ["explain", "default/p", "--kubeconfig", str(kubeconfig)])
+    assert f"the answer from {server} to GET /api/v1/namespaces/default/pods/p is not a Kubernetes object" in said
+    assert "(object without metadata.name)" in said
+    assert "a Kubernetes API server?" in said
+
+
+def test_report_leaves_out_an_object_without_a_name_with_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    nameless = {"kind": "List", "items": [{"spec": {}}], "metadata": {"resourceVersion": "1"}}
+    with _http(200, nameless) as api:  # every list, of nodes as of pods, holds an object without metadata
+        kubeconfig.write_text(KUBECONFIG.replace("https://127.0.0.1:1", api) + "current-context: ctx\n")
+        code = main(["report", "--kubeconfig", str(kubeconfig), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)
+    assert "note: node ignored: object without metadata.name" in err
+    assert "note: bound pod ignored: object without metadata.name" in err
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     ("status", "kind", "error"),
     [

@@ -1,4 +1,5 @@
-"""`gpusched explain` over a recorded cluster: gated pods, and the scheduler's own word beside its answer."""
+"""`gpusched explain` over a recorded cluster: gated pods, the scheduler's own word beside its answer,
+objects it cannot read."""
 
 from __future__ import annotations
 
@@ -230,3 +231,11 @@ async def test_a_pod_whose_read_write_once_pod_claim_another_pod_uses_is_told_wh
     )
     text, code = await explain(monkeypatch, mounting(kit.pod("p", "gpu-scheduler", gpus=1)), more=more)
     assert code == 0, text  # nobody else uses it: it fits
+
+
+async def test_a_bound_pod_without_a_name_is_left_out_with_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = kit.pod("p", daemon.SCHEDULER_NAME, gpus=1)
+    p["metadata"].update({"namespace": "default", "uid": "u"})
+    text, code = await explain(monkeypatch, p, bound=[{"spec": {"nodeName": "n0"}}])
+    assert "bound pod ignored: object without metadata.name" in text
+    assert code == 0, text  # the others are weighed as ever: the pod fits on n0

@@ -145,7 +145,7 @@ async def _read_books(kube: Kube, namespaces: dict[str, dict[str, str]] | None, 
     nodes, _ = await kube.list("/api/v1/nodes")
     cache.replace_nodes(_readable(node_record, nodes, "node", notes))
     bound, _ = await kube.list("/api/v1/pods", {"fieldSelector": BOUND_SELECTOR})
-    cache.replace_pods(pod_record(o, namespaces) for o in bound)
+    cache.replace_pods(_readable(lambda o: pod_record(o, namespaces), bound, "bound pod", notes))
     return cache
 
 
@@ -286,7 +286,7 @@ async def _read_claims(kube: Kube, namespace: str, notes: list[str]) -> Claims:
     pvcs, _ = await kube.list(f"/api/v1/namespaces/{segment(namespace)}/persistentvolumeclaims")
     claims.replace_claims(_readable(claim_record, pvcs, "claim", notes))
     pvs, _ = await kube.list("/api/v1/persistentvolumes")
-    claims.replace_volumes([volume_record(o) for o in pvs])
+    claims.replace_volumes(_readable(volume_record, pvs, "volume", notes))
     classes, _ = await kube.list("/apis/storage.k8s.io/v1/storageclasses")
     claims.replace_classes(_readable(storage_class_record, classes, "storage class", notes))
     try:
@@ -334,7 +334,10 @@ async def _gang_answer(
     members = [rec.pod]
     mounting: list[tuple[Pod, tuple[str, ...]]] = [(rec.pod, rec.claims)]
     for obj in pending:
-        other = pod_record(obj, namespaces, pod_groups)
+        try:
+            other = pod_record(obj, namespaces, pod_groups)
+        except ConvertError:  # no name: no member of any gang
+            continue
         g = other.pod.gang
         if other.key == rec.key or g is None or g.name != gang.name or other.scheduler != scheduler_name:
             continue
