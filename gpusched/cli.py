@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import re
+import ssl
 import stat
 import sys
 import tempfile
@@ -653,9 +654,21 @@ def _prometheus_files(args: argparse.Namespace, url: str | None) -> tuple[Path |
                 "sent (the password would replace the token); give one"
             )
     if ca is not None:
-        _existing_file(ca, "--prometheus-ca-file", "a PEM file of the CA certificates to trust")
+        what = "a PEM file of the CA certificates to trust"
+        _existing_file(ca, "--prometheus-ca-file", what)
         if url is not None and not url.startswith("https://"):
             raise UsageError("--prometheus-ca-file is for an https Prometheus; --prometheus-url is not https://")
+        try:  # read as each query will read it: a file that is no CA bundle is told now, not at the first query
+            ssl.create_default_context(cafile=str(ca))
+        except ssl.SSLError as exc:
+            raise UsageError(
+                f"--prometheus-ca-file {ca}: not a PEM file of CA certificates ({exc.reason or exc}); "
+                f"pass {what} (-----BEGIN CERTIFICATE----- blocks)"
+            ) from None
+        except (OSError, ValueError) as exc:
+            raise UsageError(
+                f"--prometheus-ca-file {ca}: cannot read: {getattr(exc, 'strerror', None) or exc}; pass {what}"
+            ) from None
     return token, ca
 
 
@@ -798,11 +811,17 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         raise UsageError(_cluster_unreadable(exc, kubeconfig)) from None
     if source is not None and source.refused:
         raise UsageError(f"--utilisation-query: {source.error}; fix the query (it is sent as given)")
+    if source is not None and source.token_unreadable:
+        raise UsageError(
+            f"--prometheus-bearer-token-file: {source.error}; put the token alone in the file (as a service "
+            "account's token file holds it), readable by this user"
+        )
     if source is not None and not source.answered:  # asked for, and not had: no report that looks complete
+        up = "" if source.not_prometheus else " and that Prometheus is up"
         raise UsageError(
             f"--prometheus-url: {source.error}; check the address (the one Prometheus answers /api/v1/query "
-            "under, e.g. http://prometheus.monitoring:9090) and that Prometheus is up, or leave --prometheus-url "
-            "out to report without idle GPUs"
+            f"under, e.g. http://prometheus.monitoring:9090){up}, or leave --prometheus-url out to report without "
+            "idle GPUs"
         )
     for note in notes:
         print(f"note: {note}", file=sys.stderr)

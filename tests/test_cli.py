@@ -871,9 +871,10 @@ def test_run_holds_the_lease_unless_told_not_to(
 def test_run_hands_the_daemon_the_prometheus_token_and_ca_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    pki = _Pki.at(tmp_path / "pki")
+    _make_pki(pki)
+    token, ca = tmp_path / "token", pki.ca_crt
     token.write_text("t")
-    ca.write_text("")
     flags = ["--prometheus-url", "https://thanos:9091", "--prometheus-bearer-token-file", str(token)]
     settings = _run_settings(tmp_path, monkeypatch, [*flags, "--prometheus-ca-file", str(ca)])
     assert (settings.prometheus_token_file, settings.prometheus_ca_file) == (token, ca)
@@ -896,6 +897,11 @@ def test_run_hands_the_daemon_the_prometheus_token_and_ca_files(
             "--prometheus-ca-file is for an https Prometheus; --prometheus-url is not https://",
         ),
         (
+            ["--prometheus-url", "https://p:9091", "--prometheus-ca-file", "{tmp}/ca.crt"],
+            "--prometheus-ca-file {tmp}/ca.crt: not a PEM file of CA certificates (NO_CERTIFICATE_OR_CRL_FOUND); "
+            "pass a PEM file of the CA certificates to trust (-----BEGIN CERTIFICATE----- blocks)",
+        ),
+        (
             ["--prometheus-url", "https://u:pw@p:9091", "--prometheus-bearer-token-file", "{tmp}/token"],
             "--prometheus-bearer-token-file and a user and password in --prometheus-url: only one of them is "
             "sent (the password would replace the token); give one",
@@ -906,6 +912,7 @@ def test_prometheus_credential_files_are_checked_before_anything_is_read(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], told: str
 ) -> None:
     (tmp_path / "token").write_text("t")
+    (tmp_path / "ca.crt").write_text("<html>saved from the browser, not the certificate</html>\n")
     message = rejected(capsys, ["report", *(f.format(tmp=tmp_path) for f in flags)])
     assert message.endswith(told.format(tmp=tmp_path))
 
@@ -1107,6 +1114,48 @@ def test_report_whose_query_prometheus_refuses_blames_the_query_not_the_address(
     assert f"Prometheus refused the query ({kind}): {error}" in err
     assert "fix the query" in err
     assert "--prometheus-url" not in err
+
+
+def test_report_names_an_answer_that_is_not_prometheuss_as_such(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    with (
+        _http(200, {"kind": "List", "items": [], "metadata": {"resourceVersion": "1"}}) as api,
+        _http(200, {"status": "ok", "version": "2.1"}) as health,  # JSON, but another service's
+    ):
+        kubeconfig.write_text(KUBECONFIG.replace("https://127.0.0.1:1", api) + "current-context: ctx\n")
+        said = rejected(capsys, ["report", "--kubeconfig", str(kubeconfig), "--prometheus-url", health])
+    assert (
+        f"--prometheus-url: cannot read GPU utilisation from {health}: the answer is JSON without data.result" in said
+    )
+    assert "is the URL a Prometheus (its /api/v1/query)?" in said
+    assert "KeyError" not in said
+    assert "check the address (the one Prometheus answers /api/v1/query under" in said
+    assert "Prometheus is up" not in said  # it answered: something else did
+
+
+@pytest.mark.parametrize(
+    ("text", "cause"),
+    [("", "is empty"), ("eyJhbGciOi JSUzI1NiJ9\n", "holds characters no bearer token has")],
+    ids=["empty", "two-words"],
+)
+def test_report_blames_a_bearer_token_file_without_a_token_not_the_address(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, cause: str
+) -> None:
+    kubeconfig, token = tmp_path / "kubeconfig", tmp_path / "token"
+    token.write_text(text)
+    with (
+        _http(200, {"kind": "List", "items": [], "metadata": {"resourceVersion": "1"}}) as api,
+        _http(200, {"status": "success", "data": {"resultType": "vector", "result": []}}) as prometheus,
+    ):
+        kubeconfig.write_text(KUBECONFIG.replace("https://127.0.0.1:1", api) + "current-context: ctx\n")
+        argv = ["report", "--kubeconfig", str(kubeconfig), "--prometheus-url", prometheus]
+        said = rejected(capsys, [*argv, "--prometheus-bearer-token-file", str(token)])
+    assert said.startswith("gpusched report: error: --prometheus-bearer-token-file: cannot read GPU utilisation")
+    assert f"the bearer token file {token} {cause}" in said
+    assert "put the token alone in the file" in said
+    assert "check the address" not in said
 
 
 def _manifest(tmp_path: Path, workers: int) -> Path:

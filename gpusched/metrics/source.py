@@ -170,6 +170,10 @@ _AUTH_HINTS = {
 }
 
 
+_NOT_PROMETHEUS = ": is the URL a Prometheus (its /api/v1/query)?"
+"""The end of the cause of a 200 answer that is not Prometheus's."""
+
+
 def _query_error(exc: Exception) -> str:
     """What went wrong with one query, in a line: Prometheus's own error text where it gave one."""
     text = str(exc)
@@ -187,7 +191,9 @@ def _query_error(exc: Exception) -> str:
             return f"Prometheus refused the query ({answer.get('errorType', 'error')}): {answer['error']}"
         return f"HTTP {m.group(1)} from Prometheus"
     if isinstance(exc, ValueError) and "Expecting value" in text:  # a 200 answer that is no JSON
-        return "the answer is not JSON: is the URL a Prometheus (its /api/v1/query)?"
+        return f"the answer is not JSON{_NOT_PROMETHEUS}"
+    if isinstance(exc, (KeyError, IndexError, TypeError)):  # a 200 JSON answer without data.result
+        return f"the answer is JSON without data.result, not a query's answer{_NOT_PROMETHEUS}"
     errno = _ERRNO.search(text)
     if isinstance(exc, OSError) and errno is not None:  # requests' ConnectionError: the cause, not the retry story
         return f"{type(exc).__name__}: {errno.group(0).strip()}"
@@ -278,6 +284,12 @@ class UtilisationSource:
         """Whether Prometheus refused the query itself (bad syntax, an unknown function, or an
         error running it, such as many-to-many matching): no retry will do, the query must be
         fixed."""
+        self.token_unreadable = False
+        """Whether the last poll failed before it was sent: the bearer token file is unreadable,
+        empty or holds no token; the file is to fix, not the address."""
+        self.not_prometheus = False
+        """Whether the last poll was answered, but not as Prometheus answers (not JSON, or no
+        ``data.result``): the address is another server's."""
         self.answered = False
         """Whether the last poll got Prometheus's answer to its query (False: no connection, an
         HTTP error, an answer that is not Prometheus's, or the query refused); the answer may
@@ -333,8 +345,10 @@ class UtilisationSource:
             # Prometheus's own error on the query (HTTP 400 bad_data: it does not parse; 422
             # execution: it fails when run, such as many-to-many matching): the query's to fix.
             self.refused = why.startswith("Prometheus refused the query (")
+            self.token_unreadable = isinstance(exc, TokenFileError)
+            self.not_prometheus = why.endswith(_NOT_PROMETHEUS)
             return False
-        self.refused = False
+        self.refused = self.token_unreadable = self.not_prometheus = False
         self.answered = True
         percent, problems = parse_samples(result, self.node_label, self.gpu_label)
         if not percent and not problems:
