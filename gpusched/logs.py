@@ -39,6 +39,24 @@ def _factory(*_args: Any) -> _StderrLogger:
     return _StderrLogger()
 
 
+LIBRARY_LOGGERS = ("kubernetes_asyncio",)
+"""Libraries that log through ``logging`` what they then raise (an exec credential plugin's
+failure): with no handler of ours, Python's last-resort handler printed it raw on stderr, a
+line before gpusched's own error saying the same."""
+
+
+class _ToStructlog(logging.Handler):
+    """Hands a library's log records to structlog, at debug: what they say comes back in
+    gpusched's own error or warning, and ``--log-level debug`` still shows them as written."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            level = record.levelname.lower()
+            structlog.get_logger().debug(record.getMessage(), logger=record.name, library_level=level)
+        except Exception:
+            self.handleError(record)
+
+
 def configure(level: str = "warning", *, json: bool | None = None) -> None:
     """Configure structlog for the process.
 
@@ -62,6 +80,11 @@ def configure(level: str = "warning", *, json: bool | None = None) -> None:
     if json:
         processors.append(structlog.processors.dict_tracebacks)
     processors.append(renderer)
+    for library in LIBRARY_LOGGERS:
+        logger = logging.getLogger(library)
+        logger.handlers = [h for h in logger.handlers if not isinstance(h, _ToStructlog)] + [_ToStructlog()]
+        logger.propagate = False  # nor up to the root, where the last-resort handler prints it
+        logger.setLevel(logging.DEBUG if name == "debug" else logging.WARNING)
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[name.upper()]),

@@ -689,6 +689,46 @@ def test_module_entry_point_exit_code() -> None:
     assert len(bad.stderr.strip().splitlines()) == 1
 
 
+EXEC_FAILS = KUBECONFIG.replace(
+    "user: {token: t}", "user: {exec: {apiVersion: client.authentication.k8s.io/v1beta1, command: /bin/false}}"
+)
+
+
+@pytest.mark.parametrize("command", [["explain", "p"], ["report"]])
+def test_a_failing_credential_plugin_is_told_once_in_gpuscheds_own_words(tmp_path: Path, command: list[str]) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(EXEC_FAILS + "current-context: ctx\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "gpusched", *command, "--kubeconfig", str(kubeconfig)],
+        capture_output=True,
+        text=True,
+        env=_module_env(),
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [  # not the client library's own "exec: process returned 1" first
+        f"gpusched {command[0]}: error: kubeconfig {kubeconfig}: exec: process returned 1; check the cluster and "
+        "user of the context against the file (contexts: ctx)"
+    ]
+
+
+def test_the_client_librarys_own_log_lines_are_shown_at_debug(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(EXEC_FAILS + "current-context: ctx\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "gpusched", "--log-level", "debug", "explain", "p", "--kubeconfig", str(kubeconfig)],
+        capture_output=True,
+        text=True,
+        env=_module_env(),
+        check=False,
+    )
+    events = [json.loads(line) for line in done.stderr.splitlines()[:-1]]
+    said = [e for e in events if e["event"] == "exec: process returned 1"]
+    assert said == [said[0]]
+    assert (said[0]["logger"], said[0]["library_level"]) == ("kubernetes_asyncio.config.kube_config", "error")
+    assert done.stderr.splitlines()[-1].startswith("gpusched explain: error: kubeconfig ")
+
+
 def _module_env() -> dict[str, str]:
     """The environment for ``python -m gpusched`` to run this checkout."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
