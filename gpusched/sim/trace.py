@@ -79,6 +79,9 @@ def csv_rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[st
     if head is None:
         raise TraceError(path, 1, None, "file is empty; expected a header row")
     header = [h.strip() for h in head[1]]
+    twice = next((h for i, h in enumerate(header) if h and h in header[:i]), None)
+    if twice is not None:  # which of the two cells would be read is anybody's guess
+        raise TraceError(path, 1, twice, "the header names this column twice; keep one of them")
     missing = [c for c in required if c not in header]
     if missing:
         swapped = ""
@@ -101,10 +104,37 @@ def csv_rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[st
         yield line, {h: v.strip() for h, v in zip(header, cells, strict=False)}
 
 
+SHOWN_CHARS = 40
+"""The most of a cell an error echoes."""
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted as an error shows it: a cell of thousands of characters cut short."""
+    if len(text) <= SHOWN_CHARS:
+        return repr(text)
+    return f"{text[:SHOWN_CHARS]!r}... ({len(text)} characters)"
+
+
+_DIGITS = len(str(MAX_UNITS))
+
+
+def _too_long(path: Path, line: int, column: str, text: str) -> None:
+    """Refuse a run of digits too long for any count here, before ``int()`` reads it (past
+    4,300 digits it refuses to, with an error that echoes them all)."""
+    digits = text.lstrip("-").partition(".")[0].lstrip("0")
+    if digits.isdecimal() and len(digits) > _DIGITS:
+        if text.startswith("-"):
+            raise TraceError(path, line, column, f"must not be negative, got {_shown(text)}")
+        raise TraceError(
+            path, line, column, f"too large: at most 2^50 ({MAX_UNITS}), got a number of {len(digits)} digits"
+        )
+
+
 def _int(path: Path, line: int, row: dict[str, str], column: str, default: int | None = None) -> int:
     text = row.get(column, "")
     if text == "" and default is not None:
         return default
+    _too_long(path, line, column, text)
     try:
         if text.lstrip("-").isdecimal():
             value = int(text)
@@ -116,7 +146,7 @@ def _int(path: Path, line: int, row: dict[str, str], column: str, default: int |
     except ValueError:
         if text == "":
             raise TraceError(path, line, column, "empty cell; the column is required (0 for none)") from None
-        raise TraceError(path, line, column, f"expected an integer, got {text!r}") from None
+        raise TraceError(path, line, column, f"expected an integer, got {_shown(text)}") from None
     if value < 0:
         raise TraceError(path, line, column, f"must not be negative, got {value}")
     if value > MAX_UNITS:  # as for the daemon: sums over a cluster stay inside 64-bit integers
@@ -128,14 +158,14 @@ def _profile(path: Path, line: int, column: str, text: str) -> str:
     try:
         resource_name(text)
     except ValueError:
-        raise TraceError(path, line, column, f"expected a MIG profile such as 1g.10gb, got {text!r}") from None
+        raise TraceError(path, line, column, f"expected a MIG profile such as 1g.10gb, got {_shown(text)}") from None
     return text
 
 
 def _mode(path: Path, line: int, row: dict[str, str], column: str) -> str:
     text = row.get(column, "").lower()
     if text and text not in _MODES:
-        raise TraceError(path, line, column, f"expected 'required' or 'preferred', got {row[column]!r}")
+        raise TraceError(path, line, column, f"expected 'required' or 'preferred', got {_shown(row[column])}")
     return text
 
 
@@ -160,7 +190,9 @@ def _pairs(path: Path, line: int, row: dict[str, str], column: str, example: str
         key, sep, value = item.partition("=")
         key, value = key.strip(), value.strip()
         if not sep or not key:
-            raise TraceError(path, line, column, f"expected key=value items such as {example}, got {item.strip()!r}")
+            raise TraceError(
+                path, line, column, f"expected key=value items such as {example}, got {_shown(item.strip())}"
+            )
         if any(k == key for k, _ in out):
             raise TraceError(path, line, column, f"{key!r} is given twice")
         out.append((key, value))
@@ -172,7 +204,8 @@ def _mig_slices(path: Path, line: int, row: dict[str, str]) -> tuple[tuple[str, 
     for profile, count in _pairs(path, line, row, "mig_slices", "1g.10gb=7;3g.40gb=2"):
         _profile(path, line, "mig_slices", profile)
         if not count.isdecimal():
-            raise TraceError(path, line, "mig_slices", f"{profile}: expected a count of instances, got {count!r}")
+            raise TraceError(path, line, "mig_slices", f"{profile}: expected a count of instances, got {_shown(count)}")
+        _too_long(path, line, "mig_slices", count)
         out.append((profile, int(count)))
     return tuple(out)
 
@@ -183,7 +216,7 @@ def _flag(path: Path, line: int, row: dict[str, str], column: str) -> bool:
         return False
     if text == "true":
         return True
-    raise TraceError(path, line, column, f"expected 'true' or 'false', got {row[column]!r}")
+    raise TraceError(path, line, column, f"expected 'true' or 'false', got {_shown(row[column])}")
 
 
 def read_nodes(path: str | Path, *, gpu_only: bool = True) -> list[Node]:
@@ -208,14 +241,14 @@ def read_nodes(path: str | Path, *, gpu_only: bool = True) -> list[Node]:
         slices = _mig_slices(p, line, row)
         if any(c for _, c in slices) and not model:
             raise TraceError(p, line, "model", "node has MIG slices but no model")
+        cpu_milli = _int(p, line, row, "cpu_milli")  # each cell is read, of a row then skipped too
+        memory_mib = _int(p, line, row, "memory_mib")
+        labels = dict(_pairs(p, line, row, "labels", "rack=r1;zone=z1"))
+        repartition = _flag(p, line, row, "mig_repartition")
         has_gpu = gpus > 0 or any(c for _, c in slices)
         if gpu_only and not has_gpu:
             continue
-        cpu_milli = _int(p, line, row, "cpu_milli")
-        memory_mib = _int(p, line, row, "memory_mib")
-        labels = dict(_pairs(p, line, row, "labels", "rack=r1;zone=z1"))
         islands = _islands(p, line, row, gpus, model)
-        repartition = _flag(p, line, row, "mig_repartition")
         try:
             node = Node(
                 name=name,

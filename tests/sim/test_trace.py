@@ -181,6 +181,59 @@ class TestBadRows:
         p = write(tmp_path, "pods.csv", POD_HEADER, f"p,{2**50},{2**50},0,0,")
         assert read_pods(p) == [Pod("p", 2**50, 2**50)]
 
+    @pytest.mark.parametrize(
+        ("row", "column", "reason"),
+        [
+            ("cpu1,abc,-5,0,", "cpu_milli", "expected an integer, got 'abc'"),
+            ("cpu1,1000,-5,0,", "memory_mib", "must not be negative, got -5"),
+            ("cpu1,1000,1024,0,,rack", "labels", "expected key=value items such as rack=r1;zone=z1, got 'rack'"),
+        ],
+        ids=["cpu", "memory", "labels"],
+    )
+    def test_a_cpu_only_row_with_a_bad_cell_stops_the_run_too(
+        self, tmp_path: Path, row: str, column: str, reason: str
+    ) -> None:
+        p = write(tmp_path, "nodes.csv", NODE_HEADER + ",labels", "n1,1000,1024,1,A100,", row)
+        expect_error(p, 3, column, reason)
+
+    @pytest.mark.parametrize(
+        ("value", "reason"),
+        [
+            ("9" * 5000, "too large: at most 2^50 (1125899906842624), got a number of 5000 digits"),
+            ("9" * 5000 + ".0", "too large: at most 2^50 (1125899906842624), got a number of 5000 digits"),
+            ("-" + "9" * 5000, "must not be negative, got '-999999999"),
+            ("x" * 5000, "expected an integer, got 'xxxxxxxxx"),
+        ],
+        ids=["digits", "digits-point-zero", "negative", "text"],
+    )
+    def test_a_cell_of_thousands_of_characters_is_told_without_echoing_it_all(
+        self, tmp_path: Path, value: str, reason: str
+    ) -> None:
+        p = write(tmp_path, "pods.csv", POD_HEADER, f"p,{value},1,0,0,")
+        expect_error(p, 2, "cpu_milli", reason)
+        with pytest.raises(TraceError) as info:
+            read_pods(p)
+        assert len(str(info.value)) < len(str(p)) + 200
+
+    def test_a_mig_count_of_thousands_of_digits_is_refused(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "nodes.csv", NODE_HEADER + ",mig_slices", f"n1,1,1,0,A100,1g.10gb={'7' * 5000}")
+        expect_error(p, 2, "mig_slices", "too large: at most 2^50 (1125899906842624), got a number of 5000 digits")
+
+    @pytest.mark.parametrize(
+        ("name", "header", "row", "column"),
+        [
+            ("nodes.csv", "sn,sn,cpu_milli,memory_mib,gpu,model", "n1,n2,1,1,1,A100", "sn"),
+            ("pods.csv", POD_HEADER + ", num_gpu", "p,1,1,0,0,,1", "num_gpu"),
+            ("pods.csv", POD_HEADER + ",note,note", "p,1,1,0,0,,a,b", "note"),
+        ],
+        ids=["nodes", "pods-spaced", "unknown-column"],
+    )
+    def test_a_column_named_twice_in_the_header_is_refused(
+        self, tmp_path: Path, name: str, header: str, row: str, column: str
+    ) -> None:
+        p = write(tmp_path, name, header, row)
+        expect_error(p, 1, column, "the header names this column twice; keep one of them")
+
     def test_line_number_counts_blank_lines(self, tmp_path: Path) -> None:
         p = write(tmp_path, "pods.csv", POD_HEADER, "", "a,1,1,0,0,", "", "", "b,x,1,0,0,")
         expect_error(p, 6, "cpu_milli", "expected an integer")
