@@ -780,9 +780,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     if args.prices is not None:
         path = _existing_file(args.prices, "--prices", "a YAML price list")
         try:
-            data = read_yaml(path.read_text(encoding="utf-8"), f"--prices {path}")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"--prices {path}: cannot read: {' '.join(str(exc).split())}") from None
+            data = read_yaml(_read_text(path, "--prices"), f"--prices {path}")
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         try:
@@ -854,6 +852,21 @@ def _existing_file(path: Path, flag: str, what: str) -> Path:
     return path
 
 
+def _read_text(path: Path, flag: str) -> str:
+    """The text of a UTF-8 file given as ``flag``; what stops it being read is a UsageError."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot read: {exc.strerror or exc}; pass a file this user can read") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise UsageError(
+            f"{flag} {path}: not UTF-8 text (byte {exc.start + 1}, on line {line}); save it as UTF-8"
+        ) from None
+
+
 def _is_object(doc: Any) -> bool:
     """Whether a document of a manifest stream is a Kubernetes object (a ConfigMap, a List of
     objects, or anything with an apiVersion and a kind), not a solver configuration."""
@@ -866,10 +879,7 @@ def _read_config(path: Path, what: str, flag: str = "--config") -> tuple[Gpusche
     manifests (``kubectl get configmap -o yaml``, several objects as ``kubectl kustomize`` prints
     them, a List) among which one ConfigMap has ``data.config.yaml``, which is read so."""
     path = _existing_file(path, flag, what)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{flag} {path}: cannot read: {exc}") from None
+    text = _read_text(path, flag)
     docs = [d for d in read_yaml_documents(text, str(path)) if d is not None]
     if not any(_is_object(d) for d in docs):
         return load_config(text, str(path)), str(path)

@@ -1198,6 +1198,20 @@ def test_report_blames_a_bearer_token_file_without_a_token_not_the_address(
     assert "check the address" not in said
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["check-config", "{file}"], ["simulate", "--config", "{file}"], ["report", "--prices", "{file}"]],
+    ids=["check-config", "simulate", "report"],
+)
+def test_a_file_that_is_not_utf8_is_told_where_and_how_to_fix_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    path = tmp_path / "saved-as-latin-1.yaml"
+    path.write_bytes("# prices\ncurrency: EUR  # caf\u00e9\n".encode("latin-1"))  # the \u00e9 is byte 30
+    said = rejected(capsys, [a.format(file=path) for a in argv])
+    assert said.endswith(f"{path}: not UTF-8 text (byte 30, on line 2); save it as UTF-8")
+
+
 def _manifest(tmp_path: Path, workers: int) -> Path:
     """A ConfigMap manifest, as ``kubectl get configmap -o yaml`` prints it, with ``solver.workers``."""
     manifest = tmp_path / "cm.yaml"
