@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from gpusched.daemon.outbox import Outbox
-from gpusched.kube.binder import Binder
+from gpusched.kube.binder import Binder, BindResult
 from gpusched.kube.client import Kube, RateLimiter, Response
 from tests.doubles import RecordingApi, member_pod, one_node_scheduler, settle
 
@@ -98,6 +98,23 @@ async def test_verdicts_told_many_times_wait_as_one_and_none_is_sent_for_a_pod_b
     await settle(s)
     assert api.failed("default/waiting") == ["verdict 999"]
     assert api.failed("default/late") == []
+
+
+async def test_a_verdict_still_waiting_when_its_pod_is_bound_is_never_sent_even_once_the_pod_is_gone() -> None:
+    """x is told it does not fit, the verdict waits behind others, x is bound meanwhile and,
+    a short Job, finishes and leaves the books before the verdict's turn: it is not sent (a
+    FailedScheduling after Scheduled, and PodScheduled=False on a pod that ran)."""
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=1)
+    s._pending.apply("ADDED", member_pod("x"))
+    record = s.queue.record("default/x")
+    assert record is not None
+    s.tell_unschedulable(record.pod, "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.", "Unschedulable")
+    s._bind_outcome(record.pod, "n0", (0,), BindResult.BOUND, "")  # its Binding, answered first
+    s.cache.forget("default/x")  # finished and gone from the books before the verdict's turn
+    s.queue.delete("default/x")
+    await settle(s)
+    assert api.failed("default/x") == []
 
 
 async def test_a_worker_cancelled_before_it_ran_does_not_stall_the_outbox() -> None:

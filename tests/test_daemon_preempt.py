@@ -628,6 +628,27 @@ async def test_a_gang_member_deleted_during_the_search_drops_the_gang_before_any
     assert [(victim, by) for victim, by, _ in api.evicted] == [("default/v", "default/p")]
 
 
+async def test_a_pod_created_again_under_its_name_unseen_by_a_relist_does_not_inherit_the_room() -> None:
+    """urgent preempted low and holds its room; the watch ends (410) and, before the relist,
+    urgent is deleted and created again (priority 0, preemptionPolicy Never).  The relist shows
+    the new pod only: the room and nomination were the old pod's, not the new one's, as the
+    watch's DELETED would have told."""
+    api = _Api()
+    s = one_node_scheduler(api, gpus=1)
+    s._bound.apply("ADDED", _pod("low", 0, node="n0"))
+    s._pending.apply("ADDED", _pod("urgent", 50))
+    assert await _cycle(s) == ["default/urgent"]
+    assert s.cache.nomination("default/urgent") is not None
+    again = _pod("urgent", 0, never=True)
+    again["metadata"]["uid"] = "uid-urgent-again"
+    s._pending.replace([again])
+    assert s.cache.nomination("default/urgent") is None
+    s._bound.apply("DELETED", _pod("low", 0, node="n0"))  # the victim leaves: its room is anyone's
+    s._pending.apply("ADDED", _pod("rival", 10, never=True))
+    await _cycle(s)
+    assert api.bound == ["default/rival"]  # the more important of the two, not the room's inheritor
+
+
 class _VictimLeavesDuringTheSolve:
     """The batch's solve waits in its worker thread until ``leave`` has run on the loop."""
 

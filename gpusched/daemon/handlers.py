@@ -335,6 +335,9 @@ class PendingHandler:
         if rec.bound or rec.terminal or rec.deleting or rec.gated:  # gated: queued once the gates are gone
             self._drop(rec.key, gone=rec.deleting and not rec.bound)
         else:
+            old = self.s.queue.record(rec.key)
+            if old is not None and old.uid != rec.uid:  # deleted and created again, the deletion unseen (a relist)
+                self._replaced(old, rec)
             self.s.queue.add(rec)
             self.s.volume_binding.pod_changed(rec.key)  # (a new pod of the name, maybe)
             self.s.rooms.follow_nomination(rec.pod, rec.nominated)
@@ -342,6 +345,16 @@ class PendingHandler:
                 self.s.grouped_pending[rec.key] = obj
             else:
                 self.s.grouped_pending.pop(rec.key, None)
+
+    def _replaced(self, old: PodRecord, new: PodRecord) -> None:
+        """``old`` was deleted and ``new`` created under its name, as the watch's DELETED would
+        have told: the room held for the old pod, and its word on it, are not the new pod's (but
+        a gang member's, which a member created again under its name takes, as after the
+        watch's ``keep_for_namesake``)."""
+        same_gang = old.pod.gang is not None and new.pod.gang is not None and old.pod.gang.name == new.pod.gang.name
+        if not same_gang:
+            self.s.placed_here.discard(old.key)
+            self.s.give_up_room(old.key)
 
     def _drop(self, key: str, gone: bool = False) -> None:
         """No longer pending.  ``gone``: deleted; a gang member's room may then be kept for a pod

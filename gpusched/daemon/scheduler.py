@@ -1526,6 +1526,8 @@ class Scheduler:
         """Act on how a Binding ended: the books, the queue, the Events and the counters."""
         if result is BindResult.BOUND:
             self._refusals.pop(pod.key, None)
+            for kind in ("event", "condition"):  # a verdict still waiting to be sent is out of date
+                self.outbox.discard((kind, pod.key))
             if self.cache.confirm(pod.key):  # a relist missed it: it may be gone already
                 self.spawn(self.read_back(pod), f"read-back:{pod.key}")
             self.queue.done(pod.key)
