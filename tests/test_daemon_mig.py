@@ -1912,3 +1912,18 @@ async def test_no_gpu_is_kept_for_critical_pods_on_a_node_being_repartitioned() 
     await batch(s)
     assert api.bound_to == {}, "not through the headroom either"
     stop(s)
+
+
+async def test_mig_pods_waiting_look_again_as_soon_as_repartitioning_is_turned_on() -> None:
+    """A MIG pod no node offers its instance to is parked; the researcher's ConfigMap turns
+    re-partitioning on: the pod is drawn again at once, not at the next flush a minute later."""
+    api = MigApi()
+    s = scheduler(api, {})
+    add_node(s, "n", 1)
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    assert s.queue.counts().unschedulable == 1
+    s.set_config(parse_config({"mig": {"repartition": True, "configDelaySeconds": 0}}))
+    await batch(s)  # drawn within the test's wait, not after the minute's flush
+    assert [n for n, _ in api.labelled] == ["n"]
+    stop(s)

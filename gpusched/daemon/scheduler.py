@@ -287,12 +287,13 @@ class Scheduler:
     # -- configuration and leadership -----------------------------------------------------
     def set_config(self, cfg: GpuschedConfig) -> None:
         """Take a validated configuration; the next batch uses it.  Pods waiting as unschedulable
-        are drawn again when what kept GPUs from them (busy GPUs, headroom, tenants' rules)
-        changed."""
-        if (cfg.utilisation, cfg.headroom, cfg.tenants) != (
+        are drawn again when what kept GPUs from them (busy GPUs, headroom, tenants' rules, MIG
+        re-partitioning) changed."""
+        if (cfg.utilisation, cfg.headroom, cfg.tenants, cfg.mig) != (
             self.config.utilisation,
             self.config.headroom,
             self.config.tenants,
+            self.config.mig,
         ):
             self.queue.move_all()
         if cfg.consolidation.interval_seconds != self.config.consolidation.interval_seconds:
