@@ -28,6 +28,8 @@ class FakeKube:
         """The PodGroups of ``default`` (None: the API server serves none)."""
         self.more = dict(more or {})
         """Any other list, by path."""
+        self.refused: set[str] = set()
+        """Lists the RBAC does not grant."""
 
     async def request(self, method: str, path: str, *a: Any, **k: Any) -> Response:
         return Response(200, self.pod)
@@ -44,6 +46,8 @@ class FakeKube:
             if self.groups is None:
                 raise ApiError(404, "the server could not find the requested resource", "NotFound")
             return list(self.groups), "1"
+        if path in self.refused:
+            raise ApiError(403, f"cannot list {path}", "Forbidden")
         return self.more.get(path, []), "1"
 
     async def close(self) -> None:
@@ -218,7 +222,7 @@ async def test_a_pod_whose_read_write_once_pod_claim_another_pod_uses_is_told_wh
         "status": {"phase": "Bound"},
     }
     more = {
-        "/api/v1/namespaces/default/persistentvolumeclaims": [pvc],
+        "/api/v1/persistentvolumeclaims": [pvc],
         "/api/v1/persistentvolumes": [{"metadata": {"name": "pv-solo"}, "spec": {"nfs": {}}}],
     }
     holder = mounting(kit.pod("holder", "default-scheduler", cpu="1", node_name="n0"))
@@ -239,3 +243,65 @@ async def test_a_bound_pod_without_a_name_is_left_out_with_a_note(monkeypatch: p
     text, code = await explain(monkeypatch, p, bound=[{"spec": {"nodeName": "n0"}}])
     assert "bound pod ignored: object without metadata.name" in text
     assert code == 0, text  # the others are weighed as ever: the pod fits on n0
+
+
+@pytest.mark.parametrize("state", ["deleting", "finished", "another scheduler's"])
+async def test_a_pod_no_scheduler_here_will_place_is_not_said_to_fit(
+    monkeypatch: pytest.MonkeyPatch, state: str
+) -> None:
+    p = kit.pod("p", daemon.SCHEDULER_NAME if state != "another scheduler's" else "default-scheduler", gpus=1)
+    p["metadata"].update({"namespace": "default", "uid": "u"})
+    if state == "deleting":
+        p["metadata"]["deletionTimestamp"] = "2026-12-07T10:00:00Z"
+    elif state == "finished":
+        p["status"] = {"phase": "Failed"}
+    text, code = await explain(monkeypatch, p)
+    assert code == 1, text
+    assert "nodes can take it now" not in text
+    assert {"deleting": "is being deleted", "finished": "has finished (Failed)"}.get(state, "does not place it") in text
+
+
+async def test_a_gang_member_whose_claim_is_missing_is_counted_out_as_the_scheduler_leaves_it_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At least 2 of 3 pending; one mounts a claim that does not exist: the scheduler places the
+    other two, and explain says so (not that the gang cannot be bound)."""
+    broken = _member("m2", 2)
+    broken["spec"]["volumes"] = [{"name": "d", "persistentVolumeClaim": {"claimName": "absent"}}]
+    text, code = await explain(monkeypatch, _member("m0", 2), gpus=2, pending=[_member("m1", 2), broken])
+    assert code == 0, text
+    assert "gang default/train: its 2 pending members fit together now" in text
+    # With only it beside, the gang falls short: its claim is why.
+    text, code = await explain(monkeypatch, _member("m0", 2), gpus=2, pending=[broken])
+    assert code == 1, text
+    assert 'member default/m2 cannot be bound: persistentvolumeclaim "absent" not found' in text
+
+
+async def test_claims_of_other_namespaces_not_granted_are_noted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pods of other namespaces attach their volumes too: their claims are read (cluster-wide);
+    where the RBAC grants only the pod's namespace, the answer says what it leaves out."""
+    p = kit.pod("p", daemon.SCHEDULER_NAME, gpus=1)
+    p["metadata"].update({"namespace": "default", "uid": "u"})
+    p["spec"]["volumes"] = [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]
+    pvc = {
+        "metadata": {"name": "data", "namespace": "default", "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-data"},
+        "status": {"phase": "Bound"},
+    }
+    fake = FakeKube(
+        p,
+        [kit.node("n0", 1, "NVIDIA-A100-SXM4-80GB")],
+        more={
+            "/api/v1/namespaces/default/persistentvolumeclaims": [pvc],
+            "/api/v1/persistentvolumes": [{"metadata": {"name": "pv-data"}, "spec": {"nfs": {}}}],
+        },
+    )
+    fake.refused.add("/api/v1/persistentvolumeclaims")
+
+    async def connect(*_: Any) -> FakeKube:
+        return fake
+
+    monkeypatch.setattr(daemon, "connect", connect)
+    text, code = await daemon.explain_pod(None, None, "default", "p")
+    assert code == 0, text
+    assert "note: the claims of other namespaces not read" in text

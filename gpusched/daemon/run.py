@@ -183,8 +183,17 @@ async def explain_pod(
         if rec.bound:
             node_gpus = f" on GPUs {','.join(map(str, rec.gpu_indices))}" if rec.gpu_indices else ""
             return f"pod {rec.key} is bound to {rec.node_name}{node_gpus}", 0
+        if rec.deleting or rec.terminal:
+            what = "is being deleted" if rec.deleting else f"has finished ({r.body.get('status', {}).get('phase')})"
+            lines.append(f"pod {rec.key} {what}: no scheduler places it")
+            return "\n".join(lines), 1
         if rec.scheduler != scheduler_name:
-            lines.append(f"note: pod {rec.key} names scheduler {rec.scheduler!r}, not {scheduler_name!r}")
+            lines.append(
+                f"pod {rec.key} names scheduler {rec.scheduler!r}, not {scheduler_name!r}: {scheduler_name} does not "
+                f"place it (spec.schedulerName: {scheduler_name} has it placed here; the field is set when a pod "
+                "is created)"
+            )
+            return "\n".join(lines), 1
         if rec.error:
             lines.append(f"pod {rec.key} cannot be scheduled as written: {rec.error}")
             return "\n".join(lines), 1
@@ -236,7 +245,7 @@ async def explain_pod(
             )
             lines.append(answer)
             if said and said[1] != answer:
-                lines.append(f"the scheduler says (unschedulable since {said[0]}): {said[1]}")
+                lines.append(f"the scheduler says (unschedulable since {said[0]}): {said[1]}\n{CAVEAT}")
             return "\n".join(lines), 0 if fits else 1
         e = explain(p, snap.state)
         if e.fits:
@@ -248,14 +257,16 @@ async def explain_pod(
         else:
             lines.append(e.message)
         if said and said[1] != e.message:
-            lines.append(
-                f"the scheduler says (unschedulable since {said[0]}): {said[1]}\n(this command weighs capacity "
-                "only; tenant limits, GPUs kept free, busy GPUs and MIG re-partitions are the running "
-                "scheduler's to weigh)"
-            )
+            lines.append(f"the scheduler says (unschedulable since {said[0]}): {said[1]}\n{CAVEAT}")
         return "\n".join(lines), 0 if e.fits else 1
     finally:
         await kube.close()
+
+
+CAVEAT = (
+    "(this command weighs capacity only; tenant limits, GPUs kept free, busy GPUs, MIG re-partitions, nodes "
+    "a consolidation round is emptying and room held for preempting pods are the running scheduler's to weigh)"
+)
 
 
 async def _pod_groups(kube: Kube, namespace: str) -> tuple[dict[str, int] | None, str]:
@@ -280,10 +291,20 @@ async def _pod_groups(kube: Kube, namespace: str) -> tuple[dict[str, int] | None
 
 
 async def _read_claims(kube: Kube, namespace: str, notes: list[str]) -> Claims:
-    """The claims of ``namespace``, the volumes and the storage classes, read once; a line in
-    ``notes`` for each that cannot be read."""
+    """The claims (of every namespace: the pods on a node attach theirs; of ``namespace`` when
+    no more may be read), the volumes and the storage classes, read once; a line in ``notes``
+    for each that cannot be read."""
     claims = Claims()
-    pvcs, _ = await kube.list(f"/api/v1/namespaces/{segment(namespace)}/persistentvolumeclaims")
+    try:
+        pvcs, _ = await kube.list("/api/v1/persistentvolumeclaims")
+    except ApiError as exc:
+        if exc.status != 403:
+            raise
+        notes.append(
+            f"note: the claims of other namespaces not read ({exc}); the volumes their pods attach are not "
+            "counted against the nodes' attach limits"
+        )
+        pvcs, _ = await kube.list(f"/api/v1/namespaces/{segment(namespace)}/persistentvolumeclaims")
     claims.replace_claims(_readable(claim_record, pvcs, "claim", notes))
     pvs, _ = await kube.list("/api/v1/persistentvolumes")
     claims.replace_volumes(_readable(volume_record, pvs, "volume", notes))
@@ -333,6 +354,7 @@ async def _gang_answer(
     )
     members = [rec.pod]
     mounting: list[tuple[Pod, tuple[str, ...]]] = [(rec.pod, rec.claims)]
+    held_back = ""  # why a member was left out for its claims: told if the rest fall short
     for obj in pending:
         try:
             other = pod_record(obj, namespaces, pod_groups)
@@ -341,14 +363,15 @@ async def _gang_answer(
         g = other.pod.gang
         if other.key == rec.key or g is None or g.name != gang.name or other.scheduler != scheduler_name:
             continue
-        if other.error or other.gated or other.pod.terminating:  # not drawn: counted out
+        if other.error or other.gated or other.deleting or other.terminal:  # not drawn: counted out
             continue
-        if other.claims:  # a member held back by its claims holds the gang back
+        if other.claims:  # a member held back by its claims is counted out, as the scheduler leaves it out
             if claims is None:
                 claims = await _read_claims(kube, rec.pod.namespace, [] if notes is None else notes)
             problem = claims.problem(other.key, other.uid, other.claims, other.ephemeral_claims, books.claim_users())
             if problem:
-                return f"gang {gang.name}: member {other.key} cannot be bound: {problem}", False
+                held_back = held_back or f"gang {gang.name}: member {other.key} cannot be bound: {problem}"
+                continue
             members.append(_held_to_volumes(other, claims, books))
             mounting.append((other.pod, other.claims))
             continue
@@ -361,6 +384,8 @@ async def _gang_answer(
     members = count_running_members(members, books)  # as the scheduler counts them
     counted = members[0].gang or gang
     running = counted.running
+    if held_back and len(members) < counted.min_members:  # short without it: its claims are why
+        return held_back, False
     fit = gang_fits(members, state) if len(members) >= counted.min_members else 0
     if fit:
         n = len(members)
