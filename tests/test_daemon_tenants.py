@@ -774,6 +774,28 @@ async def test_a_pod_at_its_limit_takes_over_no_room_that_the_pods_admitted_besi
     assert s.cache.nomination("a/B") is None
 
 
+async def test_a_room_taken_over_counts_toward_the_limit_for_the_pods_of_its_batch() -> None:
+    """Limit 4: a runs A (1 GPU) and room is held for L (2 GPUs) while its victim leaves: 3.
+    H (2 GPUs, above L) is held back by the limit and takes L's room over; Q1 and Q2 (1 GPU
+    each) came in the same batch.  H's room is a's all the same: one of them more, not both."""
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=3)
+    NodeHandler(s).apply("ADDED", kit.node("n1", 2, "A100"))
+    tenants(s, quotas={"a": {"limitGpus": 4}})
+    v = of("v", "a", 0, node="n0", gpu=1, gpus=2)
+    w = of("w", "c", 100, node="n1", gpu=0, gpus=2)  # n1 is full until L has preempted
+    for o in (of("A", "a", 100, node="n0", gpu=0), v, w):
+        s._bound.apply("ADDED", o)
+    await _preempts(s, api, of("L", "a", 10, gpus=2), v)
+    s._bound.apply("DELETED", w)
+    for o in (of("H", "a", 100, gpus=2), of("Q1", "a", 5), of("Q2", "a", 5)):
+        s._pending.apply("ADDED", o)
+    await batch(s)
+    assert s.cache.nomination("a/H") == ("n0", (1, 2), 1)
+    assert len([k for k in api.bound if k in ("a/Q1", "a/Q2")]) == 1
+    assert s.cache.tenant_usage(s.tenants, terminating=True)["a"] <= 4000
+
+
 def _unreachable(name: str) -> dict[str, Any]:
     node = kit.node(name, 1, "A100")
     node["spec"] = {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]}

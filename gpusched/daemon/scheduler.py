@@ -861,7 +861,7 @@ class Scheduler:
                 admitted_demand[self.tenants.of(p)] += demand_of(p)
             taking = self.rooms.take_over(alone, None, admitted_demand)
             if len(taking) < len(alone):  # rooms taken over count toward the limit from now on
-                limit_usage = self._limit_usage(todo)
+                limit_usage = self._limit_usage([r for r in todo if r.key not in over])
             for p, verdict in taking:
                 if p.priority > lowest.get(self.tenants.of(p), p.priority):
                     at_limit.append((p, verdict))
