@@ -27,7 +27,7 @@ import structlog
 from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, Pod
 from gpusched.model.cluster import BoolArray, IntArray, Repartition
 from gpusched.model.mig import MigLayout
-from gpusched.model.node import booked_gpus
+from gpusched.model.node import booked_gpus, slices_of
 from gpusched.model.placement import MigPartition
 from gpusched.model.tenants import Tenants
 from gpusched.state.records import NodeRecord, PodRecord
@@ -86,9 +86,11 @@ def _busy_cells(cluster: Cluster, busy: Mapping[str, Collection[int]]) -> list[t
 
 
 def keepable(cluster: Cluster, models: Collection[str] = (), tolerated: frozenset[str] = frozenset()) -> BoolArray:
-    """The nodes whose GPUs the headroom may keep: not cordoned, with no MIG slices, no taint but
-    of the keys in ``tolerated``, of ``models`` if any (``Cluster.named_mask``)."""
-    ok = (cluster.gpu_count > 0) & ~cluster.cordoned & ~cluster.mig_cap.any(axis=1)
+    """The nodes whose GPUs the headroom may keep: not cordoned, whose ``nvidia.com/gpu`` are
+    whole GPUs (not MIG instances, of either strategy, nor time slices), no taint but of the
+    keys in ``tolerated``, of ``models`` if any (``Cluster.named_mask``)."""
+    whole = np.array([slices_of(n) == 1 for n in cluster.nodes], dtype=np.bool_)
+    ok = (cluster.gpu_count > 0) & ~cluster.cordoned & ~cluster.in_mig_mode & whole
     if cluster.tainted:
         bare = [all(t.key in tolerated for t in taints) for taints in cluster.taint_sets]
         ok &= np.array(bare, dtype=np.bool_)[cluster.taint_id]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 from structlog.testing import capture_logs
 
-from gpusched.model import Pod
+from gpusched.model import Cluster, Node, Pod
 from gpusched.model.affinity import PodAffinityTerm, Requirement, Spread
 from gpusched.model.node import Taint
-from gpusched.state.cache import Cache, same_offer
+from gpusched.state.cache import Cache, keep_free, same_offer
 from gpusched.state.records import NodeRecord, PodRecord
 from tests.factories import gpu_node, pod
 
@@ -600,3 +601,25 @@ def test_the_claims_of_pods_on_the_books_name_the_pod_that_mounts_them() -> None
     assert set(c.claim_users()) == {"default/data", "default/logs"}
     c.delete_pod("default/db", "u-db")
     assert dict(c.claim_users()) == {}
+
+
+def test_the_headroom_keeps_whole_gpus_never_mig_instances_nor_time_slices() -> None:
+    """Eight GPUs kept must be eight physical GPUs a critical pod can have whole: not fifty-six
+    instances of a single-strategy MIG node (each a seventh), nor slices of a time-sliced node."""
+    whole = Node("whole", 64_000, 512_000, gpu_count=8, gpu_model="NVIDIA-A100-SXM4-80GB")
+    single = Node("single", 64_000, 512_000, gpu_count=56, gpu_model="NVIDIA-A100-SXM4-80GB-MIG-1g.10gb")
+    sliced = Node(
+        "sliced",
+        64_000,
+        512_000,
+        gpu_count=32,
+        gpu_model="NVIDIA-A100-SXM4-80GB",
+        labels={"nvidia.com/gpu.replicas": "4"},
+    )
+    cluster = Cluster([single, sliced, whole])
+    used = np.zeros_like(cluster.gpu_cap)
+    kept = keep_free(cluster, used, 8, frozenset({"A100-SXM4-80GB"}))
+    assert {cluster.nodes[i].name for i, _ in kept} == {"whole"}
+    assert len(kept) == 8
+    used[2, :2] = 1000  # two of the whole GPUs taken: six is all the headroom can keep
+    assert len(keep_free(cluster, used, 8)) == 6
