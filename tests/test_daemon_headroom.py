@@ -240,6 +240,27 @@ async def test_a_member_of_high_priority_kept_out_by_its_gang_is_told_of_the_hea
     assert "headroom" in high, high  # 2 idle GPUs, told only "insufficient"
 
 
+async def test_a_gang_with_a_member_below_the_priority_gets_no_kept_gpu_for_the_members_left_out() -> None:
+    """A gang of at least 2: a launcher of priority 0 and three workers of 1,000,000.  The solve
+    places its minimum (the launcher and a worker) on the two GPUs not kept; the workers left out
+    are of high priority, but their gang is not: the two kept GPUs stay free."""
+    from tests.doubles import member_pod
+
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=4)
+    kept_for(s, 2)
+    launcher = member_pod("launcher", gang="g")
+    launcher["spec"]["priority"] = 0
+    s._pending.apply("ADDED", launcher)
+    for i in range(3):
+        worker = member_pod(f"worker{i}", gang="g")
+        worker["spec"]["priority"] = 1_000_000
+        s._pending.apply("ADDED", worker)
+    await batch(s)
+    assert "default/launcher" in api.bound
+    assert len(api.bound) == 2, api.bound
+
+
 async def test_the_quick_start_is_not_undone_by_a_full_solve_on_the_kept_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpusched.daemon import scheduler as daemon
 

@@ -1754,7 +1754,9 @@ class Scheduler:
         """Place the pods of high priority that ``plan`` left out with the GPUs kept free for
         them given back: the batch's plan with theirs added.  A gang goes there only as a whole
         of high priority; the members of one the plan placed its minimum of, each as it fits."""
-        below = {p.gang.name for p in plan.unplaced if p.gang is not None and self.below_headroom(p)}
+        # A gang with one member below the priority is below it as a whole, its placed ones too.
+        every = [*plan.unplaced, *(a.pod for a in plan.assignments)]
+        below = {p.gang.name for p in every if p.gang is not None and self.below_headroom(p)}
         high = [p for p in plan.unplaced if not self.below_headroom(p) and (p.gang is None or p.gang.name not in below)]
         if not high:
             return plan, after, frag
