@@ -166,6 +166,15 @@ def _namespace(text: str) -> str:
     return text
 
 
+def _scheduler_name(text: str) -> str:
+    """A pod's ``spec.schedulerName`` can only be a DNS-1123 subdomain: another name is one no
+    pod may name, and a scheduler of it would place nothing, silently."""
+    problem = _name_problem(_name(text), "scheduler")
+    if problem:
+        raise argparse.ArgumentTypeError(problem + " (a pod's spec.schedulerName must be one)")
+    return text
+
+
 def _lease_name(text: str) -> str:
     problem = _name_problem(_name(text), "Lease")
     if problem:
@@ -510,7 +519,7 @@ def _cluster_args(p: argparse.ArgumentParser, daemon: bool = True, scheduler: bo
         )
     p.add_argument(
         "--scheduler-name",
-        type=_name,
+        type=_scheduler_name,
         default="gpu-scheduler",
         help="the spec.schedulerName of the pods gpusched places (default: %(default)s)",
     )
@@ -578,7 +587,9 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     if timing_problem(args.lease_duration, args.renew_deadline, args.retry_period):
         raise UsageError(
             "leader election needs --lease-duration > --renew-deadline > --retry-period, got "
-            f"{args.lease_duration:g} / {args.renew_deadline:g} / {args.retry_period:g}"
+            f"{args.lease_duration:g} / {args.renew_deadline:g} / {args.retry_period:g} (the defaults are 15 / 10 / 2: "
+            "change them together, e.g. --lease-duration 30 --renew-deadline 20 --retry-period 4, and raise the "
+            "pod's terminationGracePeriodSeconds to at least the renew deadline + 20 s)"
         )
     settings = DaemonSettings(
         kubeconfig=_kubeconfig(args.kubeconfig),

@@ -193,6 +193,13 @@ def test_parse_seeds() -> None:
         (["run", "--namespace", ""], "argument --namespace: must not be empty"),
         (["run", "--lease-name", " "], "argument --lease-name: must not be empty"),
         (["explain", "p", "--scheduler-name", ""], "argument --scheduler-name: must not be empty"),
+        (
+            ["run", "--scheduler-name", "GPU-Scheduler"],
+            "argument --scheduler-name: 'GPU-Scheduler' is not a scheduler name: scheduler names are lower-case "
+            "letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters "
+            "(did you mean 'gpu-scheduler'?)",
+        ),
+        (["run", "--scheduler-name", "a,b=c"], "'a,b=c' is not a scheduler name"),
         (["simulate", "--typical", "history"], "argument --typical: invalid choice: 'history'"),
         (["simulate", "--pods", "pods.csv"], "pass both --nodes and --pods"),
         (["bogus"], "invalid choice: 'bogus'"),

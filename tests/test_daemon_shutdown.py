@@ -80,3 +80,28 @@ async def test_at_shutdown_the_loops_that_evict_or_relabel_stop_before_the_drain
     assert await daemon_run.run_daemon(settings) == 1
     assert running_at_drain  # the drain was reached
     assert {"schedule", "consolidate", "mig-restore", "keep-warm"}.isdisjoint(running_at_drain)
+
+
+async def test_the_drain_does_not_wait_for_a_backlog_of_verdicts() -> None:
+    """Three thousand pods that do not fit fill the outbox with their FailedScheduling verdicts,
+    which the Events client sends at its rate: a shutdown must not hold the lead (and the
+    hand-over) for them; the next leader tells them again."""
+    from tests.doubles import RecordingApi, member_pod, one_node_scheduler
+
+    class SlowApi(RecordingApi):
+        async def event(self, *_: Any, **__: Any) -> None:
+            await asyncio.sleep(60)
+
+    s = one_node_scheduler(SlowApi(), gpus=1)
+    for i in range(50):
+        s._pending.apply("ADDED", member_pod(f"p{i}"))
+        record = s.queue.record(f"default/p{i}")
+        assert record is not None
+        s.tell_unschedulable(record.pod, "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.", "Unschedulable")
+    await asyncio.sleep(0)
+    assert any(t.get_name() == "outbox" for t in s.pending_tasks())
+    began = time.monotonic()
+    await s.drain(timeout=5.0)
+    assert time.monotonic() - began < 1.0
+    for t in s.pending_tasks():
+        t.cancel()

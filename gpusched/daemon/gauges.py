@@ -221,10 +221,16 @@ class Gauges:
         # one gang members waiting beside a layout are planned on.
         soon = self.s.mig.sealed() | {node for job in self.s.mig.jobs.values() for _, node in job.beside.values()}
         keeping[[i for n in soon if (i := cl.index.get(n)) is not None]] = True
-        # Nor one whose GPUs DCGM finds busy: work outside the books runs there.
-        busy = self.s.busy_gpus() if self.s.utilisation is not None else None
-        keeping[[i for n in busy or {} if (i := cl.index.get(n)) is not None]] = True
-        idle = int((~in_use & gpu_nodes & open_ & ~keeping).sum())
+        # Nor one with a GPU DCGM finds busy: work outside the books runs there (whether or not
+        # batches avoid busy GPUs, and on a time-sliced node too).  Without a recent answer,
+        # any node may be running such work: none is said to be idle.
+        measured = True
+        if self.s.utilisation is not None:
+            view = self.s.utilisation_view()
+            measured = view is not None
+            busy = view.at_least(self.s.config.utilisation.busy_percent) if view is not None else {}
+            keeping[[i for n, gpus in busy.items() if gpus and (i := cl.index.get(n)) is not None]] = True
+        idle = int((~in_use & gpu_nodes & open_ & ~keeping).sum()) if measured else 0
         # What more nodes would have to offer.
         parked = self.s.waiting(self.s.unschedulable_records())
         wanted = sum(p.gpu_demand_milli for p in parked) / GPU_MILLI

@@ -282,6 +282,7 @@ class Repartitioner:
             layouts = tuple((g, layout) for m, g, layout in parts if m == n)
             job = Repartition(config, {p.key: p for p in group}, layouts, found=node.labels.get(LABEL_MIG_CONFIG, ""))
             self.jobs[node.name] = job
+            self.s.metrics.mig_repartition("requested")  # (each request ends in one outcome: ``_end``)
             instances = _counts(job.wanted.items())
             log.info(
                 "mig repartition",
@@ -410,7 +411,6 @@ class Repartitioner:
             error = await self.s.binder.label_node(node, labels)
             if not error:
                 job.labelled = True
-                self.s.metrics.mig_repartition("requested")
         if error:
             if not self.s.is_leader:  # the new leader decides anew
                 self._end(node, job, "", "")
@@ -776,13 +776,13 @@ class Repartitioner:
             LABEL_MIG_REQUESTED: str(int(time.time())),
             LABEL_MIG_PREVIOUS: job.before,
         }
+        self.s.metrics.mig_repartition("requested")
         error = await self.s.binder.label_node(node, labels)
         if error:
             log.warning("node not set back to whole GPUs", node=node, error=error)
             self._end(node, job, "error" if self.s.is_leader else "", error)
             return
         job.labelled = True
-        self.s.metrics.mig_repartition("requested")
         await self.s.binder.object_event(
             {"kind": "Node", "name": node, "apiVersion": "v1"},
             "MigRestore",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -109,6 +110,8 @@ async def run_daemon(settings: DaemonSettings) -> int:
         acting = [t for t in tasks if t.get_name() in ACTING]
         for t in acting:
             t.cancel()
+        if (solving := sys.modules.get("gpusched.solver.solve")) is not None:  # (no solve made: not loaded)
+            solving.stop_solves()  # a search in a worker thread would hold the exit up for its time limit
         await asyncio.gather(*acting, return_exceptions=True)
         await sched.drain(timeout=10.0)
         cut_off = sched.unfinished_binds()

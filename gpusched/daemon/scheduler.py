@@ -89,6 +89,8 @@ unreachable, unschedulable...): no setting should be changed for them."""
 _READ_BACKS = ("resolve:", "read-back:", "volumes:")
 """Names of the tasks that read a pod back until it is settled, or wait for its volumes to be
 provisioned (``drain`` does not wait for them: the next leader finds the claims annotated)."""
+OUTBOX_TASK = "outbox"
+"""The name of the tasks that send the verdicts waiting in the outbox."""
 CONFIG_READ_WAIT_S = 30.0
 """How long the lead waits for the ConfigMap's first list before it says why it does not try."""
 NO_POD_GROUP = "PodGroupMissing"
@@ -149,6 +151,9 @@ class Scheduler:
         self._tasks: set[asyncio.Task[None]] = set()
         self._crashed: set[str] = set()
         """Pods, by key, whose batch's handling raised: handled alone (or in halves) next time."""
+        self.retrying: set[str] = set()
+        """Pending pods, by key, last told they wait though they fit (deferred by the solve, or an
+        internal error): retried after a backoff, and no call for a new node."""
         self.outbox = Outbox(workers=OUTBOX_WORKERS)
         """Verdicts' Events and conditions waiting for the Events client: one per pod and kind."""
         self._nominating: dict[str, asyncio.Task[None]] = {}
@@ -641,7 +646,14 @@ class Scheduler:
         await self.elector.release()
 
     def _draining(self) -> set[asyncio.Task[None]]:
-        return {t for t in self._tasks if not t.get_name().startswith(_READ_BACKS) and t not in self.mig.idle}
+        """The tasks ``drain`` waits for: not the read-backs, the MIG waits, nor the verdicts
+        waiting in the outbox (the leader's word, which the next leader says again: waiting to
+        send a backlog of them would hold the lead, and the hand-over, for up to the drain's cap)."""
+        return {
+            t
+            for t in self._tasks
+            if not t.get_name().startswith(_READ_BACKS) and t.get_name() != OUTBOX_TASK and t not in self.mig.idle
+        }
 
     # -- scheduling --------------------------------------------------------------------------
     async def schedule_forever(self) -> None:
@@ -716,6 +728,7 @@ class Scheduler:
             for r in drawn:  # not those the batch told already (parked, or backed off)
                 if self.queue.in_flight(r.key) and self.queue.current(r.key, r.uid):
                     self.metrics.unschedulable("InternalError")
+                    self.retrying.add(r.key)  # the scheduler's trouble, no call for a new node
                     held = self.cache.nomination(r.key)  # room held for it stays, and says so
                     self.write_verdict(r.pod, message, held[0] if held is not None else None)
         self.queue.back_off_drawn(r.key for r in drawn)
@@ -1267,7 +1280,8 @@ class Scheduler:
         if why.startswith(ATTACH_FULL):
             result = BindResult.WITHDRAWN  # placed again at once: the next batch counts the slots taken
         why = why or LEAD_LOST
-        self._bind_outcome(pod, node, gpus, result, why)
+        # No Binding was sent: counted in gpusched_volume_bindings_total, not as a bind error.
+        self._bind_outcome(pod, node, gpus, result, why, sent=False)
         told = "lead_lost" if _lead_lost(result, why) else result.value
         ms = round((time.perf_counter() - start) * 1000, 1)
         log.info("bind", pod=pod.key, node=node, gpus=list(gpus), result=told, why=why, ms=ms)
@@ -1394,8 +1408,10 @@ class Scheduler:
         self.metrics.unschedulable(reason)
         if reason == DEFERRED or retry:  # it fits now (the solve kept it back), or may soon: try again soon
             self.queue.backoff(pod.key)
+            self.retrying.add(pod.key)  # no call for a new node (``unschedulable_records``)
         else:
             self.queue.park(pod.key)
+            self.retrying.discard(pod.key)
         # Held back by its tenant's limit alone, the pod is no call for a new node (the cluster
         # autoscaler adds one for reason Unschedulable); a pod waiting for its victims to leave
         # is Unschedulable and nominated, as kube-scheduler writes it.
@@ -1468,7 +1484,7 @@ class Scheduler:
     def _write(self, key: tuple[str, str], write: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """A verdict's write, through the outbox: only the latest per pod waits to be sent."""
         for _ in range(self.outbox.put(key, write)):
-            self.spawn(self.outbox.work(), "outbox").add_done_callback(self.outbox.worker_done)
+            self.spawn(self.outbox.work(), OUTBOX_TASK).add_done_callback(self.outbox.worker_done)
 
     async def _verdict_event(self, pod: Pod, message: str) -> None:
         if not self.cache.holds(pod.key, pod.uid):  # else bound since: the verdict is out of date
@@ -1523,8 +1539,11 @@ class Scheduler:
         told = "lead_lost" if _lead_lost(result, why) else result.value
         log.info("bind", pod=pod.key, node=node, gpus=list(gpus), result=told, why=why or None, ms=ms)
 
-    def _bind_outcome(self, pod: Pod, node: str, gpus: tuple[int, ...], result: BindResult, why: str) -> None:
-        """Act on how a Binding ended: the books, the queue, the Events and the counters."""
+    def _bind_outcome(
+        self, pod: Pod, node: str, gpus: tuple[int, ...], result: BindResult, why: str, sent: bool = True
+    ) -> None:
+        """Act on how a Binding ended: the books, the queue, the Events and the counters (a bind
+        error only for a Binding ``sent``: not one refused before, for its volumes)."""
         if result is BindResult.BOUND:
             self._refusals.pop(pod.key, None)
             for kind in ("event", "condition"):  # a verdict still waiting to be sent is out of date
@@ -1558,7 +1577,10 @@ class Scheduler:
             elif freed:  # its capacity is free again: the parked may fit
                 self.queue.move_all()
             if result is BindResult.FAILED:  # a lead lost is told apart: nothing failed
-                self.metrics.bind_error("lead_lost" if _lead_lost(result, why) else "failed")
+                if _lead_lost(result, why):
+                    self.metrics.bind_error("lead_lost")
+                elif sent:
+                    self.metrics.bind_error("failed")
                 self.queue.backoff(pod.key)
                 if self.is_leader:  # a lead lost is not the pod's trouble: the new leader places it
                     self.spawn(
@@ -1841,7 +1863,11 @@ class Scheduler:
         they wait all the same)."""
         parked = self.queue.parked()
         seen = {r.key for r in parked}
-        again = (self.queue.record(k) for k in self.queue.pending_keys() if k not in seen)
+        pending = self.queue.pending_keys()
+        self.retrying.intersection_update(pending)  # (those bound or gone are forgotten)
+        # Not those last told they fit but were kept back (deferred), or hit an internal error:
+        # they are retried, and more nodes would not place them sooner.
+        again = (self.queue.record(k) for k in pending if k not in seen and k not in self.retrying)
         return parked + [r for r in again if r is not None and r.unschedulable is not None]
 
     def waiting(self, records: Iterable[PodRecord]) -> list[Pod]:

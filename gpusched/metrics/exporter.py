@@ -37,7 +37,22 @@ NAMESPACE = "gpusched"
 
 BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 10_000)
 """Up to the largest ``batching.maxSize`` the configuration accepts."""
-SOLVE_SECONDS_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+SOLVE_SECONDS_BUCKETS: tuple[float, ...] = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+)
 """Up to the largest ``solver.timeLimitSeconds`` the configuration accepts."""
 
 PENDING_QUEUES: tuple[str, ...] = ("active", "backoff", "unschedulable")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
@@ -31,7 +32,7 @@ from gpusched.solver.typical import TypicalTracker
 from gpusched.solver.validate import peer_order, plan_problems
 from gpusched.solver.vars import Vars
 
-__all__ = ["CpSatPolicy", "cp_solver"]
+__all__ = ["CpSatPolicy", "cp_solver", "stop_solves"]
 
 _STATUS = {
     cp_model.OPTIMAL: "OPTIMAL",
@@ -53,7 +54,20 @@ def cp_solver() -> cp_model.CpSolver:
     """
     solver = cp_model.CpSolver()
     solver.parameters.catch_sigint_signal = False
+    _LIVE.add(solver)
     return solver
+
+
+_LIVE: weakref.WeakSet[cp_model.CpSolver] = weakref.WeakSet()
+"""The solvers made (``cp_solver``) and not yet collected: those solving, among them."""
+
+
+def stop_solves() -> None:
+    """Ask every search in progress to end now, with the best it has (the process is stopping:
+    a solve in a worker thread would hold the exit up for as long as its time limit, up to a
+    minute, past the pod's grace period)."""
+    for solver in list(_LIVE):
+        solver.stop_search()
 
 
 SHORT_SOLVE_S = 0.25
