@@ -708,3 +708,23 @@ async def test_a_critical_pod_needing_the_kept_gpus_and_one_more_gets_it_before_
     assert api.bound == ["default/critical"]
     assert api.evicted == []
     assert api.failed("default/low")
+
+
+async def test_a_pod_the_solve_deferred_though_it_fits_is_no_demand_for_new_nodes() -> None:
+    """A pod the solve kept back for a later batch (its time ran out) fits as things are: its
+    PodScheduled=False condition must not read as a call for more nodes."""
+    from gpusched.solver.explain import DEFERRED
+
+    api = RecordingApi()
+    s = one_node_scheduler(api, gpus=1)
+    obj = pod("later", 0, gpus=1)
+    s._pending.apply("ADDED", obj)
+    record = s.queue.record("default/later")
+    assert record is not None
+    s.tell_unschedulable(record.pod, "deferred to the next batch", DEFERRED)
+    obj["status"] = {  # the watch shows the condition written
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "deferred"}]
+    }
+    s._pending.apply("MODIFIED", obj)
+    s.gauges.refresh()
+    assert gauge(s, "gpusched_unschedulable_gpu_demand") == 0.0

@@ -11,6 +11,8 @@ import math
 import time
 from typing import Any
 
+import pytest
+
 from gpusched.config import parse_config
 from gpusched.daemon import Scheduler
 from gpusched.daemon.handlers import NodeHandler
@@ -460,6 +462,25 @@ async def test_a_node_whose_gpus_dcgm_finds_busy_is_no_idle_node_to_remove() -> 
     s.gauges.refresh()
     assert gauge(s, "gpusched_gpu_nodes_idle") == 1.0
     measured(s, {"n0": {0: 99.0, 1: 99.0}})  # nothing on the books, yet something works there
+    s.gauges.refresh()
+    assert gauge(s, "gpusched_gpu_nodes_idle") == 0.0
+
+
+@pytest.mark.parametrize("case", ["busy GPUs not avoided", "time-sliced", "answer too old"])
+async def test_a_node_dcgm_finds_busy_is_no_idle_node_whatever_batches_do_with_busy_gpus(case: str) -> None:
+    """Batches may place on busy GPUs (``avoidBusyGpus: false``) and a time-sliced node's busy
+    GPU maps to no slice: the node still runs work outside the books, and an autoscaler must not
+    remove it.  Without a recent answer, no node is said to be idle at all."""
+    s = one_node_scheduler(RecordingApi(), gpus=2)
+    if case == "busy GPUs not avoided":
+        s.set_config(parse_config({"utilisation": {"avoidBusyGpus": False}}))
+    elif case == "time-sliced":
+        NodeHandler(s).apply("MODIFIED", kit.node("n0", 8, "A100", **{"nvidia.com/gpu.replicas": "4"}))
+    measured(s, {"n0": {0: 95.0}})
+    if case == "answer too old":
+        assert s.utilisation is not None
+        assert s.utilisation.view is not None
+        s.utilisation.view = UtilisationView(time.monotonic() - 3600, {"n0": {0: 0.0, 1: 0.0}})
     s.gauges.refresh()
     assert gauge(s, "gpusched_gpu_nodes_idle") == 0.0
 
