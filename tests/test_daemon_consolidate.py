@@ -651,3 +651,28 @@ async def test_a_node_emptied_and_then_taken_by_other_work_is_no_failure_to_warn
     with capture_logs() as logs:
         await round_of(s)
     assert [e for e in logs if e["event"] == "consolidation emptied a node that was filled again"] == []
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "karpenter.sh/do-not-disrupt=true",
+        "cluster-autoscaler.kubernetes.io/safe-to-evict=false",
+        "gpusched.io/consolidate=false",
+        "orphaned",
+    ],
+)
+async def test_a_running_pod_that_opts_out_or_loses_its_controller_is_not_moved(change: str) -> None:
+    """b0, alone on n1, asked to be moved when it started; then it opts out (an annotation added
+    to the running pod), or its Job is deleted with --cascade=orphan: nothing would recreate it.
+    The next round leaves it where it is."""
+    api = EvictionApi()
+    s = two_nodes(api)
+    s._bound.apply("ADDED", batch_pod("b0", "n1", 0))
+    now = batch_pod("b0", "n1", 0, owned=change != "orphaned")
+    if change != "orphaned":
+        key, value = change.split("=")
+        now["metadata"]["annotations"][key] = value
+    s._bound.apply("MODIFIED", now)
+    await round_of(s)
+    assert "default/b0" not in api.evicted  # (a0 and a1 may come to it instead)

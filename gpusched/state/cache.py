@@ -225,6 +225,11 @@ def _request(p: Pod) -> tuple[object, ...]:
     )
 
 
+def _standing(p: Pod) -> tuple[object, ...]:
+    """What of a running pod may change without changing what it holds (``_request``)."""
+    return (p.started, p.movable, p.owner, p.preempted)
+
+
 class Cache:
     """Inventory and usage; every change goes through the methods below."""
 
@@ -350,8 +355,14 @@ class Cache:
                 annotated = record.gpu_indices
                 if _request(held.pod) == _request(record.pod) and annotated in (None, held.wanted):
                     held.assumed = False  # confirmed
-                    if held.pod.started != record.pod.started:  # the kubelet started it: for preemption's ties
-                        held.pod = replace(held.pod, started=record.pod.started)
+                    # What may change on a running pod without changing what it holds: when the
+                    # kubelet started it (for preemption's ties), whether it may be moved (an
+                    # annotation added, its controller orphaning it) and whether it was preempted.
+                    now = record.pod
+                    if _standing(held.pod) != _standing(now):
+                        held.pod = replace(
+                            held.pod, started=now.started, movable=now.movable, owner=now.owner, preempted=now.preempted
+                        )
                     return False
                 # Same pod, new request (an in-place resize), or other GPUs than we assumed (an
                 # earlier instance bound it first): count what it asks for now, on the GPUs its
