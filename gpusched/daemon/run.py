@@ -110,8 +110,11 @@ async def run_daemon(settings: DaemonSettings) -> int:
         acting = [t for t in tasks if t.get_name() in ACTING]
         for t in acting:
             t.cancel()
-        if (solving := sys.modules.get("gpusched.solver.solve")) is not None:  # (no solve made: not loaded)
-            solving.stop_solves()  # a search in a worker thread would hold the exit up for its time limit
+        # A search in a worker thread would hold the exit up for its time limit.  (Not loaded: no
+        # solve made; being loaded in a worker thread, without it yet: none begun either.)
+        stop_solves = getattr(sys.modules.get("gpusched.solver.solve"), "stop_solves", None)
+        if stop_solves is not None:
+            stop_solves()
         await asyncio.gather(*acting, return_exceptions=True)
         await sched.drain(timeout=10.0)
         cut_off = sched.unfinished_binds()

@@ -333,7 +333,9 @@ def repo_file(*parts: str) -> Path:
     return REPO_ROOT.joinpath(*parts)
 
 
-async def explain(cp: ControlPlane, target: str) -> subprocess.CompletedProcess[str]:
-    """``gpusched explain TARGET`` as the scheduler's identity, in a subprocess."""
+async def explain(cp: ControlPlane, target: str, scheduler: str) -> subprocess.CompletedProcess[str]:
+    """``gpusched explain TARGET`` for the scheduler named ``scheduler`` (the pods' schedulerName),
+    as the scheduler's identity, in a subprocess."""
     argv = [sys.executable, "-m", "gpusched", "explain", target, "--kubeconfig", str(cp.scheduler_kubeconfig)]
+    argv += ["--scheduler-name", scheduler]
     return await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, cwd=repo_file(), timeout=60)

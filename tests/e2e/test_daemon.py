@@ -182,10 +182,10 @@ async def test_unschedulable_pod_is_retried_when_the_cluster_changes(
         (p,) = await kit.wait_settled(kube, namespace, 1, timeout=90)
         message = (kit.condition(p) or {}).get("message")
         assert message == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
-        explained = await kit.explain(control_plane, f"{namespace}/big")
+        explained = await kit.explain(control_plane, f"{namespace}/big", name)
         assert explained.returncode == 1, explained.stderr
         assert message in explained.stdout
-        missing = await kit.explain(control_plane, "big")  # in the default namespace: not there
+        missing = await kit.explain(control_plane, "big", name)  # in the default namespace: not there
         assert missing.returncode == 2
         assert "error: pod default/big not found; name it as NAMESPACE/POD, or pass --namespace" in missing.stderr
         assert missing.stdout == ""
@@ -890,7 +890,7 @@ async def test_gangs_mig_slices_and_gpu_islands(control_plane: ControlPlane, kub
             subprocess.run,
             [
                 *(sys.executable, "-m", "gpusched", "explain", f"{namespace}/{pod_name}"),
-                *("--kubeconfig", str(control_plane.scheduler_kubeconfig)),
+                *("--kubeconfig", str(control_plane.scheduler_kubeconfig), "--scheduler-name", name),
             ],
             capture_output=True,
             text=True,
@@ -983,7 +983,7 @@ async def test_pods_are_bound_only_when_their_claims_are_bound_to_usable_volumes
         for pod_name, message in messages.items():
             assert [e["message"] for e in events[f"FailedScheduling/{pod_name}"]] == [message]
         assert all(not p["spec"].get("nodeName") for n, p in final.items() if n not in placed)
-        told = await kit.explain(control_plane, f"{namespace}/volume-on-a-node-gone")
+        told = await kit.explain(control_plane, f"{namespace}/volume-on-a-node-gone", name)
         assert told.returncode == 1, told.stderr
         assert "node(s) had volume node affinity conflict" in told.stdout
         # The missing claim is created and bound: the parked pod is retried and bound.
@@ -1024,7 +1024,7 @@ async def test_a_read_write_once_pod_claim_is_one_pods_at_a_time(
             assert (kit.condition(final[n]) or {}).get("message") == held.format(f"{namespace}/holder")
         events = await kit.wait_events(kube, namespace, ["FailedScheduling/first"])
         assert [e["message"] for e in events["FailedScheduling/first"]] == [held.format(f"{namespace}/holder")]
-        told = await kit.explain(control_plane, f"{namespace}/first")
+        told = await kit.explain(control_plane, f"{namespace}/first", name)
         assert told.returncode == 1, told.stderr
         assert f"pod {namespace}/first cannot be bound: {held.format(f'{namespace}/holder')}" in told.stdout
         # The holder goes: one of the two waiting pods takes the claim, the other waits for it.

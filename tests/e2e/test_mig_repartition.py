@@ -115,7 +115,7 @@ async def test_mig_pods_wait_for_the_layout_and_are_bound_once_the_node_advertis
             p = await _until(kube, f"{pods}/s{i}", lambda o: "re-partitioned" in _message(o))
             assert not p["spec"].get("nodeName")
             assert f"Waiting for node {node} to be re-partitioned into MIG instances" in _message(p)
-        explained = await kit.explain(control_plane, f"{namespace}/s0")
+        explained = await kit.explain(control_plane, f"{namespace}/s0", name)
         assert explained.returncode == 1, explained.stderr
         assert "1 Insufficient nvidia.com/mig-1g.10gb" in explained.stdout, "its own analysis: capacity as advertised"
         assert f"Waiting for node {node} to be re-partitioned into MIG instances" in explained.stdout
