@@ -676,3 +676,59 @@ async def test_a_running_pod_that_opts_out_or_loses_its_controller_is_not_moved(
     s._bound.apply("MODIFIED", now)
     await round_of(s)
     assert "default/b0" not in api.evicted  # (a0 and a1 may come to it instead)
+
+
+class _Preempting(EvictionApi):
+    """Also deletes preemption's victims (recorded with the evictions)."""
+
+    async def preempt(self, victim: Pod, by: Pod, node: str, why: str = "") -> bool:
+        self.evicted.append(victim.key)
+        return True
+
+
+async def test_a_pod_that_fits_on_a_node_being_emptied_waits_for_it_rather_than_preempt() -> None:
+    """A round evicts b0 off n1 (its replacement's room is on n0); while b0 terminates, n1 is
+    sealed.  A pod of high priority asking for 3 GPUs fits on n1 once b0 is gone: it waits for
+    that, rather than evict a1, running on n0, and take the replacement's room."""
+    api = _Preempting()
+    s = two_nodes(api)
+    b0 = batch_pod("b0", "n1", 0)
+    s._bound.apply("ADDED", b0)
+    assert await round_of(s) == 1
+    assert api.evicted == ["default/b0"]
+    b0["metadata"]["deletionTimestamp"] = "2026-12-07T00:00:00Z"
+    s._bound.apply("MODIFIED", b0)
+    assert s.sealed() == {"n1"}
+    urgent = pod("urgent", 100, gpus=3)
+    s._pending.apply("ADDED", urgent)
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 10))
+    await settle(s)
+    assert api.evicted == ["default/b0"], "running work evicted for room about to be free"
+    assert "node n1 is being emptied by consolidation" in api.failed("default/urgent")[-1]
+    s._bound.apply("DELETED", b0)  # gone: n1 is open
+    for _ in range(3):
+        if "default/urgent" in api.bound:
+            break
+        await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 10))
+        await settle(s)
+    where = s.cache.placement("default/urgent")
+    assert where is not None
+    assert where[0] == "n1"
+    assert api.evicted == ["default/b0"]
+
+
+async def test_a_node_being_emptied_is_open_again_once_the_wait_is_over_even_with_consolidation_off() -> None:
+    """b0 is stuck terminating (a finalizer) and the operator turns consolidation off: n1 is not
+    sealed for ever; past the round's wait it takes work again."""
+    api = EvictionApi()
+    s = two_nodes(api)
+    b0 = batch_pod("b0", "n1", 0)
+    s._bound.apply("ADDED", b0)
+    assert await round_of(s) == 1
+    b0["metadata"]["deletionTimestamp"] = "2026-12-07T00:00:00Z"
+    s._bound.apply("MODIFIED", b0)
+    assert s.sealed() == {"n1"}
+    s.set_config(parse_config({}))
+    s.consolidator._round_deadline = time.monotonic() - 1  # the wait is over
+    await round_of(s)
+    assert s.sealed() == set()

@@ -192,6 +192,8 @@ class Consolidator:
         terminates for its grace period): no batch puts GPU work there meanwhile.  As the batches
         see it that node is still in use, so a replacement made at once would go back to the
         node it was moved off, and be moved again, round after round."""
+        if time.monotonic() >= self._round_deadline:  # waited for long enough (a pod stuck terminating)
+            return set()
         cache = self.s.cache
         return {where[0] for key, uid in self.moving if cache.holds(key, uid) and (where := cache.placement(key))}
 
@@ -202,7 +204,9 @@ class Consolidator:
         until = time.monotonic() + self._hold_s()
         for node in sorted(self._emptied - self._refused_until.keys()):
             held = [h for k in self.s.cache.gpu_pods_on(node) if (h := self.s.cache.held_pod(k)) is not None]
-            back = [p.key for p in held if p.owner in self._moved_owners]
+            # Replacements: pods of a controller moved that it made since (not an evicted pod
+            # itself, still terminating there).
+            back = [p.key for p in held if (m := self._moved_owners.get(p.owner)) and p.uid not in m[1]]
             if not back:  # idle, or other work took it (a pod that needed the whole node, say)
                 continue
             self._refused_until[node] = until

@@ -1158,6 +1158,8 @@ class Scheduler:
                     self.tell_unschedulable(p, message, "Gang")
             elif not self.rooms.gang_waits_for_victims(told, after_low, freed):
                 gangs.append(told)
+        if preempting and (emptying := self.consolidator.sealed()):
+            preempting = self._wait_for_emptied(preempting, emptying, snap)
         if preempting or gangs:
             # In the batch's (the queue's) order, not the solve's (by priority): reclaim follows
             # it, as between tenants quota decides, not priority; preemption orders by priority
@@ -1591,6 +1593,29 @@ class Scheduler:
                 if result is BindResult.TAKEN:
                     self.metrics.bind_error("taken")
                 self.queue.done(pod.key)
+
+    def _wait_for_emptied(
+        self, pods: list[tuple[Pod, Explanation]], emptying: set[str], snap: Snapshot
+    ) -> list[tuple[Pod, Explanation]]:
+        """Of ``pods`` (left out, about to look for victims), those that would not fit on a node
+        a consolidation round is emptying were it open now: the others wait for it (its evicted
+        pods terminate for their grace period), rather than evict running work for room that is
+        about to be free.  Told so, and retried soon."""
+        open_ = self.cache.snapshot(busy=self.busy_gpus(), sealed=self.mig.sealed())
+        rows = [i for n in sorted(emptying) if (i := open_.cluster.index.get(n)) is not None]
+        out = []
+        for p, e in pods:
+            mask = open_.state.pod_mask(p)
+            node = next((open_.cluster.nodes[i].name for i in rows if mask[i]), None)
+            if node is None:
+                out.append((p, e))
+                continue
+            message = (
+                f"{self.with_notes(p, e.message, snap).rstrip('.')}; node {node} is being emptied by consolidation "
+                "and will have room once the pods evicted there are gone: the pod waits for it rather than preempt."
+            )
+            self.tell_unschedulable(p, message, e.reason, retry=True)
+        return out
 
     def _keeps_gang_room(self, pod: Pod) -> bool:
         """Whether a gang member whose Binding was refused keeps the room it was placed in: while
