@@ -505,6 +505,27 @@ async def test_a_deleted_members_room_goes_to_a_pending_member_that_completes_th
     assert len(api.evicted) == 3
 
 
+async def test_the_room_kept_for_a_member_deleted_in_its_batch_outlasts_an_unrelated_pod_leaving() -> None:
+    """m1 is deleted (to be created again) while its gang is drawn again: its room is kept for
+    its namesake.  Another pending pod leaving does not give it up: m1, deleted, is no member."""
+    api = _Api()
+    s = _two_nodes(api)
+    for name in ("m1", "m2"):
+        s._pending.apply("ADDED", _member(name, 50))
+    await _cycle(s)
+    assert len(api.evicted) == 2
+    s._bound.apply("MODIFIED", _leaving("low-0", 0, "n0"))  # a victim leaves: the gang is drawn again
+    drawn = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
+    assert "default/m1" in {r.key for r in drawn}
+    s._pending.apply("DELETED", _member("m1", 50))  # deleted while in flight
+    assert "default/m1" in s.rooms.kept
+    s._pending.apply("ADDED", _pod("other", 0))
+    s._pending.apply("DELETED", _pod("other", 0))
+    s.rooms.expire_kept()  # (as each batch does)
+    assert "default/m1" in s.rooms.kept
+    assert s.cache.nomination("default/m1") is not None
+
+
 async def test_the_room_kept_for_a_deleted_gang_member_goes_with_the_rest_of_its_gang() -> None:
     api = _Api()
     s = _two_nodes(api)

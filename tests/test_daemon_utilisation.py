@@ -496,3 +496,19 @@ async def test_gpu_nodes_the_answer_says_nothing_of_are_warned_about_once() -> N
         s.gauges.check_node_names(told)  # the next poll: the same nodes, not told again
     warned = [e for e in logs if e["event"].startswith("GPU nodes are not in the utilisation answer")]
     assert [(e["nodes"], e["first"]) for e in warned] == [(1, ["tainted-pool-0"])]
+
+
+async def test_a_pod_whose_room_is_on_a_gpu_others_keep_busy_is_parked_not_retried_for_ever() -> None:
+    """p's only room is the share of v (of lower priority) on a GPU that w, staying, keeps busy:
+    no eviction makes room there.  p is told and parked until the cluster changes, not drawn
+    again and again (which would also keep consolidation from ever finding the cluster quiet)."""
+    api = EvictingApi()
+    s = one_node_scheduler(api, gpus=1)
+    measured(s, {"n0": {0: 99.0}})
+    s._bound.apply("ADDED", pod("w", 1000, milli=300, node="n0"))
+    s._bound.apply("ADDED", pod("v", 0, milli=500, node="n0"))
+    s._pending.apply("ADDED", pod("p", 100, milli=500))
+    await batch(s)
+    assert api.evicted == []
+    assert s.queue.counts().unschedulable == 1
+    assert [r.key for r in s.unschedulable_records()] == ["default/p"]

@@ -366,7 +366,7 @@ class PendingHandler:
         if not kept:
             self.s.give_up_room(key)
             if self.s.rooms.kept:  # the rest of its gang may hold room no longer
-                self.s.rooms.expire_kept()
+                self.s.rooms.expire_kept(members=False)
         self.s.grouped_pending.pop(key, None)
         self.s.forget_ungrouped(key)
 

@@ -160,23 +160,25 @@ class Preemptor:
         return True
 
     def _rest(self, gang: str, without: str = "") -> int:
-        """Members of ``gang`` running (on the books) and pending, ``without`` that one."""
-        pending = self.s.queue.gang_pending(gang) - (without in self.s.queue)
+        """Members of ``gang`` running (on the books) and pending (not deleted), ``without`` that
+        one (pending, not deleted yet)."""
+        pending = self.s.queue.gang_live(gang) - (without in self.s.queue)
         return self.s.cache.gang_held({gang})[gang][0] + pending
 
     def kept_for(self, gang: str) -> list[str]:
         """Keys of the deleted members of ``gang`` whose room is kept for a namesake."""
         return [k for k, (g, _) in self.kept.items() if g == gang]
 
-    def expire_kept(self) -> None:
+    def expire_kept(self, members: bool = True) -> None:
         """Give up the rooms kept for deleted gang members past their grace, or whose gang's
-        other members hold room no longer, or meet its minimum without them (a member created
-        since, under another name); the parked pods look again."""
+        other members hold room no longer, or (with ``members``: once per batch, as it counts the
+        books) meet its minimum without them (a member created since, under another name); the
+        parked pods look again."""
         now = time.monotonic()
         for key, (gang, until) in list(self.kept.items()):
             held = [k for k in self.s.cache.gang_nominations(gang) if k not in self.kept]
             short = True
-            for k in held:
+            for k in held if members else ():
                 member = self.s.queue.record(k)
                 if member is not None and member.pod.gang is not None:
                     short = self._rest(gang) < member.pod.gang.min_members
@@ -566,6 +568,9 @@ class Preemptor:
         by_key = {pre.pod.key: pre for pre in found}
         broken = {k for told in gangs if not self._gang_whole(told, by_key, sought) for k in told}
         found = [pre for pre in found if pre.pod.key not in broken]
+        # Single pods whose room stood before a broken gang was dropped: should it fall with the
+        # gang's, the search is not their verdict, they look again soon.
+        standing = {pre.pod.key for pre in found if pre.pod.gang is None} if broken else set()
         if len(found) < searched:  # some dropped: the others may have counted on their victims
             found = still_standing(found, snap.state)
             kept = {pre.pod.key for pre in found}
@@ -584,9 +589,7 @@ class Preemptor:
                 if not self.s.is_leader:
                     found = []
         chosen = {pre.pod.key: pre for pre in found}
-        # Pods whose room was found and dropped with another's (a gang broken during the search):
-        # the search is not their verdict, they look again soon.
-        dropped = {pre.pod.key for pre in live if pre.pod.gang is None} - chosen.keys()
+        dropped = standing - chosen.keys()
         evicting = False
         evicted = 0  # victims of the preemptions carried out
         missed: list[tuple[Pod, Explanation | Verdict]] = []  # pods the search found nothing for

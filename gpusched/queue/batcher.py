@@ -256,6 +256,11 @@ class SchedulingQueue:
         """Pending members of ``gang`` the queue holds, wherever they are."""
         return len(self._gangs.get(gang, ()))
 
+    def gang_live(self, gang: str) -> int:
+        """Pending members of ``gang`` not deleted (those deleted while in flight are held only
+        until their batch resolves)."""
+        return self._members(gang)
+
     def parked(self) -> list[PodRecord]:
         """The pods waiting as unschedulable (until something changes, or the flush)."""
         return [r for k in self._parked if (r := self._records.get(k)) is not None]

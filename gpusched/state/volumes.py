@@ -147,6 +147,33 @@ class StorageClassRecord:
         return self.wait_for_consumer and self.provisioner not in ("", NO_PROVISIONER)
 
 
+def _selected_names(selectors: Iterable[NodeSelector], nodes: list[Node]) -> set[str]:
+    """The names of the ``nodes`` any of ``selectors`` allows, found through an index of the
+    nodes' labels (a local volume's affinity names one host: a few look-ups, not a pass over
+    every node per volume)."""
+    index: dict[tuple[str, str], list[Node]] | None = None
+    by_name = {n.name: n for n in nodes}
+    out: set[str] = set()
+    for selector in selectors:
+        if not selector:
+            return set(by_name)
+        for term in selector:
+            first = next((r for r in term if r.operator == "In"), None)
+            if first is None:
+                pool: Iterable[Node] = nodes
+            elif first.field:
+                pool = [n for v in first.values if (n := by_name.get(v)) is not None]
+            else:
+                if index is None:
+                    index = {}
+                    for n in nodes:
+                        for kv in n.labels.items():
+                            index.setdefault(kv, []).append(n)
+                pool = [n for v in first.values for n in index.get((first.key, v), ())]
+            out.update(n.name for n in pool if all(r.matches(n) for r in term))
+    return out
+
+
 class Claims:
     """The claims and volumes the watches report, and the verdict on a pod's claims."""
 
@@ -483,8 +510,16 @@ class Claims:
             if ways and all(ways):  # () in any way: every node
                 out = both(out, tuple(dict.fromkeys(term for way in ways for term in way)))
         if nodes is not None and self._contended(choosing):
-            fit = tuple(n.name for n in nodes() if selects(out, n) and self.by_size(choosing, n) is not None)
-            out = both(out, ((Requirement("metadata.name", "In", fit or ("",), field=True),),))  # "": no node
+            # Only a node some candidate volume may be used on can lack one for a claim: on the
+            # others every claim is provisioned, within its class's topology, as ``out`` says.
+            cands = {c.key: [v for v in self.candidates(c) if not v.error] for c in choosing}
+            listed = list(nodes())
+            near = _selected_names([v.affinity for vs in cands.values() for v in vs], listed)
+            nearby = [n for n in listed if n.name in near]
+            allowed = _selected_names([out], nearby)
+            refused = tuple(n.name for n in nearby if n.name in allowed and self.by_size(choosing, n, cands) is None)
+            if refused:
+                out = both(out, ((Requirement("metadata.name", "NotIn", refused, field=True),),))
         return out
 
     def _contended(self, claims: list[ClaimRecord]) -> bool:
@@ -497,18 +532,23 @@ class Claims:
             seen |= names
         return False
 
-    def by_size(self, claims: Iterable[ClaimRecord], node: Node) -> dict[str, str] | None:
+    def by_size(
+        self,
+        claims: Iterable[ClaimRecord],
+        node: Node,
+        cands: Mapping[str, list[VolumeRecord]] | None = None,
+    ) -> dict[str, str] | None:
         """The volumes made beforehand that ``claims`` (of one pod, each to be bound for its
         node) get on ``node``, as kube-scheduler's volume binding hands them out: the claims
         smallest request first, each the smallest volume it matches there that no claim before
         it took (claim key -> volume name; a claim absent is provisioned for the node).  None
-        when one gets no volume and its class cannot provision one there."""
+        when one gets no volume and its class cannot provision one there.  ``cands``: each
+        claim's ``candidates``, when the caller has them already."""
         taken: dict[str, str] = {}
         for claim in sorted(claims, key=lambda c: c.request):
             chosen = set(taken.values())
-            volume = next(
-                (v for v in self.candidates(claim) if v.name not in chosen and selects(v.affinity, node)), None
-            )
+            mine = cands[claim.key] if cands is not None else self.candidates(claim)
+            volume = next((v for v in mine if v.name not in chosen and selects(v.affinity, node)), None)
             if volume is not None:
                 taken[claim.key] = volume.name
                 continue
