@@ -245,6 +245,16 @@ async def test_pods_deleted_for_other_reasons_are_no_one_s_room() -> None:
     assert api.evicted == [("default/other", "default/urgent", "n0")]
 
 
+async def _gang_preempting(api: _Api) -> Scheduler:
+    """``_two_nodes`` with gang m1 + m2 (priority 50), each of which has evicted a pod there."""
+    s = _two_nodes(api)
+    for name in ("m1", "m2"):
+        s._pending.apply("ADDED", _member(name, 50))
+    await _cycle(s)
+    assert len(api.evicted) == 2
+    return s
+
+
 def _two_nodes(api: _Api, priorities: tuple[int, int] = (0, 0)) -> Scheduler:
     """Nodes n0 and n1 of one GPU, running low-0 and low-1 of ``priorities``."""
     s = one_node_scheduler(api, gpus=1)
@@ -424,11 +434,7 @@ async def test_a_gang_left_short_of_members_gives_up_the_room_its_members_hold(m
     # The room kept for a member created again under its name is kept no longer than the grace.
     monkeypatch.setattr(preemption, "GANG_MEMBER_GRACE_S", 0.0)
     api = _Api()
-    s = _two_nodes(api)
-    for name in ("m1", "m2"):
-        s._pending.apply("ADDED", _member(name, 50))
-    await _cycle(s)
-    assert len(api.evicted) == 2
+    s = await _gang_preempting(api)
     s._pending.apply("DELETED", _member("m2", 50))
     s._bound.apply("MODIFIED", _leaving("low-0", 0, "n0"))  # wakes m1 while its victim leaves
     assert await _cycle(s) == ["default/m1"]
@@ -509,11 +515,7 @@ async def test_the_room_kept_for_a_member_deleted_in_its_batch_outlasts_an_unrel
     """m1 is deleted (to be created again) while its gang is drawn again: its room is kept for
     its namesake.  Another pending pod leaving does not give it up: m1, deleted, is no member."""
     api = _Api()
-    s = _two_nodes(api)
-    for name in ("m1", "m2"):
-        s._pending.apply("ADDED", _member(name, 50))
-    await _cycle(s)
-    assert len(api.evicted) == 2
+    s = await _gang_preempting(api)
     s._bound.apply("MODIFIED", _leaving("low-0", 0, "n0"))  # a victim leaves: the gang is drawn again
     drawn = await asyncio.wait_for(s.queue.next_batch(), DRAWN_WITHIN_S)
     assert "default/m1" in {r.key for r in drawn}
@@ -717,11 +719,7 @@ async def test_victims_gone_during_the_solve_leave_the_room_held_and_the_pod_is_
 
 async def test_a_gang_whose_victims_leave_during_the_solve_keeps_its_room(monkeypatch: pytest.MonkeyPatch) -> None:
     api = _Api()
-    s = _two_nodes(api)
-    for name in ("m1", "m2"):
-        s._pending.apply("ADDED", _member(name, 50))
-    await _cycle(s)
-    assert len(api.evicted) == 2
+    s = await _gang_preempting(api)
     leaving = [_leaving(f"low-{i}", 0, f"n{i}") for i in range(2)]
     for obj in leaving:
         s._bound.apply("MODIFIED", obj)
