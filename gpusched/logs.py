@@ -47,12 +47,22 @@ line before gpusched's own error saying the same."""
 
 class _ToStructlog(logging.Handler):
     """Hands a library's log records to structlog, at debug: what they say comes back in
-    gpusched's own error or warning, and ``--log-level debug`` still shows them as written."""
+    gpusched's own error or warning, and ``--log-level debug`` still shows them as written.
+    ``loud`` (a daemon's log, at info or lower): its errors as warnings, since not every one is
+    raised after it (an exec plugin's output without a token: only a 401 follows)."""
+
+    def __init__(self, loud: bool = False) -> None:
+        super().__init__()
+        self.loud = loud
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             level = record.levelname.lower()
-            structlog.get_logger().debug(record.getMessage(), logger=record.name, library_level=level)
+            log = structlog.get_logger()
+            if self.loud and record.levelno >= logging.ERROR:
+                log.warning(record.getMessage(), logger=record.name, library_level=level)
+            else:
+                log.debug(record.getMessage(), logger=record.name, library_level=level)
         except Exception:
             self.handleError(record)
 
@@ -82,7 +92,8 @@ def configure(level: str = "warning", *, json: bool | None = None) -> None:
     processors.append(renderer)
     for library in LIBRARY_LOGGERS:
         logger = logging.getLogger(library)
-        logger.handlers = [h for h in logger.handlers if not isinstance(h, _ToStructlog)] + [_ToStructlog()]
+        loud = name in ("debug", "info")
+        logger.handlers = [h for h in logger.handlers if not isinstance(h, _ToStructlog)] + [_ToStructlog(loud)]
         logger.propagate = False  # nor up to the root, where the last-resort handler prints it
         logger.setLevel(logging.DEBUG if name == "debug" else logging.WARNING)
     structlog.configure(

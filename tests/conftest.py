@@ -21,6 +21,16 @@ def _logging_as_it_was() -> Iterator[None]:
     structlog.configure(**saved)
 
 
+@pytest.fixture(autouse=True)
+def _solves_take_their_time() -> Iterator[None]:
+    """A daemon stopped in process (``run_daemon``) leaves new searches no time; the next test
+    finds them as they were."""
+    yield
+    from gpusched.solver.solve import resume_solves
+
+    resume_solves()
+
+
 @pytest.fixture(scope="session")
 def dcgm() -> Iterator[DcgmExporter]:
     """The DCGM-format exporter Prometheus scrapes; tests set utilisation on nodes of their own names."""

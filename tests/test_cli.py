@@ -736,6 +736,24 @@ def test_the_client_librarys_own_log_lines_are_shown_at_debug(tmp_path: Path) ->
     assert done.stderr.splitlines()[-1].startswith("gpusched explain: error: kubeconfig ")
 
 
+def test_a_library_error_not_raised_after_still_shows_in_the_daemons_log() -> None:
+    """At the daemon's level (info), an error the client library logs and then does not raise
+    (an exec plugin's output without a token: only a 401 follows) is a warning in gpusched's log;
+    at a command's level (warning) it stays at debug, the command's own error saying it."""
+    import logging
+
+    from structlog.testing import capture_logs
+
+    from gpusched.logs import configure
+
+    for level, expected in (("info", ["warning"]), ("warning", [])):
+        configure(level, json=True)
+        with capture_logs() as logs:
+            logging.getLogger("kubernetes_asyncio.config.kube_config").error("exec: missing token in plugin output")
+        said = [e["log_level"] for e in logs if e["event"] == "exec: missing token in plugin output"]
+        assert [x for x in said if x != "debug"] == expected, level
+
+
 def _module_env() -> dict[str, str]:
     """The environment for ``python -m gpusched`` to run this checkout."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}

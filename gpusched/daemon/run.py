@@ -59,6 +59,9 @@ class StartupError(Exception):
 
 async def run_daemon(settings: DaemonSettings) -> int:
     """Run until SIGTERM/SIGINT; the exit code for the process."""
+    resume = getattr(sys.modules.get("gpusched.solver.solve"), "resume_solves", None)
+    if resume is not None:  # a daemon stopped before in this process
+        resume()
     kube = await connect(settings.kubeconfig, settings.context, settings.kube_qps, settings.kube_burst)
     sched: Scheduler | None = None
     try:

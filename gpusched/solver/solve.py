@@ -12,6 +12,7 @@ returned plan always passes ``validate_plan``.
 from __future__ import annotations
 
 import math
+import threading
 import time
 import weakref
 from collections import defaultdict
@@ -32,7 +33,7 @@ from gpusched.solver.typical import TypicalTracker
 from gpusched.solver.validate import peer_order, plan_problems
 from gpusched.solver.vars import Vars
 
-__all__ = ["CpSatPolicy", "cp_solver", "stop_solves"]
+__all__ = ["CpSatPolicy", "cp_solver", "resume_solves", "stop_solves"]
 
 _STATUS = {
     cp_model.OPTIMAL: "OPTIMAL",
@@ -54,20 +55,34 @@ def cp_solver() -> cp_model.CpSolver:
     """
     solver = cp_model.CpSolver()
     solver.parameters.catch_sigint_signal = False
-    _LIVE.add(solver)
+    with _LIVE_LOCK:
+        _LIVE.add(solver)
     return solver
 
 
 _LIVE: weakref.WeakSet[cp_model.CpSolver] = weakref.WeakSet()
 """The solvers made (``cp_solver``) and not yet collected: those solving, among them."""
+_LIVE_LOCK = threading.Lock()
+"""Solvers are made in worker threads while ``stop_solves`` may go through them."""
+_STOPPING = threading.Event()
+"""Set by ``stop_solves``: a search not begun yet gets no time (the greedy plan stands)."""
 
 
 def stop_solves() -> None:
-    """Ask every search in progress to end now, with the best it has (the process is stopping:
-    a solve in a worker thread would hold the exit up for as long as its time limit, up to a
-    minute, past the pod's grace period)."""
-    for solver in list(_LIVE):
+    """Ask every search in progress to end now, with the best it has, and those still to begin
+    (a batch placed in several passes) to take no time (the process is stopping: a solve in a
+    worker thread would hold the exit up for as long as its time limit, up to a minute, past
+    the pod's grace period).  ``resume_solves`` undoes it."""
+    _STOPPING.set()
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for solver in live:
         solver.stop_search()
+
+
+def resume_solves() -> None:
+    """Searches take their time again (a daemon starting in a process where one stopped)."""
+    _STOPPING.clear()
 
 
 SHORT_SOLVE_S = 0.25
@@ -157,6 +172,8 @@ class CpSatPolicy:
         if remaining < max(SHORT_SOLVE_S, PRESOLVE_S_PER_VAR * nvars):
             # Too little time for presolve to pay off: search from the hint at once.
             solver.parameters.cp_model_presolve = False
+        if _STOPPING.is_set():  # shutting down: no search, the warm start stands
+            solver.parameters.max_time_in_seconds = 0.0
         code = solver.solve(model)
         status = _STATUS.get(code, str(code))
         if code == cp_model.OPTIMAL and solver.objective_value != solver.best_objective_bound:
