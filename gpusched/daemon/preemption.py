@@ -624,11 +624,8 @@ class Preemptor:
                 if self.s.cache.holds(p.key, p.uid):  # bound by someone else during the search
                     self.s.queue.done(k)
             chosen_group = [pre for pre in group if pre is not None]
-            current = all(
-                self.s.queue.current(k, p.uid) and not self.s.cache.holds(k, p.uid) for k, (p, _) in told.items()
-            )
             if not self._gang_whole(told, chosen, sought):
-                if reclaim_gangs is not None and current:
+                if reclaim_gangs is not None and self._current(told):
                     reclaim_gangs.append(told)  # the preemption search looks next
                     continue
                 for k, (p, message) in told.items():
@@ -710,13 +707,17 @@ class Preemptor:
         group = [pre for k in told if (pre := chosen.get(k)) is not None]
         gang = next(iter(told.values()))[0].gang
         assert gang is not None
-        current = all(self.s.queue.current(k, p.uid) and not self.s.cache.holds(k, p.uid) for k, (p, _) in told.items())
         return (
-            current
+            self._current(told)
             and bool(group)
             and len(group) == sought[group[0].pod.unit]
             and len(group) >= min(gang.min_members, len(told))
         )
+
+    def _current(self, told: Mapping[str, tuple[Pod, str]]) -> bool:
+        """Whether every member of ``told`` is still pending as drawn: not deleted, replaced nor
+        bound meanwhile."""
+        return all(self.s.queue.current(k, p.uid) and not self.s.cache.holds(k, p.uid) for k, (p, _) in told.items())
 
     def _carry_out(
         self,
