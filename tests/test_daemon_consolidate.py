@@ -156,17 +156,22 @@ async def test_a_node_with_a_pod_that_may_not_move_is_left_alone() -> None:
         assert "default/b0" not in api.evicted
 
 
+def _on_local_disk_of_n1(s: Scheduler, claim: dict[str, Any]) -> None:
+    """A local volume pv-n1 on n1, and ``claim`` bound to it, as the watches show them."""
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}]}
+    pv = {"metadata": {"name": "pv-n1"}, "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [term]}}}}
+    next(r.handler for r in s.reflectors if r.name == "volumes").replace([pv])
+    next(r.handler for r in s.reflectors if r.name == "claims").replace([claim])
+
+
 async def test_a_pod_on_a_local_volume_is_not_moved_for_its_replacement_could_only_come_back() -> None:
     api = EvictionApi()
     s = two_nodes(api)
-    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}]}
-    pv = {"metadata": {"name": "pv-n1"}, "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [term]}}}}
     claim = {
         "metadata": {"name": "scratch", "namespace": "default", "annotations": {BIND_COMPLETED: "yes"}},
         "spec": {"volumeName": "pv-n1"},
     }
-    next(r.handler for r in s.reflectors if r.name == "volumes").replace([pv])
-    next(r.handler for r in s.reflectors if r.name == "claims").replace([claim])
+    _on_local_disk_of_n1(s, claim)
     on_disk = batch_pod("b0", "n1", 0)
     on_disk["spec"]["volumes"] = [{"name": "scratch", "persistentVolumeClaim": {"claimName": "scratch"}}]
     s._bound.apply("ADDED", on_disk)
@@ -178,8 +183,6 @@ async def test_a_pod_whose_local_volume_is_its_own_ephemeral_one_is_moved_all_th
     """A generic ephemeral volume's claim is made anew for the replacement, wherever it goes."""
     api = EvictionApi()
     s = two_nodes(api)
-    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}]}
-    pv = {"metadata": {"name": "pv-n1"}, "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [term]}}}}
     claim = {
         "metadata": {
             "name": "b0-scratch",
@@ -189,8 +192,7 @@ async def test_a_pod_whose_local_volume_is_its_own_ephemeral_one_is_moved_all_th
         },
         "spec": {"volumeName": "pv-n1"},
     }
-    next(r.handler for r in s.reflectors if r.name == "volumes").replace([pv])
-    next(r.handler for r in s.reflectors if r.name == "claims").replace([claim])
+    _on_local_disk_of_n1(s, claim)
     scratch = batch_pod("b0", "n1", 0)
     template = {"spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
     scratch["spec"]["volumes"] = [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": template}}]
