@@ -411,7 +411,9 @@ def _effective_requests(spec: Mapping[str, Any], where: str, status: Mapping[str
     memory requests (``status``: what the kubelet reports), or only the old ones while the
     resize is infeasible.
 
-    CPU in millicores, memory in MiB, anything else as a whole count.
+    CPU in millicores, memory and ephemeral storage in MiB (added up in bytes and rounded up
+    once, as the kubelet adds quantities: three containers of 100M take 287 MiB, not 288),
+    anything else as a whole count.
     """
 
     def read(reqs: Mapping[str, Any]) -> dict[str, int]:
@@ -420,8 +422,8 @@ def _effective_requests(spec: Mapping[str, Any], where: str, status: Mapping[str
             try:
                 if key == "cpu":
                     out[key] = cpu_milli(value)
-                elif key in ("memory", STORAGE_RESOURCE):
-                    out[key] = memory_mib(value)
+                elif key in _BYTES:
+                    out[key] = math.ceil(parse_quantity(value))
                 elif "/" in key:
                     try:
                         out[key] = _int_quantity(value, f"{where}: resources {key}")
@@ -482,7 +484,17 @@ def _effective_requests(spec: Mapping[str, Any], where: str, status: Mapping[str
     total.update((k, v) for k, v in pod_level.items() if k in _POD_LEVEL_RESOURCES)
     for k, v in read(spec.get("overhead") or {}).items():
         total[k] = total.get(k, 0) + v
+    for k in _BYTES:
+        if k in total:
+            try:
+                total[k] = memory_mib(total[k])
+            except QuantityError as exc:
+                raise ConvertError(f"{where}: resources {k}: {exc}") from None
     return total
+
+
+_BYTES = ("memory", STORAGE_RESOURCE)
+"""Requests added up in bytes, then rounded up to MiB."""
 
 
 _RESIZABLE = ("cpu", "memory")

@@ -210,3 +210,23 @@ def test_a_node_that_reports_no_ephemeral_storage_takes_no_pod_asking_for_some()
     assert explain(scratch.pod, state).message == "0/1 nodes are available: 1 Insufficient ephemeral-storage."
     plain = pod_record(pod_obj(containers=[{"name": "c", "resources": {"requests": {"cpu": "1"}}}])).pod
     assert list(state.pod_mask(plain)) == [True]
+
+
+def test_memory_adds_up_in_bytes_and_rounds_once() -> None:
+    """Three containers of 100M ask for 300,000,000 bytes (286.1 MiB), not three times 95.4
+    rounded up: a node with 287 MiB left takes the pod, as the kubelet would."""
+    containers = [{"name": f"c{i}", "resources": {"requests": {"memory": "100M"}}} for i in range(3)]
+    pod = pod_record(pod_obj(containers=containers, overhead={"memory": "1M"})).pod
+    assert pod.memory_mib == 288  # 301,000,000 bytes = 287.06 MiB
+    pod = pod_record(pod_obj(containers=containers)).pod
+    assert pod.memory_mib == 287
+    node = node_record(node_obj(memory="287Mi")).node
+    assert list(Cluster([node]).empty_state().pod_mask(pod)) == [True]
+
+
+def test_memory_summed_past_the_largest_quantity_is_refused_by_name() -> None:
+    big = {"memory": str(2**62)}
+    containers = [{"name": f"c{i}", "resources": {"requests": big}} for i in range(2)]
+    rec = pod_record(pod_obj(containers=containers))
+    assert "resources memory" in rec.error
+    assert "too large" in rec.error
