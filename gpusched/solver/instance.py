@@ -45,7 +45,7 @@ __all__ = [
 
 Identity = tuple[()] | tuple[tuple[PodAffinityTerm, ...], tuple[int, ...]]
 """Which preferred pod terms select a group's pods: placed pods' and the batch's (see ``Group.identity``)."""
-GroupKey = tuple[PodShape, str, tuple[int, ...], tuple[int, ...], tuple[int, ...], Identity]
+GroupKey = tuple[PodShape, str, tuple[int, ...], tuple[int, ...], tuple[int, ...], Identity, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +64,9 @@ class Group:
     identity: Identity = ()
     """The preferred pod terms that select its pods, when preferences are weighed (else empty):
     placed pods' (``ClusterState.wish_signature``) and the batch's (indices into ``Instance.wishes``)."""
+    priority: int = 0
+    """Its pods' priority; 0 for a gang's group (a gang is placed at its lowest member's priority,
+    ``objectives.priority``, whatever the shapes of its members)."""
 
     @property
     def wished_by(self) -> tuple[int, ...]:
@@ -72,9 +75,9 @@ class Group:
 
     @property
     def key(self) -> GroupKey:
-        """What makes pods interchangeable: shape, gang name and the terms that select them."""
+        """What makes pods interchangeable: shape, gang name, the terms that select them, priority."""
         gang = self.gang.name if self.gang is not None else ""
-        return self.shape, gang, self.selected_by, self.counted_by, self.apart_self, self.identity
+        return self.shape, gang, self.selected_by, self.counted_by, self.apart_self, self.identity, self.priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +163,8 @@ def _group_key(
     identity: Identity = ()
     if state is not None:  # the preferred terms, of placed pods and of the batch's, that select it
         identity = (state.wish_signature(pod), tuple(i for i, t in enumerate(wishes) if pod.selected_by(t)))
-    return pod.shape, pod.gang.name if pod.gang is not None else "", selected, counted, own, identity
+    gang = pod.gang.name if pod.gang is not None else ""
+    return pod.shape, gang, selected, counted, own, identity, 0 if pod.gang is not None else pod.priority
 
 
 def node_classes(state: ClusterState, extra: Sequence[IntArray] = ()) -> np.ndarray:
@@ -346,6 +350,7 @@ def build_instance(
             key[3],
             key[4],
             key[5],
+            key[6],
         )
         for key, members in by_shape.items()
     )

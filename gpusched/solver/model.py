@@ -14,14 +14,17 @@ __all__ = ["build_model", "hint_from_plan", "maximize"]
 
 def build_model(inst: Instance, weights: Weights) -> tuple[cp_model.CpModel, Vars]:
     """The model for ``inst``: every constraint module, then the sum of every objective term
-    (placement weighted first, ``objectives.placed.placement_first``)."""
+    (placement weighted first, ``objectives.placed.placement_first``, and within placement, the
+    higher priority levels first, ``objectives.priority``)."""
     stakes = sum(o.stake(inst, weights) for o in objectives.ALL)
     weights = objectives.placed.placement_first(inst, weights, stakes)
     model = cp_model.CpModel()
     v = Vars.create(inst, model)
     for c in constraints.ALL:
         c.build(inst, model, v)
-    maximize(model, cp_model.LinearExpr.sum([o.build(inst, model, v, weights) for o in objectives.ALL]))
+    terms = [o.build(inst, model, v, weights) for o in objectives.ALL]
+    terms.append(objectives.priority.build(inst, model, v, weights, stakes))
+    maximize(model, cp_model.LinearExpr.sum(terms))
     return model, v
 
 

@@ -28,6 +28,7 @@ from gpusched.solver.baselines.fgd import WarmStart
 from gpusched.solver.fragmentation import TypicalPods
 from gpusched.solver.instance import Instance, beside_placed, build_instance
 from gpusched.solver.model import build_model, hint_from_plan
+from gpusched.solver.objectives.priority import gang_priorities
 from gpusched.solver.params import SolverParams
 from gpusched.solver.typical import TypicalTracker
 from gpusched.solver.validate import peer_order, plan_problems
@@ -236,10 +237,28 @@ class CpSatPolicy:
 
 def _worse(plan: Plan, other: Plan) -> bool:
     """``plan`` places fewer pods and no more GPU demand than ``other``, or less GPU demand and
-    no more pods: it loses on both of the objective's leading terms."""
-    pods, gpu = len(plan.assignments), plan.placed_gpu_milli
-    others, other_gpu = len(other.assignments), other.placed_gpu_milli
-    return (pods < others and gpu <= other_gpu) or (gpu < other_gpu and pods <= others)
+    no more pods: it loses on both of the objective's leading terms.  Priority level by level,
+    highest first (``objectives.priority``): the first level where the two differ decides, so
+    a plan that places a pod of higher priority is not worse for what it leaves below."""
+    mine, theirs = _placed_by_level(plan), _placed_by_level(other)
+    for level in sorted(mine.keys() | theirs.keys(), reverse=True):
+        (pods, gpu), (others, other_gpu) = mine.get(level, (0, 0)), theirs.get(level, (0, 0))
+        if (pods, gpu) != (others, other_gpu):
+            return (pods < others and gpu <= other_gpu) or (gpu < other_gpu and pods <= others)
+    return False
+
+
+def _placed_by_level(plan: Plan) -> dict[int, tuple[int, int]]:
+    """Pods and GPU demand placed, by the priority they are placed at (a gang's: its lowest
+    member's, of those the plan holds)."""
+    pods = [a.pod for a in plan.assignments]
+    least = gang_priorities([*pods, *plan.unplaced])
+    out: dict[int, tuple[int, int]] = {}
+    for p in pods:
+        level = least[p.gang.name] if p.gang is not None else p.priority
+        n, milli = out.get(level, (0, 0))
+        out[level] = (n + 1, milli + p.gpu_demand_milli)
+    return out
 
 
 def _extract(inst: Instance, v: Vars, solver: cp_model.CpSolver, pods: Sequence[Pod], deadline: float) -> Plan:
