@@ -207,6 +207,8 @@ def _electing() -> tuple[Scheduler, list[bool]]:
 
     assert s.elector is not None
     s.elector.run = run  # type: ignore[method-assign]
+    for r in s.reflectors:  # the watches have listed: only the ConfigMap's document is in question
+        r.synced.set()
     return s, tried
 
 
@@ -277,3 +279,29 @@ def test_a_document_whose_applying_raised_is_applied_when_the_relist_offers_it_a
     handler.replace([cm])
     assert [c.solver.workers for c in applied] == [3]
     assert handler.accepted
+
+
+async def test_a_replica_does_not_try_for_the_lead_before_every_watch_has_listed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica that cannot list what placement reads (its role lacks CSINodes after an
+    upgrade, say) would hold the Lease placing nothing while a healthy one stood by: it waits,
+    says which watch and why, and tries once the watch has listed."""
+    from gpusched.daemon import scheduler as daemon
+
+    monkeypatch.setattr(daemon, "CONFIG_READ_WAIT_S", 0.1)
+    s, tried = _electing()
+    _config_watch(s).replace([_configmap("{}\n", "2")])
+    stuck = next(r for r in s.reflectors if r.name == "csi-nodes")
+    stuck.synced.clear()
+    stuck.failing_since, stuck.last_error = 1.0, "403 Forbidden: csinodes is forbidden"
+    with capture_logs() as logs:
+        task = asyncio.create_task(s.lead())
+        await asyncio.sleep(0.3)
+        assert tried == []
+        (error,) = [e for e in logs if e["event"] == "not trying for the lead"]
+        assert error["why"] == "waiting for the first list of csi-nodes (403 Forbidden: csinodes is forbidden)"
+        assert s.ready() == (False, error["why"])
+        stuck.synced.set()
+        await asyncio.wait_for(task, 5)
+    assert tried == [True]

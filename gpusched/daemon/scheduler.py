@@ -335,8 +335,10 @@ class Scheduler:
         )
 
     async def lead(self) -> None:
-        """Try for the Lease (``elector.run``) once configured: a replica whose ConfigMap was
-        never valid does not take the lead from one that runs on the last good document."""
+        """Try for the Lease (``elector.run``) once configured and once every watch has listed,
+        as kube-scheduler waits for its caches: a replica whose ConfigMap was never valid, or
+        that cannot list what placement reads (a resource its role lacks, say), does not take
+        the lead from one that can place pods, nor hold it placing none."""
         assert self.elector is not None
         if self.config_handler is not None and not self.configured.is_set():
             # The ConfigMap's first list may be on its way: what is wrong is known only after it.
@@ -346,7 +348,19 @@ class Scheduler:
         if not self.configured.is_set():
             log.error("not trying for the lead", why=self._not_configured())
             await self.configured.wait()
+        try:
+            async with asyncio.timeout(CONFIG_READ_WAIT_S):
+                await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
+        except TimeoutError:
+            log.error("not trying for the lead", why=self._unlisted())
+            await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
         await self.elector.run()
+
+    def _unlisted(self) -> str:
+        """Which watches have not listed yet, and why (the last error of those failing)."""
+        waiting = [r for r in self.reflectors if not r.synced.is_set()]
+        said = [f"{r.name} ({r.last_error})" if r.failing_since is not None else r.name for r in waiting]
+        return f"waiting for the first list of {', '.join(said)}"
 
     def _limit_usage(self, todo: list[PodRecord]) -> dict[str, int]:
         """What each tenant holds, as its limit counts it against the pods of ``todo``: pods being
@@ -460,9 +474,8 @@ class Scheduler:
     def ready(self) -> tuple[bool, str]:
         """For ``/readyz``: every watch has listed and none has failed for a minute, and the
         solver is loaded, so a pod that arrives now is placed at once."""
-        waiting = [r.name for r in self.reflectors if not r.synced.is_set()]
-        if waiting:
-            return False, f"waiting for the first list of {', '.join(waiting)}"
+        if not all(r.synced.is_set() for r in self.reflectors):
+            return False, self._unlisted()
         failing = [r for r in self.reflectors if r.failing_for() > FAILING_UNREADY_S]
         if failing:  # the books fall behind the cluster: pods may be placed on what is gone
             r = failing[0]
