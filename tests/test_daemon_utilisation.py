@@ -457,6 +457,18 @@ async def test_an_answer_that_names_no_node_measures_nothing_rather_than_zero() 
     assert math.isnan(gauge(s, "gpusched_gpus_allocated_idle"))
 
 
+async def test_an_answer_that_names_no_node_finds_no_node_idle() -> None:
+    """With a wrong node label, a node whose GPUs work at 99 % outside the books is not offered
+    to an autoscaler as idle: that answer measured none of the cluster's nodes."""
+    s = one_node_scheduler(RecordingApi(), gpus=2)
+    measured(s, {"nvidia-dcgm-exporter-abcde": {0: 99.0, 1: 99.0}})
+    s.gauges.refresh()
+    assert gauge(s, "gpusched_gpu_nodes_idle") == 0.0
+    measured(s, {"n0": {0: 0.0, 1: 0.0}})  # the label fixed: n0 measured, and idle
+    s.gauges.refresh()
+    assert gauge(s, "gpusched_gpu_nodes_idle") == 1.0
+
+
 async def test_a_node_whose_gpus_dcgm_finds_busy_is_no_idle_node_to_remove() -> None:
     s = one_node_scheduler(RecordingApi(), gpus=2)
     s.gauges.refresh()

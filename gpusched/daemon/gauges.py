@@ -223,11 +223,12 @@ class Gauges:
         keeping[[i for n in soon if (i := cl.index.get(n)) is not None]] = True
         # Nor one with a GPU DCGM finds busy: work outside the books runs there (whether or not
         # batches avoid busy GPUs, and on a time-sliced node too).  Without a recent answer,
-        # any node may be running such work: none is said to be idle.
+        # any node may be running such work: none is said to be idle; nor with one that names
+        # no node of the cluster (its node label holds the exporter's pod name): it measured none.
         measured = True
         if self.s.utilisation is not None:
             view = self.s.utilisation_view()
-            measured = view is not None
+            measured = view is not None and not view.names_none_of(self.s.cache.nodes)
             busy = view.at_least(self.s.config.utilisation.busy_percent) if view is not None else {}
             keeping[[i for n, gpus in busy.items() if gpus and (i := cl.index.get(n)) is not None]] = True
         idle = int((~in_use & gpu_nodes & open_ & ~keeping).sum()) if measured else 0
