@@ -26,6 +26,7 @@ __all__ = [
     "POLL_RESULTS",
     "RELOAD_RESULTS",
     "SOLVE_SECONDS_BUCKETS",
+    "VOLUME_BINDING_RESULTS",
     "HealthServer",
     "ReadyCheck",
     "SchedulerMetrics",
@@ -69,6 +70,9 @@ BIND_ERROR_REASONS: tuple[str, ...] = ("failed", "unknown", "taken", "lead_lost"
 
 MIG_REPARTITION_RESULTS: tuple[str, ...] = ("requested", "success", "failed", "timeout", "error")
 """Values of the ``result`` label of ``gpusched_mig_repartitions_total``."""
+
+VOLUME_BINDING_RESULTS: tuple[str, ...] = ("ready", "failed", "timeout", "gone", "lead_lost")
+"""Values of the ``result`` label of ``gpusched_volume_bindings_total``."""
 
 ReadyCheck = Callable[[], tuple[bool, str]]
 """Readiness callback of ``HealthServer``: ``(ready, reason)``; ``reason`` explains a ``False``."""
@@ -340,6 +344,8 @@ class SchedulerMetrics:
             self._bind_errors.labels(reason=reason)
         for result in MIG_REPARTITION_RESULTS:
             self._mig_repartitions.labels(result=result)
+        for result in VOLUME_BINDING_RESULTS:
+            self._volume_bindings.labels(result=result)
         for unknown in (self._utilisation_age, self._gpus_busy, self._gpus_allocated_idle):
             unknown.set(math.nan)  # until an answer is read
         self._on_scrape: list[Callable[[], None]] = []

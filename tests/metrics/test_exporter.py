@@ -13,8 +13,10 @@ import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpusched.daemon.volumes import TIMED_OUT, outcome
+from gpusched.kube.binder import LEAD_LOST
 from gpusched.metrics import HealthServer, SchedulerMetrics
-from gpusched.metrics.exporter import BATCH_SIZE_BUCKETS
+from gpusched.metrics.exporter import BATCH_SIZE_BUCKETS, VOLUME_BINDING_RESULTS
 
 EXPECTED_FAMILIES = {
     "gpusched_batch_size": "histogram",
@@ -122,6 +124,13 @@ def test_outcomes_that_happen_rarely_are_scraped_at_zero_before_the_first() -> N
         assert f'gpusched_bind_errors_total{{reason="{reason}"}} 0.0' in out
     for result in ("requested", "success", "failed", "timeout", "error"):
         assert f'gpusched_mig_repartitions_total{{result="{result}"}} 0.0' in out
+    for result in ("ready", "failed", "timeout", "gone", "lead_lost"):
+        assert f'gpusched_volume_bindings_total{{result="{result}"}} 0.0' in out
+
+
+def test_every_volume_wait_outcome_is_a_series_scraped_from_the_start() -> None:
+    ends = ("", "pod deleted", LEAD_LOST, f"{TIMED_OUT} after 60 s", "claim refused")
+    assert {outcome(why) for why in ends} == set(VOLUME_BINDING_RESULTS)
 
 
 def test_gauges_hold_the_last_value() -> None:
