@@ -524,3 +524,34 @@ async def test_a_pod_whose_room_is_on_a_gpu_others_keep_busy_is_parked_not_retri
     assert api.evicted == []
     assert s.queue.counts().unschedulable == 1
     assert [r.key for r in s.unschedulable_records()] == ["default/p"]
+
+
+async def test_a_replica_that_loses_the_lead_during_a_batch_exports_no_fragmentation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lead passes to another replica while the batch recomputes fragmentation (busy GPUs
+    make it do so in a worker thread): the gauge is NaN, as on any replica that does not lead,
+    not this batch's number until this replica leads again."""
+    from gpusched.daemon import scheduler as daemon
+
+    s = one_node_scheduler(RecordingApi(), gpus=2)
+    s.set_config(parse_config({"batching": {"quickStart": False}}))
+    measured(s, {"n0": {0: 0.0, 1: 99.0}})
+    loop = asyncio.get_running_loop()
+    real, calls = daemon.cluster_frag_ratio, []
+
+    def frag(*args: Any, **kwargs: Any) -> float:
+        calls.append(1)
+        if len(calls) == 2:  # the recomputation after the solve: the Lease passes now
+            loop.call_soon_threadsafe(s._leadership, False)
+            time.sleep(0.2)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(daemon, "cluster_frag_ratio", frag)
+    s._pending.apply("ADDED", pod("p"))
+    await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 10))
+    await settle(s)
+    assert len(calls) >= 2
+    assert gauge(s, "gpusched_is_leader") == 0.0
+    assert math.isnan(gauge(s, "gpusched_gpu_fragmentation_ratio"))
+    assert math.isnan(gauge(s, "gpusched_solve_gap_ratio"))

@@ -1184,12 +1184,14 @@ class Scheduler:
         gap = stats.gap_pct
         solve_s = stats.wall_ms / 1000
         self.metrics.observe_batch(len(batch), solve_s, gap / 100 if not math.isnan(gap) else math.nan)
+        if not self.is_leader:  # lost during the preemption's awaits: NaN, not this batch's gap
+            self.metrics.new_term()
         if snap.busy or snap.kept:  # they count as full in ``after``: the gauges say what pods hold
             books = self.cache.snapshot().state
             if len(typical):
                 frag = await asyncio.to_thread(cluster_frag_ratio, books, typical, ~books.cluster.cordoned)
-            self.gauges.cluster(books, frag)
-        else:
+            after = books
+        if self.is_leader:  # lost meanwhile: NaN (``new_term``), not this batch's fragmentation
             self.gauges.cluster(after, frag)
         log.info(
             "batch",
