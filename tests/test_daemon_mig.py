@@ -673,6 +673,41 @@ async def test_a_node_withdrawn_during_the_config_delay_is_not_labelled() -> Non
     assert not wrong, f"labelled for the MIG manager all the same after: {wrong}"
 
 
+async def test_a_layout_whose_pods_are_all_gone_before_the_label_is_not_asked_for() -> None:
+    # Deleted, or bound by someone else, during mig.configDelaySeconds: the MIG manager would
+    # drain and re-partition the node for nobody.
+    for gone in (("p",), ("p", "q")):
+        api = EventApi()
+        s = scheduler(api, {"mig": {"repartition": True, "configDelaySeconds": 0.2}})
+        add_node(s, "n", 1)
+        for name in ("p", "q"):
+            s._pending.apply("ADDED", pod(name, mig="1g.10gb"))
+        await batch(s)
+        ((_, job),) = s.mig.jobs.items()
+        assert sorted(job.pods) == ["default/p", "default/q"]
+        assert api.written
+        assert not api.labelled
+        s._pending.apply("DELETED", pod("p", mig="1g.10gb"))
+        if "q" in gone:  # bound by hand (spec.nodeName), as the pending watch shows it
+            bound = pod("q", mig="1g.10gb")
+            bound["spec"]["nodeName"] = "n"
+            s._pending.apply("MODIFIED", bound)
+        with capture_logs() as logs:
+            await asyncio.sleep(0.3)
+        asked = [m for _, reason, m in api.events if reason == "MigRepartition"]
+        if gone == ("p",):  # q still waits: the node is labelled for it alone
+            assert [n for n, _ in api.labelled] == ["n"]
+            assert len(asked) == 1
+            assert asked[0].endswith("for 1 pod(s)."), asked
+        else:
+            assert not api.labelled, "node re-partitioned for pods that are gone"
+            assert not s.mig.jobs
+            assert not asked
+            (failed,) = [e for e in logs if e["event"] == "mig repartition failed"]
+            assert "none of its pods is pending any more" in failed["why"]
+        stop(s)
+
+
 async def test_a_node_restored_during_a_solve_does_not_swallow_the_mig_pod_placed_there(monkeypatch: Any) -> None:
     api = MigApi()
     s = scheduler(api, {"mig": {"repartition": True, "restoreIdleSeconds": 60}})

@@ -380,10 +380,11 @@ class Repartitioner:
 
     async def _ask_for_layout(self, node: str, job: Repartition, entries: list[Any]) -> None:
         """Write the layout, give the kubelet time to project it into the MIG manager's volume
-        (``mig.configDelaySeconds`` after it was first written), label the node; then wait for
-        the MIG manager, at most ``mig.timeoutSeconds``.  One ConfigMap write at a time: each
-        keeps the configurations in use as they are when it is made (a node's label, or a
-        layout asked for and not yet seen there)."""
+        (``mig.configDelaySeconds`` after it was first written), label the node (unless it was
+        withdrawn meanwhile, ``_withdrawn``, or none of its pods waits any more, ``_waited_for``);
+        then wait for the MIG manager, at most ``mig.timeoutSeconds``.  One ConfigMap write at a
+        time: each keeps the configurations in use as they are when it is made (a node's label,
+        or a layout asked for and not yet seen there)."""
         mig = self.s.config.mig
         async with self._writes:
             keep = {c for configs in self.configs.values() for c in configs}
@@ -400,7 +401,11 @@ class Repartitioner:
                 await self._idle(wait)
             if self.jobs.get(node) is not job:  # over meanwhile (the node went away)
                 return
-            withdrawn = self._withdrawn(node, found=job.found)
+            withdrawn = (
+                self._withdrawn(node, found=job.found)
+                if self._waited_for(job)
+                else "none of its pods is pending any more (deleted, or bound elsewhere)"
+            )
             if withdrawn:
                 self._end(node, job, "failed", withdrawn)
                 return
@@ -468,6 +473,15 @@ class Repartitioner:
         if whole and state.mig_used is not None and state.mig_used[i].any():
             return "a pod took one of its MIG instances meanwhile"
         return ""
+
+    def _waited_for(self, job: Repartition) -> bool:
+        """Forget the pods of ``job`` (and the gang members beside them) no longer pending here:
+        deleted, bound elsewhere, or replaced by a new pod of the name; whether any is left.  A
+        layout none is left for is not labelled: the MIG manager would drain and re-partition
+        the node for nobody."""
+        job.pods = {k: p for k, p in job.pods.items() if self.s.queue.current(k, p.uid)}
+        job.beside = {k: v for k, v in job.beside.items() if self.s.queue.current(k, v[0])}
+        return bool(job.pods or job.beside)
 
     def _clear(self, node: str, previous: bool = False) -> None:
         """The layout came, or someone else's label replaced it: the request is over, for every
