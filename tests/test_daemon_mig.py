@@ -576,6 +576,56 @@ async def test_a_timeout_does_not_overwrite_a_layout_someone_else_labelled_since
     stop(s)
 
 
+class HookEventApi(EventApi):
+    """Records the Events written, and calls ``after_event`` once one is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.after_event: Any = None
+
+    async def object_event(
+        self, involved: dict[str, str], reason: str, message: str, kind: str = "Normal", fenced: bool = False
+    ) -> None:
+        await super().object_event(involved, reason, message, kind, fenced)
+        if self.after_event is not None:
+            self.after_event()
+
+
+async def test_a_layout_that_times_out_beside_a_pod_on_another_whole_gpu_is_set_back() -> None:
+    # The MIG manager is not running; a pod of another scheduler starts on the node's other GPU.
+    # Left labelled, the layout would be applied whenever the MIG manager comes back, under the
+    # pods bound to the node since; setting it back changes no GPU that is whole already.
+    api = HookEventApi()
+    s = scheduler(api, {"mig": {"repartition": True, "configDelaySeconds": 0, "partitionForQueued": False}})
+    add_node(s, "n", 2)
+
+    def expire_soon() -> None:  # the timeout, 0.2 s from now rather than 600 s
+        api.after_event = None
+        s.mig.jobs["n"].asked -= float(s.config.mig.timeout_seconds) - 0.2
+
+    api.after_event = expire_soon
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    ((_, asked),) = api.labelled
+    add_node(s, "n", 2, **{k: str(v) for k, v in asked.items()})  # the watch shows the label
+    other = kit.pod("other", "default-scheduler", gpus=1, node_name="n")
+    other["metadata"].update({"namespace": "default", "uid": "uid-other"})
+    s._bound.apply("ADDED", other)
+    await asyncio.sleep(0.4)
+    assert "n" not in s.mig.jobs, "timed out"
+    back = {"nvidia.com/mig.config": "all-disabled", "gpusched.io/mig-requested-at": None}
+    assert ("n", {**back, "gpusched.io/mig-repartition": "false"}) in api.labelled, api.labelled
+    (timeout,) = [(m, kind) for _, reason, m, kind in api.node_events if reason == "MigRepartitionTimeout"]
+    assert timeout[1] == "Warning"
+    assert "Labelled nvidia.com/mig.config=all-disabled again" in timeout[0]
+    # No pod is placed there until the MIG manager has applied that.
+    add_node(s, "n", 2, repartition=False, **{"nvidia.com/mig.config": "all-disabled"})
+    s._pending.apply("ADDED", pod("w", gpus=1))
+    await batch(s)
+    assert "default/w" not in api.bound_to
+    stop(s)
+
+
 class ExistedApi(MigApi):
     """The layout is in the ConfigMap already: written seconds ago by the leader before."""
 
@@ -1503,7 +1553,7 @@ async def test_a_node_pods_run_on_is_not_set_back_when_its_instances_vanish_for_
     # Its layout came under another leader, which left the request label.  This leader removes
     # it; and should the removal have failed, a device plugin restart (no instance advertised
     # for a moment) must not read as a request never answered: the node is not set back.
-    api = MigApi()
+    api = EventApi()
     s = scheduler(api, {"mig": {"repartition": True, "timeoutSeconds": 60}})
 
     def seen(**slices: int) -> dict[str, Any]:
@@ -1517,11 +1567,19 @@ async def test_a_node_pods_run_on_is_not_set_back_when_its_instances_vanish_for_
     s._bound.apply("ADDED", running)
     await asyncio.sleep(0)
     assert ("m", {"gpusched.io/mig-requested-at": None}) in api.labelled
-    NodeHandler(s).apply("MODIFIED", seen())  # the label still there, no instance advertised
-    s.mig.expire_asks()
-    await asyncio.sleep(0)
-    stop(s)
+    for _ in range(2):  # the label still there, no instance advertised
+        NodeHandler(s).apply("MODIFIED", seen())
+        s.mig.expire_asks()
+        await asyncio.sleep(0)
     assert not [labels for _, labels in api.labelled if "nvidia.com/mig.config" in labels], api.labelled
+    # Its instances are offered to no pod meanwhile, and the admin is told why, once.
+    assert "m" in s.mig.sealed()
+    (told,) = [(m, kind) for node, reason, m, kind in api.node_events if reason == "MigRepartitionTimeout"]
+    assert told[1] == "Warning"
+    assert "Pods run on its MIG instances (default/r)" in told[0], told
+    NodeHandler(s).apply("MODIFIED", seen(**{"1g_10gb": 7}))  # the device plugin is back
+    assert "m" not in s.mig.sealed()
+    stop(s)
 
 
 async def test_a_node_deleted_while_the_node_watch_was_down_is_forgotten_at_the_relist() -> None:

@@ -163,14 +163,21 @@ class Repartitioner:
         """When the MIG manager last stopped reporting it was at work on a node (monotonic)."""
         self.setting_back: dict[str, SetBack] = {}
         """Nodes labelled back after a layout failed or did not come, until the MIG manager applied it."""
+        self.hidden: dict[str, float] = {}
+        """Nodes whose layout of ours timed out while pods run on MIG instances there that the node
+        does not advertise (a device plugin restart?): not labelled back, which would take the
+        instances from under them.  Since when (monotonic); sealed until it advertises instances
+        again or is labelled otherwise, for ``HARD_CAP_FACTOR`` times ``mig.timeoutSeconds`` at
+        most."""
 
     def sealed(self) -> set[str]:
         """Nodes being re-partitioned into MIG instances: none of their GPUs or instances is
         offered to a pod until it is over.  Those this instance asked a layout for; with
         ``mig.repartition``, also those the MIG manager says it is at work on, and those any
         leader asked a layout for (``LABEL_MIG_REQUESTED``) that advertise no instance yet, until
-        the request is due (``_due``), and those labelled back after a layout failed or did not
-        come (``setting_back``)."""
+        the request is due (``_due``), those labelled back after a layout failed or did not come
+        (``setting_back``), and those whose layout timed out while pods run on instances the node
+        does not advertise (``hidden``)."""
         out = set(self.jobs)
         if self.s.config.mig.repartition:
             now = time.monotonic()
@@ -178,6 +185,7 @@ class Repartitioner:
             out |= {n for n in self.at_work if now - self.busy_since.get(n, now) < cap} | self.restoring
             out |= {n for n, at in self.asked.items() if now < self._due(n, _monotonic(at))}
             out |= {n for n, back in self.setting_back.items() if now - back.since < cap}
+            out |= {n for n, since in self.hidden.items() if now - since < cap}
         return out
 
     def inherited(self) -> list[str]:
@@ -531,7 +539,10 @@ class Repartitioner:
         ``gpusched.io/mig-repartition`` set to false), once; and sealed until the MIG manager has
         applied that (``setting_back``), since it may reset the GPUs meanwhile.  Not when its
         label names another configuration by now, or (timed out) the instances came after all
-        or pods run there.  Whether it is set back."""
+        or pods run on its instances, which the node does not advertise for now (``hidden``): a
+        pod on a whole GPU is no reason, since labelling the node back changes no GPU that is
+        whole, while a layout left there is applied whenever the MIG manager comes back, to GPUs
+        pods may use by then.  Whether it is set back."""
         if node in self._giving_up or not self.s.is_leader:
             return False
         rec = self.s.cache.nodes.get(node)
@@ -553,16 +564,13 @@ class Repartitioner:
         ):
             log.info("mig layout not set back: the node was relabelled, or its instances came", node=node)
             return False
-        running = self.s.cache.gpu_pods_on(node)
-        if running and not failed:  # never: setting it back would take the instances from under them
-            log.warning(
-                "mig layout not set back: pods run on the node",
-                node=node,
-                config=config,
-                pods=running[:3],
-                why="the node advertises no instance for now (a device plugin or kubelet restart?)",
-            )
+        held = (self.s.cache.held_pod(k) for k in self.s.cache.gpu_pods_on(node))
+        on_instances = [p.key for p in held if p is not None and p.mig_profile]
+        if on_instances and not failed:  # never: setting it back would take the instances from under them
             self._forget_ask(node)
+            if node not in self.hidden:
+                self.hidden[node] = time.monotonic()
+                self._tell_hidden(node, config, on_instances)
             return False
         # A failed layout is never left on the node: the MIG manager applies its label again
         # whenever its pod restarts, to GPUs that pods may use by then.
@@ -908,6 +916,32 @@ class Repartitioner:
                     seconds=cap,
                 )
 
+    def _tell_hidden(self, node: str, config: str, pods: list[str]) -> None:
+        """Log, and write a Warning Event on ``node``: its layout timed out but is not set back,
+        since ``pods`` run on its instances, which it does not advertise (``hidden``)."""
+        cap = HARD_CAP_FACTOR * float(self.s.config.mig.timeout_seconds)
+        names = ", ".join(pods[:3]) + (", ..." if len(pods) > 3 else "")
+        log.warning(
+            "mig layout not set back: pods run on its MIG instances, which the node does not advertise",
+            node=node,
+            config=config,
+            pods=pods[:3],
+            why="is the device plugin running there? (a device plugin or kubelet restart)",
+        )
+        self.s.spawn(
+            self.s.binder.object_event(
+                {"kind": "Node", "name": node, "apiVersion": "v1"},
+                "MigRepartitionTimeout",
+                f"Pods run on its MIG instances ({names}), yet the node advertises none: is the device plugin "
+                f"running there? Not labelled back from {LABEL_MIG_CONFIG}={config}, which would take the "
+                f"instances from under those pods; no pod is placed there until it advertises them again "
+                f"({cap:g} s at most).",
+                "Warning",
+                fenced=True,
+            ),
+            f"mig-hidden:{node}",
+        )
+
     def _tell_stuck(self, node: str, cap: float) -> None:
         """Log, and write a Warning Event on ``node``: it is offered again although the MIG
         manager's state label still says it is at work (``busy_since``)."""
@@ -991,6 +1025,9 @@ class Repartitioner:
         else:
             self.restoring.discard(node.name)
         self._settled(node.name, config, state)
+        if node.name in self.hidden and (node.mig_slices or not ours):  # advertised again, or someone else's word
+            del self.hidden[node.name]
+            self.s.queue.move_all()
         job = self.jobs.get(node.name)
         if job is None:
             if acting and state == "failed" and requested and node.name not in self.setting_back:
@@ -1076,7 +1113,7 @@ class Repartitioner:
         for name in set(self.busy_since) - self.at_work:
             self.busy_since.pop(name, None)
             self._stuck.discard(name)
-        for name in (set(self.asked) | set(self.jobs)) - listed:  # deleted while the watch was down
+        for name in (set(self.asked) | set(self.jobs) | set(self.hidden)) - listed:  # deleted while the watch was down
             self.node_gone(name, deleted=True)
 
     def node_gone(self, name: str, deleted: bool = False) -> None:
@@ -1090,6 +1127,7 @@ class Repartitioner:
         self._forget_ask(name)
         self.left_busy.pop(name, None)
         self.setting_back.pop(name, None)
+        self.hidden.pop(name, None)
         job = self.jobs.get(name)
         if job is not None:
             self._end(name, job, "failed", "the node is gone")
