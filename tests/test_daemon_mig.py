@@ -1499,6 +1499,60 @@ async def test_no_node_is_set_back_sooner_for_a_pod_its_pod_limit_keeps_out() ->
     assert restored == [], "set back for a pod the node cannot take whole either"
 
 
+def apart_from(obj: dict[str, Any], app: str) -> dict[str, Any]:
+    """``obj`` with a required pod anti-affinity to the pods labelled ``app``, per node."""
+    term = {"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": "kubernetes.io/hostname"}
+    obj["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    return obj
+
+
+def on_port(obj: dict[str, Any], port: int) -> dict[str, Any]:
+    """``obj`` binding host port ``port``."""
+    obj["spec"]["containers"][0]["ports"] = [{"containerPort": port, "hostPort": port}]
+    return obj
+
+
+async def test_no_node_is_set_back_sooner_for_a_pod_what_runs_there_keeps_out() -> None:
+    # Set back for it, the pod would not land there after all; the next MIG job re-partitions
+    # the node again, and so on, round after round.
+    wrong = []
+    for conflict in ("its anti-affinity", "theirs", "a host port"):
+        api = MigApi()
+        s = scheduler(api, SOONER)
+        NodeHandler(s).apply("ADDED", one_gpu_in_mig("n", "1g.10gb", 7, **OURS))
+        db = pod("db")  # a CPU pod on n, of another scheduler
+        db["spec"].update(nodeName="n", schedulerName="default-scheduler")
+        db["metadata"]["labels"] = {"app": "db"}
+        w = pod("w", gpus=1)
+        w["metadata"]["labels"] = {"app": "w"}
+        if conflict == "its anti-affinity":
+            apart_from(w, "db")
+        elif conflict == "theirs":
+            apart_from(db, "w")
+        else:
+            on_port(db, 8080)
+            on_port(w, 8080)
+        s._bound.apply("ADDED", db)
+        s._pending.apply("ADDED", w)
+        await batch(s)
+        if a_minute_idle(s):
+            wrong.append(conflict)
+        stop(s)
+    assert not wrong, f"set back for a pod the node would not take whole either: {wrong}"
+    # Nothing there that keeps it out: set back.
+    api = MigApi()
+    s = scheduler(api, SOONER)
+    NodeHandler(s).apply("ADDED", one_gpu_in_mig("n", "1g.10gb", 7, **OURS))
+    db = on_port(pod("db"), 8080)
+    db["spec"].update(nodeName="n", schedulerName="default-scheduler")
+    db["metadata"]["labels"] = {"app": "db"}
+    s._bound.apply("ADDED", db)
+    s._pending.apply("ADDED", on_port(apart_from(pod("w", gpus=1), "cache"), 8081))
+    await batch(s)
+    assert a_minute_idle(s) == ["n"]
+    stop(s)
+
+
 async def test_for_queued_leaves_the_gpus_kept_free_to_pods_of_high_priority() -> None:
     api = MigApi()
     cfg = {**ON, "batching": {"maxSize": 2}, "headroom": {"gpus": 2, "priorityAtLeast": 1000}}

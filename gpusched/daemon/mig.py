@@ -762,8 +762,11 @@ class Repartitioner:
     def _as_whole(self, name: str, state: ClusterState) -> ClusterState | None:
         """Node ``name`` alone as it would be set back to whole GPUs: every GPU that GPU feature
         discovery counts, whole and free, its free CPU, memory and pod slots as now (None when
-        the count is not known).  The pods running there are not carried over: their host ports
-        and (anti-)affinity are not weighed."""
+        the count is not known).  The pods there (running, or room held for them) still hold
+        their host ports, and their pod (anti-)affinity is weighed as theirs, so a pod they keep
+        off the node is not served by it: set back for such a pod, the node would be
+        re-partitioned by the next MIG job, and set back for it again, round after round.  Pods
+        on other nodes are not weighed (a term whose topology is wider than the node)."""
         rec = self.s.cache.nodes.get(name)
         i = state.cluster.index.get(name)
         if rec is None or i is None:
@@ -782,7 +785,13 @@ class Repartitioner:
             mig_repartition=True,
             max_pods=None if node.max_pods is None else max(0, int(state.pods_free[i])),
         )
-        return Cluster([whole], repartition="idle-nodes").empty_state()
+        ports, residents = state.ports_used.get(i), state.residents.get(i)
+        return replace(  # (their holders of anti-affinity terms found again from the residents)
+            Cluster([whole], repartition="idle-nodes").empty_state(),
+            ports_used={0: ports} if ports else {},
+            residents={0: residents} if residents else {},
+            term_holders=None,
+        )
 
     async def _ask_for_whole(self, node: str, job: Repartition) -> None:
         """Label ``node`` back to ``all-disabled``; then wait for the MIG manager, as for a layout."""
