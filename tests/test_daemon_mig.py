@@ -249,6 +249,40 @@ async def test_a_lead_lost_while_asking_is_not_told_to_the_pods() -> None:
     assert s.mig.off_until == 0.0, "re-partitioning is not held off for a lead lost"
 
 
+class ForbiddenApi(EventApi):
+    """The MIG manager's ConfigMap may not be written (RBAC missing)."""
+
+    async def write_mig_config(self, name: str, *_: Any, **__: Any) -> tuple[str, float]:
+        self.written.append(name)
+        return 'configmaps "gpusched-mig-parted-config" is forbidden', 0.0
+
+
+async def test_a_layout_that_cannot_be_written_is_told_on_the_node_and_to_the_mig_pods_meanwhile() -> None:
+    # No GPU is re-partitioned for mig.timeoutSeconds after: the admin is told why and what to do,
+    # and MIG pods that find no room meanwhile are told why no node is re-partitioned for them.
+    api = ForbiddenApi()
+    s = scheduler(api)
+    add_node(s, "n", 1)
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    await asyncio.sleep(0)
+    (event,) = [(n, m, kind) for n, reason, m, kind in api.node_events if reason == "MigRepartitionPaused"]
+    assert event[0] == "n"
+    assert event[2] == "Warning"
+    assert 'configmaps "gpusched-mig-parted-config" is forbidden' in event[1]
+    assert "ConfigMap gpu-operator/gpusched-mig-parted-config" in event[1]
+    s._pending.apply("ADDED", pod("q", mig="1g.10gb"))
+    await batch(s)
+    told = api.failed("default/q")[-1]
+    assert told.startswith("0/1 nodes are available: 1 Insufficient nvidia.com/mig-1g.10gb; "), told
+    assert "re-partitioning into MIG instances is paused until 20" in told, told
+    assert 'a layout could not be written (configmaps "gpusched-mig-parted-config" is forbidden)' in told
+    # Once the pause is over, the note is gone.
+    s.mig.off_until = 0.0
+    assert s.with_notes(pod_record(pod("q", mig="1g.10gb")).pod, "x.", s.cache.snapshot()) == "x."
+    stop(s)
+
+
 class ConfigMapKube:
     """The ConfigMap and node endpoints of an API server, with resourceVersion checks; the first
     read is slow, as under a rate limiter."""

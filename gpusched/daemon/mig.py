@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -137,6 +138,8 @@ class Repartitioner:
         """Nodes of ``at_work`` offered again past that cap, told once (``expire_asks``)."""
         self.off_until = 0.0
         """Monotonic time before which no GPU is re-partitioned (a layout could not be written)."""
+        self.off_why = ""
+        """Why, for the MIG pods told meanwhile (``paused``)."""
         self._writes = asyncio.Lock()
         """One write of the MIG manager's ConfigMap at a time."""
         self.idle: set[asyncio.Task[Any]] = set()
@@ -430,15 +433,25 @@ class Repartitioner:
                 return
             off = float(mig.timeout_seconds)
             self.off_until = time.monotonic() + off
+            self.off_why = f"a layout could not be written ({error})"
+            fix = f"let gpusched get, create and update ConfigMap {mig.config_map} and patch nodes (docs/deploy.md)"
             log.error(
                 "MIG layout not written; no GPU is re-partitioned for a while",
                 node=node,
                 config=job.config,
                 error=error,
                 seconds=off,
-                fix=f"let gpusched get, create and update ConfigMap {mig.config_map} and patch nodes (docs/deploy.md)",
+                fix=fix,
             )
             self._end(node, job, "error", f"its layout could not be written: {error}")
+            await self.s.binder.object_event(
+                {"kind": "Node", "name": node, "apiVersion": "v1"},
+                "MigRepartitionPaused",
+                f"Its MIG layout {LABEL_MIG_CONFIG}={job.config} could not be written: {error}. No node is "
+                f"re-partitioned into MIG instances until {_utc(self.off_until)} ({off:g} s): {fix}.",
+                "Warning",
+                fenced=True,
+            )
             return
         await self.s.binder.object_event(
             {"kind": "Node", "name": node, "apiVersion": "v1"},
@@ -454,6 +467,13 @@ class Repartitioner:
             why = self._timed_out(job.config, node, job)
             self._end(node, job, "timeout", why)
             self._give_up_layout(node, job.config, job.before, why)
+
+    def paused(self) -> str:
+        """Why no GPU is re-partitioned for now, for the MIG pods that find no room meanwhile ("":
+        GPUs may be): a layout could not be written, ``off_until``."""
+        if not self.s.config.mig.repartition or time.monotonic() >= self.off_until:
+            return ""
+        return f"re-partitioning into MIG instances is paused until {_utc(self.off_until)}: {self.off_why}"
 
     def _withdrawn(self, node: str, whole: bool = False, found: str | None = None) -> str:
         """Why ``node`` may no longer be labelled for the layout asked for ("" when it may): what
@@ -1170,6 +1190,11 @@ class Repartitioner:
 def _monotonic(stamp: float) -> float:
     """The Unix time ``stamp`` on the monotonic clock."""
     return stamp - time.time() + time.monotonic()
+
+
+def _utc(at: float) -> str:
+    """The monotonic time ``at`` as a UTC time stamp: ``2026-12-08T09:30:00Z``."""
+    return datetime.fromtimestamp(at - time.monotonic() + time.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _within(stamp: str, seconds: float) -> bool:

@@ -1855,11 +1855,13 @@ class Scheduler:
         below: bool | None = None,
     ) -> str:
         """``message``, saying also how many GPUs ``pod`` could have used the batch did not offer
-        it, and why (busy; kept free for pods of higher priority), when it found no room.
+        it, and why (busy; kept free for pods of higher priority), when it found no room; for a
+        MIG pod, also why no node is re-partitioned for it (``Repartitioner.paused``).
         ``state``: what the pod was weighed against (default: the snapshot's); ``below``:
         whether the kept GPUs are not for it (default: by its own priority)."""
         gpus = pod.num_gpu or pod.gpu_milli or pod.mig_profile
-        if snap is None or not (snap.busy_cells or snap.kept or snap.sealed) or not gpus:
+        paused = self.mig.paused() if pod.mig_profile else ""
+        if snap is None or not (snap.busy_cells or snap.kept or snap.sealed or paused) or not gpus:
             return message
         notes = []
         if snap.sealed:
@@ -1876,6 +1878,8 @@ class Scheduler:
                 f"before this instance led, {'advertise' if many else 'advertises'} it or "
                 f"{'are' if many else 'is'} given up"
             )
+        if paused:
+            notes.append(paused)
         if pod.mig_profile or not (snap.busy_cells or snap.kept):
             return "; ".join([message.rstrip("."), *notes]) + "."
         seen = snap.state if state is None else state
