@@ -99,6 +99,16 @@ def pod(name: str, *, gpus: int = 0, mig: str = "", priority: int = 0, gang: str
     return obj
 
 
+def unstamped(labels: dict[str, str | None]) -> dict[str, str | None]:
+    """``labels`` written on a node, but for when it was labelled back after a layout or a restore
+    did not come (``gpusched.io/mig-setting-back-at``, by which every leader seals it: checked to
+    be now)."""
+    out = dict(labels)
+    stamp = out.pop("gpusched.io/mig-setting-back-at", None)
+    assert stamp is None or abs(int(stamp) - time.time()) < 60, stamp
+    return out
+
+
 async def batch(s: Scheduler) -> None:
     """One batch, and what it started but the long waits for the MIG manager."""
     await s.schedule_batch(await asyncio.wait_for(s.queue.next_batch(), 10))
@@ -222,7 +232,7 @@ async def test_a_node_another_leader_asked_a_layout_for_is_sealed_until_it_times
             "gpusched.io/mig-requested-at": None,
             "gpusched.io/mig-repartition": "false",
         },
-    ) in api.labelled
+    ) in [(node, unstamped(labels)) for node, labels in api.labelled]
 
 
 class LosingApi(MigApi):
@@ -648,7 +658,8 @@ async def test_a_layout_that_times_out_beside_a_pod_on_another_whole_gpu_is_set_
     await asyncio.sleep(0.4)
     assert "n" not in s.mig.jobs, "timed out"
     back = {"nvidia.com/mig.config": "all-disabled", "gpusched.io/mig-requested-at": None}
-    assert ("n", {**back, "gpusched.io/mig-repartition": "false"}) in api.labelled, api.labelled
+    written = [(node, unstamped(labels)) for node, labels in api.labelled]
+    assert ("n", {**back, "gpusched.io/mig-repartition": "false"}) in written, api.labelled
     (timeout,) = [(m, kind) for _, reason, m, kind in api.node_events if reason == "MigRepartitionTimeout"]
     assert timeout[1] == "Warning"
     assert "Labelled nvidia.com/mig.config=all-disabled again" in timeout[0]
@@ -895,7 +906,7 @@ async def test_after_a_restore_times_out_the_instances_still_there_are_not_offer
     failed_at = back.pop("gpusched.io/mig-restore-failed-at")  # not set back again for a day, by anyone
     assert failed_at is not None
     assert abs(int(failed_at) - time.time()) < 60
-    assert (node, back) == (
+    assert (node, unstamped(back)) == (
         "m",
         {
             "gpusched.io/mig-requested-at": None,
@@ -987,11 +998,11 @@ async def until(cond: Any, what: str) -> None:
 
 def relabels(api: MigApi, since: int) -> list[dict[str, str | None]]:
     """The labels written on node "m" after the first ``since`` writes, setting it back to a
-    layout after a restore failed (the time it failed at dropped)."""
+    layout after a restore failed (the times it failed at and was labelled back dropped)."""
     out = []
     for node, labels in api.labelled[since:]:
         if node == "m" and "gpusched.io/mig-restore-failed-at" in labels:
-            out.append({k: v for k, v in labels.items() if k != "gpusched.io/mig-restore-failed-at"})
+            out.append({k: v for k, v in unstamped(labels).items() if k != "gpusched.io/mig-restore-failed-at"})
     return out
 
 
@@ -1892,7 +1903,7 @@ async def test_a_layout_the_mig_manager_failed_on_is_labelled_back_before_its_gp
     failed = {"nvidia.com/mig.config": config, "nvidia.com/mig.config.state": "failed"}
     add_node(s, "n", 2, **failed, **{"gpusched.io/mig-requested-at": str(asked["gpusched.io/mig-requested-at"])})
     await asyncio.sleep(0)
-    assert api.labelled[1:] == [
+    assert [(node, unstamped(labels)) for node, labels in api.labelled[1:]] == [
         (
             "n",
             {
@@ -1911,6 +1922,42 @@ async def test_a_layout_the_mig_manager_failed_on_is_labelled_back_before_its_gp
     await batch(s)
     stop(s)
     assert api.bound_to.get("default/w") == "n"
+
+
+async def test_a_node_being_set_back_after_a_failed_layout_stays_sealed_for_the_next_leader() -> None:
+    # The leader that labelled it back goes away before the MIG manager acts on the label: the
+    # next one (or the same daemon restarted) binds no pod to GPUs the MIG manager may reset.
+    cfg = {"mig": {"repartition": True, "timeoutSeconds": 10, "configDelaySeconds": 0}}
+    api = MigApi()
+    s = scheduler(api, cfg)
+    add_node(s, "n", 2, **{"nvidia.com/mig.config": "all-disabled", LABEL_STATE: "success"})
+    s._pending.apply("ADDED", pod("p", mig="1g.10gb"))
+    await batch(s)
+    await asyncio.sleep(0.05)
+    (_, asked) = api.labelled[-1]
+    failed = {"nvidia.com/mig.config": str(asked["nvidia.com/mig.config"]), LABEL_STATE: "failed"}
+    add_node(s, "n", 2, **failed, **{"gpusched.io/mig-requested-at": str(asked["gpusched.io/mig-requested-at"])})
+    await asyncio.sleep(0)
+    (_, back) = api.labelled[-1]
+    assert back["nvidia.com/mig.config"] == "all-disabled"
+    stop(s)
+    left = {k: str(v) for k, v in back.items() if v is not None}  # the node as it left it
+    api = MigApi()
+    s = scheduler(api, cfg)
+    add_node(s, "n", 2, repartition=False, **left, **{LABEL_STATE: "failed"})
+    s.mig.lead()
+    s._pending.apply("ADDED", pod("w", gpus=2))
+    await batch(s)
+    assert "default/w" not in api.bound_to, "bound to GPUs the MIG manager is about to reset"
+    assert "1 node being re-partitioned into MIG instances was not offered" in api.failed("default/w")[-1]
+    # The MIG manager applies the label: the node is offered again, and the mark is removed.
+    for _ in range(2):  # (the second time, the mark's removal not seen yet)
+        add_node(s, "n", 2, repartition=False, **left, **{LABEL_STATE: "success"})
+        assert "n" not in s.mig.sealed()
+    await batch(s)
+    stop(s)
+    assert api.bound_to.get("default/w") == "n"
+    assert ("n", {"gpusched.io/mig-setting-back-at": None}) in api.labelled
 
 
 async def test_a_restore_is_not_over_when_the_device_plugin_restarts_before_the_mig_manager_acts() -> None:

@@ -26,6 +26,7 @@ from gpusched.kube.convert import (
     LABEL_MIG_REPARTITION,
     LABEL_MIG_REQUESTED,
     LABEL_MIG_RESTORE_FAILED,
+    LABEL_MIG_SETTING_BACK,
     LABEL_MIG_STATE,
     MIG_BUSY_STATES,
 )
@@ -108,12 +109,16 @@ class Repartition:
 class SetBack:
     """A node labelled back to the configuration it had before, after a layout of ours failed or
     did not come: sealed until the MIG manager has applied that (at most ``HARD_CAP_FACTOR`` times
-    ``mig.timeoutSeconds``), since it may reset the GPUs meanwhile."""
+    ``mig.timeoutSeconds``), since it may reset the GPUs meanwhile.  Labelled so
+    (``LABEL_MIG_SETTING_BACK``) for every leader, after a restart too (``node_seen``)."""
 
     config: str
     """The ``nvidia.com/mig.config`` value labelled."""
     stale: str
-    """The MIG manager's state when labelled: the last configuration's, not this one's."""
+    """The MIG manager's state when labelled: the last configuration's, not this one's (for one
+    labelled by another leader, or before a restart: when first seen)."""
+    stamp: int = field(default_factory=lambda: int(time.time()))
+    """Its ``LABEL_MIG_SETTING_BACK`` (Unix seconds)."""
     since: float = field(default_factory=time.monotonic)
     seen: bool = False
     """The watch has shown the node with that label."""
@@ -166,6 +171,11 @@ class Repartitioner:
         """When the MIG manager last stopped reporting it was at work on a node (monotonic)."""
         self.setting_back: dict[str, SetBack] = {}
         """Nodes labelled back after a layout failed or did not come, until the MIG manager applied it."""
+        self._back_done: dict[str, int] = {}
+        """Nodes whose set-back is over here (``_set_back_over``), by the stamp of its label: not
+        sealed again by that label while its removal is on its way."""
+        self._unmarking: set[str] = set()
+        """Nodes whose ``LABEL_MIG_SETTING_BACK`` is being removed."""
         self.hidden: dict[str, float] = {}
         """Nodes whose layout of ours timed out while pods run on MIG instances there that the node
         does not advertise (a device plugin restart?): not labelled back, which would take the
@@ -557,7 +567,8 @@ class Repartitioner:
         (``failed``): the node is labelled back with the configuration it had ``before``
         (``all-disabled`` when unknown) and no longer offered for re-partitioning (its label
         ``gpusched.io/mig-repartition`` set to false), once; and sealed until the MIG manager has
-        applied that (``setting_back``), since it may reset the GPUs meanwhile.  Not when its
+        applied that (``setting_back``, for every leader by ``LABEL_MIG_SETTING_BACK``), since it
+        may reset the GPUs meanwhile.  Not when its
         label names another configuration by now, or (timed out) the instances came after all
         or pods run on its instances, which the node does not advertise for now (``hidden``): a
         pod on a whole GPU is no reason, since labelling the node back changes no GPU that is
@@ -600,7 +611,7 @@ class Repartitioner:
         )
         self._giving_up.add(node)
         stale = rec.node.labels.get(LABEL_MIG_STATE, "") if rec is not None else ""
-        self.setting_back[node] = SetBack(target, stale)
+        back = self.setting_back[node] = SetBack(target, stale)
 
         async def reset() -> None:
             try:
@@ -608,6 +619,7 @@ class Repartitioner:
                     LABEL_MIG_CONFIG: target,
                     LABEL_MIG_REQUESTED: None,
                     LABEL_MIG_REPARTITION: "false",
+                    LABEL_MIG_SETTING_BACK: str(back.stamp),
                 }
                 error = await self.s.binder.label_node(node, labels)
                 if error:  # the next update of the node, or look, tries again
@@ -883,7 +895,8 @@ class Repartitioner:
             back[LABEL_MIG_CONFIG] = previous
             # The restore may have partly succeeded: until the MIG manager has applied the layout
             # again, some GPUs may be whole that it is about to re-partition.
-            self.setting_back[node] = SetBack(previous, rec.node.labels.get(LABEL_MIG_STATE, ""))
+            again = self.setting_back[node] = SetBack(previous, rec.node.labels.get(LABEL_MIG_STATE, ""))
+            back[LABEL_MIG_SETTING_BACK] = str(again.stamp)
         error = await self.s.binder.label_node(node, back) if self.s.is_leader else "no longer the leader"
         if error:  # still sealed (the request stands): the next leader, or the next look, relabels it
             log.warning("node not relabelled after a MIG restore failed", node=node, error=error)
@@ -937,7 +950,7 @@ class Repartitioner:
                 self._tell_stuck(node, cap)
         for node, back in list(self.setting_back.items()):
             if now - back.since >= cap:
-                del self.setting_back[node]
+                self._set_back_over(node, back)
                 log.warning(
                     "node offered again, though the MIG manager has not reported its configuration applied",
                     node=node,
@@ -1053,6 +1066,7 @@ class Repartitioner:
             self.restoring.add(node.name)
         else:
             self.restoring.discard(node.name)
+        self._marked(node, config, state)
         self._settled(node.name, config, state)
         if node.name in self.hidden and (node.mig_slices or not ours):  # advertised again, or someone else's word
             del self.hidden[node.name]
@@ -1105,18 +1119,59 @@ class Repartitioner:
             return
         if config != back.config:
             if back.seen:  # someone else's word since: theirs to look after
-                del self.setting_back[name]
+                self._set_back_over(name, back)
             return
         back.seen = True
         back.busy = back.busy or state in MIG_BUSY_STATES
         if state == "success" and (back.busy or back.stale != "success"):
-            del self.setting_back[name]
+            self._set_back_over(name, back)
             log.info("node set back", node=name, config=config)
             self.s.queue.move_all()
         elif state == "failed" and back.busy:
-            del self.setting_back[name]
+            self._set_back_over(name, back)
             log.warning("the MIG manager failed to set the node back; offered as it is", node=name, config=config)
             self.s.queue.move_all()
+
+    def _marked(self, node: Node, config: str, state: str) -> None:
+        """A node labelled back by another leader, or before a restart, whose set-back is not over
+        (``LABEL_MIG_SETTING_BACK``): sealed as by the instance that labelled it, from its label's
+        time, the state seen now counted as the last configuration's (a ``success`` seen first may
+        be the MIG manager's answer already: the node then waits for it to be seen at work, or for
+        ``HARD_CAP_FACTOR`` times ``mig.timeoutSeconds`` from the label).  One whose set-back is
+        over here has the label removed (again, should that have failed)."""
+        stamp = label_number(node.labels.get(LABEL_MIG_SETTING_BACK, ""))
+        if stamp is None:
+            self._back_done.pop(node.name, None)
+        elif node.name not in self.setting_back:
+            if self._back_done.get(node.name) != stamp:
+                self.setting_back[node.name] = SetBack(config, state, stamp, _monotonic(stamp))
+            elif self.s.is_leader:
+                self._unmark(node.name)
+
+    def _set_back_over(self, node: str, back: SetBack) -> None:
+        """The set-back of ``node`` is over: unsealed, and its label removed for every leader."""
+        if self.setting_back.get(node) is back:
+            del self.setting_back[node]
+        self._back_done[node] = back.stamp
+        if self.s.is_leader:
+            self._unmark(node)
+
+    def _unmark(self, node: str) -> None:
+        """Remove ``LABEL_MIG_SETTING_BACK`` from ``node``, once at a time (a failure is tried
+        again at the node's next update: ``_marked``)."""
+        if node in self._unmarking:
+            return
+        self._unmarking.add(node)
+
+        async def unmark() -> None:
+            try:
+                error = await self.s.binder.label_node(node, {LABEL_MIG_SETTING_BACK: None})
+            finally:
+                self._unmarking.discard(node)
+            if error:
+                log.warning("set-back label not removed", node=node, label=LABEL_MIG_SETTING_BACK, error=error)
+
+        self.s.spawn(unmark(), f"mig-set-back:{node}")
 
     def note_configs(self, name: str, labels: Mapping[str, Any]) -> None:
         """A node's labels as the watch shows them, read or not: its configuration of ours (or the
@@ -1156,6 +1211,7 @@ class Repartitioner:
         self._forget_ask(name)
         self.left_busy.pop(name, None)
         self.setting_back.pop(name, None)
+        self._back_done.pop(name, None)
         self.hidden.pop(name, None)
         job = self.jobs.get(name)
         if job is not None:

@@ -160,6 +160,10 @@ sets it back again for a day."""
 LABEL_MIG_REQUESTED = "gpusched.io/mig-requested-at"
 """Set with ``nvidia.com/mig.config`` when gpusched asks for a layout: when (Unix seconds), so that
 any leader keeps the node sealed until the instances come or the request times out."""
+LABEL_MIG_SETTING_BACK = "gpusched.io/mig-setting-back-at"
+"""Set with ``nvidia.com/mig.config`` when gpusched labels a node back after a layout (or a
+restore) failed or did not come: when (Unix seconds), so that any leader keeps the node sealed
+until the MIG manager has applied that, since it may reset the GPUs meanwhile."""
 MAX_MIG_SLICES = MAX_GPUS * 7
 """The most instances of one MIG profile a node holds (seven a GPU): ``Node`` refuses more."""
 LABEL_MIG_STRATEGY = "nvidia.com/mig.strategy"
