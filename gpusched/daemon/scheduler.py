@@ -482,6 +482,8 @@ class Scheduler:
             return False, f"the {r.name} watch has failed for {r.failing_for():.0f} s: {r.last_error}"
         if not self.configured.is_set():
             return False, self._not_configured()
+        if self.elector is not None and self.elector.refused:
+            return False, f"cannot take the Lease: {self.elector.refused}"
         if not self._solver_loaded:
             return False, "loading the solver"
         return True, ""

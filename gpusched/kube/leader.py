@@ -81,6 +81,10 @@ class LeaderElector:
         self._lost = False
         """A renewal found the Lease held by another replica: the lead ends at once, not at the
         renew deadline (two leaders would bind onto the same GPUs meanwhile)."""
+        self.refused = ""
+        """Why the API server refused the last request about the Lease (403), with the fix; ""
+        once a write of it is answered (``/readyz`` says so: a replica that can never lead is
+        not ready)."""
 
     async def run(self) -> None:
         """Forever: acquire, renew while possible, step down when not."""
@@ -255,6 +259,10 @@ class LeaderElector:
         }
 
     def _won(self, ok: bool, status: int) -> bool:
+        if ok or status == 409:  # the write was allowed (409: another's came first)
+            if self.refused:
+                log.info("lease requests allowed again", lease=self.name)
+            self.refused = ""
         if ok:
             self.holder = self.identity
             self._observed_at = time.monotonic()
@@ -264,14 +272,15 @@ class LeaderElector:
         return False
 
     def _refused(self, status: int, error: str) -> None:
-        if status == 403:
-            log.warning(
-                "lease request failed",
-                lease=self.name,
-                status=status,
-                error=error,
-                fix=f"the Role in {self.namespace} must grant get and update on the Lease named {self.name} "
-                "(and create on leases); a second gpusched there needs its own --lease-name",
-            )
-        else:
+        if status != 403:
             log.warning("lease request failed", lease=self.name, status=status, error=error)
+            return
+        fix = (
+            f"the Role in {self.namespace} must grant get and update on the Lease named {self.name} "
+            "(and create on leases); a second gpusched there needs its own --lease-name"
+        )
+        said = f"{error}; {fix}"
+        # Refused every retry period until the Role is fixed: said once (and when it changes).
+        emit = log.warning if said != self.refused else log.debug
+        emit("lease request failed", lease=self.name, status=status, error=error, fix=fix)
+        self.refused = said

@@ -7,6 +7,8 @@ import random
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import Counter
 from datetime import UTC, datetime
@@ -566,9 +568,28 @@ def test_a_lease_the_role_does_not_grant_is_logged_with_the_fix(control_plane: C
         line = d.wait_log("lease request failed", where=lambda x: x.get("status") == 403)
         assert "Lease named another-scheduler" in line["fix"]
         assert "--lease-name" in line["fix"]
+        # Refused every retry period: said once, and the replica, which can never lead, is not
+        # ready (a rollout with such a Role stops at the first new pod).
+        deadline = time.monotonic() + 30
+        while (ready := _readyz(d.metrics_port))[0] == 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ready[0] == 503
+        assert ready[1].startswith("not ready: cannot take the Lease: ")
+        assert "--lease-name" in ready[1]
+        time.sleep(2.0)  # four more refusals
+        warned = [x for x in d.events("lease request failed") if x.get("level") == "warning"]
+        assert len(warned) == 1
         assert not d.events("leadership changed")
     finally:
         d.stop()
+
+
+def _readyz(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
 
 async def _metric(port: int, name: str) -> float | None:
