@@ -83,8 +83,9 @@ class LeaderElector:
         renew deadline (two leaders would bind onto the same GPUs meanwhile)."""
         self.refused = ""
         """Why the API server refused the last request about the Lease (403), with the fix; ""
-        once a write of it is answered (``/readyz`` says so: a replica that can never lead is
-        not ready)."""
+        once a write of it is answered, or a read when the read was refused (``/readyz`` says so:
+        a replica that can never lead is not ready)."""
+        self._read_refused = False
 
     async def run(self) -> None:
         """Forever: acquire, renew while possible, step down when not."""
@@ -196,6 +197,9 @@ class LeaderElector:
         now = _micro_now()
         try:
             r = await self.kube.request("GET", self.lease_path)
+            if r.status != 403 and self._read_refused:  # read again: the next write says the rest
+                self._allowed()
+            self._read_refused = r.status == 403
             if r.status == 404:
                 seen = self._observed
                 if (
@@ -260,9 +264,7 @@ class LeaderElector:
 
     def _won(self, ok: bool, status: int) -> bool:
         if ok or status == 409:  # the write was allowed (409: another's came first)
-            if self.refused:
-                log.info("lease requests allowed again", lease=self.name)
-            self.refused = ""
+            self._allowed()
         if ok:
             self.holder = self.identity
             self._observed_at = time.monotonic()
@@ -270,6 +272,11 @@ class LeaderElector:
         if status != 409:
             self._refused(status, "lease write refused")
         return False
+
+    def _allowed(self) -> None:
+        if self.refused:
+            log.info("lease requests allowed again", lease=self.name)
+        self.refused = ""
 
     def _refused(self, status: int, error: str) -> None:
         if status != 403:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import pytest
+from structlog.testing import capture_logs
 
 from gpusched.daemon.settings import default_identity
 from gpusched.kube import leader
@@ -553,3 +554,42 @@ def test_a_release_the_api_server_does_not_answer_is_given_up_by_the_renew_deadl
     virtual_time.run(loop, main())
     assert ended
     assert ended[0] <= 0.6 + 1e-6  # the renew deadline
+
+
+class RefusingApi:
+    """Refuses every request about the Lease (403) while ``refuse`` is set; then shows it held
+    by another replica that keeps renewing it (so this one only reads)."""
+
+    def __init__(self) -> None:
+        self.refuse = True
+
+    async def request(self, method: str, path: str, **_: Any) -> Response:
+        if self.refuse:
+            return Response(403, {"message": 'leases "lease" is forbidden'})
+        renewed = str(asyncio.get_running_loop().time())
+        return Response(200, {"spec": {"holderIdentity": "other", "renewTime": renewed, "leaseDurationSeconds": 15}})
+
+
+def test_a_refused_lease_is_said_once_and_forgotten_once_read(loop: VirtualTimeLoop) -> None:
+    """Refused every retry period: one warning, not one each time, and ``refused`` (what
+    ``/readyz`` gives) holds the fix; once the Role allows reading it, the refusal is over even
+    though this replica, a follower, never writes."""
+    api = RefusingApi()
+    seen: list[str] = []
+
+    async def main() -> None:
+        elector = _elector(api, lambda leader: None)
+        task = asyncio.create_task(elector.run())
+        await asyncio.sleep(1.0)
+        seen.append(elector.refused)
+        api.refuse = False
+        await asyncio.sleep(0.5)
+        seen.append(elector.refused)
+        await _stop(task)
+
+    with capture_logs() as logs:
+        virtual_time.run(loop, main())
+    warned = [e for e in logs if e["event"] == "lease request failed" and e["log_level"] == "warning"]
+    assert len(warned) == 1
+    assert "grant get and update on the Lease named lease" in seen[0]
+    assert seen[1] == ""
