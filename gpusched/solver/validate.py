@@ -125,8 +125,8 @@ def plan_problems(plan: Plan, state: ClusterState, pods: Sequence[Pod] | None = 
 
 
 def _mig_problems(plan: Plan, state: ClusterState, used_gpus: set[tuple[int, int]]) -> list[str]:
-    """Partitions only on idle re-partitionable GPUs, in valid layouts, never used otherwise; MIG
-    pods within the instances free plus those partitioned."""
+    """Partitions only on idle re-partitionable GPUs, in valid layouts, never used otherwise, each
+    for pods of the plan; MIG pods within the instances free plus those partitioned."""
     problems: list[str] = []
     cluster = state.cluster
     free: dict[tuple[int, str], int] = {}
@@ -152,11 +152,20 @@ def _mig_problems(plan: Plan, state: ClusterState, used_gpus: set[tuple[int, int
     for a in plan.assignments:
         if a.pod.mig_profile and 0 <= a.node < len(cluster):
             used[a.node, a.pod.mig_profile] += 1
+    short: set[tuple[int, str]] = set()  # pods of the profile on the node beyond the instances free
     for (n, p), count in used.items():
         col = cluster.mig_id(p)
-        have = (int(state.mig_free[n, col]) if col >= 0 else 0) + free.get((n, p), 0)
+        spare = int(state.mig_free[n, col]) if col >= 0 else 0
+        if count > spare:
+            short.add((n, p))
+        have = spare + free.get((n, p), 0)
         if count > have:
             problems.append(f"{cluster.nodes[n].name}: MIG {p} over-committed ({count} > {have} instances)")
+    # Partitioning a GPU drains its node on a live cluster: only for pods that find no instance
+    # free, of a profile its layout offers.  (Which instance a pod gets is the node's to choose.)
+    for n, g, layout in plan.partitions:
+        if 0 <= n < len(cluster) and not any(c and (n, p) in short for p, c in layout.counts.items()):
+            problems.append(f"{cluster.nodes[n].name}: GPU {g} is partitioned for no pod of the plan")
     return problems
 
 

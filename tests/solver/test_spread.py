@@ -267,3 +267,31 @@ def test_cpsat_with_two_constraints_per_pod_binds_what_it_can_order_and_defers_t
     validate_plan(plans["cpsat"], c.empty_state(), pods)
     assert "FALLBACK" not in plans["cpsat"].stats.status
     assert len(plans["cpsat"].assignments) >= len(plans["fgd"].assignments)
+
+
+def test_pods_deferred_for_want_of_a_bind_order_leave_no_partition_behind() -> None:
+    # MIG replicas spread over zones and nodes: the model's end state may admit no bind order, and
+    # the pods without one wait for the next batch.  The GPUs the model partitioned for them stay
+    # as they are: re-partitioning one drains its node (the MIG manager) for no pod.
+    at = {"n0": ("z0", 2), "n1": ("z1", 1), "n2": ("z0", 2), "n3": ("z0", 1)}
+    c = Cluster(
+        [
+            replace(
+                gpu_node(n, gpus=gpus), gpu_model="A100-SXM4-40GB", mig_repartition=True, labels={"zone": z, "host": n}
+            )
+            for n, (z, gpus) in at.items()
+        ]
+    )
+    a = (Requirement("app", "In", ("a",)),)
+    both = (Spread(1, "zone", a, "default"), Spread(1, "host", a, "default"))
+    profiles = ("3g.20gb", "3g.20gb", "2g.10gb", "3g.20gb", "3g.20gb")
+    pods = [
+        Pod(f"p{i}", 100, 10, mig_profile=p, labels=(("app", "a"),), uid=f"p{i}", spread=both)
+        for i, p in enumerate(profiles)
+    ]
+    params = SolverParams(limits=Limits(time_limit_s=1.0, workers=1))
+    plan = make_policy("cpsat", c, TypicalPods.from_pods(pods), 0, params).place(pods, c.empty_state())
+    validate_plan(plan, c.empty_state(), pods)
+    assert "FALLBACK" not in plan.stats.status
+    placed = {c.nodes[x.node].name for x in plan.assignments}
+    assert {c.nodes[n].name for n, _, _ in plan.partitions} <= placed

@@ -333,5 +333,31 @@ def test_each_wrong_mig_partition_is_reported(
     )
     problems = plan_problems(bad, state, list(pods))
     assert any(message in p for p in problems), problems
-    good = Plan((), (), SolveStats("test"), partitions=((0, 1, MigLayout((("1g.10gb", 0), ("1g.10gb", 1)))),))
+    used = Assignment(Pod("s", 100, 100, mig_profile="1g.10gb"), 0)
+    good = Plan((used,), (), SolveStats("test"), partitions=((0, 1, MigLayout((("1g.10gb", 0), ("1g.10gb", 1)))),))
     assert plan_problems(good, state) == []
+
+
+@pytest.mark.parametrize(
+    ("profiles", "layout", "unused"),
+    [
+        ((), (("1g.10gb", 0), ("1g.10gb", 1)), True),  # no pod at all
+        (("1g.10gb",), (("1g.10gb", 0), ("1g.10gb", 1)), True),  # the pod takes an instance free already
+        (("1g.10gb",) * 3, (("1g.10gb", 0), ("1g.10gb", 1)), False),  # the third takes one of the layout
+        (("1g.10gb",), (("1g.10gb", 0), ("2g.20gb", 2)), True),  # the layout offers the profile, not needed
+        (("2g.20gb",), (("1g.10gb", 0), ("2g.20gb", 2)), False),
+    ],
+)
+def test_a_partition_no_pod_of_the_plan_uses_is_reported(
+    profiles: tuple[str, ...], layout: tuple[tuple[str, int], ...], unused: bool
+) -> None:
+    # Partitioning a GPU drains the node on a live cluster (the MIG manager): a plan partitions
+    # a GPU only for pods of its own that find no instance free.
+    from gpusched.model.mig import MigLayout
+
+    node = Node("a100", 64000, 262144, 2, "A100-SXM4-80GB", mig_repartition=True, mig_slices=(("1g.10gb", 2),))
+    state = Cluster([node]).empty_state()
+    pods = [Pod(f"s{i}", 100, 100, mig_profile=p) for i, p in enumerate(profiles)]
+    plan = Plan(tuple(Assignment(p, 0) for p in pods), (), SolveStats("test"), partitions=((0, 1, MigLayout(layout)),))
+    message = "a100: GPU 1 is partitioned for no pod of the plan"
+    assert (message in plan_problems(plan, state, pods)) == unused, plan_problems(plan, state, pods)
