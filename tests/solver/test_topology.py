@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpusched.model import Assignment, Cluster, ClusterState, Node, Plan, Pod
+from gpusched.model.cluster import Repartition
 from gpusched.model.pod import Gang
 from gpusched.solver.baselines import BestFitPolicy, FgdPolicy
 from gpusched.solver.constraints import capacity, demand, gang, island, mig, whole_gpu
@@ -103,6 +105,35 @@ def test_mig_module_keeps_pods_within_instances_free_or_partitioned() -> None:
     inst = instance([mig_pod(f"p{i}", "1g.10gb", cpu=1000 + i) for i in range(4)], cluster.empty_state())
     assert Solved(inst, [demand, capacity, mig]).placed_pods() == 2
     assert Solved(inst, [demand, capacity]).placed_pods() == 4, "without the mig module all four land"
+
+
+@pytest.mark.parametrize(
+    ("advertised", "held", "repartition"),
+    [
+        (1, [False, False], "idle-gpus"),  # an instance went unhealthy under a running pod
+        (0, [True], "idle-nodes"),  # the MIG manager re-partitions while a pod still terminates
+    ],
+)
+def test_a_node_short_of_the_instances_its_pods_hold_keeps_its_gpus_for_pods_that_go_there(
+    advertised: int, held: list[bool], repartition: Repartition
+) -> None:
+    # Fewer instances of the profile advertised than pods hold: -1 free.  The MIG pod takes an
+    # instance on the other node; nothing binds the short node to partition a GPU, and both its
+    # GPUs go to the whole-GPU pod.
+    short = mig_node("short", gpus=2, slices=[("1g.10gb", advertised)] if advertised else [])
+    spare = mig_node("spare", gpus=0, repartition=False, slices=[("1g.10gb", 2)])
+    state = Cluster([short, spare], repartition=repartition).empty_state()
+    state = state.apply(
+        [Assignment(replace(mig_pod(f"old{i}", "1g.10gb"), terminating=t), 0) for i, t in enumerate(held)]
+    )
+    assert state.mig_free[0, state.cluster.mig_index["1g.10gb"]] == -1
+    pods = [mig_pod("slice", "1g.10gb"), Pod("whole", 1000, 1024, num_gpu=2, gpu_milli=1000)]
+    inst = instance(pods, state)
+    assert Solved(inst, [demand, capacity, mig, whole_gpu]).placed_pods() == 2
+    plan = cpsat(pods, state)
+    assert plan.stats.status == "OPTIMAL"  # the solver's own plan, not the warm start kept
+    assert where(plan) == {"slice": (1, ()), "whole": (0, (0, 1))}
+    assert not plan.partitions
 
 
 def test_partitioned_instances_are_used_by_later_batches() -> None:

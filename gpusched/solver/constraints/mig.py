@@ -2,7 +2,9 @@
 idle re-partitionable GPU.
 
 Per node and profile: pods placed <= free instances + sum over layouts of (instances of the
-profile in the layout) x (idle GPUs partitioned with it).  The GPUs partitioned are counted by
+profile in the layout) x (idle GPUs partitioned with it), where the batch places pods of the
+profile (pods may hold more instances than the node advertises now: fewer than none free, which
+only the pods placed there must make up for).  The GPUs partitioned are counted by
 ``whole_gpu`` with the GPUs whole-GPU pods take, so a GPU is never both; layouts come from the
 GPU model's valid MIG placements (``gpusched.model.mig``), merged where they offer the same
 counts of the profiles the batch asks for.
@@ -43,6 +45,10 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
         profile = inst.groups[c.group].shape.mig_profile
         if profile:
             by_node[c.node][profile].append(ci)
+    hinted: dict[tuple[int, str], int] = defaultdict(int)
+    for a in inst.hint.assignments:
+        if a.pod.mig_profile:
+            hinted[a.node, a.pod.mig_profile] += 1
     for n, per_profile in by_node.items():
         idle = int(state.partitionable_gpus[n])
         layouts = _layouts(inst, n, set(per_profile)) if idle else []
@@ -55,4 +61,11 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars) -> None:
         for profile, cis in per_profile.items():
             col = state.cluster.mig_index[profile]
             offered = sum(lay.counts.get(profile, 0) * v.layout[n, k] for k, lay in enumerate(layouts))
-            model.add(sum(v.x[ci] for ci in cis) <= int(state.mig_free[n, col]) + offered)
+            placed = sum(v.x[ci] for ci in cis)
+            free = int(state.mig_free[n, col])
+            bound = model.add(placed <= free + offered)
+            if free < 0:  # with none placed here, nothing is short: no GPU is partitioned for it
+                there = model.new_bool_var(f"migat{n}_{col}")
+                model.add(placed <= sum(inst.candidates[ci].ub for ci in cis) * there)
+                bound.only_enforce_if(there)
+                model.add_hint(there, int(hinted[n, profile] > 0))  # the warm start's, as ``hint_from_plan``
