@@ -65,7 +65,8 @@ class Vars:
         tuple[cp_model.IntVar, cp_model.IntVar, cp_model.IntVar, tuple[int, ...], tuple[int, ...]],
     ] = field(default_factory=dict)
     """(group a, group b, key, value) -> (pairs of a's and b's pods in that domain, where a
-    preferred term of one selects the other's pods; a's and b's pods there; their candidates there)."""
+    preferred term of one selects the other's pods; a's and b's pods there; their candidates there).
+    With b == a (a group drawn to its own pods), the pairs are the square of its pods there."""
     spread_in: dict[tuple[int, int, int], tuple[cp_model.IntVar, tuple[int, ...]]] = field(default_factory=dict)
     """(group, spread constraint, domain id) -> (the group places pods there, its candidates there)."""
     spread_low: dict[tuple[int, int], tuple[cp_model.IntVar, tuple[tuple[int, tuple[int, ...]], ...]]] = field(

@@ -372,6 +372,41 @@ def test_cpsat_brings_batch_pods_to_the_zone_of_batch_pods_they_prefer_to_be_nea
     assert zones == dict.fromkeys(("web0", "web1", "cache0", "cache1"), "c")
 
 
+@pytest.mark.parametrize("keep_hint", [0, Weights().keep_hint])
+def test_cpsat_keeps_replicas_that_prefer_one_anothers_zone_together(keep_hint: int) -> None:
+    # Four replicas prefer the zone of other pods of their app, and nothing runs yet: kube-scheduler,
+    # placing them one by one, puts them all in the first one's zone (the warm start does too).
+    # The solver, deciding alone (keepHint 0), keeps them together as well.
+    c = Cluster([replace(gpu_node(f"n{i}", gpus=1, cpu=4000), labels={ZONE: "ab"[i % 2]}) for i in range(8)])
+    near = ((100, PodAffinityTerm((Requirement("app", "In", ("a",)),), None, ZONE)),)
+    replicas = [replace(pod(f"r{i}", gpus=1), labels=(("app", "a"),), preferred_together=near) for i in range(4)]
+    params = SolverParams(weights=Weights(keep_hint=keep_hint), limits=Limits(time_limit_s=2.0, workers=1))
+    plan = make_policy("cpsat", c, TypicalPods.from_pods(replicas), 0, params).place(replicas, c.empty_state())
+    validate_plan(plan, c.empty_state(), replicas)
+    assert plan.stats.status == "OPTIMAL"
+    assert [c.nodes[a.node].labels[ZONE] for a in plan.assignments] in (["a"] * 4, ["b"] * 4)
+
+
+@pytest.mark.parametrize("per_point", [100, 10**6])
+def test_replicas_drawn_together_never_keep_out_a_pod_that_fits(per_point: int) -> None:
+    # The two replicas prefer zone a and each other's zone: together there, they would take the
+    # GPUs the third pod may only use there.  However much the wishes weigh, all three are placed.
+    c = Cluster([replace(gpu_node(n, gpus=g), labels={ZONE: z}) for n, g, z in (("a0", 2, "a"), ("b0", 1, "b"))])
+    near = ((100, PodAffinityTerm((Requirement("app", "In", ("r",)),), None, ZONE)),)
+    in_a = ((100, (Requirement(ZONE, "In", ("a",)),)),)
+    replicas = [
+        replace(pod(f"r{i}", gpus=1), labels=(("app", "r"),), preferred_together=near, preferred_nodes=in_a)
+        for i in range(2)
+    ]
+    only_a = replace(pod("w", gpus=1), node_selector=((Requirement(ZONE, "In", ("a",)),),))
+    batch = [*replicas, only_a]
+    weights = Weights(keep_hint=0, preferred_affinity=per_point)
+    params = SolverParams(weights=weights, limits=Limits(time_limit_s=1.0, workers=1))
+    plan = make_policy("cpsat", c, TypicalPods.from_pods(batch), 0, params).place(batch, c.empty_state())
+    validate_plan(plan, c.empty_state(), batch)
+    assert not plan.unplaced, plan.stats
+
+
 def test_a_pair_of_groups_is_scored_in_all_its_shared_domains_or_none(monkeypatch: pytest.MonkeyPatch) -> None:
     # Room for one domain only: scoring zone a alone would pull the cache pods out of zone c.
     monkeypatch.setattr(preference, "CROSS_DOMAINS", 1)

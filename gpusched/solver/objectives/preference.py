@@ -7,9 +7,10 @@ normalises NodeAffinity and InterPodAffinity scores to 0..100 per pod).  Preferr
 anti-affinity is counted in full, not normalised: a pod pays the term's weight per pod it
 selects in the node's domain, whether that pod runs already or comes in the same batch (then
 per pair sharing a domain: replicas of one group, or a pod with the term and one it selects;
-a batch pod's affinity term earns its weight per such pair too).  So six replicas spread
-2/2/2 over three empty domains rather than 4/1/1, and stay out of a domain ten of them already
-crowd, as kube-scheduler, placing them one by one, would.
+a batch pod's affinity term earns per such pair too, replicas' to one another included).  So
+six replicas spread 2/2/2 over three empty domains rather than 4/1/1, and stay out of a domain
+ten of them already crowd, as kube-scheduler, placing them one by one, would; replicas that
+prefer one another's zone share one.
 
 In the work-conserving mode no wish keeps out a pod that fits: ``placed.placement_first``
 weighs one pod placed above the batch's whole ``swing``.
@@ -59,7 +60,12 @@ def _cross(inst: Instance) -> dict[tuple[int, int, str], int]:
     (positive keeps apart, negative draws together; pairs that cancel out are left out).
     Anti-affinity counts its weight in full, as kube-scheduler charges the pod placed later for
     both pods' terms; affinity earns ``POINTS / |other group|`` per pair, so that a pod whose
-    partners all join its domain earns the ``POINTS`` that its normalised score would."""
+    partners all join its domain earns the ``POINTS`` that its normalised score would.
+
+    And (group a, a, key): per ordered pair of its own pods sharing a domain, the points of its
+    preferred affinity terms that select its own pods, ``POINTS / (|group| - 1)`` each: a pod
+    whose partners, the others, all join its domain earns ``POINTS``, and each pod of a pair earns
+    for its own term (as ``_self_terms`` charges anti-affinity to its own pods twice per pair)."""
     selected: dict[int, list[int]] = defaultdict(list)  # batch term -> the groups it selects
     for b, gb in enumerate(inst.groups):
         for ti in gb.wished_by:
@@ -72,6 +78,8 @@ def _cross(inst: Instance) -> dict[tuple[int, int, str], int]:
                 if b != a:
                     points = weight if weight > 0 else -max(1, POINTS // len(inst.groups[b].pods))
                     out[min(a, b), max(a, b), term.topology_key] += points
+                elif weight < 0 and len(ga.pods) > 1:  # replicas drawn to one another
+                    out[a, a, term.topology_key] -= max(1, POINTS // (len(ga.pods) - 1))
     return {k: w for k, w in out.items() if w}
 
 
@@ -93,7 +101,7 @@ def swing(inst: Instance) -> int:
     """The most the batch's preferences can add up to, in points: each pod's full node-level
     range (its normalised score, and the anti-affinity weight of the pods already there), every
     pair of replicas sharing a domain, and every pair of pods of two groups whose terms weigh each
-    other."""
+    other (of one group, when its terms draw its pods to one another)."""
     by_group: dict[int, list[int]] = defaultdict(list)
     for ci, c in enumerate(inst.candidates):
         by_group[c.group].append(ci)
@@ -105,7 +113,8 @@ def swing(inst: Instance) -> int:
             reach = max([*points, 0]) - min([*points, 0])  # an unplaced pod scores 0
             total += n * max(reach, POINTS) + sum(w for _, w in _self_terms(inst, gi)) * n * (n - 1) // 2
     for (a, b, _), weight in _cross(inst).items():
-        total += abs(weight) * len(inst.groups[a].pods) * len(inst.groups[b].pods)
+        n = len(inst.groups[a].pods)
+        total += abs(weight) * n * (len(inst.groups[b].pods) if b != a else n - 1)
     return total
 
 
@@ -150,7 +159,7 @@ def stake(inst: Instance, w: Weights) -> int:
 
 def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_model.LinearExprT:
     """preferred_affinity * (normalised node points - weight per pair sharing a domain: replicas
-    of one group, or pods of two groups whose terms weigh each other)."""
+    of one group, or pods of two groups whose terms weigh each other, or replicas drawn together)."""
     if not w.preferred_affinity:
         return 0
     cl = inst.state.cluster
@@ -187,7 +196,8 @@ def build(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> cp_mo
 def _cross_terms(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -> list[cp_model.LinearExprT]:
     """Per pair of groups whose preferred terms weigh each other, and per domain both may use: the
     product of their pod counts there, at the terms' summed weight (a penalty for anti-affinity,
-    a reward for affinity), as kube-scheduler, placing the later pod, would score the pair."""
+    a reward for affinity), as kube-scheduler, placing the later pod, would score the pair.  A
+    group drawn to its own pods: the square of its count there less the count (its ordered pairs)."""
     cl = inst.state.cluster
     out: list[cp_model.LinearExprT] = []
     budget = CROSS_DOMAINS
@@ -222,5 +232,5 @@ def _cross_terms(inst: Instance, model: cp_model.CpModel, v: Vars, w: Weights) -
             pairs = model.new_int_var(0, most_a * most_b, f"xp{a}_{b}_{value}")
             model.add_multiplication_equality(pairs, [ka, kb])
             v.cross_pairs[a, b, key, value] = (pairs, ka, kb, tuple(mine[value]), tuple(theirs[value]))
-            out.append(-w.preferred_affinity * weighed[a, b, key] * pairs)
+            out.append(-w.preferred_affinity * weighed[a, b, key] * (pairs if b != a else pairs - ka))
     return out
