@@ -16,14 +16,13 @@ from gpusched.model import GPU_MILLI, Assignment, Cluster, ClusterState, Node, P
 from gpusched.model.affinity import NodeSelector, PodAffinityTerm, Preference, Requirement, Spread
 from gpusched.model.node import Taint
 from gpusched.model.pod import Gang, Toleration
-from gpusched.solver.baselines import FgdPolicy
 from gpusched.solver.explain import explain
-from gpusched.solver.fragmentation import FragScorer, TypicalPods
+from gpusched.solver.fragmentation import TypicalPods
 from gpusched.solver.instance import Group, build_instance
 from gpusched.solver.model import build_model, hint_from_plan
 from gpusched.solver.params import Limits, SolverParams
 from gpusched.solver.registry import POLICIES, make_policy
-from gpusched.solver.solve import cp_solver
+from gpusched.solver.solve import CpSatPolicy, cp_solver
 from gpusched.solver.validate import peer_problems, plan_problems, validate_plan
 
 T = TypeVar("T")
@@ -289,13 +288,14 @@ def _follows_a_follower(groups: Sequence[Group], terms: Sequence[PodAffinityTerm
 
 
 def hinted_model_solves(pods: tuple[Pod, ...], state: ClusterState, typical: TypicalPods, seed: int) -> float | None:
-    """Objective of the FGD warm start as a complete hint with every variable fixed to it (None when
-    nothing fits); fails when the hint leaves a variable out or violates the model."""
-    scorer = FragScorer(state.cluster, typical)
-    greedy = FgdPolicy(state.cluster, typical, seed)
-    greedy.scorer = scorer
-    hint = greedy.place(pods, state)
-    inst = build_instance(pods, state, scorer, hint, FAST.limits.candidates_per_pod)
+    """Objective of the CP-SAT policy's own warm start (FGD) as a complete hint with every
+    variable fixed to it (None when nothing fits); fails when the hint leaves a variable out or
+    violates the model.  The very warm start ``run("cpsat", ...)`` starts from: the model
+    rewards keeping it (``keepHint``), so another would be scored by another objective."""
+    policy = make_policy("cpsat", state.cluster, typical, seed, FAST)
+    assert isinstance(policy, CpSatPolicy)
+    hint = policy._greedy(pods, state)
+    inst = build_instance(pods, state, policy.greedy.scorer, hint, FAST.limits.candidates_per_pod)
     if not inst.candidates:
         return None
     model, v = build_model(inst, FAST.weights)
