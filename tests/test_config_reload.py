@@ -305,3 +305,14 @@ async def test_a_replica_does_not_try_for_the_lead_before_every_watch_has_listed
         stuck.synced.set()
         await asyncio.wait_for(task, 5)
     assert tried == [True]
+
+
+async def test_no_weights_are_exported_as_in_force_before_the_configmaps_document() -> None:
+    """While a replica waits for its ConfigMap nothing is in force (no batch, not ready): the
+    built-in defaults are not exported as the weights; the document's are, once accepted."""
+    s, _ = _scheduler()
+    assert _sample(s, "gpusched_solver_weight", term="placedGpu") is None
+    _edit(s, "weights:\n  placedGpu: 2000\n", "2")
+    assert _sample(s, "gpusched_solver_weight", term="placedGpu") == 2000
+    follows_a_file, _ = _scheduler(follow=False)
+    assert _sample(follows_a_file, "gpusched_solver_weight", term="placedGpu") == 1000

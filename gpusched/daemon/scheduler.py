@@ -256,7 +256,8 @@ class Scheduler:
         placed and the Lease is not tried for: not the built-in defaults in its place."""
         if not settings.config_map:
             self.configured.set()
-        else:
+        else:  # no weights in force until the ConfigMap's document is accepted
+            self.metrics.clear_weights()
             self.config_handler = ConfigMapHandler(
                 settings.namespace,
                 settings.config_map,

@@ -464,6 +464,11 @@ class SchedulerMetrics:
         """Count one configuration reload, accepted (``ok``) or rejected."""
         self._config_reloads.labels(result="ok" if ok else "rejected").inc()
 
+    def clear_weights(self) -> None:
+        """No ``gpusched_solver_weight`` series: no weights are in force (the ConfigMap's
+        document is not read or not valid yet), not the built-in defaults."""
+        self._weights.clear()
+
     def set_weights(self, weights: Mapping[str, float]) -> None:
         """Publish the objective weights in force (``gpusched_solver_weight{term}``)."""
         for term, value in weights.items():
