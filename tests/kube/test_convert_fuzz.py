@@ -229,6 +229,7 @@ NODE_LABELS = [
     "gpusched.io/mig-requested-at",
     "gpusched.io/mig-previous",
     "gpusched.io/mig-restore-failed-at",
+    "gpusched.io/mig-setting-back-at",
     "nvidia.com/gpu.clique",
     "topology.kubernetes.io/zone",
     "rack",
