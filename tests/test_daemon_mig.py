@@ -2155,3 +2155,150 @@ async def test_mig_pods_waiting_look_again_as_soon_as_repartitioning_is_turned_o
     await batch(s)  # drawn within the test's wait, not after the minute's flush
     assert [n for n, _ in api.labelled] == ["n"]
     stop(s)
+
+
+def with_cpu(obj: dict[str, Any], cpu: str) -> dict[str, Any]:
+    """``obj`` asking for ``cpu`` CPUs."""
+    obj["spec"]["containers"][0]["resources"]["limits"]["cpu"] = cpu
+    return obj
+
+
+def cpu_node(name: str, cpu: str, **labels: str) -> dict[str, Any]:
+    """A node with one whole A100 that may be re-partitioned, and ``cpu`` CPUs."""
+    return kit.node(name, 1, A100, cpu=cpu, **{"gpusched.io/mig-repartition": "true", **labels})
+
+
+def laid_out(name: str, cpu: str, asked: dict[str, str | None]) -> dict[str, Any]:
+    """``cpu_node`` once the MIG manager applied the layout labelled ``asked``: 7 x 1g.10gb."""
+    obj = cpu_node(name, cpu, **{k: str(v) for k, v in asked.items()}, **{LABEL_STATE: "success"})
+    for st in ("capacity", "allocatable"):
+        obj["status"][st] = {**obj["status"][st], "nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "7"}
+    return obj
+
+
+async def test_a_mig_pod_joins_a_layout_only_if_it_fits_beside_the_pods_waiting_for_it() -> None:
+    # 6 + 6 CPUs on an 8-CPU node: promised both, the node takes one once its layout comes, and
+    # the other waited a whole re-partition for nothing before a second node is re-partitioned.
+    api = MigApi()
+    s = scheduler(api)
+    NodeHandler(s).apply("ADDED", cpu_node("n", "8"))
+    s._pending.apply("ADDED", with_cpu(pod("first", mig="1g.10gb"), "6"))
+    await batch(s)
+    job = s.mig.jobs["n"]
+    ((_, asked),) = api.labelled
+    NodeHandler(s).apply("MODIFIED", cpu_node("n", "8", **{k: str(v) for k, v in asked.items()}))
+    s._pending.apply("ADDED", with_cpu(pod("second", mig="1g.10gb"), "6"))
+    await batch(s)
+    assert sorted(job.pods) == ["default/first"], "promised an instance on a node without the CPUs for it"
+    assert not any("Waiting for node n" in m for m in api.failed("default/second")), api.failed("default/second")
+    # Another node comes, and n's layout: first lands on n, second waits for the new node's.
+    NodeHandler(s).apply("ADDED", cpu_node("m", "8"))
+    await batch(s)
+    assert list(s.mig.jobs) == ["n", "m"], s.mig.jobs
+    assert sorted(s.mig.jobs["m"].pods) == ["default/second"]
+    NodeHandler(s).apply("MODIFIED", laid_out("n", "8", asked))
+    await batch(s)
+    stop(s)
+    assert api.bound_to == {"default/first": "n"}
+    assert "Waiting for node m" in api.failed("default/second")[-1]
+
+
+async def test_no_cpu_pod_takes_the_room_a_mig_pod_waits_for_on_a_node_being_repartitioned() -> None:
+    # A node being re-partitioned is closed to GPU pods only: a CPU pod bound there meanwhile
+    # left the MIG pod "Insufficient cpu" once its layout came, and the node idle with 7 instances.
+    api = MigApi()
+    s = scheduler(api)
+    NodeHandler(s).apply("ADDED", cpu_node("n", "8"))
+    s._pending.apply("ADDED", with_cpu(pod("first", mig="1g.10gb"), "6"))
+    await batch(s)
+    ((_, asked),) = api.labelled
+    NodeHandler(s).apply("MODIFIED", cpu_node("n", "8", **{k: str(v) for k, v in asked.items()}))
+    s._pending.apply("ADDED", with_cpu(pod("cpu"), "4"))
+    await batch(s)
+    assert "default/cpu" not in api.bound_to, "bound to the CPUs the MIG pod waits to take there"
+    NodeHandler(s).apply("MODIFIED", laid_out("n", "8", asked))
+    await batch(s)
+    stop(s)
+    assert api.bound_to == {"default/first": "n"}, api.failed("default/first")[-1:]
+
+
+async def test_no_pod_takes_the_host_port_of_a_mig_pod_waiting_for_its_layout_nor_breaks_its_anti_affinity() -> None:
+    wrong = []
+    for conflict in ("a host port", "its anti-affinity", "theirs", "none"):
+        api = MigApi()
+        s = scheduler(api)
+        add_node(s, "n", 1)
+        first = pod("first", mig="1g.10gb")
+        first["metadata"]["labels"] = {"app": "first"}
+        other = pod("other")  # a CPU pod: a node being re-partitioned takes it
+        other["metadata"]["labels"] = {"app": "other"}
+        if conflict == "a host port":
+            on_port(first, 8080)
+            on_port(other, 8080)
+        elif conflict == "its anti-affinity":
+            apart_from(first, "other")
+        elif conflict == "theirs":
+            apart_from(other, "first")
+        s._pending.apply("ADDED", first)
+        await batch(s)
+        assert list(s.mig.jobs) == ["n"]
+        s._pending.apply("ADDED", other)
+        await batch(s)
+        if (api.bound_to.get("default/other") == "n") != (conflict == "none"):
+            wrong.append(conflict)
+        stop(s)
+    assert not wrong, f"placed as if the MIG pod waiting for the node were not there: {wrong}"
+
+
+async def test_gang_members_waiting_beside_a_layout_hold_their_room_on_the_node_planned_for_them() -> None:
+    api = MigApi()
+    s = scheduler(api)
+    NodeHandler(s).apply("ADDED", cpu_node("n", "2"))  # re-partitioned for g0
+    NodeHandler(s).apply("ADDED", kit.node("w", 0, A100, cpu="8"))  # g1's CPUs
+    s._pending.apply("ADDED", pod("g0", mig="1g.10gb", gang="g"))
+    s._pending.apply("ADDED", with_cpu(pod("g1", gang="g"), "6"))
+    await batch(s)
+    assert s.mig.jobs["n"].beside["default/g1"][1] == "w", s.mig.jobs
+    s._pending.apply("ADDED", with_cpu(pod("cpu"), "4"))
+    await batch(s)
+    stop(s)
+    assert "default/cpu" not in api.bound_to, "bound to the CPUs a gang member waits to take there"
+
+
+async def _cpu_pod_after_the_wait(end: str) -> list[str]:
+    """A MIG pod waits for node n's layout, with 6 of its 8 CPUs; a 4-CPU pod finds no room there.
+    Then the wait ends (``end``): what the CPU pod was told last, unless it is bound to n."""
+    api = HookEventApi()
+    s = scheduler(api)
+
+    def expire_soon() -> None:  # the timeout, 1 s from now rather than 600 s
+        api.after_event = None
+        s.mig.jobs["n"].asked -= float(s.config.mig.timeout_seconds) - 1.0
+
+    if end == "timeout":
+        api.after_event = expire_soon
+    NodeHandler(s).apply("ADDED", cpu_node("n", "8"))
+    first = with_cpu(pod("first", mig="1g.10gb"), "6")
+    s._pending.apply("ADDED", first)
+    await batch(s)
+    ((_, asked),) = api.labelled
+    labels = {k: str(v) for k, v in asked.items()}
+    NodeHandler(s).apply("MODIFIED", cpu_node("n", "8", **labels))
+    s._pending.apply("ADDED", with_cpu(pod("cpu"), "4"))
+    await batch(s)
+    assert "default/cpu" not in api.bound_to, end
+    if end == "failed":
+        NodeHandler(s).apply("MODIFIED", cpu_node("n", "8", **labels, **{LABEL_STATE: "failed"}))
+    elif end == "timeout":
+        await until(lambda: "n" not in s.mig.jobs, "the layout timed out")
+    else:
+        s._pending.apply("DELETED", first)
+    await batch(s)
+    stop(s)
+    return [] if api.bound_to.get("default/cpu") == "n" else api.failed("default/cpu")[-1:]
+
+
+async def test_the_room_a_mig_pod_waits_with_is_free_once_its_layout_fails_or_times_out_or_it_is_gone() -> None:
+    # (A CPU pod: a node being set back after its layout failed or timed out takes it.)
+    wrong = {end: told for end in ("failed", "timeout", "deleted") if (told := await _cpu_pod_after_the_wait(end))}
+    assert not wrong, f"the room stayed held after the wait was over: {wrong}"

@@ -367,6 +367,8 @@ class PendingHandler:
             self.s.give_up_room(key)
             if self.s.rooms.kept:  # the rest of its gang may hold room no longer
                 self.s.rooms.expire_kept(members=False)
+        if self.s.mig.book():  # it waited for a MIG layout: the room held for it is free
+            self.s.queue.move_all()
         self.s.grouped_pending.pop(key, None)
         self.s.forget_ungrouped(key)
 

@@ -68,7 +68,8 @@ class Repartition:
     config: str
     """The ``nvidia.com/mig.config`` value asked for."""
     pods: dict[str, Pod]
-    """The pods waiting for its instances, by key."""
+    """The pods waiting for its instances, by key: their room on the node is held meanwhile
+    (``Repartitioner.book``)."""
     layouts: tuple[tuple[int, MigLayout], ...] = ()
     """The layouts asked for, by GPU index (none: set back to whole GPUs): their instances not
     promised yet are offered to later batches, whose MIG pods then wait with these."""
@@ -84,7 +85,7 @@ class Repartition:
     else's word (before, the old one may just be the watch running behind)."""
     beside: dict[str, tuple[str, str]] = field(default_factory=dict)
     """Members of gangs with a member among ``pods``, waiting with them: key -> (UID, the node
-    the plan put them on)."""
+    the plan put them on, where their room is held meanwhile)."""
     before: str = ""
     """The node's ``nvidia.com/mig.config`` before it was labelled."""
     serves: frozenset[str] = frozenset()
@@ -272,6 +273,27 @@ class Repartitioner:
         out.update({(k, p.uid): node for node, job in self.jobs.items() for k, p in job.pods.items()})
         return out
 
+    def book(self) -> bool:
+        """Hold room on the books (``Cache.hold_for_layouts``) for the pods waiting for a layout
+        asked for, each on the node it is asked for, and for the gang members waiting beside
+        them, each on the node the plan put it on; as they are pending now.  A node being
+        re-partitioned is sealed to GPU pods only: with no room held, a CPU pod bound there
+        meanwhile, or a MIG pod that joins the layout (``coming``), could take the CPU, memory,
+        pod slot or host port a waiting pod needs there, or keep it out by anti-affinity, and the
+        layout would come for a pod that no longer fits.  Called whenever the jobs or their pods
+        change: the room lasts as long as the job (done, its pods are placed as any other;
+        failed or withdrawn, the room is free again), and none is held for a pod on the books.
+        Whether what is held changed."""
+        waits: dict[str, tuple[Pod, str]] = {}
+        for node, job in self.jobs.items():
+            wanted = [(k, uid, planned) for k, (uid, planned) in job.beside.items()]
+            wanted += [(k, p.uid, node) for k, p in job.pods.items()]
+            for key, uid, where in wanted:
+                rec = self.s.queue.record(key)
+                if rec is not None and self.s.queue.current(key, uid):
+                    waits[key] = (rec.pod, where)
+        return self.s.cache.hold_for_layouts(waits)
+
     def repartition(
         self,
         plan: Plan,
@@ -386,7 +408,8 @@ class Repartitioner:
 
     def coming(self) -> dict[str, Coming]:
         """The MIG instances of the layouts asked for and not promised yet, by node: a batch may
-        place MIG pods on them, to wait with the others (``join``)."""
+        place MIG pods on them, to wait with the others (``join``) where they fit beside those
+        (whose room is held: ``book``)."""
         return {
             node: (job.layouts, Counter(p.mig_profile for k, p in job.pods.items() if self.s.queue.current(k, p.uid)))
             for node, job in self.jobs.items()
@@ -519,6 +542,7 @@ class Repartitioner:
         the node for nobody."""
         job.pods = {k: p for k, p in job.pods.items() if self.s.queue.current(k, p.uid)}
         job.beside = {k: v for k, v in job.beside.items() if self.s.queue.current(k, v[0])}
+        self.book()
         return bool(job.pods or job.beside)
 
     def _clear(self, node: str, previous: bool = False) -> None:
@@ -1223,6 +1247,7 @@ class Repartitioner:
         if self.jobs.get(node) is not job:
             return
         del self.jobs[node]
+        self.book()  # the room held for its pods is given up: drawn again, they take what a batch gives them
         if not result or not self.s.is_leader:
             log.info("mig repartition left to the next leader", node=node, config=job.config)
             return

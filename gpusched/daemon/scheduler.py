@@ -799,6 +799,7 @@ class Scheduler:
         self.mig.expire_asks()
         if self.rooms.kept:
             self.rooms.expire_kept()
+        self.mig.book()  # as the pods waiting for a layout are now (deleted, resized): held room for this batch
         aside = self.mig.set_aside()
         for r in batch:
             if not r.error and (r.key, r.uid) in aside:  # told already; back once the layout is done
@@ -1075,6 +1076,7 @@ class Scheduler:
                 self.tell_unschedulable(p, f"{waits}; {rule}", "Gang", layout=True)
             else:  # the layout could not be asked for: solved again
                 self.queue.backoff(p.key)
+        self.mig.book()  # the pods now waiting for a layout, or beside one, hold their room from now on
         members = Counter(p.gang.name for p in pods if p.gang is not None)
         preempting: list[tuple[Pod, Explanation]] = []
         never: list[tuple[Pod, Explanation, ClusterState]] = []  # pods left out that may not preempt

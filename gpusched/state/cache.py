@@ -225,6 +225,12 @@ def _request(p: Pod) -> tuple[object, ...]:
     )
 
 
+def _same_wait(a: tuple[Pod, str], b: tuple[Pod, str] | None) -> bool:
+    """Whether a pod waiting for a MIG layout is held for as before: the same pod (as it asks
+    now: one resized in place holds what it asks now), on the same node."""
+    return b is not None and a[1] == b[1] and a[0] == b[0]
+
+
 def _standing(p: Pod) -> tuple[object, ...]:
     """What of a running pod may change without changing what it holds (``_request``)."""
     return (p.started, p.movable, p.owner, p.preempted)
@@ -255,6 +261,9 @@ class Cache:
         self._nominated: dict[str, _Nomination] = {}
         """Pods that preempted others, by key: what each will take is counted on its node, so
         that no other pod takes the room its victims leave."""
+        self._waiting: dict[str, tuple[Pod, str]] = {}
+        """Pods waiting for a MIG layout asked for, by key, with the node each waits on
+        (``hold_for_layouts``): all they take there but GPUs and MIG instances is counted on it."""
         self._gpu: IntArray = np.zeros((0, 1), dtype=np.int64)
         self._told_overbooked: frozenset[tuple[str, int]] = frozenset()
         self._guessed: dict[str, dict[str, _Held]] = {}
@@ -419,6 +428,7 @@ class Cache:
             self._held[r.key] = _Held(r.pod, r.node_name, gpus, False, r.gpu_indices)
         for k, h in kept.items():
             self._held.setdefault(k, h)
+        self._waiting = {k: w for k, w in self._waiting.items() if k not in self._held}  # (as ``_add`` does)
         return sorted(unseen)
 
     def assume(self, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
@@ -720,6 +730,34 @@ class Cache:
         """Keys of the pods whose room waits for ``victim`` (this UID) to leave."""
         return [k for k, n in self._nominated.items() if (victim.key, victim.uid) in n.victims]
 
+    def hold_for_layouts(self, waits: Mapping[str, tuple[Pod, str]]) -> bool:
+        """Hold room for the pods waiting for MIG layouts asked for (key -> the pod, as it is
+        pending now, and the node it waits on: the node re-partitioned for it, or for a gang's
+        member beside it the node the plan put it on), instead of those it was held for so far:
+        other pods are placed as if they were there.  Their CPU, memory, ephemeral storage, pod
+        slot, host ports and pod (anti-)affinity count on that node, as for a pod on the books, so
+        no pod placed meanwhile (a MIG pod that joins the layout, a CPU pod while the node is
+        sealed) takes what they need there once the layout comes; not their GPUs nor MIG
+        instances, which the layout brings (its instances are counted as promised: ``coming`` of
+        ``snapshot``).  None is held for a pod of the name on the books (bound, or being bound),
+        which holds its own; one that is bound gives its room up (``_add``).  True when what is
+        held changed."""
+        wanted = {k: w for k, w in waits.items() if k not in self._held}
+        gone = [k for k, w in self._waiting.items() if not _same_wait(w, wanted.get(k))]
+        new = [k for k, w in wanted.items() if not _same_wait(w, self._waiting.get(k))]
+        if not gone and not new:
+            return False
+        for k in gone:
+            wait = self._waiting.pop(k)
+            if self._cluster is not None:
+                self._count_wait(*wait, -1)
+        for k in new:
+            self._waiting[k] = wanted[k]
+            if self._cluster is not None:
+                self._count_wait(*wanted[k], 1)
+        self.generation += 1
+        return True
+
     def rooms(self) -> list[Room]:
         """Every room held, with the pods it waits for."""
         cluster = self._ensure_cluster()
@@ -922,9 +960,14 @@ class Cache:
                 self._account(held, 1)
             for nomination in self._nominated.values():
                 self._account(nomination.held, 1)
+            for pod, node in self._waiting.values():
+                self._count_wait(pod, node, 1)
         return self._cluster
 
     def _add(self, key: str, held: _Held) -> None:
+        wait = self._waiting.pop(key, None)
+        if wait is not None and self._cluster is not None:  # on the books: it holds its own room now
+            self._count_wait(*wait, -1)
         self._held[key] = held
         self.generation += 1
         if self._cluster is not None:
@@ -947,6 +990,25 @@ class Cache:
         pod = held.pod
         if sign > 0:
             held.gpus = self._pick_gpus(i, pod, held.wanted, held.gpus)
+        self._count_host_room(i, pod, sign)
+        for g in held.gpus:
+            self._gpu[i, g] += sign * pod.gpu_milli
+        if held.gpus:
+            if held.wanted != held.gpus:
+                self._note_guess(held, sign)
+            elif sign > 0 and self._guessed.get(held.node):  # (none yet as the books are rebuilt)
+                self._make_way(i, held)
+        if pod.num_gpu:
+            col = 0 if pod.is_fractional else min(pod.num_gpu, self._cluster.max_gpus)
+            self._kinds[i, col] += sign
+        for profile, count in pod.mig_slices:  # all it holds: a pod another scheduler bound may hold several
+            if (m := self._cluster.mig_id(profile)) >= 0:
+                self._mig[i, m] += sign * count
+
+    def _count_host_room(self, i: int, pod: Pod, sign: int) -> None:
+        """Count (``sign`` 1) or take off what ``pod`` takes on node ``i`` but GPUs and MIG
+        instances: CPU, memory, ephemeral storage, a pod slot, its host ports, and its place among
+        the pods that pod (anti-)affinity and spread constraints weigh there."""
         self._cpu[i] += sign * pod.cpu_milli
         self._mem[i] += sign * pod.memory_mib
         self._storage[i] += sign * pod.storage_mib
@@ -965,19 +1027,13 @@ class Cache:
             else:
                 del self._residents[i]
                 self._resident_view.pop(i, None)
-        for g in held.gpus:
-            self._gpu[i, g] += sign * pod.gpu_milli
-        if held.gpus:
-            if held.wanted != held.gpus:
-                self._note_guess(held, sign)
-            elif sign > 0 and self._guessed.get(held.node):  # (none yet as the books are rebuilt)
-                self._make_way(i, held)
-        if pod.num_gpu:
-            col = 0 if pod.is_fractional else min(pod.num_gpu, self._cluster.max_gpus)
-            self._kinds[i, col] += sign
-        for profile, count in pod.mig_slices:  # all it holds: a pod another scheduler bound may hold several
-            if (m := self._cluster.mig_id(profile)) >= 0:
-                self._mig[i, m] += sign * count
+
+    def _count_wait(self, pod: Pod, node: str, sign: int) -> None:
+        """Count (``sign`` 1) or take off a pod waiting for a MIG layout on ``node``
+        (``hold_for_layouts``)."""
+        assert self._cluster is not None
+        if (i := self._cluster.index.get(node)) is not None:  # node unknown: nothing to count against
+            self._count_host_room(i, pod, sign)
 
     def _note_guess(self, held: _Held, sign: int) -> None:
         """Keep ``_guessed`` for ``held``, counted on guessed GPUs, just counted (``sign`` 1) or

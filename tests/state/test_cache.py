@@ -543,6 +543,48 @@ def test_held_room_is_given_up_on_request_and_all_at_once_on_step_down() -> None
     assert c.nomination("default/u1") is None
 
 
+def test_room_held_for_pods_waiting_for_a_mig_layout_counts_all_but_their_instances_once() -> None:
+    mig = Node("m", 8000, 65536, gpu_count=1, gpu_model="A100-SXM4-80GB", mig_slices=(("1g.10gb", 7),))
+    c = cache_with(NodeRecord(mig), NodeRecord(gpu_node("w", gpus=1)))
+    first = replace(pod("first", cpu=6000), uid="f", mig_profile="1g.10gb", host_ports=frozenset({"TCP/8080"}))
+    member = replace(pod("member", cpu=2000, gpus=1), uid="g", labels=(("app", "g"),))
+    assert c.hold_for_layouts({first.key: (first, "m"), member.key: (member, "w")})
+    assert not c.hold_for_layouts({first.key: (first, "m"), member.key: (member, "w")})  # as held already
+
+    def held() -> tuple[list[int], list[int], int, list[int], object, object]:
+        st = c.snapshot().state
+        assert st.mig_used is not None
+        return (
+            st.cpu_used.tolist(),
+            st.mem_used.tolist(),
+            int(st.mig_used.sum()),
+            st.gpu_used.sum(axis=1).tolist(),
+            dict(st.ports_used),
+            {i: [p.name for p in ps] for i, ps in st.residents.items()},
+        )
+
+    # Their CPU, memory, host ports and place for (anti-)affinity; no GPU, no instance (the
+    # layout's instances are promised to them apart).
+    want = ([6000, 2000], [1024, 1024], 0, [0, 0], {0: frozenset({"TCP/8080"})}, {0: ["first"], 1: ["member"]})
+    assert held() == want
+    assert c.upsert_node(NodeRecord(gpu_node("x", gpus=1)))  # the books rebuilt: still held
+    assert held()[:2] == ([6000, 2000, 0], [1024, 1024, 0])
+    # Bound: the pod on the books holds its own room, counted once; not held for again.
+    c.observe_pod(bound(first, "m"))
+    assert not c.hold_for_layouts({first.key: (first, "m"), member.key: (member, "w")})
+    assert held()[0] == [6000, 2000, 0]
+    assert held()[2] == 1
+    c.assume(member, "w", (0,))
+    assert held()[0] == [6000, 2000, 0]
+    assert held()[3] == [0, 1000, 0]
+    c.forget(member.key)
+    c.delete_pod(first.key, "f")
+    # The wait is over (the layout came, failed or timed out): nothing held any more.
+    assert c.hold_for_layouts({member.key: (member, "w")})
+    assert c.hold_for_layouts({})
+    assert held() == ([0, 0, 0], [0, 0, 0], 0, [0, 0, 0], {}, {})
+
+
 def test_busy_gpus_count_as_full_in_the_snapshot_only() -> None:
     from gpusched.model import Node
 
