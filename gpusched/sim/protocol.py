@@ -56,6 +56,8 @@ def prepare_workload(pods: Sequence[Pod], total_gpus: int, *, seed: int, tune: f
             demand -= sum(q.gpu_demand_milli for q in keep if q.gang is not None and q.gang.name == gang.name)
             keep = [q for q in keep if q.gang is None or q.gang.name != gang.name]
         return keep
+    if demand == target:  # as the reference: tuned already, nothing appended
+        return ordered
     if demand == 0:
         raise ValueError("no pod requests a GPU, so the workload cannot be tuned to GPU capacity")
     # Resample with replacement from the name-sorted trace and append, unshuffled.
@@ -67,6 +69,7 @@ def prepare_workload(pods: Sequence[Pod], total_gpus: int, *, seed: int, tune: f
         if p.gang is not None:
             members.setdefault(p.gang.name, []).append(p)
     out = list(ordered)
+    taken = {p.name for p in pods} | set(members)  # pods' and gangs' names: a copy takes neither
     copy = 0
     while True:
         pick = by_name[rng.randrange(len(by_name))]
@@ -75,14 +78,26 @@ def prepare_workload(pods: Sequence[Pod], total_gpus: int, *, seed: int, tune: f
             added = sum(q.gpu_demand_milli for q in group)
             if demand + added > target:
                 break
-            gang = replace(pick.gang, name=f"{pick.gang.name}-tuned-{copy}")
-            out.extend(replace(q, name=f"{q.name}-tuned-{copy}", gang=gang) for q in group)
+            suffix = _free_suffix(copy, [pick.gang.name, *(q.name for q in group)], taken)
+            gang = replace(pick.gang, name=f"{pick.gang.name}{suffix}")
+            out.extend(replace(q, name=f"{q.name}{suffix}", gang=gang) for q in group)
         else:
             share = pick.gpu_demand_milli if pick.mig_profile else pick.gpu_milli
             if demand + share > target:
                 break
             added = pick.gpu_demand_milli
-            out.append(replace(pick, name=f"{pick.name}-tuned-{copy}"))
+            out.append(replace(pick, name=f"{pick.name}{_free_suffix(copy, [pick.name], taken)}"))
         demand += added
         copy += 1
     return out
+
+
+def _free_suffix(copy: int, names: Sequence[str], taken: set[str]) -> str:
+    """``-tuned-<copy>``, or ``-tuned-<copy>.<k>`` should a name it makes be taken already (a
+    trace saved after tuning holds such names): each copy's names are new; they are taken now."""
+    suffix, k = f"-tuned-{copy}", 0
+    while any(f"{name}{suffix}" in taken for name in names):
+        k += 1
+        suffix = f"-tuned-{copy}.{k}"
+    taken.update(f"{name}{suffix}" for name in names)
+    return suffix

@@ -146,3 +146,25 @@ def test_the_draws_are_pinned_for_a_seed() -> None:
     down = prepare_workload(trace(), 20, seed=7, tune=1.0)
     assert names(down)[:6] == ["frac-03", "whole-02", "frac-13", "frac-11", "frac-06", "frac-12"]
     assert (len(down), demand(down)) == (25, 19_560)
+
+
+def test_a_workload_at_its_target_already_is_left_as_it_is() -> None:
+    """Ten one-GPU pods and two CPU pods on ten GPUs at --tune 1.0: nothing appended (the
+    reference returns the pods when demand equals the target; CPU pods always pass the stop
+    test and would be appended until a GPU pod is drawn)."""
+    pods = [Pod(f"g{i}", 1000, 1024, num_gpu=1, gpu_milli=GPU_MILLI) for i in range(10)]
+    pods += [Pod("c0", 1000, 1024), Pod("c1", 1000, 1024)]
+    for seed in range(5):
+        out = prepare_workload(pods, 10, seed=seed, tune=1.0)
+        assert sorted(names(out)) == sorted(names(pods))
+
+
+def test_copies_never_take_a_name_the_trace_holds() -> None:
+    """A workload saved after tuning holds ``a-tuned-0`` already: the copies made now get names
+    of their own (two pods of one name would be one pod twice in a batch's plan)."""
+    pods = [Pod("a", 1000, 1024, num_gpu=1, gpu_milli=GPU_MILLI)]
+    pods += [Pod(f"a-tuned-{i}", 1000, 1024, num_gpu=1, gpu_milli=GPU_MILLI) for i in range(6)]
+    for seed in range(10):
+        out = prepare_workload(pods, 20, seed=seed, tune=1.0)
+        assert len(out) == 20
+        assert len(set(names(out))) == len(out)
