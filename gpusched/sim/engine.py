@@ -109,6 +109,21 @@ def allocation_curve(records: Sequence[tuple[int, float]], top: int) -> dict[int
     return curve
 
 
+def _frag_at_points(records: Sequence[tuple[int, float]]) -> dict[int, float]:
+    """The fragmentation ratio at each of ``FRAG_POINTS``: the mean of the records of that
+    arrived percent, as the reference reduces them (a percent without records takes those within
+    one percent, as ``allocation_curve``); none for a point the run did not come near."""
+    by_pct: dict[int, list[float]] = defaultdict(list)
+    for pct, value in records:
+        by_pct[pct].append(value)
+    out: dict[int, float] = {}
+    for point in FRAG_POINTS:
+        rows = by_pct.get(point) or [v for k in (point - 1, point, point + 1) for v in by_pct.get(k, ())]
+        if rows:
+            out[point] = statistics.fmean(rows)
+    return out
+
+
 def arrival_units(workload: Sequence[Pod]) -> list[list[Pod]]:
     """The workload as units that arrive together: one pod, or every member of a gang where its
     first member comes (members in arrival order)."""
@@ -185,7 +200,7 @@ def replay(
     gpus = cluster.total_gpus
     arrived = 0
     records: list[tuple[int, float]] = []
-    frag: dict[int, float] = {}
+    frag_records: list[tuple[int, float]] = []  # (arrived percent, fragmentation %) near FRAG_POINTS
     solve_ms: list[float] = []
     gaps: list[float] = []
     placed = failed = declined = violations = 0
@@ -217,13 +232,16 @@ def replay(
         # placements land when its last pod has arrived.
         alloc_before, alloc = alloc, round(state.gpu_allocated_milli / gpus / 10, 2)
         first_arrived = arrived + chunk[0].gpu_demand_milli
+        ratio: dict[bool, float] = {}  # the state before the batch, and after it: each read once
         for i, pod in enumerate(chunk):
             last = i == len(chunk) - 1
             arrived += pod.gpu_demand_milli
-            records.append((round(arrived / gpus / 10), alloc if last else alloc_before))
-            for point in FRAG_POINTS:
-                if point not in frag and arrived >= point * gpus * 10:
-                    frag[point] = 100.0 * cluster_frag_ratio(state if last else before, typical)
+            pct = round(arrived / gpus / 10)
+            records.append((pct, alloc if last else alloc_before))
+            if any(abs(pct - point) <= 1 for point in FRAG_POINTS):
+                if last not in ratio:
+                    ratio[last] = 100.0 * cluster_frag_ratio(state if last else before, typical)
+                frag_records.append((pct, ratio[last]))
         span = max(span, (arrived - first_arrived) / gpus / 10)
         if first_end is None:
             first_end = round(arrived / gpus / 10)
@@ -239,7 +257,7 @@ def replay(
         curve=allocation_curve(records, top),
         first_end=first_end or 0,
         batch_span_pct=round(span, 2),
-        frag_ratio=frag,
+        frag_ratio=_frag_at_points(frag_records),
         placed=placed,
         failed=failed,
         declined=declined,

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.resources
+import statistics
 from typing import Any
 
 from gpusched.model import Cluster
 from gpusched.sim.engine import replay
-from gpusched.solver.baselines import FgdPolicy
-from gpusched.solver.fragmentation import TypicalPods
+from gpusched.sim.protocol import prepare_workload
+from gpusched.sim.runner import _load
+from gpusched.solver.baselines import BestFitPolicy, FgdPolicy
+from gpusched.solver.fragmentation import TypicalPods, cluster_frag_ratio
 from tests.factories import gpu_node, pod
 
 
@@ -90,3 +94,24 @@ def test_pods_a_policy_turns_away_although_they_fit_are_counted_apart() -> None:
     assert summarize([r], total_gpus=10)["declined_pods"] == 5
     fair = replay(cluster, pods, FgdPolicy(cluster, typical), batch=12, typical=typical)
     assert (fair.failed, fair.declined) == (2, 0)
+
+
+def test_fragmentation_at_a_point_is_the_mean_of_that_percents_records_as_the_reference() -> None:
+    """At batch 1, the ratio reported at 70 % and 90 % is the mean over every pod whose arrived
+    share rounds to that percent, each read after its placement (the reference's reduction), not
+    the state at the first pod that reaches it (a point off on a small trace such as the demo)."""
+    demo = importlib.resources.files("gpusched.sim") / "demo"
+    cluster, pods, typical = _load(str(demo / "nodes.csv"), str(demo / "pods.csv"))
+    workload = prepare_workload(pods, cluster.total_gpus, seed=42, tune=1.3)
+    result = replay(cluster, workload, BestFitPolicy(), batch=1, typical=typical)
+    state, arrived, seen = cluster.empty_state(), 0, {70: [], 90: []}
+    replayed = BestFitPolicy()
+    for p in workload:
+        state = state.apply(replayed.place([p], state).assignments)
+        arrived += p.gpu_demand_milli
+        pct = round(arrived / cluster.total_gpus / 10)
+        if pct in seen:
+            seen[pct].append(100 * cluster_frag_ratio(state, typical))
+    for point, values in seen.items():
+        assert len(values) > 1
+        assert result.frag_ratio[point] == statistics.fmean(values)
