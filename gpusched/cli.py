@@ -217,6 +217,10 @@ MAX_TUNE = 10.0
 
 
 def _tune(text: str) -> float:
+    if text.strip().endswith("%"):
+        raise argparse.ArgumentTypeError(
+            f"{text} is a percent; --tune is a multiple of the cluster's GPUs: write 1.3 for 130 %"
+        )
     value = _positive_float(text)
     if value > MAX_TUNE:
         raise argparse.ArgumentTypeError(

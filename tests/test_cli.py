@@ -187,6 +187,10 @@ def test_parse_seeds() -> None:
             "argument --tune: 130 times the cluster's GPUs is more than 10; it is a multiple",
         ),
         (["simulate", "--tune", "10.5"], "argument --tune: 10.5 times the cluster's GPUs is more than 10"),
+        (
+            ["simulate", "--tune", "130%"],
+            "argument --tune: 130% is a percent; --tune is a multiple of the cluster's GPUs: write 1.3 for 130 %",
+        ),
         (["run", "--metrics-port", "65536"], "argument --metrics-port: must be 0..65535"),
         (["run", "--lease-duration", "0"], "argument --lease-duration: must be a positive number, got '0'"),
         (["run", "--retry-period", "inf"], "argument --retry-period: must be a positive number, got 'inf'"),

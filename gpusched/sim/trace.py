@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -130,6 +131,10 @@ def _too_long(path: Path, line: int, column: str, text: str) -> None:
         )
 
 
+_NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?")
+"""A number as CSV writers emit one (no ``_`` between digits, no ``inf`` nor ``nan``)."""
+
+
 def _int(path: Path, line: int, row: dict[str, str], column: str, default: int | None = None) -> int:
     text = row.get(column, "")
     if text == "" and default is not None:
@@ -138,7 +143,9 @@ def _int(path: Path, line: int, row: dict[str, str], column: str, default: int |
     try:
         if text.lstrip("-").isdecimal():
             value = int(text)
-        else:  # "1000.0" as some CSV writers emit it; "1.5", "inf" and "nan" are rejected
+        else:  # "1000.0" or "1e3" as some CSV writers emit them; "1.5", "1_000", "inf" and "nan" are not
+            if _NUMBER.fullmatch(text) is None:
+                raise ValueError(text)
             number = float(text)
             if not number.is_integer():
                 raise ValueError(text)
@@ -246,9 +253,9 @@ def read_nodes(path: str | Path, *, gpu_only: bool = True) -> list[Node]:
         labels = dict(_pairs(p, line, row, "labels", "rack=r1;zone=z1"))
         repartition = _flag(p, line, row, "mig_repartition")
         has_gpu = gpus > 0 or any(c for _, c in slices)
+        islands = _islands(p, line, row, gpus, model)  # read before a CPU row is skipped, as its other cells
         if gpu_only and not has_gpu:
             continue
-        islands = _islands(p, line, row, gpus, model)
         try:
             node = Node(
                 name=name,
@@ -292,6 +299,8 @@ def read_pods(path: str | Path) -> list[Pod]:
         num_gpu = _int(p, line, row, "num_gpu")
         gpu_milli = _int(p, line, row, "gpu_milli")
         if num_gpu == 0:
+            if gpu_milli > 1000:  # ignored, but a share no GPU holds is a wrong row
+                raise TraceError(p, line, "gpu_milli", f"must be in 0..1000 (ignored with num_gpu 0), got {gpu_milli}")
             gpu_milli = 0
         elif not 0 < gpu_milli <= 1000:
             raise TraceError(p, line, "gpu_milli", f"must be in 1..1000 per GPU, got {gpu_milli}")

@@ -102,7 +102,7 @@ class TestGoodFiles:
 
 
 class TestBadRows:
-    @pytest.mark.parametrize("value", ["abc", "1.5", "1e400", "inf", "nan", "--1"])
+    @pytest.mark.parametrize("value", ["abc", "1.5", "1e400", "inf", "nan", "--1", "1_000", "+5", "1.5e0"])
     def test_non_integer(self, tmp_path: Path, value: str) -> None:
         p = write(tmp_path, "pods.csv", POD_HEADER, "ok,1,1,0,0,", f"bad,{value},1,0,0,")
         expect_error(p, 3, "cpu_milli", "expected an integer")
@@ -114,6 +114,10 @@ class TestBadRows:
     def test_negative(self, tmp_path: Path) -> None:
         p = write(tmp_path, "nodes.csv", NODE_HEADER, "n1,1000,-5,1,A100")
         expect_error(p, 2, "memory_mib", "must not be negative, got -5")
+
+    def test_a_share_no_gpu_holds_on_a_cpu_pod(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "pods.csv", POD_HEADER, "p,1,1,0,5000,")
+        expect_error(p, 2, "gpu_milli", "must be in 0..1000 (ignored with num_gpu 0), got 5000")
 
     def test_negative_gpu_count(self, tmp_path: Path) -> None:
         p = write(tmp_path, "pods.csv", POD_HEADER, "p,1,1,-1,1000,")
@@ -195,6 +199,14 @@ class TestBadRows:
     ) -> None:
         p = write(tmp_path, "nodes.csv", NODE_HEADER + ",labels", "n1,1000,1024,1,A100,", row)
         expect_error(p, 3, column, reason)
+
+    def test_a_cpu_only_row_with_bad_gpu_islands_stops_the_run_too(self, tmp_path: Path) -> None:
+        p = write(
+            tmp_path, "nodes.csv", NODE_HEADER + ",gpu_islands", "n1,1000,1024,1,A100,", "cpu1,1000,1024,0,,garbage"
+        )
+        with pytest.raises(TraceError) as info:
+            read_nodes(p)
+        assert (info.value.line, info.value.column) == (3, "gpu_islands")
 
     @pytest.mark.parametrize(
         ("value", "reason"),
