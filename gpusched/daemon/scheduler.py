@@ -65,6 +65,7 @@ from gpusched.solver.explain import DEFERRED, Explanation, explain, explain_gang
 from gpusched.solver.fragmentation import TypicalPods, TypicalShape, cluster_frag_ratio
 from gpusched.solver.instance import beside_placed
 from gpusched.solver.params import SolverParams
+from gpusched.solver.partitions import needed_partitions
 from gpusched.solver.policy import Policy, TimedPolicy, place_quick
 from gpusched.solver.preempt import (
     Budget,
@@ -1235,6 +1236,10 @@ class Scheduler:
             moved = _renumbered(plan, snap.cluster, fresh.cluster)
             problems = plan_problems(moved, fresh.state) if isinstance(moved, Plan) else [moved]
         else:
+            # A MIG instance freed during the solve: the plan's pods take it, not a GPU partitioned.
+            partitions = needed_partitions(plan.partitions, plan.assignments, fresh.state)
+            if len(partitions) < len(plan.partitions):
+                plan = replace(plan, partitions=partitions)
             problems = plan_problems(plan, fresh.state)
         if not problems:
             return plan

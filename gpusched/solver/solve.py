@@ -30,6 +30,7 @@ from gpusched.solver.instance import Instance, beside_placed, build_instance
 from gpusched.solver.model import build_model, hint_from_plan
 from gpusched.solver.objectives.priority import gang_priorities
 from gpusched.solver.params import SolverParams
+from gpusched.solver.partitions import needed_partitions
 from gpusched.solver.typical import TypicalTracker
 from gpusched.solver.validate import peer_order, plan_problems
 from gpusched.solver.vars import Vars
@@ -313,37 +314,7 @@ def _extract(inst: Instance, v: Vars, solver: cp_model.CpSolver, pods: Sequence[
     assignments = ordered + [a for a in stuck if a.pod.gang is not None]
     placed = {a.pod.key for a in assignments}
     unplaced = tuple(p for p in pods if p.key not in placed)
-    return Plan(tuple(assignments), unplaced, partitions=_needed(partitions, assignments, inst.state))
-
-
-def _needed(
-    partitions: Sequence[MigPartition], assignments: Sequence[Assignment], state: ClusterState
-) -> tuple[MigPartition, ...]:
-    """Of ``partitions``, those the MIG pods of ``assignments`` need: the model partitioned GPUs
-    for pods that may then wait for the next batch (``peer_order``), and a GPU partitioned drains
-    its node on a live cluster.  Per node, the pods of each profile beyond the instances free
-    there take instances of the partitions; the partitions without which those are still
-    offered are left out, one after another, the last first."""
-    taken: dict[tuple[int, str], int] = defaultdict(int)
-    for a in assignments:
-        if a.pod.mig_profile:
-            taken[a.node, a.pod.mig_profile] += 1
-    column = state.cluster.mig_index
-    kept = list(range(len(partitions)))
-    for i in reversed(range(len(partitions))):
-        n = partitions[i][0]
-        offered: dict[str, int] = defaultdict(int)
-        for j in kept:
-            if j != i and partitions[j][0] == n:
-                for profile, count in partitions[j][2].counts.items():
-                    offered[profile] += count
-        if all(
-            count <= int(state.mig_free[m, column[profile]]) + offered[profile]
-            for (m, profile), count in taken.items()
-            if m == n
-        ):
-            kept.remove(i)
-    return tuple(partitions[i] for i in kept)
+    return Plan(tuple(assignments), unplaced, partitions=needed_partitions(partitions, assignments, inst.state))
 
 
 def _taken_gpus(inst: Instance, v: Vars, solver: cp_model.CpSolver, n: int) -> dict[int, list[int]]:

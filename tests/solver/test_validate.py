@@ -361,3 +361,23 @@ def test_a_partition_no_pod_of_the_plan_uses_is_reported(
     plan = Plan(tuple(Assignment(p, 0) for p in pods), (), SolveStats("test"), partitions=((0, 1, MigLayout(layout)),))
     message = "a100: GPU 1 is partitioned for no pod of the plan"
     assert (message in plan_problems(plan, state, pods)) == unused, plan_problems(plan, state, pods)
+
+
+def test_a_partition_an_instance_freed_meanwhile_makes_needless_is_trimmed_not_refused() -> None:
+    """The daemon checks a plan against the books after the solve: an instance of the profile
+    freed (or newly advertised) meanwhile makes the plan's partition needless.  Trimmed against
+    those books (``needed_partitions``), the plan holds; its pods take the free instance."""
+    from gpusched.model.mig import MigLayout
+    from gpusched.solver.partitions import needed_partitions
+
+    node = Node("a100", 64000, 262144, 2, "A100-SXM4-80GB", mig_repartition=True, mig_slices=(("1g.10gb", 1),))
+    cluster = Cluster([node])
+    old = Assignment(Pod("old", 100, 100, mig_profile="1g.10gb", uid="o"), 0)
+    at_snapshot, after = cluster.empty_state().apply([old]), cluster.empty_state()
+    new = Pod("new", 100, 100, mig_profile="1g.10gb", uid="n")
+    layout = MigLayout(tuple(("1g.10gb", i) for i in range(7)))
+    plan = Plan((Assignment(new, 0),), (), SolveStats("t"), partitions=((0, 1, layout),))
+    assert plan_problems(plan, at_snapshot) == []
+    assert needed_partitions(plan.partitions, plan.assignments, at_snapshot) == plan.partitions
+    assert needed_partitions(plan.partitions, plan.assignments, after) == ()
+    assert plan_problems(Plan(plan.assignments, (), plan.stats), after) == []
