@@ -83,8 +83,9 @@ class LeaderElector:
         renew deadline (two leaders would bind onto the same GPUs meanwhile)."""
         self.refused = ""
         """Why the API server refused the last request about the Lease (403), with the fix; ""
-        once a write of it is answered, or a read when the read was refused (``/readyz`` says so:
-        a replica that can never lead is not ready)."""
+        once a write of it is answered, or a read when the read was refused, or while another
+        replica holds it (then this one has nothing to write; ``/readyz`` says so: a replica that
+        can never lead while none leads is not ready)."""
         self._read_refused = False
 
     async def run(self) -> None:
@@ -238,6 +239,9 @@ class LeaderElector:
                 return False
             duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
             if holder and holder != self.identity and time.monotonic() < self._observed_at + duration:
+                # Another leads: nothing to write, so no write to be refused.  A refusal seen
+                # before (the Role since fixed, or not) is told again at the next write.
+                self._allowed()
                 return False
             transitions = int(spec.get("leaseTransitions") or 0)
             if holder == self.identity:

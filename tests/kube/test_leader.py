@@ -593,3 +593,40 @@ def test_a_refused_lease_is_said_once_and_forgotten_once_read(loop: VirtualTimeL
     assert len(warned) == 1
     assert "grant get and update on the Lease named lease" in seen[0]
     assert seen[1] == ""
+
+
+class WriteRefusingApi:
+    """The Lease is free and may be read, but not written (the Role lacks update) while
+    ``refuse`` is set; once the Role is fixed, another replica wins it and keeps renewing it."""
+
+    def __init__(self) -> None:
+        self.refuse = True
+
+    async def request(self, method: str, path: str, **_: Any) -> Response:
+        now = str(asyncio.get_running_loop().time())
+        if self.refuse:
+            if method == "GET":
+                return Response(200, {"spec": {"holderIdentity": "", "renewTime": now}})
+            return Response(403, {"message": 'leases "lease" is forbidden'})
+        return Response(200, {"spec": {"holderIdentity": "other", "renewTime": now, "leaseDurationSeconds": 15}})
+
+
+def test_a_refused_write_is_forgotten_once_another_replica_leads(loop: VirtualTimeLoop) -> None:
+    """Every replica refused the write until the Role was fixed; one then took the Lease. This
+    one only reads a Lease validly held: it is not told "cannot take the Lease" for ever."""
+    api = WriteRefusingApi()
+    seen: list[str] = []
+
+    async def main() -> None:
+        elector = _elector(api, lambda leader: None)
+        task = asyncio.create_task(elector.run())
+        await asyncio.sleep(1.0)
+        seen.append(elector.refused)
+        api.refuse = False
+        await asyncio.sleep(0.5)
+        seen.append(elector.refused)
+        await _stop(task)
+
+    virtual_time.run(loop, main())
+    assert "lease write refused" in seen[0]
+    assert seen[1] == ""
