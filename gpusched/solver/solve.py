@@ -15,7 +15,7 @@ import math
 import threading
 import time
 import weakref
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -238,28 +238,28 @@ class CpSatPolicy:
 
 def _worse(plan: Plan, other: Plan) -> bool:
     """``plan`` places fewer pods and no more GPU demand than ``other``, or less GPU demand and
-    no more pods: it loses on both of the objective's leading terms.  Priority level by level,
-    highest first (``objectives.priority``): the first level where the two differ decides, so
-    a plan that places a pod of higher priority is not worse for what it leaves below."""
-    mine, theirs = _placed_by_level(plan), _placed_by_level(other)
-    for level in sorted(mine.keys() | theirs.keys(), reverse=True):
-        (pods, gpu), (others, other_gpu) = mine.get(level, (0, 0)), theirs.get(level, (0, 0))
-        if (pods, gpu) != (others, other_gpu):
-            return (pods < others and gpu <= other_gpu) or (gpu < other_gpu and pods <= others)
-    return False
+    no more pods: it loses on both of the objective's leading terms.  First, as the objective
+    weighs them (``objectives.priority``), the pods placed of each priority level above the
+    batch's lowest, highest first: the first level where the counts differ decides, so a plan
+    that places one more pod of higher priority is not worse for what it leaves below, nor
+    better for more below.  (A batch of one level: the leading terms alone, as ever.)"""
+    level = _levels(plan)
+    lowest = min(level.values(), default=0)
+    mine = Counter(level[a.pod.key] for a in plan.assignments)
+    theirs = Counter(level.get(a.pod.key, a.pod.priority) for a in other.assignments)
+    for lv in sorted(mine.keys() | theirs.keys(), reverse=True):
+        if lv > lowest and mine[lv] != theirs[lv]:
+            return mine[lv] < theirs[lv]
+    pods, gpu = len(plan.assignments), plan.placed_gpu_milli
+    others, other_gpu = len(other.assignments), other.placed_gpu_milli
+    return (pods < others and gpu <= other_gpu) or (gpu < other_gpu and pods <= others)
 
 
-def _placed_by_level(plan: Plan) -> dict[int, tuple[int, int]]:
-    """Pods and GPU demand placed, by the priority they are placed at (a gang's: its lowest
-    member's, of those the plan holds)."""
-    pods = [a.pod for a in plan.assignments]
-    least = gang_priorities([*pods, *plan.unplaced])
-    out: dict[int, tuple[int, int]] = {}
-    for p in pods:
-        level = least[p.gang.name] if p.gang is not None else p.priority
-        n, milli = out.get(level, (0, 0))
-        out[level] = (n + 1, milli + p.gpu_demand_milli)
-    return out
+def _levels(plan: Plan) -> dict[str, int]:
+    """The priority each pod of the batch is placed at, by key: its own, a gang's lowest member's."""
+    pods = [*(a.pod for a in plan.assignments), *plan.unplaced]
+    least = gang_priorities(pods)
+    return {p.key: least[p.gang.name] if p.gang is not None else p.priority for p in pods}
 
 
 def _extract(inst: Instance, v: Vars, solver: cp_model.CpSolver, pods: Sequence[Pod], deadline: float) -> Plan:

@@ -96,3 +96,15 @@ def test_bonuses_are_lexicographic_and_only_when_work_conserving() -> None:
 
 def _empty(pods: list[Pod]) -> Plan:
     return Plan((), tuple(pods))
+
+
+def test_the_models_plan_stands_when_it_places_as_many_high_pods_and_more_below() -> None:
+    """Three GPUs; A (2 GPUs), B and C (1 each) at priority 10, ``low`` (1) at 0.  Two high pods
+    either way; B, C and ``low`` place three pods of the batch's GPUs where A and B place two:
+    the model's plan, not the warm start's, though it places less GPU demand at priority 10."""
+    top = [replace(pod("A", gpus=2), priority=10), replace(pod("B", gpus=1), priority=10)]
+    top.append(replace(pod("C", gpus=1), priority=10))
+    low = replace(pod("low", gpus=1), priority=0)
+    names, status = placed([*top, low], Cluster([gpu_node(gpus=3)]))
+    assert names == ["B", "C", "low"]
+    assert status == "OPTIMAL"
