@@ -1676,6 +1676,10 @@ async def test_a_node_pods_run_on_is_not_set_back_when_its_instances_vanish_for_
     (told,) = [(m, kind) for node, reason, m, kind in api.node_events if reason == "MigRepartitionTimeout"]
     assert told[1] == "Warning"
     assert "Pods run on its MIG instances (default/r)" in told[0], told
+    s.mig.hidden["m"] -= 4 * 60 + 1  # four times timeoutSeconds on: offered again, forgotten
+    s.mig.expire_asks()
+    assert "m" not in s.mig.sealed()
+    assert "m" not in s.mig.hidden  # a later timeout there is sealed and told anew
     NodeHandler(s).apply("MODIFIED", seen(**{"1g_10gb": 7}))  # the device plugin is back
     assert "m" not in s.mig.sealed()
     stop(s)

@@ -981,6 +981,9 @@ class Repartitioner:
                     config=back.config,
                     seconds=cap,
                 )
+        for node, since in list(self.hidden.items()):
+            if now - since >= cap:  # offered again (``sealed``); a later timeout there is told anew
+                del self.hidden[node]
 
     def _tell_hidden(self, node: str, config: str, pods: list[str]) -> None:
         """Log, and write a Warning Event on ``node``: its layout timed out but is not set back,
